@@ -1,0 +1,1 @@
+//! Headscale policy: HuJSON base parsing and rendering of the generated parts (in progress).
