@@ -1,0 +1,930 @@
+//! Rendering: base text + generated entries, by inserting text into the base.
+//!
+//! The base is never re-serialised: every byte of it (comments, key order, formatting,
+//! trailing commas) is copied through, and generated entries are *inserted* before the
+//! closing bracket of `tagOwners`, `autoApprovers.routes` and `grants` (creating those
+//! keys at the end of the root object when absent), each block fenced by
+//! `// tailnet-operator: begin generated …` / `// tailnet-operator: end generated …`
+//! comments and every entry preceded by a comment naming the owning resource.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use jsonc_parser::ast::{Array, Object, ObjectProp, Value as AstValue};
+use jsonc_parser::tokens::{Token, TokenAndRange};
+use serde_json::Value;
+
+use crate::hujson::{parse_ast, prop_name, type_name};
+use crate::issues::{PolicyIssue, PolicyNotice};
+use crate::model::{
+    AutoApproverRoute, EgressPolicy, GeneratedGrant, IngressPolicy, PolicyInputs, RenderSummary,
+    RenderedPolicy, ResourceKind, ResourceOutcome, TagOwnerSource, TargetAddress, TargetOutcome,
+};
+use crate::routes::covering_routes;
+use crate::{BasePolicy, MARKER_PREFIX, RenderError};
+
+/// Comment text that opens a generated block; also used to detect a rendered document
+/// being fed back in as a base.
+pub(crate) const BEGIN_GENERATED: &str = "tailnet-operator: begin generated";
+
+/// Headscale's tag rule (`Tag.Validate`): `tag:` then an ASCII letter. Later characters are
+/// not checked here beyond "no whitespace, quotes or control characters".
+pub(crate) fn valid_tag(tag: &str) -> bool {
+    let Some(rest) = tag.strip_prefix("tag:") else {
+        return false;
+    };
+    rest.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && !rest
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == ':')
+}
+
+/// Comments must stay on one line and not close a block comment.
+fn comment_safe(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect::<String>()
+        .replace("*/", "*?")
+}
+
+fn json_str(s: &str) -> String {
+    // Serialising a &str cannot fail; fall back to a debug quote just in case.
+    serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
+}
+
+fn json_list<S: AsRef<str>>(items: &[S]) -> String {
+    let inner: Vec<String> = items.iter().map(|s| json_str(s.as_ref())).collect();
+    format!("[{}]", inner.join(", "))
+}
+
+fn sorted_dedup<T: Ord + Clone>(v: &[T]) -> Vec<T> {
+    v.iter()
+        .cloned()
+        .collect::<BTreeSet<T>>()
+        .into_iter()
+        .collect()
+}
+
+/// Host prefix for a grant destination: `/32` or `/128`.
+fn host_prefix(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => format!("{v4}/32"),
+        IpAddr::V6(v6) => format!("{v6}/128"),
+    }
+}
+
+/// Inputs in canonical order, so any permutation renders the same bytes.
+fn normalize(inputs: &PolicyInputs) -> PolicyInputs {
+    let mut egresses: Vec<EgressPolicy> = inputs
+        .egresses
+        .iter()
+        .map(|e| EgressPolicy {
+            owner: e.owner.clone(),
+            tag: e.tag.clone(),
+            targets: sorted_dedup(&e.targets),
+        })
+        .collect();
+    egresses.sort();
+    let mut ingresses: Vec<IngressPolicy> = inputs
+        .ingresses
+        .iter()
+        .map(|i| IngressPolicy {
+            owner: i.owner.clone(),
+            tag: i.tag.clone(),
+            allow_from: sorted_dedup(&i.allow_from),
+            ports: sorted_dedup(&i.ports),
+        })
+        .collect();
+    ingresses.sort();
+    let mut nodes = inputs.nodes.clone();
+    for n in &mut nodes {
+        n.tags = sorted_dedup(&n.tags);
+        n.available_routes = sorted_dedup(&n.available_routes);
+        n.approved_routes = sorted_dedup(&n.approved_routes);
+        n.ip_addresses = sorted_dedup(&n.ip_addresses);
+    }
+    nodes.sort();
+    PolicyInputs {
+        installation_id: inputs.installation_id.clone(),
+        tag_owners: sorted_dedup(&inputs.tag_owners),
+        route_approvers: sorted_dedup(&inputs.route_approvers),
+        ingress_source_allowlist: sorted_dedup(&inputs.ingress_source_allowlist),
+        egresses,
+        ingresses,
+        nodes,
+    }
+}
+
+/// A generated entry: the comment naming its owners, and its JSON text.
+struct Entry {
+    comment: String,
+    json: String,
+}
+
+/// What the render adds, before it is turned into text.
+#[derive(Default)]
+struct Plan {
+    tag_owners: Vec<Entry>,
+    /// New `autoApprovers.routes` keys.
+    routes: Vec<Entry>,
+    /// Approvers to append to a base `autoApprovers.routes[key]` list: (base key, values, comment).
+    route_merges: Vec<(String, Vec<String>, String)>,
+    grants: Vec<Entry>,
+}
+
+/// Looks up a top-level (or nested) key the way Headscale does: case-insensitively.
+fn find_prop<'a, 'b>(
+    obj: &'b Object<'a>,
+    key: &str,
+    path: &str,
+) -> Result<Option<&'b ObjectProp<'a>>, RenderError> {
+    let matches: Vec<&ObjectProp<'a>> = obj
+        .properties
+        .iter()
+        .filter(|p| prop_name(&p.name).eq_ignore_ascii_case(key))
+        .collect();
+    match matches.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(one)),
+        many => Err(RenderError::AmbiguousKey {
+            key: path.to_string(),
+            found: many.iter().map(|p| prop_name(&p.name)).collect(),
+        }),
+    }
+}
+
+fn expect_object<'a, 'b>(
+    prop: &'b ObjectProp<'a>,
+    path: &str,
+) -> Result<&'b Object<'a>, RenderError> {
+    match &prop.value {
+        AstValue::Object(o) => Ok(o),
+        other => Err(RenderError::WrongType {
+            key: path.to_string(),
+            expected: "object",
+            found: type_name(other),
+        }),
+    }
+}
+
+fn expect_array<'a, 'b>(
+    prop: &'b ObjectProp<'a>,
+    path: &str,
+) -> Result<&'b Array<'a>, RenderError> {
+    match &prop.value {
+        AstValue::Array(a) => Ok(a),
+        other => Err(RenderError::WrongType {
+            key: path.to_string(),
+            expected: "array",
+            found: type_name(other),
+        }),
+    }
+}
+
+/// A list of strings from the base (tag owners, approvers), or a typed error naming `path`.
+fn string_list(value: &Value, path: &str) -> Result<Vec<String>, RenderError> {
+    let wrong = |found: &'static str| RenderError::WrongType {
+        key: path.to_string(),
+        expected: "array of strings",
+        found,
+    };
+    match value {
+        Value::Array(items) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string).ok_or(wrong("array")))
+            .collect(),
+        Value::Object(_) => Err(wrong("object")),
+        Value::String(_) => Err(wrong("string")),
+        Value::Number(_) => Err(wrong("number")),
+        Value::Bool(_) => Err(wrong("boolean")),
+        Value::Null => Err(wrong("null")),
+    }
+}
+
+/// Case-insensitive lookup in a `serde_json` object (mirrors [`find_prop`]).
+fn get_ci<'v>(obj: &'v serde_json::Map<String, Value>, key: &str) -> Option<&'v Value> {
+    obj.iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(key))
+        .map(|(_, v)| v)
+}
+
+/// Renders the complete policy document. See the crate docs for the layout and rules.
+pub fn render(base: &BasePolicy, inputs: &PolicyInputs) -> Result<RenderedPolicy, RenderError> {
+    let id = inputs.installation_id.trim();
+    if id.is_empty() || id.chars().any(char::is_control) {
+        return Err(RenderError::InvalidInstallationId(
+            inputs.installation_id.clone(),
+        ));
+    }
+    let inputs = normalize(inputs);
+    let text = base.text.as_str();
+    let parsed = parse_ast(text).map_err(RenderError::Base)?;
+    let tokens: &[TokenAndRange<'_>] = parsed.tokens.as_deref().unwrap_or(&[]);
+    if tokens.iter().any(|t| match &t.token {
+        Token::CommentLine(c) | Token::CommentBlock(c) => {
+            c.contains(BEGIN_GENERATED) || c.contains(MARKER_PREFIX)
+        }
+        _ => false,
+    }) {
+        return Err(RenderError::BaseContainsRenderedOutput);
+    }
+    let Some(AstValue::Object(root)) = parsed.value.as_ref() else {
+        return Err(RenderError::Base(crate::BaseError {
+            line: 1,
+            column: 1,
+            message: "the base policy must be a JSON object".into(),
+        }));
+    };
+    let base_obj = base.value.as_object().cloned().unwrap_or_default();
+
+    // Locate (and type-check) the containers we extend.
+    let tag_owners_prop = find_prop(root, "tagOwners", "tagOwners")?;
+    let tag_owners_obj = tag_owners_prop
+        .map(|p| expect_object(p, "tagOwners"))
+        .transpose()?;
+    let aa_prop = find_prop(root, "autoApprovers", "autoApprovers")?;
+    let aa_obj = aa_prop
+        .map(|p| expect_object(p, "autoApprovers"))
+        .transpose()?;
+    let routes_prop = match aa_obj {
+        Some(o) => find_prop(o, "routes", "autoApprovers.routes")?,
+        None => None,
+    };
+    let routes_obj = routes_prop
+        .map(|p| expect_object(p, "autoApprovers.routes"))
+        .transpose()?;
+    let grants_prop = find_prop(root, "grants", "grants")?;
+    let grants_arr = grants_prop.map(|p| expect_array(p, "grants")).transpose()?;
+    // `acls` is only looked up for the allow-all notice, but an ambiguous key is still an error.
+    let acls_prop = find_prop(root, "acls", "acls")?;
+
+    // Base data we compare against.
+    let empty = serde_json::Map::new();
+    let base_tag_owners = get_ci(&base_obj, "tagOwners")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let base_routes = get_ci(&base_obj, "autoApprovers")
+        .and_then(Value::as_object)
+        .and_then(|aa| get_ci(aa, "routes"))
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let base_groups: BTreeSet<String> = get_ci(&base_obj, "groups")
+        .and_then(Value::as_object)
+        .map(|g| g.keys().cloned().collect())
+        .unwrap_or_default();
+
+    // Tags computed for more than one resource.
+    let mut tag_users: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for e in &inputs.egresses {
+        tag_users.entry(e.tag.as_str()).or_default().push(format!(
+            "{} {}",
+            ResourceKind::TailnetEgress,
+            e.owner
+        ));
+    }
+    for i in &inputs.ingresses {
+        tag_users.entry(i.tag.as_str()).or_default().push(format!(
+            "{} {}",
+            ResourceKind::TailnetIngress,
+            i.owner
+        ));
+    }
+
+    // Common per-resource tag handling: issues and the tagOwners decision.
+    let wanted_owners = inputs.tag_owners.clone();
+    let mut generated_tags: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut tag_check = |kind: ResourceKind,
+                         owner: &str,
+                         tag: &str,
+                         issues: &mut Vec<PolicyIssue>|
+     -> Result<TagOwnerSource, RenderError> {
+        if !valid_tag(tag) {
+            issues.push(PolicyIssue::InvalidTag {
+                tag: tag.to_string(),
+            });
+            return Ok(TagOwnerSource::None);
+        }
+        let me = format!("{kind} {owner}");
+        if let Some(users) = tag_users.get(tag)
+            && users.len() > 1
+        {
+            let mut others: Vec<String> = users.iter().filter(|u| **u != me).cloned().collect();
+            if others.is_empty() {
+                // The same resource listed twice: still ambiguous.
+                others.push(me.clone());
+            }
+            issues.push(PolicyIssue::DuplicateTag {
+                tag: tag.to_string(),
+                shared_with: others,
+            });
+        }
+        match base_tag_owners.get(tag) {
+            Some(v) => {
+                let base_owners = sorted_dedup(&string_list(v, &format!("tagOwners[{tag:?}]"))?);
+                if base_owners == wanted_owners {
+                    Ok(TagOwnerSource::Base)
+                } else {
+                    issues.push(PolicyIssue::TagOwnedDifferently {
+                        tag: tag.to_string(),
+                        base_owners,
+                        wanted_owners: wanted_owners.clone(),
+                    });
+                    Ok(TagOwnerSource::None)
+                }
+            }
+            None => {
+                generated_tags.entry(tag.to_string()).or_default().push(me);
+                Ok(TagOwnerSource::Generated)
+            }
+        }
+    };
+    let blocking = |issues: &[PolicyIssue]| {
+        issues.iter().any(|i| {
+            matches!(
+                i,
+                PolicyIssue::SourceNotAllowed { .. }
+                    | PolicyIssue::TagOwnedDifferently { .. }
+                    | PolicyIssue::DuplicateTag { .. }
+                    | PolicyIssue::InvalidTag { .. }
+            )
+        })
+    };
+
+    let mut plan = Plan::default();
+    let mut resources = Vec::new();
+    // route -> (resources needing it, comment detail)
+    let mut needed_routes: BTreeMap<IpNet, BTreeSet<String>> = BTreeMap::new();
+    let mut route_details: BTreeMap<IpNet, BTreeSet<String>> = BTreeMap::new();
+    let mut egress_grants = Vec::new();
+    let mut ingress_grants = Vec::new();
+
+    for e in &inputs.egresses {
+        let mut issues = Vec::new();
+        let tag_owner = tag_check(ResourceKind::TailnetEgress, &e.owner, &e.tag, &mut issues)?;
+        for t in &e.targets {
+            if matches!(t.address, TargetAddress::Ip(_)) && t.port == 0 {
+                issues.push(PolicyIssue::InvalidPort {
+                    target: t.name.clone(),
+                });
+            }
+        }
+        let blocked = blocking(&issues);
+        let mut targets = Vec::new();
+        // ip -> (ports, target names)
+        let mut by_ip: BTreeMap<IpAddr, (BTreeSet<u16>, BTreeSet<String>)> = BTreeMap::new();
+        for t in &e.targets {
+            let (granted, routes) = match &t.address {
+                TargetAddress::Dns(_) => (false, Vec::new()),
+                TargetAddress::Ip(ip) => {
+                    let routes = covering_routes(*ip, &inputs.nodes, &inputs.route_approvers);
+                    let granted = !blocked && t.port != 0;
+                    if granted {
+                        let slot = by_ip.entry(*ip).or_default();
+                        slot.0.insert(t.port);
+                        slot.1.insert(t.name.clone());
+                        for r in &routes {
+                            needed_routes.entry(r.route).or_default().insert(format!(
+                                "{} {}",
+                                ResourceKind::TailnetEgress,
+                                e.owner
+                            ));
+                            route_details
+                                .entry(r.route)
+                                .or_default()
+                                .insert(format!("{} ({ip})", t.name));
+                        }
+                    }
+                    (granted, routes)
+                }
+            };
+            targets.push(TargetOutcome {
+                name: t.name.clone(),
+                address: t.address.clone(),
+                port: t.port,
+                granted,
+                routes,
+            });
+        }
+        let mut grants = Vec::new();
+        for (ip, (ports, names)) in by_ip {
+            let grant = GeneratedGrant {
+                src: vec![e.tag.clone()],
+                dst: vec![host_prefix(ip)],
+                ip: ports.iter().map(|p| format!("tcp:{p}")).collect(),
+            };
+            let names: Vec<String> = names.into_iter().collect();
+            egress_grants.push(Entry {
+                comment: format!(
+                    "{} {}: {}",
+                    ResourceKind::TailnetEgress,
+                    e.owner,
+                    names.join(", ")
+                ),
+                json: grant_json(&grant),
+            });
+            grants.push(grant);
+        }
+        resources.push(ResourceOutcome {
+            kind: ResourceKind::TailnetEgress,
+            owner: e.owner.clone(),
+            tag: e.tag.clone(),
+            tag_owner,
+            grants,
+            targets,
+            issues,
+        });
+    }
+
+    for i in &inputs.ingresses {
+        let mut issues = Vec::new();
+        let tag_owner = tag_check(ResourceKind::TailnetIngress, &i.owner, &i.tag, &mut issues)?;
+        let offending: Vec<String> = i
+            .allow_from
+            .iter()
+            .filter(|s| !inputs.ingress_source_allowlist.contains(s))
+            .cloned()
+            .collect();
+        if !offending.is_empty() {
+            issues.push(PolicyIssue::SourceNotAllowed {
+                offending,
+                allowlist: inputs.ingress_source_allowlist.clone(),
+            });
+        }
+        if i.allow_from.is_empty() {
+            issues.push(PolicyIssue::NoSources);
+        }
+        let ports: Vec<u16> = i.ports.iter().copied().filter(|p| *p != 0).collect();
+        if ports.is_empty() {
+            issues.push(PolicyIssue::NoPorts);
+        }
+        let mut grants = Vec::new();
+        if issues.is_empty() {
+            let grant = GeneratedGrant {
+                src: i.allow_from.clone(),
+                dst: vec![i.tag.clone()],
+                ip: ports.iter().map(|p| format!("tcp:{p}")).collect(),
+            };
+            ingress_grants.push(Entry {
+                comment: format!("{} {}", ResourceKind::TailnetIngress, i.owner),
+                json: grant_json(&grant),
+            });
+            grants.push(grant);
+        }
+        resources.push(ResourceOutcome {
+            kind: ResourceKind::TailnetIngress,
+            owner: i.owner.clone(),
+            tag: i.tag.clone(),
+            tag_owner,
+            grants,
+            targets: Vec::new(),
+            issues,
+        });
+    }
+
+    // tagOwners entries.
+    for (tag, owners) in &generated_tags {
+        plan.tag_owners.push(Entry {
+            comment: owners.join(", "),
+            json: format!("{}: {}", json_str(tag), json_list(&inputs.tag_owners)),
+        });
+    }
+
+    // autoApprovers.routes: new keys, or a union into the base's list for the same prefix.
+    let mut auto_approvers = Vec::new();
+    let mut notices = BTreeSet::new();
+    if !inputs.route_approvers.is_empty() {
+        for (route, needed_by) in &needed_routes {
+            let base_entry = base_routes
+                .iter()
+                .find(|(k, _)| k.parse::<IpNet>().ok() == Some(*route));
+            let needed_by: Vec<String> = needed_by.iter().cloned().collect();
+            let detail: Vec<String> = route_details
+                .get(route)
+                .map(|d| d.iter().cloned().collect())
+                .unwrap_or_default();
+            let comment = format!("{}: {}", needed_by.join(", "), detail.join(", "));
+            match base_entry {
+                Some((key, value)) => {
+                    let base_approvers =
+                        string_list(value, &format!("autoApprovers.routes[{key:?}]"))?;
+                    let added: Vec<String> = inputs
+                        .route_approvers
+                        .iter()
+                        .filter(|a| !base_approvers.contains(a))
+                        .cloned()
+                        .collect();
+                    if !added.is_empty() {
+                        plan.route_merges
+                            .push((key.clone(), added.clone(), comment.clone()));
+                        notices.insert(PolicyNotice::AutoApproverMerged {
+                            route: *route,
+                            base_approvers,
+                            added,
+                        });
+                    }
+                }
+                None => plan.routes.push(Entry {
+                    comment,
+                    json: format!(
+                        "{}: {}",
+                        json_str(&route.to_string()),
+                        json_list(&inputs.route_approvers)
+                    ),
+                }),
+            }
+            auto_approvers.push(AutoApproverRoute {
+                route: *route,
+                approvers: inputs.route_approvers.clone(),
+                needed_by,
+                merged_into_base: base_entry.is_some(),
+            });
+        }
+    }
+
+    plan.grants = egress_grants;
+    plan.grants.extend(ingress_grants);
+
+    // Notices about references Headscale will reject.
+    let generated_tag_set: BTreeSet<&str> = generated_tags.keys().map(String::as_str).collect();
+    let tag_defined = |t: &str| base_tag_owners.contains_key(t) || generated_tag_set.contains(t);
+    let mut check_ref = |alias: &str, used_in: &str| {
+        if alias.starts_with("group:") && !base_groups.contains(alias) {
+            notices.insert(PolicyNotice::UndefinedGroup {
+                group: alias.to_string(),
+                used_in: used_in.to_string(),
+            });
+        } else if alias.starts_with("tag:") && !tag_defined(alias) {
+            notices.insert(PolicyNotice::UndefinedTag {
+                tag: alias.to_string(),
+                used_in: used_in.to_string(),
+            });
+        }
+    };
+    if !plan.tag_owners.is_empty() {
+        for o in &inputs.tag_owners {
+            check_ref(o, "policy.tagOwners");
+        }
+    }
+    if !auto_approvers.is_empty() {
+        for a in &inputs.route_approvers {
+            check_ref(a, "policy.routeApprovers");
+        }
+    }
+    for r in resources
+        .iter()
+        .filter(|r| r.kind == ResourceKind::TailnetIngress)
+    {
+        for g in &r.grants {
+            for s in &g.src {
+                check_ref(s, &format!("allowFrom of {}", r.owner));
+            }
+        }
+    }
+    if !plan.grants.is_empty() && grants_prop.is_none() && acls_prop.is_none() {
+        notices.insert(PolicyNotice::BaseHadNoRules);
+    }
+
+    // Text edits.
+    let ctx = EditCtx {
+        text,
+        tokens,
+        unit: indent_unit(text, root),
+    };
+    let mut edits = Edits::default();
+    let mut root_lines: Vec<Line> = Vec::new();
+
+    let tag_block = block("tag owners", &plan.tag_owners);
+    if !tag_block.is_empty() {
+        match tag_owners_obj {
+            Some(o) => ctx.insert_lines(&mut edits, &Container::object(o), &tag_block),
+            None => wrap_key(&mut root_lines, "tagOwners", '{', tag_block),
+        }
+    }
+
+    let route_block = block("route approvals", &plan.routes);
+    if !route_block.is_empty() {
+        match (aa_obj, routes_obj) {
+            (_, Some(r)) => ctx.insert_lines(&mut edits, &Container::object(r), &route_block),
+            (Some(aa), None) => {
+                let mut lines = Vec::new();
+                wrap_key(&mut lines, "routes", '{', route_block);
+                ctx.insert_lines(&mut edits, &Container::object(aa), &lines);
+            }
+            (None, None) => {
+                let mut inner = Vec::new();
+                wrap_key(&mut inner, "routes", '{', route_block);
+                wrap_key(&mut root_lines, "autoApprovers", '{', inner);
+            }
+        }
+    }
+    if let Some(routes) = routes_obj {
+        for (key, added, comment) in &plan.route_merges {
+            let Some(prop) = routes
+                .properties
+                .iter()
+                .find(|p| prop_name(&p.name) == *key)
+            else {
+                continue;
+            };
+            let arr = expect_array(prop, &format!("autoApprovers.routes[{key:?}]"))?;
+            ctx.merge_into_array(&mut edits, arr, added, comment);
+        }
+    }
+
+    let grant_block = block("grants", &plan.grants);
+    if !grant_block.is_empty() {
+        match grants_arr {
+            Some(a) => ctx.insert_lines(&mut edits, &Container::array(a), &grant_block),
+            None => wrap_key(&mut root_lines, "grants", '[', grant_block),
+        }
+    }
+    if !root_lines.is_empty() {
+        ctx.insert_lines(&mut edits, &Container::object(root), &root_lines);
+    }
+
+    let mut document = header(id);
+    document.push_str(&edits.apply(text));
+    if !document.ends_with('\n') {
+        document.push('\n');
+    }
+
+    let summary = RenderSummary {
+        egress_resources: inputs.egresses.len(),
+        ingress_resources: inputs.ingresses.len(),
+        generated_tag_owners: plan.tag_owners.len(),
+        egress_grants: resources
+            .iter()
+            .filter(|r| r.kind == ResourceKind::TailnetEgress)
+            .map(|r| r.grants.len())
+            .sum(),
+        ingress_grants: resources
+            .iter()
+            .filter(|r| r.kind == ResourceKind::TailnetIngress)
+            .map(|r| r.grants.len())
+            .sum(),
+        auto_approver_routes: auto_approvers.len(),
+        dns_targets_skipped: resources
+            .iter()
+            .map(|r| r.dns_targets_skipped().len())
+            .sum(),
+        resources_with_issues: resources.iter().filter(|r| !r.issues.is_empty()).count(),
+    };
+
+    Ok(RenderedPolicy {
+        document,
+        resources,
+        auto_approvers,
+        notices: notices.into_iter().collect(),
+        summary,
+    })
+}
+
+fn grant_json(g: &GeneratedGrant) -> String {
+    format!(
+        "{{\"src\": {}, \"dst\": {}, \"ip\": {}}}",
+        json_list(&g.src),
+        json_list(&g.dst),
+        json_list(&g.ip)
+    )
+}
+
+/// The first lines of every rendered document; the first one is the ownership marker.
+fn header(id: &str) -> String {
+    format!(
+        "// {MARKER_PREFIX} {}\n\
+         // Rendered by tailnet-operator: the base policy plus entries between\n\
+         // \"tailnet-operator: begin/end generated\" comments. Edits made directly in\n\
+         // Headscale are overwritten; change the base policy or the resources instead.\n",
+        comment_safe(id)
+    )
+}
+
+/// One output line: nesting depth below the container's inner indent, and text.
+struct Line(usize, String);
+
+/// A fenced block of entries, each preceded by its owner comment. Empty when no entries.
+fn block(what: &str, entries: &[Entry]) -> Vec<Line> {
+    if entries.is_empty() {
+        return Vec::new();
+    }
+    let mut lines = vec![Line(
+        0,
+        format!("// {BEGIN_GENERATED} {what} (overwritten on every render)"),
+    )];
+    for e in entries {
+        lines.push(Line(0, format!("// {}", comment_safe(&e.comment))));
+        lines.push(Line(0, format!("{},", e.json)));
+    }
+    lines.push(Line(
+        0,
+        format!("// tailnet-operator: end generated {what}"),
+    ));
+    lines
+}
+
+/// Wraps lines into a new `"key": { … },` (or `[ … ]`) property.
+fn wrap_key(out: &mut Vec<Line>, key: &str, open: char, inner: Vec<Line>) {
+    let close = if open == '[' { ']' } else { '}' };
+    out.push(Line(0, format!("{}: {open}", json_str(key))));
+    out.extend(inner.into_iter().map(|Line(d, t)| Line(d + 1, t)));
+    out.push(Line(0, format!("{close},")));
+}
+
+/// Positions of a container in the text.
+struct Container {
+    open: usize,
+    /// Offset of the closing bracket.
+    close: usize,
+    /// Start and end of the last element, if any.
+    last: Option<(usize, usize)>,
+}
+
+impl Container {
+    fn object(o: &Object<'_>) -> Self {
+        Container {
+            open: o.range.start,
+            close: o.range.end.saturating_sub(1),
+            last: o.properties.last().map(|p| (p.range.start, p.range.end)),
+        }
+    }
+    fn array(a: &Array<'_>) -> Self {
+        let last = a.elements.last().map(|v| {
+            let r = value_range(v);
+            (r.start, r.end)
+        });
+        Container {
+            open: a.range.start,
+            close: a.range.end.saturating_sub(1),
+            last,
+        }
+    }
+}
+
+fn value_range(v: &AstValue<'_>) -> jsonc_parser::common::Range {
+    match v {
+        AstValue::StringLit(x) => x.range,
+        AstValue::NumberLit(x) => x.range,
+        AstValue::BooleanLit(x) => x.range,
+        AstValue::Object(x) => x.range,
+        AstValue::Array(x) => x.range,
+        AstValue::NullKeyword(x) => x.range,
+    }
+}
+
+/// Insertions into the base text, applied in one pass.
+#[derive(Default)]
+struct Edits(Vec<(usize, usize, String)>);
+
+impl Edits {
+    fn insert(&mut self, at: usize, text: String) {
+        let seq = self.0.len();
+        self.0.push((at, seq, text));
+    }
+
+    fn apply(mut self, text: &str) -> String {
+        self.0.sort_by_key(|(at, seq, _)| (*at, *seq));
+        let mut out = String::with_capacity(text.len() + 1024);
+        let mut pos = 0;
+        for (at, _, ins) in &self.0 {
+            // Offsets come from the parser and are char boundaries; be defensive anyway.
+            if let Some(chunk) = text.get(pos..*at) {
+                out.push_str(chunk);
+                pos = *at;
+            }
+            out.push_str(ins);
+        }
+        out.push_str(text.get(pos..).unwrap_or_default());
+        out
+    }
+}
+
+struct EditCtx<'t, 'a> {
+    text: &'t str,
+    tokens: &'t [TokenAndRange<'a>],
+    unit: String,
+}
+
+impl EditCtx<'_, '_> {
+    fn line_start(&self, pos: usize) -> usize {
+        self.text
+            .get(..pos)
+            .and_then(|s| s.rfind('\n'))
+            .map_or(0, |i| i + 1)
+    }
+
+    fn line_indent(&self, pos: usize) -> String {
+        let start = self.line_start(pos);
+        self.text
+            .get(start..)
+            .unwrap_or_default()
+            .chars()
+            .take_while(|c| *c == ' ' || *c == '\t')
+            .collect()
+    }
+
+    /// Only whitespace between the start of `pos`'s line and `pos`.
+    fn first_on_line(&self, pos: usize) -> bool {
+        let start = self.line_start(pos);
+        self.text
+            .get(start..pos)
+            .is_some_and(|s| s.chars().all(|c| c == ' ' || c == '\t'))
+    }
+
+    fn has_comma_between(&self, from: usize, to: usize) -> bool {
+        self.tokens
+            .iter()
+            .any(|t| t.token == Token::Comma && t.range.start >= from && t.range.start < to)
+    }
+
+    /// The comma the last element needs before anything is appended.
+    fn comma_after_last(&self, edits: &mut Edits, c: &Container) {
+        if let Some((_, end)) = c.last
+            && !self.has_comma_between(end, c.close)
+        {
+            edits.insert(end, ",".into());
+        }
+    }
+
+    /// Appends whole lines before the container's closing bracket, indented like the
+    /// container's existing elements (or one unit deeper than its opening line).
+    fn insert_lines(&self, edits: &mut Edits, c: &Container, lines: &[Line]) {
+        self.comma_after_last(edits, c);
+        let outer = self.line_indent(c.open);
+        let inner = match c.last {
+            Some((start, _)) if self.first_on_line(start) => self.line_indent(start),
+            _ => format!("{outer}{}", self.unit),
+        };
+        let mut body = String::new();
+        for Line(depth, t) in lines {
+            body.push_str(&inner);
+            for _ in 0..*depth {
+                body.push_str(&self.unit);
+            }
+            body.push_str(t);
+            body.push('\n');
+        }
+        let close_line = self.line_start(c.close);
+        if close_line > c.open && self.first_on_line(c.close) {
+            edits.insert(close_line, body);
+        } else {
+            let close_indent = self.line_indent(c.close);
+            edits.insert(c.close, format!("\n{body}{close_indent}"));
+        }
+    }
+
+    /// Appends approvers to a base array: inline when it is written on one line.
+    fn merge_into_array(&self, edits: &mut Edits, arr: &Array<'_>, add: &[String], comment: &str) {
+        let c = Container::array(arr);
+        let one_line = self
+            .text
+            .get(c.open..c.close)
+            .is_some_and(|s| !s.contains('\n'));
+        if one_line {
+            let sep = match c.last {
+                Some((_, end)) if !self.has_comma_between(end, c.close) => ", ",
+                Some(_) => " ",
+                None => "",
+            };
+            let items: Vec<String> = add.iter().map(|a| json_str(a)).collect();
+            // Strip whitespace between the last element and the bracket is not needed:
+            // the insertion goes right before the bracket.
+            edits.insert(
+                c.close,
+                format!(
+                    "{sep}{} /* added by tailnet-operator for {} */",
+                    items.join(", "),
+                    comment_safe(comment)
+                ),
+            );
+        } else {
+            let mut lines = vec![Line(
+                0,
+                format!("// added by tailnet-operator for {}", comment_safe(comment)),
+            )];
+            lines.extend(add.iter().map(|a| Line(0, format!("{},", json_str(a)))));
+            self.insert_lines(edits, &c, &lines);
+        }
+    }
+}
+
+/// The base's indentation unit, from its first top-level property; two spaces otherwise.
+fn indent_unit(text: &str, root: &Object<'_>) -> String {
+    let ctx = EditCtx {
+        text,
+        tokens: &[],
+        unit: String::new(),
+    };
+    if let Some(first) = root.properties.first()
+        && ctx.first_on_line(first.range.start)
+    {
+        let prop_indent = ctx.line_indent(first.range.start);
+        let root_indent = ctx.line_indent(root.range.start);
+        if let Some(unit) = prop_indent.strip_prefix(&root_indent)
+            && !unit.is_empty()
+        {
+            return unit.to_string();
+        }
+    }
+    "  ".to_string()
+}
