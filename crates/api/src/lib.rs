@@ -1,1 +1,26 @@
-//! CRD types (in progress).
+//! The tailnet-operator API: CRD types (`tailnet-operator.dev/v1alpha1`), naming rules,
+//! condition helpers, the agent's config contract and pure validation.
+//!
+//! Nothing in this crate performs I/O; the controllers and the `render` command share it.
+
+pub mod agent_config;
+pub mod common;
+pub mod conditions;
+pub mod crd;
+pub mod egress;
+pub mod ingress;
+pub mod naming;
+pub mod patterns;
+pub mod tailnet;
+pub mod validate;
+
+pub use egress::{TailnetEgress, TailnetEgressSpec, TailnetEgressStatus};
+pub use ingress::{TailnetIngress, TailnetIngressSpec, TailnetIngressStatus};
+pub use tailnet::{Tailnet, TailnetSpec, TailnetStatus};
+
+/// API group of every CRD of this operator.
+pub const GROUP: &str = "tailnet-operator.dev";
+/// The only served version.
+pub const VERSION: &str = "v1alpha1";
+/// Field manager used for every server-side apply of the operator.
+pub const FIELD_MANAGER: &str = "tailnet-operator";

@@ -1,0 +1,108 @@
+//! The contract between the operator and `tailnet-agent`: the JSON file in the agent's
+//! ConfigMap. The operator renders it, the agent reads it; nothing else configures the agent.
+
+use serde::{Deserialize, Serialize};
+
+/// Path of the config file inside the agent container.
+pub const CONFIG_PATH: &str = "/etc/tailnet-agent/config.json";
+/// Key of the config inside the ConfigMap.
+pub const CONFIG_KEY: &str = "config.json";
+/// Directory shared by tailscaled and the agent for the LocalAPI socket.
+pub const SOCKET_DIR: &str = "/var/run/tailscale";
+/// LocalAPI socket of tailscaled (`TS_SOCKET`).
+pub const LOCALAPI_SOCKET: &str = "/var/run/tailscale/tailscaled.sock";
+/// Where the ingress TLS Secret is mounted.
+pub const TLS_DIR: &str = "/etc/tailnet-agent/tls";
+/// Where backend CA bundles are mounted (one sub-directory per ConfigMap).
+pub const CA_DIR: &str = "/etc/tailnet-agent/ca";
+/// Port of the agent's admin listener (`/metrics`, `/readyz`, `/livez`) on the pod IP.
+pub const ADMIN_PORT: u16 = 9002;
+/// First port allocated to egress listeners.
+pub const FIRST_EGRESS_PORT: u16 = 10000;
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentConfig {
+    /// LocalAPI unix socket of tailscaled.
+    pub localapi_socket: String,
+    /// Admin listener port; it binds the pod IP (env `POD_IP`), never loopback, because
+    /// loopback is reachable from the tailnet.
+    pub admin_port: u16,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<EgressListener>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress: Vec<IngressListener>,
+    /// Certificate for `http` ingress listeners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsFiles>,
+}
+
+/// An egress listener: pod IP:`listen_port` → tailnet `target_host:target_port`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressListener {
+    pub name: String,
+    pub listen_port: u16,
+    pub target_host: String,
+    pub target_port: u16,
+    /// Seconds between reachability probes; `None` disables probing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_interval_seconds: Option<u64>,
+}
+
+/// An ingress listener on `127.0.0.1:port` (tailscaled forwards its tailnet IP there).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(
+    rename_all = "camelCase",
+    tag = "mode",
+    rename_all_fields = "camelCase"
+)]
+pub enum IngressListener {
+    /// Raw TCP forward.
+    #[serde(rename = "tcp")]
+    Tcp {
+        port: u16,
+        name: String,
+        backend: BackendAddress,
+    },
+    /// TLS termination and HTTP reverse proxy, virtual hosts by SNI/Host.
+    #[serde(rename = "http")]
+    Http { port: u16, routes: Vec<HttpRoute> },
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpRoute {
+    pub name: String,
+    /// Hostnames served by this route (SNI and Host).
+    pub hostnames: Vec<String>,
+    pub backend: BackendAddress,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_tls: Option<BackendTlsFiles>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_timeout_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_request_timeout_seconds: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackendAddress {
+    /// Service DNS name, e.g. `frontend.team-a.svc.cluster.local`.
+    pub host: String,
+    pub port: u16,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackendTlsFiles {
+    pub server_name: String,
+    pub ca_file: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert_file: String,
+    pub key_file: String,
+}

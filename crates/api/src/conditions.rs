@@ -1,0 +1,257 @@
+//! Condition helpers: stable `lastTransitionTime`, `observedGeneration`, comparison that
+//! ignores timestamps (so status is written only when something really changed).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// `status` of a condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    True,
+    False,
+    Unknown,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::True => "True",
+            Status::False => "False",
+            Status::Unknown => "Unknown",
+        }
+    }
+
+    pub fn from_bool(ok: bool) -> Self {
+        if ok { Status::True } else { Status::False }
+    }
+}
+
+/// Condition types used by the three resources (SPEC §6).
+pub mod types {
+    pub const READY: &str = "Ready";
+    // Tailnet
+    pub const HEADSCALE_REACHABLE: &str = "HeadscaleReachable";
+    pub const BASE_VALID: &str = "BaseValid";
+    pub const POLICY_APPLIED: &str = "PolicyApplied";
+    pub const DNS_RENDERED: &str = "DNSRendered";
+    // Egress and ingress
+    pub const TAILNET_READY: &str = "TailnetReady";
+    pub const AGENT_READY: &str = "AgentReady";
+    pub const NODE_ONLINE: &str = "NodeOnline";
+    pub const POLICY_EFFECTIVE: &str = "PolicyEffective";
+    pub const ROUTES_READY: &str = "RoutesReady";
+    pub const SERVICES_READY: &str = "ServicesReady";
+    pub const TARGETS_REACHABLE: &str = "TargetsReachable";
+    pub const SOURCES_ALLOWED: &str = "SourcesAllowed";
+    pub const BACKENDS_RESOLVED: &str = "BackendsResolved";
+    pub const BACKENDS_REACHABLE: &str = "BackendsReachable";
+    pub const CERTIFICATE_READY: &str = "CertificateReady";
+    pub const SPEC_VALID: &str = "SpecValid";
+}
+
+/// Reasons (CamelCase) shared across resources.
+pub mod reasons {
+    pub const READY: &str = "Ready";
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    pub const WRONG_NAMESPACE: &str = "WrongNamespace";
+    pub const TAILNET_NOT_FOUND: &str = "TailnetNotFound";
+    pub const DRY_RUN: &str = "DryRun";
+    pub const APPLIED: &str = "Applied";
+    pub const REJECTED: &str = "Rejected";
+    pub const OWNED_ELSEWHERE: &str = "OwnedElsewhere";
+    pub const SERVICE_NAME_CONFLICT: &str = "ServiceNameConflict";
+    pub const ROUTE_NOT_ADVERTISED: &str = "RouteNotAdvertised";
+    pub const ROUTE_NOT_APPROVED: &str = "RouteNotApproved";
+    pub const NOT_APPLICABLE: &str = "NotApplicable";
+    pub const SOURCE_NOT_ALLOWED: &str = "SourceNotAllowed";
+    pub const CROSS_NAMESPACE_BACKEND: &str = "CrossNamespaceBackendNotAllowed";
+    pub const HOSTNAME_CONFLICT: &str = "HostnameConflict";
+    pub const ISSUING: &str = "Issuing";
+    pub const SECRET_MISSING: &str = "SecretMissing";
+    pub const NAMES_NOT_COVERED: &str = "NamesNotCovered";
+    pub const EXPIRED: &str = "Expired";
+    pub const NO_CERTIFICATE_SOURCE: &str = "NoCertificateSource";
+    pub const NO_ROUTE: &str = "NoRoute";
+    pub const REFUSED: &str = "Refused";
+    pub const TIMEOUT: &str = "Timeout";
+    pub const REACHABLE: &str = "Reachable";
+}
+
+/// Builds a condition; `last_transition_time` is filled by [`upsert`].
+pub fn condition(
+    type_: &str,
+    status: Status,
+    reason: &str,
+    message: impl Into<String>,
+    observed_generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.to_string(),
+        status: status.as_str().to_string(),
+        reason: reason.to_string(),
+        message: message.into(),
+        observed_generation,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    }
+}
+
+/// Inserts or replaces the condition of the same type. The transition time is kept when the
+/// status did not change (Kubernetes API conventions) and set to `now` otherwise.
+pub fn upsert(conditions: &mut Vec<Condition>, mut new: Condition, now: &Time) {
+    match conditions.iter_mut().find(|c| c.type_ == new.type_) {
+        Some(existing) => {
+            new.last_transition_time = if existing.status == new.status {
+                existing.last_transition_time.clone()
+            } else {
+                now.clone()
+            };
+            *existing = new;
+        }
+        None => {
+            new.last_transition_time = now.clone();
+            conditions.push(new);
+        }
+    }
+    conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+}
+
+/// Finds a condition by type.
+pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// True when both lists say the same thing, ignoring transition timestamps.
+pub fn same_ignoring_time(a: &[Condition], b: &[Condition]) -> bool {
+    a.len() == b.len()
+        && a.iter().all(|ca| {
+            find(b, &ca.type_).is_some_and(|cb| {
+                ca.status == cb.status
+                    && ca.reason == cb.reason
+                    && ca.message == cb.message
+                    && ca.observed_generation == cb.observed_generation
+            })
+        })
+}
+
+/// Derives `Ready` from the given condition types: the first one that is not `True` (in the
+/// order given, which should be the order of dependencies) names the missing precondition.
+pub fn ready_from(
+    conditions: &[Condition],
+    required: &[&str],
+    observed_generation: Option<i64>,
+) -> Condition {
+    for type_ in required {
+        match find(conditions, type_) {
+            Some(c) if c.status == "True" => continue,
+            Some(c) => {
+                return condition(
+                    types::READY,
+                    Status::False,
+                    &c.reason,
+                    format!("{}: {}", c.type_, c.message),
+                    observed_generation,
+                );
+            }
+            None => {
+                return condition(
+                    types::READY,
+                    Status::Unknown,
+                    "Pending",
+                    format!("{type_} has not been evaluated yet"),
+                    observed_generation,
+                );
+            }
+        }
+    }
+    condition(
+        types::READY,
+        Status::True,
+        reasons::READY,
+        "all preconditions hold",
+        observed_generation,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).expect("valid timestamp"))
+    }
+
+    #[test]
+    fn transition_time_kept_while_status_unchanged() {
+        let mut list = Vec::new();
+        upsert(
+            &mut list,
+            condition("A", Status::True, "Ok", "first", Some(1)),
+            &at(10),
+        );
+        upsert(
+            &mut list,
+            condition("A", Status::True, "Ok", "second", Some(2)),
+            &at(20),
+        );
+        assert_eq!(list[0].last_transition_time, at(10));
+        assert_eq!(list[0].message, "second");
+        upsert(
+            &mut list,
+            condition("A", Status::False, "Broken", "third", Some(2)),
+            &at(30),
+        );
+        assert_eq!(list[0].last_transition_time, at(30));
+    }
+
+    #[test]
+    fn comparison_ignores_timestamps_only() {
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        upsert(
+            &mut a,
+            condition("A", Status::True, "Ok", "m", Some(1)),
+            &at(10),
+        );
+        upsert(
+            &mut b,
+            condition("A", Status::True, "Ok", "m", Some(1)),
+            &at(99),
+        );
+        assert!(same_ignoring_time(&a, &b));
+        upsert(
+            &mut b,
+            condition("A", Status::True, "Ok", "other", Some(1)),
+            &at(99),
+        );
+        assert!(!same_ignoring_time(&a, &b));
+    }
+
+    #[test]
+    fn ready_names_first_missing_precondition() {
+        let mut list = Vec::new();
+        upsert(
+            &mut list,
+            condition("TailnetReady", Status::True, "Ready", "ok", Some(3)),
+            &at(1),
+        );
+        upsert(
+            &mut list,
+            condition(
+                "RoutesReady",
+                Status::False,
+                "RouteNotApproved",
+                "approve 192.0.2.0/24",
+                Some(3),
+            ),
+            &at(1),
+        );
+        let ready = ready_from(&list, &["TailnetReady", "RoutesReady"], Some(3));
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason, "RouteNotApproved");
+        assert_eq!(ready.message, "RoutesReady: approve 192.0.2.0/24");
+        let pending = ready_from(&list, &["TailnetReady", "AgentReady"], Some(3));
+        assert_eq!(pending.status, "Unknown");
+        let ok = ready_from(&list, &["TailnetReady"], Some(3));
+        assert_eq!(ok.status, "True");
+    }
+}

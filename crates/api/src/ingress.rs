@@ -1,0 +1,186 @@
+//! `TailnetIngress`: a private TCP/HTTPS entrance from the tailnet to Services.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{KeyRef, TailnetRef};
+
+/// Exposes Services to the tailnet through one agent (one tailnet identity, one access rule).
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "tailnet-operator.dev",
+    version = "v1alpha1",
+    kind = "TailnetIngress",
+    namespaced,
+    shortname = "tni",
+    category = "tailnet",
+    status = "TailnetIngressStatus",
+    printcolumn = r#"{"name":"Tailnet","type":"string","jsonPath":".spec.tailnetRef.name"}"#,
+    printcolumn = r#"{"name":"Hostnames","type":"string","jsonPath":".status.summary"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.tailnetIPs[0]","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TailnetIngressSpec {
+    pub tailnet_ref: TailnetRef,
+    /// Tailnet principals allowed to connect (must be within the Tailnet's
+    /// `policy.ingressSourceAllowlist`), e.g. `["group:team-a"]`.
+    #[schemars(
+        length(min = 1, max = 32),
+        inner(regex(
+            pattern = r"^(\*|group:[a-zA-Z0-9][-_.a-zA-Z0-9]*|tag:[a-z0-9][-a-z0-9]*|autogroup:[a-z][-a-z]*|[^\s@,:]+@[-.a-zA-Z0-9]*)$"
+        ))
+    )]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub allow_from: Vec<String>,
+    /// Certificate for all `http` exposes; without `secretName` a cert-manager Certificate is
+    /// requested from the Tailnet's `defaults.tls.issuerRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<IngressTls>,
+    /// What is exposed. `http` exposes sharing a port are virtual hosts (by SNI/Host).
+    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    #[x_kube(validation = Rule::new("self.all(a, self.all(b, a.port != b.port || (a.mode == 'http' && b.mode == 'http') || a.name == b.name))").message("a tcp expose needs a port of its own; only http exposes may share a port"))]
+    #[x_kube(validation = Rule::new("self.all(a, self.all(b, a.name == b.name || a.dnsLabel != b.dnsLabel || a.port != b.port))").message("dnsLabel and port must be unique together"))]
+    pub exposes: Vec<Expose>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressTls {
+    /// Existing `kubernetes.io/tls` Secret in this namespace covering every http name and alias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub secret_name: Option<String>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.backend.tls) || self.mode == 'http'").message("backend.tls requires mode: http (tcp exposes forward bytes unchanged)"))]
+#[x_kube(validation = Rule::new("!has(self.timeouts) || self.mode == 'http'").message("timeouts require mode: http"))]
+pub struct Expose {
+    /// Name of the expose, unique in this resource.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// Fills `{name}` in the Tailnet's name templates.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub dns_label: String,
+    /// Also publish the `ingressAliasTemplate` name.
+    #[serde(default)]
+    pub alias: bool,
+    /// `http`: TLS terminated at the agent, HTTP reverse proxy; `tcp`: raw TCP forward.
+    pub mode: ExposeMode,
+    /// Port on the agent's tailnet address.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    pub backend: Backend,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<Timeouts>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ExposeMode {
+    Http,
+    Tcp,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Backend {
+    /// Service name.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub service: String,
+    /// Namespace of the Service; only allowed for TailnetIngress objects in the operator namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub namespace: Option<String>,
+    /// Service port number or name.
+    pub port: IntOrString,
+    /// Verified HTTPS to the backend (never an unverified fallback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<BackendTls>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendTls {
+    /// Name the backend's certificate must carry.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub server_name: String,
+    /// CA bundle (PEM) in a ConfigMap of the backend's namespace.
+    pub ca_config_map_ref: KeyRef,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Timeouts {
+    /// Bounds the whole exchange including the upload (e.g. `600s`). WebSockets are exempt once
+    /// established.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    pub request: Option<String>,
+    /// Bounds the wait for the backend's response headers (e.g. `60s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    pub backend_request: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TailnetIngressStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// e.g. `portal.team-a.lab.example.net (+2)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "tailnetIPs")]
+    pub tailnet_ips: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hostnames: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exposes: Vec<ExposeStatus>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExposeStatus {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hostnames: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

@@ -1,0 +1,231 @@
+//! `Tailnet`: one Headscale server, its API credentials, DNS templates and policy ownership.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::KeyRef;
+
+/// A Headscale tailnet that egresses and ingresses of this cluster connect to.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "tailnet-operator.dev",
+    version = "v1alpha1",
+    kind = "Tailnet",
+    shortname = "tn",
+    category = "tailnet",
+    status = "TailnetStatus",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.policy.mode"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Headscale","type":"string","jsonPath":".status.headscaleVersion","priority":1}"#,
+    printcolumn = r#"{"name":"Policy","type":"string","jsonPath":".status.policy.summary","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TailnetSpec {
+    /// URL of the Headscale server, e.g. `https://control.example.net`.
+    #[schemars(
+        length(max = 2048),
+        regex(pattern = r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    )]
+    pub server: String,
+    /// Secret in the operator namespace holding the bootstrap API key. The operator only reads it.
+    pub api_secret_ref: KeyRef,
+    /// DNS entries the operator renders (it is not a DNS server; see docs/dns.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<TailnetDns>,
+    /// Defaults for the resources that reference this Tailnet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<TailnetDefaults>,
+    /// Ownership of the Headscale policy.
+    pub policy: TailnetPolicy,
+    /// Overrides for the agent pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentOverrides>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TailnetDns {
+    /// ConfigMap (operator namespace) that receives `hosts` (CoreDNS hosts format) and
+    /// `extra-records.json` (Headscale `dns.extra_records_path` format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub hosts_config_map: Option<String>,
+    /// Hostname of each ingress expose; placeholders `{name}` (the expose's `dnsLabel`) and
+    /// `{namespace}`, e.g. `{name}.{namespace}.lab.example.net`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^([a-z0-9.-]|\{name\}|\{namespace\})+$")
+    )]
+    #[x_kube(validation = Rule::new("self.contains('{name}')").message("must contain the {name} placeholder"))]
+    pub ingress_name_template: Option<String>,
+    /// Additional hostname for exposes with `alias: true`, e.g. `{name}.lab.example.net`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^([a-z0-9.-]|\{name\}|\{namespace\})+$")
+    )]
+    #[x_kube(validation = Rule::new("self.contains('{name}')").message("must contain the {name} placeholder"))]
+    pub ingress_alias_template: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TailnetDefaults {
+    /// Default TLS for TailnetIngress objects without `tls.secretName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<DefaultTls>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DefaultTls {
+    /// cert-manager issuer for the ingress certificates.
+    pub issuer_ref: IssuerRef,
+}
+
+/// A cert-manager issuer reference.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuerRef {
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub name: String,
+    /// `Issuer` (in the ingress's namespace) or `ClusterIssuer`.
+    #[serde(default)]
+    pub kind: IssuerKind,
+    /// API group of the issuer; `cert-manager.io` unless an external issuer is used.
+    #[serde(default = "default_issuer_group")]
+    #[schemars(length(min = 1, max = 253))]
+    pub group: String,
+}
+
+fn default_issuer_group() -> String {
+    "cert-manager.io".to_string()
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum IssuerKind {
+    #[default]
+    Issuer,
+    ClusterIssuer,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TailnetPolicy {
+    /// ConfigMap (operator namespace) whose key `policy.hujson` holds the human-owned base policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub base_config_map: Option<String>,
+    /// `DryRun` renders and checks only; `Apply` writes the policy to Headscale.
+    #[serde(default)]
+    pub mode: PolicyMode,
+    /// Owners of every generated tag, e.g. `["group:platform"]`.
+    #[schemars(
+        length(min = 1, max = 32),
+        inner(regex(
+            pattern = r"^(\*|group:[a-zA-Z0-9][-_.a-zA-Z0-9]*|tag:[a-z0-9][-a-z0-9]*|autogroup:[a-z][-a-z]*|[^\s@,:]+@[-.a-zA-Z0-9]*)$"
+        ))
+    )]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub tag_owners: Vec<String>,
+    /// Principals whose advertised routes may be approved for egress targets, e.g. `["tag:router"]`.
+    #[serde(default)]
+    #[schemars(
+        length(max = 32),
+        inner(regex(
+            pattern = r"^(\*|group:[a-zA-Z0-9][-_.a-zA-Z0-9]*|tag:[a-z0-9][-a-z0-9]*|autogroup:[a-z][-a-z]*|[^\s@,:]+@[-.a-zA-Z0-9]*)$"
+        ))
+    )]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub route_approvers: Vec<String>,
+    /// What a TailnetIngress may put into `allowFrom`.
+    #[serde(default)]
+    #[schemars(
+        length(max = 64),
+        inner(regex(
+            pattern = r"^(\*|group:[a-zA-Z0-9][-_.a-zA-Z0-9]*|tag:[a-z0-9][-a-z0-9]*|autogroup:[a-z][-a-z]*|[^\s@,:]+@[-.a-zA-Z0-9]*)$"
+        ))
+    )]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub ingress_source_allowlist: Vec<String>,
+    /// Prefix of generated tags: `tag:<prefix>-egress-<name>`, `tag:<prefix>-ingress-<ns>-<name>`.
+    #[serde(default = "default_tag_prefix")]
+    #[schemars(regex(pattern = r"^[a-z][-a-z0-9]{0,15}$"))]
+    pub tag_prefix: String,
+}
+
+pub fn default_tag_prefix() -> String {
+    "tno".to_string()
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum PolicyMode {
+    #[default]
+    DryRun,
+    Apply,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentOverrides {
+    /// Image of the tailnet-agent container (default pinned by digest in the operator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+    /// Image of the tailscale container (official image; default pinned by digest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub tailscale_image: Option<String>,
+    /// Resources of the tailnet-agent container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Resources of the tailscale container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tailscale_resources: Option<ResourceRequirements>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TailnetStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Version reported by Headscale's `/version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headscale_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyStatus>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyStatus {
+    /// SHA-256 of the rendered document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendered_hash: Option<String>,
+    /// SHA-256 of the document the operator last wrote to Headscale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_hash: Option<String>,
+    /// One-line summary, e.g. `3 tags, 4 grants, 1 route`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// Resources (`Kind/namespace/name`) whose grants are live in Headscale.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub effective_for: Vec<String>,
+}

@@ -1,0 +1,612 @@
+//! Validation of the declarations, pure and shared by the controllers and `tailnet-operator
+//! render`.
+//!
+//! The first half repeats what the CRD schema/CEL already enforce (the offline `render` command
+//! never passes through an apiserver, and it must reject exactly the same input); the second
+//! half needs other objects (the Tailnet, the operator namespace) and is only knowable by the
+//! reconciler. Every error names the field (`spec.targets[remote-db].address`) and says what
+//! to do.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::LazyLock;
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use regex::Regex;
+
+use crate::egress::TailnetEgressSpec;
+use crate::ingress::{ExposeMode, TailnetIngressSpec};
+use crate::patterns;
+use crate::tailnet::TailnetSpec;
+
+/// One invalid field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// Path of the field, e.g. `spec.exposes[web].port`.
+    pub field: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Joins errors into one condition message.
+pub fn summarize(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn regex(pattern: &'static str) -> Regex {
+    // The patterns are compile-time constants covered by the tests below.
+    Regex::new(pattern).unwrap_or_else(|e| panic!("invalid built-in pattern {pattern}: {e}"))
+}
+
+static DNS_LABEL: LazyLock<Regex> = LazyLock::new(|| regex(patterns::DNS_LABEL));
+static SERVICE_NAME: LazyLock<Regex> = LazyLock::new(|| regex(patterns::SERVICE_NAME));
+static DNS_SUBDOMAIN: LazyLock<Regex> = LazyLock::new(|| regex(patterns::DNS_SUBDOMAIN));
+static HOSTNAME: LazyLock<Regex> = LazyLock::new(|| regex(patterns::HOSTNAME));
+static TARGET_DNS_NAME: LazyLock<Regex> = LazyLock::new(|| regex(patterns::TARGET_DNS_NAME));
+static DURATION: LazyLock<Regex> = LazyLock::new(|| regex(patterns::DURATION));
+static PRINCIPAL: LazyLock<Regex> = LazyLock::new(|| regex(patterns::PRINCIPAL));
+static NAME_TEMPLATE: LazyLock<Regex> = LazyLock::new(|| regex(patterns::NAME_TEMPLATE));
+static SERVER_URL: LazyLock<Regex> = LazyLock::new(|| regex(patterns::SERVER_URL));
+static TAG_PREFIX: LazyLock<Regex> = LazyLock::new(|| regex(patterns::TAG_PREFIX));
+static PLACEHOLDER: LazyLock<Regex> = LazyLock::new(|| regex(r"\{[^}]*\}?"));
+
+/// Where an egress target lives.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TargetAddress {
+    Ip(IpAddr),
+    Dns(String),
+}
+
+impl TargetAddress {
+    /// Parses `address` as an IP, else as a lowercase DNS name.
+    pub fn parse(field: &str, address: &str) -> Result<Self, FieldError> {
+        if let Ok(ip) = address.parse::<IpAddr>() {
+            return Ok(TargetAddress::Ip(ip));
+        }
+        if address.len() <= 253 && TARGET_DNS_NAME.is_match(address) {
+            return Ok(TargetAddress::Dns(address.to_string()));
+        }
+        Err(FieldError::new(
+            field,
+            format!(
+                "{address:?} is neither an IPv4/IPv6 address nor a lowercase DNS name; use e.g. 192.0.2.10, 2001:db8::10 or db.site.example.net"
+            ),
+        ))
+    }
+}
+
+impl fmt::Display for TargetAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TargetAddress::Ip(ip) => write!(f, "{ip}"),
+            TargetAddress::Dns(name) => f.write_str(name),
+        }
+    }
+}
+
+/// Parses a Go/Kubernetes duration such as `600s` or `1m30s`.
+pub fn parse_duration(field: &str, value: &str) -> Result<std::time::Duration, FieldError> {
+    let invalid = || {
+        FieldError::new(
+            field,
+            format!("{value:?} is not a duration; use e.g. 30s, 1m30s or 2h"),
+        )
+    };
+    if !DURATION.is_match(value) {
+        return Err(invalid());
+    }
+    let parsed: kube::core::Duration = value.parse().map_err(|_| invalid())?;
+    let duration: std::time::Duration = parsed.into();
+    if duration.is_zero() {
+        return Err(FieldError::new(field, "must be greater than zero"));
+    }
+    Ok(duration)
+}
+
+/// Expands a name template with `{name}` and `{namespace}`; anything else is an error naming
+/// the template field.
+pub fn expand_template(
+    field: &str,
+    template: &str,
+    name: &str,
+    namespace: &str,
+) -> Result<String, FieldError> {
+    for placeholder in PLACEHOLDER.find_iter(template) {
+        let p = placeholder.as_str();
+        if p != "{name}" && p != "{namespace}" {
+            return Err(FieldError::new(
+                field,
+                format!(
+                    "unknown placeholder {p} in {template:?}; only {{name}} and {{namespace}} are allowed"
+                ),
+            ));
+        }
+    }
+    if !template.contains("{name}") {
+        return Err(FieldError::new(
+            field,
+            format!("{template:?} must contain {{name}} so that each expose gets its own hostname"),
+        ));
+    }
+    if !NAME_TEMPLATE.is_match(template) {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "{template:?} may only contain lowercase letters, digits, '-', '.', {{name}} and {{namespace}}"
+            ),
+        ));
+    }
+    let expanded = template
+        .replace("{name}", name)
+        .replace("{namespace}", namespace);
+    if expanded.len() > 253 || !HOSTNAME.is_match(&expanded) {
+        return Err(FieldError::new(
+            field,
+            format!("{template:?} expands to {expanded:?}, which is not a valid hostname"),
+        ));
+    }
+    Ok(expanded)
+}
+
+fn check_port(errors: &mut Vec<FieldError>, field: String, port: i32) {
+    if !(1..=65535).contains(&port) {
+        errors.push(FieldError::new(
+            field,
+            format!("port {port} is out of range; use 1-65535"),
+        ));
+    }
+}
+
+fn check_match(
+    errors: &mut Vec<FieldError>,
+    re: &Regex,
+    max: usize,
+    field: String,
+    value: &str,
+    what: &str,
+) {
+    if value.is_empty() || value.len() > max || !re.is_match(value) {
+        errors.push(FieldError::new(field, format!("{value:?} is not {what}")));
+    }
+}
+
+fn check_principals(errors: &mut Vec<FieldError>, field: &str, values: &[String]) {
+    for (i, value) in values.iter().enumerate() {
+        if !PRINCIPAL.is_match(value) {
+            errors.push(FieldError::new(
+                format!("{field}[{i}]"),
+                format!("{value:?} is not a policy principal; use group:<name>, tag:<name>, autogroup:<name> or <user>@"),
+            ));
+        }
+    }
+}
+
+/// Schema-level checks of a Tailnet.
+pub fn tailnet(spec: &TailnetSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if !SERVER_URL.is_match(&spec.server) {
+        errors.push(FieldError::new(
+            "spec.server",
+            format!(
+                "{:?} is not an http(s) URL; use e.g. https://control.example.net",
+                spec.server
+            ),
+        ));
+    }
+    check_match(
+        &mut errors,
+        &DNS_SUBDOMAIN,
+        253,
+        "spec.apiSecretRef.name".into(),
+        &spec.api_secret_ref.name,
+        "a Secret name",
+    );
+    if let Some(dns) = &spec.dns {
+        if let Some(cm) = &dns.hosts_config_map {
+            check_match(
+                &mut errors,
+                &DNS_SUBDOMAIN,
+                253,
+                "spec.dns.hostsConfigMap".into(),
+                cm,
+                "a ConfigMap name",
+            );
+        }
+        for (field, template) in [
+            ("spec.dns.ingressNameTemplate", &dns.ingress_name_template),
+            ("spec.dns.ingressAliasTemplate", &dns.ingress_alias_template),
+        ] {
+            if let Some(template) = template
+                && let Err(e) = expand_template(field, template, "probe", "probe")
+            {
+                errors.push(e);
+            }
+        }
+    }
+    if spec.policy.tag_owners.is_empty() {
+        errors.push(FieldError::new(
+            "spec.policy.tagOwners",
+            "must name at least one owner of the generated tags, e.g. group:platform",
+        ));
+    }
+    check_principals(
+        &mut errors,
+        "spec.policy.tagOwners",
+        &spec.policy.tag_owners,
+    );
+    check_principals(
+        &mut errors,
+        "spec.policy.routeApprovers",
+        &spec.policy.route_approvers,
+    );
+    check_principals(
+        &mut errors,
+        "spec.policy.ingressSourceAllowlist",
+        &spec.policy.ingress_source_allowlist,
+    );
+    if !TAG_PREFIX.is_match(&spec.policy.tag_prefix) {
+        errors.push(FieldError::new(
+            "spec.policy.tagPrefix",
+            "must be 1-16 lowercase letters, digits or '-', starting with a letter",
+        ));
+    }
+    errors
+}
+
+/// Schema-level checks of a TailnetEgress.
+pub fn egress(spec: &TailnetEgressSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if spec.consumer_namespaces.is_empty() {
+        errors.push(FieldError::new(
+            "spec.consumerNamespaces",
+            "must list at least one namespace whose pods may use the targets",
+        ));
+    }
+    for (i, ns) in spec.consumer_namespaces.iter().enumerate() {
+        check_match(
+            &mut errors,
+            &DNS_LABEL,
+            63,
+            format!("spec.consumerNamespaces[{i}]"),
+            ns,
+            "a namespace name",
+        );
+    }
+    if spec.targets.is_empty() {
+        errors.push(FieldError::new(
+            "spec.targets",
+            "must list at least one target",
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for target in &spec.targets {
+        let at = format!("spec.targets[{}]", target.name);
+        if !seen.insert(target.name.as_str()) {
+            errors.push(FieldError::new(
+                format!("{at}.name"),
+                "duplicate target name; each target becomes a Service of that name",
+            ));
+        }
+        check_match(
+            &mut errors,
+            &SERVICE_NAME,
+            63,
+            format!("{at}.name"),
+            &target.name,
+            "a Service name (lowercase letters, digits, '-', starting with a letter, at most 63)",
+        );
+        if let Err(e) = TargetAddress::parse(&format!("{at}.address"), &target.address) {
+            errors.push(e);
+        }
+        check_port(&mut errors, format!("{at}.port"), target.port);
+        for (j, alias) in target.aliases.iter().enumerate() {
+            check_match(
+                &mut errors,
+                &HOSTNAME,
+                253,
+                format!("{at}.aliases[{j}]"),
+                alias,
+                "a fully qualified lowercase hostname",
+            );
+        }
+        if let Some(probe) = &target.probe
+            && let Some(interval) = &probe.interval
+            && let Err(e) = parse_duration(&format!("{at}.probe.interval"), interval)
+        {
+            errors.push(e);
+        }
+    }
+    errors
+}
+
+/// Schema-level checks of a TailnetIngress.
+pub fn ingress(spec: &TailnetIngressSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if spec.allow_from.is_empty() {
+        errors.push(FieldError::new(
+            "spec.allowFrom",
+            "must name at least one principal, e.g. group:team-a",
+        ));
+    }
+    check_principals(&mut errors, "spec.allowFrom", &spec.allow_from);
+    if let Some(secret) = spec.tls.as_ref().and_then(|t| t.secret_name.as_ref()) {
+        check_match(
+            &mut errors,
+            &DNS_SUBDOMAIN,
+            253,
+            "spec.tls.secretName".into(),
+            secret,
+            "a Secret name",
+        );
+    }
+    if spec.exposes.is_empty() {
+        errors.push(FieldError::new(
+            "spec.exposes",
+            "must list at least one expose",
+        ));
+    }
+    let mut names = BTreeSet::new();
+    let mut label_ports = BTreeSet::new();
+    for expose in &spec.exposes {
+        let at = format!("spec.exposes[{}]", expose.name);
+        if !names.insert(expose.name.as_str()) {
+            errors.push(FieldError::new(
+                format!("{at}.name"),
+                "duplicate expose name",
+            ));
+        }
+        check_match(
+            &mut errors,
+            &DNS_LABEL,
+            63,
+            format!("{at}.name"),
+            &expose.name,
+            "a DNS label",
+        );
+        check_match(
+            &mut errors,
+            &DNS_LABEL,
+            63,
+            format!("{at}.dnsLabel"),
+            &expose.dns_label,
+            "a DNS label",
+        );
+        check_port(&mut errors, format!("{at}.port"), expose.port);
+        if !label_ports.insert((expose.dns_label.as_str(), expose.port)) {
+            errors.push(FieldError::new(
+                format!("{at}.dnsLabel"),
+                format!(
+                    "dnsLabel {:?} is already used on port {}",
+                    expose.dns_label, expose.port
+                ),
+            ));
+        }
+        if expose.mode == ExposeMode::Tcp
+            && spec
+                .exposes
+                .iter()
+                .any(|o| o.name != expose.name && o.port == expose.port)
+        {
+            errors.push(FieldError::new(
+                format!("{at}.port"),
+                format!(
+                    "port {} is shared with another expose; a tcp expose needs a port of its own",
+                    expose.port
+                ),
+            ));
+        }
+        let backend = &expose.backend;
+        check_match(
+            &mut errors,
+            &SERVICE_NAME,
+            63,
+            format!("{at}.backend.service"),
+            &backend.service,
+            "a Service name",
+        );
+        if let Some(ns) = &backend.namespace {
+            check_match(
+                &mut errors,
+                &DNS_LABEL,
+                63,
+                format!("{at}.backend.namespace"),
+                ns,
+                "a namespace name",
+            );
+        }
+        match &backend.port {
+            IntOrString::Int(port) => check_port(&mut errors, format!("{at}.backend.port"), *port),
+            IntOrString::String(name) => check_match(
+                &mut errors,
+                &DNS_LABEL,
+                15,
+                format!("{at}.backend.port"),
+                name,
+                "a port number or port name",
+            ),
+        }
+        if let Some(tls) = &backend.tls {
+            if expose.mode != ExposeMode::Http {
+                errors.push(FieldError::new(
+                    format!("{at}.backend.tls"),
+                    "backend.tls requires mode: http (tcp exposes forward bytes unchanged)",
+                ));
+            }
+            check_match(
+                &mut errors,
+                &DNS_SUBDOMAIN,
+                253,
+                format!("{at}.backend.tls.serverName"),
+                &tls.server_name,
+                "a hostname",
+            );
+            check_match(
+                &mut errors,
+                &DNS_SUBDOMAIN,
+                253,
+                format!("{at}.backend.tls.caConfigMapRef.name"),
+                &tls.ca_config_map_ref.name,
+                "a ConfigMap name",
+            );
+        }
+        if let Some(timeouts) = &expose.timeouts {
+            if expose.mode != ExposeMode::Http {
+                errors.push(FieldError::new(
+                    format!("{at}.timeouts"),
+                    "timeouts require mode: http",
+                ));
+            }
+            for (field, value) in [
+                ("request", &timeouts.request),
+                ("backendRequest", &timeouts.backend_request),
+            ] {
+                if let Some(value) = value
+                    && let Err(e) = parse_duration(&format!("{at}.timeouts.{field}"), value)
+                {
+                    errors.push(e);
+                }
+            }
+        }
+    }
+    errors
+}
+
+/// Checks of a TailnetEgress that need its namespace: egresses are only honoured in the
+/// operator namespace (they publish Services there).
+pub fn egress_namespace(namespace: &str, operator_namespace: &str) -> Result<(), FieldError> {
+    if namespace == operator_namespace {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            "metadata.namespace",
+            format!(
+                "TailnetEgress is only honoured in the operator namespace {operator_namespace:?}; move it there and list {namespace:?} in spec.consumerNamespaces"
+            ),
+        ))
+    }
+}
+
+/// `allowFrom` entries outside the Tailnet's `ingressSourceAllowlist`.
+pub fn sources_not_allowed(spec: &TailnetIngressSpec, tailnet: &TailnetSpec) -> Vec<String> {
+    let allowed = &tailnet.policy.ingress_source_allowlist;
+    spec.allow_from
+        .iter()
+        .filter(|s| !allowed.contains(s))
+        .cloned()
+        .collect()
+}
+
+/// The hostnames of one expose: the name from the template, plus the alias when requested.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExposeNames {
+    pub expose: String,
+    pub mode: ExposeMode,
+    pub port: u16,
+    pub hostnames: Vec<String>,
+}
+
+/// Checks of a TailnetIngress that need the Tailnet and the operator namespace: cross-namespace
+/// backends, the name templates, a certificate source for http exposes. Returns the hostnames
+/// per expose when valid.
+pub fn ingress_in_context(
+    namespace: &str,
+    operator_namespace: &str,
+    spec: &TailnetIngressSpec,
+    tailnet_name: &str,
+    tailnet: &TailnetSpec,
+) -> Result<Vec<ExposeNames>, Vec<FieldError>> {
+    let mut errors = Vec::new();
+    let mut result = Vec::new();
+    let dns = tailnet.dns.clone().unwrap_or_default();
+    for expose in &spec.exposes {
+        let at = format!("spec.exposes[{}]", expose.name);
+        if let Some(backend_ns) = &expose.backend.namespace
+            && backend_ns != namespace
+            && namespace != operator_namespace
+        {
+            errors.push(FieldError::new(
+                format!("{at}.backend.namespace"),
+                format!("a backend in another namespace ({backend_ns:?}) is only allowed for TailnetIngress objects in the operator namespace {operator_namespace:?}; expose the Service from {backend_ns:?} itself"),
+            ));
+        }
+        let mut hostnames = Vec::new();
+        match &dns.ingress_name_template {
+            Some(template) => match expand_template(&format!("Tailnet {tailnet_name}: spec.dns.ingressNameTemplate"), template, &expose.dns_label, namespace) {
+                Ok(name) => hostnames.push(name),
+                Err(e) => errors.push(e),
+            },
+            None => errors.push(FieldError::new(
+                format!("Tailnet {tailnet_name}: spec.dns.ingressNameTemplate"),
+                "is not set; ingresses need it to name their exposes (e.g. \"{name}.{namespace}.lab.example.net\")",
+            )),
+        }
+        if expose.alias {
+            match &dns.ingress_alias_template {
+                Some(template) => match expand_template(
+                    &format!("Tailnet {tailnet_name}: spec.dns.ingressAliasTemplate"),
+                    template,
+                    &expose.dns_label,
+                    namespace,
+                ) {
+                    Ok(name) => hostnames.push(name),
+                    Err(e) => errors.push(e),
+                },
+                None => errors.push(FieldError::new(
+                    format!("{at}.alias"),
+                    format!(
+                        "alias: true needs spec.dns.ingressAliasTemplate on Tailnet {tailnet_name}"
+                    ),
+                )),
+            }
+        }
+        if let Ok(port) = u16::try_from(expose.port) {
+            result.push(ExposeNames {
+                expose: expose.name.clone(),
+                mode: expose.mode,
+                port,
+                hostnames,
+            });
+        }
+    }
+    let has_http = spec.exposes.iter().any(|e| e.mode == ExposeMode::Http);
+    let has_secret = spec.tls.as_ref().is_some_and(|t| t.secret_name.is_some());
+    let has_issuer = tailnet
+        .defaults
+        .as_ref()
+        .and_then(|d| d.tls.as_ref())
+        .is_some();
+    if has_http && !has_secret && !has_issuer {
+        errors.push(FieldError::new(
+            "spec.tls.secretName",
+            format!("http exposes need a certificate: set spec.tls.secretName or spec.defaults.tls.issuerRef on Tailnet {tailnet_name}"),
+        ));
+    }
+    if errors.is_empty() {
+        Ok(result)
+    } else {
+        Err(errors)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,329 @@
+use super::*;
+use crate::egress::TailnetEgressSpec;
+use crate::ingress::TailnetIngressSpec;
+use crate::tailnet::TailnetSpec;
+
+const TAILNET: &str = r#"
+server: https://control.example.net
+apiSecretRef: {name: headscale-bootstrap, key: apiKey}
+dns:
+  hostsConfigMap: tailnet-hosts
+  ingressNameTemplate: "{name}.{namespace}.lab.example.net"
+  ingressAliasTemplate: "{name}.lab.example.net"
+defaults:
+  tls: {issuerRef: {name: apps-ca, kind: ClusterIssuer}}
+policy:
+  baseConfigMap: tailnet-policy
+  mode: DryRun
+  tagOwners: ["group:platform"]
+  routeApprovers: ["tag:router"]
+  ingressSourceAllowlist: ["group:team-a"]
+"#;
+
+const EGRESS: &str = r#"
+tailnetRef: {name: demo}
+consumerNamespaces: [team-a]
+targets:
+  - {name: remote-db, address: 192.0.2.10, port: 5432}
+  - {name: remote-api, address: 198.51.100.20, port: 443, aliases: [api.site.example.net]}
+"#;
+
+const INGRESS: &str = r#"
+tailnetRef: {name: demo}
+allowFrom: ["group:team-a"]
+exposes:
+  - {name: web, dnsLabel: portal, alias: true, mode: http, port: 443, backend: {service: frontend, port: 8080}}
+  - name: admin
+    dnsLabel: admin
+    mode: http
+    port: 443
+    backend:
+      service: admin
+      port: 8443
+      tls: {serverName: admin.team-a.svc.cluster.local, caConfigMapRef: {name: backend-ca, key: ca.crt}}
+    timeouts: {request: 600s, backendRequest: 60s}
+"#;
+
+fn tailnet_spec() -> TailnetSpec {
+    serde_yaml::from_str(TAILNET).expect("tailnet fixture")
+}
+
+/// Parses a fixture after applying `edit` to its YAML value.
+fn edited<T: serde::de::DeserializeOwned>(
+    yaml: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> T {
+    let mut value: serde_json::Value = serde_yaml::from_str(yaml).expect("fixture yaml");
+    edit(&mut value);
+    serde_json::from_value(value).expect("edited fixture still deserializes")
+}
+
+fn fields(errors: &[FieldError]) -> Vec<String> {
+    errors.iter().map(|e| e.to_string()).collect()
+}
+
+#[test]
+fn examples_are_valid() {
+    assert!(tailnet(&tailnet_spec()).is_empty());
+    let e: TailnetEgressSpec = edited(EGRESS, |_| {});
+    assert_eq!(egress(&e), vec![]);
+    let i: TailnetIngressSpec = edited(INGRESS, |_| {});
+    assert_eq!(ingress(&i), vec![]);
+    let names =
+        ingress_in_context("team-a", "tailnet-system", &i, "demo", &tailnet_spec()).expect("valid");
+    assert_eq!(
+        names[0].hostnames,
+        vec!["portal.team-a.lab.example.net", "portal.lab.example.net"]
+    );
+    assert_eq!(names[1].hostnames, vec!["admin.team-a.lab.example.net"]);
+}
+
+#[test]
+fn bad_egress_inputs_name_the_field() {
+    type Edit = fn(&mut serde_json::Value);
+    let table: Vec<(&str, Edit, &str)> = vec![
+        (
+            "invalid IP",
+            |v| v["targets"][0]["address"] = "192.0.2.300".into(),
+            "spec.targets[remote-db].address: \"192.0.2.300\" is neither an IPv4/IPv6 address nor a lowercase DNS name; use e.g. 192.0.2.10, 2001:db8::10 or db.site.example.net",
+        ),
+        (
+            "invalid hostname",
+            |v| v["targets"][0]["address"] = "db_1.example.net".into(),
+            "spec.targets[remote-db].address: \"db_1.example.net\" is neither an IPv4/IPv6 address nor a lowercase DNS name; use e.g. 192.0.2.10, 2001:db8::10 or db.site.example.net",
+        ),
+        (
+            "port 0",
+            |v| v["targets"][0]["port"] = 0.into(),
+            "spec.targets[remote-db].port: port 0 is out of range; use 1-65535",
+        ),
+        (
+            "port 70000",
+            |v| v["targets"][1]["port"] = 70000.into(),
+            "spec.targets[remote-api].port: port 70000 is out of range; use 1-65535",
+        ),
+        (
+            "duplicate target",
+            |v| v["targets"][1]["name"] = "remote-db".into(),
+            "spec.targets[remote-db].name: duplicate target name; each target becomes a Service of that name",
+        ),
+        (
+            "service name starting with a digit",
+            |v| v["targets"][0]["name"] = "1db".into(),
+            "spec.targets[1db].name: \"1db\" is not a Service name (lowercase letters, digits, '-', starting with a letter, at most 63)",
+        ),
+        (
+            "no consumer namespaces",
+            |v| v["consumerNamespaces"] = serde_json::json!([]),
+            "spec.consumerNamespaces: must list at least one namespace whose pods may use the targets",
+        ),
+        (
+            "bad alias",
+            |v| v["targets"][1]["aliases"] = serde_json::json!(["API.example.net"]),
+            "spec.targets[remote-api].aliases[0]: \"API.example.net\" is not a fully qualified lowercase hostname",
+        ),
+        (
+            "bad probe interval",
+            |v| v["targets"][0]["probe"] = serde_json::json!({"interval": "5 minutes"}),
+            "spec.targets[remote-db].probe.interval: \"5 minutes\" is not a duration; use e.g. 30s, 1m30s or 2h",
+        ),
+    ];
+    for (case, edit, expected) in table {
+        let spec: TailnetEgressSpec = edited(EGRESS, edit);
+        assert_eq!(
+            fields(&egress(&spec)),
+            vec![expected.to_string()],
+            "case: {case}"
+        );
+    }
+}
+
+#[test]
+fn dns_and_ipv6_targets_are_valid_addresses() {
+    assert_eq!(
+        TargetAddress::parse("f", "db.site.example.net"),
+        Ok(TargetAddress::Dns("db.site.example.net".into()))
+    );
+    assert_eq!(
+        TargetAddress::parse("f", "2001:db8::10"),
+        Ok(TargetAddress::Ip("2001:db8::10".parse().expect("ip")))
+    );
+    assert!(TargetAddress::parse("f", "192.0.2.0/24").is_err());
+    assert!(TargetAddress::parse("f", "fe80::1%eth0").is_err());
+}
+
+#[test]
+fn bad_ingress_inputs_name_the_field() {
+    type Edit = fn(&mut serde_json::Value);
+    let table: Vec<(&str, Edit, &str)> = vec![
+        (
+            "duplicate expose",
+            |v| v["exposes"][1]["name"] = "web".into(),
+            "spec.exposes[web].name: duplicate expose name",
+        ),
+        (
+            "port 0",
+            |v| v["exposes"][0]["port"] = 0.into(),
+            "spec.exposes[web].port: port 0 is out of range; use 1-65535",
+        ),
+        (
+            "backend port 70000",
+            |v| v["exposes"][0]["backend"]["port"] = 70000.into(),
+            "spec.exposes[web].backend.port: port 70000 is out of range; use 1-65535",
+        ),
+        (
+            "backend tls with tcp",
+            |v| {
+                v["exposes"][1]["mode"] = "tcp".into();
+                v["exposes"][1]["port"] = 8443.into();
+                v["exposes"][1]
+                    .as_object_mut()
+                    .map(|o| o.remove("timeouts"));
+            },
+            "spec.exposes[admin].backend.tls: backend.tls requires mode: http (tcp exposes forward bytes unchanged)",
+        ),
+        (
+            "tcp sharing a port",
+            |v| v["exposes"][0]["mode"] = "tcp".into(),
+            "spec.exposes[web].port: port 443 is shared with another expose; a tcp expose needs a port of its own",
+        ),
+        (
+            "bad principal",
+            |v| v["allowFrom"] = serde_json::json!(["team-a"]),
+            "spec.allowFrom[0]: \"team-a\" is not a policy principal; use group:<name>, tag:<name>, autogroup:<name> or <user>@",
+        ),
+        (
+            "bad timeout",
+            |v| v["exposes"][1]["timeouts"]["request"] = "10".into(),
+            "spec.exposes[admin].timeouts.request: \"10\" is not a duration; use e.g. 30s, 1m30s or 2h",
+        ),
+    ];
+    for (case, edit, expected) in table {
+        let spec: TailnetIngressSpec = edited(INGRESS, edit);
+        assert_eq!(
+            fields(&ingress(&spec)),
+            vec![expected.to_string()],
+            "case: {case}"
+        );
+    }
+}
+
+#[test]
+fn ingress_context_rules() {
+    let tn = tailnet_spec();
+    // Cross-namespace backend from a non-operator namespace.
+    let spec: TailnetIngressSpec = edited(INGRESS, |v| {
+        v["exposes"][0]["backend"]["namespace"] = "other".into()
+    });
+    let errors =
+        ingress_in_context("team-a", "tailnet-system", &spec, "demo", &tn).expect_err("rejected");
+    assert_eq!(
+        fields(&errors),
+        vec![
+            "spec.exposes[web].backend.namespace: a backend in another namespace (\"other\") is only allowed for TailnetIngress objects in the operator namespace \"tailnet-system\"; expose the Service from \"other\" itself"
+        ]
+    );
+    // ... but allowed from the operator namespace (administrative ingress).
+    assert!(ingress_in_context("tailnet-system", "tailnet-system", &spec, "demo", &tn).is_ok());
+
+    // http without any certificate source.
+    let mut no_issuer = tn.clone();
+    no_issuer.defaults = None;
+    let spec: TailnetIngressSpec = edited(INGRESS, |_| {});
+    let errors = ingress_in_context("team-a", "tailnet-system", &spec, "demo", &no_issuer)
+        .expect_err("rejected");
+    assert_eq!(
+        fields(&errors),
+        vec![
+            "spec.tls.secretName: http exposes need a certificate: set spec.tls.secretName or spec.defaults.tls.issuerRef on Tailnet demo"
+        ]
+    );
+    // tcp-only needs none.
+    let tcp: TailnetIngressSpec = edited(INGRESS, |v| {
+        v["exposes"] = serde_json::json!([{"name": "kube", "dnsLabel": "kube", "mode": "tcp", "port": 6443, "backend": {"service": "kubernetes", "port": 443}}]);
+    });
+    assert!(ingress_in_context("team-a", "tailnet-system", &tcp, "demo", &no_issuer).is_ok());
+
+    // allowFrom outside the allowlist.
+    let spec: TailnetIngressSpec = edited(INGRESS, |v| {
+        v["allowFrom"] = serde_json::json!(["group:team-a", "group:everyone"])
+    });
+    assert_eq!(
+        sources_not_allowed(&spec, &tn),
+        vec!["group:everyone".to_string()]
+    );
+    assert!(sources_not_allowed(&edited::<TailnetIngressSpec>(INGRESS, |_| {}), &tn).is_empty());
+}
+
+#[test]
+fn templates_accept_only_name_and_namespace() {
+    assert_eq!(
+        expand_template(
+            "t",
+            "{name}.{namespace}.lab.example.net",
+            "portal",
+            "team-a"
+        ),
+        Ok("portal.team-a.lab.example.net".into())
+    );
+    assert_eq!(
+        expand_template("spec.dns.ingressNameTemplate", "{name}.{cluster}.example.net", "portal", "team-a").map_err(|e| e.to_string()),
+        Err("spec.dns.ingressNameTemplate: unknown placeholder {cluster} in \"{name}.{cluster}.example.net\"; only {name} and {namespace} are allowed".into())
+    );
+    assert_eq!(
+        expand_template("t", "{namespace}.example.net", "portal", "team-a").map_err(|e| e.to_string()),
+        Err("t: \"{namespace}.example.net\" must contain {name} so that each expose gets its own hostname".into())
+    );
+    assert!(expand_template("t", "{name", "portal", "team-a").is_err());
+    assert!(
+        expand_template("t", "{name}", "portal", "team-a").is_err(),
+        "a single label is not a hostname"
+    );
+    let mut tn = tailnet_spec();
+    tn.dns.as_mut().expect("dns").ingress_alias_template = Some("{name}.{env}.example.net".into());
+    assert_eq!(
+        fields(&tailnet(&tn)),
+        vec![
+            "spec.dns.ingressAliasTemplate: unknown placeholder {env} in \"{name}.{env}.example.net\"; only {name} and {namespace} are allowed"
+        ]
+    );
+}
+
+#[test]
+fn durations_parse_like_kubernetes() {
+    assert_eq!(
+        parse_duration("f", "600s"),
+        Ok(std::time::Duration::from_secs(600))
+    );
+    assert_eq!(
+        parse_duration("f", "1m30s"),
+        Ok(std::time::Duration::from_secs(90))
+    );
+    assert!(parse_duration("f", "0s").is_err());
+    assert!(parse_duration("f", "-5s").is_err());
+    assert!(parse_duration("f", "5").is_err());
+}
+
+#[test]
+fn egress_only_in_operator_namespace() {
+    assert!(egress_namespace("tailnet-system", "tailnet-system").is_ok());
+    let err = egress_namespace("team-a", "tailnet-system").expect_err("wrong namespace");
+    assert_eq!(err.field, "metadata.namespace");
+}
+
+#[test]
+fn built_in_patterns_compile() {
+    for p in [
+        patterns::DNS_LABEL,
+        patterns::SERVICE_NAME,
+        patterns::DNS_SUBDOMAIN,
+        patterns::HOSTNAME,
+        patterns::DURATION,
+        patterns::PRINCIPAL,
+        patterns::NAME_TEMPLATE,
+        patterns::SERVER_URL,
+        patterns::TAG_PREFIX,
+    ] {
+        assert!(Regex::new(p).is_ok(), "{p}");
+    }
+}
