@@ -640,6 +640,12 @@ pub fn render(base: &BasePolicy, inputs: &PolicyInputs) -> Result<RenderedPolicy
         }
     }
     if !root_lines.is_empty() {
+        // Keep the base's rhythm: a blank line between top-level keys if it uses one.
+        if let Some(last) = root.properties.last()
+            && ctx.blank_line_before(last.range.start)
+        {
+            root_lines.insert(0, Line(0, String::new()));
+        }
         ctx.insert_lines(&mut edits, &Container::object(root), &root_lines);
     }
 
@@ -831,6 +837,23 @@ impl EditCtx<'_, '_> {
             .is_some_and(|s| s.chars().all(|c| c == ' ' || c == '\t'))
     }
 
+    /// The line before `pos`'s line (ignoring comment-only lines) is empty.
+    fn blank_line_before(&self, pos: usize) -> bool {
+        let mut end = self.line_start(pos);
+        while end > 0 {
+            let start = self.line_start(end - 1);
+            let line = self.text.get(start..end - 1).unwrap_or_default().trim();
+            if line.is_empty() {
+                return true;
+            }
+            if !line.starts_with("//") {
+                return false;
+            }
+            end = start;
+        }
+        false
+    }
+
     fn has_comma_between(&self, from: usize, to: usize) -> bool {
         self.tokens
             .iter()
@@ -857,6 +880,10 @@ impl EditCtx<'_, '_> {
         };
         let mut body = String::new();
         for Line(depth, t) in lines {
+            if t.is_empty() {
+                body.push('\n');
+                continue;
+            }
             body.push_str(&inner);
             for _ in 0..*depth {
                 body.push_str(&self.unit);
