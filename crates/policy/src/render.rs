@@ -895,8 +895,8 @@ impl EditCtx<'_, '_> {
         if close_line > c.open && self.first_on_line(c.close) {
             edits.insert(close_line, body);
         } else {
-            let close_indent = self.line_indent(c.close);
-            edits.insert(c.close, format!("\n{body}{close_indent}"));
+            // The bracket moves to its own line, aligned with the line that opened it.
+            edits.insert(c.close, format!("\n{body}{outer}"));
         }
     }
 
@@ -954,4 +954,53 @@ fn indent_unit(text: &str, root: &Object<'_>) -> String {
         }
     }
     "  ".to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tag_validity_follows_headscale() {
+        assert!(valid_tag("tag:tno-egress-team-a"));
+        assert!(valid_tag("tag:A.b-1"));
+        for bad in [
+            "tag:", "tag:1abc", "tag:-x", "group:x", "tag:a b", "tag:a\"b", "tag:a:b",
+        ] {
+            assert!(!valid_tag(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn comments_cannot_break_out() {
+        assert_eq!(comment_safe("a\nb */ c"), "a?b *? c");
+    }
+
+    #[test]
+    fn host_prefixes() {
+        assert_eq!(
+            host_prefix("192.0.2.1".parse().unwrap_or(IpAddr::from([0; 4]))),
+            "192.0.2.1/32"
+        );
+        assert_eq!(
+            host_prefix("2001:db8::1".parse().unwrap_or(IpAddr::from([0; 4]))),
+            "2001:db8::1/128"
+        );
+    }
+
+    #[test]
+    fn single_line_root_gets_default_indent() {
+        let text = r#"{"groups": {}}"#;
+        let parsed = parse_ast(text).expect("parses");
+        let Some(AstValue::Object(root)) = parsed.value.as_ref() else {
+            panic!("object");
+        };
+        assert_eq!(indent_unit(text, root), "  ");
+        let text = "{\n    \"groups\": {}\n}";
+        let parsed = parse_ast(text).expect("parses");
+        let Some(AstValue::Object(root)) = parsed.value.as_ref() else {
+            panic!("object");
+        };
+        assert_eq!(indent_unit(text, root), "    ");
+    }
 }
