@@ -95,6 +95,17 @@
 //! * HuJSON is JSON + comments + trailing commas only; [`parse_base`] rejects the other
 //!   JSON5-ish extensions `jsonc-parser` would accept, and duplicate keys (Go's JSON v2
 //!   rejects them).
+//! * Only ambiguous user references fail validation (`policy.go` `validateUserReferences`);
+//!   a group naming a user that does not exist yet is accepted.
+//!
+//! # Limits
+//! * Approver nodes are recognised by their tags only: a `routeApprovers` entry that is a
+//!   group or user is written into `autoApprovers` but matches no node here (node ownership
+//!   by users is not part of [`ObservedNode`]).
+//! * Array order counts in [`semantically_equal`] (JSON semantics), so a reordered live
+//!   document is re-PUT; rendering is deterministic, so this only happens after manual edits.
+//! * Inserted entries follow the base's indentation; a base written on a single line gets
+//!   correct but unevenly indented insertions.
 
 mod compare;
 mod hujson;
