@@ -1,0 +1,146 @@
+//! Where the pinned third-party binaries live (built by `deps/build.sh`, see `deps/versions.env`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, IoContext, Result};
+
+/// Paths of every third-party program the environment runs.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub etcd: PathBuf,
+    pub kube_apiserver: PathBuf,
+    pub kube_controller_manager: PathBuf,
+    pub kube_proxy: PathBuf,
+    pub coredns: PathBuf,
+    pub containerboot: PathBuf,
+    pub tailscaled: PathBuf,
+    pub tailscale: PathBuf,
+    /// Directory holding cert-manager's CRD YAMLs.
+    pub cert_manager_crds: PathBuf,
+}
+
+/// The repository root (this crate lives in `crates/testenv/kube`); `TNO_WORKSPACE` overrides.
+pub fn workspace_root() -> PathBuf {
+    if let Some(root) = std::env::var_os("TNO_WORKSPACE") {
+        return PathBuf::from(root);
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..")
+}
+
+impl Binaries {
+    /// Resolves paths the way `deps/build.sh` lays them out:
+    /// `${TNO_DEPS_DIR:-~/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>`.
+    /// `TNO_BIN_<BINARY>` (e.g. `TNO_BIN_KUBE_APISERVER`) overrides a single binary.
+    pub fn discover() -> Result<Self> {
+        let root = workspace_root();
+        let versions_path = root.join("deps/versions.env");
+        let versions_text = std::fs::read_to_string(&versions_path)
+            .io_context(|| format!("reading {}", versions_path.display()))?;
+        let versions = parse_versions(&versions_text);
+        let cache = std::env::var_os("TNO_DEPS_DIR")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .map(|home| PathBuf::from(home).join(".cache/tailnet-operator/deps"))
+            })
+            .ok_or_else(|| Error::MissingBinary {
+                name: "deps cache".into(),
+                hint: "neither TNO_DEPS_DIR nor HOME is set".into(),
+            })?;
+        let component_dir = |component: &str| -> Result<PathBuf> {
+            let key = format!("{}_VERSION", component.to_uppercase().replace('-', "_"));
+            let version = versions.get(&key).ok_or_else(|| Error::MissingBinary {
+                name: component.into(),
+                hint: format!("{key} missing from {}", versions_path.display()),
+            })?;
+            Ok(cache.join(format!("{component}-{version}")))
+        };
+        let binary = |component: &str, name: &str| -> Result<PathBuf> {
+            let override_var = format!("TNO_BIN_{}", name.to_uppercase().replace('-', "_"));
+            let path = match std::env::var_os(&override_var) {
+                Some(path) => PathBuf::from(path),
+                None => component_dir(component)?.join("bin").join(name),
+            };
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(Error::MissingBinary {
+                    name: name.into(),
+                    hint: format!(
+                        "{} does not exist; run deps/build.sh {component} (or set {override_var})",
+                        path.display()
+                    ),
+                })
+            }
+        };
+        Ok(Self {
+            etcd: binary("etcd", "etcd")?,
+            kube_apiserver: binary("kubernetes", "kube-apiserver")?,
+            kube_controller_manager: binary("kubernetes", "kube-controller-manager")?,
+            kube_proxy: binary("kubernetes", "kube-proxy")?,
+            coredns: binary("coredns", "coredns")?,
+            containerboot: binary("tailscale", "containerboot")?,
+            tailscaled: binary("tailscale", "tailscaled")?,
+            tailscale: binary("tailscale", "tailscale")?,
+            cert_manager_crds: component_dir("cert-manager")?.join("crds"),
+        })
+    }
+}
+
+/// `KEY=VALUE` lines; comments and anything else are ignored (same rule as `deps/build.sh`).
+fn parse_versions(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .filter_map(|line| line.split_once('='))
+        .map(|(key, value)| (key.trim().to_string(), value.trim().to_string()))
+        .filter(|(key, value)| !key.is_empty() && !value.is_empty())
+        .collect()
+}
+
+/// Our own binaries (`tno-test-servers`, `tailnet-agent`): next to the running executable's
+/// target directory (`target/<profile>/`), or named by `TNO_BIN_<NAME>`.
+pub fn workspace_binary(name: &str) -> Result<PathBuf> {
+    let override_var = format!("TNO_BIN_{}", name.to_uppercase().replace('-', "_"));
+    if let Some(path) = std::env::var_os(&override_var) {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().io_context(|| "locating the current executable".into())?;
+    // Test binaries live in target/<profile>/deps, binaries in target/<profile>.
+    let candidates = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join(name))
+        .collect::<Vec<_>>();
+    candidates
+        .iter()
+        .find(|path| path.is_file())
+        .cloned()
+        .ok_or_else(|| Error::MissingBinary {
+            name: name.into(),
+            hint: format!(
+                "looked at {candidates:?}; build it (cargo build -p <its package>) or set {override_var}"
+            ),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_file_lines_become_a_map() {
+        let versions =
+            parse_versions("# comment\nKUBERNETES_VERSION=v1.36.3\n\nETCD_VERSION=v3.6.16\n");
+        assert_eq!(
+            versions.get("KUBERNETES_VERSION").map(String::as_str),
+            Some("v1.36.3")
+        );
+        assert_eq!(
+            versions.get("ETCD_VERSION").map(String::as_str),
+            Some("v3.6.16")
+        );
+        assert_eq!(versions.len(), 2);
+    }
+}

@@ -1,0 +1,13 @@
+//! The Kubernetes side of the real test environment (SPEC §9): etcd, kube-apiserver,
+//! kube-controller-manager, a test kubelet, kube-proxy (nftables) and CoreDNS, wired into the
+//! network lab of [`tno_netlab`]. See `crates/testenv/README.md` ("Kubernetes side").
+
+pub mod binaries;
+pub mod control_plane;
+pub mod crds;
+mod error;
+pub mod kubelet;
+pub mod pki;
+pub mod process;
+
+pub use error::{Error, Result};
