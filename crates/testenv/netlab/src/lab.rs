@@ -154,6 +154,16 @@ impl Lab {
         Ok(())
     }
 
+    /// Deletes every pod netns and the lab netns now (also happens on drop). For owners that
+    /// cannot drop the lab, such as a process-wide shared environment torn down at exit.
+    pub fn delete(&self) -> Result<()> {
+        let pods: Vec<PodNet> = self.state().pods.drain().map(|(_, pod)| pod).collect();
+        for pod in pods {
+            pod.netns.delete()?;
+        }
+        self.netns.delete()
+    }
+
     fn state(&self) -> MutexGuard<'_, LabState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -1,0 +1,321 @@
+//! The tailnet side of the test environment: lab, Headscale, remote site with a subnet router,
+//! a laptop node, and helpers to join more nodes.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use serde_json::{Value, json};
+use tno_netlab::{Lab, Netns, RunId, cleanup_stale_runs};
+
+use crate::api::{PreAuthKeyRequest, User};
+use crate::binaries::Binaries;
+use crate::error::{Result, TailnetError};
+use crate::headscale::Headscale;
+use crate::node::{NodeConfig, TailscaleNode};
+use crate::servers::{Behaviour, TcpTestServer};
+
+/// Lab address of the remote-site netns.
+pub const REMOTE_SITE_LAB_ADDR: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 10);
+/// Lab address of the laptop netns.
+pub const LAPTOP_LAB_ADDR: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 11);
+/// Nodes joined with [`TailnetEnv::join_node`] get lab addresses from here upwards.
+const FIRST_NODE_HOST: u8 = 20;
+
+/// TCP echo server at the remote site, reachable only through the subnet router.
+pub const SITE_ECHO: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 10), 5432);
+/// Banner server at the remote site (writes [`SITE_BANNER_TEXT`] and closes).
+pub const SITE_BANNER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 20), 443);
+pub const SITE_BANNER_TEXT: &str = "remote-site 198.51.100.20:443\n";
+/// Routes the subnet router advertises.
+pub const SITE_ROUTES: [&str; 2] = ["192.0.2.0/24", "198.51.100.0/24"];
+
+pub const ROUTER_TAG: &str = "tag:router";
+pub const CLIENT_TAG: &str = "tag:client";
+pub const SERVER_TAG: &str = "tag:server";
+/// The port on `tag:server` nodes that the base policy opens to `tag:client` and team-a.
+pub const SERVER_PORT: u16 = 7000;
+pub const ADMIN_USER: &str = "admin";
+pub const LAPTOP_USER: &str = "alice";
+pub const TEAM_A_GROUP: &str = "group:team-a";
+
+/// The remote site netns `<run>-remote`: 192.0.2.10 and 198.51.100.20 on its loopback, test
+/// servers on them, and a subnet router tagged `tag:router` advertising [`SITE_ROUTES`]
+/// (not approved: tests approve via the API).
+#[derive(Debug)]
+pub struct RemoteSite {
+    // Field order is drop order: processes and servers before their netns.
+    pub router: TailscaleNode,
+    _echo: TcpTestServer,
+    _banner: TcpTestServer,
+    pub netns: Netns,
+}
+
+/// The laptop netns `<run>-laptop` with a node owned by user `alice` (member of
+/// `group:team-a`), accepting routes.
+#[derive(Debug)]
+pub struct Laptop {
+    pub node: TailscaleNode,
+    pub user: User,
+    pub netns: Netns,
+}
+
+/// A node joined by [`TailnetEnv::join_node`] in its own netns; both go away on drop.
+#[derive(Debug)]
+pub struct JoinedNode {
+    pub node: TailscaleNode,
+    pub netns: Netns,
+    pub lab_addr: Ipv4Addr,
+}
+
+/// Options for [`TailnetEnv::join_node`].
+#[derive(Clone, Debug, Default)]
+pub struct JoinOptions {
+    pub tags: Vec<String>,
+    pub advertise_routes: Vec<String>,
+    pub accept_routes: bool,
+}
+
+/// Everything of one run. Drop order: nodes, Headscale, lab.
+#[derive(Debug)]
+pub struct TailnetEnv {
+    pub site: RemoteSite,
+    pub laptop: Laptop,
+    pub headscale: Headscale,
+    pub lab: Lab,
+    pub binaries: Binaries,
+    pub run_id: RunId,
+    dir: PathBuf,
+    next_node_host: Mutex<u8>,
+}
+
+impl TailnetEnv {
+    /// Cleans leftovers of dead runs, then builds the lab, Headscale (users `admin` and
+    /// `alice`, [`TailnetEnv::base_policy`]), the remote site with its router and the laptop.
+    pub async fn start() -> Result<TailnetEnv> {
+        cleanup_stale_runs()?;
+        let binaries = Binaries::locate()?;
+        let run_id = RunId::generate()?;
+        let dir = run_id.scratch_dir();
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| TailnetError::io(format!("creating {}", dir.display()), e))?;
+        let lab = Lab::create(&run_id)?;
+        let headscale = Headscale::start(&binaries, &lab, &dir.join("headscale")).await?;
+        let api = headscale.api();
+        api.create_user(ADMIN_USER).await?;
+        let alice = api.create_user(LAPTOP_USER).await?;
+        api.set_policy(&policy_document(&[])?).await?;
+
+        let nodes_dir = dir.join("nodes");
+        let site_netns = lab.attach_netns("remote", REMOTE_SITE_LAB_ADDR)?;
+        for addr in [SITE_ECHO.ip(), SITE_BANNER.ip()] {
+            site_netns.ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"])?;
+        }
+        let echo = TcpTestServer::start(Some(&site_netns), SITE_ECHO.into(), Behaviour::Echo)?;
+        let banner = TcpTestServer::start(
+            Some(&site_netns),
+            SITE_BANNER.into(),
+            Behaviour::Banner(SITE_BANNER_TEXT.into()),
+        )?;
+        let laptop_netns = lab.attach_netns("laptop", LAPTOP_LAB_ADDR)?;
+
+        let router_key = api
+            .create_preauth_key(&PreAuthKeyRequest::tagged([ROUTER_TAG]))
+            .await?;
+        let laptop_key = api
+            .create_preauth_key(&PreAuthKeyRequest::for_user(alice.id))
+            .await?;
+        let router_config = NodeConfig {
+            hostname: "router".into(),
+            login_server: headscale.lab_url(),
+            auth_key: router_key.key,
+            advertise_routes: SITE_ROUTES.iter().map(|route| route.to_string()).collect(),
+            accept_routes: false,
+        };
+        let laptop_config = NodeConfig {
+            hostname: "laptop".into(),
+            login_server: headscale.lab_url(),
+            auth_key: laptop_key.key,
+            advertise_routes: Vec::new(),
+            accept_routes: true,
+        };
+        let (router, laptop) = tokio::join!(
+            TailscaleNode::start(&binaries, &site_netns, &nodes_dir, &router_config),
+            TailscaleNode::start(&binaries, &laptop_netns, &nodes_dir, &laptop_config),
+        );
+        Ok(TailnetEnv {
+            site: RemoteSite {
+                router: router?,
+                _echo: echo,
+                _banner: banner,
+                netns: site_netns,
+            },
+            laptop: Laptop {
+                node: laptop?,
+                user: alice,
+                netns: laptop_netns,
+            },
+            headscale,
+            lab,
+            binaries,
+            run_id,
+            dir,
+            next_node_host: Mutex::new(FIRST_NODE_HOST),
+        })
+    }
+
+    /// One environment per test process, started by the first caller and torn down (processes
+    /// killed, netns deleted, scratch directory removed unless `TNO_KEEP_SCRATCH` is set) when
+    /// the process exits. Tests sharing it must not depend on each other's policy changes.
+    pub async fn shared() -> Result<&'static TailnetEnv> {
+        static SHARED: tokio::sync::OnceCell<std::result::Result<TailnetEnv, String>> =
+            tokio::sync::OnceCell::const_new();
+        let started = SHARED
+            .get_or_init(|| async {
+                let started = TailnetEnv::start().await.map_err(|error| error.to_string());
+                if started.is_ok() {
+                    extern "C" fn teardown_shared_at_exit() {
+                        if let Some(Ok(env)) = SHARED.get() {
+                            env.teardown();
+                        }
+                    }
+                    // SAFETY: registers a plain function; it only touches the static above.
+                    unsafe { libc::atexit(teardown_shared_at_exit) };
+                }
+                started
+            })
+            .await;
+        started
+            .as_ref()
+            .map_err(|message| TailnetError::SharedStartFailed(message.clone()))
+    }
+
+    /// The run's scratch directory (`$TMPDIR/<run>`): configs, state and logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The base policy plus `extra_grants` (Tailscale `grants` entries), as JSON text.
+    pub fn policy_with_grants(&self, extra_grants: &[Value]) -> Result<String> {
+        policy_document(extra_grants)
+    }
+
+    /// Creates netns `<run>-<hostname>` on the lab, mints a single-use pre-auth key with
+    /// `options.tags` and starts a node there.
+    pub async fn join_node(&self, hostname: &str, options: JoinOptions) -> Result<JoinedNode> {
+        let lab_addr = {
+            let mut next = self
+                .next_node_host
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let addr = Ipv4Addr::new(10, 244, 0, *next);
+            *next = next
+                .checked_add(1)
+                .ok_or(tno_netlab::NetlabError::AddressPoolExhausted)?;
+            addr
+        };
+        let netns = self.lab.attach_netns(hostname, lab_addr)?;
+        let key = self
+            .headscale
+            .api()
+            .create_preauth_key(&PreAuthKeyRequest::tagged(options.tags))
+            .await?;
+        let config = NodeConfig {
+            hostname: hostname.to_owned(),
+            login_server: self.headscale.lab_url(),
+            auth_key: key.key,
+            advertise_routes: options.advertise_routes,
+            accept_routes: options.accept_routes,
+        };
+        let node =
+            TailscaleNode::start(&self.binaries, &netns, &self.dir.join("nodes"), &config).await?;
+        Ok(JoinedNode {
+            node,
+            netns,
+            lab_addr,
+        })
+    }
+
+    /// Headscale's id of the node with this hostname.
+    pub async fn node_id(&self, hostname: &str) -> Result<Option<u64>> {
+        let nodes = self.headscale.api().list_nodes().await?;
+        Ok(nodes
+            .into_iter()
+            .find(|node| node.given_name == hostname || node.name == hostname)
+            .map(|node| node.id))
+    }
+
+    /// Log tails of Headscale, the router, the laptop and `extra` nodes, for failure output.
+    pub fn log_report(&self, extra: &[&TailscaleNode]) -> String {
+        let mut report = format!(
+            "==== headscale ({}) ====\n{}\n",
+            self.headscale.log_path().display(),
+            self.headscale.log_tail(60)
+        );
+        for node in [&self.site.router, &self.laptop.node]
+            .into_iter()
+            .chain(extra.iter().copied())
+        {
+            report.push_str(&format!(
+                "==== tailscaled {} ({}) ====\n{}\n",
+                node.hostname(),
+                node.log_path().display(),
+                node.log_tail(40)
+            ));
+        }
+        report
+    }
+
+    /// Kills every process and deletes every netns of this run now; removes the scratch
+    /// directory unless `TNO_KEEP_SCRATCH` is set. Idempotent.
+    pub fn teardown(&self) {
+        self.site.router.kill();
+        self.laptop.node.kill();
+        self.headscale.kill();
+        for netns in [&self.site.netns, &self.laptop.netns] {
+            if let Err(error) = netns.delete() {
+                eprintln!("tailnet env: {error}");
+            }
+        }
+        if let Err(error) = self.lab.delete() {
+            eprintln!("tailnet env: {error}");
+        }
+        if std::env::var_os("TNO_KEEP_SCRATCH").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl Drop for TailnetEnv {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+/// The base policy: tag owners for the test tags, `group:team-a` = alice, and a grant from
+/// `tag:client` and team-a to `tag:server` on [`SERVER_PORT`]. Nothing reaches the remote
+/// site unless a test adds a grant.
+fn policy_document(extra_grants: &[Value]) -> Result<String> {
+    let admin = format!("{ADMIN_USER}@");
+    let mut grants = vec![json!({
+        "src": [CLIENT_TAG, TEAM_A_GROUP],
+        "dst": [SERVER_TAG],
+        "ip": [format!("tcp:{SERVER_PORT}")],
+    })];
+    grants.extend_from_slice(extra_grants);
+    let policy = json!({
+        "groups": { TEAM_A_GROUP: [format!("{LAPTOP_USER}@")] },
+        "tagOwners": {
+            ROUTER_TAG: [admin],
+            CLIENT_TAG: [admin],
+            SERVER_TAG: [admin],
+        },
+        "grants": grants,
+    });
+    serde_json::to_string_pretty(&policy).map_err(TailnetError::Policy)
+}
+
+/// `SocketAddr` of a remote-site server, for dial helpers.
+pub fn site_addr(addr: SocketAddrV4) -> SocketAddr {
+    SocketAddr::V4(addr)
+}

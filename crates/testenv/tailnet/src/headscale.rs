@@ -1,0 +1,315 @@
+//! A real Headscale server for one test run: root netns, 127.0.0.1 with free ports, exposed in
+//! the lab on the gateway address so tailscaled in any netns reaches it.
+
+use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tno_netlab::{ChildProcess, Lab, TcpForwarder};
+
+use crate::api::HeadscaleApi;
+use crate::binaries::Binaries;
+use crate::error::{Result, TailnetError};
+
+/// MagicDNS base domain of the test tailnet.
+pub const BASE_DOMAIN: &str = "tailnet.test";
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A running Headscale (killed on drop) with an admin API key.
+#[derive(Debug)]
+pub struct Headscale {
+    process: Mutex<ChildProcess>,
+    _lab_forwarder: TcpForwarder,
+    binary: PathBuf,
+    config_path: PathBuf,
+    extra_records_path: PathBuf,
+    port: u16,
+    lab_gateway: Ipv4Addr,
+    api_key: String,
+}
+
+/// One entry of Headscale's `dns.extra_records_path` file.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ExtraRecord {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub record_type: String,
+    pub value: String,
+}
+
+impl Headscale {
+    /// Writes a config into `dir`, starts `headscale serve`, waits for `/health`, exposes the
+    /// port on the lab gateway and creates an API key with the CLI.
+    pub async fn start(binaries: &Binaries, lab: &Lab, dir: &Path) -> Result<Headscale> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| TailnetError::io(format!("creating {}", dir.display()), e))?;
+        let port = free_tcp_port()?;
+        let config = HeadscaleConfig {
+            dir,
+            port,
+            lab_gateway: lab.gateway(),
+            metrics_port: free_tcp_port()?,
+            grpc_port: free_tcp_port()?,
+            stun_port: free_udp_port()?,
+        };
+        let config_path = dir.join("config.yaml");
+        write_file(&config_path, &config.render())?;
+        let extra_records_path = dir.join("extra-records.json");
+        write_file(&extra_records_path, "[]\n")?;
+
+        let lab_forwarder = lab.expose_root_port(port)?;
+        let mut command = Command::new(&binaries.headscale);
+        command.arg("-c").arg(&config_path).arg("serve");
+        let process = ChildProcess::spawn("headscale", command, &dir.join("headscale.log"))?;
+        let mut headscale = Headscale {
+            process: Mutex::new(process),
+            _lab_forwarder: lab_forwarder,
+            binary: binaries.headscale.clone(),
+            config_path,
+            extra_records_path,
+            port,
+            lab_gateway: lab.gateway(),
+            api_key: String::new(),
+        };
+        headscale.wait_healthy().await?;
+        headscale.api_key = headscale.create_api_key().await?;
+        Ok(headscale)
+    }
+
+    /// `http://127.0.0.1:<port>`: for the test process (root netns).
+    pub fn root_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `http://10.244.0.1:<port>`: Headscale's `server_url`, for tailscaled in any lab netns.
+    pub fn lab_url(&self) -> String {
+        format!("http://{}:{}", self.lab_gateway, self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The admin API key (Bearer token for REST v1). Never log it.
+    pub fn api_key(&self) -> &str {
+        &self.api_key
+    }
+
+    /// A fresh REST client (create one per test; see [`HeadscaleApi::new`]).
+    pub fn api(&self) -> HeadscaleApi {
+        HeadscaleApi::new(self.root_url(), self.api_key.clone())
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// The file named by `dns.extra_records_path`; Headscale watches it.
+    pub fn extra_records_path(&self) -> &Path {
+        &self.extra_records_path
+    }
+
+    /// Replaces the extra DNS records (written atomically so Headscale never reads half a file).
+    pub fn write_extra_records(&self, records: &[ExtraRecord]) -> Result<()> {
+        let text = serde_json::to_string_pretty(records).map_err(TailnetError::Policy)?;
+        let temporary = self.extra_records_path.with_extension("json.tmp");
+        write_file(&temporary, &text)?;
+        std::fs::rename(&temporary, &self.extra_records_path).map_err(|e| {
+            TailnetError::io(
+                format!("replacing {}", self.extra_records_path.display()),
+                e,
+            )
+        })
+    }
+
+    /// Runs the `headscale` CLI against this server (e.g. `["policy", "check", "--file", …]`).
+    pub async fn cli(&self, args: &[&str]) -> Result<String> {
+        let mut command = tokio::process::Command::new(&self.binary);
+        command.arg("-c").arg(&self.config_path).args(args);
+        let description = format!("headscale {}", args.join(" "));
+        let output = command
+            .output()
+            .await
+            .map_err(|e| TailnetError::io(format!("running {description}"), e))?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        if !output.status.success() {
+            return Err(TailnetError::CommandFailed {
+                command: description,
+                status: output.status,
+                output: format!("{stdout}{}", String::from_utf8_lossy(&output.stderr)),
+            });
+        }
+        Ok(stdout)
+    }
+
+    /// The last lines of Headscale's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process().log_tail(lines)
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.process().log_path().to_owned()
+    }
+
+    /// Kills the server now (also happens on drop).
+    pub fn kill(&self) {
+        self.process().kill();
+    }
+
+    fn process(&self) -> std::sync::MutexGuard<'_, ChildProcess> {
+        self.process.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn wait_healthy(&self) -> Result<()> {
+        let api = HeadscaleApi::new(self.root_url(), String::new());
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            let last = match api.health().await {
+                Ok(()) => return Ok(()),
+                Err(error) => error.to_string(),
+            };
+            {
+                let mut process = self.process();
+                if let Some(status) = process.exit_status()? {
+                    return Err(TailnetError::ExitedEarly {
+                        process: "headscale".into(),
+                        status,
+                        log_tail: process.log_tail(40),
+                    });
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(TailnetError::Timeout {
+                    what: "headscale /health".into(),
+                    seconds: STARTUP_TIMEOUT.as_secs(),
+                    last: format!("{last}\n{}", self.log_tail(40)),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn create_api_key(&self) -> Result<String> {
+        let output = self
+            .cli(&["apikeys", "create", "--expiration", "24h"])
+            .await?;
+        // The key is the last line printed; anything before it is log noise.
+        output
+            .lines()
+            .map(str::trim)
+            .rfind(|line| !line.is_empty())
+            .filter(|line| !line.contains(' '))
+            .map(str::to_owned)
+            .ok_or(TailnetError::NoApiKey { output })
+    }
+}
+
+struct HeadscaleConfig<'a> {
+    dir: &'a Path,
+    port: u16,
+    lab_gateway: Ipv4Addr,
+    metrics_port: u16,
+    grpc_port: u16,
+    stun_port: u16,
+}
+
+impl HeadscaleConfig<'_> {
+    /// Minimal Headscale 0.29 config: sqlite, database policy, embedded DERP (plain HTTP, so
+    /// clients need `TS_DEBUG_USE_DERP_HTTP=1`), MagicDNS with an extra-records file.
+    fn render(&self) -> String {
+        let path = |name: &str| quoted(&self.dir.join(name).to_string_lossy());
+        let HeadscaleConfig {
+            port,
+            lab_gateway,
+            metrics_port,
+            grpc_port,
+            stun_port,
+            ..
+        } = self;
+        format!(
+            r#"server_url: "http://{lab_gateway}:{port}"
+listen_addr: "127.0.0.1:{port}"
+metrics_listen_addr: "127.0.0.1:{metrics_port}"
+grpc_listen_addr: "127.0.0.1:{grpc_port}"
+grpc_allow_insecure: false
+noise:
+  private_key_path: {noise_key}
+prefixes:
+  v4: 100.64.0.0/10
+  v6: fd7a:115c:a1e0::/48
+  allocation: sequential
+derp:
+  server:
+    enabled: true
+    region_id: 999
+    region_code: "headscale"
+    region_name: "Headscale Embedded DERP"
+    verify_clients: true
+    stun_listen_addr: "127.0.0.1:{stun_port}"
+    private_key_path: {derp_key}
+    automatically_add_embedded_derp_region: true
+    ipv4: "{lab_gateway}"
+  urls: []
+  paths: []
+  auto_update_enabled: false
+disable_check_updates: true
+database:
+  type: sqlite
+  sqlite:
+    path: {database}
+    write_ahead_log: true
+log:
+  level: info
+  format: text
+policy:
+  mode: database
+dns:
+  magic_dns: true
+  base_domain: {BASE_DOMAIN}
+  override_local_dns: false
+  nameservers:
+    global: []
+    split: {{}}
+  search_domains: []
+  extra_records_path: {extra_records}
+unix_socket: {socket}
+unix_socket_permission: "0770"
+logtail:
+  enabled: false
+"#,
+            noise_key = path("noise_private.key"),
+            derp_key = path("derp_server_private.key"),
+            database = path("db.sqlite"),
+            extra_records = path("extra-records.json"),
+            socket = path("headscale.sock"),
+        )
+    }
+}
+
+/// A YAML double-quoted scalar (JSON string syntax is valid YAML).
+fn quoted(text: &str) -> String {
+    serde_json::Value::from(text).to_string()
+}
+
+fn write_file(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents)
+        .map_err(|e| TailnetError::io(format!("writing {}", path.display()), e))
+}
+
+/// A port that was free a moment ago (the small race is acceptable for tests).
+pub(crate) fn free_tcp_port() -> Result<u16> {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .map_err(|e| TailnetError::io("finding a free TCP port", e))
+}
+
+fn free_udp_port() -> Result<u16> {
+    UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|socket| socket.local_addr())
+        .map(|addr| addr.port())
+        .map_err(|e| TailnetError::io("finding a free UDP port", e))
+}

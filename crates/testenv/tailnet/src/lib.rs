@@ -1,0 +1,44 @@
+//! Real Headscale 0.29 and real tailscaled nodes for tests, on top of the [`tno_netlab`] lab.
+//!
+//! - [`Headscale`]: runs in the root netns on `127.0.0.1:<port>` (sqlite, `policy.mode:
+//!   database`, embedded DERP over plain HTTP, MagicDNS base domain [`BASE_DOMAIN`],
+//!   `dns.extra_records_path`), exposed in the lab as `http://10.244.0.1:<port>` (its
+//!   `server_url`); an admin API key is created with the CLI. [`HeadscaleApi`] covers users,
+//!   pre-auth keys (always with `expiration`), nodes, route approval and policy.
+//! - [`TailscaleNode`]: `tailscaled --tun=userspace-networking` inside a netns, with its own
+//!   state dir and LocalAPI socket, logged in with `tailscale up --authkey`. [`LocalApi`] is an
+//!   async client for `status`, `whois` and `dial` (`Upgrade: ts-dial`, answering
+//!   [`Dialed::Tailnet`] or [`Dialed::DialSelf`]).
+//! - [`TailnetEnv`]: lab + Headscale + [`RemoteSite`] (`<run>-remote`: 192.0.2.10:5432 echo,
+//!   198.51.100.20:443 banner, subnet router `tag:router` advertising [`SITE_ROUTES`], routes
+//!   not approved) + [`Laptop`] (`<run>-laptop`: user `alice` in `group:team-a`), and
+//!   [`TailnetEnv::join_node`] for more tagged nodes. [`TailnetEnv::shared`] gives one per test
+//!   process, torn down at exit.
+//!
+//! Binaries come from `deps/build.sh` (see [`Binaries::locate`]). Child process output goes to
+//! log files under the run's scratch dir; [`TailnetEnv::log_report`] collects their tails.
+
+mod api;
+mod binaries;
+mod env;
+mod error;
+mod headscale;
+mod localapi;
+mod node;
+mod servers;
+
+pub use api::{ApiError, HeadscaleApi, Node, PreAuthKey, PreAuthKeyRequest, User};
+pub use binaries::Binaries;
+pub use env::{
+    ADMIN_USER, CLIENT_TAG, JoinOptions, JoinedNode, LAPTOP_LAB_ADDR, LAPTOP_USER, Laptop,
+    REMOTE_SITE_LAB_ADDR, ROUTER_TAG, RemoteSite, SERVER_PORT, SERVER_TAG, SITE_BANNER,
+    SITE_BANNER_TEXT, SITE_ECHO, SITE_ROUTES, TEAM_A_GROUP, TailnetEnv, site_addr,
+};
+pub use error::{Result, TailnetError};
+pub use headscale::{BASE_DOMAIN, ExtraRecord, Headscale};
+pub use localapi::{
+    Dialed, DialedStream, LocalApi, LocalApiError, PeerStatus, Status, UserProfile, WhoIs,
+    WhoIsNode,
+};
+pub use node::{NodeConfig, TailscaleNode};
+pub use servers::{Behaviour, TcpTestServer};

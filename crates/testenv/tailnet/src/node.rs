@@ -1,0 +1,217 @@
+//! Real tailscaled nodes (userspace networking) inside a lab netns.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tno_netlab::{ChildProcess, Netns};
+
+use crate::binaries::Binaries;
+use crate::error::{Result, TailnetError};
+use crate::localapi::{LocalApi, Status};
+
+const SOCKET_TIMEOUT: Duration = Duration::from_secs(20);
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How a node joins the tailnet.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// Also the directory name under the run's `nodes/`.
+    pub hostname: String,
+    /// `http://10.244.0.1:<port>` ([`crate::Headscale::lab_url`]).
+    pub login_server: String,
+    pub auth_key: String,
+    pub advertise_routes: Vec<String>,
+    pub accept_routes: bool,
+}
+
+/// A running tailscaled (killed on drop) that has logged in.
+#[derive(Debug)]
+pub struct TailscaleNode {
+    hostname: String,
+    netns_name: String,
+    state_dir: PathBuf,
+    process: Mutex<ChildProcess>,
+    local_api: LocalApi,
+}
+
+impl TailscaleNode {
+    /// Starts `tailscaled --tun=userspace-networking` inside `netns` with state and LocalAPI
+    /// socket under `dir/<hostname>/`, runs `tailscale up` with the pre-auth key and waits
+    /// until the backend is `Running` with a tailnet address.
+    pub async fn start(
+        binaries: &Binaries,
+        netns: &Netns,
+        dir: &Path,
+        config: &NodeConfig,
+    ) -> Result<TailscaleNode> {
+        let state_dir = dir.join(&config.hostname);
+        std::fs::create_dir_all(&state_dir)
+            .map_err(|e| TailnetError::io(format!("creating {}", state_dir.display()), e))?;
+        let socket = state_dir.join("tailscaled.sock");
+        let mut command = netns.command(&binaries.tailscaled)?;
+        command
+            .arg("--tun=userspace-networking")
+            .arg(format!("--statedir={}", state_dir.display()))
+            .arg(format!("--socket={}", socket.display()))
+            .arg("--port=0")
+            .arg("--no-logs-no-support")
+            // Headscale's embedded DERP runs without TLS.
+            .env("TS_DEBUG_USE_DERP_HTTP", "1")
+            .env("TS_NO_LOGS_NO_SUPPORT", "true");
+        let process = ChildProcess::spawn(
+            format!("tailscaled {}", config.hostname),
+            command,
+            &state_dir.join("tailscaled.log"),
+        )?;
+        let node = TailscaleNode {
+            hostname: config.hostname.clone(),
+            netns_name: netns.name().to_owned(),
+            state_dir,
+            process: Mutex::new(process),
+            local_api: LocalApi::new(socket),
+        };
+        node.wait_for(SOCKET_TIMEOUT, "tailscaled LocalAPI socket", |_| true)
+            .await?;
+        node.up(binaries, config).await?;
+        node.wait_for(
+            LOGIN_TIMEOUT,
+            "tailscaled Running with an address",
+            |status| {
+                status.backend_state == "Running"
+                    && status
+                        .tailscale_ips
+                        .as_ref()
+                        .is_some_and(|ips| !ips.is_empty())
+            },
+        )
+        .await?;
+        Ok(node)
+    }
+
+    pub fn hostname(&self) -> &str {
+        &self.hostname
+    }
+
+    pub fn netns_name(&self) -> &str {
+        &self.netns_name
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    pub fn local_api(&self) -> LocalApi {
+        self.local_api.clone()
+    }
+
+    /// The node's first tailnet IPv4 address.
+    pub async fn tailnet_ipv4(&self) -> Result<String> {
+        let status = self.local_api.status().await?;
+        status
+            .tailscale_ips
+            .unwrap_or_default()
+            .into_iter()
+            .find(|ip| ip.contains('.'))
+            .ok_or_else(|| TailnetError::Timeout {
+                what: format!("{} to have a tailnet IPv4 address", self.hostname),
+                seconds: 0,
+                last: "no IPv4 in status".into(),
+            })
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process().log_tail(lines)
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.process().log_path().to_owned()
+    }
+
+    /// Kills tailscaled now (also happens on drop).
+    pub fn kill(&self) {
+        self.process().kill();
+    }
+
+    /// Polls the LocalAPI status until `ready` holds, failing early if tailscaled exits.
+    pub async fn wait_for(
+        &self,
+        timeout: Duration,
+        what: &str,
+        ready: impl Fn(&Status) -> bool,
+    ) -> Result<Status> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let last = match self.local_api.status().await {
+                Ok(status) if ready(&status) => return Ok(status),
+                Ok(status) => format!(
+                    "state {} health {:?}",
+                    status.backend_state,
+                    status.health.unwrap_or_default()
+                ),
+                Err(error) => error.to_string(),
+            };
+            self.fail_if_exited()?;
+            if Instant::now() > deadline {
+                return Err(TailnetError::Timeout {
+                    what: format!("{what} ({})", self.hostname),
+                    seconds: timeout.as_secs(),
+                    last: format!("{last}\n{}", self.log_tail(30)),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn up(&self, binaries: &Binaries, config: &NodeConfig) -> Result<()> {
+        let mut command = tokio::process::Command::new(&binaries.tailscale);
+        command
+            .arg(format!("--socket={}", self.local_api.socket().display()))
+            .arg("up")
+            .arg(format!("--login-server={}", config.login_server))
+            .arg(format!("--authkey={}", config.auth_key))
+            .arg(format!("--hostname={}", config.hostname))
+            .arg(format!("--accept-routes={}", config.accept_routes))
+            .arg(format!("--timeout={}s", LOGIN_TIMEOUT.as_secs()));
+        if !config.advertise_routes.is_empty() {
+            command.arg(format!(
+                "--advertise-routes={}",
+                config.advertise_routes.join(",")
+            ));
+        }
+        let output = command
+            .output()
+            .await
+            .map_err(|e| TailnetError::io("running tailscale up", e))?;
+        if output.status.success() {
+            return Ok(());
+        }
+        Err(TailnetError::CommandFailed {
+            // Not the full command line: it carries the auth key.
+            command: format!("tailscale up ({})", config.hostname),
+            status: output.status,
+            output: format!(
+                "{}{}\ntailscaled log:\n{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr),
+                self.log_tail(30)
+            ),
+        })
+    }
+
+    fn fail_if_exited(&self) -> Result<()> {
+        let mut process = self.process();
+        match process.exit_status()? {
+            Some(status) => Err(TailnetError::ExitedEarly {
+                process: process.name().to_owned(),
+                status,
+                log_tail: process.log_tail(40),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn process(&self) -> MutexGuard<'_, ChildProcess> {
+        self.process.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
