@@ -1,0 +1,540 @@
+#!/usr/bin/env bash
+# deps/build.sh — build the pinned third-party programs that the real-system
+# tests need (SPEC §9) from the Go module proxy, into a version-keyed cache
+# outside the work tree. See deps/README.md.
+#
+#   deps/build.sh [all | component...]   build what is missing (default: all)
+#   deps/build.sh --print-env             TNO_BIN_<NAME>=<abs path> lines
+#   deps/build.sh --check [component...]  run every binary's version flag
+#   deps/build.sh --pin [component...]    regenerate deps/go/<c>/go.mod+go.sum
+#                                         from deps/versions.env (maintainers)
+#
+# Components: kubernetes etcd headscale tailscale coredns cert-manager
+# Layout:     ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>
+#             .../cert-manager-<version>/crds/cert-manager.crds.yaml
+# Env:        TNO_DEPS_DIR   cache root
+#             TNO_DEPS_GO_P  go build -p (default 2)
+#             TNO_DEPS_FORCE=1  rebuild even if cached
+#             GO             go command (default: go on PATH, else /usr/local/go/bin/go)
+set -euo pipefail
+
+DEPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CACHE_ROOT=${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}
+COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager)
+
+log() { printf '[deps] %s\n' "$*" >&2; }
+die() { printf '[deps] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------- versions
+declare -A VERSIONS=()
+while IFS='=' read -r key value; do
+  VERSIONS[$key]=$value
+done < <(grep -E '^[A-Z][A-Z0-9_]*=[^[:space:]]+$' "$DEPS_ROOT/versions.env")
+
+version_of() {
+  local key
+  key="$(tr 'a-z-' 'A-Z_' <<<"$1")_VERSION"
+  [[ -n ${VERSIONS[$key]:-} ]] || die "$key missing from deps/versions.env"
+  printf '%s\n' "${VERSIONS[$key]}"
+}
+
+# ------------------------------------------------------- component tables
+# binaries_of C: the programs component C provides (the --print-env names).
+binaries_of() {
+  case $1 in
+    kubernetes) echo kube-apiserver kube-controller-manager kube-proxy ;;
+    etcd) echo etcd etcdctl ;;
+    headscale) echo headscale ;;
+    tailscale) echo tailscaled tailscale containerboot ;;
+    coredns) echo coredns ;;
+    cert-manager) echo ;;
+    *) die "unknown component '$1' (known: ${COMPONENTS[*]})" ;;
+  esac
+}
+
+# main_module_of C: the module (in the Go module proxy) that carries C.
+main_module_of() {
+  case $1 in
+    kubernetes) echo k8s.io/kubernetes ;;
+    etcd) echo go.etcd.io/etcd/server/v3 ;;
+    headscale) echo github.com/juanfont/headscale ;;
+    tailscale) echo tailscale.com ;;
+    coredns) echo github.com/coredns/coredns ;;
+    cert-manager) echo github.com/cert-manager/cert-manager ;;
+  esac
+}
+
+# packages_of C: "binary=package" pairs built with `go build`.
+packages_of() {
+  case $1 in
+    kubernetes)
+      echo kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+        kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
+        kube-proxy=k8s.io/kubernetes/cmd/kube-proxy ;;
+    etcd)
+      echo etcd=go.etcd.io/etcd/server/v3 etcdctl=go.etcd.io/etcd/etcdctl/v3 ;;
+    headscale)
+      echo headscale=github.com/juanfont/headscale/cmd/headscale ;;
+    tailscale)
+      echo tailscaled=tailscale.com/cmd/tailscaled tailscale=tailscale.com/cmd/tailscale \
+        containerboot=tailscale.com/cmd/containerboot ;;
+    coredns)
+      echo coredns=github.com/coredns/coredns ;;
+  esac
+}
+
+comp_dir() { printf '%s/%s-%s\n' "$CACHE_ROOT" "$1" "$(version_of "$1")"; }
+crds_path() { printf '%s/crds/cert-manager.crds.yaml\n' "$(comp_dir cert-manager)"; }
+
+# ---------------------------------------------------------------- go setup
+setup_go() {
+  if [[ -z ${GO:-} ]]; then
+    GO=$(command -v go || true)
+    [[ -n $GO ]] || GO=/usr/local/go/bin/go
+  fi
+  [[ -x $GO ]] || die "no go command (set GO=/path/to/go)"
+  export CGO_ENABLED=0
+  export GOWORK=off
+  export GOFLAGS=-buildvcs=false  # our own checkout's VCS state is not the component's
+  # The approved toolchain is the machine's Go (1.26.x); no component needs newer.
+  # If one ever does: put GOTOOLCHAIN=go1.27.3 into the environment of every build.
+  export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+  GO_P=${TNO_DEPS_GO_P:-2}
+}
+
+# module_meta WRAPPERDIR MODULE FIELD: Dir (source in the module cache), or
+# Time / Hash (release time, VCS commit) from the proxy's .info for the module
+# (empty if the proxy gave none: it records the commit only for some modules).
+module_meta() {
+  local dir=$1 mod=$2 field=$3 json info
+  json=$(cd "$dir" && "$GO" mod download -json "$mod")
+  case $field in
+    Dir) sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p' <<<"$json" ;;
+    Time | Hash)
+      info=$(sed -n 's/^[[:space:]]*"Info": "\(.*\)",\{0,1\}$/\1/p' <<<"$json")
+      [[ -f $info ]] || return 0
+      grep -o "\"$field\":\"[^\"]*\"" "$info" | head -n1 | cut -d'"' -f4 ;;
+  esac
+}
+
+# -------------------------------------------------------------- ldflags
+# ldflags_of C WRAPPERDIR: version stamping, as the upstream release builds do.
+ldflags_of() {
+  local c=$1 dir=$2 ver hash time
+  ver=$(version_of "$c")
+  hash=$(module_meta "$dir" "$(main_module_of "$c")" Hash)
+  time=$(module_meta "$dir" "$(main_module_of "$c")" Time)
+  local f=(-s -w)
+  case $c in
+    kubernetes)
+      local minor=${ver#v1.}; minor=${minor%%.*}
+      local pkg
+      for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        f+=("-X" "$pkg.gitVersion=$ver" "-X" "$pkg.gitMajor=1" "-X" "$pkg.gitMinor=$minor"
+          "-X" "$pkg.gitTreeState=clean" "-X" "$pkg.buildDate=${time:-1970-01-01T00:00:00Z}")
+        [[ -z $hash ]] || f+=("-X" "$pkg.gitCommit=$hash")
+      done ;;
+    etcd)
+      f+=("-X" "go.etcd.io/etcd/api/v3/version.GitSHA=${hash:-$ver}") ;;
+    tailscale)
+      local short=${ver#v}
+      f+=("-X" "tailscale.com/version.shortStamp=$short"
+        "-X" "tailscale.com/version.longStamp=$short${hash:+-t${hash:0:9}}")
+      [[ -z $hash ]] || f+=("-X" "tailscale.com/version.gitCommitStamp=$hash") ;;
+    coredns)
+      f+=("-X" "github.com/coredns/coredns/coremain.GitCommit=${hash:-$ver}") ;;
+  esac
+  printf '%s\n' "${f[*]}"
+}
+
+tags_of() {
+  case $1 in
+    kubernetes) echo selinux,notest,grpcnotrace ;;  # as hack/lib/golang.sh (non-debug)
+    *) echo ;;
+  esac
+}
+
+# recipe_of C: everything that determines the build output besides the Go
+# version. A cached component whose recipe differs is rebuilt.
+recipe_of() {
+  local c=$1 dir=$DEPS_ROOT/go/$1
+  {
+    echo "component=$c version=$(version_of "$c") recipe=1"
+    echo "packages=$(packages_of "$c")"
+    [[ ! -f $dir/go.mod ]] || echo "ldflags=$(ldflags_of "$c" "$dir")"
+    echo "tags=$(tags_of "$c") cgo=0 trimpath=1"
+    [[ $c != headscale ]] || echo "method=go-install"
+    [[ ! -f $dir/go.mod ]] || cat "$dir/go.mod" "$dir/go.sum"
+  } | sha256sum | cut -d' ' -f1
+}
+
+is_cached() {
+  local c=$1 d b
+  d=$(comp_dir "$c")
+  [[ -f $d/.recipe && "$(cat "$d/.recipe")" == "$(recipe_of "$c")" ]] || return 1
+  if [[ $c == cert-manager ]]; then
+    [[ -s $(crds_path) ]] || return 1
+  fi
+  for b in $(binaries_of "$c"); do
+    [[ -x $d/bin/$b ]] || return 1
+  done
+}
+
+# publish TMPDIR C: atomically move a finished build into place.
+publish() {
+  local tmp=$1 c=$2 d old
+  d=$(comp_dir "$c")
+  recipe_of "$c" >"$tmp/.recipe"
+  if [[ -e $d ]]; then
+    old="$d.old.$$"
+    mv "$d" "$old"
+    mv "$tmp" "$d"
+    rm -rf "$old"
+  else
+    mv "$tmp" "$d"
+  fi
+}
+
+# check_wrapper C: the committed wrapper go.mod pins the versions.env version.
+check_wrapper() {
+  local c=$1 dir=$DEPS_ROOT/go/$1 want got mod
+  want=$(version_of "$c")
+  mod=$(main_module_of "$c")
+  [[ -f $dir/go.mod ]] || die "$dir/go.mod missing; run deps/build.sh --pin $c"
+  got=$(cd "$dir" && "$GO" list -m -f '{{.Version}}' "$mod")
+  [[ $got == "$want" ]] ||
+    die "$dir/go.mod pins $mod $got but versions.env says $want; run deps/build.sh --pin $c"
+  if [[ $c == kubernetes ]]; then
+    local staging="v0.${want#v1.}" bad
+    bad=$(cd "$dir" && "$GO" list -m -f '{{if .Replace}}{{.Path}} {{.Replace.Version}}{{end}}' all |
+      awk -v s="$staging" 'NF==2 && $2!=s')
+    [[ -z $bad ]] || die "kubernetes staging replaces not at $staging: $bad; run deps/build.sh --pin kubernetes"
+  fi
+}
+
+# -------------------------------------------------------------- building
+build_go_component() {
+  local c=$1 ver dir tmp t0 t1 t2 ldflags tags pair name pkg out
+  ver=$(version_of "$c")
+  dir=$DEPS_ROOT/go/$c
+  mkdir -p "$CACHE_ROOT"
+  tmp=$(mktemp -d "$CACHE_ROOT/.tmp-$c-$ver.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" EXIT
+  mkdir -p "$tmp/bin" "$tmp/out"
+
+  t0=$(date +%s)
+  check_wrapper "$c"
+  log "$c $ver: downloading modules"
+  (cd "$dir" && "$GO" mod download)
+  t1=$(date +%s)
+  ldflags=$(ldflags_of "$c" "$dir")
+  tags=$(tags_of "$c")
+  local pkgs=()
+  for pair in $(packages_of "$c"); do pkgs+=("${pair#*=}"); done
+  log "$c $ver: compiling ${pkgs[*]}"
+  (cd "$dir" && "$GO" build -p "$GO_P" -trimpath ${tags:+-tags="$tags"} -ldflags="$ldflags" \
+    -o "$tmp/out/" "${pkgs[@]}")
+  t2=$(date +%s)
+  for pair in $(packages_of "$c"); do
+    name=${pair%%=*} pkg=${pair#*=}
+    # go build names a binary after the last path element, skipping a /vN suffix
+    out=$(sed -E 's#/v[0-9]+$##; s#.*/##' <<<"$pkg")
+    mv "$tmp/out/$out" "$tmp/bin/$name"
+  done
+  rmdir "$tmp/out"
+  {
+    echo "component: $c $ver"
+    echo "go: $("$GO" version)"
+    echo "packages: ${pkgs[*]}"
+    echo "tags: $tags"
+    echo "ldflags: $ldflags"
+    echo "download_seconds: $((t1 - t0))"
+    echo "compile_seconds: $((t2 - t1))"
+  } >"$tmp/BUILD-INFO"
+  publish "$tmp" "$c"
+  trap - EXIT
+  log "$c $ver: done (download $((t1 - t0))s, compile $((t2 - t1))s) -> $(comp_dir "$c")/bin"
+}
+
+# cert-manager: render the CRDs of the Helm chart in the module's source with
+# the values upstream uses for its static cert-manager.crds.yaml
+# (crds.enabled=true, crds.keep=true, creator=static, release name cert-manager).
+build_cert_manager() {
+  local c=cert-manager ver dir tmp src t0 f n
+  ver=$(version_of "$c")
+  dir=$DEPS_ROOT/go/$c
+  t0=$(date +%s)
+  check_wrapper "$c"
+  src=$(module_meta "$dir" "$(main_module_of "$c")" Dir)
+  [[ -d $src/deploy/charts/cert-manager/templates ]] || die "cert-manager chart not found in module source $src"
+  mkdir -p "$CACHE_ROOT"
+  tmp=$(mktemp -d "$CACHE_ROOT/.tmp-$c-$ver.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" EXIT
+  mkdir -p "$tmp/crds"
+  {
+    echo "# cert-manager $ver CustomResourceDefinitions, rendered by tailnet-operator deps/build.sh"
+    echo "# from deploy/charts/cert-manager/templates/crd-*.yaml of the Go module"
+    echo "# github.com/cert-manager/cert-manager@$ver (values: crds.enabled=true, crds.keep=true,"
+    echo "# creator=static, release name cert-manager) with all Helm templating removed."
+    n=0
+    for f in "$src"/deploy/charts/cert-manager/templates/crd-*.yaml; do
+      n=$((n + 1))
+      echo "---"
+      echo "# Source: cert-manager/templates/${f##*/}"
+      awk -v ver="$ver" -v file="${f##*/}" '
+        /^[[:space:]]*\{\{- if or \.Values\.crds\.enabled \.Values\.installCRDs \}\}[[:space:]]*$/ { next }
+        /^[[:space:]]*\{\{- if \.Values\.crds\.keep \}\}[[:space:]]*$/ { next }
+        /^[[:space:]]*\{\{- end \}\}[[:space:]]*$/ { next }
+        /^[[:space:]]*\{\{- include "cert-manager\.crd-labels" \. \| nindent 4 \}\}[[:space:]]*$/ {
+          print "    app: \"cert-manager\""
+          print "    app.kubernetes.io/name: \"cert-manager\""
+          print "    app.kubernetes.io/instance: \"cert-manager\""
+          print "    app.kubernetes.io/component: \"crds\""
+          print "    app.kubernetes.io/version: \"" ver "\""
+          next
+        }
+        /\{\{/ { printf "unhandled Helm template in %s: %s\n", file, $0 > "/dev/stderr"; exit 3 }
+        { print }
+      ' "$f"
+    done
+  } >"$tmp/crds/cert-manager.crds.yaml"
+  [[ $n -gt 0 ]] || die "no crd-*.yaml templates in $src"
+  [[ $(grep -c '^kind: CustomResourceDefinition$' "$tmp/crds/cert-manager.crds.yaml") -eq $n ]] ||
+    die "rendered CRD file does not hold $n CRDs"
+  echo "component: $c $ver (CRDs only; $n CRDs)" >"$tmp/BUILD-INFO"
+  publish "$tmp" "$c"
+  trap - EXIT
+  log "$c $ver: done ($(($(date +%s) - t0))s) -> $(crds_path)"
+}
+
+# headscale reports its version only from the main module's version in the
+# binary's build info (hscontrol/types.GetVersionInfo; no -X variables), and
+# that version is "(devel)" -> "dev" for any wrapper module. So it is built with
+# `go install <pkg>@<version>`: headscale's own go.mod/go.sum are the main
+# module (no replace directives there), and the build info says the real version.
+build_headscale() {
+  local c=headscale ver tmp t0 t1 t2 pkg pair
+  ver=$(version_of "$c")
+  pair=$(packages_of "$c"); pkg=${pair#*=}
+  mkdir -p "$CACHE_ROOT"
+  tmp=$(mktemp -d "$CACHE_ROOT/.tmp-$c-$ver.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" EXIT
+  mkdir -p "$tmp/bin"
+  t0=$(date +%s)
+  log "$c $ver: downloading modules"
+  # -n only prints the build plan, but loading the packages downloads every module
+  (cd "$tmp" && GOBIN="$tmp/bin" "$GO" install -n "$pkg@$ver" >/dev/null 2>&1)
+  t1=$(date +%s)
+  log "$c $ver: compiling $pkg@$ver"
+  (cd "$tmp" && GOBIN="$tmp/bin" "$GO" install -p "$GO_P" -trimpath -ldflags="-s -w" "$pkg@$ver")
+  t2=$(date +%s)
+  {
+    echo "component: $c $ver"
+    echo "go: $("$GO" version)"
+    echo "packages: $pkg@$ver (go install)"
+    echo "ldflags: -s -w"
+    echo "download_seconds: $((t1 - t0))"
+    echo "compile_seconds: $((t2 - t1))"
+  } >"$tmp/BUILD-INFO"
+  publish "$tmp" "$c"
+  trap - EXIT
+  log "$c $ver: done (download $((t1 - t0))s, compile $((t2 - t1))s) -> $(comp_dir "$c")/bin"
+}
+
+build_component() {
+  local c=$1 lock
+  binaries_of "$c" >/dev/null
+  mkdir -p "$CACHE_ROOT"
+  lock="$CACHE_ROOT/.lock-$c"
+  exec {lockfd}>"$lock"
+  flock "$lockfd"
+  if [[ ${TNO_DEPS_FORCE:-0} != 1 ]] && is_cached "$c"; then
+    log "$c $(version_of "$c"): cached in $(comp_dir "$c")"
+  else
+    case $c in
+      cert-manager) build_cert_manager ;;
+      headscale) build_headscale ;;
+      *) build_go_component "$c" ;;
+    esac
+  fi
+  exec {lockfd}>&-
+}
+
+# -------------------------------------------------------------- --pin
+write_tool_gomod() {  # write_tool_gomod C  (go.mod with tool directives, then tidy)
+  local c=$1 dir=$DEPS_ROOT/go/$1 ver mod pair
+  ver=$(version_of "$c")
+  mod=$(main_module_of "$c")
+  mkdir -p "$dir"
+  rm -f "$dir/go.sum"
+  {
+    echo "// Generated by deps/build.sh --pin $c from deps/versions.env. Do not edit."
+    echo "module tailnet-operator.dev/deps/$c"
+    echo
+    echo "go 1.26.0"
+    echo
+    echo "require ("
+    echo "	$mod $ver"
+    if [[ $c == etcd ]]; then echo "	go.etcd.io/etcd/etcdctl/v3 $ver"; fi
+    echo ")"
+    echo
+    echo "tool ("
+    for pair in $(packages_of "$c"); do echo "	${pair#*=}"; done
+    echo ")"
+    if [[ $c == kubernetes ]]; then
+      # Upstream replaces every staging module with ./staging/src/k8s.io/<m>,
+      # which is ignored for a dependency: pin each to the published v0.X.Y.
+      local gomod staging="v0.${ver#v1.}" m
+      gomod=$(cd /tmp && "$GO" mod download -json "$mod@$ver" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+      [[ -f $gomod ]] || die "could not download $mod@$ver go.mod"
+      echo
+      echo "replace ("
+      for m in $(awk '$2 == "=>" && $3 ~ /^\.\/staging\/src\// { print $1 }' "$gomod"); do
+        echo "	$m => $m $staging"
+      done
+      echo ")"
+    fi
+  } >"$dir/go.mod"
+  (cd "$dir" && "$GO" mod tidy)
+}
+
+pin_component() {
+  local c=$1 dir=$DEPS_ROOT/go/$1 ver mod
+  ver=$(version_of "$c")
+  mod=$(main_module_of "$c")
+  log "pinning $c $ver in $dir"
+  case $c in
+    headscale)
+      log "headscale needs no wrapper (built with go install $mod/cmd/headscale@$ver)"; return ;;
+    cert-manager)
+      # only the module source is needed (for its CRDs); go.sum pins its hash
+      mkdir -p "$dir"
+      rm -f "$dir/go.sum"
+      printf '%s\n' "// Generated by deps/build.sh --pin $c from deps/versions.env. Do not edit." \
+        "// Only the module's source is used (deploy/charts/cert-manager/templates/crd-*.yaml)." \
+        "module tailnet-operator.dev/deps/$c" "" "go 1.26.0" "" "require $mod $ver" >"$dir/go.mod"
+      (cd "$dir" && "$GO" mod download "$mod")
+      grep -q "^$mod $ver " "$dir/go.sum" || die "go.sum for $mod not written" ;;
+    *) write_tool_gomod "$c" ;;
+  esac
+}
+
+# -------------------------------------------------------------- --check
+check_component() {
+  local c=$1 ver d out short
+  ver=$(version_of "$c")
+  d=$(comp_dir "$c")/bin
+  short=${ver#v}
+  local b
+  for b in $(binaries_of "$c"); do
+    [[ -x $d/$b ]] || { log "FAIL $c: $d/$b missing (run deps/build.sh $c)"; return 1; }
+  done
+  # expect NAME CMD... : run CMD, require output to contain the expected text
+  expect() {
+    local want=$1; shift
+    if ! out=$(timeout 30 "$@" 2>&1); then
+      log "FAIL $c: '$*' exited non-zero: $out"; return 1
+    fi
+    if [[ $out != *"$want"* ]]; then
+      log "FAIL $c: '$*' printed '$out', expected '$want'"; return 1
+    fi
+    log "ok   $c: $* -> $(head -n1 <<<"$out")"
+  }
+  case $c in
+    kubernetes)
+      expect "Kubernetes $ver" "$d/kube-apiserver" --version || return 1
+      expect "Kubernetes $ver" "$d/kube-controller-manager" --version || return 1
+      expect "Kubernetes $ver" "$d/kube-proxy" --version || return 1
+      expect "nftables" "$d/kube-proxy" --help || return 1 ;;
+    etcd)
+      expect "etcd Version: $short" "$d/etcd" --version || return 1
+      expect "etcdctl version: $short" "$d/etcdctl" version || return 1 ;;
+    headscale)
+      # no config needed for `version`; never let the CLI look for updates
+      expect "$ver" env HEADSCALE_DISABLE_CHECK_UPDATES=true "$d/headscale" version || return 1 ;;
+    tailscale)
+      expect "$short" "$d/tailscaled" --version || return 1
+      expect "$short" "$d/tailscale" version || return 1
+      # containerboot has no version flag (it is configured by TS_* env and
+      # would start tailscaled): check its embedded module version instead.
+      expect "tailscale.com	$ver" "$GO" version -m "$d/containerboot" || return 1 ;;
+    coredns)
+      expect "CoreDNS-$short" "$d/coredns" -version || return 1
+      local p plugins
+      plugins=$("$d/coredns" -plugins)
+      for p in kubernetes hosts forward errors health ready cache reload loop; do
+        grep -qx "  dns\.$p" <<<"$plugins" || { log "FAIL coredns: plugin $p not compiled in"; return 1; }
+      done
+      log "ok   coredns: plugins kubernetes hosts forward errors health ready cache reload loop present" ;;
+    cert-manager)
+      local f
+      f=$(crds_path)
+      [[ -s $f ]] || { log "FAIL cert-manager: $f missing (run deps/build.sh cert-manager)"; return 1; }
+      if grep -q '{{' "$f"; then log "FAIL cert-manager: Helm templating left in $f"; return 1; fi
+      if command -v python3 >/dev/null && python3 -c 'import yaml' 2>/dev/null; then
+        python3 - "$f" <<'PY' || { log "FAIL cert-manager: $f is not valid CRD YAML"; return 1; }
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+names = sorted(d["metadata"]["name"] for d in docs if d.get("kind") == "CustomResourceDefinition")
+assert len(names) == len(docs) >= 6, names
+print("[deps] ok   cert-manager: %d CRDs: %s" % (len(names), " ".join(names)), file=sys.stderr)
+PY
+      else
+        log "ok   cert-manager: $(grep -c '^kind: CustomResourceDefinition$' "$f") CRDs (YAML not parsed: no python3-yaml)"
+      fi ;;
+  esac
+}
+
+print_env() {
+  local c b
+  echo "TNO_DEPS_DIR=$CACHE_ROOT"
+  for c in "${COMPONENTS[@]}"; do
+    for b in $(binaries_of "$c"); do
+      echo "TNO_BIN_$(tr 'a-z-' 'A-Z_' <<<"$b")=$(comp_dir "$c")/bin/$b"
+    done
+  done
+  echo "TNO_CERT_MANAGER_CRDS=$(crds_path)"
+}
+
+# -------------------------------------------------------------- main
+components_from_args() {
+  if [[ $# -eq 0 || " $* " == *" all "* ]]; then
+    printf '%s\n' "${COMPONENTS[@]}"
+  else
+    local c
+    for c; do binaries_of "$c" >/dev/null; echo "$c"; done
+  fi
+}
+
+main() {
+  local mode=build
+  case ${1:-} in
+    --print-env) print_env; return ;;
+    --check) mode=check; shift ;;
+    --pin) mode=pin; shift ;;
+    -h | --help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
+    -*) die "unknown option $1" ;;
+  esac
+  local comps c failed=0 t0
+  mapfile -t comps < <(components_from_args "$@")
+  case $mode in
+    check)
+      setup_go
+      for c in "${comps[@]}"; do check_component "$c" || failed=1; done
+      [[ $failed == 0 ]] || die "self-check failed"
+      log "self-check passed: ${comps[*]}" ;;
+    pin)
+      setup_go
+      for c in "${comps[@]}"; do pin_component "$c"; done ;;
+    build)
+      setup_go
+      t0=$(date +%s)
+      for c in "${comps[@]}"; do build_component "$c"; done
+      log "all done in $(($(date +%s) - t0))s: ${comps[*]}" ;;
+  esac
+}
+
+main "$@"; exit $?  # same line: editing this file during a run is then harmless
