@@ -29,9 +29,37 @@ pub fn workspace_root() -> PathBuf {
 }
 
 impl Binaries {
+    /// Fails naming every program that is not there yet.
+    pub fn require_all(&self) -> Result<()> {
+        let programs = [
+            &self.etcd,
+            &self.kube_apiserver,
+            &self.kube_controller_manager,
+            &self.kube_proxy,
+            &self.coredns,
+            &self.containerboot,
+            &self.tailscaled,
+            &self.tailscale,
+        ];
+        let missing: Vec<String> = programs
+            .iter()
+            .filter(|path| !path.is_file())
+            .map(|path| path.display().to_string())
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::MissingBinary {
+                name: missing.join(", "),
+                hint: "build them with deps/build.sh (or set TNO_BIN_<NAME>)".into(),
+            })
+        }
+    }
+
     /// Resolves paths the way `deps/build.sh` lays them out:
     /// `${TNO_DEPS_DIR:-~/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>`.
-    /// `TNO_BIN_<BINARY>` (e.g. `TNO_BIN_KUBE_APISERVER`) overrides a single binary.
+    /// `TNO_BIN_<BINARY>` (e.g. `TNO_BIN_KUBE_APISERVER`) overrides a single binary. Paths are
+    /// not checked here: see [`Binaries::require_all`].
     pub fn discover() -> Result<Self> {
         let root = workspace_root();
         let versions_path = root.join("deps/versions.env");
@@ -62,17 +90,7 @@ impl Binaries {
                 Some(path) => PathBuf::from(path),
                 None => component_dir(component)?.join("bin").join(name),
             };
-            if path.is_file() {
-                Ok(path)
-            } else {
-                Err(Error::MissingBinary {
-                    name: name.into(),
-                    hint: format!(
-                        "{} does not exist; run deps/build.sh {component} (or set {override_var})",
-                        path.display()
-                    ),
-                })
-            }
+            Ok(path)
         };
         Ok(Self {
             etcd: binary("etcd", "etcd")?,

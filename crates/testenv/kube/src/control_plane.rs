@@ -32,7 +32,7 @@ pub struct ControlPlane {
     /// The apiserver's port, on 127.0.0.1 and (through the lab's forwarder) on the gateway.
     pub api_port: u16,
     pub admin_kubeconfig: PathBuf,
-    pub service_account_key: PathBuf,
+    pub service_account_key: pki::ServiceAccountKey,
     etcd: ManagedProcess,
     apiserver: ManagedProcess,
     controller_manager: ManagedProcess,
@@ -109,11 +109,11 @@ impl ControlPlane {
             &format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
             &format!(
                 "--service-account-key-file={}",
-                service_account_key.display()
+                service_account_key.public.display()
             ),
             &format!(
                 "--service-account-signing-key-file={}",
-                service_account_key.display()
+                service_account_key.private.display()
             ),
             &format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             "--authorization-mode=Node,RBAC",
@@ -159,7 +159,7 @@ impl ControlPlane {
             &format!("--root-ca-file={}", ca.files.cert.display()),
             &format!(
                 "--service-account-private-key-file={}",
-                service_account_key.display()
+                service_account_key.private.display()
             ),
             &format!("--cluster-signing-cert-file={}", ca.files.cert.display()),
             &format!("--cluster-signing-key-file={}", ca.files.key.display()),
@@ -222,6 +222,14 @@ impl ControlPlane {
         self.etcd.ensure_running()?;
         self.apiserver.ensure_running()?;
         self.controller_manager.ensure_running()
+    }
+
+    /// Process ids (and process groups) of the components.
+    pub fn pids(&self) -> Vec<u32> {
+        [&self.etcd, &self.apiserver, &self.controller_manager]
+            .iter()
+            .map(|process| process.pid())
+            .collect()
     }
 
     /// Log tails of all components, for failure reports.

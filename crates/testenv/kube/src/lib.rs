@@ -11,3 +11,7 @@ pub mod pki;
 pub mod process;
 
 pub use error::{Error, Result};
+pub mod env;
+pub mod network;
+
+pub use env::{KubeEnv, KubeEnvOptions, TestNamespace, shared};

@@ -103,12 +103,24 @@ impl ClusterCa {
     }
 }
 
-/// A fresh private key for signing service-account tokens (the apiserver derives the public key).
-pub fn generate_service_account_key(dir: &Path) -> Result<PathBuf> {
+/// The key pair that signs (private) and verifies (public) service-account tokens.
+#[derive(Debug, Clone)]
+pub struct ServiceAccountKey {
+    pub private: PathBuf,
+    pub public: PathBuf,
+}
+
+/// A fresh service-account signing key pair.
+pub fn generate_service_account_key(dir: &Path) -> Result<ServiceAccountKey> {
     let key = KeyPair::generate()?;
-    let path = dir.join("sa.key");
-    write_private(&path, &key.serialize_pem())?;
-    Ok(path)
+    let files = ServiceAccountKey {
+        private: dir.join("sa.key"),
+        public: dir.join("sa.pub"),
+    };
+    write_private(&files.private, &key.serialize_pem())?;
+    std::fs::write(&files.public, key.public_key_pem())
+        .io_context(|| format!("writing {:?}", files.public))?;
+    Ok(files)
 }
 
 fn write_pair(dir: &Path, name: &str, cert_pem: &str, key_pem: &str) -> Result<CertFiles> {

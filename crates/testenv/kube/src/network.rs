@@ -1,0 +1,201 @@
+//! Cluster networking like a real node: kube-proxy (nftables mode) inside the lab netns, and
+//! CoreDNS as a Deployment run by the test kubelet behind the `kube-dns` Service.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Api;
+use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::discovery::{ApiResource, Discovery};
+use tno_netlab::Lab;
+
+use crate::control_plane::CLUSTER_CIDR;
+use crate::error::{Error, IoContext, KubeContext, NetlabContext, Result};
+use crate::process::{ManagedProcess, poll_until};
+
+/// The ClusterIP of the `kube-dns` Service.
+pub const CLUSTER_DNS_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+/// The image reference CoreDNS is deployed with (mapped to the local binary by the kubelet).
+pub const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.7";
+
+const FIELD_MANAGER: &str = "tno-testenv";
+
+/// Starts kube-proxy in the lab netns. `kubeconfig` must point at the apiserver through the
+/// lab (`https://<gateway>:<port>`), since the lab cannot reach the root netns's loopback.
+pub fn start_kube_proxy(
+    binary: &Path,
+    lab: &Lab,
+    kubeconfig: &Path,
+    node_name: &str,
+    dir: &Path,
+) -> Result<ManagedProcess> {
+    let config_path = dir.join("kube-proxy.yaml");
+    let config = serde_json::json!({
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": { "kubeconfig": kubeconfig },
+        "mode": "nftables",
+        "clusterCIDR": CLUSTER_CIDR,
+        "hostnameOverride": node_name,
+        "healthzBindAddress": "127.0.0.1:10256",
+        "metricsBindAddress": "127.0.0.1:10249",
+        // nf_conntrack_max is global to the machine: leave it, and the timeouts, alone.
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
+    });
+    std::fs::write(&config_path, config.to_string())
+        .io_context(|| format!("writing {config_path:?}"))?;
+    let mut command = lab
+        .netns()
+        .command(binary)
+        .netlab_context(|| "preparing kube-proxy in the lab netns".into())?;
+    command.arg(format!("--config={}", config_path.display()));
+    ManagedProcess::spawn("kube-proxy", command, &dir.join("kube-proxy.log"))
+}
+
+/// Server-side applies the CoreDNS objects (RBAC, Corefile, Deployment, `kube-dns` Service)
+/// and waits until the Deployment is available.
+pub async fn deploy_coredns(client: &kube::Client, deadline: Duration) -> Result<()> {
+    let manifests = coredns_manifests();
+    apply_all(client, &manifests).await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kube-system");
+    poll_until("CoreDNS to become available", deadline, || async {
+        let deployment = deployments.get_opt("coredns").await.ok().flatten()?;
+        let ready = deployment.status?.available_replicas.unwrap_or(0);
+        (ready >= 1).then_some(())
+    })
+    .await
+}
+
+/// Server-side applies arbitrary objects (resolved through discovery).
+pub async fn apply_all(client: &kube::Client, objects: &[serde_json::Value]) -> Result<()> {
+    let discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .kube_context(|| "API discovery".into())?;
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for object in objects {
+        let api_version = object["apiVersion"].as_str().unwrap_or_default();
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let (group, version) = match api_version.split_once('/') {
+            Some((group, version)) => (group, version),
+            None => ("", api_version),
+        };
+        let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+        let (resource, capabilities): (ApiResource, _) =
+            discovery.resolve_gvk(&gvk).ok_or_else(|| Error::Pod {
+                pod: name.to_string(),
+                reason: format!("the apiserver does not serve {api_version} {kind}"),
+            })?;
+        let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+            Some(namespace) if capabilities.scope == kube::discovery::Scope::Namespaced => {
+                Api::namespaced_with(client.clone(), namespace, &resource)
+            }
+            _ => Api::all_with(client.clone(), &resource),
+        };
+        api.patch(name, &params, &Patch::Apply(object))
+            .await
+            .kube_context(|| format!("applying {kind} {name}"))?;
+    }
+    Ok(())
+}
+
+const COREFILE: &str = r#".:53 {
+    errors
+    health :8080
+    ready :8181
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 5
+    }
+    hosts /etc/coredns/hosts {
+        fallthrough
+    }
+    cache 5
+    reload 2s
+}
+"#;
+
+/// The objects a kubeadm cluster has for CoreDNS, trimmed to what the lab needs. Extra names
+/// can be served by editing the `hosts` key of the `coredns` ConfigMap (reloaded by CoreDNS).
+fn coredns_manifests() -> Vec<serde_json::Value> {
+    use serde_json::json;
+    let labels = json!({ "k8s-app": "kube-dns" });
+    vec![
+        json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": { "name": "coredns", "namespace": "kube-system" },
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": "system:coredns" },
+            "rules": [
+                { "apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"] },
+                { "apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"] },
+            ],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": { "name": "system:coredns" },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns" },
+            "subjects": [{ "kind": "ServiceAccount", "name": "coredns", "namespace": "kube-system" }],
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "coredns", "namespace": "kube-system" },
+            "data": { "Corefile": COREFILE, "hosts": "" },
+        }),
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": { "name": "coredns", "namespace": "kube-system", "labels": labels },
+            "spec": {
+                "replicas": 1,
+                "selector": { "matchLabels": labels },
+                "template": {
+                    "metadata": { "labels": labels },
+                    "spec": {
+                        "serviceAccountName": "coredns",
+                        "dnsPolicy": "Default",
+                        "terminationGracePeriodSeconds": 5,
+                        "containers": [{
+                            "name": "coredns",
+                            "image": COREDNS_IMAGE,
+                            "args": ["-conf", "/etc/coredns/Corefile"],
+                            "ports": [
+                                { "name": "dns", "containerPort": 53, "protocol": "UDP" },
+                                { "name": "dns-tcp", "containerPort": 53, "protocol": "TCP" },
+                            ],
+                            "readinessProbe": {
+                                "httpGet": { "path": "/ready", "port": 8181 },
+                                "periodSeconds": 1,
+                            },
+                            "volumeMounts": [{ "name": "config", "mountPath": "/etc/coredns", "readOnly": true }],
+                        }],
+                        "volumes": [{ "name": "config", "configMap": { "name": "coredns" } }],
+                    },
+                },
+            },
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": { "name": "kube-dns", "namespace": "kube-system", "labels": labels },
+            "spec": {
+                "clusterIP": CLUSTER_DNS_IP.to_string(),
+                "selector": labels,
+                "ports": [
+                    { "name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53 },
+                    { "name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53 },
+                ],
+            },
+        }),
+    ]
+}
