@@ -1,1 +1,75 @@
-fn main() {}
+//! Developer tasks: `cargo xtask <task>`.
+//!
+//! - `generate`: rewrite generated files (CRD YAML in `deploy/crds/`).
+//! - `deps`: build the third-party binaries the tests need (delegates to `deps/build.sh`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+struct Args {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Regenerate deploy/crds/*.yaml from the Rust types.
+    Generate,
+    /// Build (or verify the cache of) the Go-built third-party binaries.
+    Deps {
+        /// Components to build (default: all).
+        components: Vec<String>,
+    },
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn generate() -> Result<(), String> {
+    let dir = root().join("deploy/crds");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let files = tailnet_api::crd::yaml_files().map_err(|e| e.to_string())?;
+    for (file, yaml) in files {
+        let path = dir.join(file);
+        std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn deps(components: &[String]) -> Result<(), String> {
+    let script = root().join("deps/build.sh");
+    let mut command = Command::new("bash");
+    command.arg(&script);
+    if components.is_empty() {
+        command.arg("all");
+    } else {
+        command.args(components);
+    }
+    let status = command
+        .status()
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{} failed: {status}", script.display()))
+    }
+}
+
+fn main() -> ExitCode {
+    let result = match Args::parse().task {
+        Task::Generate => generate(),
+        Task::Deps { components } => deps(&components),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

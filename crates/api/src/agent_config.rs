@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 /// Path of the config file inside the agent container.
-pub const CONFIG_PATH: &str = "/etc/tailnet-agent/config.json";
+pub const CONFIG_PATH: &str = "/etc/tailnet-agent/config/config.json";
+/// Directory the config ConfigMap is mounted at.
+pub const CONFIG_DIR: &str = "/etc/tailnet-agent/config";
 /// Key of the config inside the ConfigMap.
 pub const CONFIG_KEY: &str = "config.json";
 /// Directory shared by tailscaled and the agent for the LocalAPI socket.
@@ -15,8 +17,9 @@ pub const LOCALAPI_SOCKET: &str = "/var/run/tailscale/tailscaled.sock";
 pub const TLS_DIR: &str = "/etc/tailnet-agent/tls";
 /// Where backend CA bundles are mounted (one sub-directory per ConfigMap).
 pub const CA_DIR: &str = "/etc/tailnet-agent/ca";
-/// Port of the agent's admin listener (`/metrics`, `/readyz`, `/livez`) on the pod IP.
-pub const ADMIN_PORT: u16 = 9002;
+/// Port of the agent's admin listener (`/metrics`, `/readyz`, `/livez`) on the pod IP; not
+/// containerboot's 9002, so the two can never collide.
+pub const ADMIN_PORT: u16 = 9180;
 /// First port allocated to egress listeners.
 pub const FIRST_EGRESS_PORT: u16 = 10000;
 

@@ -131,7 +131,7 @@ pub struct BackendTls {
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     )]
     pub server_name: String,
-    /// CA bundle (PEM) in a ConfigMap of the backend's namespace.
+    /// CA bundle (PEM) in a ConfigMap of this resource's namespace (mounted into the agent).
     pub ca_config_map_ref: KeyRef,
 }
 

@@ -1,1 +1,54 @@
-//! Renderers (in progress).
+//! Pure renderers of tailnet-operator: the Kubernetes objects of one agent, the agent's config
+//! and the DNS entries. Inputs are the declarations plus plain observed data; outputs are
+//! exactly what the controllers apply (server-side apply, field manager `tailnet-operator`).
+
+pub mod certificate;
+pub mod dns;
+pub mod egress;
+pub mod images;
+pub mod ingress;
+pub mod meta;
+pub mod pod;
+pub mod policy_inputs;
+pub mod ports;
+
+use tailnet_api::tailnet::TailnetSpec;
+
+/// What every agent render needs besides the resource itself.
+#[derive(Clone, Debug)]
+pub struct RenderContext<'a> {
+    /// Namespace the operator runs in (egresses live there).
+    pub operator_namespace: &'a str,
+    /// Name of the referenced Tailnet.
+    pub tailnet_name: &'a str,
+    pub tailnet: &'a TailnetSpec,
+    /// Images after applying the Tailnet's overrides to the operator's defaults.
+    pub images: images::Images,
+    /// Cluster DNS domain, for backend Service names.
+    pub cluster_domain: &'a str,
+}
+
+/// Errors that stop rendering an agent (invalid input was validated before; these are the
+/// cases only the renderer can detect).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RenderError {
+    #[error("{kind} {namespace}/{name} has no metadata.uid (it must come from the apiserver) ")]
+    MissingUid {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
+    #[error("{field}: {message}")]
+    Field { field: String, message: String },
+    #[error("serializing the agent config: {0}")]
+    Config(String),
+}
+
+impl From<tailnet_api::validate::FieldError> for RenderError {
+    fn from(e: tailnet_api::validate::FieldError) -> Self {
+        RenderError::Field {
+            field: e.field,
+            message: e.message,
+        }
+    }
+}

@@ -1,0 +1,3 @@
+pub mod crd;
+pub mod manifests;
+pub mod render;

@@ -1,0 +1,318 @@
+//! Objects of one TailnetIngress agent.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapVolumeSource, KeyToPath, Secret, SecretVolumeSource, ServiceAccount,
+    Volume, VolumeMount,
+};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPort, NetworkPolicySpec,
+};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use tailnet_api::TailnetIngress;
+use tailnet_api::agent_config::{
+    ADMIN_PORT, AgentConfig, BackendAddress, BackendTlsFiles, CA_DIR, HttpRoute, IngressListener,
+    LOCALAPI_SOCKET, TLS_DIR, TlsFiles,
+};
+use tailnet_api::ingress::ExposeMode;
+use tailnet_api::naming::AgentKind;
+use tailnet_api::validate::{self, ExposeNames};
+
+use crate::certificate::{self, Certificate};
+use crate::meta::Owner;
+use crate::pod::{self, PodParts};
+use crate::{RenderContext, RenderError};
+
+/// Everything the controller applies for one ingress.
+#[derive(Clone, Debug)]
+pub struct IngressObjects {
+    pub service_account: ServiceAccount,
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    pub state_secret: Secret,
+    pub config_map: ConfigMap,
+    pub deployment: Deployment,
+    pub network_policy: NetworkPolicy,
+    /// Present when no `tls.secretName` is given and http exposes exist.
+    pub certificate: Option<Certificate>,
+    pub config: AgentConfig,
+    /// Every hostname (http and tcp exposes, names and aliases), sorted.
+    pub hostnames: Vec<String>,
+    /// Hostnames the certificate must cover (http exposes), sorted.
+    pub http_hostnames: Vec<String>,
+    /// Secret the agent reads its certificate from, when http exposes exist.
+    pub tls_secret: Option<String>,
+}
+
+/// Facts the controller resolved before rendering.
+#[derive(Clone, Debug, Default)]
+pub struct IngressInputs {
+    /// Hostnames per expose, from [`validate::ingress_in_context`].
+    pub names: Vec<ExposeNames>,
+    /// Backend Service port number per expose (named ports resolved against the Service).
+    pub backend_ports: BTreeMap<String, u16>,
+    /// Serve http exposes: only when a certificate covering every name is ready. Never a
+    /// plaintext fallback: without it, http listeners are left out of the config entirely.
+    pub serve_http: bool,
+}
+
+pub fn render(
+    ingress: &TailnetIngress,
+    ctx: &RenderContext,
+    inputs: &IngressInputs,
+) -> Result<IngressObjects, RenderError> {
+    let owner = Owner::from_meta(AgentKind::Ingress, &ingress.metadata, ctx.tailnet_name)?;
+    let names = owner.names();
+    let spec = &ingress.spec;
+    let hostnames_of: BTreeMap<&str, &ExposeNames> = inputs
+        .names
+        .iter()
+        .map(|n| (n.expose.as_str(), n))
+        .collect();
+
+    let mut http_routes: BTreeMap<u16, Vec<HttpRoute>> = BTreeMap::new();
+    let mut tcp_listeners = Vec::new();
+    let mut ca_volumes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut all_hostnames = BTreeSet::new();
+    let mut http_hostnames = BTreeSet::new();
+    let mut ports = BTreeSet::new();
+    for expose in &spec.exposes {
+        let at = format!("spec.exposes[{}]", expose.name);
+        let port = u16::try_from(expose.port)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| RenderError::Field {
+                field: format!("{at}.port"),
+                message: "must be 1-65535".to_string(),
+            })?;
+        let hostnames = hostnames_of
+            .get(expose.name.as_str())
+            .map(|n| n.hostnames.clone())
+            .unwrap_or_default();
+        all_hostnames.extend(hostnames.iter().cloned());
+        let backend_port =
+            *inputs
+                .backend_ports
+                .get(&expose.name)
+                .ok_or_else(|| RenderError::Field {
+                    field: format!("{at}.backend.port"),
+                    message: "the backend port could not be resolved against the Service"
+                        .to_string(),
+                })?;
+        let backend_namespace = expose
+            .backend
+            .namespace
+            .as_deref()
+            .unwrap_or(&owner.namespace);
+        let backend = BackendAddress {
+            host: format!(
+                "{}.{}.svc.{}",
+                expose.backend.service, backend_namespace, ctx.cluster_domain
+            ),
+            port: backend_port,
+        };
+        match expose.mode {
+            ExposeMode::Tcp => {
+                ports.insert(port);
+                tcp_listeners.push(IngressListener::Tcp {
+                    port,
+                    name: expose.name.clone(),
+                    backend,
+                });
+            }
+            ExposeMode::Http => {
+                http_hostnames.extend(hostnames.iter().cloned());
+                let backend_tls = expose.backend.tls.as_ref().map(|tls| {
+                    let cm = &tls.ca_config_map_ref;
+                    ca_volumes
+                        .entry(cm.name.clone())
+                        .or_default()
+                        .insert(cm.key.clone());
+                    BackendTlsFiles {
+                        server_name: tls.server_name.clone(),
+                        ca_file: format!("{CA_DIR}/{}/{}", cm.name, cm.key),
+                    }
+                });
+                let timeout =
+                    |field: &str, value: Option<&String>| -> Result<Option<u64>, RenderError> {
+                        value
+                            .map(|v| {
+                                validate::parse_duration(&format!("{at}.timeouts.{field}"), v)
+                                    .map(|d| d.as_secs().max(1))
+                            })
+                            .transpose()
+                            .map_err(RenderError::from)
+                    };
+                let timeouts = expose.timeouts.clone().unwrap_or_default();
+                let route = HttpRoute {
+                    name: expose.name.clone(),
+                    hostnames,
+                    backend,
+                    backend_tls,
+                    request_timeout_seconds: timeout("request", timeouts.request.as_ref())?,
+                    backend_request_timeout_seconds: timeout(
+                        "backendRequest",
+                        timeouts.backend_request.as_ref(),
+                    )?,
+                };
+                if inputs.serve_http {
+                    ports.insert(port);
+                    http_routes.entry(port).or_default().push(route);
+                }
+            }
+        }
+    }
+    let mut listeners: Vec<IngressListener> = tcp_listeners;
+    listeners.extend(http_routes.into_iter().map(|(port, mut routes)| {
+        routes.sort_by(|a, b| a.name.cmp(&b.name));
+        IngressListener::Http { port, routes }
+    }));
+    listeners.sort_by_key(|l| match l {
+        IngressListener::Tcp { port, .. } | IngressListener::Http { port, .. } => *port,
+    });
+
+    let has_http = spec.exposes.iter().any(|e| e.mode == ExposeMode::Http);
+    let user_secret = spec.tls.as_ref().and_then(|t| t.secret_name.clone());
+    let tls_secret = has_http.then(|| user_secret.clone().unwrap_or_else(|| names.tls.clone()));
+    let http_hostnames: Vec<String> = http_hostnames.into_iter().collect();
+    let certificate = match (&tls_secret, &user_secret) {
+        (Some(_), None) => {
+            let issuer = ctx
+                .tailnet
+                .defaults
+                .as_ref()
+                .and_then(|d| d.tls.as_ref())
+                .map(|t| &t.issuer_ref)
+                .ok_or_else(|| RenderError::Field {
+                    field: "spec.tls.secretName".to_string(),
+                    message: format!(
+                        "http exposes need a certificate: set spec.tls.secretName or spec.defaults.tls.issuerRef on Tailnet {}",
+                        ctx.tailnet_name
+                    ),
+                })?;
+            Some(certificate::certificate(&owner, issuer, &http_hostnames))
+        }
+        _ => None,
+    };
+
+    let config = AgentConfig {
+        localapi_socket: LOCALAPI_SOCKET.to_string(),
+        admin_port: ADMIN_PORT,
+        egress: Vec::new(),
+        ingress: listeners,
+        tls: tls_secret.as_ref().map(|_| TlsFiles {
+            cert_file: format!("{TLS_DIR}/tls.crt"),
+            key_file: format!("{TLS_DIR}/tls.key"),
+        }),
+    };
+    let config_json =
+        serde_json::to_string_pretty(&config).map_err(|e| RenderError::Config(e.to_string()))?;
+
+    let mut volumes = Vec::new();
+    if let Some(secret) = &tls_secret {
+        volumes.push((
+            Volume {
+                name: "tls".to_string(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret.clone()),
+                    // The pod starts (tcp exposes work) while the certificate is issued.
+                    optional: Some(true),
+                    ..SecretVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+            VolumeMount {
+                name: "tls".to_string(),
+                mount_path: TLS_DIR.to_string(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ));
+    }
+    for (i, (config_map, keys)) in ca_volumes.iter().enumerate() {
+        let volume = format!("backend-ca-{i}");
+        volumes.push((
+            Volume {
+                name: volume.clone(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: config_map.clone(),
+                    items: Some(
+                        keys.iter()
+                            .map(|k| KeyToPath {
+                                key: k.clone(),
+                                path: k.clone(),
+                                mode: None,
+                            })
+                            .collect(),
+                    ),
+                    ..ConfigMapVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+            VolumeMount {
+                name: volume,
+                mount_path: format!("{CA_DIR}/{config_map}"),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ));
+    }
+    let lowest = spec
+        .exposes
+        .iter()
+        .filter_map(|e| u16::try_from(e.port).ok())
+        .min();
+    let parts = PodParts {
+        agent_ports: Vec::new(),
+        agent_volumes: volumes,
+        // Ingress listeners bind loopback as non-root; ports below 1024 need this safe sysctl.
+        unprivileged_port_start: lowest.filter(|p| *p < 1024),
+        config_hash: pod::config_hash(&[
+            &config_json,
+            &ctx.tailnet.server,
+            tls_secret.as_deref().unwrap_or(""),
+        ]),
+    };
+    Ok(IngressObjects {
+        service_account: pod::service_account(&owner),
+        role: pod::role(&owner),
+        role_binding: pod::role_binding(&owner),
+        state_secret: pod::state_secret(&owner),
+        config_map: pod::config_map(&owner, &config_json),
+        deployment: pod::deployment(&owner, ctx, &parts),
+        network_policy: network_policy(&owner),
+        certificate,
+        config,
+        hostnames: all_hostnames.into_iter().collect(),
+        http_hostnames,
+        tls_secret,
+    })
+}
+
+/// Ingress agents accept nothing in-cluster but the admin port: their traffic arrives through
+/// tailscaled on loopback.
+fn network_policy(owner: &Owner) -> NetworkPolicy {
+    NetworkPolicy {
+        metadata: owner.meta(&owner.names().base),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(owner.selector_labels()),
+                match_expressions: None,
+            }),
+            policy_types: Some(vec!["Ingress".to_string()]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: None,
+                ports: Some(vec![NetworkPolicyPort {
+                    port: Some(IntOrString::Int(i32::from(ADMIN_PORT))),
+                    protocol: Some("TCP".to_string()),
+                    end_port: None,
+                }]),
+            }]),
+            ..NetworkPolicySpec::default()
+        }),
+    }
+}
