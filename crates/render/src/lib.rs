@@ -32,7 +32,7 @@ pub struct RenderContext<'a> {
 /// cases only the renderer can detect).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RenderError {
-    #[error("{kind} {namespace}/{name} has no metadata.uid (it must come from the apiserver) ")]
+    #[error("{kind} {namespace}/{name} has no metadata.uid (it must come from the apiserver)")]
     MissingUid {
         kind: &'static str,
         namespace: String,

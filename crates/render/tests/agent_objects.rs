@@ -1,0 +1,424 @@
+//! The agent objects for the demo egress and ingress: the pod contract of SPEC §2 (security,
+//! containerboot env, no SOCKS5), owner references, NetworkPolicies, Services, certificates.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use tailnet_api::agent_config::{ADMIN_PORT, IngressListener};
+use tailnet_api::ingress::ExposeMode;
+use tailnet_api::validate::ingress_in_context;
+use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
+use tailnet_render::RenderContext;
+use tailnet_render::egress;
+use tailnet_render::images::Images;
+use tailnet_render::ingress::{self, IngressInputs};
+
+fn load<T: serde::de::DeserializeOwned>(file: &str) -> T {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(file);
+    let text = std::fs::read_to_string(&path).expect("example file");
+    let mut value: serde_json::Value = serde_yaml::from_str(&text).expect("yaml");
+    value["metadata"]["uid"] = "uid-1".into();
+    serde_json::from_value(value).expect("typed example")
+}
+
+fn ctx(tailnet: &Tailnet) -> RenderContext<'_> {
+    RenderContext {
+        operator_namespace: "tailnet-system",
+        tailnet_name: "demo",
+        tailnet: &tailnet.spec,
+        images: Images::default(),
+        cluster_domain: "cluster.local",
+    }
+}
+
+fn pod(deployment: &k8s_openapi::api::apps::v1::Deployment) -> &PodSpec {
+    deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod spec")
+}
+
+fn container<'a>(pod: &'a PodSpec, name: &str) -> &'a Container {
+    pod.containers
+        .iter()
+        .find(|c| c.name == name)
+        .expect("container")
+}
+
+fn env(c: &Container) -> BTreeMap<String, String> {
+    c.env
+        .iter()
+        .flatten()
+        .map(|e| {
+            (
+                e.name.clone(),
+                e.value.clone().unwrap_or_else(|| "<from>".to_string()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn egress_agent_follows_the_pod_contract() {
+    let tailnet: Tailnet = load("10-tailnet.yaml");
+    let egress: TailnetEgress = load("20-egress.yaml");
+    let objects = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+
+    let deployment = &objects.deployment;
+    let spec = deployment.spec.as_ref().expect("spec");
+    assert_eq!(spec.replicas, Some(1));
+    assert_eq!(
+        spec.strategy.as_ref().and_then(|s| s.type_.as_deref()),
+        Some("Recreate")
+    );
+    let pod = pod(deployment);
+    let security = pod.security_context.as_ref().expect("pod security");
+    assert_eq!(security.run_as_non_root, Some(true));
+    assert_eq!(
+        security.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+    assert!(
+        security.sysctls.is_none(),
+        "egress agents bind high ports only"
+    );
+
+    let tailscale = container(pod, "tailscale");
+    let ts_env = env(tailscale);
+    assert_eq!(ts_env["TS_KUBE_SECRET"], "tailnet-egress-team-a-state");
+    assert_eq!(ts_env["TS_AUTH_ONCE"], "true");
+    assert_eq!(ts_env["TS_USERSPACE"], "true");
+    assert_eq!(
+        ts_env["TS_EXTRA_ARGS"],
+        "--login-server=https://control.example.net --accept-routes"
+    );
+    assert_eq!(ts_env["TS_AUTHKEY"], "<from>");
+    for forbidden in [
+        "TS_SOCKS5_SERVER",
+        "TS_OUTBOUND_HTTP_PROXY_LISTEN",
+        "TS_TAILSCALED_EXTRA_ARGS",
+    ] {
+        assert!(
+            !ts_env.contains_key(forbidden),
+            "{forbidden} must not be set"
+        );
+    }
+    assert!(
+        !ts_env["TS_EXTRA_ARGS"].contains("advertise-tags"),
+        "Headscale rejects --advertise-tags with a tagged key"
+    );
+    for c in &pod.containers {
+        let sc = c.security_context.as_ref().expect("container security");
+        assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
+        assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
+        assert_eq!(
+            sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+            Some(vec!["ALL".to_string()]),
+            "{}",
+            c.name
+        );
+        assert!(
+            sc.capabilities
+                .as_ref()
+                .and_then(|c| c.add.clone())
+                .is_none(),
+            "no NET_ADMIN or anything else"
+        );
+    }
+    assert!(
+        pod.volumes.iter().flatten().all(|v| v.host_path.is_none()),
+        "no /dev/net/tun or other host paths"
+    );
+
+    // One Service per target, port = target port, targetPort = allocated agent port.
+    let services: Vec<(String, i32, String)> = objects
+        .services
+        .iter()
+        .map(|s| {
+            let port = &s
+                .spec
+                .as_ref()
+                .and_then(|s| s.ports.clone())
+                .expect("ports")[0];
+            (
+                s.metadata.name.clone().unwrap_or_default(),
+                port.port,
+                format!("{:?}", port.target_port),
+            )
+        })
+        .collect();
+    assert_eq!(
+        services,
+        vec![
+            (
+                "remote-api".to_string(),
+                443,
+                "Some(Int(10000))".to_string()
+            ),
+            (
+                "remote-db".to_string(),
+                5432,
+                "Some(Int(10001))".to_string()
+            ),
+        ]
+    );
+    assert_eq!(objects.config.egress.len(), 2);
+    assert_eq!(objects.config.egress[1].target_host, "192.0.2.10");
+    assert_eq!(objects.config.egress[1].target_port, 5432);
+
+    // NetworkPolicy: consumer namespaces on the listener ports, admin port open for metrics.
+    let np = objects.network_policy.spec.as_ref().expect("np");
+    let rules = np.ingress.as_ref().expect("rules");
+    let from = rules[0].from.as_ref().expect("from")[0]
+        .namespace_selector
+        .as_ref()
+        .expect("ns selector");
+    assert_eq!(
+        from.match_expressions.as_ref().expect("expr")[0].values,
+        Some(vec!["team-a".to_string()])
+    );
+    assert_eq!(rules[0].ports.as_ref().map(Vec::len), Some(2));
+    assert_eq!(
+        format!("{:?}", rules[1].ports.as_ref().expect("ports")[0].port),
+        format!("Some(Int({ADMIN_PORT}))")
+    );
+
+    // Every object is owned by the egress and labelled.
+    let metas = [
+        &objects.deployment.metadata,
+        &objects.service_account.metadata,
+        &objects.role.metadata,
+        &objects.role_binding.metadata,
+        &objects.config_map.metadata,
+        &objects.state_secret.metadata,
+        &objects.network_policy.metadata,
+        &objects.services[0].metadata,
+    ];
+    for meta in metas {
+        let owner = &meta.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("TailnetEgress", "uid-1", Some(true))
+        );
+        assert_eq!(
+            meta.labels.as_ref().expect("labels")["app.kubernetes.io/managed-by"],
+            "tailnet-operator"
+        );
+        assert_eq!(meta.namespace.as_deref(), Some("tailnet-system"));
+    }
+    // The Role only reaches the agent's own state Secret.
+    let rule = &objects.role.rules.as_ref().expect("rules")[0];
+    assert_eq!(
+        rule.resource_names,
+        Some(vec!["tailnet-egress-team-a-state".to_string()])
+    );
+    assert!(
+        !rule.verbs.contains(&"list".to_string()) && !rule.verbs.contains(&"create".to_string())
+    );
+}
+
+#[test]
+fn egress_ports_stay_stable_and_config_change_rolls_the_pod() {
+    let tailnet: Tailnet = load("10-tailnet.yaml");
+    let egress: TailnetEgress = load("20-egress.yaml");
+    let first = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    let mut changed = egress.clone();
+    changed.spec.targets.insert(
+        0,
+        serde_json::from_value(
+            serde_json::json!({"name": "aaa-first", "address": "192.0.2.11", "port": 22}),
+        )
+        .expect("target"),
+    );
+    let second = egress::render(&changed, &ctx(&tailnet), &first.ports).expect("render");
+    assert_eq!(second.ports["remote-api"], first.ports["remote-api"]);
+    assert_eq!(second.ports["remote-db"], first.ports["remote-db"]);
+    assert_eq!(second.ports["aaa-first"], 10002);
+    let hash = |o: &egress::EgressObjects| {
+        o.deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.annotations.clone())
+            .expect("annotations")["tailnet-operator.dev/config-hash"]
+            .clone()
+    };
+    assert_ne!(hash(&first), hash(&second));
+    // Same input, same output.
+    let again = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    assert_eq!(hash(&first), hash(&again));
+    assert_eq!(first.deployment, again.deployment);
+}
+
+fn ingress_inputs(tailnet: &Tailnet, ingress: &TailnetIngress, serve_http: bool) -> IngressInputs {
+    let names = ingress_in_context(
+        "team-a",
+        "tailnet-system",
+        &ingress.spec,
+        "demo",
+        &tailnet.spec,
+    )
+    .expect("valid");
+    IngressInputs {
+        names,
+        backend_ports: BTreeMap::from([("web".to_string(), 8080), ("admin".to_string(), 8443)]),
+        serve_http,
+    }
+}
+
+#[test]
+fn ingress_agent_serves_vhosts_with_one_certificate() {
+    let tailnet: Tailnet = load("10-tailnet.yaml");
+    let ingress: TailnetIngress = load("30-ingress.yaml");
+    let objects = ingress::render(
+        &ingress,
+        &ctx(&tailnet),
+        &ingress_inputs(&tailnet, &ingress, true),
+    )
+    .expect("render");
+
+    assert_eq!(
+        objects.http_hostnames,
+        vec![
+            "admin.team-a.lab.example.net",
+            "portal.lab.example.net",
+            "portal.team-a.lab.example.net"
+        ]
+    );
+    let cert = objects
+        .certificate
+        .as_ref()
+        .expect("certificate from the default issuer");
+    assert_eq!(cert.spec.dns_names, objects.http_hostnames);
+    assert_eq!(cert.spec.issuer_ref.kind, "ClusterIssuer");
+    assert_eq!(cert.spec.secret_name, "tailnet-ingress-portal-tls");
+
+    // Both exposes are virtual hosts on one listener on port 443.
+    assert_eq!(objects.config.ingress.len(), 1);
+    let IngressListener::Http { port, routes } = &objects.config.ingress[0] else {
+        panic!("http listener")
+    };
+    assert_eq!(*port, 443);
+    assert_eq!(routes.len(), 2);
+    let admin = &routes[0];
+    assert_eq!(admin.backend.host, "admin.team-a.svc.cluster.local");
+    assert_eq!(admin.backend.port, 8443);
+    let tls = admin.backend_tls.as_ref().expect("verified backend TLS");
+    assert_eq!(tls.server_name, "admin.team-a.svc.cluster.local");
+    assert_eq!(tls.ca_file, "/etc/tailnet-agent/ca/backend-ca/ca.crt");
+    assert_eq!(admin.request_timeout_seconds, Some(600));
+    assert_eq!(admin.backend_request_timeout_seconds, Some(60));
+
+    // Port 443 on loopback as non-root: the safe sysctl is set.
+    let pod = pod(&objects.deployment);
+    let sysctls = pod
+        .security_context
+        .as_ref()
+        .and_then(|s| s.sysctls.clone())
+        .expect("sysctls");
+    assert_eq!(
+        (sysctls[0].name.as_str(), sysctls[0].value.as_str()),
+        ("net.ipv4.ip_unprivileged_port_start", "443")
+    );
+    // Ingress agents do not accept routes; the certificate and CA are mounted.
+    assert!(!env(container(pod, "tailscale"))["TS_EXTRA_ARGS"].contains("accept-routes"));
+    let mounts: Vec<String> = container(pod, "tailnet-agent")
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.clone())
+        .collect();
+    assert!(mounts.contains(&"/etc/tailnet-agent/tls".to_string()));
+    assert!(mounts.contains(&"/etc/tailnet-agent/ca/backend-ca".to_string()));
+    // Nothing in-cluster but the admin port.
+    let rules = objects
+        .network_policy
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress.clone())
+        .expect("rules");
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        format!("{:?}", rules[0].ports.as_ref().expect("ports")[0].port),
+        format!("Some(Int({ADMIN_PORT}))")
+    );
+}
+
+#[test]
+fn without_a_ready_certificate_http_is_not_served_but_tcp_is() {
+    let tailnet: Tailnet = load("10-tailnet.yaml");
+    let mut ingress: TailnetIngress = load("30-ingress.yaml");
+    ingress.spec.exposes.push(
+        serde_json::from_value(serde_json::json!({
+            "name": "kube", "dnsLabel": "kube", "mode": "tcp", "port": 6443,
+            "backend": {"service": "kubernetes", "port": 443, "namespace": "default"}
+        }))
+        .expect("expose"),
+    );
+    // Administrative ingress in the operator namespace may reach other namespaces.
+    ingress.metadata.namespace = Some("tailnet-system".to_string());
+    let names = ingress_in_context(
+        "tailnet-system",
+        "tailnet-system",
+        &ingress.spec,
+        "demo",
+        &tailnet.spec,
+    )
+    .expect("valid");
+    let inputs = IngressInputs {
+        names,
+        backend_ports: BTreeMap::from([
+            ("web".to_string(), 8080),
+            ("admin".to_string(), 8443),
+            ("kube".to_string(), 443),
+        ]),
+        serve_http: false,
+    };
+    let objects = ingress::render(&ingress, &ctx(&tailnet), &inputs).expect("render");
+    assert_eq!(objects.config.ingress.len(), 1, "only the tcp listener");
+    let IngressListener::Tcp { port, backend, .. } = &objects.config.ingress[0] else {
+        panic!("tcp listener")
+    };
+    assert_eq!(
+        (*port, backend.host.as_str(), backend.port),
+        (6443, "kubernetes.default.svc.cluster.local", 443)
+    );
+    assert!(
+        ingress
+            .spec
+            .exposes
+            .iter()
+            .any(|e| e.mode == ExposeMode::Http)
+    );
+    // The certificate is still requested, so http can start once it is ready.
+    assert!(objects.certificate.is_some());
+}
+
+#[test]
+fn existing_secret_replaces_the_certificate() {
+    let tailnet: Tailnet = load("10-tailnet.yaml");
+    let mut ingress: TailnetIngress = load("30-ingress.yaml");
+    ingress.spec.tls = Some(tailnet_api::ingress::IngressTls {
+        secret_name: Some("portal-tls".to_string()),
+    });
+    let objects = ingress::render(
+        &ingress,
+        &ctx(&tailnet),
+        &ingress_inputs(&tailnet, &ingress, true),
+    )
+    .expect("render");
+    assert!(objects.certificate.is_none());
+    assert_eq!(objects.tls_secret.as_deref(), Some("portal-tls"));
+}
+
+#[test]
+fn objects_without_uid_are_refused() {
+    let tailnet: Tailnet = load("10-tailnet.yaml");
+    let mut egress: TailnetEgress = load("20-egress.yaml");
+    egress.metadata.uid = None;
+    let err = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect_err("no uid");
+    assert!(err.to_string().contains("no metadata.uid"));
+}
