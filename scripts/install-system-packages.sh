@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Debian packages the tests need; installs only what is missing (idempotent, quiet when done).
+set -euo pipefail
+packages=(iproute2 nftables conntrack iptables curl ca-certificates openssl)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "all present: ${packages[*]}"
+fi
