@@ -649,10 +649,12 @@ pub fn render(base: &BasePolicy, inputs: &PolicyInputs) -> Result<RenderedPolicy
         ctx.insert_lines(&mut edits, &Container::object(root), &root_lines);
     }
 
-    let mut document = header(id);
-    document.push_str(&edits.apply(text));
+    // Follow the base's line endings (a CRLF file stays CRLF).
+    let nl = if text.contains("\r\n") { "\r\n" } else { "\n" };
+    let mut document = header(id).replace('\n', nl);
+    document.push_str(&edits.apply(text, nl));
     if !document.ends_with('\n') {
-        document.push('\n');
+        document.push_str(nl);
     }
 
     let summary = RenderSummary {
@@ -788,7 +790,7 @@ impl Edits {
         self.0.push((at, seq, text));
     }
 
-    fn apply(mut self, text: &str) -> String {
+    fn apply(mut self, text: &str, nl: &str) -> String {
         self.0.sort_by_key(|(at, seq, _)| (*at, *seq));
         let mut out = String::with_capacity(text.len() + 1024);
         let mut pos = 0;
@@ -798,7 +800,11 @@ impl Edits {
                 out.push_str(chunk);
                 pos = *at;
             }
-            out.push_str(ins);
+            if nl == "\n" {
+                out.push_str(ins);
+            } else {
+                out.push_str(&ins.replace('\n', nl));
+            }
         }
         out.push_str(text.get(pos..).unwrap_or_default());
         out

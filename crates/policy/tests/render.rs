@@ -874,3 +874,15 @@ fn observed_state_deserialises_from_camel_case_json() {
         TargetAddress::Dns("db.example.net".into())
     );
 }
+
+#[test]
+fn crlf_base_stays_crlf() {
+    let base = parse_base(&BASE.replace('\n', "\r\n")).expect("base");
+    let r = render(&base, &demo_inputs()).expect("render");
+    assert_eq!(
+        r.document.matches('\n').count(),
+        r.document.matches("\r\n").count()
+    );
+    let lf = render_demo(&demo_inputs());
+    assert_eq!(r.document.replace("\r\n", "\n"), lf.document);
+}
