@@ -161,7 +161,7 @@ recipe_of() {
   {
     echo "component=$c version=$(version_of "$c") recipe=1"
     echo "packages=$(packages_of "$c")"
-    [[ ! -f $dir/go.mod ]] || echo "ldflags=$(ldflags_of "$c" "$dir")"
+    [[ ! -f $dir/go.mod || $c == headscale ]] || echo "ldflags=$(ldflags_of "$c" "$dir")"
     echo "tags=$(tags_of "$c") cgo=0 trimpath=1"
     [[ $c != headscale ]] || echo "method=go-install"
     [[ ! -f $dir/go.mod ]] || cat "$dir/go.mod" "$dir/go.sum"
@@ -310,13 +310,20 @@ build_cert_manager() {
 }
 
 # headscale reports its version only from the main module's version in the
-# binary's build info (hscontrol/types.GetVersionInfo; no -X variables), and
-# that version is "(devel)" -> "dev" for any wrapper module. So it is built with
-# `go install <pkg>@<version>`: headscale's own go.mod/go.sum are the main
-# module (no replace directives there), and the build info says the real version.
+# binary's build info (hscontrol/types.GetVersionInfo; there are no -X
+# variables), and that is "(devel)" -> "dev" for any wrapper module. So the
+# wrapper module (deps/go/headscale) only downloads and hash-pins every module,
+# and the binary is built with `go install <pkg>@<version>`, where headscale's
+# own go.mod/go.sum are the main module (it has no replace directives) and the
+# build info carries the real version. `go install pkg@version` also asks the
+# proxy for the module's version list (deprecation check), which the proxy
+# refuses for github.com/juanfont/headscale (403), so the go command is pointed
+# first at its own module download cache (a file:// GOPROXY), which lists the
+# versions it holds, then at the usual proxy.
 build_headscale() {
-  local c=headscale ver tmp t0 t1 t2 pkg pair
+  local c=headscale ver dir tmp t0 t1 t2 pkg pair modcache
   ver=$(version_of "$c")
+  dir=$DEPS_ROOT/go/$c
   pair=$(packages_of "$c"); pkg=${pair#*=}
   mkdir -p "$CACHE_ROOT"
   tmp=$(mktemp -d "$CACHE_ROOT/.tmp-$c-$ver.XXXXXX")
@@ -324,12 +331,14 @@ build_headscale() {
   trap "rm -rf '$tmp'" EXIT
   mkdir -p "$tmp/bin"
   t0=$(date +%s)
+  check_wrapper "$c"
   log "$c $ver: downloading modules"
-  # -n only prints the build plan, but loading the packages downloads every module
-  (cd "$tmp" && GOBIN="$tmp/bin" "$GO" install -n "$pkg@$ver" >/dev/null 2>&1)
+  (cd "$dir" && "$GO" mod download)
   t1=$(date +%s)
   log "$c $ver: compiling $pkg@$ver"
-  (cd "$tmp" && GOBIN="$tmp/bin" "$GO" install -p "$GO_P" -trimpath -ldflags="-s -w" "$pkg@$ver")
+  modcache=$("$GO" env GOMODCACHE)
+  (cd "$tmp" && GOBIN="$tmp/bin" GOPROXY="file://$modcache/cache/download,$("$GO" env GOPROXY)" \
+    "$GO" install -p "$GO_P" -trimpath -ldflags="-s -w" "$pkg@$ver")
   t2=$(date +%s)
   {
     echo "component: $c $ver"
@@ -407,8 +416,6 @@ pin_component() {
   mod=$(main_module_of "$c")
   log "pinning $c $ver in $dir"
   case $c in
-    headscale)
-      log "headscale needs no wrapper (built with go install $mod/cmd/headscale@$ver)"; return ;;
     cert-manager)
       # only the module source is needed (for its CRDs); go.sum pins its hash
       mkdir -p "$dir"
@@ -466,7 +473,7 @@ check_component() {
       local p plugins
       plugins=$("$d/coredns" -plugins)
       for p in kubernetes hosts forward errors health ready cache reload loop; do
-        grep -qx "  dns\.$p" <<<"$plugins" || { log "FAIL coredns: plugin $p not compiled in"; return 1; }
+        grep -Eqx "[[:space:]]*(dns\.)?$p" <<<"$plugins" || { log "FAIL coredns: plugin $p not compiled in"; return 1; }
       done
       log "ok   coredns: plugins kubernetes hosts forward errors health ready cache reload loop present" ;;
     cert-manager)
