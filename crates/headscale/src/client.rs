@@ -1,0 +1,504 @@
+//! The HTTP client: auth, timeouts, retries of idempotent calls, call observation.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+use jiff::Timestamp;
+use reqwest::Method;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use url::Url;
+
+use crate::types::*;
+use crate::{Error, Secret};
+
+/// Every call the client makes; labels are used in errors and metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Endpoint {
+    Health,
+    Version,
+    GetPolicy,
+    SetPolicy,
+    CheckPolicy,
+    ListNodes,
+    GetNode,
+    ApproveRoutes,
+    DeleteNode,
+    CreatePreAuthKey,
+    ListPreAuthKeys,
+    ExpirePreAuthKey,
+    CreateApiKey,
+    ExpireApiKey,
+    ListApiKeys,
+    ListUsers,
+}
+
+impl Endpoint {
+    pub fn label(self) -> &'static str {
+        match self {
+            Endpoint::Health => "GET /api/v1/health",
+            Endpoint::Version => "GET /version",
+            Endpoint::GetPolicy => "GET /api/v1/policy",
+            Endpoint::SetPolicy => "PUT /api/v1/policy",
+            Endpoint::CheckPolicy => "POST /api/v1/policy/check",
+            Endpoint::ListNodes => "GET /api/v1/node",
+            Endpoint::GetNode => "GET /api/v1/node/{id}",
+            Endpoint::ApproveRoutes => "POST /api/v1/node/{id}/approve_routes",
+            Endpoint::DeleteNode => "DELETE /api/v1/node/{id}",
+            Endpoint::CreatePreAuthKey => "POST /api/v1/preauthkey",
+            Endpoint::ListPreAuthKeys => "GET /api/v1/preauthkey",
+            Endpoint::ExpirePreAuthKey => "POST /api/v1/preauthkey/expire",
+            Endpoint::CreateApiKey => "POST /api/v1/apikey",
+            Endpoint::ExpireApiKey => "POST /api/v1/apikey/expire",
+            Endpoint::ListApiKeys => "GET /api/v1/apikey",
+            Endpoint::ListUsers => "GET /api/v1/user",
+        }
+    }
+
+    /// Safe to repeat: reads, full-state writes (policy, approved routes), deletes and
+    /// expiries. Creating keys is not: a retry after a lost answer would mint a second key.
+    pub fn idempotent(self) -> bool {
+        !matches!(self, Endpoint::CreatePreAuthKey | Endpoint::CreateApiKey)
+    }
+}
+
+/// Receives one observation per HTTP attempt (for metrics).
+pub trait CallObserver: Send + Sync {
+    /// `outcome` is the HTTP status (`"200"`, `"401"`) or the transport reason (`"Timeout"`).
+    fn observe(&self, endpoint: Endpoint, outcome: &str, elapsed: Duration);
+}
+
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// Bound of one attempt, connection included.
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Attempts of idempotent calls (1 = no retry).
+    pub max_attempts: u32,
+    /// Backoff before the second attempt; doubles each time.
+    pub initial_backoff: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(200),
+        }
+    }
+}
+
+/// A Headscale API client. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    base: Url,
+    http: reqwest::Client,
+    api_key: Secret,
+    options: ClientOptions,
+    observer: Option<Arc<dyn CallObserver>>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base.as_str())
+            .field("api_key", &self.api_key)
+            .finish()
+    }
+}
+
+impl Client {
+    pub fn new(server: &str, api_key: Secret, options: ClientOptions) -> Result<Client, Error> {
+        let mut base = Url::parse(server).map_err(|e| Error::InvalidUrl {
+            url: server.to_string(),
+            message: e.to_string(),
+        })?;
+        if !matches!(base.scheme(), "http" | "https") {
+            return Err(Error::InvalidUrl {
+                url: server.to_string(),
+                message: "use http:// or https://".to_string(),
+            });
+        }
+        if !base.path().ends_with('/') {
+            let path = format!("{}/", base.path());
+            base.set_path(&path);
+        }
+        let http = reqwest::Client::builder()
+            .timeout(options.timeout)
+            .connect_timeout(options.connect_timeout)
+            .user_agent(concat!("tailnet-operator/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(Error::Client)?;
+        Ok(Client {
+            base,
+            http,
+            api_key,
+            options,
+            observer: None,
+        })
+    }
+
+    /// Reports every attempt to `observer`.
+    pub fn with_observer(mut self, observer: Arc<dyn CallObserver>) -> Client {
+        self.observer = Some(observer);
+        self
+    }
+
+    pub fn server(&self) -> &str {
+        self.base.as_str()
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        endpoint: Endpoint,
+        method: Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+        authenticated: bool,
+    ) -> Result<T, Error> {
+        let url = self.base.join(path).map_err(|e| Error::InvalidUrl {
+            url: path.to_string(),
+            message: e.to_string(),
+        })?;
+        let attempts = if endpoint.idempotent() {
+            self.options.max_attempts.max(1)
+        } else {
+            1
+        };
+        let mut backoff = self.options.initial_backoff;
+        let mut attempt = 1;
+        loop {
+            let result = self
+                .attempt(
+                    endpoint,
+                    method.clone(),
+                    url.clone(),
+                    body.as_ref(),
+                    authenticated,
+                )
+                .await;
+            match result {
+                Err(e) if attempt < attempts && e.is_transient() => {
+                    tracing::debug!(endpoint = endpoint.label(), attempt, error = %e, "retrying Headscale call");
+                    tokio::time::sleep(backoff).await;
+                    backoff = backoff.saturating_mul(2);
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn attempt<T: DeserializeOwned>(
+        &self,
+        endpoint: Endpoint,
+        method: Method,
+        url: Url,
+        body: Option<&serde_json::Value>,
+        authenticated: bool,
+    ) -> Result<T, Error> {
+        let started = Instant::now();
+        let mut request = self
+            .http
+            .request(method, url)
+            .header("Accept", "application/json");
+        if authenticated {
+            request = request.bearer_auth(self.api_key.expose());
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = match request.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                let error = Error::transport(endpoint.label(), e);
+                self.observe(endpoint, error.reason(), started);
+                return Err(error);
+            }
+        };
+        let status = response.status();
+        self.observe(endpoint, status.as_str(), started);
+        let text = response
+            .text()
+            .await
+            .map_err(|e| Error::transport(endpoint.label(), e))?;
+        if !status.is_success() {
+            return Err(Error::from_response(
+                endpoint.label(),
+                status.as_u16(),
+                &text,
+            ));
+        }
+        let text = if text.trim().is_empty() {
+            "{}"
+        } else {
+            text.as_str()
+        };
+        serde_json::from_str(text).map_err(|source| Error::Decode {
+            endpoint: endpoint.label(),
+            source,
+        })
+    }
+
+    fn observe(&self, endpoint: Endpoint, outcome: &str, started: Instant) {
+        if let Some(observer) = &self.observer {
+            observer.observe(endpoint, outcome, started.elapsed());
+        }
+    }
+
+    /// Unauthenticated server version (`/version`).
+    pub async fn version(&self) -> Result<VersionInfo, Error> {
+        self.call(Endpoint::Version, Method::GET, "version", None, false)
+            .await
+    }
+
+    /// Authenticated health check: proves the key is accepted and the database reachable.
+    pub async fn health(&self) -> Result<bool, Error> {
+        let v: serde_json::Value = self
+            .call(Endpoint::Health, Method::GET, "api/v1/health", None, true)
+            .await?;
+        Ok(v.get("databaseConnectivity")
+            .and_then(|c| c.as_bool())
+            .unwrap_or(false))
+    }
+
+    pub async fn get_policy(&self) -> Result<Policy, Error> {
+        self.call(
+            Endpoint::GetPolicy,
+            Method::GET,
+            "api/v1/policy",
+            None,
+            true,
+        )
+        .await
+    }
+
+    /// Replaces the policy. Headscale validates it (including `tests`) and keeps the old one
+    /// on rejection.
+    pub async fn set_policy(&self, policy: &str) -> Result<Policy, Error> {
+        self.call(
+            Endpoint::SetPolicy,
+            Method::PUT,
+            "api/v1/policy",
+            Some(json!({ "policy": policy })),
+            true,
+        )
+        .await
+    }
+
+    /// Validates a policy (including `tests`) without storing it.
+    pub async fn check_policy(&self, policy: &str) -> Result<(), Error> {
+        let _: serde_json::Value = self
+            .call(
+                Endpoint::CheckPolicy,
+                Method::POST,
+                "api/v1/policy/check",
+                Some(json!({ "policy": policy })),
+                true,
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn list_nodes(&self) -> Result<Vec<Node>, Error> {
+        let r: NodesResponse = self
+            .call(Endpoint::ListNodes, Method::GET, "api/v1/node", None, true)
+            .await?;
+        Ok(r.nodes)
+    }
+
+    pub async fn get_node(&self, id: u64) -> Result<Node, Error> {
+        let r: NodeResponse = self
+            .call(
+                Endpoint::GetNode,
+                Method::GET,
+                &format!("api/v1/node/{id}"),
+                None,
+                true,
+            )
+            .await?;
+        r.node.ok_or_else(|| missing(Endpoint::GetNode, "node"))
+    }
+
+    /// Sets the node's approved routes to exactly `routes` (the full set: callers pass the
+    /// union with the existing approvals to add one).
+    pub async fn approve_routes(&self, id: u64, routes: &[IpNet]) -> Result<Node, Error> {
+        let routes: Vec<String> = routes.iter().map(ToString::to_string).collect();
+        let r: NodeResponse = self
+            .call(
+                Endpoint::ApproveRoutes,
+                Method::POST,
+                &format!("api/v1/node/{id}/approve_routes"),
+                Some(json!({ "routes": routes })),
+                true,
+            )
+            .await?;
+        r.node
+            .ok_or_else(|| missing(Endpoint::ApproveRoutes, "node"))
+    }
+
+    pub async fn delete_node(&self, id: u64) -> Result<(), Error> {
+        let _: serde_json::Value = self
+            .call(
+                Endpoint::DeleteNode,
+                Method::DELETE,
+                &format!("api/v1/node/{id}"),
+                None,
+                true,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Mints a pre-auth key. Never retried: a lost answer must not leave two valid keys.
+    pub async fn create_pre_auth_key(
+        &self,
+        request: &CreatePreAuthKey,
+    ) -> Result<PreAuthKey, Error> {
+        let body = serde_json::to_value(request).map_err(|source| Error::Decode {
+            endpoint: Endpoint::CreatePreAuthKey.label(),
+            source,
+        })?;
+        let r: PreAuthKeyResponse = self
+            .call(
+                Endpoint::CreatePreAuthKey,
+                Method::POST,
+                "api/v1/preauthkey",
+                Some(body),
+                true,
+            )
+            .await?;
+        r.pre_auth_key
+            .ok_or_else(|| missing(Endpoint::CreatePreAuthKey, "preAuthKey"))
+    }
+
+    pub async fn list_pre_auth_keys(&self) -> Result<Vec<PreAuthKey>, Error> {
+        let r: PreAuthKeysResponse = self
+            .call(
+                Endpoint::ListPreAuthKeys,
+                Method::GET,
+                "api/v1/preauthkey",
+                None,
+                true,
+            )
+            .await?;
+        Ok(r.pre_auth_keys)
+    }
+
+    pub async fn expire_pre_auth_key(&self, id: u64) -> Result<(), Error> {
+        let _: serde_json::Value = self
+            .call(
+                Endpoint::ExpirePreAuthKey,
+                Method::POST,
+                "api/v1/preauthkey/expire",
+                Some(json!({ "id": id.to_string() })),
+                true,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Mints an API key valid until `expiration` (always sent: without it Headscale stores
+    /// an already expired key).
+    pub async fn create_api_key(&self, expiration: Timestamp) -> Result<Secret, Error> {
+        let r: ApiKeyResponse = self
+            .call(
+                Endpoint::CreateApiKey,
+                Method::POST,
+                "api/v1/apikey",
+                Some(json!({ "expiration": expiration.to_string() })),
+                true,
+            )
+            .await?;
+        Ok(r.api_key)
+    }
+
+    pub async fn expire_api_key(&self, prefix: &str) -> Result<(), Error> {
+        let _: serde_json::Value = self
+            .call(
+                Endpoint::ExpireApiKey,
+                Method::POST,
+                "api/v1/apikey/expire",
+                Some(json!({ "prefix": prefix })),
+                true,
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn list_api_keys(&self) -> Result<Vec<ApiKeyInfo>, Error> {
+        let r: ApiKeysResponse = self
+            .call(
+                Endpoint::ListApiKeys,
+                Method::GET,
+                "api/v1/apikey",
+                None,
+                true,
+            )
+            .await?;
+        Ok(r.api_keys)
+    }
+
+    pub async fn list_users(&self) -> Result<Vec<User>, Error> {
+        let r: UsersResponse = self
+            .call(Endpoint::ListUsers, Method::GET, "api/v1/user", None, true)
+            .await?;
+        Ok(r.users)
+    }
+}
+
+fn missing(endpoint: Endpoint, field: &str) -> Error {
+    Error::Api {
+        endpoint: endpoint.label(),
+        status: 200,
+        code: None,
+        message: format!("response has no {field}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_is_not_in_debug() {
+        let c = Client::new(
+            "https://hs.example.net",
+            Secret::new("hskey-api-xyz"),
+            ClientOptions::default(),
+        )
+        .expect("client");
+        assert!(!format!("{c:?}").contains("hskey-api-xyz"));
+    }
+
+    #[test]
+    fn urls_are_validated() {
+        assert!(matches!(
+            Client::new("ftp://x", Secret::new("k"), ClientOptions::default()),
+            Err(Error::InvalidUrl { .. })
+        ));
+        assert!(matches!(
+            Client::new("not a url", Secret::new("k"), ClientOptions::default()),
+            Err(Error::InvalidUrl { .. })
+        ));
+        let c = Client::new(
+            "https://hs.example.net/prefix",
+            Secret::new("k"),
+            ClientOptions::default(),
+        )
+        .expect("client");
+        assert_eq!(c.server(), "https://hs.example.net/prefix/");
+    }
+
+    #[test]
+    fn only_key_creation_is_not_idempotent() {
+        assert!(!Endpoint::CreatePreAuthKey.idempotent());
+        assert!(!Endpoint::CreateApiKey.idempotent());
+        assert!(Endpoint::SetPolicy.idempotent());
+        assert!(Endpoint::ApproveRoutes.idempotent());
+    }
+}

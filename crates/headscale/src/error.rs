@@ -1,0 +1,199 @@
+//! Errors of the Headscale client.
+
+use std::error::Error as _;
+
+/// What went wrong below HTTP, so a condition can say what to fix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// The server name does not resolve.
+    Dns,
+    /// TCP connection refused or unreachable.
+    Connect,
+    /// TLS handshake or certificate verification failed.
+    Tls,
+    /// No answer in time.
+    Timeout,
+    Other,
+}
+
+impl TransportKind {
+    /// CamelCase reason for conditions and metrics.
+    pub fn reason(self) -> &'static str {
+        match self {
+            TransportKind::Dns => "DNSError",
+            TransportKind::Connect => "ConnectionFailed",
+            TransportKind::Tls => "TLSError",
+            TransportKind::Timeout => "Timeout",
+            TransportKind::Other => "TransportError",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{endpoint}: {kind:?}: {message}")]
+    Transport {
+        endpoint: &'static str,
+        kind: TransportKind,
+        message: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// 401: the API key is wrong, expired or revoked.
+    #[error(
+        "{endpoint}: unauthorized (HTTP 401): the API key was rejected; check the key in the bootstrap Secret and that it is not expired"
+    )]
+    Unauthorized { endpoint: &'static str },
+    /// Headscale answered with an error (gRPC status or problem+json).
+    #[error("{endpoint}: HTTP {status}: {message}")]
+    Api {
+        endpoint: &'static str,
+        status: u16,
+        /// gRPC status code (0.29) when present.
+        code: Option<i64>,
+        message: String,
+    },
+    #[error("{endpoint}: unexpected response: {source}")]
+    Decode {
+        endpoint: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("invalid Headscale URL {url:?}: {message}")]
+    InvalidUrl { url: String, message: String },
+    #[error("building the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+}
+
+impl Error {
+    /// CamelCase reason for conditions and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Transport { kind, .. } => kind.reason(),
+            Error::Unauthorized { .. } => "Unauthorized",
+            Error::Api { .. } => "APIError",
+            Error::Decode { .. } => "UnexpectedResponse",
+            Error::InvalidUrl { .. } => "InvalidURL",
+            Error::Client(_) => "ClientError",
+        }
+    }
+
+    /// Worth retrying: the server may answer differently next time.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Transport { .. } => true,
+            Error::Api { status, .. } => *status >= 500 || *status == 429,
+            _ => false,
+        }
+    }
+
+    pub(crate) fn transport(endpoint: &'static str, source: reqwest::Error) -> Error {
+        let chain = {
+            let mut parts = vec![source.to_string()];
+            let mut cause = source.source();
+            while let Some(c) = cause {
+                parts.push(c.to_string());
+                cause = c.source();
+            }
+            parts.join(": ")
+        };
+        let lower = chain.to_lowercase();
+        let kind = if source.is_timeout() || lower.contains("timed out") {
+            TransportKind::Timeout
+        } else if lower.contains("dns error")
+            || lower.contains("failed to lookup address")
+            || lower.contains("name or service not known")
+        {
+            TransportKind::Dns
+        } else if lower.contains("certificate")
+            || lower.contains("tls")
+            || lower.contains("handshake")
+        {
+            TransportKind::Tls
+        } else if source.is_connect() {
+            TransportKind::Connect
+        } else {
+            TransportKind::Other
+        };
+        Error::Transport {
+            endpoint,
+            kind,
+            message: chain,
+            source,
+        }
+    }
+
+    /// Parses an error body: 0.29's `{"code": 3, "message": "..."}`, 0.30's problem+json
+    /// `{"title", "detail", "status"}`, or plain text.
+    pub(crate) fn from_response(endpoint: &'static str, status: u16, body: &str) -> Error {
+        if status == 401 {
+            return Error::Unauthorized { endpoint };
+        }
+        let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
+        let text = |v: &serde_json::Value, key: &str| {
+            v.get(key).and_then(|m| m.as_str()).map(str::to_string)
+        };
+        let (code, message) = match &parsed {
+            Some(v) => {
+                let message = text(v, "message")
+                    .or_else(|| match (text(v, "title"), text(v, "detail")) {
+                        (Some(t), Some(d)) => Some(format!("{t}: {d}")),
+                        (t, d) => t.or(d),
+                    })
+                    .unwrap_or_else(|| body.trim().to_string());
+                (v.get("code").and_then(|c| c.as_i64()), message)
+            }
+            None => (None, body.trim().chars().take(512).collect()),
+        };
+        Error::Api {
+            endpoint,
+            status,
+            code,
+            message,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_gateway_error_body() {
+        let e = Error::from_response(
+            "PUT /api/v1/policy",
+            400,
+            r#"{"code":3,"message":"setting policy: test(s) failed","details":[]}"#,
+        );
+        assert_eq!(
+            e.to_string(),
+            "PUT /api/v1/policy: HTTP 400: setting policy: test(s) failed"
+        );
+        assert!(matches!(e, Error::Api { code: Some(3), .. }));
+        assert!(!e.is_transient());
+    }
+
+    #[test]
+    fn problem_json_body() {
+        let e = Error::from_response(
+            "PUT /api/v1/policy",
+            400,
+            r#"{"type":"about:blank","title":"Bad Request","status":400,"detail":"invalid policy"}"#,
+        );
+        assert_eq!(
+            e.to_string(),
+            "PUT /api/v1/policy: HTTP 400: Bad Request: invalid policy"
+        );
+    }
+
+    #[test]
+    fn unauthorized_and_server_errors() {
+        assert!(matches!(
+            Error::from_response("GET /api/v1/node", 401, "Unauthorized"),
+            Error::Unauthorized { .. }
+        ));
+        let e = Error::from_response("GET /api/v1/node", 503, "overloaded");
+        assert!(e.is_transient());
+        assert_eq!(e.reason(), "APIError");
+    }
+}

@@ -1,0 +1,260 @@
+//! Wire types of Headscale's API v1 (protojson: camelCase names, `uint64` as strings,
+//! timestamps as RFC 3339). Unknown fields are ignored so newer servers stay readable.
+
+use jiff::Timestamp;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::Secret;
+
+/// `uint64` on the wire: a JSON string (protojson), tolerated as a number too.
+pub(crate) mod id {
+    use super::*;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Wire {
+            Text(String),
+            Number(u64),
+        }
+        match Wire::deserialize(d)? {
+            Wire::Number(n) => Ok(n),
+            Wire::Text(t) if t.is_empty() => Ok(0),
+            Wire::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+fn null_as_default<'de, D: Deserializer<'de>, T: Default + Deserialize<'de>>(
+    d: D,
+) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct User {
+    #[serde(deserialize_with = "id::deserialize")]
+    pub id: u64,
+    pub name: String,
+    pub display_name: String,
+    pub email: String,
+    pub created_at: Option<Timestamp>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Node {
+    #[serde(deserialize_with = "id::deserialize")]
+    pub id: u64,
+    pub name: String,
+    pub given_name: String,
+    #[serde(deserialize_with = "null_as_default")]
+    pub user: Option<User>,
+    #[serde(deserialize_with = "null_as_default")]
+    pub ip_addresses: Vec<String>,
+    pub online: bool,
+    pub last_seen: Option<Timestamp>,
+    pub expiry: Option<Timestamp>,
+    pub created_at: Option<Timestamp>,
+    pub register_method: String,
+    #[serde(deserialize_with = "null_as_default")]
+    pub tags: Vec<String>,
+    /// Routes the node announces.
+    #[serde(deserialize_with = "null_as_default")]
+    pub available_routes: Vec<String>,
+    /// Routes approved for the node (by autoApprovers or explicitly).
+    #[serde(deserialize_with = "null_as_default")]
+    pub approved_routes: Vec<String>,
+    /// Routes that are announced and approved, i.e. in effect.
+    #[serde(deserialize_with = "null_as_default")]
+    pub subnet_routes: Vec<String>,
+    pub node_key: String,
+    pub machine_key: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PreAuthKey {
+    #[serde(deserialize_with = "id::deserialize")]
+    pub id: u64,
+    /// The key itself; only meaningful right after creation.
+    pub key: Secret,
+    #[serde(deserialize_with = "null_as_default")]
+    pub user: Option<User>,
+    pub reusable: bool,
+    pub ephemeral: bool,
+    pub used: bool,
+    pub expiration: Option<Timestamp>,
+    pub created_at: Option<Timestamp>,
+    #[serde(deserialize_with = "null_as_default")]
+    pub acl_tags: Vec<String>,
+}
+
+impl Default for PreAuthKey {
+    fn default() -> Self {
+        PreAuthKey {
+            id: 0,
+            key: Secret::new(""),
+            user: None,
+            reusable: false,
+            ephemeral: false,
+            used: false,
+            expiration: None,
+            created_at: None,
+            acl_tags: Vec::new(),
+        }
+    }
+}
+
+/// Request to mint a pre-auth key. `expiration` is mandatory by construction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatePreAuthKey {
+    /// Owning user; `None` for a tags-only key.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "opt_id")]
+    pub user: Option<u64>,
+    pub reusable: bool,
+    pub ephemeral: bool,
+    pub expiration: Timestamp,
+    pub acl_tags: Vec<String>,
+}
+
+fn opt_id<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(id) => s.serialize_str(&id.to_string()),
+        None => s.serialize_none(),
+    }
+}
+
+impl CreatePreAuthKey {
+    /// A single-use key for one tagged node, valid until `expiration`.
+    pub fn single_use_tagged(tags: Vec<String>, expiration: Timestamp) -> Self {
+        CreatePreAuthKey {
+            user: None,
+            reusable: false,
+            ephemeral: false,
+            expiration,
+            acl_tags: tags,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ApiKeyInfo {
+    #[serde(deserialize_with = "id::deserialize")]
+    pub id: u64,
+    pub prefix: String,
+    pub expiration: Option<Timestamp>,
+    pub created_at: Option<Timestamp>,
+    pub last_seen: Option<Timestamp>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Policy {
+    /// The stored document, byte for byte as it was set (comments included).
+    pub policy: String,
+    pub updated_at: Option<Timestamp>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct VersionInfo {
+    pub version: String,
+    pub commit: String,
+    pub build_time: String,
+    pub dirty: bool,
+}
+
+// Response envelopes.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub(crate) struct NodesResponse {
+    #[serde(deserialize_with = "null_as_default")]
+    pub nodes: Vec<Node>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub(crate) struct NodeResponse {
+    pub node: Option<Node>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub(crate) struct UsersResponse {
+    #[serde(deserialize_with = "null_as_default")]
+    pub users: Vec<User>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub(crate) struct PreAuthKeyResponse {
+    pub pre_auth_key: Option<PreAuthKey>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub(crate) struct PreAuthKeysResponse {
+    #[serde(deserialize_with = "null_as_default")]
+    pub pre_auth_keys: Vec<PreAuthKey>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ApiKeyResponse {
+    pub api_key: Secret,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub(crate) struct ApiKeysResponse {
+    #[serde(deserialize_with = "null_as_default")]
+    pub api_keys: Vec<ApiKeyInfo>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_from_protojson() {
+        let json = r#"{"id":"7","machineKey":"mkey:1","nodeKey":"nodekey:2","ipAddresses":["100.64.0.7","fd7a:115c:a1e0::7"],
+            "name":"tailnet-egress-team-a","user":null,"lastSeen":"2026-11-29T09:00:00Z","expiry":null,"preAuthKey":null,
+            "createdAt":"2026-11-29T08:00:00.123456789Z","registerMethod":"REGISTER_METHOD_AUTH_KEY","givenName":"tailnet-egress-team-a",
+            "online":true,"approvedRoutes":[],"availableRoutes":["192.0.2.0/24"],"subnetRoutes":[],"tags":["tag:tno-egress-team-a"],"futureField":1}"#;
+        let node: Node = serde_json::from_str(json).expect("node");
+        assert_eq!(node.id, 7);
+        assert_eq!(node.ip_addresses.len(), 2);
+        assert_eq!(node.tags, vec!["tag:tno-egress-team-a"]);
+        assert_eq!(node.available_routes, vec!["192.0.2.0/24"]);
+        assert!(node.online);
+    }
+
+    #[test]
+    fn create_key_request_always_has_expiration_and_string_ids() {
+        let exp: Timestamp = "2026-11-29T10:00:00Z".parse().expect("ts");
+        let req = CreatePreAuthKey::single_use_tagged(vec!["tag:x".into()], exp);
+        let json = serde_json::to_value(&req).expect("json");
+        assert_eq!(
+            json,
+            serde_json::json!({"reusable": false, "ephemeral": false, "expiration": "2026-11-29T10:00:00Z", "aclTags": ["tag:x"]})
+        );
+        let with_user = CreatePreAuthKey {
+            user: Some(3),
+            ..req
+        };
+        assert_eq!(serde_json::to_value(&with_user).expect("json")["user"], "3");
+    }
+
+    #[test]
+    fn pre_auth_key_debug_hides_the_key() {
+        let key: PreAuthKey =
+            serde_json::from_str(r#"{"id":"1","key":"hskey-auth-secret","aclTags":["tag:x"]}"#)
+                .expect("key");
+        assert!(!format!("{key:?}").contains("hskey-auth-secret"));
+        assert_eq!(key.key.expose(), "hskey-auth-secret");
+    }
+}
