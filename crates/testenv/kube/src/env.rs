@@ -32,6 +32,8 @@ pub struct KubeEnvOptions {
     pub crd_dirs: Vec<PathBuf>,
     /// Extra image mappings, consulted before the built-in ones.
     pub extra_images: Vec<LocalImage>,
+    /// Deploy CoreDNS (and wait for it). Without it, names do not resolve in pods.
+    pub cluster_dns: bool,
 }
 
 impl KubeEnvOptions {
@@ -42,6 +44,7 @@ impl KubeEnvOptions {
                 binaries.cert_manager_crds.clone(),
             ],
             extra_images: Vec::new(),
+            cluster_dns: true,
         }
     }
 }
@@ -68,7 +71,7 @@ impl KubeEnv {
     /// Must run on a runtime that outlives the environment (its loops are spawned there).
     pub async fn start(binaries: Binaries, options: KubeEnvOptions) -> Result<Self> {
         let started = Instant::now();
-        binaries.require_all()?;
+        binaries.require_kubernetes()?;
         tno_netlab::cleanup_stale_runs().netlab_context(|| "cleaning up stale runs".into())?;
         let run_id = RunId::generate().netlab_context(|| "generating a run id".into())?;
         let dir = run_id.scratch_dir().join("kube");
@@ -150,7 +153,9 @@ impl KubeEnv {
             control_plane: Mutex::new(control_plane),
             admin_kubeconfig,
         };
-        if let Err(error) = deploy_coredns(&admin, NETWORK_DEADLINE).await {
+        if options.cluster_dns
+            && let Err(error) = deploy_coredns(&admin, NETWORK_DEADLINE).await
+        {
             return Err(env.with_logs(error));
         }
         env.startup = started.elapsed();

@@ -107,3 +107,19 @@ impl<T> NetlabContext<T> for tno_netlab::Result<T> {
         })
     }
 }
+
+/// `error: cause: cause…`, for logs and statuses (Display alone hides the sources).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // thiserror messages often embed their source already.
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}

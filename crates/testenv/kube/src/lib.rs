@@ -10,7 +10,7 @@ pub mod kubelet;
 pub mod pki;
 pub mod process;
 
-pub use error::{Error, Result};
+pub use error::{Error, Result, error_chain};
 pub mod env;
 pub mod network;
 

@@ -1,1 +1,270 @@
-fn main() {}
+//! Small servers and clients that test pods run (image `tno.local/tno-test-servers`).
+//!
+//! Servers: `tcp-echo`, `http-echo` (answers with the request line and headers), `https-echo`
+//! (same over TLS with a given certificate), `ws-echo` (WebSocket echo), `slow` (HTTP answer
+//! after a delay). Client: `tcp-check` (connects, sends a line, expects it echoed; exit code
+//! tells the result).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Parser)]
+#[command(about = "Test servers for the tno test environment")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Echoes every byte back.
+    TcpEcho {
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: SocketAddr,
+    },
+    /// Answers every HTTP request with its request line and headers (text/plain).
+    HttpEcho {
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: SocketAddr,
+        /// Written first in every answer, to tell servers apart.
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// `http-echo` over TLS.
+    HttpsEcho {
+        #[arg(long, default_value = "0.0.0.0:8443")]
+        listen: SocketAddr,
+        #[arg(long)]
+        cert: PathBuf,
+        #[arg(long)]
+        key: PathBuf,
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// WebSocket server echoing every message.
+    WsEcho {
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: SocketAddr,
+    },
+    /// HTTP server that waits before answering.
+    Slow {
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: SocketAddr,
+        #[arg(long, default_value_t = 2000)]
+        delay_ms: u64,
+    },
+    /// Connects to `target` (`host:port`, names resolved via /etc/resolv.conf), sends
+    /// `message` and a newline, and exits 0 if the same line comes back.
+    TcpCheck {
+        #[arg(long)]
+        target: String,
+        #[arg(long, default_value = "ping")]
+        message: String,
+        /// Attempts, one second apart (DNS and Service rules may need a moment).
+        #[arg(long, default_value_t = 30)]
+        attempts: u32,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::TcpEcho { listen } => {
+            serve(listen, |stream| async move {
+                let (mut reader, mut writer) = tokio::io::split(stream);
+                tokio::io::copy(&mut reader, &mut writer).await?;
+                Ok(())
+            })
+            .await
+        }
+        Command::HttpEcho { listen, name } => {
+            let name = Arc::new(name);
+            serve(listen, move |stream| {
+                http_echo(stream, name.clone(), Duration::ZERO)
+            })
+            .await
+        }
+        Command::Slow { listen, delay_ms } => {
+            let name = Arc::new(String::from("slow"));
+            let delay = Duration::from_millis(delay_ms);
+            serve(listen, move |stream| http_echo(stream, name.clone(), delay)).await
+        }
+        Command::HttpsEcho {
+            listen,
+            cert,
+            key,
+            name,
+        } => {
+            let acceptor = tls_acceptor(&cert, &key)?;
+            let name = Arc::new(name);
+            serve(listen, move |stream| {
+                let acceptor = acceptor.clone();
+                let name = name.clone();
+                async move {
+                    let tls = acceptor.accept(stream).await?;
+                    http_echo(tls, name, Duration::ZERO).await
+                }
+            })
+            .await
+        }
+        Command::WsEcho { listen } => {
+            serve(listen, |stream| async move {
+                let mut socket = tokio_tungstenite::accept_async(stream).await?;
+                while let Some(message) = socket.next().await {
+                    let message = message?;
+                    if message.is_text() || message.is_binary() {
+                        socket.send(message).await?;
+                    }
+                }
+                Ok(())
+            })
+            .await
+        }
+        Command::TcpCheck {
+            target,
+            message,
+            attempts,
+        } => tcp_check(&target, &message, attempts).await,
+    }
+}
+
+/// Accepts forever, one task per connection; connection errors are logged, not fatal.
+async fn serve<F, Fut>(listen: SocketAddr, handler: F) -> anyhow::Result<()>
+where
+    F: Fn(TcpStream) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    println!("listening on {}", listener.local_addr()?);
+    loop {
+        let (stream, peer) = listener.accept().await?;
+        let connection = handler(stream);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                eprintln!("connection from {peer}: {error:#}");
+            }
+        });
+    }
+}
+
+/// Reads HTTP/1.1 requests (keep-alive) and answers each with its own head.
+async fn http_echo<S>(stream: S, name: Arc<String>, delay: Duration) -> anyhow::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut head = Vec::new();
+        loop {
+            let mut line = Vec::new();
+            if reader.read_until(b'\n', &mut line).await? == 0 {
+                return Ok(());
+            }
+            let blank = line == b"\r\n" || line == b"\n";
+            head.extend_from_slice(&line);
+            if blank {
+                break;
+            }
+            if head.len() > 64 * 1024 {
+                bail!("request head too large");
+            }
+        }
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut request = httparse::Request::new(&mut headers);
+        request.parse(&head).context("parsing the request head")?;
+        let mut body_length = 0usize;
+        let mut text = String::new();
+        if !name.is_empty() {
+            text.push_str(&format!("server: {name}\n"));
+        }
+        text.push_str(&format!(
+            "{} {}\n",
+            request.method.unwrap_or("?"),
+            request.path.unwrap_or("?")
+        ));
+        for header in request.headers.iter() {
+            let value = String::from_utf8_lossy(header.value);
+            if header.name.eq_ignore_ascii_case("content-length") {
+                body_length = value.trim().parse().unwrap_or(0);
+            }
+            text.push_str(&format!("{}: {value}\n", header.name.to_ascii_lowercase()));
+        }
+        // Drain the body so the next request on the connection parses.
+        let mut body = vec![0u8; body_length.min(1 << 20)];
+        reader.read_exact(&mut body).await?;
+        tokio::time::sleep(delay).await;
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{text}",
+            text.len()
+        );
+        reader.get_mut().write_all(response.as_bytes()).await?;
+        reader.get_mut().flush().await?;
+    }
+}
+
+fn tls_acceptor(cert: &PathBuf, key: &PathBuf) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    let certs = rustls_pemfile::certs(&mut std::io::BufReader::new(
+        std::fs::File::open(cert).with_context(|| format!("opening {}", cert.display()))?,
+    ))
+    .collect::<Result<Vec<_>, _>>()
+    .context("reading the certificate chain")?;
+    let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(
+        std::fs::File::open(key).with_context(|| format!("opening {}", key.display()))?,
+    ))
+    .context("reading the private key")?
+    .context("no private key in the key file")?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+async fn tcp_check(target: &str, message: &str, attempts: u32) -> anyhow::Result<()> {
+    let mut last_error = anyhow::anyhow!("no attempt made");
+    for attempt in 1..=attempts.max(1) {
+        match tcp_round_trip(target, message).await {
+            Ok(()) => {
+                println!("ok: {target} echoed {message:?} (attempt {attempt})");
+                return Ok(());
+            }
+            Err(error) => {
+                eprintln!("attempt {attempt}: {error:#}");
+                last_error = error;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Err(last_error.context(format!("{target} did not echo")))
+}
+
+async fn tcp_round_trip(target: &str, message: &str) -> anyhow::Result<()> {
+    let mut stream = tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(target))
+        .await
+        .context("connect timed out")?
+        .with_context(|| format!("connecting to {target}"))?;
+    stream.write_all(format!("{message}\n").as_bytes()).await?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    tokio::time::timeout(Duration::from_secs(3), reader.read_line(&mut line))
+        .await
+        .context("read timed out")??;
+    if line.trim_end() == message {
+        Ok(())
+    } else {
+        bail!("expected {message:?}, got {line:?}")
+    }
+}

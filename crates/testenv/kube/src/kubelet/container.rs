@@ -3,12 +3,12 @@
 //! The container's root is an overlay of the host's root filesystem with a per-container tmpfs
 //! as the writable layer, so `mountPath`s can be created anywhere (even under `/etc`) without
 //! touching the host, and everything disappears with the container's last process. Volumes are
-//! bind-mounted from the pod's directory; they are opened before `chroot` and mounted through
-//! `/proc/self/fd`, so a path is never resolved against the host's root after the switch.
+//! bind-mounted from the pod's directory: it is first bound at `/.tno-pod` inside the new root,
+//! and after `chroot` each volume is bound from there to its `mountPath` (so paths with
+//! symlinks such as `/var/run` resolve inside the container, never on the host); then the
+//! staging mount is detached.
 
 use std::ffi::CString;
-use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Component, Path, PathBuf};
@@ -42,6 +42,8 @@ pub struct ContainerLaunch {
     pub read_only_root: bool,
     /// An empty host directory that holds the container's writable layer while it runs.
     pub scratch_dir: PathBuf,
+    /// The pod's directory: every [`BindMount::source`] must be inside it.
+    pub pod_dir: PathBuf,
     pub mounts: Vec<BindMount>,
     pub log_path: PathBuf,
 }
@@ -66,10 +68,12 @@ pub fn spawn_container(netns: &Netns, launch: &ContainerLaunch) -> Result<Manage
     ManagedProcess::spawn(&launch.name, command, &launch.log_path)
 }
 
+/// Where the pod directory is staged inside the container's root during setup.
+const STAGING: &str = "/.tno-pod";
+
 struct PlannedBind {
-    /// Kept open until exec (O_CLOEXEC), so the mount source is the real host object.
-    _source: File,
-    source_via_fd: CString,
+    /// The source as seen from inside the new root (under [`STAGING`]).
+    source_in_root: CString,
     parents: Vec<CString>,
     target: CString,
     is_file: bool,
@@ -85,6 +89,8 @@ struct MountPlan {
     merged_dev: CString,
     merged_proc: CString,
     merged_sys: CString,
+    pod_dir: CString,
+    merged_staging: CString,
     binds: Vec<PlannedBind>,
     working_dir_parents: Vec<CString>,
     working_dir: CString,
@@ -131,18 +137,22 @@ impl MountPlan {
             .mounts
             .iter()
             .map(|mount| {
-                let source = File::open(&mount.source)
-                    .io_context(|| format!("opening volume source {:?}", mount.source))?;
-                let is_file = source
-                    .metadata()
-                    .io_context(|| format!("inspecting {:?}", mount.source))?
+                let is_file = std::fs::metadata(&mount.source)
+                    .io_context(|| format!("inspecting volume source {:?}", mount.source))?
                     .is_file();
+                let relative =
+                    mount
+                        .source
+                        .strip_prefix(&launch.pod_dir)
+                        .map_err(|_| Error::Pod {
+                            pod: launch.name.clone(),
+                            reason: format!(
+                                "mount source {:?} is outside the pod directory",
+                                mount.source
+                            ),
+                        })?;
                 Ok(PlannedBind {
-                    source_via_fd: c_string(
-                        format!("/proc/self/fd/{}", source.as_raw_fd()),
-                        "fd path",
-                    )?,
-                    _source: source,
+                    source_in_root: c_path(&Path::new(STAGING).join(relative))?,
                     parents: container_parents(&mount.target)?,
                     target: c_string(mount.target.as_bytes(), &mount.target)?,
                     is_file,
@@ -166,6 +176,8 @@ impl MountPlan {
             merged_dev: c_path(&merged.join("dev"))?,
             merged_proc: c_path(&merged.join("proc"))?,
             merged_sys: c_path(&merged.join("sys"))?,
+            pod_dir: c_path(&launch.pod_dir)?,
+            merged_staging: c_path(&merged.join(STAGING.trim_start_matches('/')))?,
             merged: c_path(&merged)?,
             binds,
             working_dir_parents: container_parents(&working_dir)?,
@@ -176,59 +188,95 @@ impl MountPlan {
         })
     }
 
-    /// Runs in the forked child, after it entered the pod's netns and before exec.
+    /// Runs in the forked child, after it entered the pod's netns and before exec. A failing
+    /// step is named on stderr (the container log), since the error itself carries only errno.
     fn enter(&self) -> std::io::Result<()> {
         use libc::{
             CLONE_NEWNS, CLONE_NEWUTS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE,
             MS_RDONLY, MS_REC, MS_REMOUNT,
         };
-        check(unsafe { libc::unshare(CLONE_NEWNS | CLONE_NEWUTS) })?;
+        step(
+            "unshare",
+            check(unsafe { libc::unshare(CLONE_NEWNS | CLONE_NEWUTS) }),
+        )?;
         // Nothing mounted from here on may propagate back to the host.
-        mount(None, c"/", None, MS_REC | MS_PRIVATE, None)?;
-        mount(
-            Some(c"tmpfs"),
-            &self.scratch,
-            Some(c"tmpfs"),
-            MS_NOSUID | MS_NODEV,
-            Some(c"mode=0755"),
+        step(
+            "make / private",
+            mount(None, c"/", None, MS_REC | MS_PRIVATE, None),
+        )?;
+        step(
+            "tmpfs for the writable layer",
+            mount(
+                Some(c"tmpfs"),
+                &self.scratch,
+                Some(c"tmpfs"),
+                MS_NOSUID | MS_NODEV,
+                Some(c"mode=0755"),
+            ),
         )?;
         for dir in [&self.upper, &self.work, &self.merged] {
-            mkdir(dir)?;
+            step("overlay directories", mkdir(dir))?;
         }
-        mount(
-            Some(c"overlay"),
-            &self.merged,
-            Some(c"overlay"),
-            0,
-            Some(&self.overlay_options),
+        step(
+            "overlay root",
+            mount(
+                Some(c"overlay"),
+                &self.merged,
+                Some(c"overlay"),
+                0,
+                Some(&self.overlay_options),
+            ),
         )?;
-        mount(
-            Some(c"/dev"),
-            &self.merged_dev,
-            None,
-            MS_BIND | MS_REC,
-            None,
+        step(
+            "/dev",
+            mount(
+                Some(c"/dev"),
+                &self.merged_dev,
+                None,
+                MS_BIND | MS_REC,
+                None,
+            ),
         )?;
-        mount(
-            Some(c"/proc"),
-            &self.merged_proc,
-            None,
-            MS_BIND | MS_REC,
-            None,
+        step(
+            "/proc",
+            mount(
+                Some(c"/proc"),
+                &self.merged_proc,
+                None,
+                MS_BIND | MS_REC,
+                None,
+            ),
         )?;
         // A fresh sysfs shows the pod's network devices, not the host's.
-        mount(
-            Some(c"sysfs"),
-            &self.merged_sys,
-            Some(c"sysfs"),
-            MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-            None,
+        step(
+            "/sys",
+            mount(
+                Some(c"sysfs"),
+                &self.merged_sys,
+                Some(c"sysfs"),
+                MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                None,
+            ),
         )?;
-        check(unsafe { libc::chroot(self.merged.as_ptr()) })?;
-        check(unsafe { libc::chdir(c"/".as_ptr()) })?;
+        step("staging directory", mkdir(&self.merged_staging))?;
+        step(
+            "staging mount",
+            mount(
+                Some(&self.pod_dir),
+                &self.merged_staging,
+                None,
+                MS_BIND | MS_REC,
+                None,
+            ),
+        )?;
+        step(
+            "chroot",
+            check(unsafe { libc::chroot(self.merged.as_ptr()) }),
+        )?;
+        step("chdir /", check(unsafe { libc::chdir(c"/".as_ptr()) }))?;
         for bind in &self.binds {
             for parent in &bind.parents {
-                mkdir(parent)?;
+                step("volume mount parents", mkdir(parent))?;
             }
             if bind.is_file {
                 // A symlink or stale file at the target would redirect the mount.
@@ -240,46 +288,83 @@ impl MountPlan {
                         0o644,
                     )
                 };
-                check(fd)?;
+                step("file mount target", check(fd))?;
                 unsafe { libc::close(fd) };
             } else {
-                mkdir(&bind.target)?;
+                step("volume mount target", mkdir(&bind.target))?;
             }
-            mount(
-                Some(&bind.source_via_fd),
-                &bind.target,
-                None,
-                MS_BIND | MS_REC,
-                None,
-            )?;
-            if bind.read_only {
+            step(
+                "volume bind mount",
                 mount(
-                    None,
+                    Some(&bind.source_in_root),
                     &bind.target,
                     None,
-                    MS_REMOUNT | MS_BIND | MS_RDONLY,
+                    MS_BIND | MS_REC,
                     None,
+                ),
+            )?;
+            if bind.read_only {
+                step(
+                    "read-only volume",
+                    mount(
+                        None,
+                        &bind.target,
+                        None,
+                        MS_REMOUNT | MS_BIND | MS_RDONLY,
+                        None,
+                    ),
                 )?;
             }
         }
+        let staging = c"/.tno-pod";
+        step(
+            "detach staging",
+            check(unsafe { libc::umount2(staging.as_ptr(), libc::MNT_DETACH) }),
+        )?;
+        step(
+            "remove staging",
+            check(unsafe { libc::rmdir(staging.as_ptr()) }),
+        )?;
         for parent in &self.working_dir_parents {
-            mkdir(parent)?;
+            step("working directory parents", mkdir(parent))?;
         }
-        mkdir(&self.working_dir)?;
+        step("working directory", mkdir(&self.working_dir))?;
         if self.read_only_root {
-            mount(None, c"/", None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)?;
+            step(
+                "read-only root",
+                mount(None, c"/", None, MS_REMOUNT | MS_BIND | MS_RDONLY, None),
+            )?;
         }
-        check(unsafe { libc::chdir(self.working_dir.as_ptr()) })?;
-        check(unsafe {
-            libc::sethostname(self.hostname.as_ptr(), self.hostname.as_bytes().len())
-        })?;
+        step(
+            "chdir",
+            check(unsafe { libc::chdir(self.working_dir.as_ptr()) }),
+        )?;
+        step(
+            "hostname",
+            check(unsafe {
+                libc::sethostname(self.hostname.as_ptr(), self.hostname.as_bytes().len())
+            }),
+        )?;
         if let Some((uid, gid)) = self.run_as {
-            check(unsafe { libc::setgroups(1, &gid) })?;
-            check(unsafe { libc::setgid(gid) })?;
-            check(unsafe { libc::setuid(uid) })?;
+            step("setgroups", check(unsafe { libc::setgroups(1, &gid) }))?;
+            step("setgid", check(unsafe { libc::setgid(gid) }))?;
+            step("setuid", check(unsafe { libc::setuid(uid) }))?;
         }
         Ok(())
     }
+}
+
+/// Names the failed setup step on stderr (async-signal-safe: a static string and write(2)).
+fn step(name: &'static str, result: std::io::Result<()>) -> std::io::Result<()> {
+    if result.is_err() {
+        let prefix = "test kubelet: container setup failed at: ";
+        unsafe {
+            libc::write(2, prefix.as_ptr().cast(), prefix.len());
+            libc::write(2, name.as_ptr().cast(), name.len());
+            libc::write(2, "\n".as_ptr().cast(), 1);
+        }
+    }
+    result
 }
 
 fn check(result: libc::c_int) -> std::io::Result<()> {

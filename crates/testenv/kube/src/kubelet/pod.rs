@@ -19,7 +19,7 @@ use tno_netlab::PodNet;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::error::{Error, IoContext, NetlabContext, Result};
+use crate::error::{Error, IoContext, NetlabContext, Result, error_chain};
 use crate::kubelet::NodeContext;
 use crate::kubelet::container::{BindMount, ContainerLaunch, spawn_container};
 use crate::kubelet::environment::{EnvironmentContext, container_environment, expand};
@@ -94,7 +94,7 @@ pub async fn run_pod(node: Arc<NodeContext>, pod: Pod, mut updates: PodUpdates) 
     let mut worker = PodWorker::new(node, pod);
     let full_name = format!("{}/{}", worker.namespace, worker.name);
     if let Err(error) = worker.live(&mut updates).await {
-        tracing::warn!(pod = %full_name, %error, "pod failed");
+        tracing::warn!(pod = %full_name, error = %error_chain(&error), "pod failed");
         worker.record_pod_error(&error).await;
         // Keep the sandbox until deletion so the failure stays inspectable.
         while !worker.deletion_requested(&mut updates).await {}
@@ -188,7 +188,7 @@ impl PodWorker {
                 Ok(()) => break,
                 Err(error) => {
                     for container in &mut self.containers {
-                        container.waiting = Some(("ContainerCreating".into(), error.to_string()));
+                        container.waiting = Some(("ContainerCreating".into(), error_chain(&error)));
                     }
                     self.report().await;
                 }
@@ -500,6 +500,7 @@ impl PodWorker {
             run_as,
             read_only_root,
             scratch_dir: self.dir.join("containers").join(&spec.name),
+            pod_dir: self.dir.clone(),
             mounts,
             log_path: self.logs_dir.join(format!("{}.log", spec.name)),
         };
@@ -575,9 +576,9 @@ impl PodWorker {
                         container.next_start = None;
                     }
                     Err(error) => {
-                        tracing::warn!(pod = %format!("{}/{}", self.namespace, self.name), container = %spec.name, %error, "container did not start");
-                        container.waiting =
-                            Some(("CreateContainerError".into(), error.to_string()));
+                        let message = error_chain(&error);
+                        tracing::warn!(pod = %format!("{}/{}", self.namespace, self.name), container = %spec.name, error = %message, "container did not start");
+                        container.waiting = Some(("CreateContainerError".into(), message));
                         container.next_start = Some(now + container.backoff);
                         container.backoff = (container.backoff * 2).min(MAX_BACKOFF);
                     }
@@ -776,7 +777,8 @@ impl PodWorker {
     async fn record_pod_error(&mut self, error: &Error) {
         for container in &mut self.containers {
             if container.process.is_none() && container.finished.is_none() {
-                container.waiting = Some(("CreateContainerConfigError".into(), error.to_string()));
+                container.waiting =
+                    Some(("CreateContainerConfigError".into(), error_chain(&error)));
             }
         }
         self.report().await;
