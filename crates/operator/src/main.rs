@@ -1,11 +1,13 @@
-//! `tailnet-operator`: `crd` prints the CRDs, `render` previews offline what the operator
-//! would write (policy, DNS, Kubernetes objects).
+//! `tailnet-operator`: `run` runs the controllers, `crd` prints the CRDs, `render` previews
+//! offline what the operator would write (policy, DNS, Kubernetes objects).
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 mod cli;
+mod controllers;
+mod runtime;
 
 #[derive(Parser)]
 #[command(
@@ -22,6 +24,8 @@ struct Args {
 enum Command {
     /// Print the CustomResourceDefinitions as YAML (or write them into a directory).
     Crd(cli::crd::CrdArgs),
+    /// Run the operator (controllers, leader election, admin server).
+    Run(cli::run::RunArgs),
     /// Offline preview: render the policy, DNS entries and Kubernetes objects from manifests.
     Render(cli::render::RenderArgs),
 }
@@ -31,6 +35,7 @@ fn main() -> ExitCode {
     let result = match args.command {
         Command::Crd(a) => cli::crd::run(&a),
         Command::Render(a) => cli::render::run(&a),
+        Command::Run(a) => cli::run::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

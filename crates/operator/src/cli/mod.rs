@@ -1,3 +1,4 @@
 pub mod crd;
 pub mod manifests;
 pub mod render;
+pub mod run;

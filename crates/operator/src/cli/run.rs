@@ -1,0 +1,90 @@
+//! `tailnet-operator run`: flags and environment.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::controllers::context::OperatorConfig;
+use crate::runtime::leader::LeaseConfig;
+use crate::runtime::{self, RunSettings};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn duration(value: &str) -> Result<Duration, String> {
+    tailnet_api::validate::parse_duration("flag", value).map_err(|e| e.message)
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Namespace the operator runs in (egresses, Secrets and ConfigMaps live here).
+    #[arg(long, env = "OPERATOR_NAMESPACE", default_value = "tailnet-system")]
+    pub operator_namespace: String,
+    /// Ownership marker identity; default: the uid of namespace kube-system.
+    #[arg(long, env = "INSTALLATION_ID")]
+    pub installation_id: Option<String>,
+    /// Address of /metrics, /livez, /readyz.
+    #[arg(long, env = "ADMIN_ADDRESS", default_value = "0.0.0.0:8080")]
+    pub admin_address: SocketAddr,
+    /// How often Headscale's state (nodes, routes, live policy) is re-read.
+    #[arg(long, env = "HEADSCALE_POLL_INTERVAL", default_value = "30s", value_parser = duration)]
+    pub headscale_poll_interval: Duration,
+    /// Timeout of one Headscale API call.
+    #[arg(long, env = "HEADSCALE_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub headscale_timeout: Duration,
+    #[arg(long, env = "LEASE_NAME", default_value = "tailnet-operator-leader")]
+    pub lease_name: String,
+    #[arg(long, env = "LEASE_DURATION", default_value = "15s", value_parser = duration)]
+    pub lease_duration: Duration,
+    /// This replica's identity in the Lease (default: POD_NAME, else hostname and pid).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
+    init_tracing(args.log_format);
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let settings = RunSettings {
+        operator: OperatorConfig {
+            operator_namespace: args.operator_namespace.clone(),
+            installation_id: String::new(),
+            headscale_poll: args.headscale_poll_interval,
+            headscale_timeout: args.headscale_timeout,
+        },
+        installation_id: args.installation_id.clone(),
+        admin_address: args.admin_address,
+        lease: LeaseConfig {
+            name: args.lease_name.clone(),
+            namespace: args.operator_namespace.clone(),
+            identity,
+            duration: args.lease_duration,
+            renew_every: args.lease_duration / 3,
+        },
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(runtime::run(settings))?;
+    Ok(())
+}

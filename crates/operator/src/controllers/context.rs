@@ -1,0 +1,104 @@
+//! What every reconcile shares.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
+use tailnet_api::{TailnetEgress, TailnetIngress};
+use tailnet_headscale::{Client as HeadscaleClient, ClientOptions, Secret};
+
+use crate::runtime::metrics::Metrics;
+
+/// Operator-wide settings (flags/env).
+#[derive(Clone, Debug)]
+pub struct OperatorConfig {
+    pub operator_namespace: String,
+    /// Identifies this installation in the policy's ownership marker (per Tailnet:
+    /// `<installation_id>/<tailnet name>`).
+    pub installation_id: String,
+    /// How often Headscale state (nodes, routes, live policy) is re-read.
+    pub headscale_poll: Duration,
+    pub headscale_timeout: Duration,
+}
+
+pub struct Context {
+    pub client: kube::Client,
+    pub config: OperatorConfig,
+    pub metrics: Metrics,
+    pub recorder: Recorder,
+    pub egresses: Store<TailnetEgress>,
+    pub ingresses: Store<TailnetIngress>,
+    headscale_clients: Mutex<HashMap<(String, String), HeadscaleClient>>,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: kube::Client,
+        config: OperatorConfig,
+        metrics: Metrics,
+        recorder: Recorder,
+        egresses: Store<TailnetEgress>,
+        ingresses: Store<TailnetIngress>,
+    ) -> Self {
+        Context {
+            client,
+            config,
+            metrics,
+            recorder,
+            egresses,
+            ingresses,
+            headscale_clients: Mutex::default(),
+            failures: Mutex::default(),
+        }
+    }
+
+    /// A Headscale client for `server` with `key`, reused while both stay the same (the key is
+    /// part of the cache key only as a SHA-256, never stored in clear beside it).
+    pub fn headscale(
+        &self,
+        server: &str,
+        key: &Secret,
+    ) -> Result<HeadscaleClient, tailnet_headscale::Error> {
+        use sha2::{Digest, Sha256};
+        let fingerprint: String = Sha256::digest(key.expose().as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let cache_key = (server.to_string(), fingerprint);
+        let mut clients = self
+            .headscale_clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(client) = clients.get(&cache_key) {
+            return Ok(client.clone());
+        }
+        let options = ClientOptions {
+            timeout: self.config.headscale_timeout,
+            ..ClientOptions::default()
+        };
+        let client = HeadscaleClient::new(server, key.clone(), options)?
+            .with_observer(std::sync::Arc::new(self.metrics.clone()));
+        clients.retain(|(s, _), _| s != server);
+        clients.insert(cache_key, client.clone());
+        Ok(client)
+    }
+
+    /// Exponential backoff per object for failed reconciles: 5 s, 10 s, … capped at 5 min.
+    pub fn failure_backoff(&self, key: &str) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let count = failures.entry(key.to_string()).or_insert(0);
+        *count = count.saturating_add(1);
+        let exponent = (*count - 1).min(6);
+        Duration::from_secs(5u64.saturating_mul(1 << exponent)).min(Duration::from_secs(300))
+    }
+
+    pub fn reset_backoff(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+}

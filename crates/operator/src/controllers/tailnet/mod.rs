@@ -1,0 +1,596 @@
+//! The Tailnet controller: Headscale reachability, the base policy, the rendered policy
+//! (DryRun/Apply with ownership), route approval catch-up, DNS entries and which grants are
+//! live. Triggered by the Tailnet, its Secret and ConfigMaps, every TailnetEgress/Ingress that
+//! references it, their Services, and a poll interval for Headscale's own state.
+
+mod dns;
+pub mod effective;
+mod headscale_state;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret as K8sSecret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+use tailnet_api::conditions::{self, Status, reasons, types};
+use tailnet_api::tailnet::{PolicyMode, TailnetStatus};
+use tailnet_api::{FIELD_MANAGER, Tailnet, validate};
+use tailnet_headscale::Secret;
+use tailnet_policy::{BasePolicy, RenderedPolicy};
+
+use super::ReconcileError;
+use super::context::Context;
+use crate::runtime::metrics::{ControllerLabels, ErrorLabels, TailnetLabels};
+
+/// Key of the base policy in its ConfigMap.
+pub const BASE_POLICY_KEY: &str = "policy.hujson";
+const CONTROLLER: &str = "tailnet";
+
+/// Name of the ConfigMap holding the rendered document, its diff and a summary.
+pub fn rendered_policy_config_map(tailnet: &str) -> String {
+    format!("{tailnet}-rendered-policy")
+}
+
+/// Installation identity written into this Tailnet's policy marker.
+pub fn installation_id(ctx: &Context, tailnet: &str) -> String {
+    format!("{}/{tailnet}", ctx.config.installation_id)
+}
+
+fn sha256(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn owner_reference(tailnet: &Tailnet) -> Option<OwnerReference> {
+    tailnet.controller_owner_ref(&())
+}
+
+pub async fn reconcile(tailnet: Arc<Tailnet>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let started = Instant::now();
+    let labels = ControllerLabels {
+        controller: CONTROLLER.to_string(),
+    };
+    ctx.metrics.reconciles.get_or_create(&labels).inc();
+    let result = reconcile_tailnet(&tailnet, &ctx).await;
+    ctx.metrics
+        .reconcile_duration
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.reset_backoff(&tailnet.name_any());
+    }
+    result
+}
+
+pub fn error_policy(tailnet: Arc<Tailnet>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&ErrorLabels {
+            controller: CONTROLLER.to_string(),
+            reason: error.reason().to_string(),
+        })
+        .inc();
+    let backoff = ctx.failure_backoff(&tailnet.name_any());
+    tracing::warn!(tailnet = %tailnet.name_any(), %error, ?backoff, "reconcile failed");
+    Action::requeue(backoff)
+}
+
+/// Conditions collected during one reconcile.
+struct StatusBuilder {
+    status: TailnetStatus,
+    previous: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    generation: Option<i64>,
+    now: Time,
+}
+
+impl StatusBuilder {
+    fn set(&mut self, type_: &str, status: Status, reason: &str, message: impl Into<String>) {
+        let condition = conditions::condition(type_, status, reason, message, self.generation);
+        conditions::upsert(&mut self.status.conditions, condition, &self.now);
+    }
+
+    fn previous_reason(&self, type_: &str) -> Option<String> {
+        conditions::find(&self.previous, type_).map(|c| c.reason.clone())
+    }
+}
+
+async fn publish(
+    ctx: &Context,
+    tailnet: &Tailnet,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: action.to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &tailnet.object_ref(&())).await {
+        tracing::warn!(error = %e, "publishing event failed");
+    }
+}
+
+async fn read_api_key(ctx: &Context, tailnet: &Tailnet) -> Result<Secret, (String, String)> {
+    let reference = &tailnet.spec.api_secret_ref;
+    let ns = &ctx.config.operator_namespace;
+    let api: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), ns);
+    let secret = match api.get_opt(&reference.name).await {
+        Ok(Some(secret)) => secret,
+        Ok(None) => {
+            return Err((
+                "SecretMissing".to_string(),
+                format!(
+                    "Secret {ns}/{} (spec.apiSecretRef) does not exist; create it with the Headscale API key under key {:?}",
+                    reference.name, reference.key
+                ),
+            ));
+        }
+        Err(e) => {
+            return Err((
+                "SecretUnreadable".to_string(),
+                format!("reading Secret {ns}/{}: {e}", reference.name),
+            ));
+        }
+    };
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&reference.key))
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string());
+    match value {
+        Some(key) if !key.is_empty() => Ok(Secret::new(key)),
+        _ => Err((
+            "SecretKeyMissing".to_string(),
+            format!(
+                "Secret {ns}/{} has no non-empty key {:?} (spec.apiSecretRef.key)",
+                reference.name, reference.key
+            ),
+        )),
+    }
+}
+
+async fn load_base(ctx: &Context, tailnet: &Tailnet) -> Result<BasePolicy, (String, String)> {
+    let Some(name) = &tailnet.spec.policy.base_config_map else {
+        return tailnet_policy::parse_base("{}")
+            .map_err(|e| ("InvalidBase".to_string(), e.to_string()));
+    };
+    let ns = &ctx.config.operator_namespace;
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    let cm = match api.get_opt(name).await {
+        Ok(Some(cm)) => cm,
+        Ok(None) => {
+            return Err((
+                "ConfigMapNotFound".to_string(),
+                format!(
+                    "ConfigMap {ns}/{name} (spec.policy.baseConfigMap) does not exist; create it with the base policy under key {BASE_POLICY_KEY:?}"
+                ),
+            ));
+        }
+        Err(e) => {
+            return Err((
+                "ConfigMapUnreadable".to_string(),
+                format!("reading ConfigMap {ns}/{name}: {e}"),
+            ));
+        }
+    };
+    let Some(text) = cm.data.as_ref().and_then(|d| d.get(BASE_POLICY_KEY)) else {
+        return Err((
+            "KeyMissing".to_string(),
+            format!("ConfigMap {ns}/{name} has no key {BASE_POLICY_KEY:?}"),
+        ));
+    };
+    tailnet_policy::parse_base(text).map_err(|e| {
+        (
+            "SyntaxError".to_string(),
+            format!(
+                "ConfigMap {ns}/{name} key {BASE_POLICY_KEY}: line {}, column {}: {}",
+                e.line, e.column, e.message
+            ),
+        )
+    })
+}
+
+async fn write_rendered_policy(
+    ctx: &Context,
+    tailnet: &Tailnet,
+    rendered: &RenderedPolicy,
+    diff: &str,
+    summary: &str,
+) -> Result<(), ReconcileError> {
+    let ns = &ctx.config.operator_namespace;
+    let name = rendered_policy_config_map(&tailnet.name_any());
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.clone()),
+            labels: Some(BTreeMap::from([
+                (
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "tailnet-operator".to_string(),
+                ),
+                (
+                    tailnet_api::naming::labels::TAILNET.to_string(),
+                    tailnet.name_any(),
+                ),
+            ])),
+            owner_references: owner_reference(tailnet).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([
+            (BASE_POLICY_KEY.to_string(), rendered.document.clone()),
+            ("diff".to_string(), diff.to_string()),
+            ("summary".to_string(), summary.to_string()),
+        ])),
+        ..ConfigMap::default()
+    };
+    super::apply(
+        &Api::<ConfigMap>::namespaced(ctx.client.clone(), ns),
+        &name,
+        &cm,
+    )
+    .await
+    .map(|_| ())
+}
+
+/// `+`/`-` line counts of a unified diff.
+fn diff_stats(diff: &str) -> (usize, usize) {
+    let added = diff
+        .lines()
+        .filter(|l| l.starts_with('+') && !l.starts_with("+++"))
+        .count();
+    let removed = diff
+        .lines()
+        .filter(|l| l.starts_with('-') && !l.starts_with("---"))
+        .count();
+    (added, removed)
+}
+
+/// The removed lines of a diff, for an Event about a manual edit being overwritten.
+fn lost_lines(diff: &str, limit: usize) -> String {
+    let lost: Vec<&str> = diff
+        .lines()
+        .filter(|l| l.starts_with('-') && !l.starts_with("---"))
+        .collect();
+    let mut text = lost
+        .iter()
+        .take(limit)
+        .map(|l| l.trim_start_matches('-').trim())
+        .collect::<Vec<_>>()
+        .join(" | ");
+    if lost.len() > limit {
+        text.push_str(&format!(" | … ({} more lines)", lost.len() - limit));
+    }
+    text
+}
+
+async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, ReconcileError> {
+    let name = tailnet.name_any();
+    let previous = tailnet.status.clone().unwrap_or_default();
+    let mut b = StatusBuilder {
+        status: TailnetStatus {
+            observed_generation: tailnet.metadata.generation,
+            conditions: previous.conditions.clone(),
+            headscale_version: previous.headscale_version.clone(),
+            policy: previous.policy.clone(),
+        },
+        previous: previous.conditions.clone(),
+        generation: tailnet.metadata.generation,
+        now: Time(Timestamp::now()),
+    };
+    let tailnet_label = TailnetLabels {
+        tailnet: name.clone(),
+    };
+    let poll = Action::requeue(ctx.config.headscale_poll);
+
+    // Validate the spec (the schema already did; this catches what slipped past, e.g. objects
+    // stored before a schema change).
+    let errors = validate::tailnet(&tailnet.spec);
+    if !errors.is_empty() {
+        b.set(
+            types::READY,
+            Status::False,
+            reasons::INVALID_SPEC,
+            validate::summarize(&errors),
+        );
+        write_status(ctx, tailnet, &previous, b.status).await?;
+        return Ok(poll);
+    }
+
+    // Headscale: API key, reachability, nodes and live policy.
+    let state = headscale_state::observe(ctx, tailnet).await;
+    match &state.reachability {
+        Ok(version) => {
+            b.status.headscale_version = Some(version.clone());
+            b.set(
+                types::HEADSCALE_REACHABLE,
+                Status::True,
+                "Reachable",
+                format!(
+                    "Headscale {version} at {} accepts the API key",
+                    tailnet.spec.server
+                ),
+            );
+            ctx.metrics
+                .headscale_reachable
+                .get_or_create(&tailnet_label)
+                .set(1);
+        }
+        Err((reason, message)) => {
+            b.set(
+                types::HEADSCALE_REACHABLE,
+                Status::False,
+                reason,
+                message.clone(),
+            );
+            ctx.metrics
+                .headscale_reachable
+                .get_or_create(&tailnet_label)
+                .set(0);
+        }
+    }
+
+    // Base policy.
+    let base = load_base(ctx, tailnet).await;
+    match &base {
+        Ok(_) => b.set(
+            types::BASE_VALID,
+            Status::True,
+            "Valid",
+            "the base policy parses",
+        ),
+        Err((reason, message)) => b.set(types::BASE_VALID, Status::False, reason, message.clone()),
+    }
+
+    // Render.
+    let egresses: Vec<_> = ctx.egresses.state().iter().map(|e| (**e).clone()).collect();
+    let ingresses: Vec<_> = ctx
+        .ingresses
+        .state()
+        .iter()
+        .map(|i| (**i).clone())
+        .collect();
+    let inputs = tailnet_render::policy_inputs::policy_inputs(
+        tailnet,
+        &installation_id(ctx, &name),
+        &ctx.config.operator_namespace,
+        &egresses,
+        &ingresses,
+        &state.policy_nodes,
+    );
+    let rendered = match &base {
+        Ok(base) => match tailnet_policy::render(base, &inputs) {
+            Ok(rendered) => Some(rendered),
+            Err(e) => {
+                b.set(
+                    types::BASE_VALID,
+                    Status::False,
+                    "InvalidBase",
+                    e.to_string(),
+                );
+                None
+            }
+        },
+        Err(_) => None,
+    };
+
+    let mut live_document = state.live_policy.clone();
+    let mut policy_status = previous.policy.clone().unwrap_or_default();
+    policy_status.rendered_hash = rendered.as_ref().map(|r| sha256(&r.document));
+    if let Some(rendered) = &rendered {
+        ctx.metrics
+            .policy_size_bytes
+            .get_or_create(&tailnet_label)
+            .set(i64::try_from(rendered.document.len()).unwrap_or(i64::MAX));
+        policy_status.summary = Some(rendered.summary.to_string());
+    }
+
+    match (&rendered, &state.client, &state.live_policy) {
+        (Some(rendered), Some(client), Some(live)) => {
+            let diff = tailnet_policy::diff(live, &rendered.document);
+            let (added, removed) = diff_stats(&diff);
+            let summary = format!("{} (+{added}/-{removed} lines against the live policy)", rendered.summary);
+            write_rendered_policy(ctx, tailnet, rendered, &diff, &summary).await?;
+            let cm = rendered_policy_config_map(&name);
+            let check = client.check_policy(&rendered.document).await;
+            match (check, tailnet.spec.policy.mode) {
+                (Err(tailnet_headscale::Error::Api { message, .. }), _) => {
+                    ctx.metrics.policy_sync(&name, "rejected");
+                    if b.previous_reason(types::POLICY_APPLIED).as_deref() != Some(reasons::REJECTED) {
+                        publish(ctx, tailnet, EventType::Warning, reasons::REJECTED, "CheckPolicy", format!("Headscale rejected the rendered policy: {message}")).await;
+                    }
+                    b.set(types::POLICY_APPLIED, Status::False, reasons::REJECTED, format!("Headscale rejected the rendered policy (the previous one stays live): {message}; see ConfigMap {cm}"));
+                }
+                (Err(e), _) => {
+                    b.set(types::POLICY_APPLIED, Status::Unknown, e.reason(), format!("checking the policy failed: {e}"));
+                }
+                (Ok(()), PolicyMode::DryRun) => {
+                    ctx.metrics.policy_sync(&name, "dry_run");
+                    let change = if diff.is_empty() { "no change to the live policy".to_string() } else { format!("would change the live policy by +{added}/-{removed} lines") };
+                    b.set(types::POLICY_APPLIED, Status::False, reasons::DRY_RUN, format!("DryRun: {change}; {}; review ConfigMap {cm}, then set spec.policy.mode: Apply", rendered.summary));
+                }
+                (Ok(()), PolicyMode::Apply) => {
+                    let ours = tailnet_policy::ownership_marker(&rendered.document);
+                    let theirs = tailnet_policy::ownership_marker(live);
+                    if theirs.is_some() && theirs != ours {
+                        ctx.metrics.policy_sync(&name, "owned_elsewhere");
+                        let owner = theirs.unwrap_or_default();
+                        b.set(types::POLICY_APPLIED, Status::False, reasons::OWNED_ELSEWHERE, format!("the live policy is owned by installation {owner:?}; refusing to overwrite it (only one installation per Headscale server may write)"));
+                    } else if tailnet_policy::up_to_date(live, &rendered.document).unwrap_or(false) {
+                        ctx.metrics.policy_sync(&name, "unchanged");
+                        policy_status.applied_hash = Some(sha256(&rendered.document));
+                        b.set(types::POLICY_APPLIED, Status::True, reasons::APPLIED, format!("live: {}", rendered.summary));
+                    } else {
+                        let live_hash = sha256(live);
+                        let manual_edit = theirs.is_some() && policy_status.applied_hash.as_deref().is_some_and(|h| h != live_hash);
+                        match client.set_policy(&rendered.document).await {
+                            Ok(_) => {
+                                ctx.metrics.policy_sync(&name, "applied");
+                                if manual_edit {
+                                    publish(ctx, tailnet, EventType::Warning, "ManualEditOverwritten", "SetPolicy", format!("the live policy had been edited outside the operator; overwritten. Lost: {}", lost_lines(&diff, 10))).await;
+                                } else if theirs.is_none() && !live.trim().is_empty() {
+                                    publish(ctx, tailnet, EventType::Normal, "PolicyTakenOver", "SetPolicy", format!("the operator now owns the policy; replaced: {}", lost_lines(&diff, 10))).await;
+                                } else {
+                                    publish(ctx, tailnet, EventType::Normal, "PolicyApplied", "SetPolicy", format!("+{added}/-{removed} lines; {}", rendered.summary)).await;
+                                }
+                                policy_status.applied_hash = Some(sha256(&rendered.document));
+                                live_document = Some(rendered.document.clone());
+                                b.set(types::POLICY_APPLIED, Status::True, reasons::APPLIED, format!("live: {}", rendered.summary));
+                            }
+                            Err(tailnet_headscale::Error::Api { message, .. }) => {
+                                ctx.metrics.policy_sync(&name, "rejected");
+                                publish(ctx, tailnet, EventType::Warning, reasons::REJECTED, "SetPolicy", format!("Headscale rejected the policy: {message}")).await;
+                                b.set(types::POLICY_APPLIED, Status::False, reasons::REJECTED, format!("Headscale rejected the rendered policy (the previous one stays live): {message}; see ConfigMap {cm}"));
+                            }
+                            Err(e) => b.set(types::POLICY_APPLIED, Status::Unknown, e.reason(), format!("writing the policy failed: {e}")),
+                        }
+                    }
+                }
+            }
+        }
+        (None, _, _) => b.set(types::POLICY_APPLIED, Status::False, "BaseInvalid", "the policy cannot be rendered until the base policy is fixed (see BaseValid)"),
+        _ => b.set(types::POLICY_APPLIED, Status::Unknown, "HeadscaleUnreachable", "the live policy cannot be compared until Headscale is reachable (see HeadscaleReachable)"),
+    }
+
+    // Route approval catch-up: autoApprovers only fire when a route changes.
+    if tailnet.spec.policy.mode == PolicyMode::Apply
+        && let Some(client) = &state.client
+        && state.nodes_known
+    {
+        for approval in tailnet_policy::routes_needing_approval(&inputs) {
+            match client
+                .approve_routes(approval.node_id, &approval.approved_routes)
+                .await
+            {
+                Ok(_) => {
+                    ctx.metrics
+                        .routes_approved
+                        .get_or_create(&tailnet_label)
+                        .inc_by(approval.added.len() as u64);
+                    let added: Vec<String> =
+                        approval.added.iter().map(ToString::to_string).collect();
+                    publish(
+                        ctx,
+                        tailnet,
+                        EventType::Normal,
+                        "RoutesApproved",
+                        "ApproveRoutes",
+                        format!(
+                            "approved {} on node {} (id {})",
+                            added.join(", "),
+                            approval.node_name,
+                            approval.node_id
+                        ),
+                    )
+                    .await;
+                }
+                Err(e) => {
+                    tracing::warn!(tailnet = %name, node = approval.node_id, error = %e, "approving routes failed")
+                }
+            }
+        }
+    }
+
+    // Which resources' grants are live.
+    policy_status.effective_for = match (&rendered, &live_document) {
+        (Some(rendered), Some(live)) => effective::effective_resources(live, &rendered.resources),
+        _ => previous.policy.clone().unwrap_or_default().effective_for,
+    };
+    b.status.policy = Some(policy_status);
+
+    // DNS.
+    dns::sync(
+        ctx,
+        tailnet,
+        &ingresses,
+        &state,
+        &mut b.status.conditions,
+        &b.now,
+    )
+    .await?;
+
+    let ready = conditions::ready_from(
+        &b.status.conditions,
+        &[
+            types::HEADSCALE_REACHABLE,
+            types::BASE_VALID,
+            types::POLICY_APPLIED,
+            types::DNS_RENDERED,
+        ],
+        tailnet.metadata.generation,
+    );
+    conditions::upsert(&mut b.status.conditions, ready, &b.now);
+    for c in &b.status.conditions {
+        ctx.metrics
+            .resources_by_condition
+            .get_or_create(&crate::runtime::metrics::ConditionLabels {
+                kind: "Tailnet".to_string(),
+                condition: c.type_.clone(),
+                status: c.status.clone(),
+            })
+            .set(1);
+    }
+    write_status(ctx, tailnet, &previous, b.status).await?;
+    Ok(poll)
+}
+
+/// Writes the status only when it changed (ignoring condition timestamps).
+async fn write_status(
+    ctx: &Context,
+    tailnet: &Tailnet,
+    previous: &TailnetStatus,
+    status: TailnetStatus,
+) -> Result<(), ReconcileError> {
+    let unchanged = conditions::same_ignoring_time(&previous.conditions, &status.conditions)
+        && previous.observed_generation == status.observed_generation
+        && previous.headscale_version == status.headscale_version
+        && previous.policy == status.policy;
+    if unchanged {
+        return Ok(());
+    }
+    let api: Api<Tailnet> = Api::all(ctx.client.clone());
+    let patch = serde_json::json!({
+        "apiVersion": format!("{}/{}", tailnet_api::GROUP, tailnet_api::VERSION),
+        "kind": "Tailnet",
+        "status": status,
+    });
+    api.patch_status(
+        &tailnet.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(ReconcileError::kube(format!(
+        "patch status of Tailnet {}",
+        tailnet.name_any()
+    )))?;
+    Ok(())
+}
+
+pub use headscale_state::HeadscaleState;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_helpers() {
+        let diff = "--- live\n+++ rendered\n@@ -1,2 +1,2 @@\n-old line\n+new line\n context\n";
+        assert_eq!(diff_stats(diff), (1, 1));
+        assert_eq!(lost_lines(diff, 10), "old line");
+        let many: String = (0..15).map(|i| format!("-line {i}\n")).collect();
+        assert!(lost_lines(&many, 3).ends_with("… (12 more lines)"));
+    }
+}

@@ -1,0 +1,251 @@
+//! `tailnet-operator run`: Kubernetes client, admin server, leader election, controllers,
+//! graceful shutdown.
+
+pub mod admin;
+pub mod leader;
+pub mod metrics;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
+use kube::runtime::controller::Controller;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
+use tokio_util::sync::CancellationToken;
+
+use crate::controllers::context::{Context, OperatorConfig};
+use crate::controllers::tailnet;
+use admin::Health;
+use leader::{LeaderElector, LeaseConfig};
+use metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("connecting to Kubernetes: {0}")]
+    Kube(#[source] kube::Error),
+    #[error(
+        "reading namespace kube-system for the installation id (or pass --installation-id): {0}"
+    )]
+    InstallationId(#[source] kube::Error),
+    #[error("binding the admin address {address}: {source}")]
+    Admin {
+        address: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("lost leadership; exiting so that a fresh process stands by")]
+    LostLeadership,
+}
+
+/// Settings of `run` after parsing flags.
+#[derive(Clone, Debug)]
+pub struct RunSettings {
+    pub operator: OperatorConfig,
+    pub installation_id: Option<String>,
+    pub admin_address: std::net::SocketAddr,
+    pub lease: LeaseConfig,
+}
+
+/// Cancels `token` on SIGTERM or Ctrl-C.
+fn shutdown_on_signal(token: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("shutting down");
+        token.cancel();
+    });
+}
+
+pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
+    let client = kube::Client::try_default().await.map_err(RunError::Kube)?;
+    settings.operator.installation_id = match settings.installation_id.clone() {
+        Some(id) => id,
+        // The kube-system namespace's uid identifies the cluster.
+        None => Api::<Namespace>::all(client.clone())
+            .get("kube-system")
+            .await
+            .map_err(RunError::InstallationId)?
+            .uid()
+            .unwrap_or_default(),
+    };
+    tracing::info!(installation = %settings.operator.installation_id, namespace = %settings.operator.operator_namespace, "starting");
+
+    let shutdown = CancellationToken::new();
+    shutdown_on_signal(shutdown.clone());
+    let metrics = Metrics::default();
+    let health = Health::default();
+    let listener = admin::bind(settings.admin_address)
+        .await
+        .map_err(|source| RunError::Admin {
+            address: settings.admin_address,
+            source,
+        })?;
+    tokio::spawn(admin::serve(
+        listener,
+        metrics.clone(),
+        health.clone(),
+        shutdown.clone(),
+    ));
+
+    // Caches of the resources that feed the Tailnet's policy (kept on every replica, so a
+    // standby is warm when it takes over).
+    let (egresses, egress_writer) = reflector::store::<TailnetEgress>();
+    let (ingresses, ingress_writer) = reflector::store::<TailnetIngress>();
+    tokio::spawn(
+        reflector::reflector(
+            egress_writer,
+            watcher(
+                Api::<TailnetEgress>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff()
+        .for_each(|_| async {}),
+    );
+    tokio::spawn(
+        reflector::reflector(
+            ingress_writer,
+            watcher(
+                Api::<TailnetIngress>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff()
+        .for_each(|_| async {}),
+    );
+    health.ready.store(true, Ordering::Relaxed);
+
+    let elector = LeaderElector::new(client.clone(), settings.lease.clone());
+    if !elector.acquire(&shutdown).await {
+        return Ok(());
+    }
+    metrics.leader.set(1);
+    let lost = CancellationToken::new();
+    {
+        let (shutdown, lost) = (shutdown.clone(), lost.clone());
+        tokio::spawn(async move { elector.keep(shutdown, lost).await });
+    }
+
+    let reporter = Reporter {
+        controller: "tailnet-operator".to_string(),
+        instance: Some(settings.lease.identity.clone()),
+    };
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        settings.operator.clone(),
+        metrics.clone(),
+        Recorder::new(client.clone(), reporter),
+        egresses,
+        ingresses,
+    ));
+    let ns = settings.operator.operator_namespace.clone();
+    let controller = Controller::new(
+        Api::<Tailnet>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let tailnets = controller.store();
+    let by_config_map = {
+        let tailnets = tailnets.clone();
+        move |cm: ConfigMap| {
+            let name = cm.name_any();
+            tailnets
+                .state()
+                .iter()
+                .filter(|t| {
+                    t.spec.policy.base_config_map.as_deref() == Some(name.as_str())
+                        || t.spec
+                            .dns
+                            .as_ref()
+                            .and_then(|d| d.hosts_config_map.as_deref())
+                            == Some(name.as_str())
+                })
+                .map(|t| ObjectRef::from_obj(&**t))
+                .collect::<Vec<_>>()
+        }
+    };
+    let by_secret = {
+        let tailnets = tailnets.clone();
+        move |secret: Secret| {
+            let name = secret.name_any();
+            tailnets
+                .state()
+                .iter()
+                .filter(|t| t.spec.api_secret_ref.name == name)
+                .map(|t| ObjectRef::from_obj(&**t))
+                .collect::<Vec<_>>()
+        }
+    };
+    let stop = {
+        let (shutdown, lost) = (shutdown.clone(), lost.clone());
+        async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = lost.cancelled() => {}
+            }
+        }
+    };
+    controller
+        .watches(
+            Api::<ConfigMap>::namespaced(client.clone(), &ns),
+            watcher::Config::default(),
+            by_config_map,
+        )
+        .watches(
+            Api::<Secret>::namespaced(client.clone(), &ns),
+            watcher::Config::default(),
+            by_secret,
+        )
+        .watches(
+            Api::<Service>::namespaced(client.clone(), &ns),
+            watcher::Config::default().labels(&format!(
+                "{}=TailnetEgress",
+                tailnet_api::naming::labels::OWNER_KIND
+            )),
+            |s: Service| {
+                s.labels()
+                    .get(tailnet_api::naming::labels::TAILNET)
+                    .map(|t| ObjectRef::new(t))
+            },
+        )
+        .watches(
+            Api::<TailnetEgress>::all(client.clone()),
+            watcher::Config::default(),
+            |e: TailnetEgress| Some(ObjectRef::<Tailnet>::new(&e.spec.tailnet_ref.name)),
+        )
+        .watches(
+            Api::<TailnetIngress>::all(client.clone()),
+            watcher::Config::default(),
+            |i: TailnetIngress| Some(ObjectRef::<Tailnet>::new(&i.spec.tailnet_ref.name)),
+        )
+        .graceful_shutdown_on(stop)
+        .run(tailnet::reconcile, tailnet::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "controller event");
+            }
+        })
+        .await;
+    metrics.leader.set(0);
+    if lost.is_cancelled() && !shutdown.is_cancelled() {
+        return Err(RunError::LostLeadership);
+    }
+    // Give the lease release a moment to complete.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    Ok(())
+}
