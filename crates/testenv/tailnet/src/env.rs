@@ -1,7 +1,7 @@
 //! The tailnet side of the test environment: lab, Headscale, remote site with a subnet router,
 //! a laptop node, and helpers to join more nodes.
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
@@ -313,9 +313,4 @@ fn policy_document(extra_grants: &[Value]) -> Result<String> {
         "grants": grants,
     });
     serde_json::to_string_pretty(&policy).map_err(TailnetError::Policy)
-}
-
-/// `SocketAddr` of a remote-site server, for dial helpers.
-pub fn site_addr(addr: SocketAddrV4) -> SocketAddr {
-    SocketAddr::V4(addr)
 }

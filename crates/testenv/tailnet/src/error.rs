@@ -51,6 +51,8 @@ pub enum TailnetError {
         status: std::process::ExitStatus,
         log_tail: String,
     },
+    #[error("{hostname} has no tailnet IPv4 address")]
+    NoTailnetAddress { hostname: String },
     #[error("headscale printed no API key: {output}")]
     NoApiKey { output: String },
     #[error("cannot encode the policy")]

@@ -40,6 +40,17 @@ pub struct ExtraRecord {
     pub value: String,
 }
 
+impl ExtraRecord {
+    /// An `A` record.
+    pub fn a(name: impl Into<String>, ip: Ipv4Addr) -> Self {
+        ExtraRecord {
+            name: name.into(),
+            record_type: "A".into(),
+            value: ip.to_string(),
+        }
+    }
+}
+
 impl Headscale {
     /// Writes a config into `dir`, starts `headscale serve`, waits for `/health`, exposes the
     /// port on the lab gateway and creates an API key with the CLI.

@@ -32,7 +32,7 @@ pub use binaries::Binaries;
 pub use env::{
     ADMIN_USER, CLIENT_TAG, JoinOptions, JoinedNode, LAPTOP_LAB_ADDR, LAPTOP_USER, Laptop,
     REMOTE_SITE_LAB_ADDR, ROUTER_TAG, RemoteSite, SERVER_PORT, SERVER_TAG, SITE_BANNER,
-    SITE_BANNER_TEXT, SITE_ECHO, SITE_ROUTES, TEAM_A_GROUP, TailnetEnv, site_addr,
+    SITE_BANNER_TEXT, SITE_ECHO, SITE_ROUTES, TEAM_A_GROUP, TailnetEnv,
 };
 pub use error::{Result, TailnetError};
 pub use headscale::{BASE_DOMAIN, ExtraRecord, Headscale};

@@ -3,10 +3,12 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use base64::Engine as _;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::io::{
@@ -167,6 +169,30 @@ impl LocalApi {
             Err(LocalApiError::Status { status: 404, .. }) => Ok(None),
             Err(error) => Err(error),
         }
+    }
+
+    /// `GET /localapi/v0/dns-query`: asks tailscaled's own resolver (MagicDNS, Headscale's
+    /// extra records) for the IPv4 addresses of `name`. Empty when it has none.
+    pub async fn resolve_ipv4(&self, name: &str) -> Result<Vec<Ipv4Addr>, LocalApiError> {
+        #[derive(Deserialize)]
+        struct DnsQueryResponse {
+            // Go encodes []byte as base64.
+            #[serde(rename = "Bytes", default)]
+            bytes: Option<String>,
+        }
+        let path = format!("/localapi/v0/dns-query?name={}&type=A", query_escape(name));
+        let response: DnsQueryResponse = self.get_json(&path).await?;
+        let malformed = |detail: String| LocalApiError::Malformed {
+            path: path.clone(),
+            detail,
+        };
+        let Some(encoded) = response.bytes else {
+            return Ok(Vec::new());
+        };
+        let message = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .map_err(|e| malformed(format!("DNS answer is not base64: {e}")))?;
+        dns_a_records(&message).ok_or_else(|| malformed("truncated DNS answer".into()))
     }
 
     /// `POST /localapi/v0/dial` with `Upgrade: ts-dial`: a TCP connection to `host:port`
@@ -337,6 +363,51 @@ fn io_error(path: &str, source: io::Error) -> LocalApiError {
     }
 }
 
+/// The A records in the answer section of a DNS response; `None` if it is truncated.
+fn dns_a_records(message: &[u8]) -> Option<Vec<Ipv4Addr>> {
+    const HEADER_LEN: usize = 12;
+    const TYPE_A: u16 = 1;
+    let read_u16 = |at: usize| -> Option<u16> {
+        Some(u16::from_be_bytes([
+            *message.get(at)?,
+            *message.get(at + 1)?,
+        ]))
+    };
+    let question_count = read_u16(4)?;
+    let answer_count = read_u16(6)?;
+    let mut at = HEADER_LEN;
+    for _ in 0..question_count {
+        at = skip_name(message, at)? + 4; // type, class
+    }
+    let mut addresses = Vec::new();
+    for _ in 0..answer_count {
+        at = skip_name(message, at)?;
+        let record_type = read_u16(at)?;
+        let data_len = usize::from(read_u16(at + 8)?); // after type, class, ttl
+        let data = message.get(at + 10..at + 10 + data_len)?;
+        if record_type == TYPE_A
+            && let Ok(octets) = <[u8; 4]>::try_from(data)
+        {
+            addresses.push(Ipv4Addr::from(octets));
+        }
+        at += 10 + data_len;
+    }
+    Some(addresses)
+}
+
+/// Offset just past a (possibly compressed) domain name starting at `at`.
+fn skip_name(message: &[u8], mut at: usize) -> Option<usize> {
+    loop {
+        let length = *message.get(at)?;
+        match length {
+            0 => return Some(at + 1),
+            // A compression pointer ends the name.
+            _ if length & 0xC0 == 0xC0 => return Some(at + 2),
+            _ => at += 1 + usize::from(length),
+        }
+    }
+}
+
 /// Percent-encodes everything but unreserved characters.
 fn query_escape(value: &str) -> String {
     let mut escaped = String::with_capacity(value.len());
@@ -381,6 +452,20 @@ impl AsyncWrite for DialedStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_a_records_with_compressed_names() {
+        let message = [
+            0x12, 0x34, 0x81, 0x80, 0, 1, 0, 1, 0, 0, 0, 0, // header: 1 question, 1 answer
+            2, b'd', b'b', 4, b't', b'e', b's', b't', 0, 0, 1, 0, 1, // db.test A IN
+            0xC0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 100, 64, 0, 9, // pointer, A, 100.64.0.9
+        ];
+        assert_eq!(
+            dns_a_records(&message),
+            Some(vec![Ipv4Addr::new(100, 64, 0, 9)])
+        );
+        assert_eq!(dns_a_records(&message[..30]), None);
+    }
 
     #[test]
     fn escapes_addresses_for_the_query_string() {

@@ -113,10 +113,8 @@ impl TailscaleNode {
             .unwrap_or_default()
             .into_iter()
             .find(|ip| ip.contains('.'))
-            .ok_or_else(|| TailnetError::Timeout {
-                what: format!("{} to have a tailnet IPv4 address", self.hostname),
-                seconds: 0,
-                last: "no IPv4 in status".into(),
+            .ok_or_else(|| TailnetError::NoTailnetAddress {
+                hostname: self.hostname.clone(),
             })
     }
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tno_testenv_tailnet::{
-    CLIENT_TAG, Dialed, JoinOptions, LAPTOP_USER, LocalApi, SERVER_PORT, SERVER_TAG, SITE_BANNER,
-    SITE_ECHO, SITE_ROUTES, TailnetEnv,
+    BASE_DOMAIN, CLIENT_TAG, Dialed, ExtraRecord, JoinOptions, LAPTOP_USER, LocalApi, SERVER_PORT,
+    SERVER_TAG, SITE_BANNER, SITE_ECHO, SITE_ROUTES, TailnetEnv,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -407,4 +407,38 @@ async fn policy_check_rejects_an_invalid_document_and_keeps_the_live_one() {
     );
     let live = api.get_policy().await.expect("get policy");
     assert!(live.contains("tag:router"), "live policy replaced: {live}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_records_file_reaches_the_nodes_resolver() {
+    let env = shared_env().await;
+    let _logs = DumpLogsOnPanic::new(env);
+    let name = format!("grafana.{BASE_DOMAIN}");
+    let address = Ipv4Addr::new(100, 64, 0, 250);
+    let laptop = env.laptop.node.local_api();
+    let resolves = |expected: bool| {
+        let (laptop, name) = (laptop.clone(), name.clone());
+        async move {
+            let deadline = Instant::now() + CONVERGE_TIMEOUT;
+            loop {
+                let answer = laptop.resolve_ipv4(&name).await;
+                match &answer {
+                    Ok(addresses) if addresses.contains(&address) == expected => return,
+                    _ if Instant::now() > deadline => {
+                        panic!("{name} → {address} expected {expected}, last answer {answer:?}")
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(300)).await,
+                }
+            }
+        }
+    };
+    resolves(false).await;
+    env.headscale
+        .write_extra_records(&[ExtraRecord::a(&name, address)])
+        .expect("write extra records");
+    resolves(true).await;
+    env.headscale
+        .write_extra_records(&[])
+        .expect("clear extra records");
+    resolves(false).await;
 }
