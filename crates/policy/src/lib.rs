@@ -95,6 +95,13 @@
 //! * HuJSON is JSON + comments + trailing commas only; [`parse_base`] rejects the other
 //!   JSON5-ish extensions `jsonc-parser` would accept, and duplicate keys (Go's JSON v2
 //!   rejects them).
+//! * Verified against a real `headscale` v0.29.2 (database policy mode, loopback): the
+//!   snapshot `tests/snapshots/example.hujson` passes `headscale policy check -f <file>` and
+//!   `POST /api/v1/policy/check`; after `PUT /api/v1/policy`, `GET /api/v1/policy` returns
+//!   the text byte for byte (marker and comments included); an unknown top-level key is
+//!   rejected (`unknown field`); a test with `src: "tag:<agent>"` fails with "resolved to no
+//!   IP addresses" while no node has the tag; a rendered document for an empty base is
+//!   rejected for exactly the undefined groups/tags the notices report.
 //! * Only ambiguous user references fail validation (`policy.go` `validateUserReferences`);
 //!   a group naming a user that does not exist yet is accepted.
 //!
