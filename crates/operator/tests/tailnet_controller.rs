@@ -1,0 +1,574 @@
+//! The Tailnet controller against a real kube-apiserver and a real Headscale 0.29.2: DryRun
+//! leaves Headscale alone, Apply writes once, route catch-up, manual edits, ownership, base
+//! errors, rejected policies, wrong keys (never leaked), leader election and Headscale outage.
+//! One scenario in order, because all steps share one Headscale policy.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use support::{OperatorProcess, condition, describe, eventually};
+use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
+use tno_testenv_tailnet::TailnetEnv;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+fn base_policy(extra_tests: &str) -> String {
+    format!(
+        r#"// Base policy of the operator test (human-owned).
+{{
+  "groups": {{
+    "group:platform": ["admin@"],
+    "group:team-a": ["alice@"],
+  }},
+  "tagOwners": {{
+    "tag:router": ["admin@"],
+    "tag:client": ["admin@"],
+    "tag:server": ["admin@"],
+  }},
+  "grants": [
+    {{"src": ["tag:client", "group:team-a"], "dst": ["tag:server"], "ip": ["tcp:7000"]}},
+  ],
+  "tests": [{extra_tests}],
+}}
+"#
+    )
+}
+
+fn cm(name: &str, ns: &str, key: &str, value: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(key.to_string(), value.to_string())])),
+        ..Default::default()
+    }
+}
+
+fn secret(name: &str, ns: &str, key: &str) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "apiKey".to_string(),
+            ByteString(key.as_bytes().to_vec()),
+        )])),
+        ..Default::default()
+    }
+}
+
+async fn apply<K>(api: &Api<K>, name: &str, value: serde_json::Value)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply("test").force(),
+        &Patch::Apply(value),
+    )
+    .await
+    .expect("apply test object");
+}
+
+/// Waits until the Tailnet's condition `type_` has `status` and `reason`.
+async fn wait_condition(
+    api: &Api<Tailnet>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> Tailnet {
+    let result = eventually(&format!("{type_}={status}/{reason}"), WAIT, || async {
+        let t = api.get(name).await.map_err(|e| e.to_string())?;
+        let conditions = t.status.clone().unwrap_or_default().conditions;
+        match condition(&conditions, type_) {
+            Some(c) if c.status == status && c.reason == reason => Ok(t),
+            _ => Err(describe(&conditions)),
+        }
+    })
+    .await;
+    result.unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tailnet_controller_scenario() {
+    let kube = tno_testenv_kube::shared()
+        .await
+        .unwrap_or_else(|e| panic!("kube environment: {e}"));
+    let tailnet_env = TailnetEnv::start().await.expect("tailnet environment");
+    let ns = kube.namespace("op").await.expect("namespace");
+    let client = ns.client().clone();
+    let logs = tempfile::tempdir().expect("log dir");
+    let result = tokio::time::timeout(
+        Duration::from_secs(600),
+        scenario(&kube, &tailnet_env, ns.name(), &client, logs.path()),
+    )
+    .await;
+    if !matches!(result, Ok(())) {
+        for entry in std::fs::read_dir(logs.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(60).collect();
+            eprintln!(
+                "==== {} ====\n{}",
+                entry.path().display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        eprintln!("{}", tailnet_env.log_report(&[]));
+        panic!("scenario did not finish: {result:?}");
+    }
+}
+
+async fn scenario(
+    kube: &tno_testenv_kube::KubeEnv,
+    env: &TailnetEnv,
+    ns: &str,
+    client: &kube::Client,
+    logs: &std::path::Path,
+) {
+    let tailnet_name = format!("t-{ns}");
+    let hs = tailnet_headscale::Client::new(
+        &env.headscale.root_url(),
+        tailnet_headscale::Secret::new(env.headscale.api_key()),
+        Default::default(),
+    )
+    .expect("headscale client");
+    let tailnets: Api<Tailnet> = Api::all(client.clone());
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+
+    // Declarations: key, base, Tailnet (DryRun), an egress and a tcp ingress in the operator
+    // namespace.
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("headscale-bootstrap", ns, env.headscale.api_key()),
+        )
+        .await
+        .expect("secret");
+    cms.create(
+        &PostParams::default(),
+        &cm("tailnet-policy", ns, "policy.hujson", &base_policy("")),
+    )
+    .await
+    .expect("base");
+    apply(&tailnets, &tailnet_name, json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet", "metadata": {"name": tailnet_name},
+        "spec": {
+            "server": env.headscale.root_url(),
+            "apiSecretRef": {"name": "headscale-bootstrap", "key": "apiKey"},
+            "dns": {"hostsConfigMap": "tailnet-hosts", "ingressNameTemplate": "{name}.{namespace}.lab.example.net"},
+            "policy": {"baseConfigMap": "tailnet-policy", "mode": "DryRun", "tagOwners": ["group:platform"],
+                       "routeApprovers": ["tag:router"], "ingressSourceAllowlist": ["group:team-a"]}
+        }
+    })).await;
+    apply(&Api::<TailnetEgress>::namespaced(client.clone(), ns), "site", json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress", "metadata": {"name": "site", "namespace": ns},
+        "spec": {"tailnetRef": {"name": tailnet_name}, "consumerNamespaces": [ns],
+                 "targets": [{"name": "remote-db", "address": "192.0.2.10", "port": 5432, "aliases": ["db.site.example.net"]}]}
+    })).await;
+    apply(&Api::<TailnetIngress>::namespaced(client.clone(), ns), "kube", json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress", "metadata": {"name": "kube", "namespace": ns},
+        "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
+                 "exposes": [{"name": "api", "dnsLabel": "kube", "mode": "tcp", "port": 6443, "backend": {"service": "kubernetes", "namespace": "default", "port": 443}}]}
+    })).await;
+
+    let before = hs.get_policy().await.expect("live policy before");
+    let installation = format!("test-{ns}");
+    let lease = format!("lease-{ns}");
+    let mut first = OperatorProcess::start(
+        kube.kubeconfig(),
+        ns,
+        &installation,
+        &lease,
+        logs,
+        "operator-1",
+    );
+
+    // DryRun: checked and published, Headscale untouched.
+    let t = wait_condition(&tailnets, &tailnet_name, "PolicyApplied", "False", "DryRun").await;
+    let conditions = t.status.clone().unwrap_or_default().conditions;
+    let reachable = condition(&conditions, "HeadscaleReachable").expect("HeadscaleReachable");
+    assert_eq!(reachable.status, "True", "{}", describe(&conditions));
+    assert!(reachable.message.contains("0.29"), "{}", reachable.message);
+    assert_eq!(
+        condition(&conditions, "BaseValid").map(|c| c.status.as_str()),
+        Some("True")
+    );
+    assert_eq!(
+        condition(&conditions, "Ready").map(|c| c.reason.as_str()),
+        Some("DryRun")
+    );
+    let rendered_cm = cms
+        .get(&format!("{tailnet_name}-rendered-policy"))
+        .await
+        .expect("rendered policy ConfigMap");
+    let data = rendered_cm.data.clone().unwrap_or_default();
+    let rendered = data
+        .get("policy.hujson")
+        .cloned()
+        .expect("rendered document");
+    assert!(
+        rendered.contains("tag:tno-egress-site") && rendered.contains("192.0.2.10/32"),
+        "{rendered}"
+    );
+    assert!(
+        !data.get("diff").cloned().unwrap_or_default().is_empty(),
+        "DryRun publishes a diff"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await; // a few polls
+    let during = hs.get_policy().await.expect("live policy during DryRun");
+    assert_eq!(
+        during.policy, before.policy,
+        "DryRun must not write the policy"
+    );
+    assert_eq!(during.updated_at, before.updated_at);
+    let router = hs
+        .list_nodes()
+        .await
+        .expect("nodes")
+        .into_iter()
+        .find(|n| n.tags.contains(&"tag:router".to_string()))
+        .expect("router");
+    assert!(
+        router.approved_routes.is_empty(),
+        "DryRun must not approve routes"
+    );
+
+    // Apply: written once, routes caught up, grants effective.
+    tailnets
+        .patch(&tailnet_name, &PatchParams::apply("test").force(), &Patch::Apply(json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet", "metadata": {"name": tailnet_name},
+            "spec": {"server": env.headscale.root_url(), "apiSecretRef": {"name": "headscale-bootstrap", "key": "apiKey"},
+                     "dns": {"hostsConfigMap": "tailnet-hosts", "ingressNameTemplate": "{name}.{namespace}.lab.example.net"},
+                     "policy": {"baseConfigMap": "tailnet-policy", "mode": "Apply", "tagOwners": ["group:platform"],
+                                "routeApprovers": ["tag:router"], "ingressSourceAllowlist": ["group:team-a"]}}
+        })))
+        .await
+        .expect("switch to Apply");
+    let t = wait_condition(&tailnets, &tailnet_name, "PolicyApplied", "True", "Applied").await;
+    let live = hs.get_policy().await.expect("live policy after Apply");
+    assert!(
+        live.policy.starts_with(&format!(
+            "// tailnet-operator-installation: {installation}/{tailnet_name}"
+        )),
+        "{}",
+        live.policy
+    );
+    assert!(live.policy.contains("\"tag:tno-egress-site\""));
+    let effective = t
+        .status
+        .clone()
+        .unwrap_or_default()
+        .policy
+        .unwrap_or_default()
+        .effective_for;
+    assert_eq!(
+        effective,
+        vec![
+            format!("TailnetEgress/{ns}/site"),
+            format!("TailnetIngress/{ns}/kube")
+        ]
+    );
+    eventually("the router's 192.0.2.0/24 to be approved", WAIT, || async {
+        let node = hs.get_node(router.id).await.map_err(|e| e.to_string())?;
+        if node.approved_routes.contains(&"192.0.2.0/24".to_string()) {
+            Ok(())
+        } else {
+            Err(format!("{:?}", node.approved_routes))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let node = hs.get_node(router.id).await.expect("router");
+    assert!(
+        !node
+            .approved_routes
+            .contains(&"198.51.100.0/24".to_string()),
+        "only routes covering IP targets are approved"
+    );
+    // No write on unchanged reconciles.
+    let updated = hs.get_policy().await.expect("policy").updated_at;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        hs.get_policy().await.expect("policy").updated_at,
+        updated,
+        "an unchanged reconcile must not PUT"
+    );
+    let applied = first
+        .metric(&format!(
+            "tailnet_operator_policy_syncs_total{{tailnet=\"{tailnet_name}\",result=\"applied\"}}"
+        ))
+        .await;
+    assert_eq!(applied, Some(1.0));
+    assert!(first.metric(&format!("tailnet_operator_policy_syncs_total{{tailnet=\"{tailnet_name}\",result=\"unchanged\"}}")).await.unwrap_or(0.0) >= 1.0);
+
+    // DNS: the ingress has no node yet → pending; rendered into the hosts ConfigMap.
+    let hosts = cms.get("tailnet-hosts").await.expect("hosts ConfigMap");
+    assert!(
+        hosts
+            .data
+            .unwrap_or_default()
+            .contains_key("extra-records.json")
+    );
+
+    // A manual edit is overwritten and reported.
+    let edited = live.policy.replace("\"tcp:5432\"", "\"tcp:5433\"");
+    assert_ne!(edited, live.policy);
+    hs.set_policy(&edited).await.expect("manual edit");
+    eventually("the manual edit to be overwritten", WAIT, || async {
+        let now = hs.get_policy().await.map_err(|e| e.to_string())?;
+        if now.policy.contains("\"tcp:5432\"") {
+            Ok(())
+        } else {
+            Err("still edited".to_string())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let events: Api<Event> = Api::all(client.clone());
+    eventually("a ManualEditOverwritten event", WAIT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let found = list.items.iter().find(|e| {
+            e.reason.as_deref() == Some("ManualEditOverwritten")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                    == Some(tailnet_name.as_str())
+        });
+        match found {
+            Some(e) if e.note.clone().unwrap_or_default().contains("5433") => Ok(()),
+            Some(e) => Err(format!("note without the lost line: {:?}", e.note)),
+            None => Err("no event yet".to_string()),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    // Another installation's document is never overwritten.
+    let foreign = "// tailnet-operator-installation: another-cluster/demo\n{\"groups\": {\"group:team-a\": [\"alice@\"]}, \"tagOwners\": {\"tag:router\": [\"admin@\"], \"tag:client\": [\"admin@\"], \"tag:server\": [\"admin@\"]}}";
+    hs.set_policy(foreign).await.expect("foreign policy");
+    wait_condition(
+        &tailnets,
+        &tailnet_name,
+        "PolicyApplied",
+        "False",
+        "OwnedElsewhere",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        hs.get_policy().await.expect("policy").policy,
+        foreign,
+        "OwnedElsewhere: no write"
+    );
+    hs.set_policy(&live.policy)
+        .await
+        .expect("restore our policy");
+    wait_condition(&tailnets, &tailnet_name, "PolicyApplied", "True", "Applied").await;
+    let good = hs.get_policy().await.expect("policy");
+
+    // A base with a syntax error: BaseValid=False with the position; live untouched.
+    cms.patch("tailnet-policy", &PatchParams::apply("test").force(), &Patch::Apply(json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tailnet-policy", "namespace": ns},
+        "data": {"policy.hujson": "{\n  \"groups\": {\n    \"group:team-a\": [\"alice@\"] \"oops\"\n  }\n}\n"}
+    })))
+    .await
+    .expect("broken base");
+    let t = wait_condition(
+        &tailnets,
+        &tailnet_name,
+        "BaseValid",
+        "False",
+        "SyntaxError",
+    )
+    .await;
+    let message = condition(&t.status.unwrap_or_default().conditions, "BaseValid")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains("line 3, column"), "{message}");
+    assert_eq!(hs.get_policy().await.expect("policy").policy, good.policy);
+
+    // A base whose tests fail against the generated grants: Rejected, old policy stays.
+    cms.patch("tailnet-policy", &PatchParams::apply("test").force(), &Patch::Apply(json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tailnet-policy", "namespace": ns},
+        "data": {"policy.hujson": base_policy(r#"{"src": "alice@", "accept": ["tag:router:22"]}"#)}
+    })))
+    .await
+    .expect("base with failing test");
+    let t = wait_condition(
+        &tailnets,
+        &tailnet_name,
+        "PolicyApplied",
+        "False",
+        "Rejected",
+    )
+    .await;
+    let message = condition(
+        &t.status.clone().unwrap_or_default().conditions,
+        "PolicyApplied",
+    )
+    .map(|c| c.message.clone())
+    .unwrap_or_default();
+    assert!(message.contains("previous one stays live"), "{message}");
+    assert_eq!(
+        hs.get_policy().await.expect("policy").policy,
+        good.policy,
+        "a rejected policy leaves the old one live"
+    );
+    cms.patch("tailnet-policy", &PatchParams::apply("test").force(), &Patch::Apply(json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tailnet-policy", "namespace": ns},
+        "data": {"policy.hujson": base_policy("")}
+    })))
+    .await
+    .expect("base fixed");
+    wait_condition(&tailnets, &tailnet_name, "PolicyApplied", "True", "Applied").await;
+
+    // A wrong API key: a clear 401 condition; the key appears nowhere.
+    let wrong_key = "hskey-api-wrongprefix0-thisisnotthekey1234567890";
+    secrets
+        .replace(
+            "headscale-bootstrap",
+            &PostParams::default(),
+            &secret("headscale-bootstrap", ns, wrong_key),
+        )
+        .await
+        .expect("wrong key");
+    let t = wait_condition(
+        &tailnets,
+        &tailnet_name,
+        "HeadscaleReachable",
+        "False",
+        "Unauthorized",
+    )
+    .await;
+    let status_text = serde_json::to_string(&t.status).unwrap_or_default();
+    assert!(
+        !status_text.contains("thisisnotthekey"),
+        "status leaks the key"
+    );
+    assert!(
+        !first.log_text().contains("thisisnotthekey"),
+        "log leaks the key"
+    );
+    assert!(
+        !first.log_text().contains(env.headscale.api_key()),
+        "log leaks the real key"
+    );
+    let event_text = serde_json::to_string(
+        &events
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items,
+    )
+    .unwrap_or_default();
+    assert!(
+        !event_text.contains("thisisnotthekey") && !event_text.contains(env.headscale.api_key()),
+        "events leak a key"
+    );
+    secrets
+        .replace(
+            "headscale-bootstrap",
+            &PostParams::default(),
+            &secret("headscale-bootstrap", ns, env.headscale.api_key()),
+        )
+        .await
+        .expect("key back");
+    wait_condition(
+        &tailnets,
+        &tailnet_name,
+        "HeadscaleReachable",
+        "True",
+        "Reachable",
+    )
+    .await;
+
+    // Two replicas: the second stands by; it takes over when the first stops.
+    let mut second = OperatorProcess::start(
+        kube.kubeconfig(),
+        ns,
+        &installation,
+        &lease,
+        logs,
+        "operator-2",
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    eventually("the second replica to be up", WAIT, || async {
+        second
+            .metric("tailnet_operator_leader")
+            .await
+            .map(|_| ())
+            .ok_or("no metrics yet".to_string())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        second.metric("tailnet_operator_leader").await,
+        Some(0.0),
+        "standby must not lead"
+    );
+    assert_eq!(first.metric("tailnet_operator_leader").await, Some(1.0));
+    let holder = leases
+        .get(&lease)
+        .await
+        .expect("lease")
+        .spec
+        .and_then(|s| s.holder_identity);
+    assert_eq!(holder.as_deref(), Some("operator-1"));
+    first.terminate();
+    eventually(
+        "the standby to take over",
+        Duration::from_secs(30),
+        || async {
+            match second.metric("tailnet_operator_leader").await {
+                Some(1.0) => Ok(()),
+                other => Err(format!("leader gauge {other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let holder = leases
+        .get(&lease)
+        .await
+        .expect("lease")
+        .spec
+        .and_then(|s| s.holder_identity);
+    assert_eq!(holder.as_deref(), Some("operator-2"));
+
+    // Headscale down: condition within a few polls, the operator keeps running.
+    env.headscale.kill();
+    let t = wait_condition(
+        &tailnets,
+        &tailnet_name,
+        "HeadscaleReachable",
+        "False",
+        "ConnectionFailed",
+    )
+    .await;
+    assert!(
+        second.is_running(),
+        "the operator must survive Headscale being down"
+    );
+    assert!(t.name_any() == tailnet_name);
+}
