@@ -122,6 +122,8 @@ fn accept_loop(
             return;
         }
         let Ok(client) = client else {
+            // E.g. EMFILE: back off instead of spinning.
+            std::thread::sleep(Duration::from_millis(10));
             continue;
         };
         let connections = connections.clone();

@@ -81,6 +81,8 @@ fn serve(listener: &TcpListener, stopping: &AtomicBool, behaviour: &Behaviour) {
             return;
         }
         let Ok(stream) = stream else {
+            // E.g. EMFILE: back off instead of spinning.
+            std::thread::sleep(std::time::Duration::from_millis(10));
             continue;
         };
         let behaviour = behaviour.clone();
