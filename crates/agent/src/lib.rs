@@ -1,0 +1,25 @@
+//! `tailnet-agent`: the data plane of tailnet-operator. It runs next to tailscaled
+//! (`--tun=userspace-networking`) in the agent pod, talks to it only through the LocalAPI
+//! unix socket, and is configured only by the JSON file of
+//! [`tailnet_api::agent_config::AgentConfig`].
+//!
+//! - egress: pod IP:port → LocalAPI dial through the tailnet ([`dial`], [`listeners`]);
+//! - ingress `tcp`: 127.0.0.1:port → backend ([`listeners`]);
+//! - ingress `http`: TLS termination, virtual hosts, reverse proxy ([`proxy`]);
+//! - admin: `/metrics`, `/livez`, `/readyz`, `/status` on the pod IP ([`admin`]).
+
+pub mod admin;
+pub mod backend;
+pub mod config;
+pub mod dial;
+pub mod headers;
+pub mod listeners;
+pub mod localapi;
+pub mod metrics;
+pub mod probe;
+pub mod proxy;
+pub mod relay;
+pub mod routing;
+pub mod run;
+pub mod state;
+pub mod tls;

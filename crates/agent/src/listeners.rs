@@ -1,0 +1,204 @@
+//! Accept loops of the three listener kinds and the per-connection handlers of `egress` and
+//! `tcp`. A listener's settings arrive through a `watch` channel, so a config change applies
+//! to new connections while established ones keep running.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tailnet_api::agent_config::{BackendAddress, EgressListener};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use crate::dial::{TailnetDialer, error_chain};
+use crate::metrics::{ActiveConnection, Direction, Metrics};
+use crate::proxy::{HttpSite, ProxyContext, serve_connection};
+use crate::relay::{HalfClose, Tally, relay, tune_tcp};
+
+/// Back-off after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// What every connection handler shares.
+#[derive(Clone)]
+pub struct Shared {
+    pub metrics: Arc<Metrics>,
+    pub dialer: TailnetDialer,
+    pub proxy: ProxyContext,
+    /// Connection tasks, so shutdown can wait for them.
+    pub connections: TaskTracker,
+    /// Cancelled at shutdown: HTTP connections finish their requests and close.
+    pub draining: CancellationToken,
+    pub backend_connect_timeout: Duration,
+}
+
+/// A `tcp` ingress listener's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcpForward {
+    pub name: String,
+    pub backend: BackendAddress,
+}
+
+/// Accepts until `stop`; returning drops (closes) the listening socket.
+async fn accept_loop<F>(
+    listener: TcpListener,
+    name: String,
+    stop: CancellationToken,
+    mut on_accept: F,
+) where
+    F: FnMut(TcpStream, SocketAddr),
+{
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => on_accept(stream, peer),
+                Err(error) => {
+                    warn!(listener = %name, %error, "accept failed");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                }
+            },
+        }
+    }
+    debug!(listener = %name, "listener stopped");
+}
+
+pub async fn run_egress(
+    listener: TcpListener,
+    settings: watch::Receiver<EgressListener>,
+    stop: CancellationToken,
+    shared: Shared,
+) {
+    let name = settings.borrow().name.clone();
+    accept_loop(listener, name, stop, |stream, peer| {
+        let spec = settings.borrow().clone();
+        let shared_for_task = shared.clone();
+        shared
+            .connections
+            .spawn(handle_egress(stream, peer, spec, shared_for_task));
+    })
+    .await;
+}
+
+async fn handle_egress(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    spec: EgressListener,
+    shared: Shared,
+) {
+    let _active = ActiveConnection::open(&shared.metrics, &spec.name);
+    tune_tcp(&stream);
+    let tunnel = match shared
+        .dialer
+        .dial(&spec.target_host, spec.target_port)
+        .await
+    {
+        Ok(tunnel) => tunnel,
+        Err(failure) => {
+            shared
+                .metrics
+                .count_dial_failure(&spec.name, failure.reason.label());
+            warn!(
+                listener = %spec.name,
+                %peer,
+                target = %format!("{}:{}", spec.target_host, spec.target_port),
+                reason = failure.reason.label(),
+                message = %failure.message,
+                "dial through the tailnet failed; closing the client connection"
+            );
+            // FIN, not RST: the client sees a clean close without any byte.
+            let _ = stream.shutdown().await;
+            return;
+        }
+    };
+    let inbound = Tally::new(shared.metrics.bytes_counter(&spec.name, Direction::In));
+    let outbound = Tally::new(shared.metrics.bytes_counter(&spec.name, Direction::Out));
+    let result = relay(
+        stream,
+        tunnel,
+        &inbound,
+        &outbound,
+        HalfClose::HoldUntilUpstreamCloses,
+    )
+    .await;
+    debug!(
+        listener = %spec.name,
+        %peer,
+        bytes_in = inbound.total(),
+        bytes_out = outbound.total(),
+        error = result.as_ref().err().map(|e| e.to_string()),
+        "egress connection closed"
+    );
+}
+
+pub async fn run_tcp(
+    listener: TcpListener,
+    settings: watch::Receiver<TcpForward>,
+    stop: CancellationToken,
+    shared: Shared,
+) {
+    let name = settings.borrow().name.clone();
+    accept_loop(listener, name, stop, |stream, peer| {
+        let spec = settings.borrow().clone();
+        let shared_for_task = shared.clone();
+        shared
+            .connections
+            .spawn(handle_tcp(stream, peer, spec, shared_for_task));
+    })
+    .await;
+}
+
+async fn handle_tcp(mut stream: TcpStream, peer: SocketAddr, spec: TcpForward, shared: Shared) {
+    let _active = ActiveConnection::open(&shared.metrics, &spec.name);
+    tune_tcp(&stream);
+    let address = format!("{}:{}", spec.backend.host, spec.backend.port);
+    let connect = TcpStream::connect((spec.backend.host.as_str(), spec.backend.port));
+    let backend = match tokio::time::timeout(shared.backend_connect_timeout, connect).await {
+        Ok(Ok(backend)) => backend,
+        Ok(Err(error)) => {
+            shared.metrics.count_backend_failure(&spec.name, "connect");
+            warn!(listener = %spec.name, %peer, backend = %address, error = %error_chain(&error), "backend connect failed");
+            let _ = stream.shutdown().await;
+            return;
+        }
+        Err(_) => {
+            shared.metrics.count_backend_failure(&spec.name, "timeout");
+            warn!(listener = %spec.name, %peer, backend = %address, "backend connect timed out");
+            let _ = stream.shutdown().await;
+            return;
+        }
+    };
+    tune_tcp(&backend);
+    let inbound = Tally::new(shared.metrics.bytes_counter(&spec.name, Direction::In));
+    let outbound = Tally::new(shared.metrics.bytes_counter(&spec.name, Direction::Out));
+    let result = relay(stream, backend, &inbound, &outbound, HalfClose::Propagate).await;
+    debug!(
+        listener = %spec.name,
+        %peer,
+        bytes_in = inbound.total(),
+        bytes_out = outbound.total(),
+        error = result.as_ref().err().map(|e| e.to_string()),
+        "tcp connection closed"
+    );
+}
+
+pub async fn run_http(
+    listener: TcpListener,
+    site: watch::Receiver<Arc<HttpSite>>,
+    stop: CancellationToken,
+    shared: Shared,
+) {
+    let name = site.borrow().listener.clone();
+    info!(listener = %name, "serving HTTPS");
+    accept_loop(listener, name, stop, |stream, peer| {
+        let site = site.borrow().clone();
+        let (context, draining) = (shared.proxy.clone(), shared.draining.clone());
+        shared
+            .connections
+            .spawn(serve_connection(site, context, stream, peer, draining));
+    })
+    .await;
+}

@@ -1,0 +1,311 @@
+//! Prometheus metrics of the agent (`/metrics` on the admin listener, text format).
+//! Label values come from the config (listener, route and host names), never from clients,
+//! so cardinality stays bounded.
+
+use std::fmt::Write as _;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    pub listener: String,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Direction {
+    /// From the connecting client towards the target/backend.
+    In,
+    /// From the target/backend back to the client.
+    Out,
+}
+
+impl EncodeLabelValue for Direction {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.write_str(match self {
+            Direction::In => "in",
+            Direction::Out => "out",
+        })
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BytesLabels {
+    pub listener: String,
+    pub direction: Direction,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DialFailureLabels {
+    pub listener: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    /// `target` (egress, through the tailnet) or `backend` (ingress, from the pod).
+    pub kind: String,
+    pub name: String,
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeTargetLabels {
+    pub kind: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpRequestLabels {
+    pub route: String,
+    /// A configured hostname, or `unknown` for a Host no route serves.
+    pub host: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpDurationLabels {
+    pub route: String,
+    pub host: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendFailureLabels {
+    pub route: String,
+    /// `connect`, `tls`, `timeout`, `protocol`.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TailnetStateLabels {
+    pub backend_state: String,
+}
+
+/// Every metric family, registered once.
+#[derive(Debug)]
+pub struct Metrics {
+    pub connections: Family<ListenerLabels, Counter>,
+    pub active_connections: Family<ListenerLabels, Gauge>,
+    pub bytes: Family<BytesLabels, Counter>,
+    pub dial_failures: Family<DialFailureLabels, Counter>,
+    pub probes: Family<ProbeLabels, Counter>,
+    pub probe_reachable: Family<ProbeTargetLabels, Gauge>,
+    pub http_requests: Family<HttpRequestLabels, Counter>,
+    pub http_duration: Family<HttpDurationLabels, Histogram>,
+    pub backend_failures: Family<BackendFailureLabels, Counter>,
+    pub backend_tls_failures: Family<RouteLabels, Counter>,
+    pub tls_handshake_failures: Family<ListenerLabels, Counter>,
+    pub listener_up: Family<ListenerLabels, Gauge>,
+    pub tailnet_connected: Gauge,
+    pub tailnet_state: Family<TailnetStateLabels, Gauge>,
+    pub tailnet_ips: Gauge,
+    pub localapi_errors: Counter,
+    pub certificate_loaded: Gauge,
+    pub certificate_reloads: Counter,
+    pub config_reload_failures: Counter,
+    pub ready: Gauge,
+}
+
+fn duration_histogram() -> Histogram {
+    // 1 ms … ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+impl Metrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let metrics = Metrics {
+            connections: Family::default(),
+            active_connections: Family::default(),
+            bytes: Family::default(),
+            dial_failures: Family::default(),
+            probes: Family::default(),
+            probe_reachable: Family::default(),
+            http_requests: Family::default(),
+            http_duration: Family::new_with_constructor(duration_histogram),
+            backend_failures: Family::default(),
+            backend_tls_failures: Family::default(),
+            tls_handshake_failures: Family::default(),
+            listener_up: Family::default(),
+            tailnet_connected: Gauge::default(),
+            tailnet_state: Family::default(),
+            tailnet_ips: Gauge::default(),
+            localapi_errors: Counter::default(),
+            certificate_loaded: Gauge::default(),
+            certificate_reloads: Counter::default(),
+            config_reload_failures: Counter::default(),
+            ready: Gauge::default(),
+        };
+        let registry = registry.sub_registry_with_prefix("tailnet_agent");
+        registry.register(
+            "connections",
+            "Connections accepted, by listener",
+            metrics.connections.clone(),
+        );
+        registry.register(
+            "active_connections",
+            "Connections open now, by listener",
+            metrics.active_connections.clone(),
+        );
+        registry.register(
+            "bytes",
+            "Bytes relayed, by listener and direction (in = client to target)",
+            metrics.bytes.clone(),
+        );
+        registry.register(
+            "dial_failures",
+            "Egress dials through the tailnet that failed, by reason (dial_self = not routed through the tailnet, refused, timeout, error)",
+            metrics.dial_failures.clone(),
+        );
+        registry.register(
+            "probes",
+            "Reachability probes by kind, name and result",
+            metrics.probes.clone(),
+        );
+        registry.register(
+            "probe_reachable",
+            "1 when the last probe of the target/backend reached it",
+            metrics.probe_reachable.clone(),
+        );
+        registry.register(
+            "http_requests",
+            "HTTP requests by route, host and status",
+            metrics.http_requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "Time from request head to the end of the response, by route and host",
+            metrics.http_duration.clone(),
+        );
+        registry.register(
+            "backend_failures",
+            "Backend requests that got no response, by route and reason",
+            metrics.backend_failures.clone(),
+        );
+        registry.register(
+            "backend_tls_failures",
+            "TLS handshakes with a backend that failed (verification or protocol), by route",
+            metrics.backend_tls_failures.clone(),
+        );
+        registry.register(
+            "tls_handshake_failures",
+            "Client TLS handshakes that failed, by listener",
+            metrics.tls_handshake_failures.clone(),
+        );
+        registry.register(
+            "listener_up",
+            "1 when the listener is bound and serving",
+            metrics.listener_up.clone(),
+        );
+        registry.register(
+            "tailnet_connected",
+            "1 when tailscaled is Running with a tailnet IP",
+            metrics.tailnet_connected.clone(),
+        );
+        registry.register(
+            "tailnet_backend_state",
+            "1 for tailscaled's current BackendState",
+            metrics.tailnet_state.clone(),
+        );
+        registry.register(
+            "tailnet_ips",
+            "Number of tailnet IPs of this node",
+            metrics.tailnet_ips.clone(),
+        );
+        registry.register(
+            "localapi_errors",
+            "LocalAPI status requests that failed",
+            metrics.localapi_errors.clone(),
+        );
+        registry.register(
+            "certificate_loaded",
+            "1 when a valid serving certificate is loaded",
+            metrics.certificate_loaded.clone(),
+        );
+        registry.register(
+            "certificate_reloads",
+            "Serving certificates (re)loaded from disk",
+            metrics.certificate_reloads.clone(),
+        );
+        registry.register(
+            "config_reload_failures",
+            "Changed config files that were rejected",
+            metrics.config_reload_failures.clone(),
+        );
+        registry.register(
+            "ready",
+            "1 when /readyz answers ready",
+            metrics.ready.clone(),
+        );
+        metrics
+    }
+
+    pub fn listener(&self, listener: &str) -> ListenerLabels {
+        ListenerLabels {
+            listener: listener.to_owned(),
+        }
+    }
+
+    pub fn bytes_counter(&self, listener: &str, direction: Direction) -> Counter {
+        self.bytes
+            .get_or_create(&BytesLabels {
+                listener: listener.to_owned(),
+                direction,
+            })
+            .clone()
+    }
+
+    pub fn count_dial_failure(&self, listener: &str, reason: &str) {
+        self.dial_failures
+            .get_or_create(&DialFailureLabels {
+                listener: listener.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn count_backend_failure(&self, route: &str, reason: &str) {
+        self.backend_failures
+            .get_or_create(&BackendFailureLabels {
+                route: route.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+        if reason == "tls" {
+            self.backend_tls_failures
+                .get_or_create(&RouteLabels {
+                    route: route.to_owned(),
+                })
+                .inc();
+        }
+    }
+}
+
+/// Decrements the active-connection gauge when the connection task ends, however it ends.
+pub struct ActiveConnection {
+    gauge: Gauge,
+}
+
+impl ActiveConnection {
+    pub fn open(metrics: &Metrics, listener: &str) -> Self {
+        let labels = metrics.listener(listener);
+        metrics.connections.get_or_create(&labels).inc();
+        let gauge = metrics.active_connections.get_or_create(&labels).clone();
+        gauge.inc();
+        ActiveConnection { gauge }
+    }
+}
+
+impl Drop for ActiveConnection {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}

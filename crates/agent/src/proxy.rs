@@ -1,0 +1,659 @@
+//! `http` ingress: TLS termination, virtual hosts by SNI/Host, and a streaming HTTP/1.1 +
+//! HTTP/2 reverse proxy to the routes' backends.
+//!
+//! Bodies pass through frame by frame in both directions (no buffering, no decompression,
+//! no re-encoding; Content-Length, Content-Encoding, Range answers and trailers untouched).
+//! `requestTimeoutSeconds` bounds the whole exchange including the upload and download;
+//! `backendRequestTimeoutSeconds` the wait for the backend's response head. A WebSocket
+//! upgrade is tunnelled and then lives by its own lifecycle.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use crate::backend::{BackendConnector, BackendTls, connect_failure};
+use crate::dial::error_chain;
+use crate::headers::{
+    PeerIdentity, is_websocket_upgrade, remove_hop_by_hop, set_forwarded_and_identity,
+    strip_client_identity,
+};
+use crate::localapi::LocalApi;
+use crate::metrics::{ActiveConnection, Direction, HttpDurationLabels, HttpRequestLabels, Metrics};
+use crate::relay::{HalfClose, Tally, relay, tune_tcp};
+use crate::routing::{RouteDecision, RouteEntry, RouteTable, host_without_port};
+use crate::tls::{CaBundle, CertStore, TlsError, server_config};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+const WHOIS_TIMEOUT: Duration = Duration::from_secs(2);
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Defaults for what a route leaves open.
+#[derive(Clone, Copy, Debug)]
+pub struct ProxyDefaults {
+    pub backend_request_timeout: Duration,
+    pub backend_connect_timeout: Duration,
+}
+
+/// Everything an `http` listener serves for one config generation.
+pub struct HttpSite {
+    pub listener: String,
+    routes: RouteTable,
+    acceptor: TlsAcceptor,
+    backends: HashMap<String, Arc<RouteBackend>>,
+}
+
+struct RouteBackend {
+    entry: Arc<RouteEntry>,
+    client: Client<BackendConnector, ProxyBody>,
+    authority: String,
+    request_timeout: Option<Duration>,
+    backend_request_timeout: Duration,
+}
+
+impl HttpSite {
+    pub fn new(
+        listener: String,
+        routes: &[tailnet_api::agent_config::HttpRoute],
+        store: Arc<CertStore>,
+        defaults: ProxyDefaults,
+    ) -> Result<Self, TlsError> {
+        let table = RouteTable::new(routes);
+        let acceptor = TlsAcceptor::from(Arc::new(server_config(store, table.clone())?));
+        let mut backends = HashMap::new();
+        for entry in table.routes() {
+            let route = &entry.route;
+            let tls = route.backend_tls.as_ref().map(|tls| BackendTls {
+                server_name: tls.server_name.clone(),
+                ca: CaBundle::new(&tls.ca_file),
+            });
+            let connector = BackendConnector::new(
+                &route.backend.host,
+                route.backend.port,
+                tls,
+                defaults.backend_connect_timeout,
+            );
+            let client = Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+                .build(connector);
+            let host = &route.backend.host;
+            let authority = if host.parse::<std::net::Ipv6Addr>().is_ok() {
+                format!("[{host}]:{}", route.backend.port)
+            } else {
+                format!("{host}:{}", route.backend.port)
+            };
+            backends.insert(
+                route.name.clone(),
+                Arc::new(RouteBackend {
+                    entry: entry.clone(),
+                    client,
+                    authority,
+                    request_timeout: route.request_timeout_seconds.map(Duration::from_secs),
+                    backend_request_timeout: route
+                        .backend_request_timeout_seconds
+                        .map(Duration::from_secs)
+                        .unwrap_or(defaults.backend_request_timeout),
+                }),
+            );
+        }
+        Ok(HttpSite {
+            listener,
+            routes: table,
+            acceptor,
+            backends,
+        })
+    }
+}
+
+/// What the proxy needs besides the site.
+#[derive(Clone)]
+pub struct ProxyContext {
+    pub metrics: Arc<Metrics>,
+    pub localapi: LocalApi,
+    /// Upgraded (WebSocket) tunnels, so shutdown can wait for them.
+    pub tunnels: TaskTracker,
+}
+
+struct ConnectionInfo {
+    sni: Option<String>,
+    client_ip: IpAddr,
+    identity: Option<PeerIdentity>,
+}
+
+/// Serves one accepted TCP connection until it ends, or until `shutdown` asks it to finish
+/// its in-flight requests and close.
+pub async fn serve_connection(
+    site: Arc<HttpSite>,
+    context: ProxyContext,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    shutdown: CancellationToken,
+) {
+    let _active = ActiveConnection::open(&context.metrics, &site.listener);
+    tune_tcp(&tcp);
+    let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, site.acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(error)) => {
+            context
+                .metrics
+                .tls_handshake_failures
+                .get_or_create(&context.metrics.listener(&site.listener))
+                .inc();
+            debug!(listener = %site.listener, %peer, %error, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            context
+                .metrics
+                .tls_handshake_failures
+                .get_or_create(&context.metrics.listener(&site.listener))
+                .inc();
+            debug!(listener = %site.listener, %peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let (_, session) = tls.get_ref();
+    let sni = session.server_name().map(str::to_owned);
+    let http2 = session.alpn_protocol() == Some(b"h2".as_slice());
+    // The handshake means bytes arrived, so tailscaled has the connection in its map.
+    let identity = whois(&context.localapi, peer).await;
+    let connection = Arc::new(ConnectionInfo {
+        sni,
+        client_ip: identity
+            .as_ref()
+            .and_then(|identity| identity.tailnet_ip)
+            .unwrap_or_else(|| peer.ip()),
+        identity,
+    });
+    let service = {
+        let (site, context) = (site.clone(), context.clone());
+        service_fn(move |request: Request<Incoming>| {
+            let (site, context, connection) = (site.clone(), context.clone(), connection.clone());
+            async move {
+                Ok::<_, Infallible>(proxy_request(&site, &context, &connection, request).await)
+            }
+        })
+    };
+    let io = TokioIo::new(tls);
+    let result = if http2 {
+        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        builder.timer(TokioTimer::new());
+        let connection = builder.serve_connection(io, service);
+        tokio::pin!(connection);
+        tokio::select! {
+            result = connection.as_mut() => result,
+            () = shutdown.cancelled() => {
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        }
+    } else {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT);
+        let connection = builder.serve_connection(io, service).with_upgrades();
+        tokio::pin!(connection);
+        tokio::select! {
+            result = connection.as_mut() => result,
+            () = shutdown.cancelled() => {
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        }
+    };
+    if let Err(error) = result {
+        debug!(listener = %site.listener, %peer, error = %error_chain(&error), "HTTP connection ended with an error");
+    }
+}
+
+async fn whois(localapi: &LocalApi, peer: SocketAddr) -> Option<PeerIdentity> {
+    match tokio::time::timeout(WHOIS_TIMEOUT, localapi.whois(&peer.to_string())).await {
+        Ok(Ok(Some(whois))) => Some(PeerIdentity::from_whois(&whois)),
+        Ok(Ok(None)) => {
+            debug!(%peer, "whois: tailscaled knows no tailnet peer for this connection");
+            None
+        }
+        Ok(Err(error)) => {
+            warn!(%peer, error = %error_chain(&error), "whois failed; forwarding without tailnet identity");
+            None
+        }
+        Err(_) => {
+            warn!(%peer, "whois timed out; forwarding without tailnet identity");
+            None
+        }
+    }
+}
+
+/// One request: route, rewrite, forward, stream back.
+async fn proxy_request(
+    site: &HttpSite,
+    context: &ProxyContext,
+    connection: &ConnectionInfo,
+    mut request: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let started = Instant::now();
+    let host_value = request_host(&request);
+    let mut exchange = Exchange {
+        started,
+        metrics: context.metrics.clone(),
+        route: "-".into(),
+        host: "unknown".into(),
+        method: request.method().clone(),
+        path: request.uri().path().to_owned(),
+        status: StatusCode::OK,
+        client: connection
+            .identity
+            .as_ref()
+            .map(PeerIdentity::describe)
+            .unwrap_or_else(|| connection.client_ip.to_string()),
+        inbound: Arc::new(Tally::new(
+            context.metrics.bytes_counter(&site.listener, Direction::In),
+        )),
+        outbound: Arc::new(Tally::new(
+            context
+                .metrics
+                .bytes_counter(&site.listener, Direction::Out),
+        )),
+        message: String::new(),
+    };
+    let entry = match site
+        .routes
+        .select(connection.sni.as_deref(), host_value.as_deref())
+    {
+        RouteDecision::Route(entry) => entry,
+        RouteDecision::Misdirected => {
+            return exchange.local_answer(
+                StatusCode::MISDIRECTED_REQUEST,
+                "misdirected request: this connection does not serve that host\n",
+            );
+        }
+        RouteDecision::MissingHost => {
+            return exchange.local_answer(StatusCode::BAD_REQUEST, "missing Host\n");
+        }
+    };
+    exchange.route = entry.route.name.clone();
+    exchange.host = host_value
+        .as_deref()
+        .and_then(host_without_port)
+        .unwrap_or_default();
+    let Some(backend) = site.backends.get(&entry.route.name).cloned() else {
+        return exchange.local_answer(StatusCode::BAD_GATEWAY, "route has no backend\n");
+    };
+    let original_host = host_value.unwrap_or_default();
+
+    let websocket =
+        request.version() == Version::HTTP_11 && is_websocket_upgrade(request.headers());
+    let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut request));
+    let (mut parts, body) = request.into_parts();
+    let wants_trailers = remove_hop_by_hop(&mut parts.headers);
+    // hyper already answered any `Expect: 100-continue` towards the client.
+    parts.headers.remove(header::EXPECT);
+    strip_client_identity(&mut parts.headers);
+    set_forwarded_and_identity(
+        &mut parts.headers,
+        connection.client_ip,
+        &original_host,
+        connection.identity.as_ref(),
+    );
+    if let Ok(host) = HeaderValue::from_str(&original_host) {
+        // The backend sees the name the client asked for (HTTP/2 carries it in :authority).
+        parts.headers.insert(header::HOST, host);
+    }
+    if wants_trailers {
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    if websocket {
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts
+            .headers
+            .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    }
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .unwrap_or("/");
+    let uri = match Uri::try_from(format!("http://{}{}", backend.authority, path_and_query)) {
+        Ok(uri) => uri,
+        Err(_) => return exchange.local_answer(StatusCode::BAD_REQUEST, "bad request target\n"),
+    };
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+
+    let deadline = backend.request_timeout.map(|timeout| started + timeout);
+    let upload = Arc::new(UploadProgress::default());
+    let body = MeteredBody::new(
+        body,
+        deadline,
+        exchange.inbound.clone(),
+        Some(upload.clone()),
+    );
+    let backend_request = Request::from_parts(parts, body.boxed_unsync());
+
+    let head_deadline = {
+        let head = Instant::now() + backend.backend_request_timeout;
+        deadline.map_or(head, |deadline| deadline.min(head))
+    };
+    let answer =
+        tokio::time::timeout_at(head_deadline, backend.client.request(backend_request)).await;
+    let mut response = match answer {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => {
+            return if upload.expired() {
+                exchange.message = "request timeout during upload".into();
+                exchange.local_answer(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
+            } else {
+                let reason = connect_failure(&error).map_or("protocol", |failure| failure.label());
+                context
+                    .metrics
+                    .count_backend_failure(&backend.entry.route.name, reason);
+                exchange.message = format!("backend {reason} failure: {}", error_chain(&error));
+                exchange.local_answer(StatusCode::BAD_GATEWAY, "bad gateway\n")
+            };
+        }
+        Err(_) => {
+            let upload_cut =
+                deadline.is_some_and(|deadline| Instant::now() >= deadline) && !upload.complete();
+            return if upload.expired() || upload_cut {
+                exchange.message = "request timeout during upload".into();
+                exchange.local_answer(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
+            } else {
+                context
+                    .metrics
+                    .count_backend_failure(&backend.entry.route.name, "timeout");
+                exchange.message = "no response head from the backend in time".into();
+                exchange.local_answer(StatusCode::GATEWAY_TIMEOUT, "gateway timeout\n")
+            };
+        }
+    };
+
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_upgrade) = client_upgrade else {
+            context
+                .metrics
+                .count_backend_failure(&backend.entry.route.name, "protocol");
+            exchange.message = "backend switched protocols without an upgrade request".into();
+            return exchange.local_answer(StatusCode::BAD_GATEWAY, "bad gateway\n");
+        };
+        let backend_upgrade = hyper::upgrade::on(&mut response);
+        let (inbound, outbound) = (exchange.inbound.clone(), exchange.outbound.clone());
+        let route = backend.entry.route.name.clone();
+        context.tunnels.spawn(async move {
+            match tokio::try_join!(client_upgrade, backend_upgrade) {
+                Ok((client, backend)) => {
+                    let result = relay(
+                        TokioIo::new(client),
+                        TokioIo::new(backend),
+                        &inbound,
+                        &outbound,
+                        HalfClose::Propagate,
+                    )
+                    .await;
+                    debug!(%route, bytes_in = inbound.total(), bytes_out = outbound.total(), ?result, "upgraded connection closed");
+                }
+                Err(error) => {
+                    debug!(%route, error = %error_chain(&error), "upgrade did not complete");
+                }
+            }
+        });
+        let (parts, _) = response.into_parts();
+        exchange.status = parts.status;
+        let body = MeteredBody::new(
+            http_body_util::Empty::<Bytes>::new(),
+            None,
+            exchange.outbound.clone(),
+            None,
+        )
+        .with_exchange(exchange);
+        return Response::from_parts(parts, body.boxed_unsync());
+    }
+
+    let (mut parts, body) = response.into_parts();
+    remove_hop_by_hop(&mut parts.headers);
+    exchange.status = parts.status;
+    let outbound = exchange.outbound.clone();
+    let body = MeteredBody::new(body, deadline, outbound, None).with_exchange(exchange);
+    Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// The Host the client asked for: `:authority` on HTTP/2, else the Host header (or an
+/// absolute-form target's authority).
+fn request_host<B>(request: &Request<B>) -> Option<String> {
+    let from_header = || {
+        request
+            .headers()
+            .get(header::HOST)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
+    let from_uri = || request.uri().authority().map(|a| a.as_str().to_owned());
+    if request.version() == Version::HTTP_2 {
+        from_uri().or_else(from_header)
+    } else {
+        from_header().or_else(from_uri)
+    }
+}
+
+#[derive(Debug, Default)]
+struct UploadProgress {
+    complete: AtomicBool,
+    expired: AtomicBool,
+}
+
+impl UploadProgress {
+    fn complete(&self) -> bool {
+        self.complete.load(Ordering::SeqCst)
+    }
+
+    fn expired(&self) -> bool {
+        self.expired.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("request timeout: the exchange took longer than the route allows")]
+pub struct ExchangeDeadline;
+
+/// One request/response for the access log and the HTTP metrics; reported when the response
+/// body is finished or dropped (so durations include the download).
+struct Exchange {
+    started: Instant,
+    metrics: Arc<Metrics>,
+    route: String,
+    host: String,
+    method: Method,
+    path: String,
+    status: StatusCode,
+    client: String,
+    inbound: Arc<Tally>,
+    outbound: Arc<Tally>,
+    message: String,
+}
+
+impl Exchange {
+    fn local_answer(mut self, status: StatusCode, text: &'static str) -> Response<ProxyBody> {
+        self.status = status;
+        let outbound = self.outbound.clone();
+        let body = MeteredBody::new(
+            Full::new(Bytes::from_static(text.as_bytes())),
+            None,
+            outbound,
+            None,
+        )
+        .with_exchange(self);
+        let mut response = Response::new(body.boxed_unsync());
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        response
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        let duration = self.started.elapsed();
+        self.metrics
+            .http_requests
+            .get_or_create(&HttpRequestLabels {
+                route: self.route.clone(),
+                host: self.host.clone(),
+                status: self.status.as_u16().to_string(),
+            })
+            .inc();
+        self.metrics
+            .http_duration
+            .get_or_create(&HttpDurationLabels {
+                route: self.route.clone(),
+                host: self.host.clone(),
+            })
+            .observe(duration.as_secs_f64());
+        info!(
+            target: "access",
+            route = %self.route,
+            host = %self.host,
+            method = %self.method,
+            path = %self.path,
+            status = self.status.as_u16(),
+            client = %self.client,
+            bytes_in = self.inbound.total(),
+            bytes_out = self.outbound.total(),
+            duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
+            message = %self.message,
+            "request"
+        );
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Passes frames through unchanged while counting data bytes, enforcing the exchange
+    /// deadline, and reporting the exchange when it ends.
+    struct MeteredBody<B> {
+        #[pin]
+        inner: B,
+        deadline: Option<Pin<Box<Sleep>>>,
+        tally: Arc<Tally>,
+        upload: Option<Arc<UploadProgress>>,
+        exchange: Option<Exchange>,
+        failed: bool,
+    }
+}
+
+impl<B> MeteredBody<B> {
+    fn new(
+        inner: B,
+        deadline: Option<Instant>,
+        tally: Arc<Tally>,
+        upload: Option<Arc<UploadProgress>>,
+    ) -> Self {
+        MeteredBody {
+            inner,
+            deadline: deadline.map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
+            tally,
+            upload,
+            exchange: None,
+            failed: false,
+        }
+    }
+
+    fn with_exchange(mut self, exchange: Exchange) -> Self {
+        self.exchange = Some(exchange);
+        self
+    }
+}
+
+impl<B> Body for MeteredBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if *this.failed {
+            return Poll::Ready(None);
+        }
+        if let Some(deadline) = this.deadline.as_mut()
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            *this.failed = true;
+            if let Some(upload) = this.upload.as_ref() {
+                upload.expired.store(true, Ordering::SeqCst);
+            }
+            if let Some(exchange) = this.exchange.as_mut() {
+                exchange.message = "cut off at the request timeout".into();
+            }
+            return Poll::Ready(Some(Err(Box::new(ExchangeDeadline))));
+        }
+        match ready!(this.inner.poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    this.tally.add(data.len());
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(error)) => {
+                *this.failed = true;
+                let error: BoxError = error.into();
+                if let Some(exchange) = this.exchange.as_mut() {
+                    exchange.message = format!("body aborted: {error}");
+                }
+                Poll::Ready(Some(Err(error)))
+            }
+            None => {
+                if let Some(upload) = this.upload.as_ref() {
+                    upload.complete.store(true, Ordering::SeqCst);
+                }
+                // Report now rather than when hyper drops the body.
+                drop(this.exchange.take());
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,678 @@
+//! The agent's main loop: admin listener, tailnet status polling, and a supervisor that keeps
+//! listeners, certificate and probes in line with the config file (re-read on change, so a
+//! ConfigMap update applies without dropping established connections), then drains on
+//! shutdown.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tailnet_api::agent_config::{AgentConfig, EgressListener, HttpRoute, IngressListener};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{error, info, warn};
+
+use crate::admin::{self, Admin};
+use crate::config::{self, ConfigError};
+use crate::dial::{TailnetDialer, error_chain};
+use crate::listeners::{self, Shared, TcpForward};
+use crate::localapi::LocalApi;
+use crate::metrics::{Metrics, TailnetStateLabels};
+use crate::probe::{ProbeDeps, ProbeSpec, Prober};
+use crate::proxy::{HttpSite, ProxyContext, ProxyDefaults};
+use crate::state::{AgentState, CertificateView, ListenerKind, ListenerView, ProbeKind};
+use crate::tls::{CertStore, Reload};
+
+const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Everything that is not in the config file.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub config_path: PathBuf,
+    /// The pod IP: admin and egress listeners bind it.
+    pub pod_ip: IpAddr,
+    pub dial_timeout: Duration,
+    /// How often the config file and the certificate are re-read.
+    pub reload_interval: Duration,
+    pub status_interval: Duration,
+    /// How long shutdown waits for open connections.
+    pub drain_timeout: Duration,
+    pub backend_probe_interval: Duration,
+    pub backend_connect_timeout: Duration,
+    /// For routes without `backendRequestTimeoutSeconds`.
+    pub backend_request_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(
+        "POD_IP {0} cannot carry the admin and egress listeners: loopback is reachable from the tailnet, and the unspecified address would include it"
+    )]
+    PodAddress(IpAddr),
+    #[error("the config at startup is unusable")]
+    Config(#[from] ConfigError),
+    #[error("cannot bind the admin listener on {address}")]
+    AdminBind {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs until `shutdown` resolves, then stops accepting and waits up to the drain timeout
+/// for open connections.
+pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    if options.pod_ip.is_loopback() || options.pod_ip.is_unspecified() {
+        return Err(RunError::PodAddress(options.pod_ip));
+    }
+    let (config, raw) = config::load(&options.config_path)?;
+    let mut registry = Registry::default();
+    let metrics = Arc::new(Metrics::new(&mut registry));
+    let state = Arc::new(AgentState::new());
+    let localapi = LocalApi::new(&config.localapi_socket);
+
+    let admin_address = SocketAddr::new(options.pod_ip, config.admin_port);
+    let admin_listener =
+        TcpListener::bind(admin_address)
+            .await
+            .map_err(|source| RunError::AdminBind {
+                address: admin_address,
+                source,
+            })?;
+    let background = CancellationToken::new();
+    tokio::spawn(admin::serve(
+        admin_listener,
+        Admin {
+            registry: Arc::new(registry),
+            metrics: metrics.clone(),
+            state: state.clone(),
+        },
+        background.clone(),
+    ));
+    info!(address = %admin_address, "admin listener up (/metrics, /livez, /readyz, /status)");
+    tokio::spawn(poll_status(
+        localapi.clone(),
+        state.clone(),
+        metrics.clone(),
+        options.status_interval,
+        background.clone(),
+    ));
+
+    let dialer = TailnetDialer::new(localapi.clone(), options.dial_timeout, state.clone());
+    let shared = Shared {
+        metrics: metrics.clone(),
+        dialer: dialer.clone(),
+        proxy: ProxyContext {
+            metrics: metrics.clone(),
+            localapi: localapi.clone(),
+            tunnels: TaskTracker::new(),
+        },
+        connections: TaskTracker::new(),
+        draining: CancellationToken::new(),
+        backend_connect_timeout: options.backend_connect_timeout,
+    };
+    let mut supervisor = Supervisor {
+        probe_deps: ProbeDeps {
+            state: state.clone(),
+            metrics: metrics.clone(),
+            dialer,
+            connect_timeout: options.backend_connect_timeout,
+        },
+        options: options.clone(),
+        state: state.clone(),
+        metrics,
+        shared: shared.clone(),
+        config,
+        raw,
+        rejected_raw: None,
+        running: BTreeMap::new(),
+        certificate: None,
+        certificate_message: String::new(),
+        prober: Prober::default(),
+    };
+    supervisor.reconcile().await;
+
+    let mut ticker = tokio::time::interval(options.reload_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            _ = ticker.tick() => {
+                supervisor.reload_config();
+                supervisor.reconcile().await;
+            }
+        }
+    }
+
+    info!(
+        drain_seconds = options.drain_timeout.as_secs(),
+        "shutting down: listeners closed, waiting for open connections"
+    );
+    state.begin_shutdown();
+    supervisor.stop_all().await;
+    shared.draining.cancel();
+    shared.connections.close();
+    shared.proxy.tunnels.close();
+    let drained = tokio::time::timeout(options.drain_timeout, async {
+        shared.connections.wait().await;
+        shared.proxy.tunnels.wait().await;
+    })
+    .await
+    .is_ok();
+    if drained {
+        info!("all connections finished");
+    } else {
+        warn!(
+            open = shared.connections.len() + shared.proxy.tunnels.len(),
+            "drain timeout reached; closing the remaining connections"
+        );
+    }
+    background.cancel();
+    Ok(())
+}
+
+async fn poll_status(
+    localapi: LocalApi,
+    state: Arc<AgentState>,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let mut last_message = None;
+    loop {
+        let outcome = match tokio::time::timeout(STATUS_TIMEOUT, localapi.status()).await {
+            Ok(Ok(status)) => {
+                state.set_tailnet_status(&status);
+                metrics.tailnet_state.clear();
+                metrics
+                    .tailnet_state
+                    .get_or_create(&TailnetStateLabels {
+                        backend_state: status.backend_state.clone(),
+                    })
+                    .set(1);
+                Ok(())
+            }
+            Ok(Err(error)) => Err(error_chain(&error)),
+            Err(_) => Err(format!(
+                "LocalAPI status did not answer within {}s",
+                STATUS_TIMEOUT.as_secs()
+            )),
+        };
+        if let Err(message) = outcome {
+            metrics.localapi_errors.inc();
+            metrics.tailnet_state.clear();
+            state.set_tailnet_unreachable(message);
+        }
+        let tailnet = state.tailnet();
+        metrics.tailnet_connected.set(i64::from(tailnet.connected));
+        metrics
+            .tailnet_ips
+            .set(i64::try_from(tailnet.tailnet_ips.len()).unwrap_or(i64::MAX));
+        let message = (tailnet.connected, tailnet.message.clone());
+        if last_message.as_ref() != Some(&message) {
+            if tailnet.connected {
+                info!(ips = ?tailnet.tailnet_ips, version = %tailnet.version, "tailnet connected");
+            } else {
+                warn!(message = %tailnet.message, "tailnet not connected");
+            }
+            last_message = Some(message);
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+enum Payload {
+    Egress(EgressListener),
+    Tcp(TcpForward),
+    Http(Vec<HttpRoute>),
+}
+
+struct Desired {
+    key: String,
+    name: String,
+    kind: ListenerKind,
+    address: SocketAddr,
+    payload: Payload,
+}
+
+enum Update {
+    Egress(watch::Sender<EgressListener>),
+    Tcp(watch::Sender<TcpForward>),
+    Http {
+        site: watch::Sender<Arc<HttpSite>>,
+        routes: Vec<HttpRoute>,
+        store: Arc<CertStore>,
+    },
+}
+
+struct Running {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+    update: Update,
+}
+
+struct Supervisor {
+    options: Options,
+    state: Arc<AgentState>,
+    metrics: Arc<Metrics>,
+    shared: Shared,
+    probe_deps: ProbeDeps,
+    config: AgentConfig,
+    raw: Vec<u8>,
+    rejected_raw: Option<Vec<u8>>,
+    running: BTreeMap<String, Running>,
+    certificate: Option<Arc<CertStore>>,
+    certificate_message: String,
+    prober: Prober,
+}
+
+fn desired_listeners(config: &AgentConfig, pod_ip: IpAddr) -> Vec<Desired> {
+    let mut desired = Vec::new();
+    for egress in &config.egress {
+        let address = SocketAddr::new(pod_ip, egress.listen_port);
+        desired.push(Desired {
+            key: format!("egress:{address}"),
+            name: egress.name.clone(),
+            kind: ListenerKind::Egress,
+            address,
+            payload: Payload::Egress(egress.clone()),
+        });
+    }
+    for ingress in &config.ingress {
+        match ingress {
+            IngressListener::Tcp {
+                port,
+                name,
+                backend,
+            } => {
+                let address = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), *port);
+                desired.push(Desired {
+                    key: format!("tcp:{address}"),
+                    name: name.clone(),
+                    kind: ListenerKind::Tcp,
+                    address,
+                    payload: Payload::Tcp(TcpForward {
+                        name: name.clone(),
+                        backend: backend.clone(),
+                    }),
+                });
+            }
+            IngressListener::Http { port, routes } => {
+                let address = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), *port);
+                desired.push(Desired {
+                    key: format!("http:{address}"),
+                    name: format!("https-{port}"),
+                    kind: ListenerKind::Http,
+                    address,
+                    payload: Payload::Http(routes.clone()),
+                });
+            }
+        }
+    }
+    desired
+}
+
+fn probe_specs(config: &AgentConfig, options: &Options) -> Vec<ProbeSpec> {
+    let mut specs: Vec<ProbeSpec> = config
+        .egress
+        .iter()
+        .map(|egress| ProbeSpec {
+            kind: ProbeKind::Target,
+            name: egress.name.clone(),
+            host: egress.target_host.clone(),
+            port: egress.target_port,
+            interval: egress.probe_interval_seconds.map(Duration::from_secs),
+        })
+        .collect();
+    for ingress in &config.ingress {
+        match ingress {
+            IngressListener::Tcp { name, backend, .. } => specs.push(ProbeSpec {
+                kind: ProbeKind::Backend,
+                name: name.clone(),
+                host: backend.host.clone(),
+                port: backend.port,
+                interval: Some(options.backend_probe_interval),
+            }),
+            IngressListener::Http { routes, .. } => {
+                specs.extend(routes.iter().map(|route| ProbeSpec {
+                    kind: ProbeKind::Backend,
+                    name: route.name.clone(),
+                    host: route.backend.host.clone(),
+                    port: route.backend.port,
+                    interval: Some(options.backend_probe_interval),
+                }));
+            }
+        }
+    }
+    specs
+}
+
+impl Supervisor {
+    /// Re-reads the config file; a changed, valid file replaces the config, an invalid one is
+    /// reported and the running config stays.
+    fn reload_config(&mut self) {
+        let path = &self.options.config_path;
+        let result = std::fs::read(path)
+            .map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })
+            .and_then(|raw| {
+                if raw == self.raw {
+                    return Ok(None);
+                }
+                config::from_bytes(path, &raw).map(|config| Some((config, raw)))
+            });
+        match result {
+            Ok(None) => {}
+            Ok(Some((config, raw))) => {
+                if config.admin_port != self.config.admin_port
+                    || config.localapi_socket != self.config.localapi_socket
+                {
+                    warn!("adminPort and localapiSocket changes take effect only after a restart");
+                }
+                info!(path = %path.display(), "config changed; applying it to new connections");
+                self.config = config;
+                self.raw = raw;
+                self.rejected_raw = None;
+                self.state.set_config_reload_error(String::new());
+            }
+            Err(error) => {
+                let message = error_chain(&error);
+                let raw = std::fs::read(path).ok();
+                if raw != self.rejected_raw || raw.is_none() {
+                    error!(error = %message, "changed config rejected; keeping the running one");
+                    self.metrics.config_reload_failures.inc();
+                    self.rejected_raw = raw;
+                }
+                self.state.set_config_reload_error(message);
+            }
+        }
+    }
+
+    /// The certificate store for the configured files, re-read now. `Err` says why `http`
+    /// listeners cannot serve.
+    fn refresh_certificate(&mut self) -> Result<Arc<CertStore>, String> {
+        let needed = self
+            .config
+            .ingress
+            .iter()
+            .any(|listener| matches!(listener, IngressListener::Http { .. }));
+        let Some(files) = self.config.tls.clone() else {
+            self.certificate = None;
+            self.state.set_certificate(CertificateView {
+                required: needed,
+                loaded: false,
+                message: if needed {
+                    "no certificate configured".into()
+                } else {
+                    String::new()
+                },
+            });
+            self.metrics.certificate_loaded.set(0);
+            return Err("no certificate configured".into());
+        };
+        let same_files = self.certificate.as_ref().is_some_and(|store| {
+            let (cert, key) = store.paths();
+            cert == std::path::Path::new(&files.cert_file)
+                && key == std::path::Path::new(&files.key_file)
+        });
+        if !same_files {
+            self.certificate = Some(Arc::new(CertStore::new(&files.cert_file, &files.key_file)));
+        }
+        let Some(store) = self.certificate.clone() else {
+            return Err("no certificate store".into());
+        };
+        let result = match store.reload() {
+            Ok(Reload::Loaded) => {
+                self.metrics.certificate_reloads.inc();
+                info!(cert = %files.cert_file, "serving certificate loaded");
+                Ok(store)
+            }
+            Ok(Reload::Unchanged) => Ok(store),
+            Err(error) => Err(format!("no valid certificate: {}", error_chain(&error))),
+        };
+        let message = result.as_ref().err().cloned().unwrap_or_default();
+        if message != self.certificate_message {
+            if !message.is_empty() && needed {
+                warn!(%message, "http listeners do not serve until the certificate is valid");
+            }
+            self.certificate_message = message.clone();
+        }
+        self.metrics
+            .certificate_loaded
+            .set(i64::from(result.is_ok()));
+        self.state.set_certificate(CertificateView {
+            required: needed,
+            loaded: result.is_ok(),
+            message,
+        });
+        result
+    }
+
+    async fn reconcile(&mut self) {
+        let certificate = self.refresh_certificate();
+        let desired = desired_listeners(&self.config, self.options.pod_ip);
+
+        // Stop what is no longer wanted first: a port may move between listener kinds.
+        let mut to_stop = Vec::new();
+        for key in self.running.keys() {
+            let wanted = desired.iter().find(|d| &d.key == key);
+            let keep = match wanted {
+                None => false,
+                Some(d) => !(d.kind == ListenerKind::Http && certificate.is_err()),
+            };
+            if !keep {
+                to_stop.push(key.clone());
+            }
+        }
+        for key in to_stop {
+            if let Some(running) = self.running.remove(&key) {
+                running.stop.cancel();
+                // The task owns the socket; waiting for it frees the port.
+                if let Err(error) = running.task.await {
+                    warn!(%key, %error, "listener task ended abnormally");
+                }
+                info!(%key, "listener stopped");
+            }
+            if !desired.iter().any(|d| d.key == key) {
+                self.state.remove_listener(&key);
+            }
+        }
+
+        let defaults = self.proxy_defaults();
+        for wanted in desired {
+            let view = |up: bool, message: String| ListenerView {
+                name: wanted.name.clone(),
+                kind: wanted.kind,
+                address: wanted.address.to_string(),
+                up,
+                message,
+            };
+            if let (Payload::Http(_), Err(reason)) = (&wanted.payload, &certificate) {
+                self.set_listener(&wanted.key, view(false, reason.clone()));
+                continue;
+            }
+            if let Some(running) = self.running.get_mut(&wanted.key) {
+                match (&mut running.update, &wanted.payload) {
+                    (Update::Egress(sender), Payload::Egress(egress)) => {
+                        sender.send_if_modified(|current| replace_if_changed(current, egress));
+                    }
+                    (Update::Tcp(sender), Payload::Tcp(forward)) => {
+                        sender.send_if_modified(|current| replace_if_changed(current, forward));
+                    }
+                    (
+                        Update::Http {
+                            site,
+                            routes,
+                            store,
+                        },
+                        Payload::Http(new_routes),
+                    ) => {
+                        let new_store = certificate.as_ref().ok();
+                        let store_changed =
+                            new_store.is_some_and(|new_store| !Arc::ptr_eq(new_store, store));
+                        if (routes != new_routes || store_changed)
+                            && let Some(new_store) = new_store
+                        {
+                            match HttpSite::new(
+                                wanted.name.clone(),
+                                new_routes,
+                                new_store.clone(),
+                                defaults,
+                            ) {
+                                Ok(new_site) => {
+                                    site.send_replace(Arc::new(new_site));
+                                    *routes = new_routes.clone();
+                                    *store = new_store.clone();
+                                }
+                                Err(error) => {
+                                    warn!(listener = %wanted.name, error = %error_chain(&error), "routes not applied");
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            match self.start(&wanted, certificate.as_ref().ok()).await {
+                Ok(running) => {
+                    info!(listener = %wanted.name, address = %wanted.address, kind = ?wanted.kind, "listener up");
+                    self.running.insert(wanted.key.clone(), running);
+                    self.set_listener(&wanted.key, view(true, String::new()));
+                }
+                Err(message) => {
+                    let previous = self
+                        .state
+                        .listeners()
+                        .into_iter()
+                        .find(|l| l.name == wanted.name)
+                        .map(|l| l.message);
+                    if previous.as_deref() != Some(message.as_str()) {
+                        warn!(listener = %wanted.name, address = %wanted.address, %message, "listener not up; retrying");
+                    }
+                    self.set_listener(&wanted.key, view(false, message));
+                }
+            }
+        }
+
+        let specs = probe_specs(&self.config, &self.options);
+        self.prober.reconcile(&specs, &self.probe_deps);
+        self.metrics
+            .ready
+            .set(i64::from(self.state.readiness().is_ok()));
+    }
+
+    fn set_listener(&self, key: &str, view: ListenerView) {
+        self.metrics
+            .listener_up
+            .get_or_create(&self.metrics.listener(&view.name))
+            .set(i64::from(view.up));
+        self.state.set_listener(key, view);
+    }
+
+    fn proxy_defaults(&self) -> ProxyDefaults {
+        ProxyDefaults {
+            backend_request_timeout: self.options.backend_request_timeout,
+            backend_connect_timeout: self.options.backend_connect_timeout,
+        }
+    }
+
+    async fn start(
+        &self,
+        wanted: &Desired,
+        store: Option<&Arc<CertStore>>,
+    ) -> Result<Running, String> {
+        // Build before binding, so a bad route never leaves a bound port that serves nothing.
+        let site = match (&wanted.payload, store) {
+            (Payload::Http(routes), Some(store)) => Some((
+                HttpSite::new(
+                    wanted.name.clone(),
+                    routes,
+                    store.clone(),
+                    self.proxy_defaults(),
+                )
+                .map_err(|error| error_chain(&error))?,
+                routes.clone(),
+                store.clone(),
+            )),
+            (Payload::Http(_), None) => return Err("no valid certificate".into()),
+            _ => None,
+        };
+        let listener = TcpListener::bind(wanted.address)
+            .await
+            .map_err(|error| format!("cannot bind {}: {error}", wanted.address))?;
+        let stop = CancellationToken::new();
+        let shared = self.shared.clone();
+        let (task, update) = match (&wanted.payload, site) {
+            (Payload::Egress(egress), _) => {
+                let (sender, receiver) = watch::channel(egress.clone());
+                (
+                    tokio::spawn(listeners::run_egress(
+                        listener,
+                        receiver,
+                        stop.clone(),
+                        shared,
+                    )),
+                    Update::Egress(sender),
+                )
+            }
+            (Payload::Tcp(forward), _) => {
+                let (sender, receiver) = watch::channel(forward.clone());
+                (
+                    tokio::spawn(listeners::run_tcp(listener, receiver, stop.clone(), shared)),
+                    Update::Tcp(sender),
+                )
+            }
+            (Payload::Http(_), Some((site, routes, store))) => {
+                let (sender, receiver) = watch::channel(Arc::new(site));
+                (
+                    tokio::spawn(listeners::run_http(
+                        listener,
+                        receiver,
+                        stop.clone(),
+                        shared,
+                    )),
+                    Update::Http {
+                        site: sender,
+                        routes,
+                        store,
+                    },
+                )
+            }
+            (Payload::Http(_), None) => return Err("no valid certificate".into()),
+        };
+        Ok(Running { stop, task, update })
+    }
+
+    async fn stop_all(&mut self) {
+        self.prober.stop_all();
+        for (key, running) in std::mem::take(&mut self.running) {
+            running.stop.cancel();
+            if let Err(error) = running.task.await {
+                warn!(%key, %error, "listener task ended abnormally");
+            }
+        }
+    }
+}
+
+fn replace_if_changed<T: Clone + PartialEq>(current: &mut T, new: &T) -> bool {
+    if current == new {
+        return false;
+    }
+    *current = new.clone();
+    true
+}

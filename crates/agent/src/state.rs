@@ -1,0 +1,454 @@
+//! What the agent knows about itself: tailnet state from the LocalAPI, listeners, probe
+//! results, certificate, config. Feeds `/readyz`, `/status` and the dial gate.
+//!
+//! The `/status` document ([`StatusReport`]) is what the operator reads to fill
+//! `TargetsReachable`/`BackendsReachable`; its types derive `Deserialize` for that reader.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use serde::{Deserialize, Serialize};
+
+use crate::localapi::{self, DialFailureReason};
+
+/// Result of the last reachability probe of a target or backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProbeState {
+    /// Not probed yet, or probing is switched off.
+    Unknown,
+    Reachable,
+    /// tailscaled answered Dial-Self: the target is not routed through the tailnet.
+    NoRoute,
+    Refused,
+    /// No answer in time: the ACL drops it, or the target is down.
+    Timeout,
+    Error,
+}
+
+impl ProbeState {
+    pub fn from_dial_failure(reason: DialFailureReason) -> Self {
+        match reason {
+            DialFailureReason::DialSelf => ProbeState::NoRoute,
+            DialFailureReason::Refused => ProbeState::Refused,
+            DialFailureReason::Timeout => ProbeState::Timeout,
+            DialFailureReason::Error => ProbeState::Error,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ProbeState::Unknown => "Unknown",
+            ProbeState::Reachable => "Reachable",
+            ProbeState::NoRoute => "NoRoute",
+            ProbeState::Refused => "Refused",
+            ProbeState::Timeout => "Timeout",
+            ProbeState::Error => "Error",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeView {
+    pub name: String,
+    /// `host:port` that is probed.
+    pub address: String,
+    pub state: ProbeState,
+    pub message: String,
+    /// RFC 3339 time of the last probe, absent before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TailnetView {
+    /// BackendState `Running` with at least one tailnet IP.
+    pub connected: bool,
+    pub backend_state: String,
+    pub tailnet_ips: Vec<String>,
+    pub version: String,
+    /// Whether this tailscaled answers Dial-Self (≥ 1.98); egress dials are refused otherwise.
+    pub dial_self_supported: bool,
+    pub message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListenerKind {
+    Egress,
+    Tcp,
+    Http,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerView {
+    pub name: String,
+    pub kind: ListenerKind,
+    /// `ip:port` it binds.
+    pub address: String,
+    pub up: bool,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CertificateView {
+    /// An `http` listener is configured, so a certificate is needed.
+    pub required: bool,
+    pub loaded: bool,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigView {
+    /// Empty while the file in use is the last one read; else why the newer one was rejected.
+    pub reload_error: String,
+}
+
+/// `GET /status` on the admin listener.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    pub ready: bool,
+    /// Why not ready; empty when ready.
+    pub reasons: Vec<String>,
+    pub tailnet: TailnetView,
+    pub listeners: Vec<ListenerView>,
+    /// Egress targets (probed through the tailnet).
+    pub targets: Vec<ProbeView>,
+    /// Ingress backends (probed with a TCP connect from the pod).
+    pub backends: Vec<ProbeView>,
+    pub certificate: CertificateView,
+    pub config: ConfigView,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProbeKind {
+    Target,
+    Backend,
+}
+
+#[derive(Debug, Default)]
+pub struct AgentState {
+    tailnet: RwLock<TailnetView>,
+    listeners: RwLock<BTreeMap<String, ListenerView>>,
+    probes: RwLock<BTreeMap<(ProbeKind, String), ProbeView>>,
+    certificate: RwLock<CertificateView>,
+    config: RwLock<ConfigView>,
+    shutting_down: AtomicBool,
+}
+
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl AgentState {
+    pub fn new() -> Self {
+        AgentState::default()
+    }
+
+    /// Records a LocalAPI status answer.
+    pub fn set_tailnet_status(&self, status: &localapi::Status) {
+        let tailnet_ips = status.tailscale_ips.clone().unwrap_or_default();
+        let connected = status.backend_state == "Running" && !tailnet_ips.is_empty();
+        let dial_self_supported = localapi::supports_dial_self(&status.version);
+        let mut message = String::new();
+        if !connected {
+            message = format!(
+                "tailscaled is {} without tailnet IPs",
+                if status.backend_state.is_empty() {
+                    "in an unknown state"
+                } else {
+                    status.backend_state.as_str()
+                }
+            );
+            if status.backend_state == "Running" {
+                message = "tailscaled is Running but has no tailnet IP yet".into();
+            }
+        }
+        if !dial_self_supported {
+            message = format!(
+                "tailscaled {:?} is older than 1.98: its LocalAPI dial has no Dial-Self answer and would dial unrouted targets from the pod network, so egress dials are refused",
+                status.version
+            );
+        }
+        *write(&self.tailnet) = TailnetView {
+            connected,
+            backend_state: status.backend_state.clone(),
+            tailnet_ips,
+            version: status.version.clone(),
+            dial_self_supported,
+            message,
+        };
+    }
+
+    /// Records that the LocalAPI could not be asked.
+    pub fn set_tailnet_unreachable(&self, message: String) {
+        let mut tailnet = write(&self.tailnet);
+        tailnet.connected = false;
+        tailnet.backend_state = String::new();
+        tailnet.message = message;
+        // The version stays as last seen: tailscaled restarting does not downgrade it.
+    }
+
+    pub fn tailnet(&self) -> TailnetView {
+        read(&self.tailnet).clone()
+    }
+
+    /// Egress may dial only through a tailscaled known to answer Dial-Self.
+    pub fn dial_permitted(&self) -> Result<(), String> {
+        let tailnet = read(&self.tailnet);
+        if tailnet.dial_self_supported {
+            return Ok(());
+        }
+        if tailnet.version.is_empty() {
+            return Err("tailscaled's version is not known yet (no LocalAPI status so far); refusing to dial".into());
+        }
+        Err(tailnet.message.clone())
+    }
+
+    pub fn set_listener(&self, key: &str, view: ListenerView) {
+        write(&self.listeners).insert(key.to_owned(), view);
+    }
+
+    pub fn remove_listener(&self, key: &str) {
+        write(&self.listeners).remove(key);
+    }
+
+    pub fn listeners(&self) -> Vec<ListenerView> {
+        read(&self.listeners).values().cloned().collect()
+    }
+
+    /// Registers a probed target/backend (state `Unknown`) or updates its address, keeping
+    /// the last result when the address is unchanged.
+    pub fn declare_probe(&self, kind: ProbeKind, name: &str, address: &str, message: &str) {
+        let mut probes = write(&self.probes);
+        let entry = probes
+            .entry((kind, name.to_owned()))
+            .or_insert_with(|| ProbeView {
+                name: name.to_owned(),
+                address: address.to_owned(),
+                state: ProbeState::Unknown,
+                message: message.to_owned(),
+                last_probe: None,
+            });
+        if entry.address != address {
+            entry.address = address.to_owned();
+            entry.state = ProbeState::Unknown;
+            entry.message = message.to_owned();
+            entry.last_probe = None;
+        } else if entry.state == ProbeState::Unknown {
+            entry.message = message.to_owned();
+        }
+    }
+
+    /// Keeps only the probes named in `keep`.
+    pub fn retain_probes(&self, keep: &[(ProbeKind, String)]) {
+        write(&self.probes).retain(|key, _| keep.contains(key));
+    }
+
+    pub fn set_probe_result(
+        &self,
+        kind: ProbeKind,
+        name: &str,
+        state: ProbeState,
+        message: String,
+    ) {
+        if let Some(entry) = write(&self.probes).get_mut(&(kind, name.to_owned())) {
+            entry.state = state;
+            entry.message = message;
+            entry.last_probe = Some(
+                jiff::Timestamp::now()
+                    .round(jiff::Unit::Second)
+                    .map_or_else(
+                        |_| jiff::Timestamp::now().to_string(),
+                        |rounded| rounded.to_string(),
+                    ),
+            );
+        }
+    }
+
+    pub fn probes(&self, kind: ProbeKind) -> Vec<ProbeView> {
+        read(&self.probes)
+            .iter()
+            .filter(|((probe_kind, _), _)| *probe_kind == kind)
+            .map(|(_, view)| view.clone())
+            .collect()
+    }
+
+    pub fn set_certificate(&self, view: CertificateView) {
+        *write(&self.certificate) = view;
+    }
+
+    pub fn certificate(&self) -> CertificateView {
+        read(&self.certificate).clone()
+    }
+
+    pub fn set_config_reload_error(&self, message: String) {
+        write(&self.config).reload_error = message;
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Ready = tailnet connected AND every configured listener up (and not shutting down).
+    pub fn readiness(&self) -> Result<(), Vec<String>> {
+        let mut reasons = Vec::new();
+        if self.is_shutting_down() {
+            reasons.push("shutting down".to_owned());
+        }
+        let tailnet = self.tailnet();
+        if !tailnet.connected {
+            reasons.push(format!("tailnet not connected: {}", tailnet.message));
+        } else if !tailnet.dial_self_supported {
+            reasons.push(tailnet.message.clone());
+        }
+        for listener in self.listeners() {
+            if !listener.up {
+                reasons.push(format!(
+                    "listener {} ({:?} on {}) is not up: {}",
+                    listener.name, listener.kind, listener.address, listener.message
+                ));
+            }
+        }
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(reasons)
+        }
+    }
+
+    pub fn report(&self) -> StatusReport {
+        let (ready, reasons) = match self.readiness() {
+            Ok(()) => (true, Vec::new()),
+            Err(reasons) => (false, reasons),
+        };
+        StatusReport {
+            ready,
+            reasons,
+            tailnet: self.tailnet(),
+            listeners: self.listeners(),
+            targets: self.probes(ProbeKind::Target),
+            backends: self.probes(ProbeKind::Backend),
+            certificate: self.certificate(),
+            config: read(&self.config).clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(state: &str, version: &str, ips: &[&str]) -> localapi::Status {
+        localapi::Status {
+            version: version.into(),
+            backend_state: state.into(),
+            tailscale_ips: Some(ips.iter().map(|ip| ip.to_string()).collect()),
+            health: None,
+        }
+    }
+
+    fn listener(up: bool) -> ListenerView {
+        ListenerView {
+            name: "db".into(),
+            kind: ListenerKind::Egress,
+            address: "10.0.0.5:10000".into(),
+            up,
+            message: if up {
+                String::new()
+            } else {
+                "bind failed".into()
+            },
+        }
+    }
+
+    #[test]
+    fn ready_needs_a_connected_tailnet_and_all_listeners_up() {
+        let state = AgentState::new();
+        assert!(state.readiness().is_err(), "nothing known yet");
+        state.set_tailnet_status(&status("Running", "1.102.5", &["100.64.0.7"]));
+        state.set_listener("a", listener(true));
+        assert_eq!(state.readiness(), Ok(()));
+        state.set_listener("b", listener(false));
+        let reasons = state.readiness().err().unwrap_or_default();
+        assert!(reasons[0].contains("bind failed"), "{reasons:?}");
+        state.remove_listener("b");
+        state.set_tailnet_status(&status("Starting", "1.102.5", &[]));
+        assert!(state.readiness().is_err());
+        state.set_tailnet_status(&status("Running", "1.102.5", &["100.64.0.7"]));
+        state.begin_shutdown();
+        assert!(state.readiness().is_err());
+    }
+
+    #[test]
+    fn dialing_is_gated_on_a_dial_self_capable_tailscaled() {
+        let state = AgentState::new();
+        assert!(state.dial_permitted().is_err(), "version unknown");
+        state.set_tailnet_status(&status("Running", "1.96.2", &["100.64.0.7"]));
+        let message = state.dial_permitted().err().unwrap_or_default();
+        assert!(message.contains("older than 1.98"), "{message}");
+        assert!(state.readiness().is_err());
+        state.set_tailnet_status(&status("Starting", "1.98.0", &[]));
+        assert_eq!(state.dial_permitted(), Ok(()));
+        state.set_tailnet_unreachable("socket gone".into());
+        assert_eq!(
+            state.dial_permitted(),
+            Ok(()),
+            "a restart keeps the known version"
+        );
+    }
+
+    #[test]
+    fn probes_keep_results_until_their_address_changes() {
+        let state = AgentState::new();
+        state.declare_probe(ProbeKind::Target, "db", "192.0.2.10:5432", "not probed yet");
+        state.set_probe_result(
+            ProbeKind::Target,
+            "db",
+            ProbeState::Reachable,
+            String::new(),
+        );
+        state.declare_probe(ProbeKind::Target, "db", "192.0.2.10:5432", "not probed yet");
+        let db = &state.probes(ProbeKind::Target)[0];
+        assert_eq!(db.state, ProbeState::Reachable);
+        assert!(db.last_probe.is_some());
+        state.declare_probe(ProbeKind::Target, "db", "192.0.2.11:5432", "not probed yet");
+        assert_eq!(
+            state.probes(ProbeKind::Target)[0].state,
+            ProbeState::Unknown
+        );
+        state.retain_probes(&[]);
+        assert!(state.probes(ProbeKind::Target).is_empty());
+    }
+
+    #[test]
+    fn the_status_document_has_the_documented_shape() {
+        let state = AgentState::new();
+        state.declare_probe(ProbeKind::Target, "db", "192.0.2.10:5432", "not probed yet");
+        state.set_probe_result(
+            ProbeKind::Target,
+            "db",
+            ProbeState::NoRoute,
+            "Dial-Self".into(),
+        );
+        let json = serde_json::to_value(state.report()).unwrap_or_default();
+        assert_eq!(json["targets"][0]["name"], "db");
+        assert_eq!(json["targets"][0]["state"], "NoRoute");
+        assert!(json["targets"][0]["lastProbe"].is_string());
+        assert_eq!(json["ready"], false);
+    }
+}
