@@ -45,6 +45,15 @@ pub struct RunArgs {
     pub identity: Option<String>,
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Default image of the tailnet-agent container (a Tailnet's spec.agent.image overrides it).
+    #[arg(long, env = "AGENT_IMAGE", default_value = tailnet_render::images::DEFAULT_AGENT_IMAGE)]
+    pub agent_image: String,
+    /// Default image of the tailscale container (spec.agent.tailscaleImage overrides it).
+    #[arg(long, env = "TAILSCALE_IMAGE", default_value = tailnet_render::images::DEFAULT_TAILSCALE_IMAGE)]
+    pub tailscale_image: String,
+    /// Cluster DNS domain (backend Service names).
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
 }
 
 fn init_tracing(format: LogFormat) {
@@ -71,6 +80,11 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
             installation_id: String::new(),
             headscale_poll: args.headscale_poll_interval,
             headscale_timeout: args.headscale_timeout,
+            images: tailnet_render::images::Images {
+                agent: args.agent_image.clone(),
+                tailscale: args.tailscale_image.clone(),
+            },
+            cluster_domain: args.cluster_domain.clone(),
         },
         installation_id: args.installation_id.clone(),
         admin_address: args.admin_address,

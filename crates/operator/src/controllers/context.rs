@@ -21,6 +21,10 @@ pub struct OperatorConfig {
     /// How often Headscale state (nodes, routes, live policy) is re-read.
     pub headscale_poll: Duration,
     pub headscale_timeout: Duration,
+    /// Default agent images (a Tailnet's `spec.agent` overrides them).
+    pub images: tailnet_render::images::Images,
+    /// Cluster DNS domain, for backend Service names.
+    pub cluster_domain: String,
 }
 
 pub struct Context {

@@ -1,7 +1,9 @@
 //! Controllers: fetch → validate → render → apply (server-side apply, one field manager) →
 //! write status (only when it changed, ignoring timestamps).
 
+pub mod agent;
 pub mod context;
+pub mod egress;
 pub mod tailnet;
 
 use std::fmt::Debug;
@@ -22,6 +24,22 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
+    #[error("Headscale: {action}: {source}")]
+    Headscale {
+        action: String,
+        #[source]
+        source: tailnet_headscale::Error,
+    },
+    #[error("{action}: Headscale is not usable ({reason}: {message})")]
+    HeadscaleUnusable {
+        action: String,
+        reason: String,
+        message: String,
+    },
+    #[error("rendering: {0}")]
+    Render(#[from] tailnet_render::RenderError),
 }
 
 impl ReconcileError {
@@ -34,6 +52,10 @@ impl ReconcileError {
     pub fn reason(&self) -> &'static str {
         match self {
             ReconcileError::Kube { .. } => "KubernetesAPI",
+            ReconcileError::Finalizer(_) => "Finalizer",
+            ReconcileError::Headscale { source, .. } => source.reason(),
+            ReconcileError::Render(_) => "Render",
+            ReconcileError::HeadscaleUnusable { .. } => "HeadscaleUnusable",
         }
     }
 }

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
@@ -20,7 +21,17 @@ use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::context::{Context, OperatorConfig};
-use crate::controllers::tailnet;
+use crate::controllers::{egress, tailnet};
+
+/// Selects the objects the operator creates for agents (owned-object watches).
+const AGENT_SELECTOR: &str =
+    "app.kubernetes.io/managed-by=tailnet-operator,app.kubernetes.io/name=tailnet-agent";
+
+async fn log_result<T: std::fmt::Debug, E: std::fmt::Display>(result: Result<T, E>) {
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "controller event");
+    }
+}
 use admin::Health;
 use leader::{LeaderElector, LeaseConfig};
 use metrics::Metrics;
@@ -193,14 +204,14 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
     };
     let stop = {
         let (shutdown, lost) = (shutdown.clone(), lost.clone());
-        async move {
+        futures::FutureExt::shared(Box::pin(async move {
             tokio::select! {
                 _ = shutdown.cancelled() => {}
                 _ = lost.cancelled() => {}
             }
-        }
+        }))
     };
-    controller
+    let tailnet_controller = controller
         .watches(
             Api::<ConfigMap>::namespaced(client.clone(), &ns),
             watcher::Config::default(),
@@ -233,14 +244,42 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
             watcher::Config::default(),
             |i: TailnetIngress| Some(ObjectRef::<Tailnet>::new(&i.spec.tailnet_ref.name)),
         )
-        .graceful_shutdown_on(stop)
-        .run(tailnet::reconcile, tailnet::error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "controller event");
-            }
-        })
-        .await;
+        .graceful_shutdown_on(stop.clone())
+        .run(tailnet::reconcile, tailnet::error_policy, ctx.clone())
+        .for_each(log_result);
+    let egress_controller = {
+        let egresses = Controller::new(
+            Api::<TailnetEgress>::all(client.clone()),
+            watcher::Config::default(),
+        );
+        let store = egresses.store();
+        egresses
+            .owns(
+                Api::<Deployment>::all(client.clone()),
+                watcher::Config::default().labels(AGENT_SELECTOR),
+            )
+            .owns(
+                Api::<Service>::namespaced(client.clone(), &ns),
+                watcher::Config::default().labels(AGENT_SELECTOR),
+            )
+            .watches(
+                Api::<Tailnet>::all(client.clone()),
+                watcher::Config::default(),
+                move |t: Tailnet| {
+                    let name = t.name_any();
+                    store
+                        .state()
+                        .iter()
+                        .filter(|e| e.spec.tailnet_ref.name == name)
+                        .map(|e| ObjectRef::from_obj(&**e))
+                        .collect::<Vec<_>>()
+                },
+            )
+            .graceful_shutdown_on(stop)
+            .run(egress::reconcile, egress::error_policy, ctx.clone())
+            .for_each(log_result)
+    };
+    futures::join!(tailnet_controller, egress_controller);
     metrics.leader.set(0);
     if lost.is_cancelled() && !shutdown.is_cancelled() {
         return Err(RunError::LostLeadership);

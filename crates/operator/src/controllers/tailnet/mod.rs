@@ -123,7 +123,7 @@ async fn publish(
     }
 }
 
-async fn read_api_key(ctx: &Context, tailnet: &Tailnet) -> Result<Secret, (String, String)> {
+pub async fn read_api_key(ctx: &Context, tailnet: &Tailnet) -> Result<Secret, (String, String)> {
     let reference = &tailnet.spec.api_secret_ref;
     let ns = &ctx.config.operator_namespace;
     let api: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), ns);

@@ -1,0 +1,269 @@
+//! What egress and ingress agents share: the Tailnet they belong to, Headscale access, the
+//! node of their tag, the single-use pre-auth key, applying their objects, cleanup.
+
+use std::collections::BTreeMap;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret as K8sSecret;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use tailnet_api::{FIELD_MANAGER, Tailnet};
+use tailnet_headscale::{Client as HeadscaleClient, CreatePreAuthKey, Node};
+use tailnet_render::meta::Owner;
+
+use super::ReconcileError;
+use super::context::Context;
+
+/// Annotations on the auth Secret: which key is in it and until when it is valid (the key
+/// itself is never logged or put anywhere else).
+pub const KEY_ID_ANNOTATION: &str = "tailnet-operator.dev/pre-auth-key-id";
+pub const KEY_EXPIRES_ANNOTATION: &str = "tailnet-operator.dev/pre-auth-key-expires";
+/// How long a minted pre-auth key is valid: long enough for an image pull and a crash loop,
+/// short enough to be useless if it leaks.
+pub const PRE_AUTH_KEY_LIFETIME: SignedDuration = SignedDuration::from_mins(60);
+
+/// The Tailnet an agent belongs to and a Headscale client for it, or why not.
+pub struct TailnetAccess {
+    pub tailnet: Tailnet,
+    pub headscale: Result<HeadscaleClient, (String, String)>,
+}
+
+/// Looks up the Tailnet and builds its Headscale client. `Err` carries a reason and message
+/// for `TailnetReady=False`.
+pub async fn tailnet_access(ctx: &Context, name: &str) -> Result<TailnetAccess, (String, String)> {
+    let api: Api<Tailnet> = Api::all(ctx.client.clone());
+    let tailnet = match api.get_opt(name).await {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return Err((
+                "TailnetNotFound".to_string(),
+                format!("Tailnet {name:?} (spec.tailnetRef.name) does not exist"),
+            ));
+        }
+        Err(e) => {
+            return Err((
+                "TailnetUnreadable".to_string(),
+                format!("reading Tailnet {name}: {e}"),
+            ));
+        }
+    };
+    let headscale = match super::tailnet::read_api_key(ctx, &tailnet).await {
+        Ok(key) => ctx
+            .headscale(&tailnet.spec.server, &key)
+            .map_err(|e| (e.reason().to_string(), e.to_string())),
+        Err(problem) => Err(problem),
+    };
+    Ok(TailnetAccess { tailnet, headscale })
+}
+
+/// The node carrying `tag` (an agent's identity). Several can exist after a lost state
+/// Secret: prefer online, then the newest.
+pub fn find_node<'a>(nodes: &'a [Node], tag: &str) -> Option<&'a Node> {
+    nodes
+        .iter()
+        .filter(|n| n.tags.iter().any(|t| t == tag))
+        .max_by_key(|n| (n.online, n.id))
+}
+
+/// Where the agent's login stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyState {
+    /// The node exists: no key is needed (and none is kept).
+    NodeExists,
+    /// A valid key waits in the auth Secret for the agent's first login.
+    Pending { expires: Timestamp },
+    /// A key was minted in this reconcile.
+    Minted { expires: Timestamp },
+}
+
+fn secret_annotation(secret: &K8sSecret, key: &str) -> Option<String> {
+    secret.annotations().get(key).cloned()
+}
+
+/// Keeps exactly one valid single-use key while no node exists, none once it does. Never
+/// mints while an unexpired key is pending, so a crash-looping agent cannot make it mint in
+/// a loop.
+pub async fn ensure_pre_auth_key(
+    ctx: &Context,
+    headscale: &HeadscaleClient,
+    owner: &Owner,
+    tag: &str,
+    node_exists: bool,
+) -> Result<KeyState, ReconcileError> {
+    let names = owner.names();
+    let secrets: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let existing = secrets
+        .get_opt(&names.auth_secret)
+        .await
+        .map_err(ReconcileError::kube("get auth Secret"))?;
+    if node_exists {
+        if let Some(secret) = existing {
+            // The key is spent (single use) or unneeded: expire it and drop the Secret.
+            if let Some(id) =
+                secret_annotation(&secret, KEY_ID_ANNOTATION).and_then(|id| id.parse::<u64>().ok())
+                && let Err(e) = headscale.expire_pre_auth_key(id).await
+            {
+                tracing::debug!(key_id = id, error = %e, "expiring a used pre-auth key failed");
+            }
+            secrets
+                .delete(&names.auth_secret, &DeleteParams::default())
+                .await
+                .map_err(ReconcileError::kube("delete auth Secret"))?;
+        }
+        return Ok(KeyState::NodeExists);
+    }
+    let now = Timestamp::now();
+    if let Some(secret) = &existing
+        && let Some(expires) = secret_annotation(secret, KEY_EXPIRES_ANNOTATION)
+            .and_then(|e| e.parse::<Timestamp>().ok())
+        && expires > now + SignedDuration::from_mins(2)
+    {
+        return Ok(KeyState::Pending { expires });
+    }
+    let expires = now + PRE_AUTH_KEY_LIFETIME;
+    let key = headscale
+        .create_pre_auth_key(&CreatePreAuthKey::single_use_tagged(
+            vec![tag.to_string()],
+            expires,
+        ))
+        .await
+        .map_err(|source| ReconcileError::Headscale {
+            action: format!("mint pre-auth key for {tag}"),
+            source,
+        })?;
+    let mut secret = tailnet_render::pod::auth_secret(owner, key.key.expose());
+    secret.metadata.annotations = Some(BTreeMap::from([
+        (KEY_ID_ANNOTATION.to_string(), key.id.to_string()),
+        (KEY_EXPIRES_ANNOTATION.to_string(), expires.to_string()),
+    ]));
+    if let Err(e) = super::apply(&secrets, &names.auth_secret, &secret).await {
+        // Do not leave a valid key behind that nobody holds.
+        let _ = headscale.expire_pre_auth_key(key.id).await;
+        return Err(e);
+    }
+    Ok(KeyState::Minted { expires })
+}
+
+/// Removes the agent's identity from Headscale: its nodes and any unexpired keys of its tag.
+pub async fn forget_identity(headscale: &HeadscaleClient, tag: &str) -> Result<(), ReconcileError> {
+    let nodes = headscale
+        .list_nodes()
+        .await
+        .map_err(|source| ReconcileError::Headscale {
+            action: "list nodes".to_string(),
+            source,
+        })?;
+    for node in nodes.iter().filter(|n| n.tags.iter().any(|t| t == tag)) {
+        headscale
+            .delete_node(node.id)
+            .await
+            .map_err(|source| ReconcileError::Headscale {
+                action: format!("delete node {}", node.id),
+                source,
+            })?;
+    }
+    let keys =
+        headscale
+            .list_pre_auth_keys()
+            .await
+            .map_err(|source| ReconcileError::Headscale {
+                action: "list pre-auth keys".to_string(),
+                source,
+            })?;
+    let now = Timestamp::now();
+    for key in keys
+        .iter()
+        .filter(|k| k.acl_tags.iter().any(|t| t == tag) && k.expiration.is_some_and(|e| e > now))
+    {
+        headscale
+            .expire_pre_auth_key(key.id)
+            .await
+            .map_err(|source| ReconcileError::Headscale {
+                action: format!("expire pre-auth key {}", key.id),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+/// Whether the agent Deployment has an available pod, and a message saying what is missing.
+pub fn deployment_state(deployment: Option<&Deployment>) -> (bool, String) {
+    let Some(d) = deployment else {
+        return (false, "the agent Deployment does not exist yet".to_string());
+    };
+    let status = d.status.clone().unwrap_or_default();
+    let available = status.available_replicas.unwrap_or(0);
+    if available >= 1 {
+        return (true, "the agent pod is ready".to_string());
+    }
+    let why = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.status != "True")
+        .filter_map(|c| c.message)
+        .next()
+        .unwrap_or_else(|| "waiting for the agent pod to become ready (see its tailscale and tailnet-agent containers)".to_string());
+    (false, why)
+}
+
+/// Server-side apply of a status subresource for namespaced resource `K`.
+pub async fn patch_status<K>(
+    api: &Api<K>,
+    name: &str,
+    kind: &str,
+    status: &impl serde::Serialize,
+) -> Result<(), ReconcileError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = serde_json::json!({
+        "apiVersion": format!("{}/{}", tailnet_api::GROUP, tailnet_api::VERSION),
+        "kind": kind,
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(ReconcileError::kube(format!(
+        "patch status of {kind} {name}"
+    )))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: u64, tag: &str, online: bool) -> Node {
+        Node {
+            id,
+            tags: vec![tag.to_string()],
+            online,
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn prefers_online_then_newest_node() {
+        let nodes = vec![
+            node(1, "tag:a", true),
+            node(2, "tag:a", false),
+            node(3, "tag:b", true),
+        ];
+        assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(1));
+        let nodes = vec![node(1, "tag:a", false), node(2, "tag:a", false)];
+        assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(2));
+        assert!(find_node(&nodes, "tag:c").is_none());
+    }
+
+    #[test]
+    fn deployment_without_status_is_not_ready() {
+        assert!(!deployment_state(None).0);
+        assert!(!deployment_state(Some(&Deployment::default())).0);
+    }
+}

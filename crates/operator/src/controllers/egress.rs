@@ -1,0 +1,736 @@
+//! The TailnetEgress controller: one agent per egress (tagged node, Deployment, Services,
+//! NetworkPolicy), its pre-auth key, and a status that names the missing precondition.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ipnet::IpNet;
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, ListParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::finalizer::{self, finalizer};
+use kube::{Api, Resource, ResourceExt};
+use tailnet_api::conditions::{self, Status, reasons, types};
+use tailnet_api::egress::{EgressTargetStatus, TailnetEgressStatus};
+use tailnet_api::naming::{AgentKind, egress_tag, labels};
+use tailnet_api::tailnet::PolicyMode;
+use tailnet_api::validate::{self, TargetAddress};
+use tailnet_api::{Tailnet, TailnetEgress};
+use tailnet_headscale::Node;
+use tailnet_render::images::Images;
+use tailnet_render::meta::Owner;
+use tailnet_render::{RenderContext, egress as render_egress};
+
+use super::agent::{self, KeyState};
+use super::context::Context;
+use super::{ReconcileError, apply};
+use crate::runtime::metrics::{ControllerLabels, ErrorLabels};
+
+/// Finalizer that removes the agent's Headscale node and keys before the object goes.
+pub const FINALIZER: &str = "tailnet-operator.dev/cleanup";
+const CONTROLLER: &str = "egress";
+
+fn key(e: &TailnetEgress) -> String {
+    format!(
+        "egress/{}/{}",
+        e.namespace().unwrap_or_default(),
+        e.name_any()
+    )
+}
+
+pub async fn reconcile(
+    egress: Arc<TailnetEgress>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let started = Instant::now();
+    let labels = ControllerLabels {
+        controller: CONTROLLER.to_string(),
+    };
+    ctx.metrics.reconciles.get_or_create(&labels).inc();
+    let result = run(egress.clone(), &ctx).await;
+    ctx.metrics
+        .reconcile_duration
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.reset_backoff(&key(&egress));
+    }
+    result
+}
+
+pub fn error_policy(
+    egress: Arc<TailnetEgress>,
+    error: &ReconcileError,
+    ctx: Arc<Context>,
+) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&ErrorLabels {
+            controller: CONTROLLER.to_string(),
+            reason: error.reason().to_string(),
+        })
+        .inc();
+    let backoff = ctx.failure_backoff(&key(&egress));
+    tracing::warn!(egress = %key(&egress), %error, ?backoff, "reconcile failed");
+    Action::requeue(backoff)
+}
+
+async fn run(egress: Arc<TailnetEgress>, ctx: &Context) -> Result<Action, ReconcileError> {
+    let namespace = egress.namespace().unwrap_or_default();
+    let api: Api<TailnetEgress> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Err(e) = validate::egress_namespace(&namespace, &ctx.config.operator_namespace) {
+        // Not honoured here: no finalizer, no objects, just say so.
+        let mut status = egress.status.clone().unwrap_or_default();
+        let previous = status.clone();
+        let now = Time(Timestamp::now());
+        conditions::upsert(
+            &mut status.conditions,
+            conditions::condition(
+                types::READY,
+                Status::False,
+                reasons::WRONG_NAMESPACE,
+                e.message,
+                egress.metadata.generation,
+            ),
+            &now,
+        );
+        status.observed_generation = egress.metadata.generation;
+        if status != previous {
+            agent::patch_status(&api, &egress.name_any(), "TailnetEgress", &status).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    finalizer(&api, FINALIZER, egress, |event| async move {
+        match event {
+            finalizer::Event::Apply(e) => apply_egress(&e, ctx).await,
+            finalizer::Event::Cleanup(e) => cleanup(&e, ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
+}
+
+/// Collects conditions with stable transition times.
+struct Conditions {
+    list: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    generation: Option<i64>,
+    now: Time,
+}
+
+impl Conditions {
+    fn set(&mut self, type_: &str, status: Status, reason: &str, message: impl Into<String>) {
+        conditions::upsert(
+            &mut self.list,
+            conditions::condition(type_, status, reason, message, self.generation),
+            &self.now,
+        );
+    }
+}
+
+async fn publish(
+    ctx: &Context,
+    egress: &TailnetEgress,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: "Reconcile".to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &egress.object_ref(&())).await {
+        tracing::warn!(error = %e, "publishing event failed");
+    }
+}
+
+/// Per IP target: whether an approver node advertises a covering route and whether it is
+/// approved. Returns (route, state, message).
+fn route_state(
+    address: &IpAddr,
+    approvers: &[String],
+    nodes: &[Node],
+) -> (Option<String>, &'static str, String) {
+    let mut advertised = None;
+    for node in nodes
+        .iter()
+        .filter(|n| n.tags.iter().any(|t| approvers.contains(t)))
+    {
+        for route in node
+            .available_routes
+            .iter()
+            .filter_map(|r| r.parse::<IpNet>().ok())
+        {
+            if route.prefix_len() == 0 || !route.contains(address) {
+                continue;
+            }
+            let approved = node
+                .approved_routes
+                .iter()
+                .any(|a| a.parse::<IpNet>().ok() == Some(route));
+            if approved {
+                return (
+                    Some(route.to_string()),
+                    reasons::READY,
+                    format!("{route} via {} (approved)", node.given_name),
+                );
+            }
+            advertised = Some((route, node.given_name.clone()));
+        }
+    }
+    match advertised {
+        Some((route, node)) => (
+            Some(route.to_string()),
+            reasons::ROUTE_NOT_APPROVED,
+            format!(
+                "{route} is advertised by {node} but not approved; set the Tailnet to Apply (the operator approves it) or approve it in Headscale"
+            ),
+        ),
+        None => (
+            None,
+            reasons::ROUTE_NOT_ADVERTISED,
+            format!(
+                "no node tagged {} advertises a route covering {address}; configure the subnet router to advertise it",
+                approvers.join("/")
+            ),
+        ),
+    }
+}
+
+async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, ReconcileError> {
+    let namespace = egress.namespace().unwrap_or_default();
+    let name = egress.name_any();
+    let api: Api<TailnetEgress> = Api::namespaced(ctx.client.clone(), &namespace);
+    let previous = egress.status.clone().unwrap_or_default();
+    let mut c = Conditions {
+        list: previous.conditions.clone(),
+        generation: egress.metadata.generation,
+        now: Time(Timestamp::now()),
+    };
+    let mut status = TailnetEgressStatus {
+        observed_generation: egress.metadata.generation,
+        ..previous.clone()
+    };
+    let poll = Action::requeue(ctx.config.headscale_poll);
+    let finish = |mut status: TailnetEgressStatus, c: Conditions, required: &[&str]| {
+        let ready = conditions::ready_from(&c.list, required, c.generation);
+        let mut list = c.list;
+        conditions::upsert(&mut list, ready, &c.now);
+        status.conditions = list;
+        status
+    };
+    const REQUIRED: [&str; 6] = [
+        types::TAILNET_READY,
+        types::SERVICES_READY,
+        types::AGENT_READY,
+        types::NODE_ONLINE,
+        types::POLICY_EFFECTIVE,
+        types::ROUTES_READY,
+    ];
+
+    // Invalid spec: keep what runs (last good config), say what to fix.
+    let errors = validate::egress(&egress.spec);
+    if !errors.is_empty() {
+        c.set(
+            types::SPEC_VALID,
+            Status::False,
+            reasons::INVALID_SPEC,
+            format!(
+                "{}; the last valid configuration stays applied",
+                validate::summarize(&errors)
+            ),
+        );
+        let status = finish(status, c, &[types::SPEC_VALID]);
+        return write_status(ctx, egress, &api, &previous, status)
+            .await
+            .map(|_| poll);
+    }
+    c.list.retain(|x| x.type_ != types::SPEC_VALID);
+
+    // The Tailnet and Headscale.
+    let access = match agent::tailnet_access(ctx, &egress.spec.tailnet_ref.name).await {
+        Ok(access) => access,
+        Err((reason, message)) => {
+            c.set(types::TAILNET_READY, Status::False, &reason, message);
+            let status = finish(status, c, &REQUIRED);
+            return write_status(ctx, egress, &api, &previous, status)
+                .await
+                .map(|_| poll);
+        }
+    };
+    let tailnet: &Tailnet = &access.tailnet;
+    let tag = egress_tag(&tailnet.spec.policy.tag_prefix, &name);
+    status.tag = Some(tag.clone());
+    match &access.headscale {
+        Ok(_) => c.set(
+            types::TAILNET_READY,
+            Status::True,
+            reasons::READY,
+            format!("Tailnet {} at {}", tailnet.name_any(), tailnet.spec.server),
+        ),
+        Err((reason, message)) => c.set(
+            types::TAILNET_READY,
+            Status::False,
+            reason,
+            format!("Tailnet {}: {message}", tailnet.name_any()),
+        ),
+    }
+
+    // Service names: a target whose Service belongs to someone else is skipped.
+    let uid = egress.uid().unwrap_or_default();
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut conflicts = BTreeMap::new();
+    for target in &egress.spec.targets {
+        if let Some(existing) = services
+            .get_opt(&target.name)
+            .await
+            .map_err(ReconcileError::kube("get Service"))?
+        {
+            let owner = existing
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true))
+                .cloned();
+            if owner.as_ref().map(|o| o.uid.as_str()) != Some(uid.as_str()) {
+                let holder = owner
+                    .map(|o| format!("{} {}", o.kind, o.name))
+                    .unwrap_or_else(|| "no controller (created by hand)".to_string());
+                conflicts.insert(target.name.clone(), holder);
+            }
+        }
+    }
+
+    // Render and apply the agent.
+    let previous_ports: BTreeMap<String, u16> = previous
+        .targets
+        .iter()
+        .filter_map(|t| Some((t.name.clone(), u16::try_from(t.agent_port).ok()?)))
+        .collect();
+    let render_ctx = RenderContext {
+        operator_namespace: &ctx.config.operator_namespace,
+        tailnet_name: &tailnet.name_any(),
+        tailnet: &tailnet.spec,
+        images: Images::resolve(&ctx.config.images, tailnet.spec.agent.as_ref()),
+        cluster_domain: &ctx.config.cluster_domain,
+    };
+    let objects = render_egress::render(egress, &render_ctx, &previous_ports)?;
+    let client = &ctx.client;
+    apply(
+        &Api::<ServiceAccount>::namespaced(client.clone(), &namespace),
+        &objects.service_account.name_any(),
+        &objects.service_account,
+    )
+    .await?;
+    apply(
+        &Api::<Role>::namespaced(client.clone(), &namespace),
+        &objects.role.name_any(),
+        &objects.role,
+    )
+    .await?;
+    apply(
+        &Api::<RoleBinding>::namespaced(client.clone(), &namespace),
+        &objects.role_binding.name_any(),
+        &objects.role_binding,
+    )
+    .await?;
+    apply(
+        &Api::<Secret>::namespaced(client.clone(), &namespace),
+        &objects.state_secret.name_any(),
+        &objects.state_secret,
+    )
+    .await?;
+    apply(
+        &Api::<ConfigMap>::namespaced(client.clone(), &namespace),
+        &objects.config_map.name_any(),
+        &objects.config_map,
+    )
+    .await?;
+    apply(
+        &Api::<NetworkPolicy>::namespaced(client.clone(), &namespace),
+        &objects.network_policy.name_any(),
+        &objects.network_policy,
+    )
+    .await?;
+    let mut applied_services = BTreeMap::new();
+    for service in &objects.services {
+        let service_name = service.name_any();
+        if conflicts.contains_key(&service_name) {
+            continue;
+        }
+        let applied = apply(&services, &service_name, service).await?;
+        applied_services.insert(service_name, applied);
+    }
+    // Services of removed targets.
+    let selector = format!(
+        "{}=TailnetEgress,{}={}",
+        labels::OWNER_KIND,
+        labels::OWNER_NAME,
+        tailnet_api::naming::shorten(&name, 63)
+    );
+    for svc in services
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(ReconcileError::kube("list Services"))?
+        .items
+    {
+        let ours = svc.owner_references().iter().any(|o| o.uid == uid);
+        if ours
+            && !applied_services.contains_key(&svc.name_any())
+            && !conflicts.contains_key(&svc.name_any())
+        {
+            services
+                .delete(&svc.name_any(), &DeleteParams::default())
+                .await
+                .map_err(ReconcileError::kube("delete Service"))?;
+        }
+    }
+    let deployment = apply(
+        &Api::<Deployment>::namespaced(client.clone(), &namespace),
+        &objects.deployment.name_any(),
+        &objects.deployment,
+    )
+    .await?;
+
+    if conflicts.is_empty() {
+        c.set(
+            types::SERVICES_READY,
+            Status::True,
+            reasons::READY,
+            format!("{} Services", applied_services.len()),
+        );
+    } else {
+        let list: Vec<String> = conflicts
+            .iter()
+            .map(|(s, holder)| format!("Service {namespace}/{s} belongs to {holder}"))
+            .collect();
+        c.set(
+            types::SERVICES_READY,
+            Status::False,
+            reasons::SERVICE_NAME_CONFLICT,
+            format!(
+                "{}; those targets are skipped: rename them or remove the other Service",
+                list.join("; ")
+            ),
+        );
+    }
+    let (agent_ready, agent_message) = agent::deployment_state(Some(&deployment));
+    c.set(
+        types::AGENT_READY,
+        Status::from_bool(agent_ready),
+        if agent_ready {
+            reasons::READY
+        } else {
+            "AgentNotReady"
+        },
+        agent_message,
+    );
+
+    // Node, key, routes.
+    let owner = Owner::from_meta(AgentKind::Egress, &egress.metadata, &tailnet.name_any())?;
+    let mut nodes = Vec::new();
+    if let Ok(headscale) = &access.headscale {
+        match headscale.list_nodes().await {
+            Ok(list) => nodes = list,
+            Err(e) => c.set(
+                types::NODE_ONLINE,
+                Status::Unknown,
+                e.reason(),
+                format!("listing Headscale nodes failed: {e}"),
+            ),
+        }
+        let node = agent::find_node(&nodes, &tag).cloned();
+        let key_state =
+            agent::ensure_pre_auth_key(ctx, headscale, &owner, &tag, node.is_some()).await?;
+        if let KeyState::Minted { expires } = &key_state {
+            publish(
+                ctx,
+                egress,
+                EventType::Normal,
+                "PreAuthKeyMinted",
+                format!("minted a single-use pre-auth key for {tag}, valid until {expires}"),
+            )
+            .await;
+        }
+        match (&node, &key_state) {
+            (Some(n), _) if n.online => {
+                status.node_id = Some(n.id.to_string());
+                status.tailnet_ips = n.ip_addresses.clone();
+                c.set(
+                    types::NODE_ONLINE,
+                    Status::True,
+                    "Online",
+                    format!(
+                        "node {} (id {}) is online at {}",
+                        n.given_name,
+                        n.id,
+                        n.ip_addresses.join(", ")
+                    ),
+                );
+            }
+            (Some(n), _) => {
+                status.node_id = Some(n.id.to_string());
+                status.tailnet_ips = n.ip_addresses.clone();
+                c.set(types::NODE_ONLINE, Status::False, "NodeOffline", format!("node {} (id {}) is registered but offline; check the agent pod's tailscale container", n.given_name, n.id));
+            }
+            (None, KeyState::Pending { expires } | KeyState::Minted { expires }) => {
+                c.set(types::NODE_ONLINE, Status::False, "NodeNotRegistered", format!("waiting for the agent to log in with its pre-auth key (valid until {expires})"));
+            }
+            (None, KeyState::NodeExists) => {}
+        }
+    } else {
+        c.set(
+            types::NODE_ONLINE,
+            Status::Unknown,
+            "HeadscaleUnreachable",
+            "cannot observe the node (see TailnetReady)",
+        );
+    }
+
+    // Routes per IP target; DNS-name targets must be granted by the base.
+    let approvers = &tailnet.spec.policy.route_approvers;
+    let mut route_problems = Vec::new();
+    let mut dns_targets = Vec::new();
+    let mut target_status = Vec::new();
+    for target in &egress.spec.targets {
+        let agent_port = objects
+            .ports
+            .get(&target.name)
+            .copied()
+            .map(i32::from)
+            .unwrap_or_default();
+        let service = applied_services.get(&target.name);
+        let mut entry = EgressTargetStatus {
+            name: target.name.clone(),
+            service: service.map(|s| s.name_any()),
+            cluster_ip: service.and_then(|s| s.spec.as_ref()?.cluster_ip.clone()),
+            port: target.port,
+            agent_port,
+            ..EgressTargetStatus::default()
+        };
+        if let Some(holder) = conflicts.get(&target.name) {
+            entry.state = Some(reasons::SERVICE_NAME_CONFLICT.to_string());
+            entry.message = Some(format!("Service belongs to {holder}"));
+        } else {
+            match TargetAddress::parse("", &target.address) {
+                Ok(TargetAddress::Ip(ip)) => {
+                    let (route, state, message) = route_state(&ip, approvers, &nodes);
+                    if state != reasons::READY {
+                        route_problems.push((state, format!("{}: {message}", target.name)));
+                    }
+                    entry.route = route;
+                    entry.state = Some(state.to_string());
+                    entry.message = Some(message);
+                }
+                _ => {
+                    dns_targets.push(target.name.clone());
+                    entry.state = Some(reasons::NOT_APPLICABLE.to_string());
+                    entry.message = Some("DNS-name target: no route or grant is generated; grant it in the base policy".to_string());
+                }
+            }
+        }
+        target_status.push(entry);
+    }
+    status.targets = target_status;
+    match route_problems.first() {
+        Some((reason, _)) if access.headscale.is_ok() => {
+            c.set(
+                types::ROUTES_READY,
+                Status::False,
+                reason,
+                route_problems
+                    .iter()
+                    .map(|(_, m)| m.clone())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            );
+        }
+        Some(_) => c.set(
+            types::ROUTES_READY,
+            Status::Unknown,
+            "HeadscaleUnreachable",
+            "cannot observe routes (see TailnetReady)",
+        ),
+        None if !dns_targets.is_empty() && dns_targets.len() == egress.spec.targets.len() => {
+            c.set(types::ROUTES_READY, Status::True, reasons::NOT_APPLICABLE, format!("DNS-name targets ({}) need no route from the operator; grant them in the base policy", dns_targets.join(", ")));
+        }
+        None => c.set(
+            types::ROUTES_READY,
+            Status::True,
+            reasons::READY,
+            "every IP target is covered by an approved route",
+        ),
+    }
+
+    // Grants: effective only when live in Headscale.
+    let key = format!("TailnetEgress/{namespace}/{name}");
+    let tailnet_status = tailnet.status.clone().unwrap_or_default();
+    let effective = tailnet_status
+        .policy
+        .as_ref()
+        .is_some_and(|p| p.effective_for.contains(&key));
+    if effective {
+        c.set(
+            types::POLICY_EFFECTIVE,
+            Status::True,
+            reasons::READY,
+            "the grants are live in Headscale",
+        );
+    } else {
+        let applied = conditions::find(&tailnet_status.conditions, types::POLICY_APPLIED);
+        let (reason, message) = match (tailnet.spec.policy.mode, applied) {
+            (PolicyMode::DryRun, _) => (
+                reasons::DRY_RUN.to_string(),
+                format!(
+                    "Tailnet {} is in DryRun: grants are rendered but not written",
+                    tailnet.name_any()
+                ),
+            ),
+            (_, Some(a)) if a.status != "True" => (
+                a.reason.clone(),
+                format!("Tailnet {}: {}", tailnet.name_any(), a.message),
+            ),
+            _ => (
+                "NotEffective".to_string(),
+                "the grants are not live in Headscale yet".to_string(),
+            ),
+        };
+        c.set(types::POLICY_EFFECTIVE, Status::False, &reason, message);
+    }
+    c.set(
+        types::TARGETS_REACHABLE,
+        Status::Unknown,
+        "NotObserved",
+        "probe results are not collected yet",
+    );
+
+    let ready_targets = status
+        .targets
+        .iter()
+        .filter(|t| {
+            matches!(
+                t.state.as_deref(),
+                Some(reasons::READY) | Some(reasons::NOT_APPLICABLE)
+            )
+        })
+        .count();
+    status.summary = Some(format!("{ready_targets}/{} targets", status.targets.len()));
+    let status = finish(status, c, &REQUIRED);
+    let was = conditions::find(&previous.conditions, types::READY)
+        .map(|r| (r.status.clone(), r.reason.clone()));
+    let is = conditions::find(&status.conditions, types::READY)
+        .map(|r| (r.status.clone(), r.reason.clone(), r.message.clone()));
+    if let Some((s, reason, message)) = is
+        && was.as_ref().map(|(a, b)| (a.as_str(), b.as_str()))
+            != Some((s.as_str(), reason.as_str()))
+    {
+        let kind = if s == "True" {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        publish(ctx, egress, kind, &reason, message).await;
+    }
+    write_status(ctx, egress, &api, &previous, status).await?;
+    Ok(poll)
+}
+
+async fn write_status(
+    _ctx: &Context,
+    egress: &TailnetEgress,
+    api: &Api<TailnetEgress>,
+    previous: &TailnetEgressStatus,
+    status: TailnetEgressStatus,
+) -> Result<(), ReconcileError> {
+    let mut compare = status.clone();
+    compare.conditions = previous.conditions.clone();
+    if conditions::same_ignoring_time(&previous.conditions, &status.conditions)
+        && compare == *previous
+    {
+        return Ok(());
+    }
+    agent::patch_status(api, &egress.name_any(), "TailnetEgress", &status).await
+}
+
+/// Deletion: the Headscale node and unexpired keys of the tag go; owned objects go by GC;
+/// the Tailnet controller drops the grants and DNS aliases when it sees the egress gone.
+async fn cleanup(egress: &TailnetEgress, ctx: &Context) -> Result<Action, ReconcileError> {
+    let access = match agent::tailnet_access(ctx, &egress.spec.tailnet_ref.name).await {
+        Ok(access) => access,
+        Err((reason, message)) => {
+            tracing::warn!(egress = %key(egress), %reason, %message, "Tailnet gone: nothing to clean up in Headscale");
+            return Ok(Action::await_change());
+        }
+    };
+    let tag = egress_tag(&access.tailnet.spec.policy.tag_prefix, &egress.name_any());
+    match &access.headscale {
+        Ok(headscale) => agent::forget_identity(headscale, &tag).await?,
+        Err((reason, message)) => {
+            // Keep the finalizer: an orphaned tagged node would keep its grants' identity.
+            return Err(ReconcileError::HeadscaleUnusable {
+                action: format!("clean up node {tag}"),
+                reason: reason.clone(),
+                message: message.clone(),
+            });
+        }
+    }
+    publish(
+        ctx,
+        egress,
+        EventType::Normal,
+        "Cleaned",
+        format!("deleted the Headscale node(s) and expired the keys of {tag}"),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(approved: &[&str]) -> Node {
+        Node {
+            id: 1,
+            given_name: "site-router".into(),
+            tags: vec!["tag:router".into()],
+            available_routes: vec!["192.0.2.0/24".into(), "0.0.0.0/0".into()],
+            approved_routes: approved.iter().map(|s| s.to_string()).collect(),
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn route_states() {
+        let ip: IpAddr = "192.0.2.10".parse().expect("ip");
+        let approvers = vec!["tag:router".to_string()];
+        assert_eq!(
+            route_state(&ip, &approvers, &[router(&["192.0.2.0/24"])]).1,
+            reasons::READY
+        );
+        assert_eq!(
+            route_state(&ip, &approvers, &[router(&[])]).1,
+            reasons::ROUTE_NOT_APPROVED
+        );
+        let other: IpAddr = "198.51.100.20".parse().expect("ip");
+        let (route, state, message) = route_state(&other, &approvers, &[router(&["192.0.2.0/24"])]);
+        assert_eq!((route, state), (None, reasons::ROUTE_NOT_ADVERTISED));
+        assert!(message.contains("198.51.100.20"));
+        // A non-approver advertising the route does not count; neither does an exit route.
+        let mut stranger = router(&["192.0.2.0/24"]);
+        stranger.tags = vec!["tag:laptop".into()];
+        assert_eq!(
+            route_state(&ip, &approvers, &[stranger]).1,
+            reasons::ROUTE_NOT_ADVERTISED
+        );
+    }
+}
