@@ -339,7 +339,11 @@ fn builtin_images(binaries: &Binaries) -> Vec<LocalImage> {
             ]
             .concat(),
             &["containerboot"],
-        ),
+        )
+        // The lab has no Internet: no log uploads (nor DNS bootstrap for them), and the test
+        // Headscale's embedded DERP speaks plain HTTP.
+        .with_env("TS_NO_LOGS_NO_SUPPORT", "true")
+        .with_env("TS_DEBUG_USE_DERP_HTTP", "1"),
         LocalImage::new(
             "coredns",
             ImageMatcher::RepositorySuffix("coredns/coredns".into()),
@@ -426,7 +430,7 @@ struct Shared {
 /// The environment shared by all tests of this process, started on first use.
 ///
 /// It runs on a dedicated thread with its own tokio runtime, so it outlives each
-/// `#[tokio::test]` runtime. At process exit its netns, processes and (unless `TNO_KEEP_RUN`
+/// `#[tokio::test]` runtime. At process exit its netns, processes and (unless `TNO_KEEP_SCRATCH`
 /// is set) its scratch directory are removed; a killed run is cleaned up by the next one.
 pub async fn shared() -> std::result::Result<Arc<KubeEnv>, Arc<Error>> {
     static SHARED: OnceLock<Shared> = OnceLock::new();
@@ -528,7 +532,7 @@ fn register_exit_cleanup(env: &KubeEnv) {
                 let _ = tno_netlab::Netns::adopt(name).delete();
             }
         }
-        if std::env::var_os("TNO_KEEP_RUN").is_none() {
+        if std::env::var_os("TNO_KEEP_SCRATCH").is_none() {
             let _ = std::fs::remove_dir_all(&scratch);
         } else {
             eprintln!("tno-testenv: kept {}", scratch.display());

@@ -17,6 +17,7 @@ use std::process::Command;
 use tno_netlab::Netns;
 
 use crate::error::{Error, IoContext, NetlabContext, Result};
+use crate::kubelet::images::image_dir_in_container;
 use crate::process::ManagedProcess;
 
 /// A directory or file of the pod made visible inside the container.
@@ -44,6 +45,8 @@ pub struct ContainerLaunch {
     pub scratch_dir: PathBuf,
     /// The pod's directory: every [`BindMount::source`] must be inside it.
     pub pod_dir: PathBuf,
+    /// The image's host directories, mounted read-only at `image_dir_in_container(index)`.
+    pub image_dirs: Vec<PathBuf>,
     pub mounts: Vec<BindMount>,
     pub log_path: PathBuf,
 }
@@ -91,6 +94,9 @@ struct MountPlan {
     merged_sys: CString,
     pod_dir: CString,
     merged_staging: CString,
+    merged_image_root: CString,
+    /// (host directory, mount point under the new root before chroot).
+    image_mounts: Vec<(CString, CString)>,
     binds: Vec<PlannedBind>,
     working_dir_parents: Vec<CString>,
     working_dir: CString,
@@ -178,6 +184,17 @@ impl MountPlan {
             merged_sys: c_path(&merged.join("sys"))?,
             pod_dir: c_path(&launch.pod_dir)?,
             merged_staging: c_path(&merged.join(STAGING.trim_start_matches('/')))?,
+            merged_image_root: c_path(&merged.join(".tno-image"))?,
+            image_mounts: launch
+                .image_dirs
+                .iter()
+                .enumerate()
+                .map(|(index, dir)| {
+                    let inside = image_dir_in_container(index);
+                    let relative = inside.strip_prefix("/").unwrap_or(&inside);
+                    Ok((c_path(dir)?, c_path(&merged.join(relative))?))
+                })
+                .collect::<Result<Vec<_>>>()?,
             merged: c_path(&merged)?,
             binds,
             working_dir_parents: container_parents(&working_dir)?,
@@ -258,6 +275,26 @@ impl MountPlan {
                 None,
             ),
         )?;
+        if !self.image_mounts.is_empty() {
+            step("image directory root", mkdir(&self.merged_image_root))?;
+        }
+        for (host_dir, mount_point) in &self.image_mounts {
+            step("image directory", mkdir(mount_point))?;
+            step(
+                "image mount",
+                mount(Some(host_dir), mount_point, None, MS_BIND | MS_REC, None),
+            )?;
+            step(
+                "read-only image mount",
+                mount(
+                    None,
+                    mount_point,
+                    None,
+                    MS_REMOUNT | MS_BIND | MS_RDONLY,
+                    None,
+                ),
+            )?;
+        }
         step("staging directory", mkdir(&self.merged_staging))?;
         step(
             "staging mount",

@@ -19,6 +19,8 @@ pub struct EnvironmentContext<'a> {
     pub path: &'a str,
     /// `KUBERNETES_SERVICE_HOST`/`_PORT`: the `kubernetes` Service's ClusterIP and port.
     pub kubernetes_service: (&'a str, u16),
+    /// The image's ENV defaults.
+    pub image_env: &'a [(String, String)],
 }
 
 /// The ordered environment of `container` (later entries of the same name win, as in Kubernetes).
@@ -43,6 +45,7 @@ pub async fn container_environment(
             format!("tcp://{service_host}:{service_port}"),
         ),
     ];
+    env.extend(context.image_env.iter().cloned());
     for source in container.env_from.iter().flatten() {
         let prefix = source.prefix.clone().unwrap_or_default();
         let data = if let Some(reference) = &source.config_map_ref {

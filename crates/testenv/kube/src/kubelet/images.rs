@@ -13,6 +13,8 @@ pub struct LocalImage {
     pub path_dirs: Vec<PathBuf>,
     /// The image's ENTRYPOINT (program name looked up in `path_dirs`).
     pub entrypoint: Vec<String>,
+    /// The image's ENV: set before the pod's own variables, which override it.
+    pub env: Vec<(String, String)>,
 }
 
 /// Which image references a [`LocalImage`] stands for.
@@ -62,17 +64,26 @@ impl LocalImage {
             matcher,
             path_dirs,
             entrypoint: entrypoint.iter().map(|arg| arg.to_string()).collect(),
+            env: Vec::new(),
         }
     }
 
+    /// Adds an ENV default of the image.
+    pub fn with_env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_string(), value.to_string()));
+        self
+    }
+
     /// A program of this image by name (or by the basename of an image path such as
-    /// `/usr/local/bin/containerboot`); host programs (`sh`) are the fallback.
+    /// `/usr/local/bin/containerboot`), as a path inside the container (image directories are
+    /// mounted at [`image_dir_in_container`]); host programs (`sh`) are the fallback.
     pub fn resolve_program(&self, program: &str) -> Option<PathBuf> {
         let name = Path::new(program).file_name()?.to_str()?;
         self.path_dirs
             .iter()
-            .map(|dir| dir.join(name))
-            .find(|candidate| candidate.is_file())
+            .enumerate()
+            .find(|(_, dir)| dir.join(name).is_file())
+            .map(|(index, _)| image_dir_in_container(index).join(name))
             .or_else(|| {
                 let as_given = Path::new(program);
                 (as_given.is_absolute() && as_given.is_file()).then(|| as_given.to_path_buf())
@@ -87,14 +98,19 @@ impl LocalImage {
 
     /// The container's PATH: the image's directories, then the host's standard ones.
     pub fn path_env(&self) -> String {
-        let mut parts: Vec<String> = self
-            .path_dirs
-            .iter()
-            .map(|dir| dir.display().to_string())
+        let mut parts: Vec<String> = (0..self.path_dirs.len())
+            .map(|index| image_dir_in_container(index).display().to_string())
             .collect();
         parts.push(HOST_PATH.to_string());
         parts.join(":")
     }
+}
+
+/// Where the `index`th image directory appears inside containers. Binaries are mounted rather
+/// than run from their host paths, which non-root users may not be allowed to traverse
+/// (`/root/.cache/...`).
+pub fn image_dir_in_container(index: usize) -> PathBuf {
+    PathBuf::from(format!("/.tno-image/{index}"))
 }
 
 const HOST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

@@ -411,6 +411,7 @@ impl PodWorker {
             host_ip: &host_ip,
             path: &path,
             kubernetes_service: (&kubernetes_host, self.node.config.kubernetes_service.1),
+            image_env: &image.env,
         };
         let env = container_environment(&env_context, spec).await?;
         let mut argv: Vec<String> = match &spec.command {
@@ -501,6 +502,7 @@ impl PodWorker {
             read_only_root,
             scratch_dir: self.dir.join("containers").join(&spec.name),
             pod_dir: self.dir.clone(),
+            image_dirs: image.path_dirs.clone(),
             mounts,
             log_path: self.logs_dir.join(format!("{}.log", spec.name)),
         };
