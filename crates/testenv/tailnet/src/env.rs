@@ -3,7 +3,7 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::{Value, json};
 use tno_netlab::{Lab, Netns, RunId, cleanup_stale_runs};
@@ -82,24 +82,41 @@ pub struct TailnetEnv {
     pub site: RemoteSite,
     pub laptop: Laptop,
     pub headscale: Headscale,
-    pub lab: Lab,
+    /// The lab everything hangs off: this environment's own ([`TailnetEnv::start`]) or one
+    /// shared with another environment ([`TailnetEnv::start_in`]).
+    pub lab: Arc<Lab>,
     pub binaries: Binaries,
     pub run_id: RunId,
     dir: PathBuf,
+    /// Whether teardown deletes the lab: not when it belongs to someone else (the kube env).
+    owns_lab: bool,
     next_node_host: Mutex<u8>,
 }
 
 impl TailnetEnv {
-    /// Cleans leftovers of dead runs, then builds the lab, Headscale (users `admin` and
-    /// `alice`, [`TailnetEnv::base_policy`]), the remote site with its router and the laptop.
+    /// Cleans leftovers of dead runs, then builds its own lab and everything of
+    /// [`TailnetEnv::start_in`] in it, with the scratch directory `$TMPDIR/<run>`.
     pub async fn start() -> Result<TailnetEnv> {
         cleanup_stale_runs()?;
-        let binaries = Binaries::locate()?;
         let run_id = RunId::generate()?;
-        let dir = run_id.scratch_dir();
+        let lab = Arc::new(Lab::create(&run_id)?);
+        let mut env = TailnetEnv::start_in(lab, run_id.scratch_dir()).await?;
+        env.owns_lab = true;
+        Ok(env)
+    }
+
+    /// Builds the tailnet side inside an existing lab (e.g. the Kubernetes environment's, so
+    /// pods reach Headscale and the tailnet): Headscale (users `admin` and `alice`,
+    /// [`TailnetEnv::base_policy`]), the remote site with its router and the laptop. Netns are
+    /// named after the lab's run id; configs, state and logs go to `dir` (created if missing).
+    /// Teardown leaves the lab itself to its owner. The lab's `10.244.0.10`, `.11` and `.20`
+    /// upwards ([`TailnetEnv::join_node`]) must be free.
+    pub async fn start_in(lab: Arc<Lab>, dir: impl Into<PathBuf>) -> Result<TailnetEnv> {
+        let dir = dir.into();
+        let binaries = Binaries::locate()?;
+        let run_id = lab.run_id().clone();
         std::fs::create_dir_all(&dir)
             .map_err(|e| TailnetError::io(format!("creating {}", dir.display()), e))?;
-        let lab = Lab::create(&run_id)?;
         let headscale = Headscale::start(&binaries, &lab, &dir.join("headscale")).await?;
         let api = headscale.api();
         api.create_user(ADMIN_USER).await?;
@@ -160,6 +177,7 @@ impl TailnetEnv {
             binaries,
             run_id,
             dir,
+            owns_lab: false,
             next_node_host: Mutex::new(FIRST_NODE_HOST),
         })
     }
@@ -193,6 +211,12 @@ impl TailnetEnv {
     /// The run's scratch directory (`$TMPDIR/<run>`): configs, state and logs.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The base policy as JSON text (what [`TailnetEnv::start_in`] sets; valid HuJSON, so
+    /// usable as an operator's base-policy ConfigMap).
+    pub fn base_policy(&self) -> Result<String> {
+        policy_document(&[])
     }
 
     /// The base policy plus `extra_grants` (Tailscale `grants` entries), as JSON text.
@@ -266,8 +290,9 @@ impl TailnetEnv {
         report
     }
 
-    /// Kills every process and deletes every netns of this run now; removes the scratch
-    /// directory unless `TNO_KEEP_SCRATCH` is set. Idempotent.
+    /// Kills every process and deletes every netns of this environment now (the lab only if
+    /// it is its own); removes the scratch directory unless `TNO_KEEP_SCRATCH` is set.
+    /// Idempotent.
     pub fn teardown(&self) {
         self.site.router.kill();
         self.laptop.node.kill();
@@ -277,7 +302,9 @@ impl TailnetEnv {
                 eprintln!("tailnet env: {error}");
             }
         }
-        if let Err(error) = self.lab.delete() {
+        if self.owns_lab
+            && let Err(error) = self.lab.delete()
+        {
             eprintln!("tailnet env: {error}");
         }
         if std::env::var_os("TNO_KEEP_SCRATCH").is_none() {

@@ -13,7 +13,8 @@
 //!   198.51.100.20:443 banner, subnet router `tag:router` advertising [`SITE_ROUTES`], routes
 //!   not approved) + [`Laptop`] (`<run>-laptop`: user `alice` in `group:team-a`), and
 //!   [`TailnetEnv::join_node`] for more tagged nodes. [`TailnetEnv::shared`] gives one per test
-//!   process, torn down at exit.
+//!   process, torn down at exit. [`TailnetEnv::start_in`] builds the same inside another
+//!   environment's lab (the Kubernetes one, so pods join the same tailnet).
 //!
 //! Binaries come from `deps/build.sh` (see [`Binaries::locate`]). Child process output goes to
 //! log files under the run's scratch dir; [`TailnetEnv::log_report`] collects their tails.
