@@ -23,7 +23,10 @@ async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // The client logs every refused /readyz poll during startup as an error.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,kube_client::client::builder=off")
+                }),
         )
         .init();
     let Cli {
