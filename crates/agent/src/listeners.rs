@@ -106,7 +106,7 @@ async fn handle_egress(
                 %peer,
                 target = %format!("{}:{}", spec.target_host, spec.target_port),
                 reason = failure.reason.label(),
-                message = %failure.message,
+                detail = %failure.message,
                 "dial through the tailnet failed; closing the client connection"
             );
             // FIN, not RST: the client sees a clean close without any byte.

@@ -102,7 +102,7 @@ async fn probe_loop(spec: ProbeSpec, interval: Duration, deps: ProbeDeps, stop: 
             () = stop.cancelled() => return,
             result = probe_once(&spec, &deps) => result,
         };
-        debug!(kind = kind_label, name = %spec.name, state = state.label(), %message, "probe");
+        debug!(kind = kind_label, name = %spec.name, state = state.label(), detail = %message, "probe");
         deps.metrics
             .probes
             .get_or_create(&ProbeLabels {

@@ -28,6 +28,7 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -362,15 +363,30 @@ async fn proxy_request(
     );
     let backend_request = Request::from_parts(parts, body.boxed_unsync());
 
-    let head_deadline = {
-        let head = Instant::now() + backend.backend_request_timeout;
-        deadline.map_or(head, |deadline| deadline.min(head))
+    // The backend's time to answer starts when it has the whole request: while the client
+    // is still uploading, no backend can be expected to send its head.
+    let head_wait = {
+        let upload = upload.clone();
+        let timeout = backend.backend_request_timeout;
+        async move {
+            upload.wait_complete().await;
+            tokio::time::sleep(timeout).await;
+        }
     };
-    let answer =
-        tokio::time::timeout_at(head_deadline, backend.client.request(backend_request)).await;
+    let exchange_deadline = async move {
+        match deadline {
+            Some(deadline) => tokio::time::sleep_until(deadline).await,
+            None => std::future::pending().await,
+        }
+    };
+    let answer = tokio::select! {
+        answer = backend.client.request(backend_request) => Some(answer),
+        () = head_wait => None,
+        () = exchange_deadline => None,
+    };
     let mut response = match answer {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => {
+        Some(Ok(response)) => response,
+        Some(Err(error)) => {
             return if upload.expired() {
                 exchange.message = "request timeout during upload".into();
                 exchange.local_answer(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
@@ -383,10 +399,8 @@ async fn proxy_request(
                 exchange.local_answer(StatusCode::BAD_GATEWAY, "bad gateway\n")
             };
         }
-        Err(_) => {
-            let upload_cut =
-                deadline.is_some_and(|deadline| Instant::now() >= deadline) && !upload.complete();
-            return if upload.expired() || upload_cut {
+        None => {
+            return if upload.expired() || !upload.complete() {
                 exchange.message = "request timeout during upload".into();
                 exchange.local_answer(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
             } else {
@@ -470,11 +484,25 @@ fn request_host<B>(request: &Request<B>) -> Option<String> {
 struct UploadProgress {
     complete: AtomicBool,
     expired: AtomicBool,
+    completed: Notify,
 }
 
 impl UploadProgress {
     fn complete(&self) -> bool {
         self.complete.load(Ordering::SeqCst)
+    }
+
+    fn mark_complete(&self) {
+        self.complete.store(true, Ordering::SeqCst);
+        self.completed.notify_waiters();
+    }
+
+    async fn wait_complete(&self) {
+        let notified = self.completed.notified();
+        if self.complete() {
+            return;
+        }
+        notified.await;
     }
 
     fn expired(&self) -> bool {
@@ -552,7 +580,7 @@ impl Drop for Exchange {
             bytes_in = self.inbound.total(),
             bytes_out = self.outbound.total(),
             duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
-            message = %self.message,
+            detail = %self.message,
             "request"
         );
     }
@@ -572,13 +600,19 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<B> MeteredBody<B> {
+impl<B: Body> MeteredBody<B> {
     fn new(
         inner: B,
         deadline: Option<Instant>,
         tally: Arc<Tally>,
         upload: Option<Arc<UploadProgress>>,
     ) -> Self {
+        if let Some(upload) = upload.as_ref()
+            && inner.is_end_stream()
+        {
+            // hyper never polls a body that is known to be empty.
+            upload.mark_complete();
+        }
         MeteredBody {
             inner,
             deadline: deadline.map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
@@ -640,7 +674,7 @@ where
             }
             None => {
                 if let Some(upload) = this.upload.as_ref() {
-                    upload.complete.store(true, Ordering::SeqCst);
+                    upload.mark_complete();
                 }
                 // Report now rather than when hyper drops the body.
                 drop(this.exchange.take());

@@ -222,7 +222,7 @@ async fn poll_status(
             if tailnet.connected {
                 info!(ips = ?tailnet.tailnet_ips, version = %tailnet.version, "tailnet connected");
             } else {
-                warn!(message = %tailnet.message, "tailnet not connected");
+                warn!(detail = %tailnet.message, "tailnet not connected");
             }
             last_message = Some(message);
         }
@@ -447,7 +447,7 @@ impl Supervisor {
         let message = result.as_ref().err().cloned().unwrap_or_default();
         if message != self.certificate_message {
             if !message.is_empty() && needed {
-                warn!(%message, "http listeners do not serve until the certificate is valid");
+                warn!(detail = %message, "http listeners do not serve until the certificate is valid");
             }
             self.certificate_message = message.clone();
         }
@@ -562,7 +562,7 @@ impl Supervisor {
                         .find(|l| l.name == wanted.name)
                         .map(|l| l.message);
                     if previous.as_deref() != Some(message.as_str()) {
-                        warn!(listener = %wanted.name, address = %wanted.address, %message, "listener not up; retrying");
+                        warn!(listener = %wanted.name, address = %wanted.address, detail = %message, "listener not up; retrying");
                     }
                     self.set_listener(&wanted.key, view(false, message));
                 }
