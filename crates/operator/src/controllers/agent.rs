@@ -208,6 +208,82 @@ pub fn deployment_state(deployment: Option<&Deployment>) -> (bool, String) {
     (false, why)
 }
 
+/// Collects conditions with stable transition times.
+pub struct Conditions {
+    pub list: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    pub generation: Option<i64>,
+    pub now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+}
+
+impl Conditions {
+    pub fn set(
+        &mut self,
+        type_: &str,
+        status: tailnet_api::conditions::Status,
+        reason: &str,
+        message: impl Into<String>,
+    ) {
+        let condition =
+            tailnet_api::conditions::condition(type_, status, reason, message, self.generation);
+        tailnet_api::conditions::upsert(&mut self.list, condition, &self.now);
+    }
+
+    /// Adds `Ready` derived from `required` and returns the list.
+    pub fn finish(
+        mut self,
+        required: &[&str],
+    ) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+        let ready = tailnet_api::conditions::ready_from(&self.list, required, self.generation);
+        tailnet_api::conditions::upsert(&mut self.list, ready, &self.now);
+        self.list
+    }
+}
+
+/// Publishes an Event about `object` (failures are logged, never fatal).
+pub async fn publish<K>(
+    ctx: &Context,
+    object: &K,
+    type_: kube::runtime::events::EventType,
+    reason: &str,
+    note: String,
+) where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let event = kube::runtime::events::Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: "Reconcile".to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &object.object_ref(&())).await {
+        tracing::warn!(error = %e, "publishing event failed");
+    }
+}
+
+/// Publishes a Warning/Normal event when `Ready` changed status or reason.
+pub async fn publish_ready_transition<K>(
+    ctx: &Context,
+    object: &K,
+    before: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    after: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) where
+    K: kube::Resource<DynamicType = ()>,
+{
+    use tailnet_api::conditions::{find, types};
+    let was = find(before, types::READY).map(|r| (r.status.clone(), r.reason.clone()));
+    if let Some(now) = find(after, types::READY)
+        && was != Some((now.status.clone(), now.reason.clone()))
+    {
+        let kind = if now.status == "True" {
+            kube::runtime::events::EventType::Normal
+        } else {
+            kube::runtime::events::EventType::Warning
+        };
+        publish(ctx, object, kind, &now.reason, now.message.clone()).await;
+    }
+}
+
 /// Server-side apply of a status subresource for namespaced resource `K`.
 pub async fn patch_status<K>(
     api: &Api<K>,

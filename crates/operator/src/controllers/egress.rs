@@ -15,9 +15,9 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, finalizer};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use tailnet_api::conditions::{self, Status, reasons, types};
 use tailnet_api::egress::{EgressTargetStatus, TailnetEgressStatus};
 use tailnet_api::naming::{AgentKind, egress_tag, labels};
@@ -118,42 +118,6 @@ async fn run(egress: Arc<TailnetEgress>, ctx: &Context) -> Result<Action, Reconc
     .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
 }
 
-/// Collects conditions with stable transition times.
-struct Conditions {
-    list: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
-    generation: Option<i64>,
-    now: Time,
-}
-
-impl Conditions {
-    fn set(&mut self, type_: &str, status: Status, reason: &str, message: impl Into<String>) {
-        conditions::upsert(
-            &mut self.list,
-            conditions::condition(type_, status, reason, message, self.generation),
-            &self.now,
-        );
-    }
-}
-
-async fn publish(
-    ctx: &Context,
-    egress: &TailnetEgress,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let event = Event {
-        type_,
-        reason: reason.to_string(),
-        note: Some(note),
-        action: "Reconcile".to_string(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &egress.object_ref(&())).await {
-        tracing::warn!(error = %e, "publishing event failed");
-    }
-}
-
 /// Per IP target: whether an approver node advertises a covering route and whether it is
 /// approved. Returns (route, state, message).
 fn route_state(
@@ -212,7 +176,7 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
     let name = egress.name_any();
     let api: Api<TailnetEgress> = Api::namespaced(ctx.client.clone(), &namespace);
     let previous = egress.status.clone().unwrap_or_default();
-    let mut c = Conditions {
+    let mut c = agent::Conditions {
         list: previous.conditions.clone(),
         generation: egress.metadata.generation,
         now: Time(Timestamp::now()),
@@ -222,11 +186,8 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         ..previous.clone()
     };
     let poll = Action::requeue(ctx.config.headscale_poll);
-    let finish = |mut status: TailnetEgressStatus, c: Conditions, required: &[&str]| {
-        let ready = conditions::ready_from(&c.list, required, c.generation);
-        let mut list = c.list;
-        conditions::upsert(&mut list, ready, &c.now);
-        status.conditions = list;
+    let finish = |mut status: TailnetEgressStatus, c: agent::Conditions, required: &[&str]| {
+        status.conditions = c.finish(required);
         status
     };
     const REQUIRED: [&str; 6] = [
@@ -452,7 +413,7 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         let key_state =
             agent::ensure_pre_auth_key(ctx, headscale, &owner, &tag, node.is_some()).await?;
         if let KeyState::Minted { expires } = &key_state {
-            publish(
+            agent::publish(
                 ctx,
                 egress,
                 EventType::Normal,
@@ -625,21 +586,7 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         .count();
     status.summary = Some(format!("{ready_targets}/{} targets", status.targets.len()));
     let status = finish(status, c, &REQUIRED);
-    let was = conditions::find(&previous.conditions, types::READY)
-        .map(|r| (r.status.clone(), r.reason.clone()));
-    let is = conditions::find(&status.conditions, types::READY)
-        .map(|r| (r.status.clone(), r.reason.clone(), r.message.clone()));
-    if let Some((s, reason, message)) = is
-        && was.as_ref().map(|(a, b)| (a.as_str(), b.as_str()))
-            != Some((s.as_str(), reason.as_str()))
-    {
-        let kind = if s == "True" {
-            EventType::Normal
-        } else {
-            EventType::Warning
-        };
-        publish(ctx, egress, kind, &reason, message).await;
-    }
+    agent::publish_ready_transition(ctx, egress, &previous.conditions, &status.conditions).await;
     write_status(ctx, egress, &api, &previous, status).await?;
     Ok(poll)
 }
@@ -683,7 +630,7 @@ async fn cleanup(egress: &TailnetEgress, ctx: &Context) -> Result<Action, Reconc
             });
         }
     }
-    publish(
+    agent::publish(
         ctx,
         egress,
         EventType::Normal,

@@ -2,8 +2,10 @@
 //! write status (only when it changed, ignoring timestamps).
 
 pub mod agent;
+pub mod certificates;
 pub mod context;
 pub mod egress;
+pub mod ingress;
 pub mod tailnet;
 
 use std::fmt::Debug;

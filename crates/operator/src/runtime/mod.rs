@@ -21,7 +21,7 @@ use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::context::{Context, OperatorConfig};
-use crate::controllers::{egress, tailnet};
+use crate::controllers::{egress, ingress, tailnet};
 
 /// Selects the objects the operator creates for agents (owned-object watches).
 const AGENT_SELECTOR: &str =
@@ -275,11 +275,39 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
                         .collect::<Vec<_>>()
                 },
             )
-            .graceful_shutdown_on(stop)
+            .graceful_shutdown_on(stop.clone())
             .run(egress::reconcile, egress::error_policy, ctx.clone())
             .for_each(log_result)
     };
-    futures::join!(tailnet_controller, egress_controller);
+    let ingress_controller = {
+        let ingresses = Controller::new(
+            Api::<TailnetIngress>::all(client.clone()),
+            watcher::Config::default(),
+        );
+        let store = ingresses.store();
+        ingresses
+            .owns(
+                Api::<Deployment>::all(client.clone()),
+                watcher::Config::default().labels(AGENT_SELECTOR),
+            )
+            .watches(
+                Api::<Tailnet>::all(client.clone()),
+                watcher::Config::default(),
+                move |t: Tailnet| {
+                    let name = t.name_any();
+                    store
+                        .state()
+                        .iter()
+                        .filter(|i| i.spec.tailnet_ref.name == name)
+                        .map(|i| ObjectRef::from_obj(&**i))
+                        .collect::<Vec<_>>()
+                },
+            )
+            .graceful_shutdown_on(stop.clone())
+            .run(ingress::reconcile, ingress::error_policy, ctx.clone())
+            .for_each(log_result)
+    };
+    futures::join!(tailnet_controller, egress_controller, ingress_controller);
     metrics.leader.set(0);
     if lost.is_cancelled() && !shutdown.is_cancelled() {
         return Err(RunError::LostLeadership);
