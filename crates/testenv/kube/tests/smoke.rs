@@ -283,3 +283,108 @@ echo "all checks passed""#;
     assert_eq!(phase, "Succeeded", "inspect pod failed; its log:\n{log}");
     assert!(log.contains("all checks passed"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashing_containers_restart_with_backoff_and_probes_gate_readiness() {
+    let env = env().await;
+    let namespace = env.namespace("restarts").await.expect("namespace");
+    let ns = namespace.name().to_string();
+    let pods: Api<Pod> = Api::namespaced(namespace.client().clone(), &ns);
+    pods.create(
+        &PostParams::default(),
+        &object(serde_json::json!({
+            "metadata": { "name": "mixed" },
+            "spec": {
+                "terminationGracePeriodSeconds": 3,
+                "containers": [
+                    {
+                        "name": "crash",
+                        "image": TEST_SERVERS_IMAGE,
+                        "command": ["sh", "-c", "echo started; exit 3"],
+                    },
+                    {
+                        "name": "web",
+                        "image": TEST_SERVERS_IMAGE,
+                        "args": ["http-echo", "--listen", "0.0.0.0:8080"],
+                        "readinessProbe": {
+                            "httpGet": { "path": "/healthz", "port": 8080 },
+                            "periodSeconds": 1,
+                        },
+                    },
+                ],
+            },
+        })),
+    )
+    .await
+    .expect("pod created");
+
+    let statuses = poll_until(
+        "two restarts of the crashing container",
+        DEADLINE,
+        || async {
+            let pod = pods.get_opt("mixed").await.ok().flatten()?;
+            let statuses = pod.status?.container_statuses?;
+            let crash = statuses.iter().find(|status| status.name == "crash")?;
+            (crash.restart_count >= 2).then_some(statuses)
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error}"));
+    let crash = statuses
+        .iter()
+        .find(|status| status.name == "crash")
+        .expect("crash status");
+    let last_exit = crash
+        .last_state
+        .as_ref()
+        .and_then(|state| state.terminated.as_ref())
+        .map(|terminated| terminated.exit_code);
+    assert_eq!(last_exit, Some(3), "{crash:?}");
+
+    poll_until(
+        "the web container to become ready by its httpGet probe",
+        DEADLINE,
+        || async {
+            let pod = pods.get_opt("mixed").await.ok().flatten()?;
+            let status = pod.status?;
+            let web_ready = status
+                .container_statuses?
+                .iter()
+                .any(|container| container.name == "web" && container.ready);
+            let pod_ready = status
+                .conditions?
+                .iter()
+                .any(|condition| condition.type_ == "Ready" && condition.status == "True");
+            // The pod stays unready while one of its containers crash-loops.
+            (web_ready && !pod_ready).then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error}"));
+    assert!(
+        namespace
+            .container_log("mixed", "crash")
+            .contains("started")
+    );
+
+    let uid = pods
+        .get("mixed")
+        .await
+        .expect("pod")
+        .metadata
+        .uid
+        .expect("uid");
+    pods.delete("mixed", &DeleteParams::default())
+        .await
+        .expect("pod deleted");
+    poll_until(
+        "the pod object and its netns to be gone",
+        DEADLINE,
+        || async {
+            let gone = pods.get_opt("mixed").await.ok()?.is_none();
+            (gone && pod_netns_with_processes(&env, &uid).is_none()).then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error}"));
+}
