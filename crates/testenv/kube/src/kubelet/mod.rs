@@ -58,6 +58,8 @@ pub(crate) struct NodeContext {
     pub client: kube::Client,
     pub lab: Arc<Lab>,
     pub config: KubeletConfig,
+    /// Conditions never change while the kubelet runs: they all date from registration.
+    pub registered_at: Timestamp,
 }
 
 impl NodeContext {
@@ -97,6 +99,7 @@ impl Kubelet {
             client: node_client,
             lab,
             config,
+            registered_at: Timestamp::now(),
         });
         register_node(&context).await?;
         let workers: Workers = Arc::default();
@@ -184,10 +187,11 @@ async fn register_node(context: &NodeContext) -> Result<()> {
 async fn update_node_status(context: &NodeContext) -> Result<()> {
     let config = &context.config;
     let now = Time(Timestamp::now());
+    let since = Time(context.registered_at);
     let condition = |kind: &str, status: &str, reason: &str| {
         serde_json::json!({
             "type": kind, "status": status, "reason": reason,
-            "lastHeartbeatTime": now, "lastTransitionTime": now,
+            "lastHeartbeatTime": now, "lastTransitionTime": since,
         })
     };
     let resources = serde_json::json!({"cpu": "4", "memory": "16Gi", "pods": "110", "ephemeral-storage": "50Gi"});
@@ -212,7 +216,7 @@ async fn update_node_status(context: &NodeContext) -> Result<()> {
         },
     }});
     let nodes: Api<Node> = Api::all(context.client.clone());
-    // Lifecycle controller timestamps only move forward, so every heartbeat rewrites them.
+    // The node lifecycle controller reads lastHeartbeatTime (with the Lease) as liveness.
     nodes
         .patch_status(
             &config.node_name,

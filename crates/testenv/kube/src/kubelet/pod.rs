@@ -480,6 +480,23 @@ impl PodWorker {
                     .as_ref()
                     .and_then(|context| context.run_as_group)
             });
+        let run_as_non_root = container_security
+            .as_ref()
+            .and_then(|context| context.run_as_non_root)
+            .or_else(|| {
+                pod_security
+                    .as_ref()
+                    .and_then(|context| context.run_as_non_root)
+            })
+            .unwrap_or(false);
+        // The mapped images have no USER, so like the kubelet with a root image we refuse to
+        // guess: runAsNonRoot needs an explicit non-zero runAsUser.
+        if run_as_non_root && uid.is_none_or(|uid| uid == 0) {
+            return Err(self.pod_error(format!(
+                "container {} has runAsNonRoot and image will run as root",
+                spec.name
+            )));
+        }
         let run_as = uid.map(|uid| (uid as u32, gid.unwrap_or(uid) as u32));
         let read_only_root = container_security
             .as_ref()
