@@ -97,12 +97,16 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         background.clone(),
     ));
     info!(address = %admin_address, "admin listener up (/metrics, /livez, /readyz, /status)");
+    // Once before anything dials: egress is refused until tailscaled's version is known.
+    let mut last_logged = None;
+    refresh_status(&localapi, &state, &metrics, &mut last_logged).await;
     tokio::spawn(poll_status(
         localapi.clone(),
         state.clone(),
         metrics.clone(),
         options.status_interval,
         background.clone(),
+        last_logged,
     ));
 
     let dialer = TailnetDialer::new(localapi.clone(), options.dial_timeout, state.clone());
@@ -186,50 +190,60 @@ async fn poll_status(
     metrics: Arc<Metrics>,
     interval: Duration,
     stop: CancellationToken,
+    mut last_logged: Option<(bool, String)>,
 ) {
-    let mut last_message = None;
     loop {
-        let outcome = match tokio::time::timeout(STATUS_TIMEOUT, localapi.status()).await {
-            Ok(Ok(status)) => {
-                state.set_tailnet_status(&status);
-                metrics.tailnet_state.clear();
-                metrics
-                    .tailnet_state
-                    .get_or_create(&TailnetStateLabels {
-                        backend_state: status.backend_state.clone(),
-                    })
-                    .set(1);
-                Ok(())
-            }
-            Ok(Err(error)) => Err(error_chain(&error)),
-            Err(_) => Err(format!(
-                "LocalAPI status did not answer within {}s",
-                STATUS_TIMEOUT.as_secs()
-            )),
-        };
-        if let Err(message) = outcome {
-            metrics.localapi_errors.inc();
-            metrics.tailnet_state.clear();
-            state.set_tailnet_unreachable(message);
-        }
-        let tailnet = state.tailnet();
-        metrics.tailnet_connected.set(i64::from(tailnet.connected));
-        metrics
-            .tailnet_ips
-            .set(i64::try_from(tailnet.tailnet_ips.len()).unwrap_or(i64::MAX));
-        let message = (tailnet.connected, tailnet.message.clone());
-        if last_message.as_ref() != Some(&message) {
-            if tailnet.connected {
-                info!(ips = ?tailnet.tailnet_ips, version = %tailnet.version, "tailnet connected");
-            } else {
-                warn!(detail = %tailnet.message, "tailnet not connected");
-            }
-            last_message = Some(message);
-        }
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
+        refresh_status(&localapi, &state, &metrics, &mut last_logged).await;
+    }
+}
+
+/// One LocalAPI status read into state and metrics; logs transitions only.
+async fn refresh_status(
+    localapi: &LocalApi,
+    state: &AgentState,
+    metrics: &Metrics,
+    last_logged: &mut Option<(bool, String)>,
+) {
+    let outcome = match tokio::time::timeout(STATUS_TIMEOUT, localapi.status()).await {
+        Ok(Ok(status)) => {
+            state.set_tailnet_status(&status);
+            metrics.tailnet_state.clear();
+            metrics
+                .tailnet_state
+                .get_or_create(&TailnetStateLabels {
+                    backend_state: status.backend_state.clone(),
+                })
+                .set(1);
+            Ok(())
+        }
+        Ok(Err(error)) => Err(error_chain(&error)),
+        Err(_) => Err(format!(
+            "LocalAPI status did not answer within {}s",
+            STATUS_TIMEOUT.as_secs()
+        )),
+    };
+    if let Err(message) = outcome {
+        metrics.localapi_errors.inc();
+        metrics.tailnet_state.clear();
+        state.set_tailnet_unreachable(message);
+    }
+    let tailnet = state.tailnet();
+    metrics.tailnet_connected.set(i64::from(tailnet.connected));
+    metrics
+        .tailnet_ips
+        .set(i64::try_from(tailnet.tailnet_ips.len()).unwrap_or(i64::MAX));
+    let current = (tailnet.connected, tailnet.message.clone());
+    if last_logged.as_ref() != Some(&current) {
+        if tailnet.connected {
+            info!(ips = ?tailnet.tailnet_ips, version = %tailnet.version, "tailnet connected");
+        } else {
+            warn!(detail = %tailnet.message, "tailnet not connected");
+        }
+        *last_logged = Some(current);
     }
 }
 

@@ -1,0 +1,376 @@
+//! Egress through a REAL tailnet: Headscale 0.29, tailscaled 1.102 (userspace networking) for
+//! the agent's node, a subnet router in front of the remote site 192.0.2.0/24, and the real
+//! `tailnet-agent` binary in the node's network namespace talking to its LocalAPI socket.
+//!
+//! Needs root and the binaries from `deps/build.sh`. Without the binaries the test says so
+//! and passes, unless `TNO_REQUIRE_REAL_ENV=1` (then it fails).
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Agent, admin_get, eventually, metric};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tno_netlab::{Netns, RunId};
+use tno_testenv_tailnet::{
+    Binaries, CLIENT_TAG, Dialed, JoinOptions, SITE_BANNER, SITE_ECHO, SITE_ROUTES, TailnetEnv,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const REMOTE_DB: u16 = 10000;
+const NOT_ROUTED: u16 = 10001;
+const CLOSED_PORT: u16 = 10002;
+const UNGRANTED_PORT: u16 = 10003;
+const UNGRANTED_HOST: u16 = 10004;
+/// A server in the agent's own netns on its lab address: reachable from the pod network,
+/// not a tailnet route. If anything dialed it, traffic would have left the tailnet.
+const LEAK_WITNESS_PORT: u16 = 17777;
+const TRANSFER_BYTES: usize = 16 * 1024 * 1024;
+
+fn skip_without_binaries() -> bool {
+    match Binaries::locate() {
+        Ok(_) => false,
+        Err(error) if std::env::var_os("TNO_REQUIRE_REAL_ENV").is_none() => {
+            eprintln!("SKIPPED: real tailnet binaries missing ({error}); run deps/build.sh");
+            true
+        }
+        Err(error) => panic!("TNO_REQUIRE_REAL_ENV is set but: {error}"),
+    }
+}
+
+fn agent_port(port: u16) -> SocketAddr {
+    SocketAddr::from((common::POD_IP, port))
+}
+
+/// Writes `payload` and reads as many bytes back concurrently; returns (sha256, seconds).
+async fn echo_transfer<S>(stream: S, payload: Arc<Vec<u8>>) -> (String, f64)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let started = Instant::now();
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let length = payload.len();
+    let writing = tokio::spawn(async move {
+        for chunk in payload.chunks(64 * 1024) {
+            writer.write_all(chunk).await?;
+        }
+        std::io::Result::Ok(writer)
+    });
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut received = 0;
+    while received < length {
+        let read = reader
+            .read(&mut buffer)
+            .await
+            .unwrap_or_else(|e| panic!("echo read: {e}"));
+        assert!(read > 0, "echo closed after {received} bytes");
+        hasher.update(&buffer[..read]);
+        received += read;
+    }
+    let _writer = writing.await.unwrap_or_else(|e| panic!("{e}"));
+    (
+        common::backend::hex(&hasher.finalize()),
+        started.elapsed().as_secs_f64(),
+    )
+}
+
+async fn echo_once(port: u16) -> Result<(), String> {
+    let attempt = async {
+        let mut stream = TcpStream::connect(agent_port(port))
+            .await
+            .map_err(|e| e.to_string())?;
+        stream
+            .write_all(b"hello")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut answer = [0u8; 5];
+        stream
+            .read_exact(&mut answer)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        if &answer == b"hello" {
+            Ok(())
+        } else {
+            Err(format!("wrong echo {answer:?}"))
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(6), attempt)
+        .await
+        .unwrap_or_else(|_| Err("no echo within 6s".into()))
+}
+
+#[test]
+fn egress_through_real_tailscaled_and_dial_self_refused() {
+    if skip_without_binaries() {
+        return;
+    }
+    let root_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    let (env, joined) = root_runtime.block_on(async {
+        let env = TailnetEnv::shared()
+            .await
+            .unwrap_or_else(|e| panic!("tailnet environment: {e}"));
+        let joined = env
+            .join_node(
+                "egress-agent",
+                JoinOptions {
+                    tags: vec![CLIENT_TAG.into()],
+                    accept_routes: true,
+                    ..JoinOptions::default()
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("agent node joins: {e}\n{}", env.log_report(&[])));
+        let api = env.headscale.api();
+        let grant = json!({
+            "src": [CLIENT_TAG],
+            "dst": [format!("{}/32", SITE_ECHO.ip())],
+            "ip": [format!("tcp:{}", SITE_ECHO.port()), format!("tcp:{}", SITE_ECHO.port() + 1)],
+        });
+        let policy = env
+            .policy_with_grants(&[grant])
+            .unwrap_or_else(|e| panic!("policy: {e}"));
+        api.set_policy(&policy)
+            .await
+            .unwrap_or_else(|e| panic!("set policy: {e}"));
+        let router = eventually(Duration::from_secs(60), "router advertises", || async {
+            let nodes = api.list_nodes().await.ok()?;
+            nodes.into_iter().find(|node| {
+                node.given_name == "router"
+                    && SITE_ROUTES
+                        .iter()
+                        .all(|route| node.available_routes.iter().any(|r| r == route))
+            })
+        })
+        .await;
+        api.approve_routes(router.id, &SITE_ROUTES)
+            .await
+            .unwrap_or_else(|e| panic!("approve routes: {e}"));
+        (env, joined)
+    });
+
+    joined
+        .netns
+        .ip(&[
+            "addr",
+            "add",
+            &format!("{}/32", common::POD_IP),
+            "dev",
+            "lo",
+        ])
+        .unwrap_or_else(|e| panic!("pod ip: {e}"));
+    let lab_addr = joined.lab_addr;
+    let socket = joined.node.local_api().socket().to_owned();
+    let run = RunId::generate().unwrap_or_else(|e| panic!("run id: {e}"));
+    let dir = run.scratch_dir();
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let echo_host = SITE_ECHO.ip().to_string();
+    let config = json!({
+        "localapiSocket": socket,
+        "adminPort": common::ADMIN_PORT,
+        "egress": [
+            {"name": "remote-db", "listenPort": REMOTE_DB, "targetHost": echo_host,
+             "targetPort": SITE_ECHO.port(), "probeIntervalSeconds": 1},
+            {"name": "not-routed", "listenPort": NOT_ROUTED, "targetHost": lab_addr.to_string(),
+             "targetPort": LEAK_WITNESS_PORT, "probeIntervalSeconds": 1},
+            {"name": "closed-port", "listenPort": CLOSED_PORT, "targetHost": echo_host,
+             "targetPort": SITE_ECHO.port() + 1, "probeIntervalSeconds": 1},
+            {"name": "ungranted-port", "listenPort": UNGRANTED_PORT, "targetHost": echo_host,
+             "targetPort": SITE_ECHO.port() + 2, "probeIntervalSeconds": 2},
+            {"name": "ungranted-host", "listenPort": UNGRANTED_HOST, "targetHost": SITE_BANNER.ip().to_string(),
+             "targetPort": SITE_BANNER.port(), "probeIntervalSeconds": 2},
+        ],
+    });
+    let agent = Agent::start_in(
+        run,
+        Netns::adopt(joined.netns.name()),
+        dir,
+        &config,
+        &["--dial-timeout-seconds", "3"],
+    );
+    let direct_api = tno_testenv_tailnet::LocalApi::new(&socket);
+
+    agent.run(move || async move {
+        let leaks = Arc::new(AtomicUsize::new(0));
+        let witness = TcpListener::bind(SocketAddr::new(IpAddr::V4(lab_addr), LEAK_WITNESS_PORT))
+            .await
+            .unwrap_or_else(|e| panic!("leak witness: {e}"));
+        {
+            let leaks = leaks.clone();
+            tokio::spawn(async move {
+                while witness.accept().await.is_ok() {
+                    leaks.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+        // The witness is reachable from the pod network: leaking would be possible.
+        TcpStream::connect(SocketAddr::new(IpAddr::V4(lab_addr), LEAK_WITNESS_PORT))
+            .await
+            .unwrap_or_else(|e| panic!("witness reachable from the pod: {e}"));
+        eventually(Duration::from_secs(5), "witness saw the check", || async {
+            (leaks.load(Ordering::SeqCst) == 1).then_some(())
+        })
+        .await;
+        leaks.store(0, Ordering::SeqCst);
+
+        let ready = eventually(Duration::from_secs(60), "agent ready", || async {
+            let (status, body) = common::raw_http(
+                common::admin_address(),
+                "GET /readyz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+            )
+            .await
+            .ok()?;
+            (status == 200).then_some(body)
+        })
+        .await;
+        assert_eq!(ready, "ok\n");
+
+        // Bytes reach 192.0.2.10:5432 behind the subnet router and come back.
+        let mut last = String::new();
+        let converged = Instant::now() + Duration::from_secs(60);
+        while let Err(reason) = echo_once(REMOTE_DB).await {
+            assert!(Instant::now() < converged, "egress never worked: {reason}");
+            last = reason;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        eprintln!("egress echo works (last failure before: {last:?})");
+
+        // Throughput through the agent next to a direct LocalAPI dial, same run.
+        let payload: Arc<Vec<u8>> = Arc::new((0..TRANSFER_BYTES).map(|i| (i % 253) as u8).collect());
+        let expected = common::backend::hex(&Sha256::digest(payload.as_slice()));
+        let stream = TcpStream::connect(agent_port(REMOTE_DB))
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e}"));
+        let (hash, through_agent) = echo_transfer(stream, payload.clone()).await;
+        assert_eq!(hash, expected, "byte-identical through the agent");
+        let direct = match direct_api
+            .dial(&SITE_ECHO.ip().to_string(), SITE_ECHO.port())
+            .await
+            .unwrap_or_else(|e| panic!("direct dial: {e}"))
+        {
+            Dialed::Tailnet(stream) => stream,
+            Dialed::DialSelf { addr } => panic!("direct dial answered Dial-Self {addr}"),
+        };
+        let (hash, direct_seconds) = echo_transfer(direct, payload.clone()).await;
+        assert_eq!(hash, expected);
+        let mib = TRANSFER_BYTES as f64 / (1024.0 * 1024.0);
+        eprintln!(
+            "{mib:.0} MiB echo via the tailnet (debug build): agent {through_agent:.2}s ({:.1} MiB/s), direct LocalAPI dial {direct_seconds:.2}s ({:.1} MiB/s), ratio {:.2}",
+            mib / through_agent,
+            mib / direct_seconds,
+            direct_seconds / through_agent
+        );
+
+        // The client's half-close does not tear down tailscaled's tunnel before the answer.
+        let mut stream = TcpStream::connect(agent_port(REMOTE_DB))
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e}"));
+        stream.write_all(b"ping").await.unwrap_or_else(|e| panic!("{e}"));
+        stream.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+        let mut answer = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("no echo after half-close"))
+            .unwrap_or_else(|e| panic!("echo after half-close: {e}"));
+        assert_eq!(&answer, b"ping");
+
+        // Dial-Self: refused, counted, never dialed from the pod network.
+        let started = Instant::now();
+        let mut stream = TcpStream::connect(agent_port(NOT_ROUTED))
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e}"));
+        let _ = stream.write_all(b"must not leave the tailnet").await;
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("the refused connection was not closed"));
+        assert!(answer.is_empty(), "{read:?} {answer:?}");
+        eprintln!("Dial-Self refusal took {:?}", started.elapsed());
+        assert!(
+            metric(
+                "tailnet_agent_dial_failures_total",
+                &[("listener", "not-routed"), ("reason", "dial_self")]
+            )
+            .await
+                >= 1.0
+        );
+
+        // Probe results as the operator reads them.
+        let expected_states = [
+            ("remote-db", "Reachable"),
+            ("not-routed", "NoRoute"),
+            ("closed-port", "Refused"),
+            ("ungranted-port", "Timeout"),
+            ("ungranted-host", "NoRoute"),
+        ];
+        let mut seen = Default::default();
+        let probed = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let (_, body) = admin_get("/status").await;
+                let status: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                let targets: std::collections::BTreeMap<String, serde_json::Value> = status
+                    ["targets"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|t| (t["name"].as_str().unwrap_or_default().to_owned(), t.clone()))
+                    .collect();
+                let done = expected_states
+                    .iter()
+                    .all(|(name, state)| targets.get(*name).is_some_and(|t| t["state"] == *state));
+                seen = targets;
+                if done {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+        let targets: std::collections::BTreeMap<String, serde_json::Value> = seen;
+        for (name, target) in &targets {
+            eprintln!("probe {name}: {} ({})", target["state"], target["message"]);
+        }
+        assert!(probed.is_ok(), "probe states {targets:?}");
+        assert_eq!(targets["remote-db"]["state"], "Reachable");
+        assert_eq!(targets["not-routed"]["state"], "NoRoute");
+        assert!(
+            targets["not-routed"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("Dial-Self")),
+            "{}",
+            targets["not-routed"]
+        );
+        assert_eq!(targets["closed-port"]["state"], "Refused");
+        // A granted host on an ungranted port: the router's filter drops the SYN.
+        assert_eq!(targets["ungranted-port"]["state"], "Timeout");
+        // A host no grant covers: Headscale leaves it out of this node's routes altogether,
+        // so tailscaled answers Dial-Self although the router advertises (and has approved)
+        // 198.51.100.0/24. NoRoute therefore also means "no grant" with Headscale 0.29.
+        assert_eq!(targets["ungranted-host"]["state"], "NoRoute");
+
+        // Every probe of the unrouted target was refused too: nothing reached the witness.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(leaks.load(Ordering::SeqCst), 0, "a non-tailnet target was dialed");
+        let (_, metrics) = admin_get("/metrics").await;
+        assert_eq!(common::metric_in(&metrics, "tailnet_agent_tailnet_connected", &[]), 1.0);
+        assert!(
+            common::metric_in(
+                &metrics,
+                "tailnet_agent_bytes_total",
+                &[("listener", "remote-db"), ("direction", "out")]
+            ) >= TRANSFER_BYTES as f64
+        );
+    });
+    drop(agent);
+    drop(joined);
+    let _ = env;
+}
