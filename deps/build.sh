@@ -154,14 +154,17 @@ tags_of() {
   esac
 }
 
-# recipe_of C: everything that determines the build output besides the Go
-# version. A cached component whose recipe differs is rebuilt.
+# recipe_of C: what determines the build output besides the Go version and
+# module data that follows from the version (the ldflags values). Cheap and
+# offline, so a warm run needs neither the network nor the module cache.
+# A cached component whose recipe differs is rebuilt. Bump RECIPE_REV when
+# the way components are built changes.
+RECIPE_REV=2
 recipe_of() {
   local c=$1 dir=$DEPS_ROOT/go/$1
   {
-    echo "component=$c version=$(version_of "$c") recipe=1"
+    echo "component=$c version=$(version_of "$c") recipe=$RECIPE_REV"
     echo "packages=$(packages_of "$c")"
-    [[ ! -f $dir/go.mod || $c == headscale ]] || echo "ldflags=$(ldflags_of "$c" "$dir")"
     echo "tags=$(tags_of "$c") cgo=0 trimpath=1"
     [[ $c != headscale ]] || echo "method=go-install"
     [[ ! -f $dir/go.mod ]] || cat "$dir/go.mod" "$dir/go.sum"
@@ -360,6 +363,8 @@ build_component() {
   lock="$CACHE_ROOT/.lock-$c"
   exec {lockfd}>"$lock"
   flock "$lockfd"
+  # leftovers of a build that was killed (we hold the lock: none is running)
+  rm -rf "$CACHE_ROOT/.tmp-$c-"* "$CACHE_ROOT/$c-"*.old.*
   if [[ ${TNO_DEPS_FORCE:-0} != 1 ]] && is_cached "$c"; then
     log "$c $(version_of "$c"): cached in $(comp_dir "$c")"
   else
@@ -522,10 +527,11 @@ main() {
     --print-env) print_env; return ;;
     --check) mode=check; shift ;;
     --pin) mode=pin; shift ;;
-    -h | --help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
+    -h | --help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
     -*) die "unknown option $1" ;;
   esac
   local comps c failed=0 t0
+  for c; do [[ $c == all ]] || binaries_of "$c" >/dev/null; done  # unknown name: exit 1
   mapfile -t comps < <(components_from_args "$@")
   case $mode in
     check)
