@@ -1,0 +1,35 @@
+//! The end-to-end test environment (SPEC §9): one lab holding the Kubernetes environment
+//! ([`tno_testenv_kube`]) and the tailnet ([`tno_testenv_tailnet`]), so agent pods, the remote
+//! site's subnet router, the laptop and the operator all reach Headscale at the same URL.
+//!
+//! - [`E2eEnv::shared`]: the kube env of [`tno_testenv_kube::shared`] plus a
+//!   [`tno_testenv_tailnet::TailnetEnv`] started in its lab, once per test process, torn down
+//!   at exit. [`E2eEnv::start`] composes one around any [`tno_testenv_kube::KubeEnv`] (the
+//!   `tno-lab` binary does).
+//! - [`E2eEnv::start_operator`]: runs a `tailnet-operator` binary in a netns on the lab with a
+//!   kubeconfig for the apiserver's lab address; [`OperatorProcess`] forwards its admin server
+//!   to the root netns and can SIGTERM/SIGKILL it.
+//! - Operator inputs: [`E2eEnv::create_bootstrap`] (API-key Secret and base-policy ConfigMap),
+//!   [`E2eEnv::base_policy`], [`E2eEnv::tailnet_object`].
+//! - Tailnet helpers: [`E2eEnv::headscale_url`], [`E2eEnv::api_key`], [`E2eEnv::node`],
+//!   [`E2eEnv::approve_routes`], [`E2eEnv::approve_site_routes`].
+//! - Client pods: [`E2eEnv::run_pod`] and [`E2eEnv::tcp_check`] (the test-servers image's
+//!   `tcp-check`, e.g. against `remote-db.<ns>.svc.cluster.local:5432`).
+//!
+//! Needs root, the binaries of `deps/build.sh` and the workspace's own binaries
+//! (`cargo build --workspace --bins`: `tailnet-agent`, `tno-test-servers`, `tailnet-operator`).
+
+mod env;
+mod error;
+mod operator;
+mod pods;
+
+pub use env::{
+    API_KEY_KEY, BASE_POLICY_CONFIG_MAP, BASE_POLICY_KEY, BOOTSTRAP_SECRET, E2eEnv, E2eNamespace,
+    HOSTS_CONFIG_MAP, PLATFORM_GROUP,
+};
+pub use error::{E2eError, Result};
+pub use operator::{
+    E2E_AGENT_IMAGE, E2E_TAILSCALE_IMAGE, OperatorArgs, OperatorProcess, workspace_operator_binary,
+};
+pub use pods::{CLIENT_POD_DEADLINE, PodRun, tcp_check_pod};
