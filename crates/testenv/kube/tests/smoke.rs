@@ -388,3 +388,97 @@ async fn crashing_containers_restart_with_backoff_and_probes_gate_readiness() {
     .await
     .unwrap_or_else(|error| panic!("{error}"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_map_changes_reach_running_pods_and_coredns_serves_extra_hosts() {
+    let env = env().await;
+    let namespace = env.namespace("updates").await.expect("namespace");
+    let ns = namespace.name().to_string();
+    let client = namespace.client().clone();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), &ns);
+    config_maps
+        .create(
+            &PostParams::default(),
+            &object(serde_json::json!({
+                "metadata": { "name": "settings" },
+                "data": { "greeting": "one" },
+            })),
+        )
+        .await
+        .expect("configmap created");
+    let wait_for = |condition: &str| {
+        format!(
+            "for i in $(seq 1 120); do if {condition}; then echo seen; exit 0; fi; sleep 0.5; done; exit 1"
+        )
+    };
+    pods.create(
+        &PostParams::default(),
+        &object(serde_json::json!({
+            "metadata": { "name": "watcher" },
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "config",
+                        "image": TEST_SERVERS_IMAGE,
+                        "command": ["sh", "-c", wait_for("grep -q two /config/greeting")],
+                        "volumeMounts": [{ "name": "config", "mountPath": "/config" }],
+                    },
+                    {
+                        "name": "dns",
+                        "image": TEST_SERVERS_IMAGE,
+                        "command": ["sh", "-c", wait_for("getent hosts lab-gateway.tno.test | grep -q 10.244.0.1")],
+                    },
+                ],
+                "volumes": [{ "name": "config", "configMap": { "name": "settings" } }],
+            },
+        })),
+    )
+    .await
+    .expect("pod created");
+    poll_until("the watcher pod to run", DEADLINE, || async {
+        let phase = pods
+            .get_opt("watcher")
+            .await
+            .ok()
+            .flatten()?
+            .status?
+            .phase?;
+        (phase == "Running").then_some(())
+    })
+    .await
+    .unwrap_or_else(|error| panic!("{error}"));
+
+    let merge = kube::api::PatchParams::default();
+    config_maps
+        .patch(
+            "settings",
+            &merge,
+            &kube::api::Patch::Merge(serde_json::json!({ "data": { "greeting": "two" } })),
+        )
+        .await
+        .expect("configmap updated");
+    let system_config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "kube-system");
+    system_config_maps
+        .patch(
+            "coredns",
+            &merge,
+            &kube::api::Patch::Merge(
+                serde_json::json!({ "data": { "hosts": "10.244.0.1 lab-gateway.tno.test\n" } }),
+            ),
+        )
+        .await
+        .expect("coredns hosts updated");
+
+    let phase = wait_for_completion(&pods, "watcher").await;
+    assert_eq!(
+        phase,
+        "Succeeded",
+        "config:\n{}\ndns:\n{}",
+        namespace.container_log("watcher", "config"),
+        namespace.container_log("watcher", "dns")
+    );
+}

@@ -31,6 +31,9 @@ const TICK: Duration = Duration::from_millis(250);
 /// Restart backoff: shorter than the kubelet's 10 s…5 min so tests see restarts quickly.
 const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How often ConfigMap/Secret/downward API volume contents are synced into running pods (the
+/// real kubelet takes up to a minute or two).
+const VOLUME_SYNC: Duration = Duration::from_secs(3);
 /// A container that ran this long without exiting starts over with the initial backoff.
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 
@@ -204,10 +207,18 @@ impl PodWorker {
         self.set_condition("Initialized", true);
 
         let mut ticker = tokio::time::interval(TICK);
+        let mut last_volume_sync = Instant::now();
         loop {
             tokio::select! {
                 deleting = self.deletion_requested(updates) => if deleting { return Ok(()) },
                 _ = ticker.tick() => {}
+            }
+            if last_volume_sync.elapsed() >= VOLUME_SYNC {
+                last_volume_sync = Instant::now();
+                // A vanished object keeps the last contents, as in Kubernetes.
+                if let Err(error) = self.prepare_volumes().await {
+                    tracing::debug!(pod = %self.full_name(), error = %error_chain(&error), "volume sync failed");
+                }
             }
             self.step_containers().await;
             self.run_due_probes().await;

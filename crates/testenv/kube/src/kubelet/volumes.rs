@@ -1,12 +1,13 @@
 //! Pod volumes materialized as directories of the pod: ConfigMap, Secret, emptyDir, downwardAPI
 //! and projected (service-account token, ConfigMap, Secret, downwardAPI) sources.
 //!
-//! Contents are written once when the pod starts; later ConfigMap/Secret changes are not
-//! propagated (the real kubelet syncs them every minute or so).
+//! Contents are synced into running pods every few seconds (see [`prepare_volumes`]); `subPath`
+//! mounts keep the content they started with, as in Kubernetes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
@@ -32,6 +33,11 @@ pub struct VolumeContext<'a> {
 
 /// Writes every volume of the pod under `volumes_dir/<name>` and returns name → directory.
 /// Fails (for the caller to retry) while a referenced non-optional object is missing.
+///
+/// Called again periodically to sync ConfigMap/Secret/downward API contents into running
+/// containers: each volume is rendered into a staging directory and changed files are renamed
+/// into place (atomically per file; the directory itself, which containers have bind-mounted,
+/// stays). Service-account tokens are reused until [`TOKEN_REFRESH`] has passed.
 pub async fn prepare_volumes(
     context: &VolumeContext<'_>,
     volumes_dir: &Path,
@@ -44,19 +50,85 @@ pub async fn prepare_volumes(
         .and_then(|spec| spec.volumes.clone())
         .unwrap_or_default();
     for volume in &volumes {
-        let dir = volumes_dir.join(&volume.name);
-        // Rewritten from scratch on every attempt, so a retry never sees half a volume.
-        if dir.exists() && volume.empty_dir.is_none() {
-            std::fs::remove_dir_all(&dir).io_context(|| format!("clearing {dir:?}"))?;
+        let live = volumes_dir.join(&volume.name);
+        std::fs::create_dir_all(&live).io_context(|| format!("creating {live:?}"))?;
+        if volume.empty_dir.is_some() {
+            // Any user of the pod may write there, as with the real kubelet.
+            set_mode(&live, 0o777)?;
+        } else {
+            let staging = volumes_dir.join(format!(".staging-{}", volume.name));
+            if staging.exists() {
+                std::fs::remove_dir_all(&staging).io_context(|| format!("clearing {staging:?}"))?;
+            }
+            std::fs::create_dir_all(&staging).io_context(|| format!("creating {staging:?}"))?;
+            let filled = fill_volume(context, volume, &staging, &live).await;
+            let synced = filled.and_then(|()| sync_dir(&staging, &live));
+            let _ = std::fs::remove_dir_all(&staging);
+            synced?;
         }
-        std::fs::create_dir_all(&dir).io_context(|| format!("creating {dir:?}"))?;
-        fill_volume(context, volume, &dir).await?;
-        prepared.insert(volume.name.clone(), dir);
+        prepared.insert(volume.name.clone(), live);
     }
     Ok(prepared)
 }
 
-async fn fill_volume(context: &VolumeContext<'_>, volume: &Volume, dir: &Path) -> Result<()> {
+/// How long a mounted service-account token is reused before a new one is requested.
+pub const TOKEN_REFRESH: Duration = Duration::from_secs(600);
+
+/// Makes `live` hold exactly the files of `staging` (same relative paths, contents, modes).
+fn sync_dir(staging: &Path, live: &Path) -> Result<()> {
+    let wanted = relative_files(staging)?;
+    for relative in &wanted {
+        let source = staging.join(relative);
+        let target = live.join(relative);
+        let unchanged = std::fs::read(&source).ok() == std::fs::read(&target).ok()
+            && mode_of(&source) == mode_of(&target);
+        if unchanged {
+            continue;
+        }
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).io_context(|| format!("creating {parent:?}"))?;
+        }
+        std::fs::rename(&source, &target)
+            .io_context(|| format!("moving {source:?} to {target:?}"))?;
+    }
+    for relative in relative_files(live)? {
+        if !wanted.contains(&relative) {
+            let stale = live.join(&relative);
+            std::fs::remove_file(&stale).io_context(|| format!("removing {stale:?}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn mode_of(path: &Path) -> Option<u32> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|meta| meta.permissions().mode() & 0o7777)
+}
+
+/// Files below `root`, as paths relative to it.
+fn relative_files(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).io_context(|| format!("listing {dir:?}"))? {
+            let path = entry.io_context(|| format!("listing {dir:?}"))?.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if let Ok(relative) = path.strip_prefix(root) {
+                files.push(relative.to_path_buf());
+            }
+        }
+    }
+    Ok(files)
+}
+
+async fn fill_volume(
+    context: &VolumeContext<'_>,
+    volume: &Volume,
+    dir: &Path,
+    live: &Path,
+) -> Result<()> {
     let unsupported = || Error::Pod {
         pod: context.pod.metadata.name.clone().unwrap_or_default(),
         reason: format!(
@@ -65,10 +137,6 @@ async fn fill_volume(context: &VolumeContext<'_>, volume: &Volume, dir: &Path) -
             volume.name
         ),
     };
-    if volume.empty_dir.is_some() {
-        // Any user of the pod may write there, as with the real kubelet.
-        return set_mode(dir, 0o777);
-    }
     if let Some(source) = &volume.config_map {
         let data = config_map_data(context, &source.name, source.optional).await?;
         return write_items(dir, &data, source.items.as_deref(), source.default_mode);
@@ -86,16 +154,20 @@ async fn fill_volume(context: &VolumeContext<'_>, volume: &Volume, dir: &Path) -
         let default_mode = projected.default_mode;
         for source in projected.sources.iter().flatten() {
             if let Some(token) = &source.service_account_token {
-                let jwt = request_token(
-                    context,
-                    token.audience.clone(),
-                    token.expiration_seconds.unwrap_or(3600),
-                )
-                .await?;
+                let jwt = match reusable_token(&live.join(&token.path)) {
+                    Some(jwt) => jwt,
+                    None => request_token(
+                        context,
+                        token.audience.clone(),
+                        token.expiration_seconds.unwrap_or(3600),
+                    )
+                    .await?
+                    .into_bytes(),
+                };
                 write_file(
                     dir,
                     &token.path,
-                    jwt.as_bytes(),
+                    jwt.as_ref(),
                     default_mode.unwrap_or(DEFAULT_MODE),
                 )?;
             }
@@ -185,6 +257,19 @@ fn missing(context: &VolumeContext<'_>, kind: &str, name: &str) -> Error {
         pod: context.pod.metadata.name.clone().unwrap_or_default(),
         reason: format!("{kind} {}/{name} not found", context.namespace),
     }
+}
+
+/// The mounted token, if it is younger than [`TOKEN_REFRESH`].
+fn reusable_token(path: &Path) -> Option<Vec<u8>> {
+    let age = std::fs::metadata(path)
+        .ok()?
+        .modified()
+        .ok()?
+        .elapsed()
+        .ok()?;
+    (age < TOKEN_REFRESH)
+        .then(|| std::fs::read(path).ok())
+        .flatten()
 }
 
 /// A token bound to this pod (TokenRequest API), as the kubelet mounts it.
