@@ -21,6 +21,8 @@ use crate::relay::{HalfClose, Tally, relay, tune_tcp};
 
 /// Back-off after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+/// How long an egress connection whose client sent EOF waits for a silent target.
+const HALF_CLOSED_IDLE: Duration = Duration::from_secs(60);
 
 /// What every connection handler shares.
 #[derive(Clone)]
@@ -121,7 +123,9 @@ async fn handle_egress(
         tunnel,
         &inbound,
         &outbound,
-        HalfClose::HoldUntilUpstreamCloses,
+        HalfClose::HoldUntilUpstreamCloses {
+            idle: HALF_CLOSED_IDLE,
+        },
     )
     .await;
     debug!(

@@ -19,11 +19,13 @@ const KEEPALIVE_PROBES: u32 = 4;
 pub enum HalfClose {
     /// Shut down the upstream's write side, keep reading its answer (plain TCP).
     Propagate,
-    /// Keep the upstream fully open until it closes. For tailscaled's dial tunnel: its
-    /// `serveDial` returns as soon as either copy direction ends and then closes both the
-    /// tunnel and the target connection, so forwarding the client's EOF would cut off the
-    /// target's answer.
-    HoldUntilUpstreamCloses,
+    /// Keep the upstream fully open until it closes, or until it has sent nothing for
+    /// `idle` after the client's EOF (a client that closed completely looks the same as one
+    /// that only half-closed; this bound keeps such connections from living forever). For
+    /// tailscaled's dial tunnel: its `serveDial` returns as soon as either copy direction
+    /// ends and then closes both the tunnel and the target connection, so forwarding the
+    /// client's EOF would cut off the target's answer.
+    HoldUntilUpstreamCloses { idle: Duration },
 }
 
 /// A byte count that feeds a Prometheus counter live and keeps the connection's own total.
@@ -72,22 +74,30 @@ where
         &mut client_read,
         &mut upstream_write,
         inbound,
-        half_close == HalfClose::Propagate,
+        matches!(half_close, HalfClose::Propagate),
     );
     let download = pump(&mut upstream_read, &mut client_write, outbound, true);
     match half_close {
         HalfClose::Propagate => tokio::try_join!(upload, download).map(|_| ()),
-        HalfClose::HoldUntilUpstreamCloses => {
+        HalfClose::HoldUntilUpstreamCloses { idle } => {
             tokio::pin!(upload);
             tokio::pin!(download);
             let mut upload_done = false;
+            let mut seen = outbound.total();
             loop {
                 tokio::select! {
                     result = &mut upload, if !upload_done => {
                         result?;
                         upload_done = true;
+                        seen = outbound.total();
                     }
                     result = &mut download => return result,
+                    () = tokio::time::sleep(idle), if upload_done => {
+                        if outbound.total() == seen {
+                            return Ok(());
+                        }
+                        seen = outbound.total();
+                    }
                 }
             }
         }
@@ -178,7 +188,9 @@ mod tests {
             upstream,
             &inbound,
             &outbound,
-            HalfClose::HoldUntilUpstreamCloses,
+            HalfClose::HoldUntilUpstreamCloses {
+                idle: Duration::from_secs(5),
+            },
         );
         let peers = async {
             client_peer.write_all(b"ping").await?;
@@ -198,5 +210,32 @@ mod tests {
         };
         let (relayed, peers) = tokio::join!(relay, peers);
         assert!(relayed.is_ok() && peers.is_ok(), "{relayed:?} {peers:?}");
+    }
+
+    #[tokio::test]
+    async fn hold_ends_when_the_upstream_stays_silent_after_client_eof() {
+        let (client, mut client_peer) = duplex(1024);
+        let (upstream, _upstream_peer) = duplex(1024);
+        let (inbound, outbound) = (tally(), tally());
+        client_peer
+            .shutdown()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let started = std::time::Instant::now();
+        let ended = tokio::time::timeout(
+            Duration::from_secs(2),
+            relay(
+                client,
+                upstream,
+                &inbound,
+                &outbound,
+                HalfClose::HoldUntilUpstreamCloses {
+                    idle: Duration::from_millis(100),
+                },
+            ),
+        )
+        .await;
+        assert!(matches!(ended, Ok(Ok(()))), "{ended:?}");
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 }

@@ -1,6 +1,8 @@
-//! Egress through a REAL tailnet: Headscale 0.29, tailscaled 1.102 (userspace networking) for
-//! the agent's node, a subnet router in front of the remote site 192.0.2.0/24, and the real
-//! `tailnet-agent` binary in the node's network namespace talking to its LocalAPI socket.
+//! The agent in a REAL tailnet: Headscale 0.29, tailscaled 1.102 (userspace networking) for
+//! the agent's node, a subnet router in front of the remote site 192.0.2.0/24, a laptop node
+//! owned by alice, and the real `tailnet-agent` binary in the node's network namespace
+//! talking to its LocalAPI socket. Egress goes out through the router; ingress comes in from
+//! the laptop through tailscaled's loopback forwarding, with the identity from whois.
 //!
 //! Needs root and the binaries from `deps/build.sh`. Without the binaries the test says so
 //! and passes, unless `TNO_REQUIRE_REAL_ENV=1` (then it fails).
@@ -31,6 +33,9 @@ const UNGRANTED_HOST: u16 = 10004;
 /// not a tailnet route. If anything dialed it, traffic would have left the tailnet.
 const LEAK_WITNESS_PORT: u16 = 17777;
 const TRANSFER_BYTES: usize = 16 * 1024 * 1024;
+const INGRESS_HTTPS: u16 = 8443;
+const INGRESS_TCP: u16 = 6443;
+const INGRESS_BACKEND: u16 = 18080;
 
 fn skip_without_binaries() -> bool {
     match Binaries::locate() {
@@ -106,7 +111,7 @@ async fn echo_once(port: u16) -> Result<(), String> {
 }
 
 #[test]
-fn egress_through_real_tailscaled_and_dial_self_refused() {
+fn agent_in_a_real_tailnet() {
     if skip_without_binaries() {
         return;
     }
@@ -136,8 +141,13 @@ fn egress_through_real_tailscaled_and_dial_self_refused() {
             "dst": [format!("{}/32", SITE_ECHO.ip())],
             "ip": [format!("tcp:{}", SITE_ECHO.port()), format!("tcp:{}", SITE_ECHO.port() + 1)],
         });
+        let ingress_grant = json!({
+            "src": [tno_testenv_tailnet::TEAM_A_GROUP],
+            "dst": [CLIENT_TAG],
+            "ip": [format!("tcp:{INGRESS_HTTPS}"), format!("tcp:{INGRESS_TCP}")],
+        });
         let policy = env
-            .policy_with_grants(&[grant])
+            .policy_with_grants(&[grant, ingress_grant])
             .unwrap_or_else(|e| panic!("policy: {e}"));
         api.set_policy(&policy)
             .await
@@ -157,6 +167,21 @@ fn egress_through_real_tailscaled_and_dial_self_refused() {
             .unwrap_or_else(|e| panic!("approve routes: {e}"));
         (env, joined)
     });
+    let (agent_ip, laptop_ip) = root_runtime.block_on(async {
+        let agent_ip = joined
+            .node
+            .tailnet_ipv4()
+            .await
+            .unwrap_or_else(|e| panic!("agent tailnet ip: {e}"));
+        let laptop_ip = env
+            .laptop
+            .node
+            .tailnet_ipv4()
+            .await
+            .unwrap_or_else(|e| panic!("laptop tailnet ip: {e}"));
+        (agent_ip, laptop_ip)
+    });
+    let laptop_api = env.laptop.node.local_api();
 
     joined
         .netns
@@ -173,6 +198,11 @@ fn egress_through_real_tailscaled_and_dial_self_refused() {
     let run = RunId::generate().unwrap_or_else(|e| panic!("run id: {e}"));
     let dir = run.scratch_dir();
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let pki = common::Pki::new("tailnet test CA");
+    let (cert, key) = pki.leaf(&["portal.test"]);
+    std::fs::write(dir.join("tls.crt"), cert).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("tls.key"), key).unwrap_or_else(|e| panic!("{e}"));
+    let ingress_backend = json!({"host": "127.0.0.1", "port": INGRESS_BACKEND});
     let echo_host = SITE_ECHO.ip().to_string();
     let config = json!({
         "localapiSocket": socket,
@@ -189,6 +219,13 @@ fn egress_through_real_tailscaled_and_dial_self_refused() {
             {"name": "ungranted-host", "listenPort": UNGRANTED_HOST, "targetHost": SITE_BANNER.ip().to_string(),
              "targetPort": SITE_BANNER.port(), "probeIntervalSeconds": 2},
         ],
+        "ingress": [
+            {"mode": "tcp", "name": "raw", "port": INGRESS_TCP, "backend": ingress_backend},
+            {"mode": "http", "port": INGRESS_HTTPS, "routes": [
+                {"name": "web", "hostnames": ["portal.test"], "backend": ingress_backend}
+            ]},
+        ],
+        "tls": {"certFile": dir.join("tls.crt"), "keyFile": dir.join("tls.key")},
     });
     let agent = Agent::start_in(
         run,
@@ -200,6 +237,11 @@ fn egress_through_real_tailscaled_and_dial_self_refused() {
     let direct_api = tno_testenv_tailnet::LocalApi::new(&socket);
 
     agent.run(move || async move {
+        common::backend::spawn(
+            SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, INGRESS_BACKEND)),
+            None,
+        )
+        .await;
         let leaks = Arc::new(AtomicUsize::new(0));
         let witness = TcpListener::bind(SocketAddr::new(IpAddr::V4(lab_addr), LEAK_WITNESS_PORT))
             .await
@@ -369,8 +411,78 @@ fn egress_through_real_tailscaled_and_dial_self_refused() {
                 &[("listener", "remote-db"), ("direction", "out")]
             ) >= TRANSFER_BYTES as f64
         );
+
+        // Ingress: alice's laptop → the agent node's tailnet IP → tailscaled's loopback
+        // forward → the agent's TLS listener → backend, with her identity from whois.
+        let client_config = pki.client_config(&[b"http/1.1"]);
+        let echoed = eventually(Duration::from_secs(60), "laptop reaches the https ingress", || {
+            let (laptop_api, agent_ip, client_config) =
+                (laptop_api.clone(), agent_ip.clone(), client_config.clone());
+            async move {
+                let attempt = async {
+                    let Dialed::Tailnet(stream) =
+                        laptop_api.dial(&agent_ip, INGRESS_HTTPS).await.ok()?
+                    else {
+                        return None;
+                    };
+                    let name = rustls::pki_types::ServerName::try_from("portal.test").ok()?;
+                    let mut tls = tokio_rustls::TlsConnector::from(client_config)
+                        .connect(name, stream)
+                        .await
+                        .ok()?;
+                    tls.write_all(
+                        b"GET /echo-headers HTTP/1.1\r\nHost: portal.test\r\nTailscale-User-Login: mallory@\r\nConnection: close\r\n\r\n",
+                    )
+                    .await
+                    .ok()?;
+                    let mut answer = Vec::new();
+                    let _ = tls.read_to_end(&mut answer).await;
+                    let (status, body) = common::parse_answer(&answer);
+                    (status == 200).then_some(body)
+                };
+                tokio::time::timeout(Duration::from_secs(6), attempt).await.ok().flatten()
+            }
+        })
+        .await;
+        let echoed: serde_json::Value = serde_json::from_str(&echoed).unwrap_or_default();
+        let headers = &echoed["headers"];
+        eprintln!("backend saw, from the laptop: {headers}");
+        assert_eq!(headers["x-forwarded-for"], laptop_ip.as_str(), "{echoed}");
+        assert_eq!(headers["x-forwarded-proto"], "https");
+        assert!(
+            headers["tailscale-user-login"]
+                .as_str()
+                .is_some_and(|login| login.contains(tno_testenv_tailnet::LAPTOP_USER) && !login.contains("mallory")),
+            "{echoed}"
+        );
+        assert!(headers["tailscale-node-name"].as_str().is_some_and(|n| n.starts_with("laptop")), "{echoed}");
+
+        let raw = eventually(Duration::from_secs(30), "laptop reaches the tcp ingress", || {
+            let (laptop_api, agent_ip) = (laptop_api.clone(), agent_ip.clone());
+            async move {
+                let attempt = async {
+                    let Dialed::Tailnet(mut stream) =
+                        laptop_api.dial(&agent_ip, INGRESS_TCP).await.ok()?
+                    else {
+                        return None;
+                    };
+                    stream
+                        .write_all(b"GET /whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                        .await
+                        .ok()?;
+                    let mut answer = Vec::new();
+                    let _ = stream.read_to_end(&mut answer).await;
+                    let (status, body) = common::parse_answer(&answer);
+                    (status == 200).then_some(body)
+                };
+                tokio::time::timeout(Duration::from_secs(6), attempt).await.ok().flatten()
+            }
+        })
+        .await;
+        assert_eq!(raw, "admin-backend");
     });
     drop(agent);
+    let _ = root_runtime;
     drop(joined);
     let _ = env;
 }
