@@ -266,15 +266,22 @@ impl Client {
             .unwrap_or(false))
     }
 
+    /// The live policy; an empty document when none was ever set (a fresh 0.29 database
+    /// answers HTTP 500 "acl policy not found" instead of an empty policy).
     pub async fn get_policy(&self) -> Result<Policy, Error> {
-        self.call(
-            Endpoint::GetPolicy,
-            Method::GET,
-            "api/v1/policy",
-            None,
-            true,
-        )
-        .await
+        match self
+            .call(
+                Endpoint::GetPolicy,
+                Method::GET,
+                "api/v1/policy",
+                None,
+                true,
+            )
+            .await
+        {
+            Err(e) if e.is_missing_policy() => Ok(Policy::default()),
+            other => other,
+        }
     }
 
     /// Replaces the policy. Headscale validates it (including `tests`) and keeps the old one

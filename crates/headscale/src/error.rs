@@ -78,10 +78,16 @@ impl Error {
         }
     }
 
+    /// Headscale 0.29 reports "no policy set yet" as HTTP 500 with this message.
+    pub fn is_missing_policy(&self) -> bool {
+        matches!(self, Error::Api { message, .. } if message.contains("acl policy not found"))
+    }
+
     /// Worth retrying: the server may answer differently next time.
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Transport { .. } => true,
+            Error::Api { .. } if self.is_missing_policy() => false,
             Error::Api { status, .. } => *status >= 500 || *status == 429,
             _ => false,
         }
@@ -170,6 +176,17 @@ mod tests {
             "PUT /api/v1/policy: HTTP 400: setting policy: test(s) failed"
         );
         assert!(matches!(e, Error::Api { code: Some(3), .. }));
+        assert!(!e.is_transient());
+    }
+
+    #[test]
+    fn missing_policy_is_not_an_outage() {
+        let e = Error::from_response(
+            "GET /api/v1/policy",
+            500,
+            r#"{"code":2,"message":"loading ACL from database: acl policy not found","details":[]}"#,
+        );
+        assert!(e.is_missing_policy());
         assert!(!e.is_transient());
     }
 
