@@ -323,8 +323,8 @@ async fn wait_for_readyz(client: &kube::Client, apiserver: &mut ManagedProcess) 
         apiserver.ensure_running()?;
         let request = http::Request::get("/readyz")
             .body(Vec::new())
-            .map_err(|source| Error::Pod {
-                pod: "kube-apiserver".into(),
+            .map_err(|source| Error::Setup {
+                what: "kube-apiserver".into(),
                 reason: format!("building the /readyz request: {source}"),
             })?;
         let last_answer = match client.request_text(request).await {

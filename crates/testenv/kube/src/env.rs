@@ -485,15 +485,15 @@ pub async fn shared() -> std::result::Result<Arc<KubeEnv>, Arc<Error>> {
         .wait_for(Option::is_some)
         .await
         .map_err(|_| {
-            Arc::new(Error::Pod {
-                pod: "environment".into(),
+            Arc::new(Error::Setup {
+                what: "environment".into(),
                 reason: "the environment thread ended before reporting".into(),
             })
         })?
         .clone();
     result.unwrap_or_else(|| {
-        Err(Arc::new(Error::Pod {
-            pod: "environment".into(),
+        Err(Arc::new(Error::Setup {
+            what: "environment".into(),
             reason: "no result".into(),
         }))
     })

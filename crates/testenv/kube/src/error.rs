@@ -62,6 +62,8 @@ pub enum Error {
     },
     #[error("pod {pod}: {reason}")]
     Pod { pod: String, reason: String },
+    #[error("{what}: {reason}")]
+    Setup { what: String, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -91,8 +91,8 @@ pub async fn apply_all(client: &kube::Client, objects: &[serde_json::Value]) -> 
         };
         let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
         let (resource, capabilities): (ApiResource, _) =
-            discovery.resolve_gvk(&gvk).ok_or_else(|| Error::Pod {
-                pod: name.to_string(),
+            discovery.resolve_gvk(&gvk).ok_or_else(|| Error::Setup {
+                what: name.to_string(),
                 reason: format!("the apiserver does not serve {api_version} {kind}"),
             })?;
         let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {

@@ -244,6 +244,7 @@ echo "check: sysctl";     test "$(cat /proc/sys/net/ipv4/ip_unprivileged_port_st
 echo "check: user";       test "$(id -u)" = 65534
 echo "check: ro root";    if touch /rootfs-write 2>/dev/null; then exit 1; fi
 echo "check: emptyDir";   touch /scratch/file
+echo "check: init ran";   test "$(cat /scratch/init)" = done
 echo "check: service env"; test "$KUBERNETES_SERVICE_HOST" = 10.96.0.1
 echo "all checks passed""#;
     pods.create(
@@ -255,6 +256,12 @@ echo "all checks passed""#;
                 "securityContext": {
                     "sysctls": [{ "name": "net.ipv4.ip_unprivileged_port_start", "value": "0" }],
                 },
+                "initContainers": [{
+                    "name": "init",
+                    "image": TEST_SERVERS_IMAGE,
+                    "command": ["sh", "-c", "echo done > /scratch/init"],
+                    "volumeMounts": [{ "name": "scratch", "mountPath": "/scratch" }],
+                }],
                 "containers": [{
                     "name": "inspect",
                     "image": TEST_SERVERS_IMAGE,

@@ -349,14 +349,14 @@ impl PodWorker {
             let mut backoff = INITIAL_BACKOFF;
             loop {
                 let mut process = self.start_process(&spec).await?;
-                let status = tokio::select! {
-                    status = process.wait() => status,
-                    deleting = self.deletion_requested(updates) => {
-                        if deleting {
+                // Other updates of the pod object do not disturb the running init container.
+                let status = loop {
+                    tokio::select! {
+                        status = process.wait() => break status,
+                        deleting = self.deletion_requested(updates) => if deleting {
                             process.stop(self.grace_period()).await;
                             return Ok(false);
-                        }
-                        continue;
+                        },
                     }
                 };
                 if status.success() {
