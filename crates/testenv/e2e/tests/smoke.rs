@@ -337,3 +337,21 @@ async fn headscale_accepts_the_policy_rendered_for_the_examples() {
         other => panic!("an invalid policy was not rejected: {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_have_no_path_to_the_remote_site_outside_the_tailnet() {
+    let env = env().await;
+    let namespace = env.namespace("no-path").await.expect("namespace");
+    let target = tno_testenv_tailnet::SITE_ECHO.to_string();
+    let run = namespace
+        .tcp_check("direct", &target, 2)
+        .await
+        .unwrap_or_else(|error| panic!("{error}"));
+    let log = run.log("client");
+    assert!(!run.succeeded(), "a pod reached {target} directly:\n{run}");
+    // Failed for the right reason: tcp-check ran and could not connect.
+    assert!(
+        log.contains("attempt 2:") && log.contains(&target),
+        "the client did not try to connect:\n{run}"
+    );
+}
