@@ -351,22 +351,31 @@ fn builtin_images(binaries: &Binaries) -> Vec<LocalImage> {
             &["coredns"],
         ),
     ];
-    // Our own binaries may not be built yet; pods using them then fail to start, visibly.
-    if let Ok(agent) = workspace_binary("tailnet-agent") {
-        images.push(LocalImage::new(
-            "tailnet-agent",
-            ImageMatcher::NamePrefix("tailnet-agent".into()),
-            dir_of(&agent),
-            &["tailnet-agent"],
-        ));
-    }
-    if let Ok(servers) = workspace_binary("tno-test-servers") {
-        images.push(LocalImage::new(
-            "tno-test-servers",
-            ImageMatcher::NamePrefix("tno-test-servers".into()),
-            dir_of(&servers),
-            &["tno-test-servers"],
-        ));
+    // Our own binaries may not be built yet: the image is still known, and its pods report
+    // how to build the program instead of "image not in the table".
+    for (binary, package) in [
+        ("tailnet-agent", "tailnet-agent"),
+        ("tno-test-servers", "tno-testenv-kube"),
+    ] {
+        let image = match workspace_binary(binary) {
+            Ok(path) => LocalImage::new(
+                binary,
+                ImageMatcher::NamePrefix(binary.into()),
+                dir_of(&path),
+                &[binary],
+            ),
+            Err(error) => LocalImage::new(
+                binary,
+                ImageMatcher::NamePrefix(binary.into()),
+                Vec::new(),
+                &[binary],
+            )
+            .with_hint(format!(
+                "{}; build it first: cargo build -p {package} --bins",
+                crate::error_chain(&error)
+            )),
+        };
+        images.push(image);
     }
     images
 }

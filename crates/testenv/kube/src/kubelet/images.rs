@@ -15,6 +15,8 @@ pub struct LocalImage {
     pub entrypoint: Vec<String>,
     /// The image's ENV: set before the pod's own variables, which override it.
     pub env: Vec<(String, String)>,
+    /// Added to "program not found" errors, e.g. how to build the missing binary.
+    pub hint: Option<String>,
 }
 
 /// Which image references a [`LocalImage`] stands for.
@@ -65,7 +67,14 @@ impl LocalImage {
             path_dirs,
             entrypoint: entrypoint.iter().map(|arg| arg.to_string()).collect(),
             env: Vec::new(),
+            hint: None,
         }
+    }
+
+    /// Sets the hint shown when a program of the image cannot be found.
+    pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
     }
 
     /// Adds an ENV default of the image.

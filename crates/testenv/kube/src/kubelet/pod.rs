@@ -436,8 +436,13 @@ impl PodWorker {
             .ok_or_else(|| self.pod_error(format!("container {} has no command", spec.name)))?;
         let program = image.resolve_program(program_name).ok_or_else(|| {
             self.pod_error(format!(
-                "{program_name} not found in image {image_name} ({})",
-                image.label
+                "{program_name} not found in image {image_name} ({}){}",
+                image.label,
+                image
+                    .hint
+                    .as_deref()
+                    .map(|hint| format!("; {hint}"))
+                    .unwrap_or_default()
             ))
         })?;
 
