@@ -353,13 +353,21 @@ impl Drop for OperatorProcess {
 /// Where `tailnet-operator` was built for tests that cannot use `CARGO_BIN_EXE_*` (it is only
 /// set for the package's own tests): next to the running test binary, or `TNO_BIN_TAILNET_OPERATOR`.
 pub fn workspace_operator_binary() -> Result<PathBuf> {
-    tno_testenv_kube::binaries::workspace_binary("tailnet-operator").map_err(|error| {
-        E2eError::MissingBinary {
+    const HINT: &str = "the e2e tests run the workspace's binaries: build them first with \
+                        `cargo build --workspace --bins` (scripts/test.sh does)";
+    let path =
+        tno_testenv_kube::binaries::workspace_binary("tailnet-operator").map_err(|error| {
+            E2eError::MissingBinary {
+                name: "tailnet-operator".into(),
+                hint: format!("{error}; {HINT}"),
+            }
+        })?;
+    // TNO_BIN_TAILNET_OPERATOR is taken as given by the lookup; check it here.
+    if !path.is_file() {
+        return Err(E2eError::MissingBinary {
             name: "tailnet-operator".into(),
-            hint: format!(
-                "{error}. The e2e tests run the workspace's binaries: build them first with \
-                 `cargo build --workspace --bins` (scripts/test.sh does)"
-            ),
-        }
-    })
+            hint: format!("{} is not a file; {HINT}", path.display()),
+        });
+    }
+    Ok(path)
 }
