@@ -5,13 +5,12 @@
 pub mod binaries;
 pub mod control_plane;
 pub mod crds;
+pub mod env;
 mod error;
 pub mod kubelet;
+pub mod network;
 pub mod pki;
 pub mod process;
 
-pub use error::{Error, Result, error_chain};
-pub mod env;
-pub mod network;
-
 pub use env::{KubeEnv, KubeEnvOptions, TestNamespace, shared};
+pub use error::{Error, Result, error_chain};
