@@ -462,22 +462,21 @@ async fn proxy_request(
     Response::from_parts(parts, body.boxed_unsync())
 }
 
-/// The Host the client asked for: `:authority` on HTTP/2, else the Host header (or an
-/// absolute-form target's authority).
+/// The Host the client asked for: the request target's authority when it has one
+/// (`:authority` on HTTP/2, absolute-form on HTTP/1.1, which RFC 9112 §3.2.2 puts before the
+/// Host header), else the Host header.
 fn request_host<B>(request: &Request<B>) -> Option<String> {
-    let from_header = || {
-        request
-            .headers()
-            .get(header::HOST)
-            .and_then(|value| value.to_str().ok())
-            .map(str::to_owned)
-    };
-    let from_uri = || request.uri().authority().map(|a| a.as_str().to_owned());
-    if request.version() == Version::HTTP_2 {
-        from_uri().or_else(from_header)
-    } else {
-        from_header().or_else(from_uri)
-    }
+    request
+        .uri()
+        .authority()
+        .map(|authority| authority.as_str().to_owned())
+        .or_else(|| {
+            request
+                .headers()
+                .get(header::HOST)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+        })
 }
 
 #[derive(Debug, Default)]
@@ -689,5 +688,50 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(version: Version, uri: &str, host: Option<&str>) -> Request<()> {
+        let mut builder = Request::get(uri).version(version);
+        if let Some(host) = host {
+            builder = builder.header(header::HOST, host);
+        }
+        builder.body(()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_host_comes_from_the_authority_first() {
+        let cases = [
+            (
+                Version::HTTP_2,
+                "https://portal.test:8443/x",
+                None,
+                Some("portal.test:8443"),
+            ),
+            (
+                Version::HTTP_11,
+                "/x",
+                Some("portal.test"),
+                Some("portal.test"),
+            ),
+            (
+                Version::HTTP_11,
+                "https://admin.test/x",
+                Some("portal.test"),
+                Some("admin.test"),
+            ),
+            (Version::HTTP_11, "/x", None, None),
+        ];
+        for (version, uri, host, expected) in cases {
+            assert_eq!(
+                request_host(&request(version, uri, host)).as_deref(),
+                expected,
+                "{uri} {host:?}"
+            );
+        }
     }
 }

@@ -365,6 +365,9 @@ fn certificate_missing_reloaded_and_removed() {
     });
     let agent = Agent::start_in(run, netns, dir.clone(), &config, &[]);
     let tls_dir = dir.join("tls");
+    let config_path = agent.config_path.clone();
+    let mut renamed = config.clone();
+    renamed["ingress"][0]["routes"][0]["hostnames"] = json!(["other.test"]);
     agent.run(move || async move {
         backend::spawn(SocketAddr::from((Ipv4Addr::LOCALHOST, WEB_BACKEND)), None).await;
         eventually(Duration::from_secs(20), "admin up", || async {
@@ -416,6 +419,21 @@ fn certificate_missing_reloaded_and_removed() {
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(status, 200);
         assert!(common::metric_in(&body, "tailnet_agent_certificate_reloads_total", &[]) >= 2.0);
+
+        // Routes change with the config, in the running listener: portal.test is gone.
+        let temporary = config_path.with_extension("new");
+        common::write_json(&temporary, &renamed);
+        std::fs::rename(&temporary, &config_path).unwrap_or_else(|e| panic!("{e}"));
+        eventually(Duration::from_secs(10), "route change applied", || {
+            let config = config.clone();
+            async move {
+                tls_connect(https(), "portal.test", config)
+                    .await
+                    .err()
+                    .map(|_| ())
+            }
+        })
+        .await;
 
         // Removed: the listener closes again.
         std::fs::remove_file(tls_dir.join("tls.key")).unwrap_or_else(|e| panic!("{e}"));
