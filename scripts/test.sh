@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
 # Runs every check and test of the project, as CI does (.ci/run calls this script).
-# Installs what it needs on a fresh machine: Debian packages, the Go-built third-party
-# binaries (cached outside the work tree, see deps/README.md), then runs formatting,
-# lints, the generated-files check and all tests.
+# On a fresh machine it installs what it needs: Debian packages, the Go-built third-party
+# binaries (kube-apiserver, etcd, headscale, tailscaled, ... cached outside the work tree,
+# see deps/README.md), then checks formatting, lints, generated files and runs all tests —
+# unit tests and the tests against the real apiserver, Headscale and tailscale nodes
+# (those need root for network namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
+started=$(date +%s)
 
 step "system packages"
 bash scripts/install-system-packages.sh
+
+step "third-party binaries (deps/build.sh; cached in ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps})"
+bash deps/build.sh all
 
 step "static checks: rustfmt, clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "tests (unit, CLI, generated-files drift)"
-cargo test --workspace --locked --exclude tno-testenv-kube --exclude tno-testenv-tailnet --exclude tno-netlab
+step "build binaries (the test kubelet runs the freshly built tailnet-agent)"
+cargo build --workspace --bins --locked
 
-step "done"
+step "tests: unit, CLI, generated files, real apiserver/Headscale/tailscale"
+cargo test --workspace --locked
+
+step "done in $(( $(date +%s) - started ))s"
