@@ -343,3 +343,176 @@ mod tests {
         assert!(!deployment_state(Some(&Deployment::default())).0);
     }
 }
+
+/// The agent's node as Headscale sees it, after keeping its pre-auth key in order.
+pub struct NodeObservation {
+    /// Every node (routes of approver nodes matter to egresses).
+    pub nodes: Vec<Node>,
+    /// The node carrying the agent's tag.
+    pub node: Option<Node>,
+}
+
+/// Lists nodes, finds the agent's, keeps exactly the pre-auth key it needs, and sets
+/// `NodeOnline`.
+pub async fn observe_node<K>(
+    ctx: &Context,
+    object: &K,
+    access: &TailnetAccess,
+    owner: &Owner,
+    tag: &str,
+    c: &mut Conditions,
+) -> Result<NodeObservation, ReconcileError>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    use tailnet_api::conditions::{Status, types};
+    let Ok(headscale) = &access.headscale else {
+        c.set(
+            types::NODE_ONLINE,
+            Status::Unknown,
+            "HeadscaleUnreachable",
+            "cannot observe the node (see TailnetReady)",
+        );
+        return Ok(NodeObservation {
+            nodes: Vec::new(),
+            node: None,
+        });
+    };
+    let nodes = match headscale.list_nodes().await {
+        Ok(nodes) => nodes,
+        Err(e) => {
+            // Without the node list nothing is minted: the node may well exist.
+            c.set(
+                types::NODE_ONLINE,
+                Status::Unknown,
+                e.reason(),
+                format!("listing Headscale nodes failed: {e}"),
+            );
+            return Ok(NodeObservation {
+                nodes: Vec::new(),
+                node: None,
+            });
+        }
+    };
+    let node = find_node(&nodes, tag).cloned();
+    let key_state = ensure_pre_auth_key(ctx, headscale, owner, tag, node.is_some()).await?;
+    if let KeyState::Minted { expires } = &key_state {
+        publish(
+            ctx,
+            object,
+            kube::runtime::events::EventType::Normal,
+            "PreAuthKeyMinted",
+            format!("minted a single-use pre-auth key for {tag}, valid until {expires}"),
+        )
+        .await;
+    }
+    match (&node, &key_state) {
+        (Some(n), _) if n.online => c.set(
+            types::NODE_ONLINE,
+            Status::True,
+            "Online",
+            format!("node {} (id {}) is online at {}", n.given_name, n.id, n.ip_addresses.join(", ")),
+        ),
+        (Some(n), _) => c.set(
+            types::NODE_ONLINE,
+            Status::False,
+            "NodeOffline",
+            format!("node {} (id {}) is registered but offline; check the agent pod's tailscale container", n.given_name, n.id),
+        ),
+        (None, KeyState::Pending { expires } | KeyState::Minted { expires }) => c.set(
+            types::NODE_ONLINE,
+            Status::False,
+            "NodeNotRegistered",
+            format!("waiting for the agent to log in with its pre-auth key (valid until {expires})"),
+        ),
+        (None, KeyState::NodeExists) => {}
+    }
+    Ok(NodeObservation { nodes, node })
+}
+
+/// Sets `PolicyEffective` from the Tailnet's view of which grants are live. `blocked` names
+/// a reason of the resource's own that prevents any grant (e.g. `SourceNotAllowed`).
+pub fn policy_effective(
+    c: &mut Conditions,
+    tailnet: &Tailnet,
+    resource_key: &str,
+    live_message: &str,
+    blocked: Option<(&str, &str)>,
+) {
+    use tailnet_api::conditions::{Status, find, reasons, types};
+    use tailnet_api::tailnet::PolicyMode;
+    let status = tailnet.status.clone().unwrap_or_default();
+    if status
+        .policy
+        .as_ref()
+        .is_some_and(|p| p.effective_for.iter().any(|k| k == resource_key))
+    {
+        c.set(
+            types::POLICY_EFFECTIVE,
+            Status::True,
+            reasons::READY,
+            live_message,
+        );
+        return;
+    }
+    let name = tailnet.name_any();
+    let applied = find(&status.conditions, types::POLICY_APPLIED);
+    let (reason, message) = match (blocked, tailnet.spec.policy.mode, applied) {
+        (Some((reason, message)), _, _) => (reason.to_string(), message.to_string()),
+        (None, PolicyMode::DryRun, _) => (
+            reasons::DRY_RUN.to_string(),
+            format!("Tailnet {name} is in DryRun: grants are rendered but not written"),
+        ),
+        (None, _, Some(a)) if a.status != "True" => {
+            (a.reason.clone(), format!("Tailnet {name}: {}", a.message))
+        }
+        _ => (
+            "NotEffective".to_string(),
+            "the grants are not live in Headscale yet".to_string(),
+        ),
+    };
+    c.set(types::POLICY_EFFECTIVE, Status::False, &reason, message);
+}
+
+/// Deletion of an egress/ingress: its Headscale node(s) go and unexpired keys of its tag are
+/// expired; owned objects go by GC; the Tailnet controller drops grants and DNS entries once
+/// the object is gone. Headscale unusable ⇒ the finalizer stays (an orphaned tagged node
+/// would keep its identity) and the cleanup is retried with backoff.
+pub async fn cleanup<K>(
+    ctx: &Context,
+    object: &K,
+    tailnet_name: &str,
+    tag_of: impl FnOnce(&Tailnet) -> String,
+) -> Result<kube::runtime::controller::Action, ReconcileError>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    use kube::runtime::controller::Action;
+    let access = match tailnet_access(ctx, tailnet_name).await {
+        Ok(access) => access,
+        Err((reason, message)) => {
+            tracing::warn!(object = %object.meta().name.clone().unwrap_or_default(), %reason, %message, "Tailnet gone: nothing to clean up in Headscale");
+            return Ok(Action::await_change());
+        }
+    };
+    let tag = tag_of(&access.tailnet);
+    match &access.headscale {
+        Ok(headscale) => forget_identity(headscale, &tag).await?,
+        Err((reason, message)) => {
+            return Err(ReconcileError::HeadscaleUnusable {
+                action: format!("clean up node {tag}"),
+                reason: reason.clone(),
+                message: message.clone(),
+            });
+        }
+    }
+    publish(
+        ctx,
+        object,
+        kube::runtime::events::EventType::Normal,
+        "Cleaned",
+        format!("deleted the Headscale node(s) and expired the keys of {tag}"),
+    )
+    .await;
+    Ok(Action::await_change())
+}

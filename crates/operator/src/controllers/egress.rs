@@ -15,13 +15,11 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, finalizer};
 use kube::{Api, ResourceExt};
 use tailnet_api::conditions::{self, Status, reasons, types};
 use tailnet_api::egress::{EgressTargetStatus, TailnetEgressStatus};
 use tailnet_api::naming::{AgentKind, egress_tag, labels};
-use tailnet_api::tailnet::PolicyMode;
 use tailnet_api::validate::{self, TargetAddress};
 use tailnet_api::{Tailnet, TailnetEgress};
 use tailnet_headscale::Node;
@@ -29,7 +27,7 @@ use tailnet_render::images::Images;
 use tailnet_render::meta::Owner;
 use tailnet_render::{RenderContext, egress as render_egress};
 
-use super::agent::{self, KeyState};
+use super::agent;
 use super::context::Context;
 use super::{ReconcileError, apply};
 use crate::runtime::metrics::{ControllerLabels, ErrorLabels};
@@ -396,66 +394,14 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         agent_message,
     );
 
-    // Node, key, routes.
+    // Node and key.
     let owner = Owner::from_meta(AgentKind::Egress, &egress.metadata, &tailnet.name_any())?;
-    let mut nodes = Vec::new();
-    if let Ok(headscale) = &access.headscale {
-        match headscale.list_nodes().await {
-            Ok(list) => nodes = list,
-            Err(e) => c.set(
-                types::NODE_ONLINE,
-                Status::Unknown,
-                e.reason(),
-                format!("listing Headscale nodes failed: {e}"),
-            ),
-        }
-        let node = agent::find_node(&nodes, &tag).cloned();
-        let key_state =
-            agent::ensure_pre_auth_key(ctx, headscale, &owner, &tag, node.is_some()).await?;
-        if let KeyState::Minted { expires } = &key_state {
-            agent::publish(
-                ctx,
-                egress,
-                EventType::Normal,
-                "PreAuthKeyMinted",
-                format!("minted a single-use pre-auth key for {tag}, valid until {expires}"),
-            )
-            .await;
-        }
-        match (&node, &key_state) {
-            (Some(n), _) if n.online => {
-                status.node_id = Some(n.id.to_string());
-                status.tailnet_ips = n.ip_addresses.clone();
-                c.set(
-                    types::NODE_ONLINE,
-                    Status::True,
-                    "Online",
-                    format!(
-                        "node {} (id {}) is online at {}",
-                        n.given_name,
-                        n.id,
-                        n.ip_addresses.join(", ")
-                    ),
-                );
-            }
-            (Some(n), _) => {
-                status.node_id = Some(n.id.to_string());
-                status.tailnet_ips = n.ip_addresses.clone();
-                c.set(types::NODE_ONLINE, Status::False, "NodeOffline", format!("node {} (id {}) is registered but offline; check the agent pod's tailscale container", n.given_name, n.id));
-            }
-            (None, KeyState::Pending { expires } | KeyState::Minted { expires }) => {
-                c.set(types::NODE_ONLINE, Status::False, "NodeNotRegistered", format!("waiting for the agent to log in with its pre-auth key (valid until {expires})"));
-            }
-            (None, KeyState::NodeExists) => {}
-        }
-    } else {
-        c.set(
-            types::NODE_ONLINE,
-            Status::Unknown,
-            "HeadscaleUnreachable",
-            "cannot observe the node (see TailnetReady)",
-        );
+    let observed = agent::observe_node(ctx, egress, &access, &owner, &tag, &mut c).await?;
+    if let Some(n) = &observed.node {
+        status.node_id = Some(n.id.to_string());
+        status.tailnet_ips = n.ip_addresses.clone();
     }
+    let nodes = observed.nodes;
 
     // Routes per IP target; DNS-name targets must be granted by the base.
     let approvers = &tailnet.spec.policy.route_approvers;
@@ -534,39 +480,13 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
 
     // Grants: effective only when live in Headscale.
     let key = format!("TailnetEgress/{namespace}/{name}");
-    let tailnet_status = tailnet.status.clone().unwrap_or_default();
-    let effective = tailnet_status
-        .policy
-        .as_ref()
-        .is_some_and(|p| p.effective_for.contains(&key));
-    if effective {
-        c.set(
-            types::POLICY_EFFECTIVE,
-            Status::True,
-            reasons::READY,
-            "the grants are live in Headscale",
-        );
-    } else {
-        let applied = conditions::find(&tailnet_status.conditions, types::POLICY_APPLIED);
-        let (reason, message) = match (tailnet.spec.policy.mode, applied) {
-            (PolicyMode::DryRun, _) => (
-                reasons::DRY_RUN.to_string(),
-                format!(
-                    "Tailnet {} is in DryRun: grants are rendered but not written",
-                    tailnet.name_any()
-                ),
-            ),
-            (_, Some(a)) if a.status != "True" => (
-                a.reason.clone(),
-                format!("Tailnet {}: {}", tailnet.name_any(), a.message),
-            ),
-            _ => (
-                "NotEffective".to_string(),
-                "the grants are not live in Headscale yet".to_string(),
-            ),
-        };
-        c.set(types::POLICY_EFFECTIVE, Status::False, &reason, message);
-    }
+    agent::policy_effective(
+        &mut c,
+        tailnet,
+        &key,
+        "the grants are live in Headscale",
+        None,
+    );
     c.set(
         types::TARGETS_REACHABLE,
         Status::Unknown,
@@ -608,37 +528,12 @@ async fn write_status(
     agent::patch_status(api, &egress.name_any(), "TailnetEgress", &status).await
 }
 
-/// Deletion: the Headscale node and unexpired keys of the tag go; owned objects go by GC;
-/// the Tailnet controller drops the grants and DNS aliases when it sees the egress gone.
 async fn cleanup(egress: &TailnetEgress, ctx: &Context) -> Result<Action, ReconcileError> {
-    let access = match agent::tailnet_access(ctx, &egress.spec.tailnet_ref.name).await {
-        Ok(access) => access,
-        Err((reason, message)) => {
-            tracing::warn!(egress = %key(egress), %reason, %message, "Tailnet gone: nothing to clean up in Headscale");
-            return Ok(Action::await_change());
-        }
-    };
-    let tag = egress_tag(&access.tailnet.spec.policy.tag_prefix, &egress.name_any());
-    match &access.headscale {
-        Ok(headscale) => agent::forget_identity(headscale, &tag).await?,
-        Err((reason, message)) => {
-            // Keep the finalizer: an orphaned tagged node would keep its grants' identity.
-            return Err(ReconcileError::HeadscaleUnusable {
-                action: format!("clean up node {tag}"),
-                reason: reason.clone(),
-                message: message.clone(),
-            });
-        }
-    }
-    agent::publish(
-        ctx,
-        egress,
-        EventType::Normal,
-        "Cleaned",
-        format!("deleted the Headscale node(s) and expired the keys of {tag}"),
-    )
-    .await;
-    Ok(Action::await_change())
+    let name = egress.name_any();
+    agent::cleanup(ctx, egress, &egress.spec.tailnet_ref.name, |t| {
+        egress_tag(&t.spec.policy.tag_prefix, &name)
+    })
+    .await
 }
 
 #[cfg(test)]

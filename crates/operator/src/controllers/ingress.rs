@@ -15,13 +15,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, finalizer};
 use kube::{Api, ResourceExt};
 use tailnet_api::conditions::{self, Status, reasons, types};
 use tailnet_api::ingress::{ExposeMode, ExposeStatus, TailnetIngressStatus};
 use tailnet_api::naming::{AgentKind, ingress_tag};
-use tailnet_api::tailnet::PolicyMode;
 use tailnet_api::validate::{self, ExposeNames};
 use tailnet_api::{FIELD_MANAGER, Tailnet, TailnetIngress};
 use tailnet_render::RenderContext;
@@ -29,7 +27,7 @@ use tailnet_render::images::Images;
 use tailnet_render::ingress::{self as render_ingress, IngressInputs};
 use tailnet_render::meta::Owner;
 
-use super::agent::{self, KeyState};
+use super::agent;
 use super::certificates::{self, CertificateVerdict};
 use super::context::Context;
 use super::{ReconcileError, apply};
@@ -587,93 +585,23 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
     status.urls.dedup();
 
     // Node and key.
-    if let Ok(headscale) = &access.headscale {
-        let nodes = match headscale.list_nodes().await {
-            Ok(nodes) => nodes,
-            Err(e) => {
-                c.set(
-                    types::NODE_ONLINE,
-                    Status::Unknown,
-                    e.reason(),
-                    format!("listing Headscale nodes failed: {e}"),
-                );
-                Vec::new()
-            }
-        };
-        let node = agent::find_node(&nodes, &tag).cloned();
-        let key_state =
-            agent::ensure_pre_auth_key(ctx, headscale, &owner, &tag, node.is_some()).await?;
-        if let KeyState::Minted { expires } = &key_state {
-            agent::publish(
-                ctx,
-                ingress,
-                EventType::Normal,
-                "PreAuthKeyMinted",
-                format!("minted a single-use pre-auth key for {tag}, valid until {expires}"),
-            )
-            .await;
-        }
-        match (&node, &key_state) {
-            (Some(n), _) => {
-                status.node_id = Some(n.id.to_string());
-                status.tailnet_ips = n.ip_addresses.clone();
-                if n.online {
-                    c.set(
-                        types::NODE_ONLINE,
-                        Status::True,
-                        "Online",
-                        format!(
-                            "node {} (id {}) is online at {}",
-                            n.given_name,
-                            n.id,
-                            n.ip_addresses.join(", ")
-                        ),
-                    );
-                } else {
-                    c.set(types::NODE_ONLINE, Status::False, "NodeOffline", format!("node {} (id {}) is registered but offline; check the agent pod's tailscale container", n.given_name, n.id));
-                }
-            }
-            (None, KeyState::Pending { expires } | KeyState::Minted { expires }) => {
-                c.set(types::NODE_ONLINE, Status::False, "NodeNotRegistered", format!("waiting for the agent to log in with its pre-auth key (valid until {expires})"));
-            }
-            (None, KeyState::NodeExists) => {}
-        }
-    } else {
-        c.set(
-            types::NODE_ONLINE,
-            Status::Unknown,
-            "HeadscaleUnreachable",
-            "cannot observe the node (see TailnetReady)",
-        );
+    let observed = agent::observe_node(ctx, ingress, &access, &owner, &tag, &mut c).await?;
+    if let Some(n) = &observed.node {
+        status.node_id = Some(n.id.to_string());
+        status.tailnet_ips = n.ip_addresses.clone();
     }
 
     // Grants.
     let resource_key = format!("TailnetIngress/{namespace}/{name}");
-    let tailnet_status = tailnet.status.clone().unwrap_or_default();
-    if tailnet_status
-        .policy
-        .as_ref()
-        .is_some_and(|p| p.effective_for.contains(&resource_key))
-    {
-        c.set(
-            types::POLICY_EFFECTIVE,
-            Status::True,
-            reasons::READY,
-            format!(
-                "{} may connect: the grant is live in Headscale",
-                ingress.spec.allow_from.join(", ")
-            ),
-        );
-    } else {
-        let applied = conditions::find(&tailnet_status.conditions, types::POLICY_APPLIED);
-        let (reason, message) = match (tailnet.spec.policy.mode, applied) {
-            _ if !not_allowed.is_empty() => (reasons::SOURCE_NOT_ALLOWED.to_string(), "no grant is generated while allowFrom is outside the allowlist (see SourcesAllowed)".to_string()),
-            (PolicyMode::DryRun, _) => (reasons::DRY_RUN.to_string(), format!("Tailnet {tailnet_name} is in DryRun: the grant is rendered but not written")),
-            (_, Some(a)) if a.status != "True" => (a.reason.clone(), format!("Tailnet {tailnet_name}: {}", a.message)),
-            _ => ("NotEffective".to_string(), "the grant is not live in Headscale yet".to_string()),
-        };
-        c.set(types::POLICY_EFFECTIVE, Status::False, &reason, message);
-    }
+    let live = format!(
+        "{} may connect: the grant is live in Headscale",
+        ingress.spec.allow_from.join(", ")
+    );
+    let blocked = (!not_allowed.is_empty()).then_some((
+        reasons::SOURCE_NOT_ALLOWED,
+        "no grant is generated while allowFrom is outside the allowlist (see SourcesAllowed)",
+    ));
+    agent::policy_effective(&mut c, tailnet, &resource_key, &live, blocked);
 
     let first = status.hostnames.first().cloned().unwrap_or_default();
     status.summary = Some(match status.hostnames.len() {
@@ -704,35 +632,9 @@ async fn write_status(
 }
 
 async fn cleanup(ingress: &TailnetIngress, ctx: &Context) -> Result<Action, ReconcileError> {
-    let access = match agent::tailnet_access(ctx, &ingress.spec.tailnet_ref.name).await {
-        Ok(access) => access,
-        Err((reason, message)) => {
-            tracing::warn!(ingress = %key(ingress), %reason, %message, "Tailnet gone: nothing to clean up in Headscale");
-            return Ok(Action::await_change());
-        }
-    };
-    let tag = ingress_tag(
-        &access.tailnet.spec.policy.tag_prefix,
-        &ingress.namespace().unwrap_or_default(),
-        &ingress.name_any(),
-    );
-    match &access.headscale {
-        Ok(headscale) => agent::forget_identity(headscale, &tag).await?,
-        Err((reason, message)) => {
-            return Err(ReconcileError::HeadscaleUnusable {
-                action: format!("clean up node {tag}"),
-                reason: reason.clone(),
-                message: message.clone(),
-            });
-        }
-    }
-    agent::publish(
-        ctx,
-        ingress,
-        EventType::Normal,
-        "Cleaned",
-        format!("deleted the Headscale node(s) and expired the keys of {tag}"),
-    )
-    .await;
-    Ok(Action::await_change())
+    let (namespace, name) = (ingress.namespace().unwrap_or_default(), ingress.name_any());
+    agent::cleanup(ctx, ingress, &ingress.spec.tailnet_ref.name, |t| {
+        ingress_tag(&t.spec.policy.tag_prefix, &namespace, &name)
+    })
+    .await
 }
