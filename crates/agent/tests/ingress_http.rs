@@ -227,7 +227,8 @@ fn https_reverse_proxy_end_to_end() {
         assert_eq!(text, format!("{HUNDRED_MIB} {}", pattern_sha256(HUNDRED_MIB)));
         let upload = started.elapsed();
         eprintln!(
-            "100 MiB through the agent (debug build): download {:.2}s ({:.0} MiB/s), upload {:.2}s ({:.0} MiB/s)",
+            "100 MiB through the agent ({} build): download {:.2}s ({:.0} MiB/s), upload {:.2}s ({:.0} MiB/s)",
+            if cfg!(debug_assertions) { "debug" } else { "release" },
             download.as_secs_f64(),
             100.0 / download.as_secs_f64(),
             upload.as_secs_f64(),

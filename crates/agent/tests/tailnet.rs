@@ -306,7 +306,8 @@ fn agent_in_a_real_tailnet() {
         assert_eq!(hash, expected);
         let mib = TRANSFER_BYTES as f64 / (1024.0 * 1024.0);
         eprintln!(
-            "{mib:.0} MiB echo via the tailnet (debug build): agent {through_agent:.2}s ({:.1} MiB/s), direct LocalAPI dial {direct_seconds:.2}s ({:.1} MiB/s), ratio {:.2}",
+            "{mib:.0} MiB echo via the tailnet ({} build): agent {through_agent:.2}s ({:.1} MiB/s), direct LocalAPI dial {direct_seconds:.2}s ({:.1} MiB/s), ratio {:.2}",
+            if cfg!(debug_assertions) { "debug" } else { "release" },
             mib / through_agent,
             mib / direct_seconds,
             direct_seconds / through_agent
