@@ -21,8 +21,6 @@ use crate::relay::{HalfClose, Tally, relay, tune_tcp};
 
 /// Back-off after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
-/// How long an egress connection whose client sent EOF waits for a silent target.
-const HALF_CLOSED_IDLE: Duration = Duration::from_secs(60);
 
 /// What every connection handler shares.
 #[derive(Clone)]
@@ -35,6 +33,9 @@ pub struct Shared {
     /// Cancelled at shutdown: HTTP connections finish their requests and close.
     pub draining: CancellationToken,
     pub backend_connect_timeout: Duration,
+    /// How long an egress connection whose client sent EOF stays open while the target sends
+    /// nothing (see [`HalfClose::HoldUntilUpstreamCloses`]).
+    pub half_closed_idle: Duration,
 }
 
 /// A `tcp` ingress listener's settings.
@@ -124,7 +125,7 @@ async fn handle_egress(
         &inbound,
         &outbound,
         HalfClose::HoldUntilUpstreamCloses {
-            idle: HALF_CLOSED_IDLE,
+            idle: shared.half_closed_idle,
         },
     )
     .await;

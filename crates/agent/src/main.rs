@@ -46,6 +46,11 @@ struct Args {
     /// Wait for response headers for routes without backendRequestTimeoutSeconds.
     #[arg(long, default_value_t = 60)]
     backend_request_timeout_seconds: u64,
+    /// Egress: after the client's EOF (tailscaled's dial tunnel cannot carry a half-close),
+    /// the tunnel stays open while the target keeps sending, and closes after this much
+    /// silence. Also how long a fully closed client keeps an idle target connection.
+    #[arg(long, default_value_t = 5)]
+    half_closed_idle_seconds: u64,
 }
 
 fn init_logging(format: LogFormat) {
@@ -91,6 +96,7 @@ fn main() -> ExitCode {
         backend_probe_interval: Duration::from_secs(args.backend_probe_interval_seconds.max(1)),
         backend_connect_timeout: Duration::from_secs(args.backend_connect_timeout_seconds.max(1)),
         backend_request_timeout: Duration::from_secs(args.backend_request_timeout_seconds.max(1)),
+        half_closed_idle: Duration::from_secs(args.half_closed_idle_seconds.max(1)),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

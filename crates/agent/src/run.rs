@@ -48,6 +48,8 @@ pub struct Options {
     pub backend_connect_timeout: Duration,
     /// For routes without `backendRequestTimeoutSeconds`.
     pub backend_request_timeout: Duration,
+    /// Egress: how long after the client's EOF a silent target keeps the tunnel open.
+    pub half_closed_idle: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +123,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         connections: TaskTracker::new(),
         draining: CancellationToken::new(),
         backend_connect_timeout: options.backend_connect_timeout,
+        half_closed_idle: options.half_closed_idle,
     };
     let mut supervisor = Supervisor {
         probe_deps: ProbeDeps {

@@ -235,6 +235,24 @@ fn https_reverse_proxy_end_to_end() {
             100.0 / upload.as_secs_f64()
         );
 
+        // Small requests: latency through the agent next to the backend directly.
+        let direct = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap_or_else(|e| panic!("client: {e}"));
+        let through_agent = small_requests(&h2, "https://portal.test:8443/whoami").await;
+        let straight = small_requests(&direct, &format!("http://127.0.0.1:{WEB_BACKEND}/whoami")).await;
+        eprintln!(
+            "{SMALL_REQUESTS} sequential small requests ({} build): through the agent (HTTPS, h2) {:.0}/s p50 {:?} p99 {:?}; backend directly (HTTP/1.1) {:.0}/s p50 {:?} p99 {:?}",
+            if cfg!(debug_assertions) { "debug" } else { "release" },
+            through_agent.0,
+            through_agent.1,
+            through_agent.2,
+            straight.0,
+            straight.1,
+            straight.2
+        );
+
         // Trailers over HTTP/2 (the client asks with TE: trailers).
         let tls = tls_connect(https(), "portal.test", frontend.client_config(&[b"h2"]))
             .await
@@ -458,4 +476,29 @@ async fn presented_certificate(config: std::sync::Arc<rustls::ClientConfig>) -> 
         .and_then(|chain| chain.first())
         .map(|cert| cert.as_ref().to_vec())
         .unwrap_or_default()
+}
+
+const SMALL_REQUESTS: usize = 300;
+
+/// (requests per second, p50, p99) of sequential GETs.
+async fn small_requests(client: &reqwest::Client, url: &str) -> (f64, Duration, Duration) {
+    let mut latencies = Vec::with_capacity(SMALL_REQUESTS);
+    let started = Instant::now();
+    for _ in 0..SMALL_REQUESTS {
+        let begun = Instant::now();
+        let answer = client
+            .get(url)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(answer.status(), 200);
+        let _ = answer.bytes().await;
+        latencies.push(begun.elapsed());
+    }
+    let rate = SMALL_REQUESTS as f64 / started.elapsed().as_secs_f64();
+    latencies.sort();
+    let at = |fraction: f64| {
+        latencies[((latencies.len() as f64 * fraction) as usize).min(latencies.len() - 1)]
+    };
+    (rate, at(0.50), at(0.99))
 }

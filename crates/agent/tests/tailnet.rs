@@ -235,6 +235,7 @@ fn agent_in_a_real_tailnet() {
         &["--dial-timeout-seconds", "3"],
     );
     let direct_api = tno_testenv_tailnet::LocalApi::new(&socket);
+    let agent_pid = agent.pid();
 
     agent.run(move || async move {
         common::backend::spawn(
@@ -412,6 +413,33 @@ fn agent_in_a_real_tailnet() {
                 &[("listener", "remote-db"), ("direction", "out")]
             ) >= TRANSFER_BYTES as f64
         );
+
+        // No task or fd leak: after a burst of relayed and refused connections the agent is
+        // back to its idle file descriptors and no connection is counted as active.
+        let open_fds = || {
+            std::fs::read_dir(format!("/proc/{agent_pid}/fd"))
+                .map(|entries| entries.count())
+                .unwrap_or(0)
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let idle_fds = open_fds();
+        for round in 0..20 {
+            echo_once(REMOTE_DB)
+                .await
+                .unwrap_or_else(|e| panic!("echo {round}: {e}"));
+            let mut refused = TcpStream::connect(agent_port(NOT_ROUTED))
+                .await
+                .unwrap_or_else(|e| panic!("connect: {e}"));
+            let mut nothing = Vec::new();
+            let _ = refused.read_to_end(&mut nothing).await;
+        }
+        let settled = eventually(Duration::from_secs(20), "connections closed", || async {
+            let active = metric("tailnet_agent_active_connections", &[]).await;
+            let fds = open_fds();
+            (active == 0.0 && fds <= idle_fds + 2).then_some(fds)
+        })
+        .await;
+        eprintln!("agent fds: {idle_fds} idle, {settled} after 40 connections");
 
         // Ingress: alice's laptop → the agent node's tailnet IP → tailscaled's loopback
         // forward → the agent's TLS listener → backend, with her identity from whois.
