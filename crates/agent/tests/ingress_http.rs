@@ -111,7 +111,8 @@ fn https_reverse_proxy_end_to_end() {
         .unwrap_or_else(|e| panic!("{e}"));
     std::fs::write(dir.join("other-ca.crt"), &other_ca.ca_pem).unwrap_or_else(|e| panic!("{e}"));
     let backend_tls = backend_ca.server_config(&["admin.backend.test"]);
-    let agent = Agent::start_in(run, netns, dir.clone(), &config(&dir), &[]);
+    let mut agent = Agent::start_in(run, netns, dir.clone(), &config(&dir), &[]);
+    let pid = agent.pid();
 
     agent.run(move || async move {
         backend::spawn(SocketAddr::from((Ipv4Addr::LOCALHOST, WEB_BACKEND)), None).await;
@@ -365,7 +366,38 @@ fn https_reverse_proxy_end_to_end() {
         assert!(body.contains("tailnet not connected"), "{body}");
         let (status, _) = admin_get("/livez").await;
         assert_eq!(status, 200);
+
+        // SIGTERM while a request is in flight: it completes, new connections are refused.
+        let in_flight = tokio::spawn({
+            let h2 = h2.clone();
+            async move { h2.get("https://portal.test:8443/slow-head").send().await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // SAFETY: kill(2) on the agent's own pid.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        eventually(Duration::from_secs(5), "listener closed after SIGTERM", || async {
+            tokio::net::TcpStream::connect(https()).await.err().map(|_| ())
+        })
+        .await;
+        let answer = in_flight
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("in-flight request cut by the shutdown: {e}"));
+        assert_eq!(answer.status(), 200);
+        assert_eq!(answer.text().await.unwrap_or_default(), "finally");
     });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = agent.exit_status() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent did not exit after draining"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}");
 }
 
 /// No certificate ⇒ the port is not even open (no plaintext, no HTTP answer); a certificate
