@@ -557,6 +557,7 @@ async fn scenario(
     assert_eq!(holder.as_deref(), Some("operator-2"));
 
     // Headscale down: condition within a few polls, the operator keeps running.
+    let updated_before_outage = hs.get_policy().await.expect("policy").updated_at;
     env.headscale.kill();
     let t = wait_condition(
         &tailnets,
@@ -571,4 +572,23 @@ async fn scenario(
         "the operator must survive Headscale being down"
     );
     assert!(t.name_any() == tailnet_name);
+
+    // Headscale back on the same database: the operator recovers by itself and does not
+    // re-write the unchanged policy.
+    env.headscale.restart().await.expect("restart headscale");
+    wait_condition(
+        &tailnets,
+        &tailnet_name,
+        "HeadscaleReachable",
+        "True",
+        "Reachable",
+    )
+    .await;
+    wait_condition(&tailnets, &tailnet_name, "PolicyApplied", "True", "Applied").await;
+    assert!(second.is_running());
+    assert_eq!(
+        hs.get_policy().await.expect("policy").updated_at,
+        updated_before_outage,
+        "recovery must not re-write an unchanged policy"
+    );
 }

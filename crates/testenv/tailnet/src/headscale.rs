@@ -170,6 +170,19 @@ impl Headscale {
         self.process().kill();
     }
 
+    /// Starts Headscale again after [`Headscale::kill`] (or while it runs: it is killed
+    /// first) with the same config and database: same port, same nodes, same API key — what
+    /// a crash or an upgrade looks like to its clients.
+    pub async fn restart(&self) -> Result<()> {
+        self.kill();
+        let log = self.config_path.with_file_name("headscale.restarted.log");
+        let mut command = Command::new(&self.binary);
+        command.arg("-c").arg(&self.config_path).arg("serve");
+        let process = ChildProcess::spawn("headscale", command, &log)?;
+        *self.process() = process;
+        self.wait_healthy().await
+    }
+
     fn process(&self) -> std::sync::MutexGuard<'_, ChildProcess> {
         self.process.lock().unwrap_or_else(PoisonError::into_inner)
     }
