@@ -16,7 +16,7 @@ use crate::common::TailnetRef;
     kind = "TailnetEgress",
     namespaced,
     shortname = "tne",
-    category = "tailnet",
+    category = "tailnet-operator",
     status = "TailnetEgressStatus",
     printcolumn = r#"{"name":"Tailnet","type":"string","jsonPath":".spec.tailnetRef.name"}"#,
     printcolumn = r#"{"name":"Targets","type":"string","jsonPath":".status.summary"}"#,

@@ -16,7 +16,7 @@ use crate::common::{KeyRef, TailnetRef};
     kind = "TailnetIngress",
     namespaced,
     shortname = "tni",
-    category = "tailnet",
+    category = "tailnet-operator",
     status = "TailnetIngressStatus",
     printcolumn = r#"{"name":"Tailnet","type":"string","jsonPath":".spec.tailnetRef.name"}"#,
     printcolumn = r#"{"name":"Hostnames","type":"string","jsonPath":".status.summary"}"#,

@@ -15,7 +15,7 @@ use crate::common::KeyRef;
     version = "v1alpha1",
     kind = "Tailnet",
     shortname = "tn",
-    category = "tailnet",
+    category = "tailnet-operator",
     status = "TailnetStatus",
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.policy.mode"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,

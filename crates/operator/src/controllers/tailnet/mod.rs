@@ -245,6 +245,21 @@ async fn write_rendered_policy(
     .map(|_| ())
 }
 
+/// A printer-column sized summary: `3 tags, 4 grants, 2 routes` (+ `, 1 with issues`).
+fn short_summary(rendered: &RenderedPolicy) -> String {
+    let s = &rendered.summary;
+    let mut text = format!(
+        "{} tags, {} grants, {} routes",
+        s.generated_tag_owners,
+        s.egress_grants + s.ingress_grants,
+        s.auto_approver_routes
+    );
+    if s.resources_with_issues > 0 {
+        text.push_str(&format!(", {} with issues", s.resources_with_issues));
+    }
+    text
+}
+
 /// `+`/`-` line counts of a unified diff.
 fn diff_stats(diff: &str) -> (usize, usize) {
     let added = diff
@@ -394,7 +409,7 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
             .policy_size_bytes
             .get_or_create(&tailnet_label)
             .set(i64::try_from(rendered.document.len()).unwrap_or(i64::MAX));
-        policy_status.summary = Some(rendered.summary.to_string());
+        policy_status.summary = Some(short_summary(rendered));
     }
 
     match (&rendered, &state.client, &state.live_policy) {
