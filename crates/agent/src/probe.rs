@@ -133,7 +133,7 @@ async fn probe_once(spec: &ProbeSpec, deps: &ProbeDeps) -> (ProbeState, String) 
             // Dropping the stream closes it: a connect, no payload.
             Ok(_stream) => (ProbeState::Reachable, String::new()),
             Err(failure) => (
-                ProbeState::from_dial_failure(failure.reason),
+                crate::state::probe_state_from_dial_failure(failure.reason),
                 failure.message,
             ),
         },

@@ -4,6 +4,7 @@
 //! Nothing in this crate performs I/O; the controllers and the `render` command share it.
 
 pub mod agent_config;
+pub mod agent_status;
 pub mod common;
 pub mod conditions;
 pub mod crd;

@@ -124,6 +124,16 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     assert_eq!(status.tailnet_ips.len(), 2, "{status:?}");
     let node_id = status.node_id.clone().expect("node id");
 
+    // The agent's probes reach both targets through the tailnet.
+    eventually("TargetsReachable=True", || async {
+        let e = egresses.get("site").await.map_err(|e| e.to_string())?;
+        match condition(&e, "TargetsReachable") {
+            Some((s, r)) if s == "True" && r == "Reachable" => Ok(()),
+            _ => Err(describe(&e)),
+        }
+    })
+    .await;
+
     // The bytes cross the tailnet: a pod uses the Service like any other.
     let target = format!("remote-db.{ns}.svc.cluster.local:5432");
     let run = ops

@@ -322,6 +322,14 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
         }
     })
     .await;
+    assert_eq!(
+        condition(&ready, "BackendsReachable")
+            .map(|c| c.1)
+            .as_deref(),
+        Some("Reachable"),
+        "{}",
+        describe(&ready)
+    );
     let status = ready.status.clone().unwrap_or_default();
     assert!(
         status.urls.contains(&format!("https://{portal}/")),

@@ -337,6 +337,63 @@ mod tests {
         assert!(find_node(&nodes, "tag:c").is_none());
     }
 
+    fn probe(
+        name: &str,
+        state: tailnet_api::agent_status::ProbeState,
+    ) -> tailnet_api::agent_status::ProbeView {
+        tailnet_api::agent_status::ProbeView {
+            name: name.into(),
+            address: "192.0.2.10:5432".into(),
+            state,
+            message: String::new(),
+            last_probe: None,
+        }
+    }
+
+    #[test]
+    fn reachability_names_the_first_failing_cause() {
+        use tailnet_api::agent_status::ProbeState;
+        let conditions = || Conditions {
+            list: Vec::new(),
+            generation: Some(1),
+            now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+        };
+        let mut c = conditions();
+        reachability(
+            &mut c,
+            "TargetsReachable",
+            Some(&[
+                probe("db", ProbeState::Reachable),
+                probe("api", ProbeState::NoRoute),
+            ]),
+        );
+        let cond = &c.list[0];
+        assert_eq!(
+            (cond.status.as_str(), cond.reason.as_str()),
+            ("False", "NoRoute")
+        );
+        assert!(cond.message.starts_with("api (192.0.2.10:5432): NoRoute"));
+        let mut c = conditions();
+        reachability(&mut c, "TargetsReachable", None);
+        assert_eq!(c.list[0].status, "Unknown");
+        assert_eq!(
+            required_with_observed(&c, &["A"], &["TargetsReachable"]),
+            vec!["A"],
+            "unobserved does not block Ready"
+        );
+        let mut c = conditions();
+        reachability(
+            &mut c,
+            "TargetsReachable",
+            Some(&[probe("db", ProbeState::Reachable)]),
+        );
+        assert_eq!(c.list[0].reason, "Reachable");
+        assert_eq!(
+            required_with_observed(&c, &["A"], &["TargetsReachable"]),
+            vec!["A", "TargetsReachable"]
+        );
+    }
+
     #[test]
     fn deployment_without_status_is_not_ready() {
         assert!(!deployment_state(None).0);
@@ -515,4 +572,110 @@ where
     )
     .await;
     Ok(Action::await_change())
+}
+
+/// Reads the agent's `/status` from its running pod (admin port on the pod IP). `None` when
+/// no pod runs or it does not answer (e.g. a NetworkPolicy keeps the operator out):
+/// reachability is then reported as not observed, never guessed.
+pub async fn agent_status(
+    ctx: &Context,
+    owner: &Owner,
+) -> Option<tailnet_api::agent_status::StatusReport> {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let selector = owner
+        .selector_labels()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let list = pods
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .ok()?;
+    let ip = list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .find_map(|p| p.status.as_ref()?.pod_ip.clone())?;
+    let host = if ip.contains(':') {
+        format!("[{ip}]")
+    } else {
+        ip
+    };
+    let url = format!(
+        "http://{host}:{}/status",
+        tailnet_api::agent_config::ADMIN_PORT
+    );
+    let response = ctx.agent_http.get(&url).send().await.ok()?;
+    response.json().await.ok()
+}
+
+/// Sets a reachability condition (`TargetsReachable`/`BackendsReachable`) from probe views.
+/// Returns the per-name probe, for per-target status.
+pub fn reachability(
+    c: &mut Conditions,
+    type_: &str,
+    report: Option<&[tailnet_api::agent_status::ProbeView]>,
+) -> BTreeMap<String, tailnet_api::agent_status::ProbeView> {
+    use tailnet_api::agent_status::ProbeState;
+    use tailnet_api::conditions::{Status, reasons};
+    let Some(probes) = report else {
+        c.set(type_, Status::Unknown, "NotObserved", "the agent's /status could not be read (pod not running, or not reachable from the operator)");
+        return BTreeMap::new();
+    };
+    let failing: Vec<_> = probes
+        .iter()
+        .filter(|p| !matches!(p.state, ProbeState::Reachable | ProbeState::Unknown))
+        .collect();
+    match failing.first() {
+        Some(first) => {
+            let list: Vec<String> = failing
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{} ({}): {} {}",
+                        p.name,
+                        p.address,
+                        p.state.label(),
+                        p.message
+                    )
+                    .trim()
+                    .to_string()
+                })
+                .collect();
+            c.set(type_, Status::False, first.state.label(), list.join("; "));
+        }
+        None if probes.iter().all(|p| p.state == ProbeState::Unknown) => {
+            c.set(
+                type_,
+                Status::Unknown,
+                "NotProbedYet",
+                "no probe result yet (or probing is switched off)",
+            );
+        }
+        None => c.set(
+            type_,
+            Status::True,
+            reasons::REACHABLE,
+            "every probed address answers",
+        ),
+    }
+    probes.iter().map(|p| (p.name.clone(), p.clone())).collect()
+}
+
+/// `required` plus `optional` conditions that have been observed (not `Unknown`): an
+/// unobserved reachability does not block `Ready`, an observed failure does.
+pub fn required_with_observed<'a>(
+    c: &Conditions,
+    required: &[&'a str],
+    optional: &[&'a str],
+) -> Vec<&'a str> {
+    let mut all = required.to_vec();
+    for type_ in optional {
+        if tailnet_api::conditions::find(&c.list, type_).is_some_and(|x| x.status != "Unknown") {
+            all.push(type_);
+        }
+    }
+    all
 }

@@ -34,6 +34,9 @@ pub struct Context {
     pub recorder: Recorder,
     pub egresses: Store<TailnetEgress>,
     pub ingresses: Store<TailnetIngress>,
+    /// For reading agents' `/status` (short timeouts: an agent that does not answer only
+    /// leaves reachability unobserved).
+    pub agent_http: reqwest::Client,
     headscale_clients: Mutex<HashMap<(String, String), HeadscaleClient>>,
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -54,6 +57,11 @@ impl Context {
             recorder,
             egresses,
             ingresses,
+            agent_http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(3))
+                .connect_timeout(Duration::from_secs(2))
+                .build()
+                .unwrap_or_default(),
             headscale_clients: Mutex::default(),
             failures: Mutex::default(),
         }

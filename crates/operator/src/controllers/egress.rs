@@ -221,7 +221,9 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         Ok(access) => access,
         Err((reason, message)) => {
             c.set(types::TAILNET_READY, Status::False, &reason, message);
-            let status = finish(status, c, &REQUIRED);
+            let required =
+                agent::required_with_observed(&c, &REQUIRED, &[types::TARGETS_REACHABLE]);
+            let status = finish(status, c, &required);
             return write_status(ctx, egress, &api, &previous, status)
                 .await
                 .map(|_| poll);
@@ -487,12 +489,29 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         "the grants are live in Headscale",
         None,
     );
-    c.set(
+    // Reachability as the agent observes it (a TCP connect through the tailnet per target).
+    let report = agent::agent_status(ctx, &owner).await;
+    let probes = agent::reachability(
+        &mut c,
         types::TARGETS_REACHABLE,
-        Status::Unknown,
-        "NotObserved",
-        "probe results are not collected yet",
+        report.as_ref().map(|r| r.targets.as_slice()),
     );
+    for entry in &mut status.targets {
+        if entry.state.as_deref() != Some(reasons::READY) {
+            continue;
+        }
+        if let Some(probe) = probes.get(&entry.name)
+            && probe.state != tailnet_api::agent_status::ProbeState::Reachable
+            && probe.state != tailnet_api::agent_status::ProbeState::Unknown
+        {
+            entry.state = Some(probe.state.label().to_string());
+            entry.message = Some(
+                format!("{} {}", probe.state.label(), probe.message)
+                    .trim()
+                    .to_string(),
+            );
+        }
+    }
 
     let ready_targets = status
         .targets
@@ -505,7 +524,8 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         })
         .count();
     status.summary = Some(format!("{ready_targets}/{} targets", status.targets.len()));
-    let status = finish(status, c, &REQUIRED);
+    let required = agent::required_with_observed(&c, &REQUIRED, &[types::TARGETS_REACHABLE]);
+    let status = finish(status, c, &required);
     agent::publish_ready_transition(ctx, egress, &previous.conditions, &status.conditions).await;
     write_status(ctx, egress, &api, &previous, status).await?;
     Ok(poll)

@@ -609,7 +609,14 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
         1 => first,
         n => format!("{first} (+{})", n - 1),
     });
-    status.conditions = c.finish(&REQUIRED);
+    let report = agent::agent_status(ctx, &owner).await;
+    agent::reachability(
+        &mut c,
+        types::BACKENDS_REACHABLE,
+        report.as_ref().map(|r| r.backends.as_slice()),
+    );
+    let required = agent::required_with_observed(&c, &REQUIRED, &[types::BACKENDS_REACHABLE]);
+    status.conditions = c.finish(&required);
     agent::publish_ready_transition(ctx, ingress, &previous.conditions, &status.conditions).await;
     write_status(ingress, &api, &previous, status).await?;
     Ok(poll)
