@@ -261,7 +261,7 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
         tcp_echo(&laptop, &ip, 5432).await
     })
     .await;
-    let (cert_pem, key_pem) = certificate(&[portal.clone()]);
+    let (cert_pem, key_pem) = certificate(std::slice::from_ref(&portal));
     let refused = https_get(&laptop, &ip, &portal, &cert_pem).await;
     assert!(
         refused.is_err(),
