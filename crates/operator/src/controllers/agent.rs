@@ -311,96 +311,6 @@ where
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node(id: u64, tag: &str, online: bool) -> Node {
-        Node {
-            id,
-            tags: vec![tag.to_string()],
-            online,
-            ..Node::default()
-        }
-    }
-
-    #[test]
-    fn prefers_online_then_newest_node() {
-        let nodes = vec![
-            node(1, "tag:a", true),
-            node(2, "tag:a", false),
-            node(3, "tag:b", true),
-        ];
-        assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(1));
-        let nodes = vec![node(1, "tag:a", false), node(2, "tag:a", false)];
-        assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(2));
-        assert!(find_node(&nodes, "tag:c").is_none());
-    }
-
-    fn probe(
-        name: &str,
-        state: tailnet_api::agent_status::ProbeState,
-    ) -> tailnet_api::agent_status::ProbeView {
-        tailnet_api::agent_status::ProbeView {
-            name: name.into(),
-            address: "192.0.2.10:5432".into(),
-            state,
-            message: String::new(),
-            last_probe: None,
-        }
-    }
-
-    #[test]
-    fn reachability_names_the_first_failing_cause() {
-        use tailnet_api::agent_status::ProbeState;
-        let conditions = || Conditions {
-            list: Vec::new(),
-            generation: Some(1),
-            now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
-        };
-        let mut c = conditions();
-        reachability(
-            &mut c,
-            "TargetsReachable",
-            Some(&[
-                probe("db", ProbeState::Reachable),
-                probe("api", ProbeState::NoRoute),
-            ]),
-        );
-        let cond = &c.list[0];
-        assert_eq!(
-            (cond.status.as_str(), cond.reason.as_str()),
-            ("False", "NoRoute")
-        );
-        assert!(cond.message.starts_with("api (192.0.2.10:5432): NoRoute"));
-        let mut c = conditions();
-        reachability(&mut c, "TargetsReachable", None);
-        assert_eq!(c.list[0].status, "Unknown");
-        assert_eq!(
-            required_with_observed(&c, &["A"], &["TargetsReachable"]),
-            vec!["A"],
-            "unobserved does not block Ready"
-        );
-        let mut c = conditions();
-        reachability(
-            &mut c,
-            "TargetsReachable",
-            Some(&[probe("db", ProbeState::Reachable)]),
-        );
-        assert_eq!(c.list[0].reason, "Reachable");
-        assert_eq!(
-            required_with_observed(&c, &["A"], &["TargetsReachable"]),
-            vec!["A", "TargetsReachable"]
-        );
-    }
-
-    #[test]
-    fn deployment_without_status_is_not_ready() {
-        assert!(!deployment_state(None).0);
-        assert!(!deployment_state(Some(&Deployment::default())).0);
-    }
-}
-
 /// The agent's node as Headscale sees it, after keeping its pre-auth key in order.
 pub struct NodeObservation {
     /// Every node (routes of approver nodes matter to egresses).
@@ -678,4 +588,94 @@ pub fn required_with_observed<'a>(
         }
     }
     all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: u64, tag: &str, online: bool) -> Node {
+        Node {
+            id,
+            tags: vec![tag.to_string()],
+            online,
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn prefers_online_then_newest_node() {
+        let nodes = vec![
+            node(1, "tag:a", true),
+            node(2, "tag:a", false),
+            node(3, "tag:b", true),
+        ];
+        assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(1));
+        let nodes = vec![node(1, "tag:a", false), node(2, "tag:a", false)];
+        assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(2));
+        assert!(find_node(&nodes, "tag:c").is_none());
+    }
+
+    fn probe(
+        name: &str,
+        state: tailnet_api::agent_status::ProbeState,
+    ) -> tailnet_api::agent_status::ProbeView {
+        tailnet_api::agent_status::ProbeView {
+            name: name.into(),
+            address: "192.0.2.10:5432".into(),
+            state,
+            message: String::new(),
+            last_probe: None,
+        }
+    }
+
+    #[test]
+    fn reachability_names_the_first_failing_cause() {
+        use tailnet_api::agent_status::ProbeState;
+        let conditions = || Conditions {
+            list: Vec::new(),
+            generation: Some(1),
+            now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+        };
+        let mut c = conditions();
+        reachability(
+            &mut c,
+            "TargetsReachable",
+            Some(&[
+                probe("db", ProbeState::Reachable),
+                probe("api", ProbeState::NoRoute),
+            ]),
+        );
+        let cond = &c.list[0];
+        assert_eq!(
+            (cond.status.as_str(), cond.reason.as_str()),
+            ("False", "NoRoute")
+        );
+        assert!(cond.message.starts_with("api (192.0.2.10:5432): NoRoute"));
+        let mut c = conditions();
+        reachability(&mut c, "TargetsReachable", None);
+        assert_eq!(c.list[0].status, "Unknown");
+        assert_eq!(
+            required_with_observed(&c, &["A"], &["TargetsReachable"]),
+            vec!["A"],
+            "unobserved does not block Ready"
+        );
+        let mut c = conditions();
+        reachability(
+            &mut c,
+            "TargetsReachable",
+            Some(&[probe("db", ProbeState::Reachable)]),
+        );
+        assert_eq!(c.list[0].reason, "Reachable");
+        assert_eq!(
+            required_with_observed(&c, &["A"], &["TargetsReachable"]),
+            vec!["A", "TargetsReachable"]
+        );
+    }
+
+    #[test]
+    fn deployment_without_status_is_not_ready() {
+        assert!(!deployment_state(None).0);
+        assert!(!deployment_state(Some(&Deployment::default())).0);
+    }
 }
