@@ -70,7 +70,7 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         .patch(
             &tailnet_name,
             &PatchParams::apply("test").force(),
-            &Patch::Apply(env.tailnet_object(&tailnet_name, "Apply")),
+            &Patch::Apply(env.tailnet_object(&tailnet_name, "DryRun")),
         )
         .await
         .expect("Tailnet");
@@ -99,6 +99,40 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         })))
         .await
         .expect("egress");
+
+    // DryRun: the agent runs, but the grant is not live, so the egress is not effective and
+    // connections fail.
+    let dry = eventually("PolicyEffective=False/DryRun", || async {
+        let e = egresses.get("site").await.map_err(|e| e.to_string())?;
+        match condition(&e, "PolicyEffective") {
+            Some((s, r)) if s == "False" && r == "DryRun" => Ok(e),
+            _ => Err(describe(&e)),
+        }
+    })
+    .await;
+    assert_eq!(
+        condition(&dry, "Ready").map(|c| c.0).as_deref(),
+        Some("False")
+    );
+    let target = format!("remote-db.{ns}.svc.cluster.local:5432");
+    let run = ops
+        .tcp_check("client-dry", &target, 3)
+        .await
+        .expect("client pod in DryRun");
+    assert!(
+        !run.succeeded(),
+        "DryRun must not let traffic through:\n{run}"
+    );
+
+    // Apply: nothing is restarted; the grant and route approval make it work.
+    tailnets
+        .patch(
+            &tailnet_name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(env.tailnet_object(&tailnet_name, "Apply")),
+        )
+        .await
+        .expect("Tailnet to Apply");
 
     // Every precondition turns true: tailnet, Services, agent, node, grants, routes.
     let ready = eventually("the egress to become Ready", || async {
@@ -135,7 +169,6 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     .await;
 
     // The bytes cross the tailnet: a pod uses the Service like any other.
-    let target = format!("remote-db.{ns}.svc.cluster.local:5432");
     let run = ops
         .tcp_check("client-1", &target, 30)
         .await
