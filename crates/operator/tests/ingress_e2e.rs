@@ -368,5 +368,65 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
         .await
         .expect("laptop still allowed");
     assert_eq!(ready.name_any(), "portal");
+
+    // Without tls.secretName: a cert-manager Certificate for every http name, and http stays
+    // unserved (Issuing) until it is issued.
+    let mut tailnet = env.tailnet_object(&tailnet_name, "Apply");
+    tailnet["spec"]["defaults"] =
+        json!({"tls": {"issuerRef": {"name": "apps-ca", "kind": "ClusterIssuer"}}});
+    Api::<tailnet_api::Tailnet>::all(client.clone())
+        .patch(
+            &tailnet_name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(tailnet),
+        )
+        .await
+        .expect("Tailnet with a default issuer");
+    ingresses
+        .patch("issued", &PatchParams::apply("test").force(), &Patch::Apply(json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
+            "metadata": {"name": "issued", "namespace": ns},
+            "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
+                     "exposes": [{"name": "web", "dnsLabel": "issued", "mode": "http", "port": 443, "backend": {"service": "frontend", "port": 8080}}]}
+        })))
+        .await
+        .expect("ingress with issuer");
+    let issuing = eventually("CertificateReady=False/Issuing", || async {
+        let i = ingresses.get("issued").await.map_err(|e| e.to_string())?;
+        match condition(&i, "CertificateReady") {
+            Some((s, r)) if s == "False" && r == "Issuing" => Ok(i),
+            _ => Err(describe(&i)),
+        }
+    })
+    .await;
+    assert_eq!(
+        condition(&issuing, "Ready").map(|c| c.1).as_deref(),
+        Some("Issuing")
+    );
+    let certificates: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "cert-manager.io",
+            "v1",
+            "Certificate",
+        )),
+    );
+    let certificate = certificates
+        .get("tailnet-ingress-issued-tls")
+        .await
+        .expect("cert-manager Certificate");
+    assert_eq!(
+        certificate.data["spec"]["dnsNames"],
+        json!([format!("issued.{ns}.lab.example.net")])
+    );
+    assert_eq!(
+        certificate.data["spec"]["issuerRef"]["kind"],
+        "ClusterIssuer"
+    );
+    assert_eq!(
+        certificate.data["spec"]["secretName"],
+        "tailnet-ingress-issued-tls"
+    );
     operator.terminate().await.expect("operator stops cleanly");
 }
