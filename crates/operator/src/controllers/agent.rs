@@ -284,6 +284,48 @@ pub async fn publish_ready_transition<K>(
     }
 }
 
+/// Server-side applies a namespaced object into `namespace` under its own name.
+pub async fn apply_in<K>(ctx: &Context, namespace: &str, object: &K) -> Result<K, ReconcileError>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+{
+    super::apply(
+        &Api::namespaced(ctx.client.clone(), namespace),
+        &object.name_any(),
+        object,
+    )
+    .await
+}
+
+/// The objects every agent has besides its Deployment (which is applied last, once
+/// everything it mounts exists).
+pub struct AgentBasics<'a> {
+    pub service_account: &'a k8s_openapi::api::core::v1::ServiceAccount,
+    pub role: &'a k8s_openapi::api::rbac::v1::Role,
+    pub role_binding: &'a k8s_openapi::api::rbac::v1::RoleBinding,
+    pub state_secret: &'a K8sSecret,
+    pub config_map: &'a k8s_openapi::api::core::v1::ConfigMap,
+    pub network_policy: &'a k8s_openapi::api::networking::v1::NetworkPolicy,
+}
+
+pub async fn apply_basics(
+    ctx: &Context,
+    namespace: &str,
+    o: AgentBasics<'_>,
+) -> Result<(), ReconcileError> {
+    apply_in(ctx, namespace, o.service_account).await?;
+    apply_in(ctx, namespace, o.role).await?;
+    apply_in(ctx, namespace, o.role_binding).await?;
+    apply_in(ctx, namespace, o.state_secret).await?;
+    apply_in(ctx, namespace, o.config_map).await?;
+    apply_in(ctx, namespace, o.network_policy).await?;
+    Ok(())
+}
+
 /// Server-side apply of a status subresource for namespaced resource `K`.
 pub async fn patch_status<K>(
     api: &Api<K>,

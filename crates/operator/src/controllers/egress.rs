@@ -8,10 +8,7 @@ use std::time::Instant;
 
 use ipnet::IpNet;
 use jiff::Timestamp;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams};
 use kube::runtime::controller::Action;
@@ -285,41 +282,17 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         cluster_domain: &ctx.config.cluster_domain,
     };
     let objects = render_egress::render(egress, &render_ctx, &previous_ports)?;
-    let client = &ctx.client;
-    apply(
-        &Api::<ServiceAccount>::namespaced(client.clone(), &namespace),
-        &objects.service_account.name_any(),
-        &objects.service_account,
-    )
-    .await?;
-    apply(
-        &Api::<Role>::namespaced(client.clone(), &namespace),
-        &objects.role.name_any(),
-        &objects.role,
-    )
-    .await?;
-    apply(
-        &Api::<RoleBinding>::namespaced(client.clone(), &namespace),
-        &objects.role_binding.name_any(),
-        &objects.role_binding,
-    )
-    .await?;
-    apply(
-        &Api::<Secret>::namespaced(client.clone(), &namespace),
-        &objects.state_secret.name_any(),
-        &objects.state_secret,
-    )
-    .await?;
-    apply(
-        &Api::<ConfigMap>::namespaced(client.clone(), &namespace),
-        &objects.config_map.name_any(),
-        &objects.config_map,
-    )
-    .await?;
-    apply(
-        &Api::<NetworkPolicy>::namespaced(client.clone(), &namespace),
-        &objects.network_policy.name_any(),
-        &objects.network_policy,
+    agent::apply_basics(
+        ctx,
+        &namespace,
+        agent::AgentBasics {
+            service_account: &objects.service_account,
+            role: &objects.role,
+            role_binding: &objects.role_binding,
+            state_secret: &objects.state_secret,
+            config_map: &objects.config_map,
+            network_policy: &objects.network_policy,
+        },
     )
     .await?;
     let mut applied_services = BTreeMap::new();
@@ -355,12 +328,7 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
                 .map_err(ReconcileError::kube("delete Service"))?;
         }
     }
-    let deployment = apply(
-        &Api::<Deployment>::namespaced(client.clone(), &namespace),
-        &objects.deployment.name_any(),
-        &objects.deployment,
-    )
-    .await?;
+    let deployment = agent::apply_in(ctx, &namespace, &objects.deployment).await?;
 
     if conflicts.is_empty() {
         c.set(

@@ -8,9 +8,7 @@ use std::time::Instant;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
@@ -27,10 +25,10 @@ use tailnet_render::images::Images;
 use tailnet_render::ingress::{self as render_ingress, IngressInputs};
 use tailnet_render::meta::Owner;
 
+use super::ReconcileError;
 use super::agent;
 use super::certificates::{self, CertificateVerdict};
 use super::context::Context;
-use super::{ReconcileError, apply};
 use crate::runtime::metrics::{ControllerLabels, ErrorLabels};
 
 const CONTROLLER: &str = "ingress";
@@ -467,41 +465,17 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
                 serve_http,
             },
         )?;
-        let client = &ctx.client;
-        apply(
-            &Api::<ServiceAccount>::namespaced(client.clone(), &namespace),
-            &objects.service_account.name_any(),
-            &objects.service_account,
-        )
-        .await?;
-        apply(
-            &Api::<Role>::namespaced(client.clone(), &namespace),
-            &objects.role.name_any(),
-            &objects.role,
-        )
-        .await?;
-        apply(
-            &Api::<RoleBinding>::namespaced(client.clone(), &namespace),
-            &objects.role_binding.name_any(),
-            &objects.role_binding,
-        )
-        .await?;
-        apply(
-            &Api::<Secret>::namespaced(client.clone(), &namespace),
-            &objects.state_secret.name_any(),
-            &objects.state_secret,
-        )
-        .await?;
-        apply(
-            &Api::<ConfigMap>::namespaced(client.clone(), &namespace),
-            &objects.config_map.name_any(),
-            &objects.config_map,
-        )
-        .await?;
-        apply(
-            &Api::<NetworkPolicy>::namespaced(client.clone(), &namespace),
-            &objects.network_policy.name_any(),
-            &objects.network_policy,
+        agent::apply_basics(
+            ctx,
+            &namespace,
+            agent::AgentBasics {
+                service_account: &objects.service_account,
+                role: &objects.role,
+                role_binding: &objects.role_binding,
+                state_secret: &objects.state_secret,
+                config_map: &objects.config_map,
+                network_policy: &objects.network_policy,
+            },
         )
         .await?;
         if let Some(cert) = &objects.certificate {
@@ -523,14 +497,7 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
                 c.set(types::CERTIFICATE_READY, Status::False, "CertificateNotCreated", format!("creating the cert-manager Certificate failed (is cert-manager installed?): {e}"));
             }
         }
-        deployment = Some(
-            apply(
-                &Api::<Deployment>::namespaced(client.clone(), &namespace),
-                &objects.deployment.name_any(),
-                &objects.deployment,
-            )
-            .await?,
-        );
+        deployment = Some(agent::apply_in(ctx, &namespace, &objects.deployment).await?);
         status.hostnames = objects.hostnames.clone();
     } else {
         deployment = Api::<Deployment>::namespaced(ctx.client.clone(), &namespace)
