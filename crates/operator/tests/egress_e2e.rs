@@ -1,7 +1,9 @@
 //! Egress end to end: the operator (in the lab, like a pod), a real agent pod (containerboot +
 //! tailscaled + tailnet-agent) and real Headscale. A pod connects to
 //! `remote-db.<ns>.svc.cluster.local:5432` and its bytes reach the echo server at
-//! 192.0.2.10:5432 behind the site's subnet router.
+//! 192.0.2.10:5432 behind the site's subnet router. A 100 MiB transfer through the egress
+//! comes back byte-identical, and its throughput is printed next to a direct LocalAPI dial of
+//! the same target from the laptop node (never asserted: tests do not assert speed).
 
 use std::time::Duration;
 
@@ -9,10 +11,17 @@ use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use sha2::{Digest, Sha256};
 use tailnet_api::TailnetEgress;
-use tno_testenv::{E2eEnv, OperatorArgs};
+use tno_testenv::{CLIENT_POD_DEADLINE, E2eEnv, OperatorArgs};
+use tno_testenv_tailnet::Dialed;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(180);
+/// The bulk transfer: 100 MiB, seed 1 (see `tno-test-servers tcp-bulk`).
+const BULK_BYTES: usize = 100 * 1024 * 1024;
+const BULK_SEED: u64 = 1;
+const BULK_TIMEOUT: Duration = Duration::from_secs(180);
 
 async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
@@ -53,6 +62,106 @@ fn condition(e: &TailnetEgress, type_: &str) -> Option<(String, String)> {
         .map(|c| (c.status.clone(), c.reason.clone()))
 }
 
+/// The stream `tno-test-servers tcp-bulk` sends for `seed`: word `i` (8 bytes, little endian)
+/// is splitmix64 of `seed ^ i * golden`.
+fn bulk_payload(seed: u64, len: usize) -> Vec<u8> {
+    fn splitmix64(x: u64) -> u64 {
+        let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    let mut payload = Vec::with_capacity(len.div_ceil(8) * 8);
+    for index in 0..len.div_ceil(8) as u64 {
+        payload.extend_from_slice(
+            &splitmix64(seed ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
+        );
+    }
+    payload.truncate(len);
+    payload
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn mib_per_s(bytes: usize, seconds: f64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0) / seconds.max(1e-9)
+}
+
+/// Writes `payload` to `stream` while reading as many bytes back; returns them and the seconds
+/// from the first write to the last byte read. The write half stays open until then.
+async fn echo_transfer<S>(stream: S, payload: &[u8]) -> std::io::Result<(Vec<u8>, f64)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+{
+    let started = std::time::Instant::now();
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let send = async {
+        for chunk in payload.chunks(64 * 1024) {
+            writer.write_all(chunk).await?;
+        }
+        writer.flush().await
+    };
+    let receive = async {
+        let mut received = vec![0u8; payload.len()];
+        let mut filled = 0;
+        while filled < received.len() {
+            let read = reader.read(&mut received[filled..]).await?;
+            if read == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("closed after {filled} of {} bytes", payload.len()),
+                ));
+            }
+            filled += read;
+        }
+        Ok(received)
+    };
+    let ((), received) = tokio::try_join!(send, receive)?;
+    Ok((received, started.elapsed().as_secs_f64()))
+}
+
+/// A pod running `tno-test-servers tcp-bulk` against `target`.
+fn tcp_bulk_pod(name: &str, target: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "e2e-client"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "client",
+                "image": tno_testenv_kube::env::TEST_SERVERS_IMAGE,
+                "args": [
+                    "tcp-bulk", "--target", target,
+                    "--bytes", BULK_BYTES.to_string(),
+                    "--seed", BULK_SEED.to_string(),
+                    "--timeout-secs", BULK_TIMEOUT.as_secs().to_string(),
+                ],
+            }],
+        },
+    })
+}
+
+/// `mib_per_s` of the `bulk: ok bytes=N seconds=S mib_per_s=X ...` line, if the line says
+/// `ok` for exactly `bytes`.
+fn parse_bulk_line(log: &str, bytes: usize) -> Option<f64> {
+    let line = log.lines().find(|l| l.starts_with("bulk: ok "))?;
+    let field = |key: &str| {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
+    };
+    if field("bytes")?.parse::<usize>().ok()? != bytes || field("identical")? != "true" {
+        return None;
+    }
+    field("mib_per_s")?.parse().ok()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egress_reaches_the_remote_site_through_the_tailnet() {
     let env = E2eEnv::shared()
@@ -61,7 +170,15 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     let ops = env.namespace("eg").await.expect("operator namespace");
     let client = ops.client().clone();
     let ns = ops.name().to_string();
-    ops.create_bootstrap(&env.base_policy().expect("base policy"))
+    // The base policy plus a grant for the laptop (alice, group:team-a) to the echo target, so
+    // the operator's live policy lets the direct LocalAPI dial through for the comparison.
+    let mut base_policy: serde_json::Value =
+        serde_json::from_str(&env.base_policy().expect("base policy")).expect("base policy JSON");
+    base_policy["grants"]
+        .as_array_mut()
+        .expect("grants in the base policy")
+        .push(json!({"src": ["group:team-a"], "dst": ["192.0.2.10/32"], "ip": ["tcp:5432"]}));
+    ops.create_bootstrap(&serde_json::to_string_pretty(&base_policy).expect("policy text"))
         .await
         .expect("bootstrap");
     let tailnet_name = format!("t-{ns}");
@@ -177,6 +294,75 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         run.succeeded(),
         "echo through the egress failed:\n{run}\n{}",
         env.diagnostics(Some(&ns))
+    );
+
+    // 100 MiB through the egress come back byte-identical (the pod compares every byte).
+    let run = ops
+        .run_pod(
+            tcp_bulk_pod("client-bulk", &target),
+            CLIENT_POD_DEADLINE + BULK_TIMEOUT,
+        )
+        .await
+        .expect("bulk client pod");
+    let egress_mib_per_s = parse_bulk_line(run.log("client"), BULK_BYTES);
+    assert!(
+        run.succeeded() && egress_mib_per_s.is_some(),
+        "100 MiB through the egress did not come back identical:\n{run}"
+    );
+    let egress_mib_per_s = egress_mib_per_s.unwrap_or_default();
+
+    // The same 100 MiB to the same target, dialled directly by the laptop's tailscaled
+    // (LocalAPI), for a throughput figure from the same run. Byte identity is asserted (by
+    // SHA-256 of sent and received); speed is only printed.
+    let laptop = env.tailnet().laptop.node.local_api();
+    eventually(
+        "a direct LocalAPI dial of 192.0.2.10:5432 to echo",
+        || async {
+            let dialed =
+                tokio::time::timeout(Duration::from_secs(5), laptop.dial("192.0.2.10", 5432))
+                    .await
+                    .map_err(|_| "dial timed out".to_string())?
+                    .map_err(|e| e.to_string())?;
+            let Dialed::Tailnet(stream) = dialed else {
+                return Err(format!("not through the tailnet: {dialed:?}"));
+            };
+            let (echo, _) =
+                tokio::time::timeout(Duration::from_secs(5), echo_transfer(stream, b"ping\n"))
+                    .await
+                    .map_err(|_| "echo timed out".to_string())?
+                    .map_err(|e| e.to_string())?;
+            if echo == b"ping\n" {
+                Ok(())
+            } else {
+                Err(format!("echo {echo:?}"))
+            }
+        },
+    )
+    .await;
+    let payload = bulk_payload(BULK_SEED, BULK_BYTES);
+    let Dialed::Tailnet(stream) =
+        tokio::time::timeout(Duration::from_secs(10), laptop.dial("192.0.2.10", 5432))
+            .await
+            .expect("direct dial timed out")
+            .expect("direct dial")
+    else {
+        panic!("the direct dial did not go through the tailnet");
+    };
+    let (received, seconds) = tokio::time::timeout(BULK_TIMEOUT, echo_transfer(stream, &payload))
+        .await
+        .expect("direct 100 MiB transfer timed out")
+        .expect("direct 100 MiB transfer");
+    let sent_hash = sha256_hex(&payload);
+    let received_hash = sha256_hex(&received);
+    assert_eq!(received.len(), BULK_BYTES);
+    assert_eq!(
+        sent_hash, received_hash,
+        "the direct transfer came back different"
+    );
+    let direct_mib_per_s = mib_per_s(BULK_BYTES, seconds);
+    eprintln!(
+        "throughput: egress {egress_mib_per_s:.1} MiB/s, direct LocalAPI dial {direct_mib_per_s:.1} MiB/s, ratio {:.2} (100 MiB each, sha256 {sent_hash})",
+        egress_mib_per_s / direct_mib_per_s
     );
 
     // The pre-auth key is gone once the node exists; the alias is in the hosts ConfigMap.
