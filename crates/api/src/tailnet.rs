@@ -58,6 +58,15 @@ pub struct TailnetDns {
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     )]
     pub hosts_config_map: Option<String>,
+    /// Namespace of `hostsConfigMap` (default: the operator namespace). Point it at the
+    /// namespace CoreDNS runs in (e.g. `kube-system`) so CoreDNS can mount it; the operator
+    /// server-side applies only its two keys, so a shared ConfigMap keeps its other keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub hosts_config_map_namespace: Option<String>,
     /// Hostname of each ingress expose; placeholders `{name}` (the expose's `dnsLabel`) and
     /// `{namespace}`, e.g. `{name}.{namespace}.lab.example.net`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

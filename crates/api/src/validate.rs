@@ -222,6 +222,16 @@ pub fn tailnet(spec: &TailnetSpec) -> Vec<FieldError> {
         "a Secret name",
     );
     if let Some(dns) = &spec.dns {
+        if let Some(ns) = &dns.hosts_config_map_namespace {
+            check_match(
+                &mut errors,
+                &DNS_LABEL,
+                63,
+                "spec.dns.hostsConfigMapNamespace".into(),
+                ns,
+                "a namespace name",
+            );
+        }
         if let Some(cm) = &dns.hosts_config_map {
             check_match(
                 &mut errors,

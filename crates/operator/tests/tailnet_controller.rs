@@ -591,4 +591,58 @@ async fn scenario(
         updated_before_outage,
         "recovery must not re-write an unchanged policy"
     );
+
+    // DNS entries into a shared ConfigMap where CoreDNS runs (another namespace): only our
+    // keys are written, the others stay, and the Tailnet does not take ownership of it.
+    let dns_ns = kube.namespace("dns").await.expect("dns namespace");
+    let shared: Api<ConfigMap> = Api::namespaced(client.clone(), dns_ns.name());
+    shared
+        .create(
+            &PostParams::default(),
+            &cm(
+                "coredns",
+                dns_ns.name(),
+                "Corefile",
+                ".:53 { hosts /etc/coredns/hosts }",
+            ),
+        )
+        .await
+        .expect("shared ConfigMap");
+    let mut spec = json!({
+        "server": env.headscale.root_url(),
+        "apiSecretRef": {"name": "headscale-bootstrap", "key": "apiKey"},
+        "dns": {"hostsConfigMap": "coredns", "hostsConfigMapNamespace": dns_ns.name(), "ingressNameTemplate": "{name}.{namespace}.lab.example.net"},
+        "policy": {"baseConfigMap": "tailnet-policy", "mode": "Apply", "tagOwners": ["group:platform"],
+                   "routeApprovers": ["tag:router"], "ingressSourceAllowlist": ["group:team-a"]}
+    });
+    spec["dns"]["hostsConfigMapNamespace"] = dns_ns.name().into();
+    tailnets
+        .patch(&tailnet_name, &PatchParams::apply("test").force(), &Patch::Apply(json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet", "metadata": {"name": tailnet_name}, "spec": spec
+        })))
+        .await
+        .expect("Tailnet with shared DNS ConfigMap");
+    let merged = eventually("the hosts key in the shared ConfigMap", WAIT, || async {
+        let c = shared.get("coredns").await.map_err(|e| e.to_string())?;
+        let data = c.data.clone().unwrap_or_default();
+        if data.contains_key("hosts") && data.contains_key("extra-records.json") {
+            Ok(c)
+        } else {
+            Err(format!("{:?}", data.keys().collect::<Vec<_>>()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        merged
+            .data
+            .clone()
+            .unwrap_or_default()
+            .contains_key("Corefile"),
+        "the shared ConfigMap keeps its other keys"
+    );
+    assert!(
+        merged.owner_references().is_empty(),
+        "a shared ConfigMap must not be owned (and GC'd) by the Tailnet"
+    );
 }

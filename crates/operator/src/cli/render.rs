@@ -461,7 +461,12 @@ fn render_tailnet(
         .map(|cm_name| ConfigMap {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 name: Some(cm_name),
-                namespace: Some(args.operator_namespace.clone()),
+                namespace: Some(
+                    spec.dns
+                        .as_ref()
+                        .and_then(|d| d.hosts_config_map_namespace.clone())
+                        .unwrap_or_else(|| args.operator_namespace.clone()),
+                ),
                 labels: Some(BTreeMap::from([
                     (
                         "app.kubernetes.io/managed-by".to_string(),

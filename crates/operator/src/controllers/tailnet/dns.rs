@@ -131,10 +131,31 @@ pub async fn sync(
     }
 
     let rendered = dns::render(&inputs);
+    // The ConfigMap may live where CoreDNS runs and may be shared with other keys (e.g.
+    // kube-system/coredns): only our two keys are applied, and it is owned by the Tailnet
+    // (garbage-collected with it) only if the operator created it.
+    let cm_namespace = tailnet
+        .spec
+        .dns
+        .as_ref()
+        .and_then(|d| d.hosts_config_map_namespace.clone())
+        .unwrap_or_else(|| ns.clone());
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &cm_namespace);
+    let current = api
+        .get_opt(&cm_name)
+        .await
+        .map_err(ReconcileError::kube(format!(
+            "get ConfigMap {cm_namespace}/{cm_name}"
+        )))?;
+    let ours = current.as_ref().is_none_or(|c| {
+        c.owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == tailnet.metadata.uid.as_ref())
+    });
     let cm = ConfigMap {
         metadata: ObjectMeta {
             name: Some(cm_name.clone()),
-            namespace: Some(ns.clone()),
+            namespace: Some(cm_namespace.clone()),
             labels: Some(BTreeMap::from([
                 (
                     "app.kubernetes.io/managed-by".to_string(),
@@ -142,7 +163,11 @@ pub async fn sync(
                 ),
                 (labels::TAILNET.to_string(), name.clone()),
             ])),
-            owner_references: tailnet.controller_owner_ref(&()).map(|o| vec![o]),
+            owner_references: if ours {
+                tailnet.controller_owner_ref(&()).map(|o| vec![o])
+            } else {
+                None
+            },
             ..ObjectMeta::default()
         },
         data: Some(BTreeMap::from([
@@ -154,15 +179,12 @@ pub async fn sync(
         ])),
         ..ConfigMap::default()
     };
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    // Only write on change: compare the data we own with what is there.
-    let current = api
-        .get_opt(&cm_name)
-        .await
-        .map_err(ReconcileError::kube(format!(
-            "get ConfigMap {ns}/{cm_name}"
-        )))?;
-    if current.as_ref().and_then(|c| c.data.clone()) != cm.data {
+    // Only write on change of the keys we own.
+    let keys = [dns::HOSTS_KEY, dns::EXTRA_RECORDS_KEY];
+    let pick = |data: Option<&BTreeMap<String, String>>| {
+        keys.map(|k| data.and_then(|d| d.get(k)).cloned())
+    };
+    if pick(current.as_ref().and_then(|c| c.data.as_ref())) != pick(cm.data.as_ref()) {
         super::super::apply(&api, &cm_name, &cm).await?;
     }
     let names = rendered
@@ -170,7 +192,7 @@ pub async fn sync(
         .lines()
         .filter(|l| !l.starts_with('#'))
         .count();
-    let mut message = format!("{names} entries in ConfigMap {ns}/{cm_name}");
+    let mut message = format!("{names} entries in ConfigMap {cm_namespace}/{cm_name}");
     if !rendered.pending.is_empty() {
         message.push_str(&format!(
             "; {} pending: {}",
