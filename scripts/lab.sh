@@ -7,6 +7,8 @@
 # `scripts/lab.sh --bare` starts only the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# rustup installs cargo here; a non-login shell may not have it on PATH.
+command -v cargo >/dev/null || export PATH="$HOME/.cargo/bin:$PATH"
 bash scripts/install-system-packages.sh
 bash deps/build.sh all
 cargo build --workspace --bins --locked

@@ -7,6 +7,8 @@
 # (those need root for network namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# rustup installs cargo here; a non-login shell may not have it on PATH.
+command -v cargo >/dev/null || export PATH="$HOME/.cargo/bin:$PATH"
 
 step() { printf '\n==> %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 started=$(date +%s)
