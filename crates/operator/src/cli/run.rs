@@ -51,6 +51,11 @@ pub struct RunArgs {
     /// Default image of the tailscale container (spec.agent.tailscaleImage overrides it).
     #[arg(long, env = "TAILSCALE_IMAGE", default_value = tailnet_render::images::DEFAULT_TAILSCALE_IMAGE)]
     pub tailscale_image: String,
+    /// Approve routes that cover IP egress targets: render `autoApprovers` for them and approve
+    /// what approver nodes already advertise (Apply mode). `false` leaves route approval to
+    /// the Headscale admin.
+    #[arg(long, env = "ROUTE_APPROVAL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub route_approval: bool,
     /// Cluster DNS domain (backend Service names).
     #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
     pub cluster_domain: String,
@@ -85,6 +90,7 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
                 tailscale: args.tailscale_image.clone(),
             },
             cluster_domain: args.cluster_domain.clone(),
+            approve_routes: args.route_approval,
         },
         installation_id: args.installation_id.clone(),
         admin_address: args.admin_address,

@@ -25,6 +25,9 @@ pub struct OperatorConfig {
     pub images: tailnet_render::images::Images,
     /// Cluster DNS domain, for backend Service names.
     pub cluster_domain: String,
+    /// Approve advertised routes that cover IP egress targets (Apply mode). Off: routes are
+    /// left to the Headscale admin and egresses report `RouteNotApproved`.
+    pub approve_routes: bool,
 }
 
 pub struct Context {

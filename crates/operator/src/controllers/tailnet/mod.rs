@@ -377,7 +377,7 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
         .iter()
         .map(|i| (**i).clone())
         .collect();
-    let inputs = tailnet_render::policy_inputs::policy_inputs(
+    let mut inputs = tailnet_render::policy_inputs::policy_inputs(
         tailnet,
         &installation_id(ctx, &name),
         &ctx.config.operator_namespace,
@@ -385,6 +385,11 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
         &ingresses,
         &state.policy_nodes,
     );
+    if !ctx.config.approve_routes {
+        // Route approval left to the Headscale admin: no autoApprovers either (Headscale
+        // 0.29 evaluates them when the policy is set, not only when a route changes).
+        inputs.route_approvers.clear();
+    }
     let rendered = match &base {
         Ok(base) => match tailnet_policy::render(base, &inputs) {
             Ok(rendered) => Some(rendered),
@@ -481,6 +486,7 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
 
     // Route approval catch-up: autoApprovers only fire when a route changes.
     if tailnet.spec.policy.mode == PolicyMode::Apply
+        && ctx.config.approve_routes
         && let Some(client) = &state.client
         && state.nodes_known
     {
