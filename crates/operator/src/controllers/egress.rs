@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use ipnet::IpNet;
 use jiff::Timestamp;
@@ -27,7 +26,6 @@ use tailnet_render::{RenderContext, egress as render_egress};
 use super::agent;
 use super::context::Context;
 use super::{ReconcileError, apply};
-use crate::runtime::metrics::{ControllerLabels, ErrorLabels};
 
 /// Finalizer that removes the agent's Headscale node and keys before the object goes.
 pub const FINALIZER: &str = "tailnet-operator.dev/cleanup";
@@ -45,20 +43,7 @@ pub async fn reconcile(
     egress: Arc<TailnetEgress>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
-    let started = Instant::now();
-    let labels = ControllerLabels {
-        controller: CONTROLLER.to_string(),
-    };
-    ctx.metrics.reconciles.get_or_create(&labels).inc();
-    let result = run(egress.clone(), &ctx).await;
-    ctx.metrics
-        .reconcile_duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
-    if result.is_ok() {
-        ctx.reset_backoff(&key(&egress));
-    }
-    result
+    super::instrumented(&ctx, CONTROLLER, &key(&egress), run(egress.clone(), &ctx)).await
 }
 
 pub fn error_policy(
@@ -66,16 +51,7 @@ pub fn error_policy(
     error: &ReconcileError,
     ctx: Arc<Context>,
 ) -> Action {
-    ctx.metrics
-        .reconcile_errors
-        .get_or_create(&ErrorLabels {
-            controller: CONTROLLER.to_string(),
-            reason: error.reason().to_string(),
-        })
-        .inc();
-    let backoff = ctx.failure_backoff(&key(&egress));
-    tracing::warn!(egress = %key(&egress), %error, ?backoff, "reconcile failed");
-    Action::requeue(backoff)
+    super::backoff_on_error(&ctx, CONTROLLER, &key(&egress), error)
 }
 
 async fn run(egress: Arc<TailnetEgress>, ctx: &Context) -> Result<Action, ReconcileError> {

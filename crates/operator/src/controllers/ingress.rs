@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Instant;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -29,7 +28,6 @@ use super::ReconcileError;
 use super::agent;
 use super::certificates::{self, CertificateVerdict};
 use super::context::Context;
-use crate::runtime::metrics::{ControllerLabels, ErrorLabels};
 
 const CONTROLLER: &str = "ingress";
 
@@ -45,14 +43,9 @@ pub async fn reconcile(
     ingress: Arc<TailnetIngress>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
-    let started = Instant::now();
-    let labels = ControllerLabels {
-        controller: CONTROLLER.to_string(),
-    };
-    ctx.metrics.reconciles.get_or_create(&labels).inc();
     let namespace = ingress.namespace().unwrap_or_default();
     let api: Api<TailnetIngress> = Api::namespaced(ctx.client.clone(), &namespace);
-    let result = finalizer(&api, super::egress::FINALIZER, ingress.clone(), |event| {
+    let run = finalizer(&api, super::egress::FINALIZER, ingress.clone(), |event| {
         let ctx = ctx.clone();
         async move {
             match event {
@@ -60,17 +53,12 @@ pub async fn reconcile(
                 finalizer::Event::Cleanup(i) => cleanup(&i, &ctx).await,
             }
         }
-    })
-    .await
-    .map_err(|e| ReconcileError::Finalizer(Box::new(e)));
-    ctx.metrics
-        .reconcile_duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
-    if result.is_ok() {
-        ctx.reset_backoff(&key(&ingress));
-    }
-    result
+    });
+    let run = async {
+        run.await
+            .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
+    };
+    super::instrumented(&ctx, CONTROLLER, &key(&ingress), run).await
 }
 
 pub fn error_policy(
@@ -78,16 +66,7 @@ pub fn error_policy(
     error: &ReconcileError,
     ctx: Arc<Context>,
 ) -> Action {
-    ctx.metrics
-        .reconcile_errors
-        .get_or_create(&ErrorLabels {
-            controller: CONTROLLER.to_string(),
-            reason: error.reason().to_string(),
-        })
-        .inc();
-    let backoff = ctx.failure_backoff(&key(&ingress));
-    tracing::warn!(ingress = %key(&ingress), %error, ?backoff, "reconcile failed");
-    Action::requeue(backoff)
+    super::backoff_on_error(&ctx, CONTROLLER, &key(&ingress), error)
 }
 
 const REQUIRED: [&str; 8] = [

@@ -62,6 +62,53 @@ impl ReconcileError {
     }
 }
 
+/// Runs one reconcile with its metrics and resets the object's backoff on success.
+pub async fn instrumented(
+    ctx: &context::Context,
+    controller: &str,
+    key: &str,
+    reconcile: impl std::future::Future<
+        Output = Result<kube::runtime::controller::Action, ReconcileError>,
+    >,
+) -> Result<kube::runtime::controller::Action, ReconcileError> {
+    use crate::runtime::metrics::ControllerLabels;
+    let started = std::time::Instant::now();
+    let labels = ControllerLabels {
+        controller: controller.to_string(),
+    };
+    ctx.metrics.reconciles.get_or_create(&labels).inc();
+    let result = reconcile.await;
+    ctx.metrics
+        .reconcile_duration
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.reset_backoff(key);
+    }
+    result
+}
+
+/// The error policy of every controller: count by reason, back off exponentially per object
+/// (no hot loop against a failing API).
+pub fn backoff_on_error(
+    ctx: &context::Context,
+    controller: &str,
+    key: &str,
+    error: &ReconcileError,
+) -> kube::runtime::controller::Action {
+    use crate::runtime::metrics::ErrorLabels;
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&ErrorLabels {
+            controller: controller.to_string(),
+            reason: error.reason().to_string(),
+        })
+        .inc();
+    let backoff = ctx.failure_backoff(key);
+    tracing::warn!(controller, object = key, %error, ?backoff, "reconcile failed");
+    kube::runtime::controller::Action::requeue(backoff)
+}
+
 /// Server-side applies `object` with the operator's field manager.
 pub async fn apply<K>(api: &Api<K>, name: &str, object: &K) -> Result<K, ReconcileError>
 where

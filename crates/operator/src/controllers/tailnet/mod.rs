@@ -9,7 +9,6 @@ mod headscale_state;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret as K8sSecret};
@@ -27,7 +26,7 @@ use tailnet_policy::{BasePolicy, RenderedPolicy};
 
 use super::ReconcileError;
 use super::context::Context;
-use crate::runtime::metrics::{ControllerLabels, ErrorLabels, TailnetLabels};
+use crate::runtime::metrics::TailnetLabels;
 
 /// Key of the base policy in its ConfigMap.
 pub const BASE_POLICY_KEY: &str = "policy.hujson";
@@ -55,33 +54,17 @@ fn owner_reference(tailnet: &Tailnet) -> Option<OwnerReference> {
 }
 
 pub async fn reconcile(tailnet: Arc<Tailnet>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
-    let started = Instant::now();
-    let labels = ControllerLabels {
-        controller: CONTROLLER.to_string(),
-    };
-    ctx.metrics.reconciles.get_or_create(&labels).inc();
-    let result = reconcile_tailnet(&tailnet, &ctx).await;
-    ctx.metrics
-        .reconcile_duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
-    if result.is_ok() {
-        ctx.reset_backoff(&tailnet.name_any());
-    }
-    result
+    let key = format!("tailnet/{}", tailnet.name_any());
+    super::instrumented(&ctx, CONTROLLER, &key, reconcile_tailnet(&tailnet, &ctx)).await
 }
 
 pub fn error_policy(tailnet: Arc<Tailnet>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
-    ctx.metrics
-        .reconcile_errors
-        .get_or_create(&ErrorLabels {
-            controller: CONTROLLER.to_string(),
-            reason: error.reason().to_string(),
-        })
-        .inc();
-    let backoff = ctx.failure_backoff(&tailnet.name_any());
-    tracing::warn!(tailnet = %tailnet.name_any(), %error, ?backoff, "reconcile failed");
-    Action::requeue(backoff)
+    super::backoff_on_error(
+        &ctx,
+        CONTROLLER,
+        &format!("tailnet/{}", tailnet.name_any()),
+        error,
+    )
 }
 
 /// Conditions collected during one reconcile.
