@@ -29,8 +29,3 @@ pub struct KeyRef {
     #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
     pub key: String,
 }
-
-/// Status fields every resource of this operator carries.
-pub trait HasConditions {
-    fn conditions(&self) -> &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition];
-}

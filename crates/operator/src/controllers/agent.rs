@@ -326,6 +326,31 @@ pub async fn apply_basics(
     Ok(())
 }
 
+/// Writes `status` only when it differs from `previous`, ignoring condition timestamps.
+pub async fn write_status_if_changed<K, S>(
+    api: &Api<K>,
+    name: &str,
+    kind: &str,
+    previous: &S,
+    status: S,
+    conditions: impl Fn(&mut S) -> &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+) -> Result<(), ReconcileError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    S: Clone + PartialEq + serde::Serialize,
+{
+    let mut before = previous.clone();
+    let mut compare = status.clone();
+    let previous_conditions = conditions(&mut before).clone();
+    let same =
+        tailnet_api::conditions::same_ignoring_time(&previous_conditions, conditions(&mut compare));
+    *conditions(&mut compare) = previous_conditions;
+    if same && compare == before {
+        return Ok(());
+    }
+    patch_status(api, name, kind, &status).await
+}
+
 /// Server-side apply of a status subresource for namespaced resource `K`.
 pub async fn patch_status<K>(
     api: &Api<K>,

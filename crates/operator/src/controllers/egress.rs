@@ -183,9 +183,16 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
             ),
         );
         let status = finish(status, c, &[types::SPEC_VALID]);
-        return write_status(ctx, egress, &api, &previous, status)
-            .await
-            .map(|_| poll);
+        return agent::write_status_if_changed(
+            &api,
+            &egress.name_any(),
+            "TailnetEgress",
+            &previous,
+            status,
+            |s| &mut s.conditions,
+        )
+        .await
+        .map(|_| poll);
     }
     c.list.retain(|x| x.type_ != types::SPEC_VALID);
 
@@ -197,9 +204,16 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
             let required =
                 agent::required_with_observed(&c, &REQUIRED, &[types::TARGETS_REACHABLE]);
             let status = finish(status, c, &required);
-            return write_status(ctx, egress, &api, &previous, status)
-                .await
-                .map(|_| poll);
+            return agent::write_status_if_changed(
+                &api,
+                &egress.name_any(),
+                "TailnetEgress",
+                &previous,
+                status,
+                |s| &mut s.conditions,
+            )
+            .await
+            .map(|_| poll);
         }
     };
     let tailnet: &Tailnet = &access.tailnet;
@@ -471,25 +485,16 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
     let required = agent::required_with_observed(&c, &REQUIRED, &[types::TARGETS_REACHABLE]);
     let status = finish(status, c, &required);
     agent::publish_ready_transition(ctx, egress, &previous.conditions, &status.conditions).await;
-    write_status(ctx, egress, &api, &previous, status).await?;
+    agent::write_status_if_changed(
+        &api,
+        &egress.name_any(),
+        "TailnetEgress",
+        &previous,
+        status,
+        |s| &mut s.conditions,
+    )
+    .await?;
     Ok(poll)
-}
-
-async fn write_status(
-    _ctx: &Context,
-    egress: &TailnetEgress,
-    api: &Api<TailnetEgress>,
-    previous: &TailnetEgressStatus,
-    status: TailnetEgressStatus,
-) -> Result<(), ReconcileError> {
-    let mut compare = status.clone();
-    compare.conditions = previous.conditions.clone();
-    if conditions::same_ignoring_time(&previous.conditions, &status.conditions)
-        && compare == *previous
-    {
-        return Ok(());
-    }
-    agent::patch_status(api, &egress.name_any(), "TailnetEgress", &status).await
 }
 
 async fn cleanup(egress: &TailnetEgress, ctx: &Context) -> Result<Action, ReconcileError> {

@@ -14,7 +14,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, finalizer};
 use kube::{Api, ResourceExt};
-use tailnet_api::conditions::{self, Status, reasons, types};
+use tailnet_api::conditions::{Status, reasons, types};
 use tailnet_api::ingress::{ExposeMode, ExposeStatus, TailnetIngressStatus};
 use tailnet_api::naming::{AgentKind, ingress_tag};
 use tailnet_api::validate::{self, ExposeNames};
@@ -233,9 +233,16 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
             ),
         );
         status.conditions = c.finish(&[types::SPEC_VALID]);
-        return write_status(ingress, &api, &previous, status)
-            .await
-            .map(|_| poll);
+        return agent::write_status_if_changed(
+            &api,
+            &ingress.name_any(),
+            "TailnetIngress",
+            &previous,
+            status,
+            |s| &mut s.conditions,
+        )
+        .await
+        .map(|_| poll);
     }
     c.list.retain(|x| x.type_ != types::SPEC_VALID);
 
@@ -244,9 +251,16 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
         Err((reason, message)) => {
             c.set(types::TAILNET_READY, Status::False, &reason, message);
             status.conditions = c.finish(&REQUIRED);
-            return write_status(ingress, &api, &previous, status)
-                .await
-                .map(|_| poll);
+            return agent::write_status_if_changed(
+                &api,
+                &ingress.name_any(),
+                "TailnetIngress",
+                &previous,
+                status,
+                |s| &mut s.conditions,
+            )
+            .await
+            .map(|_| poll);
         }
     };
     let tailnet = &access.tailnet;
@@ -293,9 +307,16 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
                 validate::summarize(&errors),
             );
             status.conditions = c.finish(&REQUIRED);
-            return write_status(ingress, &api, &previous, status)
-                .await
-                .map(|_| poll);
+            return agent::write_status_if_changed(
+                &api,
+                &ingress.name_any(),
+                "TailnetIngress",
+                &previous,
+                status,
+                |s| &mut s.conditions,
+            )
+            .await
+            .map(|_| poll);
         }
     };
 
@@ -564,24 +585,16 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
     let required = agent::required_with_observed(&c, &REQUIRED, &[types::BACKENDS_REACHABLE]);
     status.conditions = c.finish(&required);
     agent::publish_ready_transition(ctx, ingress, &previous.conditions, &status.conditions).await;
-    write_status(ingress, &api, &previous, status).await?;
+    agent::write_status_if_changed(
+        &api,
+        &ingress.name_any(),
+        "TailnetIngress",
+        &previous,
+        status,
+        |s| &mut s.conditions,
+    )
+    .await?;
     Ok(poll)
-}
-
-async fn write_status(
-    ingress: &TailnetIngress,
-    api: &Api<TailnetIngress>,
-    previous: &TailnetIngressStatus,
-    status: TailnetIngressStatus,
-) -> Result<(), ReconcileError> {
-    let mut compare = status.clone();
-    compare.conditions = previous.conditions.clone();
-    if conditions::same_ignoring_time(&previous.conditions, &status.conditions)
-        && compare == *previous
-    {
-        return Ok(());
-    }
-    agent::patch_status(api, &ingress.name_any(), "TailnetIngress", &status).await
 }
 
 async fn cleanup(ingress: &TailnetIngress, ctx: &Context) -> Result<Action, ReconcileError> {
