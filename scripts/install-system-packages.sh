@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the tests need; installs only what is missing (idempotent, quiet when done).
 set -euo pipefail
-packages=(iproute2 nftables conntrack iptables curl ca-certificates openssl)
+packages=(iproute2 nftables conntrack iptables curl ca-certificates openssl
+  # benchmarks and their CI smoke (crates/bench): the baselines and the HTTP load generator
+  socat nginx-light wrk)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
