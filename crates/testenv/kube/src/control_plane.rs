@@ -35,6 +35,9 @@ pub struct ControlPlane {
     pub service_account_key: pki::ServiceAccountKey,
     etcd: ManagedProcess,
     apiserver: ManagedProcess,
+    /// How the apiserver was started, so [`restart_apiserver`] can start it the same way.
+    apiserver_binary: PathBuf,
+    apiserver_args: Vec<String>,
     controller_manager: ManagedProcess,
 }
 
@@ -96,31 +99,32 @@ impl ControlPlane {
             "tno-admin",
         )?;
 
-        let mut apiserver_cmd = Command::new(&bins.kube_apiserver);
-        apiserver_cmd.args([
-            &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-            "--bind-address=127.0.0.1",
-            &format!("--secure-port={api_port}"),
-            &format!("--advertise-address={advertise_address}"),
-            &format!("--cert-dir={}", dir.join("apiserver-certs").display()),
-            &format!("--tls-cert-file={}", serving.cert.display()),
-            &format!("--tls-private-key-file={}", serving.key.display()),
-            &format!("--client-ca-file={}", ca.files.cert.display()),
-            &format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
-            &format!(
+        let apiserver_args: Vec<String> = vec![
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={api_port}"),
+            format!("--advertise-address={advertise_address}"),
+            format!("--cert-dir={}", dir.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", serving.cert.display()),
+            format!("--tls-private-key-file={}", serving.key.display()),
+            format!("--client-ca-file={}", ca.files.cert.display()),
+            format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
+            format!(
                 "--service-account-key-file={}",
                 service_account_key.public.display()
             ),
-            &format!(
+            format!(
                 "--service-account-signing-key-file={}",
                 service_account_key.private.display()
             ),
-            &format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-            "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
-            "--allow-privileged=true",
-            "--profiling=false",
-        ]);
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+        ];
+        let mut apiserver_cmd = Command::new(&bins.kube_apiserver);
+        apiserver_cmd.args(&apiserver_args);
         let mut apiserver = ManagedProcess::spawn(
             "kube-apiserver",
             apiserver_cmd,
@@ -181,6 +185,8 @@ impl ControlPlane {
             service_account_key,
             etcd,
             apiserver,
+            apiserver_binary: bins.kube_apiserver.clone(),
+            apiserver_args,
             controller_manager,
         };
         control_plane.wait_for_controllers(&admin).await?;
@@ -222,6 +228,21 @@ impl ControlPlane {
         self.etcd.ensure_running()?;
         self.apiserver.ensure_running()?;
         self.controller_manager.ensure_running()
+    }
+
+    /// The apiserver's process id (changes with [`restart_apiserver`]).
+    pub fn apiserver_pid(&self) -> u32 {
+        self.apiserver.pid()
+    }
+
+    /// Starts the apiserver again with the same flags (same port, certificates and etcd);
+    /// the old process must have exited. Its output is appended to the same log.
+    fn respawn_apiserver(&mut self) -> Result<()> {
+        let mut command = Command::new(&self.apiserver_binary);
+        command.args(&self.apiserver_args);
+        let log = self.apiserver.log_path().to_owned();
+        self.apiserver = ManagedProcess::spawn("kube-apiserver", command, &log)?;
+        Ok(())
     }
 
     /// Process ids (and process groups) of the components.
@@ -278,6 +299,59 @@ impl ControlPlane {
             }
             other => other,
         }
+    }
+}
+
+/// Restarts the apiserver of `control_plane` as an operator would: SIGTERM, SIGKILL after
+/// `grace`, start it again with the same flags (etcd keeps every object), wait for
+/// `/readyz`. The lock is only held for moments, so others can use the control plane (and
+/// fail to reach the apiserver) meanwhile. Returns how long the apiserver was unavailable.
+pub async fn restart_apiserver(
+    control_plane: &std::sync::Mutex<ControlPlane>,
+    grace: Duration,
+) -> Result<Duration> {
+    let lock = || {
+        control_plane
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    let started = tokio::time::Instant::now();
+    lock().apiserver.signal(nix::sys::signal::Signal::SIGTERM);
+    let mut killed = false;
+    while lock().apiserver.try_exited().is_none() {
+        if !killed && started.elapsed() >= grace {
+            lock().apiserver.signal(nix::sys::signal::Signal::SIGKILL);
+            killed = true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    lock().respawn_apiserver()?;
+    let admin_kubeconfig = lock().admin_kubeconfig.clone();
+    let admin = client_from_kubeconfig(&admin_kubeconfig).await?;
+    loop {
+        lock().apiserver.ensure_running()?;
+        let request = http::Request::get("/readyz")
+            .body(Vec::new())
+            .map_err(|source| Error::Setup {
+                what: "kube-apiserver".into(),
+                reason: format!("building the /readyz request: {source}"),
+            })?;
+        let last_answer = match admin.request_text(request).await {
+            Ok(body) if body.trim() == "ok" => return Ok(started.elapsed()),
+            Ok(body) => body,
+            Err(error) => error.to_string(),
+        };
+        if started.elapsed() > STARTUP_DEADLINE {
+            return Err(Error::Timeout {
+                what: "kube-apiserver /readyz after a restart".into(),
+                seconds: STARTUP_DEADLINE.as_secs(),
+                details: format!(
+                    "; last answer: {last_answer}\n{}",
+                    lock().apiserver.log_tail(30)
+                ),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

@@ -222,6 +222,13 @@ impl KubeEnv {
         format!("https://{}:{port}", self.lab.gateway())
     }
 
+    /// Restarts kube-apiserver (SIGTERM, SIGKILL after `grace`, same flags and etcd) and waits
+    /// until it is ready again; returns how long it was unavailable. Clients, watches and
+    /// the kubelet see what a control-plane upgrade looks like.
+    pub async fn restart_apiserver(&self, grace: Duration) -> Result<Duration> {
+        crate::control_plane::restart_apiserver(&self.control_plane, grace).await
+    }
+
     /// The runtime the environment's loops run on.
     pub fn runtime(&self) -> &tokio::runtime::Handle {
         &self.runtime

@@ -72,3 +72,49 @@ async fn controllers_turn_a_deployment_into_pods_and_rbac_denies_strangers() {
         other => panic!("expected 403 for an unbound user, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_apiserver_keeps_its_objects_and_serves_again() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let binaries = Binaries::discover().expect("deps/versions.env readable");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let control_plane = ControlPlane::start(&binaries, dir.path(), std::net::Ipv4Addr::LOCALHOST)
+        .await
+        .expect("control plane starts");
+    let client = control_plane.admin_client().await.expect("admin client");
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let before: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "before-restart" }, "data": { "k": "v" },
+    }))
+    .expect("config map");
+    config_maps
+        .create(&PostParams::default(), &before)
+        .await
+        .expect("created before the restart");
+    let old_pid = control_plane.apiserver_pid();
+    let control_plane = std::sync::Mutex::new(control_plane);
+
+    let unavailable =
+        tno_testenv_kube::control_plane::restart_apiserver(&control_plane, Duration::from_secs(10))
+            .await
+            .expect("apiserver restarts");
+    eprintln!("apiserver unavailable for {unavailable:?}");
+    let control_plane = control_plane.into_inner().expect("lock");
+    assert_ne!(
+        control_plane.apiserver_pid(),
+        old_pid,
+        "a new process serves"
+    );
+    // The old client reconnects; the object written before the restart is still there.
+    let kept = poll_until(
+        "the ConfigMap after the restart",
+        Duration::from_secs(30),
+        || async { config_maps.get_opt("before-restart").await.ok().flatten() },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error}\n{}", control_plane.log_tails(30)));
+    assert_eq!(
+        kept.data.unwrap_or_default().get("k").map(String::as_str),
+        Some("v")
+    );
+}
