@@ -32,4 +32,4 @@ pub use error::{E2eError, Result};
 pub use operator::{
     E2E_AGENT_IMAGE, E2E_TAILSCALE_IMAGE, OperatorArgs, OperatorProcess, workspace_operator_binary,
 };
-pub use pods::{CLIENT_POD_DEADLINE, PodRun, tcp_check_pod};
+pub use pods::{CLIENT_POD_DEADLINE, PodRun, tcp_check_pod, tls_check_pod};

@@ -74,6 +74,40 @@ pub fn tcp_check_pod(name: &str, target: &str, attempts: u32) -> Value {
     })
 }
 
+/// A pod running `tno-test-servers tls-check`: connects to `target` (`host:port`, resolved
+/// through cluster DNS), completes a TLS handshake with SNI `server_name` verified against
+/// `ca_pem` only, and succeeds if the server's text contains `expect`.
+pub fn tls_check_pod(
+    name: &str,
+    target: &str,
+    server_name: &str,
+    ca_pem: &str,
+    expect: &str,
+    attempts: u32,
+) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "labels": { "app": "e2e-client" } },
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "client",
+                "image": TEST_SERVERS_IMAGE,
+                "args": [
+                    "tls-check",
+                    "--target", target,
+                    "--server-name", server_name,
+                    "--ca-pem", ca_pem,
+                    "--expect", expect,
+                    "--attempts", attempts.to_string(),
+                ],
+            }],
+        },
+    })
+}
+
 impl E2eEnv {
     /// Creates `pod` (a Pod manifest as JSON) in `namespace`, waits until it reaches
     /// `Succeeded` or `Failed` (at most `deadline`) and returns its phase and container logs.

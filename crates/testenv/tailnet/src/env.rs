@@ -24,9 +24,13 @@ const FIRST_NODE_HOST: u8 = 20;
 
 /// TCP echo server at the remote site, reachable only through the subnet router.
 pub const SITE_ECHO: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 10), 5432);
-/// Banner server at the remote site (writes [`SITE_BANNER_TEXT`] and closes).
+/// TLS server at the remote site: completes a handshake with its own certificate for
+/// [`SITE_API_NAME`] (issued by [`RemoteSite::ca_pem`]), writes [`SITE_BANNER_TEXT`] inside the
+/// session and closes. Stands in for a remote HTTPS API that the egress must not terminate.
 pub const SITE_BANNER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 20), 443);
 pub const SITE_BANNER_TEXT: &str = "remote-site 198.51.100.20:443\n";
+/// The name in the remote site's certificate (and the egress alias the tests use).
+pub const SITE_API_NAME: &str = "api.site.example.net";
 /// Routes the subnet router advertises.
 pub const SITE_ROUTES: [&str; 2] = ["192.0.2.0/24", "198.51.100.0/24"];
 
@@ -48,6 +52,8 @@ pub struct RemoteSite {
     pub router: TailscaleNode,
     _echo: TcpTestServer,
     _banner: TcpTestServer,
+    /// PEM of the CA that issued the site's certificate (clients verify against it).
+    pub ca_pem: String,
     pub netns: Netns,
 }
 
@@ -129,10 +135,16 @@ impl TailnetEnv {
             site_netns.ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"])?;
         }
         let echo = TcpTestServer::start(Some(&site_netns), SITE_ECHO.into(), Behaviour::Echo)?;
+        let site_tls = SiteTls::generate()?;
+        std::fs::write(dir.join("site-ca.pem"), &site_tls.ca_pem)
+            .map_err(|e| TailnetError::io("writing the remote site's CA", e))?;
         let banner = TcpTestServer::start(
             Some(&site_netns),
             SITE_BANNER.into(),
-            Behaviour::Banner(SITE_BANNER_TEXT.into()),
+            Behaviour::TlsBanner {
+                config: site_tls.server_config,
+                text: SITE_BANNER_TEXT.into(),
+            },
         )?;
         let laptop_netns = lab.attach_netns("laptop", LAPTOP_LAB_ADDR)?;
 
@@ -165,6 +177,7 @@ impl TailnetEnv {
                 router: router?,
                 _echo: echo,
                 _banner: banner,
+                ca_pem: site_tls.ca_pem,
                 netns: site_netns,
             },
             laptop: Laptop {
@@ -340,4 +353,48 @@ fn policy_document(extra_grants: &[Value]) -> Result<String> {
         "grants": grants,
     });
     serde_json::to_string_pretty(&policy).map_err(TailnetError::Policy)
+}
+
+/// The remote site's own PKI: a CA and a server certificate for [`SITE_API_NAME`].
+struct SiteTls {
+    ca_pem: String,
+    server_config: Arc<rustls::ServerConfig>,
+}
+
+impl SiteTls {
+    fn generate() -> Result<SiteTls> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            TailnetError::SiteCertificate(format!("{what}: {e}"))
+        };
+        let ca_key = KeyPair::generate().map_err(|e| failed("CA key", &e))?;
+        let mut ca_params = CertificateParams::default();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "remote-site test CA");
+        let ca = ca_params
+            .self_signed(&ca_key)
+            .map_err(|e| failed("CA certificate", &e))?;
+        let server_key = KeyPair::generate().map_err(|e| failed("server key", &e))?;
+        let server_params = CertificateParams::new(vec![SITE_API_NAME.to_string()])
+            .map_err(|e| failed("server certificate parameters", &e))?;
+        let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+        let server = server_params
+            .signed_by(&server_key, &issuer)
+            .map_err(|e| failed("server certificate", &e))?;
+        let key_der = rustls::pki_types::PrivateKeyDer::try_from(server_key.serialize_der())
+            .map_err(|e| failed("server key encoding", &e))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server_config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| failed("TLS versions", &e))?
+            .with_no_client_auth()
+            .with_single_cert(vec![server.der().clone(), ca.der().clone()], key_der)
+            .map_err(|e| failed("server TLS configuration", &e))?;
+        Ok(SiteTls {
+            ca_pem: ca.pem(),
+            server_config: Arc::new(server_config),
+        })
+    }
 }

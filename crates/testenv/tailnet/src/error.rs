@@ -57,6 +57,8 @@ pub enum TailnetError {
     NoApiKey { output: String },
     #[error("cannot encode the policy")]
     Policy(#[source] serde_json::Error),
+    #[error("cannot make the remote site's TLS certificate: {0}")]
+    SiteCertificate(String),
     #[error("the shared tailnet environment failed to start earlier: {0}")]
     SharedStartFailed(String),
 }

@@ -10,7 +10,7 @@
 //!   async client for `status`, `whois` and `dial` (`Upgrade: ts-dial`, answering
 //!   [`Dialed::Tailnet`] or [`Dialed::DialSelf`]).
 //! - [`TailnetEnv`]: lab + Headscale + [`RemoteSite`] (`<run>-remote`: 192.0.2.10:5432 echo,
-//!   198.51.100.20:443 banner, subnet router `tag:router` advertising [`SITE_ROUTES`], routes
+//!   198.51.100.20:443 TLS banner (own CA), subnet router `tag:router` advertising [`SITE_ROUTES`], routes
 //!   not approved) + [`Laptop`] (`<run>-laptop`: user `alice` in `group:team-a`), and
 //!   [`TailnetEnv::join_node`] for more tagged nodes. [`TailnetEnv::shared`] gives one per test
 //!   process, torn down at exit. [`TailnetEnv::start_in`] builds the same inside another
@@ -32,8 +32,8 @@ pub use api::{ApiError, HeadscaleApi, Node, PreAuthKey, PreAuthKeyRequest, User}
 pub use binaries::Binaries;
 pub use env::{
     ADMIN_USER, CLIENT_TAG, JoinOptions, JoinedNode, LAPTOP_LAB_ADDR, LAPTOP_USER, Laptop,
-    REMOTE_SITE_LAB_ADDR, ROUTER_TAG, RemoteSite, SERVER_PORT, SERVER_TAG, SITE_BANNER,
-    SITE_BANNER_TEXT, SITE_ECHO, SITE_ROUTES, TEAM_A_GROUP, TailnetEnv,
+    REMOTE_SITE_LAB_ADDR, ROUTER_TAG, RemoteSite, SERVER_PORT, SERVER_TAG, SITE_API_NAME,
+    SITE_BANNER, SITE_BANNER_TEXT, SITE_ECHO, SITE_ROUTES, TEAM_A_GROUP, TailnetEnv,
 };
 pub use error::{Result, TailnetError};
 pub use headscale::{BASE_DOMAIN, ExtraRecord, Headscale};

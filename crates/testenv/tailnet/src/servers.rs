@@ -19,6 +19,12 @@ pub enum Behaviour {
     Echo,
     /// Writes this text, then closes.
     Banner(String),
+    /// Completes a TLS handshake with this server configuration, writes the text inside the
+    /// TLS session, then closes (a stand-in for a remote HTTPS API with its own certificate).
+    TlsBanner {
+        config: Arc<rustls::ServerConfig>,
+        text: String,
+    },
 }
 
 /// A TCP server that runs until dropped.
@@ -104,6 +110,19 @@ fn handle(mut stream: TcpStream, behaviour: &Behaviour) {
         }
         Behaviour::Banner(text) => {
             let _ = stream.write_all(text.as_bytes());
+        }
+        Behaviour::TlsBanner { config, text } => {
+            // A client that never finishes the handshake must not hold the thread forever.
+            let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+            if let Ok(connection) = rustls::ServerConnection::new(config.clone()) {
+                let mut tls = rustls::StreamOwned::new(connection, stream);
+                if tls.write_all(text.as_bytes()).is_ok() && tls.flush().is_ok() {
+                    tls.conn.send_close_notify();
+                    let _ = tls.conn.complete_io(&mut tls.sock);
+                }
+                let _ = tls.sock.shutdown(Shutdown::Both);
+            }
+            return;
         }
     }
     let _ = stream.shutdown(Shutdown::Both);

@@ -3,7 +3,7 @@
 //! Servers: `tcp-echo`, `http-echo` (answers with the request line and headers), `https-echo`
 //! (same over TLS with a given certificate), `ws-echo` (WebSocket echo), `slow` (HTTP answer
 //! after a delay). Clients: `tcp-check` (connects, sends a line, expects it echoed; exit code
-//! tells the result) and `tcp-bulk` (streams N pseudo-random bytes through an echo server and
+//! tells the result), `tls-check` (verified TLS handshake with SNI against a given CA) and `tcp-bulk` (streams N pseudo-random bytes through an echo server and
 //! checks they all come back unchanged).
 
 use std::net::SocketAddr;
@@ -70,6 +70,23 @@ enum Command {
         #[arg(long, default_value = "ping")]
         message: String,
         /// Attempts, one second apart (DNS and Service rules may need a moment).
+        #[arg(long, default_value_t = 30)]
+        attempts: u32,
+    },
+    /// Connects to `target` (`host:port`, names resolved via /etc/resolv.conf), completes a
+    /// TLS handshake with SNI `server_name`, verifying the server's certificate against
+    /// `ca_pem` only (no system roots), reads until the server closes and exits 0 if the text
+    /// read contains `expect`. Prints the verified certificate's size and what was read.
+    TlsCheck {
+        #[arg(long)]
+        target: String,
+        #[arg(long)]
+        server_name: String,
+        /// The CA certificate(s), PEM text (not a path: pods get no files from the test).
+        #[arg(long)]
+        ca_pem: String,
+        #[arg(long)]
+        expect: String,
         #[arg(long, default_value_t = 30)]
         attempts: u32,
     },
@@ -154,6 +171,13 @@ async fn main() -> anyhow::Result<()> {
             message,
             attempts,
         } => tcp_check(&target, &message, attempts).await,
+        Command::TlsCheck {
+            target,
+            server_name,
+            ca_pem,
+            expect,
+            attempts,
+        } => tls_check(&target, &server_name, &ca_pem, &expect, attempts).await,
         Command::TcpBulk {
             target,
             bytes,
@@ -276,6 +300,68 @@ async fn tcp_check(target: &str, message: &str, attempts: u32) -> anyhow::Result
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     Err(last_error.context(format!("{target} did not echo")))
+}
+
+async fn tls_check(
+    target: &str,
+    server_name: &str,
+    ca_pem: &str,
+    expect: &str,
+    attempts: u32,
+) -> anyhow::Result<()> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+        roots.add(cert.context("parsing --ca-pem")?)?;
+    }
+    if roots.is_empty() {
+        bail!("--ca-pem holds no certificate");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let name =
+        rustls::pki_types::ServerName::try_from(server_name.to_owned()).context("--server-name")?;
+    let mut last_error = anyhow::anyhow!("no attempt made");
+    for attempt in 1..=attempts.max(1) {
+        let exchange = async {
+            let stream = TcpStream::connect(target)
+                .await
+                .with_context(|| format!("connecting to {target}"))?;
+            let mut tls = connector
+                .connect(name.clone(), stream)
+                .await
+                .context("TLS handshake")?;
+            let chain_len = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .map_or(0, |chain| chain.len());
+            let mut text = String::new();
+            // Servers that close without close_notify end with an error after the data.
+            let _ = tls.read_to_string(&mut text).await;
+            anyhow::Ok((chain_len, text))
+        };
+        match tokio::time::timeout(Duration::from_secs(5), exchange).await {
+            Ok(Ok((chain_len, text))) if text.contains(expect) => {
+                println!(
+                    "ok: TLS to {target} as {server_name} verified ({chain_len} certificates), read {text:?} (attempt {attempt})"
+                );
+                return Ok(());
+            }
+            Ok(Ok((_, text))) => last_error = anyhow::anyhow!("read {text:?}, expected {expect:?}"),
+            Ok(Err(error)) => last_error = error,
+            Err(_) => last_error = anyhow::anyhow!("timed out"),
+        }
+        eprintln!("attempt {attempt}: {last_error:#}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Err(last_error.context(format!(
+        "no verified TLS session with {target} as {server_name}"
+    )))
 }
 
 async fn tcp_round_trip(target: &str, message: &str) -> anyhow::Result<()> {
