@@ -1,0 +1,73 @@
+//! Benchmarks of tailnet-operator (issue 8), run by `cargo xtask bench`.
+//!
+//! Every benchmark measures the project's component and its baselines side by side in one
+//! run (interleaved, repeated), so the ratios hold even on a shared, noisy machine. Nothing
+//! here asserts speed; every workload checks that its bytes and requests arrived, which is
+//! what the CI smoke ([`Settings::smoke`]) relies on.
+//!
+//! - [`egress`]: the agent's TCP forwarder against socat and a direct connection (loopback);
+//! - [`ingress`]: the agent's TLS termination + reverse proxy against nginx and Caddy;
+//! - [`lab`]: the network namespace, processes and their memory;
+//! - [`tcpload`], [`httpload`]: the backends and load generators.
+
+pub mod egress;
+
+pub mod lab;
+pub mod report;
+pub mod stats;
+pub mod tcpload;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How big and how often; the CI smoke uses tiny values.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub repeat: usize,
+    /// Bytes of the single-stream transfer (and the total of the parallel one).
+    pub stream_bytes: u64,
+    pub parallel_streams: usize,
+    /// How long each rate or keep-alive load runs.
+    pub load_duration: Duration,
+    pub ping_pongs: usize,
+    /// Bytes of the HTTPS download.
+    pub download_bytes: u64,
+    pub http_connections: Vec<usize>,
+    pub agent: PathBuf,
+    /// Caddy binary; its column is left out when `None`.
+    pub caddy: Option<PathBuf>,
+}
+
+pub const GIB: u64 = 1024 * 1024 * 1024;
+
+impl Settings {
+    pub fn full(agent: PathBuf, caddy: Option<PathBuf>) -> Settings {
+        Settings {
+            repeat: 3,
+            stream_bytes: GIB,
+            parallel_streams: 64,
+            load_duration: Duration::from_secs(8),
+            ping_pongs: 20_000,
+            download_bytes: GIB,
+            http_connections: vec![1, 16, 128],
+            agent,
+            caddy,
+        }
+    }
+
+    /// Every workload once, briefly: proves the benchmarks still run and their bytes
+    /// arrive. Measures nothing.
+    pub fn smoke(agent: PathBuf, caddy: Option<PathBuf>) -> Settings {
+        Settings {
+            repeat: 1,
+            stream_bytes: 8 * 1024 * 1024,
+            parallel_streams: 8,
+            load_duration: Duration::from_millis(500),
+            ping_pongs: 200,
+            download_bytes: 8 * 1024 * 1024,
+            http_connections: vec![1, 4],
+            agent,
+            caddy,
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! `tno-bench`: runs the benchmarks (see the crate docs) and prints Markdown tables.
+//! Normally started by `cargo xtask bench`, which builds the release binaries first.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use tno_bench::{Settings, egress};
+
+#[derive(Parser)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Benchmark {
+    Egress,
+    Ingress,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run benchmarks and print their tables (Markdown).
+    Run {
+        /// The tailnet-agent binary to measure (a release build for real numbers).
+        #[arg(long)]
+        agent: PathBuf,
+        /// Caddy, for the ingress comparison (left out when not given).
+        #[arg(long)]
+        caddy: Option<PathBuf>,
+        /// Every workload once and briefly: checks that bytes and requests arrive.
+        #[arg(long)]
+        smoke: bool,
+        /// Only these benchmarks (default: all).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<Benchmark>,
+        /// Repetitions (default 3, smoke 1).
+        #[arg(long)]
+        repeat: Option<usize>,
+    },
+    /// Internal: the TCP backend of the forwarding benchmark.
+    ServeTcp {
+        #[arg(long)]
+        port: u16,
+    },
+}
+
+fn run(
+    agent: PathBuf,
+    caddy: Option<PathBuf>,
+    smoke: bool,
+    only: Vec<Benchmark>,
+    repeat: Option<usize>,
+) -> Result<()> {
+    let mut settings = if smoke {
+        Settings::smoke(agent, caddy)
+    } else {
+        Settings::full(agent, caddy)
+    };
+    if let Some(repeat) = repeat {
+        settings.repeat = repeat.max(1);
+    }
+    let bench_exe = std::env::current_exe().context("own executable")?;
+    let wanted = |b: Benchmark| only.is_empty() || only.contains(&b);
+    if wanted(Benchmark::Egress) {
+        let (settings, bench_exe) = (settings.clone(), bench_exe.clone());
+        // The benchmark moves its thread into a netns of its own.
+        let table = std::thread::spawn(move || egress::run(&settings, &bench_exe))
+            .join()
+            .map_err(|_| anyhow::anyhow!("egress benchmark panicked"))??;
+        println!("{}", table.markdown());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let result = match Args::parse().command {
+        Command::Run {
+            agent,
+            caddy,
+            smoke,
+            only,
+            repeat,
+        } => run(agent, caddy, smoke, only, repeat),
+        Command::ServeTcp { port } => tno_bench::tcpload::serve(port),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tno-bench: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
