@@ -10,6 +10,7 @@
 #                                         from deps/versions.env (maintainers)
 #
 # Components: kubernetes etcd headscale tailscale coredns cert-manager
+#             helm prometheus caddy   (chart and monitoring-rule checks, benchmarks)
 # Layout:     ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>
 #             .../cert-manager-<version>/crds/cert-manager.crds.yaml
 # Env:        TNO_DEPS_DIR   cache root
@@ -20,7 +21,7 @@ set -euo pipefail
 
 DEPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE_ROOT=${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}
-COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager)
+COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager helm prometheus caddy)
 
 log() { printf '[deps] %s\n' "$*" >&2; }
 die() { printf '[deps] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -48,6 +49,9 @@ binaries_of() {
     tailscale) echo tailscaled tailscale containerboot ;;
     coredns) echo coredns ;;
     cert-manager) echo ;;
+    helm) echo helm ;;
+    prometheus) echo promtool ;;
+    caddy) echo caddy ;;
     *) die "unknown component '$1' (known: ${COMPONENTS[*]})" ;;
   esac
 }
@@ -61,6 +65,9 @@ main_module_of() {
     tailscale) echo tailscale.com ;;
     coredns) echo github.com/coredns/coredns ;;
     cert-manager) echo github.com/cert-manager/cert-manager ;;
+    helm) echo helm.sh/helm/v4 ;;
+    prometheus) echo github.com/prometheus/prometheus ;;
+    caddy) echo github.com/caddyserver/caddy/v2 ;;
   esac
 }
 
@@ -80,6 +87,12 @@ packages_of() {
         containerboot=tailscale.com/cmd/containerboot ;;
     coredns)
       echo coredns=github.com/coredns/coredns ;;
+    helm)
+      echo helm=helm.sh/helm/v4/cmd/helm ;;
+    prometheus)
+      echo promtool=github.com/prometheus/prometheus/cmd/promtool ;;
+    caddy)
+      echo caddy=github.com/caddyserver/caddy/v2/cmd/caddy ;;
   esac
 }
 
@@ -143,6 +156,22 @@ ldflags_of() {
       [[ -z $hash ]] || f+=("-X" "tailscale.com/version.gitCommitStamp=$hash") ;;
     coredns)
       f+=("-X" "github.com/coredns/coredns/coremain.GitCommit=${hash:-$ver}") ;;
+    helm)  # as helm's Makefile for a tagged release (metadata empty)
+      f+=("-X" "helm.sh/helm/v4/internal/version.version=$ver" "-X" "helm.sh/helm/v4/internal/version.metadata="
+        "-X" "helm.sh/helm/v4/internal/version.gitTreeState=clean")
+      [[ -z $hash ]] || f+=("-X" "helm.sh/helm/v4/internal/version.gitCommit=$hash") ;;
+    prometheus)  # as .promu.yml; module v0.3XY.Z is release 3.XY.Z
+      local rel=${ver#v0.}
+      rel="${rel:0:1}.$((10#${rel:1:2})).${rel#*.}"
+      f+=("-X" "github.com/prometheus/common/version.Version=$rel"
+        "-X" "github.com/prometheus/common/version.Revision=${hash:-$ver}"
+        "-X" "github.com/prometheus/common/version.Branch=HEAD"
+        "-X" "github.com/prometheus/common/version.BuildUser=tailnet-operator-deps"
+        "-X" "github.com/prometheus/common/version.BuildDate=${time:-19700101-00:00:00}")
+      ;;
+    caddy)  # caddy.Version() looks for caddy among the build's *dependencies*;
+      # built by package path it is the main module, so set its documented override
+      f+=("-X" "github.com/caddyserver/caddy/v2.CustomVersion=$ver") ;;
   esac
   printf '%s\n' "${f[*]}"
 }
@@ -150,6 +179,9 @@ ldflags_of() {
 tags_of() {
   case $1 in
     kubernetes) echo selinux,notest,grpcnotrace ;;  # as hack/lib/golang.sh (non-debug)
+    # promtool is only used for rule checks: leave out the service-discovery
+    # plugins (upstream's build tag; half the packages, no cloud SDKs)
+    prometheus) echo remove_all_sd ;;
     *) echo ;;
   esac
 }
@@ -167,6 +199,7 @@ recipe_of() {
     echo "packages=$(packages_of "$c")"
     echo "tags=$(tags_of "$c") cgo=0 trimpath=1"
     [[ $c != headscale ]] || echo "method=go-install"
+    [[ $c != caddy ]] || echo "ldflags=CustomVersion"
     [[ ! -f $dir/go.mod ]] || cat "$dir/go.mod" "$dir/go.sum"
   } | sha256sum | cut -d' ' -f1
 }
@@ -481,6 +514,14 @@ check_component() {
         grep -Eqx "[[:space:]]*(dns\.)?$p" <<<"$plugins" || { log "FAIL coredns: plugin $p not compiled in"; return 1; }
       done
       log "ok   coredns: plugins kubernetes hosts forward errors health ready cache reload loop present" ;;
+    helm)
+      expect "$ver" "$d/helm" version --short || return 1 ;;
+    prometheus)
+      local rel=${ver#v0.}
+      rel="${rel:0:1}.$((10#${rel:1:2})).${rel#*.}"
+      expect "promtool, version $rel" "$d/promtool" --version || return 1 ;;
+    caddy)
+      expect "$ver" "$d/caddy" version || return 1 ;;
     cert-manager)
       local f
       f=$(crds_path)
