@@ -11,7 +11,8 @@
 //! - [`tcpload`], [`httpload`]: the backends and load generators.
 
 pub mod egress;
-
+pub mod httpload;
+pub mod ingress;
 pub mod lab;
 pub mod report;
 pub mod stats;

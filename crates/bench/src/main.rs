@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use tno_bench::{Settings, egress};
+use tno_bench::{Settings, egress, ingress};
 
 #[derive(Parser)]
 struct Args {
@@ -45,6 +45,13 @@ enum Command {
         #[arg(long)]
         port: u16,
     },
+    /// Internal: the HTTP backend of the ingress benchmark and a LocalAPI `whois` stand-in.
+    ServeHttp {
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        localapi_socket: PathBuf,
+    },
 }
 
 fn run(
@@ -72,6 +79,15 @@ fn run(
             .map_err(|_| anyhow::anyhow!("egress benchmark panicked"))??;
         println!("{}", table.markdown());
     }
+    if wanted(Benchmark::Ingress) {
+        let (settings, bench_exe) = (settings.clone(), bench_exe.clone());
+        let tables = std::thread::spawn(move || ingress::run(&settings, &bench_exe))
+            .join()
+            .map_err(|_| anyhow::anyhow!("ingress benchmark panicked"))??;
+        for table in tables {
+            println!("{}", table.markdown());
+        }
+    }
     Ok(())
 }
 
@@ -85,6 +101,10 @@ fn main() -> ExitCode {
             repeat,
         } => run(agent, caddy, smoke, only, repeat),
         Command::ServeTcp { port } => tno_bench::tcpload::serve(port),
+        Command::ServeHttp {
+            port,
+            localapi_socket,
+        } => tno_bench::httpload::serve(port, &localapi_socket),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
