@@ -45,35 +45,106 @@ pub mod types {
     pub const BACKENDS_RESOLVED: &str = "BackendsResolved";
     pub const BACKENDS_REACHABLE: &str = "BackendsReachable";
     pub const CERTIFICATE_READY: &str = "CertificateReady";
+    pub const HOSTNAMES_UNIQUE: &str = "HostnamesUnique";
     pub const SPEC_VALID: &str = "SpecValid";
 }
 
-/// Reasons (CamelCase) shared across resources.
+/// Every condition reason the operator sets (CamelCase). Each one has an anchor
+/// `#<lowercased reason>` in `docs/troubleshooting.md` (a test checks it), so alert runbook
+/// links and `kubectl describe` output lead to what it means and how to fix it.
 pub mod reasons {
+    // Any condition.
     pub const READY: &str = "Ready";
+    /// `Ready=Unknown`: a required condition has not been evaluated yet.
+    pub const PENDING: &str = "Pending";
     pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const WRONG_NAMESPACE: &str = "WrongNamespace";
-    pub const TAILNET_NOT_FOUND: &str = "TailnetNotFound";
+    // Tailnet: HeadscaleReachable (plus the Headscale client reasons in [`headscale`]).
+    pub const REACHABLE: &str = "Reachable";
+    pub const SECRET_MISSING: &str = "SecretMissing";
+    pub const SECRET_UNREADABLE: &str = "SecretUnreadable";
+    pub const SECRET_KEY_MISSING: &str = "SecretKeyMissing";
+    // Tailnet: BaseValid.
+    pub const VALID: &str = "Valid";
+    pub const CONFIG_MAP_NOT_FOUND: &str = "ConfigMapNotFound";
+    pub const CONFIG_MAP_UNREADABLE: &str = "ConfigMapUnreadable";
+    pub const KEY_MISSING: &str = "KeyMissing";
+    pub const SYNTAX_ERROR: &str = "SyntaxError";
+    pub const INVALID_BASE: &str = "InvalidBase";
+    // Tailnet: PolicyApplied (also passed on to PolicyEffective).
     pub const DRY_RUN: &str = "DryRun";
     pub const APPLIED: &str = "Applied";
     pub const REJECTED: &str = "Rejected";
     pub const OWNED_ELSEWHERE: &str = "OwnedElsewhere";
+    pub const BASE_INVALID: &str = "BaseInvalid";
+    pub const HEADSCALE_UNREACHABLE: &str = "HeadscaleUnreachable";
+    // Tailnet: DNSRendered.
+    pub const RENDERED: &str = "Rendered";
+    pub const NOT_CONFIGURED: &str = "NotConfigured";
+    // Egress and ingress: TailnetReady, AgentReady, NodeOnline, PolicyEffective.
+    pub const TAILNET_NOT_FOUND: &str = "TailnetNotFound";
+    pub const TAILNET_UNREADABLE: &str = "TailnetUnreadable";
+    pub const AGENT_NOT_READY: &str = "AgentNotReady";
+    pub const ONLINE: &str = "Online";
+    pub const NODE_OFFLINE: &str = "NodeOffline";
+    pub const NODE_NOT_REGISTERED: &str = "NodeNotRegistered";
+    pub const NOT_EFFECTIVE: &str = "NotEffective";
+    // Egress: ServicesReady, RoutesReady (also per-target states in the status).
     pub const SERVICE_NAME_CONFLICT: &str = "ServiceNameConflict";
     pub const ROUTE_NOT_ADVERTISED: &str = "RouteNotAdvertised";
     pub const ROUTE_NOT_APPROVED: &str = "RouteNotApproved";
     pub const NOT_APPLICABLE: &str = "NotApplicable";
+    // Ingress: SourcesAllowed, BackendsResolved, HostnamesUnique, CertificateReady.
     pub const SOURCE_NOT_ALLOWED: &str = "SourceNotAllowed";
+    pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";
     pub const CROSS_NAMESPACE_BACKEND: &str = "CrossNamespaceBackendNotAllowed";
     pub const HOSTNAME_CONFLICT: &str = "HostnameConflict";
     pub const ISSUING: &str = "Issuing";
-    pub const SECRET_MISSING: &str = "SecretMissing";
     pub const NAMES_NOT_COVERED: &str = "NamesNotCovered";
     pub const EXPIRED: &str = "Expired";
-    pub const NO_CERTIFICATE_SOURCE: &str = "NoCertificateSource";
+    pub const NOT_YET_VALID: &str = "NotYetValid";
+    pub const INVALID_CERTIFICATE: &str = "InvalidCertificate";
+    pub const CERTIFICATE_NOT_CREATED: &str = "CertificateNotCreated";
+    /// Per-expose state in the ingress status (not a condition reason).
+    pub const NOT_SERVED: &str = "NotServed";
+    // TargetsReachable / BackendsReachable: the agent's probe results
+    // ([`crate::agent_status::ProbeState::label`]) plus what the operator observed.
     pub const NO_ROUTE: &str = "NoRoute";
     pub const REFUSED: &str = "Refused";
     pub const TIMEOUT: &str = "Timeout";
-    pub const REACHABLE: &str = "Reachable";
+    pub const PROBE_ERROR: &str = "Error";
+    pub const NOT_OBSERVED: &str = "NotObserved";
+    pub const NOT_PROBED_YET: &str = "NotProbedYet";
+
+    /// Reasons that come from the Headscale client (`tailnet_headscale::Error::reason`) and
+    /// end up in `HeadscaleReachable`, `PolicyApplied`, `NodeOnline`, `TailnetReady` and
+    /// `PolicyEffective`. Mirrored here so the docs test sees them; a test in this crate
+    /// checks the mirror against the client.
+    pub mod headscale {
+        pub const DNS_ERROR: &str = "DNSError";
+        pub const CONNECTION_FAILED: &str = "ConnectionFailed";
+        pub const TLS_ERROR: &str = "TLSError";
+        pub const TIMEOUT: &str = "Timeout";
+        pub const TRANSPORT_ERROR: &str = "TransportError";
+        pub const UNAUTHORIZED: &str = "Unauthorized";
+        pub const API_ERROR: &str = "APIError";
+        pub const UNEXPECTED_RESPONSE: &str = "UnexpectedResponse";
+        pub const INVALID_URL: &str = "InvalidURL";
+        pub const CLIENT_ERROR: &str = "ClientError";
+
+        pub const ALL: &[&str] = &[
+            DNS_ERROR,
+            CONNECTION_FAILED,
+            TLS_ERROR,
+            TIMEOUT,
+            TRANSPORT_ERROR,
+            UNAUTHORIZED,
+            API_ERROR,
+            UNEXPECTED_RESPONSE,
+            INVALID_URL,
+            CLIENT_ERROR,
+        ];
+    }
 }
 
 /// Builds a condition; `last_transition_time` is filled by [`upsert`].
@@ -155,7 +226,7 @@ pub fn ready_from(
                 return condition(
                     types::READY,
                     Status::Unknown,
-                    "Pending",
+                    reasons::PENDING,
                     format!("{type_} has not been evaluated yet"),
                     observed_generation,
                 );

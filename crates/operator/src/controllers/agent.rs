@@ -8,6 +8,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret as K8sSecret;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
+use tailnet_api::conditions::reasons;
 use tailnet_api::{FIELD_MANAGER, Tailnet};
 use tailnet_headscale::{Client as HeadscaleClient, CreatePreAuthKey, Node};
 use tailnet_render::meta::Owner;
@@ -37,13 +38,13 @@ pub async fn tailnet_access(ctx: &Context, name: &str) -> Result<TailnetAccess, 
         Ok(Some(t)) => t,
         Ok(None) => {
             return Err((
-                "TailnetNotFound".to_string(),
+                reasons::TAILNET_NOT_FOUND.to_string(),
                 format!("Tailnet {name:?} (spec.tailnetRef.name) does not exist"),
             ));
         }
         Err(e) => {
             return Err((
-                "TailnetUnreadable".to_string(),
+                reasons::TAILNET_UNREADABLE.to_string(),
                 format!("reading Tailnet {name}: {e}"),
             ));
         }
@@ -404,7 +405,7 @@ where
         c.set(
             types::NODE_ONLINE,
             Status::Unknown,
-            "HeadscaleUnreachable",
+            reasons::HEADSCALE_UNREACHABLE,
             "cannot observe the node (see TailnetReady)",
         );
         return Ok(NodeObservation {
@@ -444,19 +445,19 @@ where
         (Some(n), _) if n.online => c.set(
             types::NODE_ONLINE,
             Status::True,
-            "Online",
+            reasons::ONLINE,
             format!("node {} (id {}) is online at {}", n.given_name, n.id, n.ip_addresses.join(", ")),
         ),
         (Some(n), _) => c.set(
             types::NODE_ONLINE,
             Status::False,
-            "NodeOffline",
+            reasons::NODE_OFFLINE,
             format!("node {} (id {}) is registered but offline; check the agent pod's tailscale container", n.given_name, n.id),
         ),
         (None, KeyState::Pending { expires } | KeyState::Minted { expires }) => c.set(
             types::NODE_ONLINE,
             Status::False,
-            "NodeNotRegistered",
+            reasons::NODE_NOT_REGISTERED,
             format!("waiting for the agent to log in with its pre-auth key (valid until {expires})"),
         ),
         (None, KeyState::NodeExists) => {}
@@ -501,7 +502,7 @@ pub fn policy_effective(
             (a.reason.clone(), format!("Tailnet {name}: {}", a.message))
         }
         _ => (
-            "NotEffective".to_string(),
+            reasons::NOT_EFFECTIVE.to_string(),
             "the grants are not live in Headscale yet".to_string(),
         ),
     };
@@ -598,7 +599,7 @@ pub fn reachability(
     use tailnet_api::agent_status::ProbeState;
     use tailnet_api::conditions::{Status, reasons};
     let Some(probes) = report else {
-        c.set(type_, Status::Unknown, "NotObserved", "the agent's /status could not be read (pod not running, or not reachable from the operator)");
+        c.set(type_, Status::Unknown, reasons::NOT_OBSERVED, "the agent's /status could not be read (pod not running, or not reachable from the operator)");
         return BTreeMap::new();
     };
     let failing: Vec<_> = probes
@@ -627,7 +628,7 @@ pub fn reachability(
             c.set(
                 type_,
                 Status::Unknown,
-                "NotProbedYet",
+                reasons::NOT_PROBED_YET,
                 "no probe result yet (or probing is switched off)",
             );
         }

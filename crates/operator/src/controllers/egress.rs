@@ -349,7 +349,7 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         if agent_ready {
             reasons::READY
         } else {
-            "AgentNotReady"
+            reasons::AGENT_NOT_READY
         },
         agent_message,
     );
@@ -424,7 +424,7 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         Some(_) => c.set(
             types::ROUTES_READY,
             Status::Unknown,
-            "HeadscaleUnreachable",
+            reasons::HEADSCALE_UNREACHABLE,
             "cannot observe routes (see TailnetReady)",
         ),
         None if !dns_targets.is_empty() && dns_targets.len() == egress.spec.targets.len() => {

@@ -77,7 +77,7 @@ const REQUIRED: [&str; 8] = [
     types::AGENT_READY,
     types::NODE_ONLINE,
     types::POLICY_EFFECTIVE,
-    "HostnamesUnique",
+    types::HOSTNAMES_UNIQUE,
 ];
 
 /// Hostnames another (older) TailnetIngress already claims: the first owner keeps a name
@@ -345,7 +345,7 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
     let claimed = claimed_elsewhere(ctx, ingress, tailnet, &names);
     if claimed.is_empty() {
         c.set(
-            "HostnamesUnique",
+            types::HOSTNAMES_UNIQUE,
             Status::True,
             reasons::READY,
             "no other TailnetIngress claims these names",
@@ -356,7 +356,7 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
             .map(|(h, o)| format!("{h} (kept by {o})"))
             .collect();
         c.set(
-            "HostnamesUnique",
+            types::HOSTNAMES_UNIQUE,
             Status::False,
             reasons::HOSTNAME_CONFLICT,
             format!(
@@ -382,7 +382,7 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
         c.set(
             types::BACKENDS_RESOLVED,
             Status::False,
-            "BackendNotFound",
+            reasons::BACKEND_NOT_FOUND,
             problems.join("; "),
         );
     }
@@ -433,8 +433,8 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
             Some(CertificateVerdict::NamesNotCovered(missing)) if issuing => c.set(types::CERTIFICATE_READY, Status::False, reasons::ISSUING, format!("Secret {secret_name} does not cover {} yet (re-issuing); http exposes are not served", missing.join(", "))),
             Some(CertificateVerdict::NamesNotCovered(missing)) => c.set(types::CERTIFICATE_READY, Status::False, reasons::NAMES_NOT_COVERED, format!("Secret {secret_name} does not cover {}; http exposes are not served until it does", missing.join(", "))),
             Some(CertificateVerdict::Expired { not_after }) => c.set(types::CERTIFICATE_READY, Status::False, reasons::EXPIRED, format!("the certificate in Secret {secret_name} expired at {not_after}; http exposes are not served")),
-            Some(CertificateVerdict::NotYetValid { not_before }) => c.set(types::CERTIFICATE_READY, Status::False, "NotYetValid", format!("the certificate in Secret {secret_name} is valid only from {not_before}")),
-            Some(CertificateVerdict::Invalid(message)) => c.set(types::CERTIFICATE_READY, Status::False, "InvalidCertificate", format!("Secret {secret_name}: {message}")),
+            Some(CertificateVerdict::NotYetValid { not_before }) => c.set(types::CERTIFICATE_READY, Status::False, reasons::NOT_YET_VALID, format!("the certificate in Secret {secret_name} is valid only from {not_before}")),
+            Some(CertificateVerdict::Invalid(message)) => c.set(types::CERTIFICATE_READY, Status::False, reasons::INVALID_CERTIFICATE, format!("Secret {secret_name}: {message}")),
         }
     } else {
         c.set(
@@ -494,7 +494,7 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
                 )
                 .await
             {
-                c.set(types::CERTIFICATE_READY, Status::False, "CertificateNotCreated", format!("creating the cert-manager Certificate failed (is cert-manager installed?): {e}"));
+                c.set(types::CERTIFICATE_READY, Status::False, reasons::CERTIFICATE_NOT_CREATED, format!("creating the cert-manager Certificate failed (is cert-manager installed?): {e}"));
             }
         }
         deployment = Some(agent::apply_in(ctx, &namespace, &objects.deployment).await?);
@@ -513,7 +513,7 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
         if agent_ready {
             reasons::READY
         } else {
-            "AgentNotReady"
+            reasons::AGENT_NOT_READY
         },
         agent_message,
     );
@@ -524,7 +524,7 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
         .map(|n| {
             let (state, message) = match n.mode {
                 ExposeMode::Http if !serve_http => (
-                    "NotServed".to_string(),
+                    reasons::NOT_SERVED.to_string(),
                     "waiting for a certificate covering every name (see CertificateReady)"
                         .to_string(),
                 ),

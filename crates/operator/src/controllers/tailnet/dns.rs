@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use kube::api::ListParams;
 use kube::{Api, Resource, ResourceExt};
-use tailnet_api::conditions::{self, Status, types};
+use tailnet_api::conditions::{self, Status, reasons, types};
 use tailnet_api::naming::{ingress_tag, labels};
 use tailnet_api::{Tailnet, TailnetIngress, validate};
 use tailnet_render::dns::{self, DnsEntry, DnsInputs, PendingName};
@@ -36,7 +36,7 @@ pub async fn sync(
             conditions::condition(
                 types::DNS_RENDERED,
                 Status::True,
-                "NotConfigured",
+                reasons::NOT_CONFIGURED,
                 "spec.dns.hostsConfigMap is not set: no DNS entries are rendered",
                 generation,
             ),
@@ -221,7 +221,7 @@ pub async fn sync(
         conditions::condition(
             types::DNS_RENDERED,
             Status::True,
-            "Rendered",
+            reasons::RENDERED,
             message,
             generation,
         ),

@@ -114,7 +114,7 @@ pub async fn read_api_key(ctx: &Context, tailnet: &Tailnet) -> Result<Secret, (S
         Ok(Some(secret)) => secret,
         Ok(None) => {
             return Err((
-                "SecretMissing".to_string(),
+                reasons::SECRET_MISSING.to_string(),
                 format!(
                     "Secret {ns}/{} (spec.apiSecretRef) does not exist; create it with the Headscale API key under key {:?}",
                     reference.name, reference.key
@@ -123,7 +123,7 @@ pub async fn read_api_key(ctx: &Context, tailnet: &Tailnet) -> Result<Secret, (S
         }
         Err(e) => {
             return Err((
-                "SecretUnreadable".to_string(),
+                reasons::SECRET_UNREADABLE.to_string(),
                 format!("reading Secret {ns}/{}: {e}", reference.name),
             ));
         }
@@ -136,7 +136,7 @@ pub async fn read_api_key(ctx: &Context, tailnet: &Tailnet) -> Result<Secret, (S
     match value {
         Some(key) if !key.is_empty() => Ok(Secret::new(key)),
         _ => Err((
-            "SecretKeyMissing".to_string(),
+            reasons::SECRET_KEY_MISSING.to_string(),
             format!(
                 "Secret {ns}/{} has no non-empty key {:?} (spec.apiSecretRef.key)",
                 reference.name, reference.key
@@ -148,7 +148,7 @@ pub async fn read_api_key(ctx: &Context, tailnet: &Tailnet) -> Result<Secret, (S
 async fn load_base(ctx: &Context, tailnet: &Tailnet) -> Result<BasePolicy, (String, String)> {
     let Some(name) = &tailnet.spec.policy.base_config_map else {
         return tailnet_policy::parse_base("{}")
-            .map_err(|e| ("InvalidBase".to_string(), e.to_string()));
+            .map_err(|e| (reasons::INVALID_BASE.to_string(), e.to_string()));
     };
     let ns = &ctx.config.operator_namespace;
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
@@ -156,7 +156,7 @@ async fn load_base(ctx: &Context, tailnet: &Tailnet) -> Result<BasePolicy, (Stri
         Ok(Some(cm)) => cm,
         Ok(None) => {
             return Err((
-                "ConfigMapNotFound".to_string(),
+                reasons::CONFIG_MAP_NOT_FOUND.to_string(),
                 format!(
                     "ConfigMap {ns}/{name} (spec.policy.baseConfigMap) does not exist; create it with the base policy under key {BASE_POLICY_KEY:?}"
                 ),
@@ -164,20 +164,20 @@ async fn load_base(ctx: &Context, tailnet: &Tailnet) -> Result<BasePolicy, (Stri
         }
         Err(e) => {
             return Err((
-                "ConfigMapUnreadable".to_string(),
+                reasons::CONFIG_MAP_UNREADABLE.to_string(),
                 format!("reading ConfigMap {ns}/{name}: {e}"),
             ));
         }
     };
     let Some(text) = cm.data.as_ref().and_then(|d| d.get(BASE_POLICY_KEY)) else {
         return Err((
-            "KeyMissing".to_string(),
+            reasons::KEY_MISSING.to_string(),
             format!("ConfigMap {ns}/{name} has no key {BASE_POLICY_KEY:?}"),
         ));
     };
     tailnet_policy::parse_base(text).map_err(|e| {
         (
-            "SyntaxError".to_string(),
+            reasons::SYNTAX_ERROR.to_string(),
             format!(
                 "ConfigMap {ns}/{name} key {BASE_POLICY_KEY}: line {}, column {}: {}",
                 e.line, e.column, e.message
@@ -315,7 +315,7 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
             b.set(
                 types::HEADSCALE_REACHABLE,
                 Status::True,
-                "Reachable",
+                reasons::REACHABLE,
                 format!(
                     "Headscale {version} at {} accepts the API key",
                     tailnet.spec.server
@@ -346,7 +346,7 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
         Ok(_) => b.set(
             types::BASE_VALID,
             Status::True,
-            "Valid",
+            reasons::VALID,
             "the base policy parses",
         ),
         Err((reason, message)) => b.set(types::BASE_VALID, Status::False, reason, message.clone()),
@@ -380,7 +380,7 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
                 b.set(
                     types::BASE_VALID,
                     Status::False,
-                    "InvalidBase",
+                    reasons::INVALID_BASE,
                     e.to_string(),
                 );
                 None
@@ -463,8 +463,8 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
                 }
             }
         }
-        (None, _, _) => b.set(types::POLICY_APPLIED, Status::False, "BaseInvalid", "the policy cannot be rendered until the base policy is fixed (see BaseValid)"),
-        _ => b.set(types::POLICY_APPLIED, Status::Unknown, "HeadscaleUnreachable", "the live policy cannot be compared until Headscale is reachable (see HeadscaleReachable)"),
+        (None, _, _) => b.set(types::POLICY_APPLIED, Status::False, reasons::BASE_INVALID, "the policy cannot be rendered until the base policy is fixed (see BaseValid)"),
+        _ => b.set(types::POLICY_APPLIED, Status::Unknown, reasons::HEADSCALE_UNREACHABLE, "the live policy cannot be compared until Headscale is reachable (see HeadscaleReachable)"),
     }
 
     // Route approval catch-up: autoApprovers only fire when a route changes.
