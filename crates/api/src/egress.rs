@@ -79,6 +79,8 @@ pub struct EgressTarget {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Probe {
+    /// `false` switches probing of this target off (`TargetsReachable` then stays `Unknown`
+    /// for it); default `true`.
     #[serde(default = "default_true")]
     pub enabled: bool,
     /// Interval between probes, e.g. `30s` (default `30s`).
@@ -91,11 +93,15 @@ fn default_true() -> bool {
     true
 }
 
+/// What the operator observed; written by the operator only.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TailnetEgressStatus {
+    /// `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `Ready` plus `SpecValid`, `TailnetReady`, `ServicesReady`, `AgentReady`, `NodeOnline`,
+    /// `PolicyEffective`, `RoutesReady`, `TargetsReachable` (see docs/troubleshooting.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// e.g. `2/2 ready`.
@@ -107,8 +113,10 @@ pub struct TailnetEgressStatus {
     /// Headscale node id of the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,
+    /// Tailnet addresses of the agent's node.
     #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "tailnetIPs")]
     pub tailnet_ips: Vec<String>,
+    /// One entry per `spec.targets` entry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub targets: Vec<EgressTargetStatus>,
 }
@@ -116,12 +124,15 @@ pub struct TailnetEgressStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressTargetStatus {
+    /// `spec.targets[].name`.
     pub name: String,
     /// Service name (empty while it conflicts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
+    /// ClusterIP of the Service: what consumers (and DNS aliases) connect to.
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "clusterIP")]
     pub cluster_ip: Option<String>,
+    /// Service port (= the target's port).
     pub port: i32,
     /// Port the agent listens on for this target (allocated, stable).
     pub agent_port: i32,
@@ -131,6 +142,7 @@ pub struct EgressTargetStatus {
     /// `Ready`, `RouteNotAdvertised`, `ServiceNameConflict`, `NoRoute`, `Refused`, `Timeout`, ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
+    /// What the state means for this target and what to do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

@@ -87,7 +87,10 @@ pub struct Expose {
     /// Port on the agent's tailnet address.
     #[schemars(range(min = 1, max = 65535))]
     pub port: i32,
+    /// The in-cluster Service that receives the traffic.
     pub backend: Backend,
+    /// HTTP timeouts (`http` mode only). Without them a request is not bounded as a whole and
+    /// the backend's response headers are awaited for 60 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<Timeouts>,
 }
@@ -149,26 +152,37 @@ pub struct Timeouts {
     pub backend_request: Option<String>,
 }
 
+/// What the operator observed; written by the operator only.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TailnetIngressStatus {
+    /// `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `Ready` plus `SpecValid`, `TailnetReady`, `SourcesAllowed`, `BackendsResolved`,
+    /// `HostnamesUnique`, `CertificateReady`, `AgentReady`, `NodeOnline`, `PolicyEffective`,
+    /// `BackendsReachable` (see docs/troubleshooting.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// e.g. `portal.team-a.lab.example.net (+2)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
+    /// The generated tag of this ingress's node (`allowFrom` is granted access to it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
+    /// Headscale node id of the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,
+    /// Tailnet addresses of the agent's node (the DNS names point here).
     #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "tailnetIPs")]
     pub tailnet_ips: Vec<String>,
+    /// Every hostname of every expose (names and aliases).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hostnames: Vec<String>,
+    /// `https://…` and `tcp://…` URLs a tailnet peer can use.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub urls: Vec<String>,
+    /// One entry per `spec.exposes` entry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exposes: Vec<ExposeStatus>,
 }
@@ -176,11 +190,15 @@ pub struct TailnetIngressStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExposeStatus {
+    /// `spec.exposes[].name`.
     pub name: String,
+    /// Hostnames of this expose (name, and alias when `alias: true`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hostnames: Vec<String>,
+    /// `Ready`, or `NotServed` (an `http` expose waits for a certificate covering every name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
+    /// Why the expose is not served, when it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

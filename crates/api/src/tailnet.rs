@@ -105,6 +105,7 @@ pub struct DefaultTls {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IssuerRef {
+    /// Name of the `Issuer` or `ClusterIssuer`.
     #[schemars(
         length(min = 1, max = 253),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -208,16 +209,22 @@ pub struct AgentOverrides {
     pub tailscale_resources: Option<ResourceRequirements>,
 }
 
+/// What the operator observed; written by the operator only.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TailnetStatus {
+    /// `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `Ready` plus `HeadscaleReachable`, `BaseValid`, `PolicyApplied`, `DNSRendered`
+    /// (see docs/troubleshooting.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Version reported by Headscale's `/version`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headscale_version: Option<String>,
+    /// The rendered and the applied policy (the document itself is in ConfigMap
+    /// `<tailnet>-rendered-policy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyStatus>,
 }
