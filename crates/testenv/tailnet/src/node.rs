@@ -131,6 +131,30 @@ impl TailscaleNode {
         self.process().kill();
     }
 
+    /// Runs `tailscale set <args>` against this node, as an admin on it would (e.g.
+    /// `--advertise-routes=` withdraws every advertised route).
+    pub async fn tailscale_set(&self, binaries: &Binaries, args: &[&str]) -> Result<()> {
+        let output = tokio::process::Command::new(&binaries.tailscale)
+            .arg(format!("--socket={}", self.local_api.socket().display()))
+            .arg("set")
+            .args(args)
+            .output()
+            .await
+            .map_err(|e| TailnetError::io("running tailscale set", e))?;
+        if output.status.success() {
+            return Ok(());
+        }
+        Err(TailnetError::CommandFailed {
+            command: format!("tailscale set {} ({})", args.join(" "), self.hostname),
+            status: output.status,
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        })
+    }
+
     /// Polls the LocalAPI status until `ready` holds, failing early if tailscaled exits.
     pub async fn wait_for(
         &self,
