@@ -1,12 +1,14 @@
 //! Developer tasks: `cargo xtask <task>`.
 //!
-//! - `generate`: rewrite generated files (CRD YAML in `deploy/crds/`).
+//! - `generate`: rewrite generated files (CRD YAML in `deploy/crds/`, `docs/reference/crds.md`).
 //! - `deps`: build the third-party binaries the tests need (delegates to `deps/build.sh`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use clap::{Parser, Subcommand};
+
+mod crd_reference;
 
 #[derive(Parser)]
 struct Args {
@@ -16,7 +18,7 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Regenerate deploy/crds/*.yaml from the Rust types.
+    /// Regenerate deploy/crds/*.yaml and docs/reference/crds.md from the Rust types.
     Generate,
     /// Build (or verify the cache of) the Go-built third-party binaries.
     Deps {
@@ -38,6 +40,8 @@ fn generate() -> Result<(), String> {
         std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display()))?;
         println!("wrote {}", path.display());
     }
+    let reference = crd_reference::write(&root())?;
+    println!("wrote {}", reference.display());
     Ok(())
 }
 

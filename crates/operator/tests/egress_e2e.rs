@@ -8,16 +8,21 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tailnet_api::TailnetEgress;
-use tno_testenv::{CLIENT_POD_DEADLINE, E2eEnv, OperatorArgs};
-use tno_testenv_tailnet::Dialed;
+use tno_testenv::{CLIENT_POD_DEADLINE, E2eEnv, OperatorArgs, tls_check_pod};
+use tno_testenv_tailnet::{Dialed, SITE_API_NAME, SITE_BANNER_TEXT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(180);
+/// CoreDNS's own ConfigMap in the test env (its `hosts` key is served by the `hosts` plugin).
+const COREDNS_CONFIG_MAP: &str = "coredns";
+const COREDNS_NAMESPACE: &str = "kube-system";
 /// The bulk transfer: 100 MiB, seed 1 (see `tno-test-servers tcp-bulk`).
 const BULK_BYTES: usize = 100 * 1024 * 1024;
 const BULK_SEED: u64 = 1;
@@ -183,11 +188,19 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         .expect("bootstrap");
     let tailnet_name = format!("t-{ns}");
     let tailnets: Api<tailnet_api::Tailnet> = Api::all(client.clone());
+    // The DNS entries go into CoreDNS's own ConfigMap (key `hosts`, which the test env's
+    // CoreDNS serves with its `hosts` plugin), as docs/dns.md tells users to wire it.
+    let tailnet_object = |mode: &str| {
+        let mut object = env.tailnet_object(&tailnet_name, mode);
+        object["spec"]["dns"]["hostsConfigMap"] = json!(COREDNS_CONFIG_MAP);
+        object["spec"]["dns"]["hostsConfigMapNamespace"] = json!(COREDNS_NAMESPACE);
+        object
+    };
     tailnets
         .patch(
             &tailnet_name,
             &PatchParams::apply("test").force(),
-            &Patch::Apply(env.tailnet_object(&tailnet_name, "DryRun")),
+            &Patch::Apply(tailnet_object("DryRun")),
         )
         .await
         .expect("Tailnet");
@@ -246,7 +259,7 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         .patch(
             &tailnet_name,
             &PatchParams::apply("test").force(),
-            &Patch::Apply(env.tailnet_object(&tailnet_name, "Apply")),
+            &Patch::Apply(tailnet_object("Apply")),
         )
         .await
         .expect("Tailnet to Apply");
@@ -378,7 +391,8 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         }
     })
     .await;
-    let hosts: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let hosts: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), COREDNS_NAMESPACE);
     let api_ip = status
         .targets
         .iter()
@@ -387,7 +401,7 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         .expect("remote-api ClusterIP");
     eventually("the alias in the hosts ConfigMap", || async {
         let cm = hosts
-            .get("tailnet-hosts")
+            .get(COREDNS_CONFIG_MAP)
             .await
             .map_err(|e| e.to_string())?;
         let text = cm
@@ -403,6 +417,86 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         }
     })
     .await;
+
+    // A pod resolves the alias through CoreDNS, reaches 198.51.100.20:443 through the egress
+    // and completes TLS with SNI api.site.example.net against the remote server's own
+    // certificate: the agent forwards bytes and does not terminate TLS.
+    let site = &env.tailnet().site;
+    let run = ops
+        .run_pod(
+            tls_check_pod(
+                "client-tls",
+                &format!("{SITE_API_NAME}:443"),
+                SITE_API_NAME,
+                &site.ca_pem,
+                SITE_BANNER_TEXT.trim_end(),
+                60,
+            ),
+            CLIENT_POD_DEADLINE + Duration::from_secs(60),
+        )
+        .await
+        .expect("TLS client pod");
+    assert!(
+        run.succeeded(),
+        "TLS through the alias failed:\n{run}\n{}",
+        env.diagnostics(Some(&ns))
+    );
+    eprintln!("alias: {}", run.log("client").trim());
+
+    // Only the consumer namespaces may reach the listeners (enforced by a CNI; the test env
+    // has none, so the applied object is what is checked).
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+    let policy = policies
+        .get("tailnet-egress-site")
+        .await
+        .expect("the egress NetworkPolicy");
+    let rules = policy
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress.clone())
+        .unwrap_or_default();
+    let listener_ports: Vec<i32> = status.targets.iter().map(|t| t.agent_port).collect();
+    let mut consumer_rule_seen = false;
+    for rule in &rules {
+        let ports: Vec<i32> = rule
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| match &p.port {
+                Some(IntOrString::Int(port)) => Some(*port),
+                _ => None,
+            })
+            .collect();
+        if ports.iter().any(|p| listener_ports.contains(p)) {
+            consumer_rule_seen = true;
+            let peers = rule.from.clone().unwrap_or_default();
+            let namespaces: Vec<String> = peers
+                .iter()
+                .flat_map(|peer| {
+                    peer.namespace_selector
+                        .iter()
+                        .flat_map(|s| s.match_expressions.iter().flatten())
+                        .filter(|e| e.key == "kubernetes.io/metadata.name" && e.operator == "In")
+                        .flat_map(|e| e.values.clone().unwrap_or_default())
+                })
+                .collect();
+            assert_eq!(
+                namespaces,
+                vec![ns.clone()],
+                "listener ports open only to consumerNamespaces: {rule:?}"
+            );
+            assert!(
+                peers
+                    .iter()
+                    .all(|p| p.ip_block.is_none() && p.pod_selector.is_none()),
+                "no other peers may reach the listeners: {rule:?}"
+            );
+        }
+    }
+    assert!(
+        consumer_rule_seen,
+        "no rule covers the listener ports: {rules:?}"
+    );
 
     // A restarted agent keeps its identity: same node, no second node, no new key.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);

@@ -111,6 +111,19 @@ impl E2eEnv {
     /// stdout and stderr go to `<run>/e2e/operator-<n>.log`; the admin server is forwarded to
     /// a root-netns `127.0.0.1` port ([`OperatorProcess::metrics_url`]).
     pub async fn start_operator(&self, binary: &Path, args: &[String]) -> Result<OperatorProcess> {
+        self.start_operator_with_kubeconfig(binary, args, self.lab_kubeconfig())
+            .await
+    }
+
+    /// [`E2eEnv::start_operator`] with the credentials of `kubeconfig` instead of the admin's
+    /// (e.g. a ServiceAccount token, so the operator runs with exactly the chart's RBAC). Its
+    /// server must be [`tno_testenv_kube::KubeEnv::api_server_url_in_lab`].
+    pub async fn start_operator_with_kubeconfig(
+        &self,
+        binary: &Path,
+        args: &[String],
+        kubeconfig: &Path,
+    ) -> Result<OperatorProcess> {
         if args.iter().any(|arg| arg.starts_with("--admin-address")) {
             return Err(E2eError::OperatorArgs(
                 "--admin-address is chosen by start_operator (the netns address)".into(),
@@ -126,7 +139,7 @@ impl E2eEnv {
         let name = format!("operator-{seq}");
         let log_path = self.dir().join(format!("{name}.log"));
         let lab = self.lab().clone();
-        let kubeconfig = self.lab_kubeconfig().to_owned();
+        let kubeconfig = kubeconfig.to_owned();
         let binary = binary.to_owned();
         let args = args.to_vec();
         let task_name = name.clone();

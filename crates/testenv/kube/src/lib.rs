@@ -7,6 +7,7 @@ pub mod control_plane;
 pub mod crds;
 pub mod env;
 mod error;
+pub mod http_backend;
 pub mod kubelet;
 pub mod network;
 pub mod pki;

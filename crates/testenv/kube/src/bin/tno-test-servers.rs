@@ -2,9 +2,12 @@
 //!
 //! Servers: `tcp-echo`, `http-echo` (answers with the request line and headers), `https-echo`
 //! (same over TLS with a given certificate), `ws-echo` (WebSocket echo), `slow` (HTTP answer
-//! after a delay). Clients: `tcp-check` (connects, sends a line, expects it echoed; exit code
-//! tells the result), `tls-check` (verified TLS handshake with SNI against a given CA) and `tcp-bulk` (streams N pseudo-random bytes through an echo server and
-//! checks they all come back unchanged).
+//! after a delay), `http-backend` (gzip, Range, streaming, WebSocket: see
+//! `tno_testenv_kube::http_backend`).
+//!
+//! Clients (the exit code tells the result): `tcp-check` (sends a line, expects it echoed),
+//! `tls-check` (verified TLS handshake with SNI against a given CA) and `tcp-bulk` (streams N
+//! pseudo-random bytes through an echo server and checks they all come back unchanged).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -49,6 +52,17 @@ enum Command {
         key: PathBuf,
         #[arg(long, default_value = "")]
         name: String,
+    },
+    /// The HTTP test backend of `tno_testenv_kube::http_backend` (gzip, Range, streamed
+    /// download/upload, trailers, slow headers, WebSocket), over TLS if `cert` and `key` are
+    /// given.
+    HttpBackend {
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: SocketAddr,
+        #[arg(long, requires = "key")]
+        cert: Option<PathBuf>,
+        #[arg(long, requires = "cert")]
+        key: Option<PathBuf>,
     },
     /// WebSocket server echoing every message.
     WsEcho {
@@ -152,6 +166,18 @@ async fn main() -> anyhow::Result<()> {
                 }
             })
             .await
+        }
+        Command::HttpBackend { listen, cert, key } => {
+            let tls = match (cert, key) {
+                (Some(cert), Some(key)) => Some(server_config(&cert, &key)?),
+                _ => None,
+            };
+            let bound = tno_testenv_kube::http_backend::spawn(listen, tls)
+                .await
+                .with_context(|| format!("binding {listen}"))?;
+            println!("http-backend listening on {bound}");
+            std::future::pending::<()>().await;
+            Ok(())
         }
         Command::WsEcho { listen } => {
             serve(listen, |stream| async move {
@@ -265,6 +291,10 @@ where
 }
 
 fn tls_acceptor(cert: &PathBuf, key: &PathBuf) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    Ok(tokio_rustls::TlsAcceptor::from(server_config(cert, key)?))
+}
+
+fn server_config(cert: &PathBuf, key: &PathBuf) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     let certs = rustls_pemfile::certs(&mut std::io::BufReader::new(
         std::fs::File::open(cert).with_context(|| format!("opening {}", cert.display()))?,
     ))
@@ -281,7 +311,7 @@ fn tls_acceptor(cert: &PathBuf, key: &PathBuf) -> anyhow::Result<tokio_rustls::T
     .with_safe_default_protocol_versions()?
     .with_no_client_auth()
     .with_single_cert(certs, key)?;
-    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    Ok(Arc::new(config))
 }
 
 async fn tcp_check(target: &str, message: &str, attempts: u32) -> anyhow::Result<()> {
