@@ -5,11 +5,14 @@
 //! here asserts speed; every workload checks that its bytes and requests arrived, which is
 //! what the CI smoke ([`Settings::smoke`]) relies on.
 //!
+//! - [`control`]: the operator at scale against the real apiserver and Headscale, and the
+//!   policy renderer;
 //! - [`egress`]: the agent's TCP forwarder against socat and a direct connection (loopback);
 //! - [`ingress`]: the agent's TLS termination + reverse proxy against nginx and Caddy;
 //! - [`lab`]: the network namespace, processes and their memory;
 //! - [`tcpload`], [`httpload`]: the backends and load generators.
 
+pub mod control;
 pub mod egress;
 pub mod httpload;
 pub mod ingress;
@@ -37,6 +40,15 @@ pub struct Settings {
     pub agent: PathBuf,
     /// Caddy binary; its column is left out when `None`.
     pub caddy: Option<PathBuf>,
+    /// tailnet-operator binary (control-plane benchmark).
+    pub operator: Option<PathBuf>,
+    /// Cumulative resource totals of the control-plane growth steps.
+    pub scale_steps: Vec<usize>,
+    /// Steady-state window in which API writes are counted.
+    pub steady_window: Duration,
+    /// Egress counts (× 5 targets) of the policy render measurement.
+    pub policy_sizes: Vec<usize>,
+    pub policy_runs: usize,
 }
 
 pub const GIB: u64 = 1024 * 1024 * 1024;
@@ -53,6 +65,11 @@ impl Settings {
             http_connections: vec![1, 16, 128],
             agent,
             caddy,
+            operator: None,
+            scale_steps: vec![10, 100, 400],
+            steady_window: Duration::from_secs(30),
+            policy_sizes: vec![10, 100, 1000],
+            policy_runs: 20,
         }
     }
 
@@ -69,6 +86,11 @@ impl Settings {
             http_connections: vec![1, 4],
             agent,
             caddy,
+            operator: None,
+            scale_steps: vec![4],
+            steady_window: Duration::from_secs(5),
+            policy_sizes: vec![10],
+            policy_runs: 2,
         }
     }
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use tno_bench::{Settings, egress, ingress};
+use tno_bench::{Settings, control, egress, ingress};
 
 #[derive(Parser)]
 struct Args {
@@ -18,6 +18,7 @@ struct Args {
 enum Benchmark {
     Egress,
     Ingress,
+    Control,
 }
 
 #[derive(Subcommand)]
@@ -30,6 +31,9 @@ enum Command {
         /// Caddy, for the ingress comparison (left out when not given).
         #[arg(long)]
         caddy: Option<PathBuf>,
+        /// The tailnet-operator binary, for the control-plane benchmark.
+        #[arg(long)]
+        operator: Option<PathBuf>,
         /// Every workload once and briefly: checks that bytes and requests arrive.
         #[arg(long)]
         smoke: bool,
@@ -39,6 +43,9 @@ enum Command {
         /// Repetitions (default 3, smoke 1).
         #[arg(long)]
         repeat: Option<usize>,
+        /// Control plane: cumulative resource totals (default 10,100,400).
+        #[arg(long, value_delimiter = ',')]
+        scale_steps: Vec<usize>,
     },
     /// Internal: the TCP backend of the forwarding benchmark.
     ServeTcp {
@@ -57,15 +64,21 @@ enum Command {
 fn run(
     agent: PathBuf,
     caddy: Option<PathBuf>,
+    operator: Option<PathBuf>,
     smoke: bool,
     only: Vec<Benchmark>,
     repeat: Option<usize>,
+    scale_steps: Vec<usize>,
 ) -> Result<()> {
     let mut settings = if smoke {
         Settings::smoke(agent, caddy)
     } else {
         Settings::full(agent, caddy)
     };
+    settings.operator = operator;
+    if !scale_steps.is_empty() {
+        settings.scale_steps = scale_steps;
+    }
     if let Some(repeat) = repeat {
         settings.repeat = repeat.max(1);
     }
@@ -88,6 +101,26 @@ fn run(
             println!("{}", table.markdown());
         }
     }
+    if wanted(Benchmark::Control) {
+        let table = control::policy_table(&settings.policy_sizes, settings.policy_runs)?;
+        println!("{}", table.markdown());
+        let operator = settings
+            .operator
+            .clone()
+            .context("--operator is needed for the control-plane benchmark")?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let tables = runtime.block_on(control::run(
+            &operator,
+            &settings.scale_steps,
+            settings.steady_window,
+        ))?;
+        for table in tables {
+            println!("{}", table.markdown());
+        }
+    }
     Ok(())
 }
 
@@ -96,10 +129,12 @@ fn main() -> ExitCode {
         Command::Run {
             agent,
             caddy,
+            operator,
             smoke,
             only,
             repeat,
-        } => run(agent, caddy, smoke, only, repeat),
+            scale_steps,
+        } => run(agent, caddy, operator, smoke, only, repeat, scale_steps),
         Command::ServeTcp { port } => tno_bench::tcpload::serve(port),
         Command::ServeHttp {
             port,

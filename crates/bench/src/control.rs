@@ -1,0 +1,492 @@
+//! Benchmark 4: the control plane at scale, against the real apiserver and Headscale of the
+//! test environment (`tno_testenv::E2eEnv`), plus the policy renderer in-process.
+//!
+//! Agents are not started: a ResourceQuota of zero pods in the namespace keeps the agent
+//! Deployments from getting pods (kube-controller-manager's ReplicaSet controller is refused
+//! by quota admission), so only the operator's own work is measured.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+use tailnet_api::{TailnetEgress, TailnetIngress};
+use tailnet_policy::{
+    EgressPolicy, EgressTarget, IngressPolicy, ObservedNode, PolicyInputs, TargetAddress,
+};
+use tno_testenv::{E2eEnv, OperatorArgs};
+
+use crate::lab::{mib, rss_kib};
+use crate::report::Table;
+use crate::stats::Spread;
+
+const TARGETS_PER_EGRESS: usize = 5;
+const APPLY_CONCURRENCY: usize = 16;
+
+/// Policy render time for `egresses` × 5 targets plus as many ingresses, in milliseconds
+/// (every run), rendered against the base policy of the crate's fixtures.
+pub fn policy_render_millis(egresses: usize, runs: usize) -> Result<Vec<f64>> {
+    let base = tailnet_policy::parse_base(include_str!("../../policy/tests/fixtures/base.hujson"))
+        .map_err(|e| anyhow::anyhow!("base policy: {e}"))?;
+    let inputs = policy_inputs(egresses);
+    let mut millis = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let started = Instant::now();
+        let rendered =
+            tailnet_policy::render(&base, &inputs).map_err(|e| anyhow::anyhow!("render: {e}"))?;
+        millis.push(started.elapsed().as_secs_f64() * 1e3);
+        std::hint::black_box(rendered);
+    }
+    Ok(millis)
+}
+
+/// `egresses` egresses of 5 IP targets each (spread over 10.0.0.0/8, covered by 16 routers'
+/// /12 routes), as many ingresses, and the routers as nodes.
+pub fn policy_inputs(egresses: usize) -> PolicyInputs {
+    let target_ip = |n: usize| {
+        IpAddr::V4(Ipv4Addr::from(
+            0x0a00_0000u32 + u32::try_from(n).unwrap_or(0) * 7 + 1,
+        ))
+    };
+    let routers = (0..16u8)
+        .map(|r| ObservedNode {
+            id: u64::from(r) + 1,
+            name: format!("router-{r}"),
+            tags: vec!["tag:router".into()],
+            ip_addresses: vec![IpAddr::V4(Ipv4Addr::new(100, 64, 1, r))],
+            available_routes: vec![
+                format!("10.{}.0.0/12", r * 16)
+                    .parse()
+                    .unwrap_or_else(|_| ipnet::IpNet::default()),
+            ],
+            approved_routes: vec![],
+            online: true,
+        })
+        .collect();
+    PolicyInputs {
+        installation_id: "tailnet-operator/bench/demo".into(),
+        tag_owners: vec!["group:platform".into()],
+        route_approvers: vec!["tag:router".into()],
+        ingress_source_allowlist: vec!["group:team-a".into()],
+        egresses: (0..egresses)
+            .map(|e| EgressPolicy {
+                owner: format!("bench/egress-{e}"),
+                tag: format!("tag:tno-egress-bench-{e}"),
+                targets: (0..TARGETS_PER_EGRESS)
+                    .map(|t| EgressTarget {
+                        name: format!("e{e}-t{t}"),
+                        address: TargetAddress::Ip(target_ip(e * TARGETS_PER_EGRESS + t)),
+                        port: 5000 + u16::try_from(t).unwrap_or(0),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        ingresses: (0..egresses)
+            .map(|i| IngressPolicy {
+                owner: format!("bench/ingress-{i}"),
+                tag: format!("tag:tno-ingress-bench-{i}"),
+                allow_from: vec!["group:team-a".into()],
+                ports: vec![443, 5432],
+            })
+            .collect(),
+        nodes: routers,
+    }
+}
+
+pub fn policy_table(sizes: &[usize], runs: usize) -> Result<Table> {
+    let mut table = Table::new(
+        "Policy render time (in-process, tailnet_policy::render)",
+        &[
+            "egress targets (+ ingresses)",
+            "render ms: median (min–max)",
+        ],
+    );
+    for &egresses in sizes {
+        // One warm-up render, not counted.
+        policy_render_millis(egresses, 1)?;
+        let millis = policy_render_millis(egresses, runs)?;
+        let spread = Spread::of(&millis).context("no render times")?;
+        table.row(vec![
+            format!("{} ({egresses})", egresses * TARGETS_PER_EGRESS),
+            spread.show(2),
+        ]);
+    }
+    table.note(format!(
+        "{runs} renders per size after one warm-up; target: < 100 ms for 5,000 targets."
+    ));
+    Ok(table)
+}
+
+fn egress_object(namespace: &str, tailnet: &str, index: usize) -> Value {
+    let targets: Vec<Value> = (0..TARGETS_PER_EGRESS)
+        .map(|t| {
+            let n = index * TARGETS_PER_EGRESS + t;
+            json!({"name": format!("e{index}-t{t}"),
+                   "address": format!("192.0.2.{}", 1 + n % 250),
+                   "port": 5000 + n / 250})
+        })
+        .collect();
+    json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
+        "metadata": {"name": format!("egress-{index}"), "namespace": namespace},
+        "spec": {"tailnetRef": {"name": tailnet}, "consumerNamespaces": [namespace],
+                 "targets": targets}
+    })
+}
+
+fn ingress_object(namespace: &str, tailnet: &str, index: usize) -> Value {
+    json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
+        "metadata": {"name": format!("ingress-{index}"), "namespace": namespace},
+        "spec": {"tailnetRef": {"name": tailnet}, "allowFrom": ["group:team-a"],
+                 "exposes": [{"name": "db", "dnsLabel": format!("in{index}"), "mode": "tcp",
+                              "port": 5432, "backend": {"service": "db", "port": 5432}}]}
+    })
+}
+
+fn condition_true(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// How many egresses and ingresses are rendered with their grants live.
+async fn count_done(
+    egresses: &Api<TailnetEgress>,
+    ingresses: &Api<TailnetIngress>,
+) -> Result<(usize, usize)> {
+    let egress_done = egresses
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|e| {
+            e.status.as_ref().is_some_and(|s| {
+                condition_true(&s.conditions, "ServicesReady")
+                    && condition_true(&s.conditions, "PolicyEffective")
+            })
+        })
+        .count();
+    let ingress_done = ingresses
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|i| {
+            i.status
+                .as_ref()
+                .is_some_and(|s| condition_true(&s.conditions, "PolicyEffective"))
+        })
+        .count();
+    Ok((egress_done, ingress_done))
+}
+
+/// Mutating requests the apiserver answered with 2xx, by `verb resource[/subresource]`.
+async fn apiserver_writes(client: &kube::Client) -> Result<BTreeMap<String, f64>> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .context("metrics request")?;
+    let text = client
+        .request_text(request)
+        .await
+        .context("apiserver /metrics")?;
+    let mut writes = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split("\",")
+                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        let verb = label("verb");
+        if !matches!(
+            verb.as_str(),
+            "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY" | "DELETECOLLECTION"
+        ) || !label("code").starts_with('2')
+        {
+            continue;
+        }
+        let subresource = label("subresource");
+        let resource = if subresource.is_empty() {
+            label("resource")
+        } else {
+            format!("{}/{subresource}", label("resource"))
+        };
+        *writes.entry(format!("{verb} {resource}")).or_insert(0.0) +=
+            value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    Ok(writes)
+}
+
+/// The store's current revision (the resourceVersion of a fresh list): every persisted write
+/// of any object bumps it, a no-op apply does not.
+async fn etcd_revision(client: &kube::Client) -> Result<u64> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let list = namespaces
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .context("listing namespaces")?;
+    list.metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .context("list without a numeric resourceVersion")
+}
+
+/// Sum of the operator's metric samples whose line starts with `prefix`.
+fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(prefix))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// One growth step's measurements.
+struct Step {
+    egresses: usize,
+    ingresses: usize,
+    apply_seconds: f64,
+    settle_seconds: f64,
+    rss_kib: u64,
+    policy_bytes: f64,
+}
+
+/// Runs the control-plane benchmark; `steps` are cumulative resource totals (half egress,
+/// half ingress), e.g. `[10, 100, 400]`. The operator binary is `operator`.
+pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> Result<Vec<Table>> {
+    let started = Instant::now();
+    let env = E2eEnv::shared()
+        .await
+        .map_err(|e| anyhow::anyhow!("test environment: {e}"))?;
+    let env_seconds = started.elapsed().as_secs_f64();
+    let ops = env
+        .namespace("bench-cp")
+        .await
+        .map_err(|e| anyhow::anyhow!("namespace: {e}"))?;
+    let client = ops.client().clone();
+    let ns = ops.name().to_string();
+    ops.create_bootstrap(&env.base_policy().map_err(|e| anyhow::anyhow!("{e}"))?)
+        .await
+        .map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
+    let apply = PatchParams::apply("tno-bench").force();
+    // No pods in this namespace: the agents are not started.
+    Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), &ns)
+        .patch(
+            "no-agents",
+            &apply,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": "no-agents"}, "spec": {"hard": {"pods": "0"}}})),
+        )
+        .await
+        .context("ResourceQuota")?;
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &ns)
+        .patch(
+            "db",
+            &apply,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "db"},
+                "spec": {"selector": {"app": "db"}, "ports": [{"port": 5432}]}})),
+        )
+        .await
+        .context("backend Service")?;
+    let tailnet = format!("t-{ns}");
+    Api::<tailnet_api::Tailnet>::all(client.clone())
+        .patch(
+            &tailnet,
+            &apply,
+            &Patch::Apply(env.tailnet_object(&tailnet, "Apply")),
+        )
+        .await
+        .context("Tailnet")?;
+    let mut operator = env
+        .start_operator(operator_binary, &OperatorArgs::new(&ns).to_args())
+        .await
+        .map_err(|e| anyhow::anyhow!("operator: {e}"))?;
+    operator
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .map_err(|e| anyhow::anyhow!("operator ready: {e}"))?;
+    let idle_rss = rss_kib(operator.pid());
+
+    let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), &ns);
+    let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
+    let mut results = Vec::new();
+    let mut have = 0usize;
+    for &total in steps {
+        let half = total / 2;
+        let step_started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut objects: Vec<(bool, Value)> = (have..half)
+            .flat_map(|i| {
+                [
+                    (true, egress_object(&ns, &tailnet, i)),
+                    (false, ingress_object(&ns, &tailnet, i)),
+                ]
+            })
+            .collect();
+        while !objects.is_empty() || !tasks.is_empty() {
+            while tasks.len() < APPLY_CONCURRENCY
+                && let Some((is_egress, object)) = objects.pop()
+            {
+                let (egresses, ingresses, apply) =
+                    (egresses.clone(), ingresses.clone(), apply.clone());
+                tasks.spawn(async move {
+                    let name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
+                    if is_egress {
+                        egresses
+                            .patch(&name, &apply, &Patch::Apply(object))
+                            .await
+                            .map(|_| ())
+                    } else {
+                        ingresses
+                            .patch(&name, &apply, &Patch::Apply(object))
+                            .await
+                            .map(|_| ())
+                    }
+                });
+            }
+            if let Some(done) = tasks.join_next().await {
+                done.context("apply task")?.context("applying a resource")?;
+            }
+        }
+        let apply_seconds = step_started.elapsed().as_secs_f64();
+        let deadline = Instant::now() + Duration::from_secs(900);
+        loop {
+            let (e, i) = count_done(&egresses, &ingresses).await?;
+            if e >= half && i >= half {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "after 15 min only {e}/{half} egresses and {i}/{half} ingresses are done\n{}",
+                    operator.log_tail(20)
+                );
+            }
+            if !operator.is_running() {
+                bail!("the operator exited:\n{}", operator.log_tail(40));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let settle_seconds = step_started.elapsed().as_secs_f64();
+        let metrics = operator.metrics().await.unwrap_or_default();
+        results.push(Step {
+            egresses: half,
+            ingresses: half,
+            apply_seconds,
+            settle_seconds,
+            rss_kib: rss_kib(operator.pid()),
+            policy_bytes: metric_sum(&metrics, "tailnet_operator_policy_size_bytes"),
+        });
+        have = half;
+    }
+
+    // Steady state: everything done; count writes over a window of resyncs.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = apiserver_writes(&client).await?;
+    let revision_before = etcd_revision(&client).await?;
+    let operator_before = operator.metrics().await.unwrap_or_default();
+    tokio::time::sleep(window).await;
+    let after = apiserver_writes(&client).await?;
+    let revision_after = etcd_revision(&client).await?;
+    let operator_after = operator.metrics().await.unwrap_or_default();
+    let steady_rss = rss_kib(operator.pid());
+    let peak_rss = {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", operator.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let reconciles = metric_sum(&operator_after, "tailnet_operator_reconciles_total")
+        - metric_sum(&operator_before, "tailnet_operator_reconciles_total");
+    let policy_applied = |text: &str| {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("tailnet_operator_policy_syncs_total") && l.contains("applied")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let policy_writes = policy_applied(&operator_after) - policy_applied(&operator_before);
+
+    let mut scale = Table::new(
+        "Control plane at scale (real apiserver + Headscale; agents not started)",
+        &[
+            "resources (egress × 5 targets + ingress)",
+            "added",
+            "apply (client) s",
+            "all rendered + grants live, s",
+            "s per added resource",
+            "operator RSS MiB",
+            "policy bytes",
+        ],
+    );
+    let mut previous = 0;
+    for step in &results {
+        let total = step.egresses + step.ingresses;
+        let added = total - previous;
+        scale.row(vec![
+            format!("{total} ({} + {})", step.egresses, step.ingresses),
+            added.to_string(),
+            format!("{:.1}", step.apply_seconds),
+            format!("{:.1}", step.settle_seconds),
+            format!("{:.3}", step.settle_seconds / added.max(1) as f64),
+            mib(step.rss_kib),
+            format!("{:.0}", step.policy_bytes),
+        ]);
+        previous = total;
+    }
+    scale.note(format!(
+        "Steps are cumulative (the next step adds resources to the previous ones). Operator RSS \
+         idle before any resource: {} MiB; after the steady-state window {} MiB; peak (VmHWM) \
+         {} MiB. Test environment start: {env_seconds:.0} s.",
+        mib(idle_rss),
+        mib(steady_rss),
+        mib(peak_rss)
+    ));
+
+    let mut writes = Table::new(
+        format!(
+            "API writes during {} s of steady state ({reconciles:.0} reconciles; Headscale \
+             policy writes: {policy_writes:.0}; etcd revisions: {})",
+            window.as_secs(),
+            revision_after.saturating_sub(revision_before)
+        ),
+        &["request (2xx, all clients of the apiserver)", "count"],
+    );
+    let mut any = false;
+    for (key, value) in &after {
+        let delta = value - before.get(key).copied().unwrap_or(0.0);
+        if delta > 0.0 {
+            any = true;
+            writes.row(vec![key.clone(), format!("{delta:.0}")]);
+        }
+    }
+    if !any {
+        writes.row(vec!["(none)".into(), "0".into()]);
+    }
+    writes.note(
+        "Counted from the apiserver's apiserver_request_total (mutating verbs, 2xx) before \
+         and after the window; it includes every client: kubelet and lease renewals, \
+         kube-controller-manager, the operator's leader lease. A server-side apply that \
+         changes nothing is still a request (and a full admission + diff on the apiserver) \
+         but no etcd write: compare with the etcd revisions in the title.",
+    );
+    drop(operator);
+    Ok(vec![scale, writes])
+}
