@@ -1,9 +1,12 @@
 //! Operator metrics (Prometheus text on the admin port's `/metrics`).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -46,6 +49,106 @@ pub struct ConditionLabels {
     pub status: String,
 }
 
+/// One condition of one resource (`tailnet_operator_resource_condition`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceConditionLabels {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub condition: String,
+    pub status: String,
+    pub reason: String,
+}
+
+/// The watch caches the condition metric is read from (set once the controllers run).
+struct ConditionSources {
+    tailnets: Store<tailnet_api::Tailnet>,
+    egresses: Store<tailnet_api::TailnetEgress>,
+    ingresses: Store<tailnet_api::TailnetIngress>,
+}
+
+/// Emits, at scrape time, one `resource_condition` sample (value 1) per condition of every
+/// Tailnet, TailnetEgress and TailnetIngress in the caches, so alerts can name the object and
+/// the condition's reason. Only the leader emits (standbys would duplicate every series).
+struct ConditionCollector {
+    sources: Arc<OnceLock<ConditionSources>>,
+    leader: Gauge,
+}
+
+impl std::fmt::Debug for ConditionCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConditionCollector")
+            .field("watching", &self.sources.get().is_some())
+            .finish()
+    }
+}
+
+fn condition_samples(
+    family: &Family<ResourceConditionLabels, Gauge>,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) {
+    for c in conditions {
+        family
+            .get_or_create(&ResourceConditionLabels {
+                kind: kind.to_string(),
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                condition: c.type_.clone(),
+                status: c.status.clone(),
+                reason: c.reason.clone(),
+            })
+            .set(1);
+    }
+}
+
+impl Collector for ConditionCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let family = Family::<ResourceConditionLabels, Gauge>::default();
+        if let Some(sources) = self.sources.get().filter(|_| self.leader.get() == 1) {
+            for t in sources.tailnets.state() {
+                let conditions = t.status.as_ref().map(|s| s.conditions.as_slice());
+                condition_samples(
+                    &family,
+                    "Tailnet",
+                    "",
+                    &t.name_any(),
+                    conditions.unwrap_or_default(),
+                );
+            }
+            for e in sources.egresses.state() {
+                let conditions = e.status.as_ref().map(|s| s.conditions.as_slice());
+                condition_samples(
+                    &family,
+                    "TailnetEgress",
+                    &e.namespace().unwrap_or_default(),
+                    &e.name_any(),
+                    conditions.unwrap_or_default(),
+                );
+            }
+            for i in sources.ingresses.state() {
+                let conditions = i.status.as_ref().map(|s| s.conditions.as_slice());
+                condition_samples(
+                    &family,
+                    "TailnetIngress",
+                    &i.namespace().unwrap_or_default(),
+                    &i.name_any(),
+                    conditions.unwrap_or_default(),
+                );
+            }
+        }
+        let metric = encoder.encode_descriptor(
+            "resource_condition",
+            "1 for each condition (type, status, reason) of each Tailnet, TailnetEgress and TailnetIngress (leader only)",
+            None,
+            family.metric_type(),
+        )?;
+        family.encode(metric)
+    }
+}
+
 /// All operator metrics; cheap to clone (every family is reference-counted).
 #[derive(Clone)]
 pub struct Metrics {
@@ -62,6 +165,7 @@ pub struct Metrics {
     pub routes_approved: Family<TailnetLabels, Counter>,
     pub resources_by_condition: Family<ConditionLabels, Gauge>,
     pub leader: Gauge,
+    condition_sources: Arc<OnceLock<ConditionSources>>,
 }
 
 fn duration_buckets() -> impl Iterator<Item = f64> {
@@ -139,6 +243,11 @@ impl Default for Metrics {
             "1 while this replica holds the leader Lease",
             leader.clone(),
         );
+        let condition_sources = Arc::new(OnceLock::new());
+        registry.register_collector(Box::new(ConditionCollector {
+            sources: condition_sources.clone(),
+            leader: leader.clone(),
+        }));
         Metrics {
             registry: Arc::new(registry),
             reconciles,
@@ -152,11 +261,27 @@ impl Default for Metrics {
             routes_approved,
             resources_by_condition,
             leader,
+            condition_sources,
         }
     }
 }
 
 impl Metrics {
+    /// Makes `/metrics` report the conditions of the objects in these caches
+    /// (`tailnet_operator_resource_condition`); the first call wins.
+    pub fn watch_conditions(
+        &self,
+        tailnets: Store<tailnet_api::Tailnet>,
+        egresses: Store<tailnet_api::TailnetEgress>,
+        ingresses: Store<tailnet_api::TailnetIngress>,
+    ) {
+        let _ = self.condition_sources.set(ConditionSources {
+            tailnets,
+            egresses,
+            ingresses,
+        });
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
@@ -185,5 +310,56 @@ impl CallObserver for Metrics {
         self.headscale_call_duration
             .get_or_create(&labels)
             .observe(elapsed.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use kube::runtime::reflector::store;
+    use kube::runtime::watcher::Event;
+
+    fn condition(type_: &str, status: &str, reason: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        }
+    }
+
+    #[test]
+    fn resource_conditions_are_exported_by_the_leader_only() {
+        let metrics = Metrics::default();
+        let (tailnets, _) = store::<tailnet_api::Tailnet>();
+        let (ingresses, _) = store::<tailnet_api::TailnetIngress>();
+        let (egresses, mut egress_writer) = store::<tailnet_api::TailnetEgress>();
+        let mut egress: tailnet_api::TailnetEgress = serde_json::from_value(serde_json::json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
+            "metadata": {"name": "site", "namespace": "tailnet-system"},
+            "spec": {"tailnetRef": {"name": "t"}, "consumerNamespaces": [], "targets": []}
+        }))
+        .expect("egress JSON");
+        egress.status = Some(tailnet_api::TailnetEgressStatus {
+            conditions: vec![condition("RoutesReady", "False", "RouteNotApproved")],
+            ..Default::default()
+        });
+        egress_writer.apply_watcher_event(&Event::Apply(egress));
+        metrics.watch_conditions(tailnets, egresses, ingresses);
+        let sample = r#"tailnet_operator_resource_condition{kind="TailnetEgress",namespace="tailnet-system",name="site",condition="RoutesReady",status="False",reason="RouteNotApproved"} 1"#;
+        assert!(
+            !metrics.encode().contains(sample),
+            "a standby must not export"
+        );
+        metrics.leader.set(1);
+        let text = metrics.encode();
+        assert!(text.contains(sample), "{text}");
+        assert!(
+            text.contains("# TYPE tailnet_operator_resource_condition gauge"),
+            "{text}"
+        );
     }
 }

@@ -171,6 +171,11 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
         watcher::Config::default(),
     );
     let tailnets = controller.store();
+    metrics.watch_conditions(
+        tailnets.clone(),
+        ctx.egresses.clone(),
+        ctx.ingresses.clone(),
+    );
     let by_config_map = {
         let tailnets = tailnets.clone();
         move |cm: ConfigMap| {
