@@ -206,3 +206,25 @@ fn controllers_use_only_documented_reasons() {
          document it)"
     );
 }
+
+/// The chart's alerts link their runbooks into docs/troubleshooting.md: every fixed anchor
+/// must exist, and a templated one (`{{ $labels.condition | toLower }}`) resolves to a
+/// condition type, which all have anchors (checked above).
+#[test]
+fn alert_runbook_anchors_exist() {
+    let path = "charts/tailnet-operator/files/prometheus-rules.yaml";
+    let Ok(rules) = std::fs::read_to_string(repo().join(path)) else {
+        panic!("{path} is missing: the chart's alerts are what this test checks");
+    };
+    let link = Regex::new(r"troubleshooting\.md#([a-z0-9-]+)").expect("regex");
+    let anchors: Vec<&str> = link
+        .captures_iter(&rules)
+        .map(|c| c.get(1).map_or("", |m| m.as_str()))
+        .collect();
+    assert!(!anchors.is_empty(), "no runbook links found in {path}");
+    let missing = undocumented(anchors);
+    assert!(
+        missing.is_empty(),
+        "{path} links to anchors that docs/troubleshooting.md lacks: {missing:?}"
+    );
+}
