@@ -2,6 +2,7 @@
 //!
 //! - `generate`: rewrite generated files (CRD YAML in `deploy/crds/`, `docs/reference/crds.md`).
 //! - `deps`: build the third-party binaries the tests need (delegates to `deps/build.sh`).
+//! - `images`: build the container images of `images/` (docker, podman or buildah).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -9,6 +10,7 @@ use std::process::{Command, ExitCode};
 use clap::{Parser, Subcommand};
 
 mod crd_reference;
+mod images;
 
 #[derive(Parser)]
 struct Args {
@@ -25,6 +27,16 @@ enum Task {
         /// Components to build (default: all).
         components: Vec<String>,
     },
+    /// Build the container images (images/*.Dockerfile); fails if no container builder works.
+    Images {
+        #[arg(long, default_value = "ghcr.io/tailnet-operator")]
+        registry: String,
+        #[arg(long, default_value = concat!("v", env!("CARGO_PKG_VERSION")))]
+        tag: String,
+        /// docker, podman or buildah (default: the first that works).
+        #[arg(long)]
+        builder: Option<String>,
+    },
 }
 
 fn root() -> PathBuf {
@@ -35,10 +47,14 @@ fn generate() -> Result<(), String> {
     let dir = root().join("deploy/crds");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let files = tailnet_api::crd::yaml_files().map_err(|e| e.to_string())?;
+    // The Helm chart ships the same CRDs (the drift test compares both).
+    let chart_dir = root().join("charts/tailnet-operator/crds");
     for (file, yaml) in files {
-        let path = dir.join(file);
-        std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display()))?;
-        println!("wrote {}", path.display());
+        for dir in [&dir, &chart_dir] {
+            let path = dir.join(file);
+            std::fs::write(&path, &yaml).map_err(|e| format!("{}: {e}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
     }
     let reference = crd_reference::write(&root())?;
     println!("wrote {}", reference.display());
@@ -68,6 +84,11 @@ fn main() -> ExitCode {
     let result = match Args::parse().task {
         Task::Generate => generate(),
         Task::Deps { components } => deps(&components),
+        Task::Images {
+            registry,
+            tag,
+            builder,
+        } => images::images(&root(), &registry, &tag, builder.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
