@@ -43,7 +43,7 @@ version_of() {
 # binaries_of C: the programs component C provides (the --print-env names).
 binaries_of() {
   case $1 in
-    kubernetes) echo kube-apiserver kube-controller-manager kube-proxy ;;
+    kubernetes) echo kube-apiserver kube-controller-manager kube-proxy kubectl ;;
     etcd) echo etcd etcdctl ;;
     headscale) echo headscale ;;
     tailscale) echo tailscaled tailscale containerboot ;;
@@ -77,7 +77,8 @@ packages_of() {
     kubernetes)
       echo kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
         kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
-        kube-proxy=k8s.io/kubernetes/cmd/kube-proxy ;;
+        kube-proxy=k8s.io/kubernetes/cmd/kube-proxy \
+        kubectl=k8s.io/kubernetes/cmd/kubectl ;;
     etcd)
       echo etcd=go.etcd.io/etcd/server/v3 etcdctl=go.etcd.io/etcd/etcdctl/v3 ;;
     headscale)
