@@ -97,7 +97,7 @@ enum Command {
         #[arg(long)]
         server_name: String,
         /// The CA certificate(s), PEM text (not a path: pods get no files from the test).
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         ca_pem: String,
         #[arg(long)]
         expect: String,
