@@ -122,6 +122,30 @@ pub async fn ensure_pre_auth_key(
     {
         return Ok(KeyState::Pending { expires });
     }
+    // A crash between minting and writing the Secret leaves a valid key nobody holds:
+    // expire every such key of this tag before minting the one the Secret will carry.
+    let held = existing
+        .as_ref()
+        .and_then(|secret| secret_annotation(secret, KEY_ID_ANNOTATION))
+        .and_then(|id| id.parse::<u64>().ok());
+    let keys =
+        headscale
+            .list_pre_auth_keys()
+            .await
+            .map_err(|source| ReconcileError::Headscale {
+                action: "list pre-auth keys".to_string(),
+                source,
+            })?;
+    for id in orphaned_keys(&keys, tag, held, now) {
+        headscale
+            .expire_pre_auth_key(id)
+            .await
+            .map_err(|source| ReconcileError::Headscale {
+                action: format!("expire orphaned pre-auth key {id} of {tag}"),
+                source,
+            })?;
+        tracing::info!(key_id = id, %tag, "expired a pre-auth key that no Secret holds");
+    }
     let expires = now + PRE_AUTH_KEY_LIFETIME;
     let key = headscale
         .create_pre_auth_key(&CreatePreAuthKey::single_use_tagged(
@@ -144,6 +168,22 @@ pub async fn ensure_pre_auth_key(
         return Err(e);
     }
     Ok(KeyState::Minted { expires })
+}
+
+/// Keys of `tag` that could still register a node (unused, unexpired) other than `held`,
+/// the one in the agent's auth Secret.
+pub fn orphaned_keys(
+    keys: &[tailnet_headscale::PreAuthKey],
+    tag: &str,
+    held: Option<u64>,
+    now: Timestamp,
+) -> Vec<u64> {
+    keys.iter()
+        .filter(|k| k.acl_tags.iter().any(|t| t == tag))
+        .filter(|k| !k.used && k.expiration.is_some_and(|e| e > now))
+        .filter(|k| Some(k.id) != held)
+        .map(|k| k.id)
+        .collect()
 }
 
 /// Removes the agent's identity from Headscale: its nodes and any unexpired keys of its tag.
@@ -669,6 +709,27 @@ mod tests {
             online,
             ..Node::default()
         }
+    }
+
+    #[test]
+    fn orphaned_keys_are_the_valid_unheld_ones_of_the_tag() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().expect("time");
+        let key = |id, tag: &str, used, minutes: i64| tailnet_headscale::PreAuthKey {
+            id,
+            used,
+            acl_tags: vec![tag.to_string()],
+            expiration: Some(now + SignedDuration::from_mins(minutes)),
+            ..tailnet_headscale::PreAuthKey::default()
+        };
+        let keys = vec![
+            key(1, "tag:a", false, 60), // orphan
+            key(2, "tag:a", true, 60),  // used
+            key(3, "tag:a", false, -1), // expired
+            key(4, "tag:b", false, 60), // another agent's
+            key(5, "tag:a", false, 30), // held by the Secret
+        ];
+        assert_eq!(orphaned_keys(&keys, "tag:a", Some(5), now), vec![1]);
+        assert_eq!(orphaned_keys(&keys, "tag:a", None, now), vec![1, 5]);
     }
 
     #[test]
