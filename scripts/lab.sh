@@ -2,14 +2,18 @@
 # The local lab: installs and builds what is missing (Debian packages, the Go-built
 # kube-apiserver/etcd/headscale/tailscaled/..., the Rust binaries), then starts a real control
 # plane, test kubelet, kube-proxy, CoreDNS, Headscale and a remote site behind a subnet router
-# in network namespaces, runs the operator, applies the example Tailnet and TailnetEgress and
-# shows a pod's bytes crossing the tailnet. Needs root. Ctrl-C stops it and cleans up.
-# `scripts/lab.sh --bare` starts only the environment.
+# in network namespaces, runs the operator, applies examples/ (Tailnet in Apply mode,
+# TailnetEgress, TailnetIngress with its backends), and shows one egress connection (a pod's
+# bytes → remote-db → tailnet → 192.0.2.10:5432) and one HTTPS ingress request (the laptop node
+# → https://portal.team-a.lab.example.net via MagicDNS), then `kubectl get` of the resources.
+# Needs root. Ctrl-C stops it and cleans up. `--once` stops after the demo (exit code = result);
+# `--bare` starts only the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # rustup installs cargo here; a non-login shell may not have it on PATH.
 command -v cargo >/dev/null || export PATH="$HOME/.cargo/bin:$PATH"
 bash scripts/install-system-packages.sh
 bash deps/build.sh all
+echo "[lab] building the Rust binaries (first run: several minutes)…" >&2
 cargo build --workspace --bins --locked
 exec target/debug/tno-lab "$@"

@@ -63,6 +63,10 @@ pub enum E2eError {
         #[source]
         source: reqwest::Error,
     },
+    #[error("the lab demo failed: {0}")]
+    Demo(String),
+    #[error("cannot make a lab certificate: {0}")]
+    Certificate(String),
     #[error("the shared end-to-end environment failed to start: {0}")]
     SharedStartFailed(String),
 }

@@ -16,6 +16,9 @@
 //! - Client pods: [`E2eEnv::run_pod`] and [`E2eEnv::tcp_check`] (the test-servers image's
 //!   `tcp-check`, e.g. against `remote-db.<ns>.svc.cluster.local:5432`).
 //!
+//! - Lab plumbing: [`LabIssuer`] (cert-manager stand-in signing Certificates with a [`LabCa`])
+//!   and [`sync_extra_records`] (the ConfigMap volume Headscale would mount).
+//!
 //! Needs root, the binaries of `deps/build.sh` and the workspace's own binaries
 //! (`cargo build --workspace --bins`: `tailnet-agent`, `tno-test-servers`, `tailnet-operator`).
 
@@ -23,6 +26,8 @@ mod env;
 mod error;
 mod operator;
 mod pods;
+mod stand_ins;
+mod tailnet_client;
 
 pub use env::{
     API_KEY_KEY, BASE_POLICY_CONFIG_MAP, BASE_POLICY_KEY, BOOTSTRAP_SECRET, E2eEnv, E2eNamespace,
@@ -33,3 +38,5 @@ pub use operator::{
     E2E_AGENT_IMAGE, E2E_TAILSCALE_IMAGE, OperatorArgs, OperatorProcess, workspace_operator_binary,
 };
 pub use pods::{CLIENT_POD_DEADLINE, PodRun, tcp_check_pod, tls_check_pod};
+pub use stand_ins::{LabCa, LabIssuer, sync_extra_records};
+pub use tailnet_client::https_get;

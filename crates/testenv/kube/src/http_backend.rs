@@ -1,6 +1,6 @@
 //! An HTTP test backend (hyper, HTTP/1.1, plain or TLS) with the endpoints that ingress tests
 //! need: `/echo-headers` (request headers as JSON), `/gzip` (a real gzip member served with
-//! `Content-Encoding: gzip`), `/blob` (1 MiB, honours `Range: bytes=a-b`), `/download?bytes=N`
+//! `Content-Encoding: gzip`), `/gzip-large?bytes=N` (N pattern bytes as stored-block gzip), `/blob` (1 MiB, honours `Range: bytes=a-b`), `/download?bytes=N`
 //! (streamed pattern), `/upload` (answers `<length> <sha256>` of the body it streamed),
 //! `/trailers`, `/slow-head` (headers after 3 s), `/ws` (WebSocket echo), `/whoami`.
 //! Run in pods as `tno-test-servers http-backend`.
@@ -69,6 +69,28 @@ pub fn gzip_body() -> Vec<u8> {
     encoder.finish().unwrap_or_default()
 }
 
+/// `len` bytes of the pattern stream as one real gzip member of stored (uncompressed) blocks:
+/// large objects are cheap to make, and a proxy that decoded or re-encoded them would change
+/// the bytes. Deterministic, so a client can compute the expected hash itself.
+pub fn gzip_of_pattern(len: u64) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(len as usize + len as usize / 8192 + 64),
+        flate2::Compression::none(),
+    );
+    let mut index = 0;
+    let mut left = len;
+    while left > 0 {
+        let chunk = left.min(CHUNK as u64) as usize;
+        if encoder.write_all(&pattern_chunk(index, chunk)).is_err() {
+            break;
+        }
+        left -= chunk as u64;
+        index += 1;
+    }
+    encoder.finish().unwrap_or_default()
+}
+
 /// 1 MiB blob for Range requests.
 pub fn blob() -> Vec<u8> {
     pattern_chunk(7, 1024 * 1024)
@@ -115,6 +137,23 @@ async fn handle(mut request: Request<Incoming>) -> Result<Response<Body>, Infall
             headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
             headers.insert(header::ETAG, HeaderValue::from_static("\"gz-1\""));
+            response
+        }
+        "/gzip-large" => {
+            let len = request
+                .uri()
+                .query()
+                .and_then(|q| q.strip_prefix("bytes="))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            let mut response = full(StatusCode::OK, gzip_of_pattern(len));
+            let headers = response.headers_mut();
+            headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            headers.insert(header::ETAG, HeaderValue::from_static("\"gz-large\""));
             response
         }
         "/blob" => {

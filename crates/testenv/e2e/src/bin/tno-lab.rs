@@ -17,8 +17,12 @@ use tno_testenv_kube::{KubeEnv, KubeEnvOptions};
 )]
 struct Cli {
     /// Only the environment: no operator, no demo resources.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "once")]
     bare: bool,
+    /// Run the demo, print the result and stop (exit code 0 only if every demo step worked),
+    /// instead of staying up until Ctrl-C.
+    #[arg(long)]
+    once: bool,
 }
 
 fn main() -> ExitCode {
@@ -34,7 +38,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(up(!cli.bare)) {
+    match runtime.block_on(up(!cli.bare, cli.once)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("tno-lab: {error}");
@@ -43,7 +47,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn up(demo: bool) -> tno_testenv::Result<()> {
+async fn up(demo: bool, once: bool) -> tno_testenv::Result<()> {
     eprintln!("starting the Kubernetes environment…");
     let binaries = Binaries::discover()?;
     let options = KubeEnvOptions::from_repository(&binaries);
@@ -110,21 +114,25 @@ async fn up(demo: bool) -> tno_testenv::Result<()> {
         "  kubectl --kubeconfig {} get pods -A",
         env.kubeconfig().display()
     );
-    let mut operator = None;
+    let mut demo_state = None;
+    let mut demo_error = None;
     if demo {
         match run_demo(&env).await {
-            Ok(process) => operator = Some(process),
+            Ok(state) => demo_state = Some(state),
+            Err(error) if once => demo_error = Some(error),
             Err(error) => {
                 eprintln!("tno-lab: the demo failed: {error}\n(the lab stays up for inspection)")
             }
         }
     }
-    println!("Press Ctrl-C to stop.");
-    if let Err(error) = tokio::signal::ctrl_c().await {
-        eprintln!("tno-lab: waiting for Ctrl-C failed ({error}); stopping");
+    if !once {
+        println!("Press Ctrl-C to stop.");
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            eprintln!("tno-lab: waiting for Ctrl-C failed ({error}); stopping");
+        }
     }
     eprintln!("stopping…");
-    if let Some(mut operator) = operator {
+    if let Some(DemoState { mut operator, .. }) = demo_state {
         let _ = operator.terminate().await;
     }
     let scratch = kube.run_id().scratch_dir();
@@ -136,7 +144,17 @@ async fn up(demo: bool) -> tno_testenv::Result<()> {
     } else {
         eprintln!("kept {}", scratch.display());
     }
-    Ok(())
+    match demo_error {
+        Some(error) => Err(tno_testenv::E2eError::Demo(error)),
+        None => Ok(()),
+    }
+}
+
+/// What keeps the demo going while the lab is up: the operator and the lab plumbing.
+struct DemoState {
+    operator: tno_testenv::OperatorProcess,
+    _issuer: tno_testenv::LabIssuer,
+    _records: tokio::task::JoinHandle<()>,
 }
 
 const OPERATOR_NAMESPACE: &str = "tailnet-system";
@@ -150,11 +168,12 @@ fn example(file: &str) -> Result<serde_json::Value, String> {
     serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The demo: the operator (in the lab, like a pod), the example Tailnet in Apply mode and the
-/// example TailnetEgress; then a pod in team-a sends bytes to
+/// The demo: the operator (in the lab, like a pod), the example Tailnet in Apply mode, the
+/// example TailnetEgress and TailnetIngress. Then a pod in team-a sends bytes to
 /// remote-db.tailnet-system.svc.cluster.local:5432 and gets them echoed by 192.0.2.10:5432
-/// behind the site's subnet router.
-async fn run_demo(env: &E2eEnv) -> Result<tno_testenv::OperatorProcess, String> {
+/// behind the site's subnet router, and the laptop (alice, group:team-a) opens
+/// https://portal.team-a.lab.example.net through the tailnet.
+async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
     use k8s_openapi::api::core::v1::Namespace;
     use kube::api::{Api, Patch, PatchParams};
     let client = env.kube().client().await.map_err(|e| e.to_string())?;
@@ -168,6 +187,27 @@ async fn run_demo(env: &E2eEnv) -> Result<tno_testenv::OperatorProcess, String> 
             .await
             .map_err(|e| format!("namespace {ns}: {e}"))?;
     }
+    // Lab plumbing a cluster would have: a CA ClusterIssuer (cert-manager stand-in) and the
+    // extra-records ConfigMap mounted into Headscale.
+    let ca = tno_testenv::LabCa::generate("tailnet-operator lab CA").map_err(|e| e.to_string())?;
+    let ca_pem = ca.pem().to_string();
+    let ca_path = env.kube().run_id().scratch_dir().join("lab-ca.pem");
+    std::fs::write(&ca_path, &ca_pem).map_err(|e| format!("{}: {e}", ca_path.display()))?;
+    let admin_tls = ca
+        .tls_secret(
+            "admin-tls",
+            CONSUMER_NAMESPACE,
+            &[format!("admin.{CONSUMER_NAMESPACE}.svc.cluster.local")],
+        )
+        .map_err(|e| e.to_string())?;
+    let issuer = tno_testenv::LabIssuer::spawn(client.clone(), ca);
+    let records = tno_testenv::sync_extra_records(
+        client.clone(),
+        OPERATOR_NAMESPACE.to_string(),
+        tno_testenv::HOSTS_CONFIG_MAP.to_string(),
+        env.tailnet().headscale.extra_records_path().to_path_buf(),
+    );
+
     let base = env.base_policy().map_err(|e| e.to_string())?;
     env.create_bootstrap(&client, OPERATOR_NAMESPACE, &base)
         .await
@@ -175,7 +215,10 @@ async fn run_demo(env: &E2eEnv) -> Result<tno_testenv::OperatorProcess, String> 
     let tailnets: Api<kube::api::DynamicObject> =
         Api::all_with(client.clone(), &tailnet_resource("Tailnet", "tailnets"));
     let mut tailnet = env.tailnet_object("demo", "Apply");
-    tailnet["spec"]["dns"]["ingressAliasTemplate"] = "{name}.lab.example.net".into();
+    let example_tailnet = example("10-tailnet.yaml")?;
+    tailnet["spec"]["dns"]["ingressAliasTemplate"] =
+        example_tailnet["spec"]["dns"]["ingressAliasTemplate"].clone();
+    tailnet["spec"]["defaults"] = example_tailnet["spec"]["defaults"].clone();
     tailnets
         .patch("demo", &apply, &Patch::Apply(&tailnet))
         .await
@@ -202,7 +245,13 @@ async fn run_demo(env: &E2eEnv) -> Result<tno_testenv::OperatorProcess, String> 
         operator.log_path().display(),
         operator.metrics_url()
     );
+    let state = DemoState {
+        operator,
+        _issuer: issuer,
+        _records: records,
+    };
 
+    // Egress.
     let egress = example("20-egress.yaml")?;
     let egresses: Api<kube::api::DynamicObject> = Api::namespaced_with(
         client.clone(),
@@ -214,10 +263,150 @@ async fn run_demo(env: &E2eEnv) -> Result<tno_testenv::OperatorProcess, String> 
         .await
         .map_err(|e| format!("TailnetEgress team-a: {e}"))?;
     println!("demo: applied examples/20-egress.yaml; waiting for it to become Ready…");
+    wait_ready(&egresses, "TailnetEgress", "team-a").await?;
+    let target = format!("remote-db.{OPERATOR_NAMESPACE}.svc.cluster.local:5432");
+    println!("demo: a pod in {CONSUMER_NAMESPACE} connects to {target} …");
+    let run = env
+        .tcp_check(&client, CONSUMER_NAMESPACE, "demo-client", &target, 30)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !run.succeeded() {
+        return Err(format!("the connection through the tailnet failed:\n{run}"));
+    }
+    println!(
+        "demo: OK — egress: bytes from a pod crossed Service → agent → tailnet → subnet router → 192.0.2.10:5432 and came back."
+    );
+
+    // Ingress: the example's backends (an HTTP frontend, an HTTPS admin UI with its own
+    // certificate), then examples/30-ingress.yaml as is.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), CONSUMER_NAMESPACE);
+    secrets
+        .patch("admin-tls", &apply, &Patch::Apply(&admin_tls))
+        .await
+        .map_err(|e| format!("Secret admin-tls: {e}"))?;
+    let backends = [
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "backend-ca", "namespace": CONSUMER_NAMESPACE},
+            "data": {"ca.crt": ca_pem}}),
+        backend_deployment(
+            "frontend",
+            serde_json::json!([
+                "http-echo",
+                "--listen",
+                "0.0.0.0:8080",
+                "--name",
+                "frontend"
+            ]),
+            None,
+        ),
+        backend_service("frontend", 8080),
+        backend_deployment(
+            "admin",
+            serde_json::json!([
+                "http-backend",
+                "--listen",
+                "0.0.0.0:8443",
+                "--cert",
+                "/tls/tls.crt",
+                "--key",
+                "/tls/tls.key"
+            ]),
+            Some("admin-tls"),
+        ),
+        backend_service("admin", 8443),
+    ];
+    for object in backends {
+        apply_object(&client, &object).await?;
+    }
+    let ingress = example("30-ingress.yaml")?;
+    let ingresses: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        CONSUMER_NAMESPACE,
+        &tailnet_resource("TailnetIngress", "tailnetingresses"),
+    );
+    ingresses
+        .patch("portal", &apply, &Patch::Apply(&ingress))
+        .await
+        .map_err(|e| format!("TailnetIngress portal: {e}"))?;
+    println!("demo: applied examples/30-ingress.yaml; waiting for it to become Ready…");
+    let ready = wait_ready(&ingresses, "TailnetIngress", "portal").await?;
+    let ip = ready.data["status"]["tailnetIPs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str())
+        .find(|a| a.contains('.'))
+        .map(str::to_string)
+        .ok_or("the ingress reports no tailnet IPv4")?;
+    let portal = format!("portal.{CONSUMER_NAMESPACE}.lab.example.net");
+    let laptop = env.tailnet().laptop.node.local_api();
+    println!("demo: the laptop (alice, group:team-a) resolves {portal} through MagicDNS …");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let resolved = loop {
+        let answer = laptop.resolve_ipv4(&portal).await;
+        match answer {
+            Ok(ips) if ips.iter().any(|a| a.to_string() == ip) => break ip.clone(),
+            _ if std::time::Instant::now() > deadline => {
+                return Err(format!(
+                    "MagicDNS did not resolve {portal} to {ip}: {answer:?}"
+                ));
+            }
+            _ => tokio::time::sleep(std::time::Duration::from_secs(2)).await,
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let response = loop {
+        let attempt = tno_testenv::https_get(&laptop, &resolved, 443, &portal, &ca_pem, "/").await;
+        match attempt {
+            Ok(text) if text.starts_with("HTTP/1.1 200") => break text,
+            _ if std::time::Instant::now() > deadline => {
+                return Err(format!(
+                    "https://{portal}/ from the laptop failed: {attempt:?}"
+                ));
+            }
+            _ => tokio::time::sleep(std::time::Duration::from_secs(2)).await,
+        }
+    };
+    let forwarded_for = response
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("x-forwarded-for")
+                .then(|| value.trim().to_string())
+        })
+        .unwrap_or_default();
+    println!(
+        "demo: OK — ingress: laptop → https://{portal}/ ({resolved}, certificate verified against the lab CA) → agent → frontend: {} (X-Forwarded-For {forwarded_for})",
+        response.lines().next().unwrap_or_default().trim()
+    );
+
+    print_kubectl(env, &["get", "tailnet,tailnetegress,tailnetingress", "-A"]);
+    println!(
+        "demo: success — one egress connection and one HTTPS ingress request crossed the tailnet."
+    );
+    println!(
+        "demo: try  kubectl --kubeconfig {} get tailnet,tailnetegress,tailnetingress -A -o wide",
+        env.kubeconfig().display()
+    );
+    println!(
+        "demo:      kubectl --kubeconfig {} describe tailnetingress -n {CONSUMER_NAMESPACE} portal",
+        env.kubeconfig().display()
+    );
+    println!("demo:      lab CA for clients: {}", ca_path.display());
+    Ok(state)
+}
+
+/// Waits until `kind namespace/name` has Ready=True, printing each new Ready line.
+async fn wait_ready(
+    api: &kube::Api<kube::api::DynamicObject>,
+    kind: &str,
+    name: &str,
+) -> Result<kube::api::DynamicObject, String> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
     let mut last = String::new();
     loop {
-        let object = egresses.get("team-a").await.map_err(|e| e.to_string())?;
+        let object = api.get(name).await.map_err(|e| e.to_string())?;
         let conditions = object.data["status"]["conditions"]
             .as_array()
             .cloned()
@@ -238,36 +427,95 @@ async fn run_demo(env: &E2eEnv) -> Result<tno_testenv::OperatorProcess, String> 
             last = line;
         }
         if ready.is_some_and(|c| c["status"] == "True") {
-            break;
+            return Ok(object);
         }
         if std::time::Instant::now() > deadline {
-            return Err(format!(
-                "TailnetEgress team-a did not become Ready; last: {last}"
-            ));
+            return Err(format!("{kind} {name} did not become Ready; last: {last}"));
         }
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     }
-    let target = format!("remote-db.{OPERATOR_NAMESPACE}.svc.cluster.local:5432");
-    println!("demo: a pod in {CONSUMER_NAMESPACE} connects to {target} …");
-    let run = env
-        .tcp_check(&client, CONSUMER_NAMESPACE, "demo-client", &target, 30)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !run.succeeded() {
-        return Err(format!("the connection through the tailnet failed:\n{run}"));
+}
+
+fn backend_deployment(
+    name: &str,
+    args: serde_json::Value,
+    tls_secret: Option<&str>,
+) -> serde_json::Value {
+    let mut pod = serde_json::json!({"containers": [{"name": "server",
+        "image": tno_testenv_kube::env::TEST_SERVERS_IMAGE, "args": args}]});
+    if let Some(secret) = tls_secret {
+        pod["containers"][0]["volumeMounts"] =
+            serde_json::json!([{"name": "tls", "mountPath": "/tls", "readOnly": true}]);
+        pod["volumes"] = serde_json::json!([{"name": "tls", "secret": {"secretName": secret}}]);
     }
-    println!(
-        "demo: OK — bytes from a pod crossed Service → agent → tailnet → subnet router → 192.0.2.10:5432 and came back."
-    );
-    println!(
-        "demo: try  kubectl --kubeconfig {} get tailnet,tailnetegress -A -o wide",
-        env.kubeconfig().display()
-    );
-    println!(
-        "demo:      kubectl --kubeconfig {} describe tailnetegress -n {OPERATOR_NAMESPACE} team-a",
-        env.kubeconfig().display()
-    );
-    Ok(operator)
+    serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": CONSUMER_NAMESPACE},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}}, "spec": pod}}})
+}
+
+fn backend_service(name: &str, port: u16) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": CONSUMER_NAMESPACE},
+        "spec": {"selector": {"app": name}, "ports": [{"name": "main", "port": port, "targetPort": port}]}})
+}
+
+async fn apply_object(client: &kube::Client, object: &serde_json::Value) -> Result<(), String> {
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let (group, version) = match object["apiVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .split_once('/')
+    {
+        Some((group, version)) => (group.to_string(), version.to_string()),
+        None => (
+            String::new(),
+            object["apiVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        ),
+    };
+    let resource =
+        kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(&group, &version, kind));
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), CONSUMER_NAMESPACE, &resource);
+    api.patch(
+        name,
+        &PatchParams::apply("tno-lab").force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("{kind} {name}: {e}"))
+}
+
+/// Runs the deps-built kubectl against the lab and prints its output (a note if it is missing).
+fn print_kubectl(env: &E2eEnv, args: &[&str]) {
+    let kubectl = env
+        .kube()
+        .binaries()
+        .kube_apiserver
+        .with_file_name("kubectl");
+    println!("\n$ kubectl {}", args.join(" "));
+    let output = std::process::Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig())
+        .args(args)
+        .output();
+    match output {
+        Ok(output) => {
+            print!("{}", String::from_utf8_lossy(&output.stdout));
+            eprint!("{}", String::from_utf8_lossy(&output.stderr));
+        }
+        Err(error) => println!(
+            "(kubectl not available at {}: {error}; run deps/build.sh kubernetes)",
+            kubectl.display()
+        ),
+    }
+    println!();
 }
 
 fn tailnet_resource(kind: &str, plural: &str) -> kube::api::ApiResource {
