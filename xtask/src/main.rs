@@ -3,6 +3,9 @@
 //! - `generate`: rewrite generated files (CRD YAML in `deploy/crds/`, `docs/reference/crds.md`).
 //! - `deps`: build the third-party binaries the tests need (delegates to `deps/build.sh`).
 //! - `images`: build the container images of `images/` (docker, podman or buildah).
+//! - `bench`: run the benchmarks (crates/bench, docs/benchmarks.md).
+
+mod bench;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -36,6 +39,11 @@ enum Task {
         /// docker, podman or buildah (default: the first that works).
         #[arg(long)]
         builder: Option<String>,
+    },
+    /// Run the benchmarks (`--smoke`: briefly, to check they still work); see docs/benchmarks.md.
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -89,6 +97,7 @@ fn main() -> ExitCode {
             tag,
             builder,
         } => images::images(&root(), &registry, &tag, builder.as_deref()),
+        Task::Bench { args } => bench::bench(&args, &root()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
