@@ -65,7 +65,8 @@ fn nginx_config(lab: &Lab, port: u16, cert: &str, key: &str) -> String {
     let dir = lab.dir.display();
     format!(
         r#"# Equivalent to the agent's route: TLS 1.2/1.3, h2 + http/1.1, streaming (no buffering),
-# keep-alive connections to the backend, X-Forwarded-* set, no access log, no request cap.
+# keep-alive connections to the backend, X-Forwarded-* set, no access log, no request cap,
+# 64 KiB upstream reads.
 worker_processes 2;
 daemon off;
 pid {dir}/nginx.pid;
@@ -94,6 +95,9 @@ http {{
       proxy_set_header X-Forwarded-Proto https;
       proxy_set_header X-Forwarded-Host $host;
       proxy_buffering off;
+      # Unbuffered proxying reads the upstream in chunks of this size (default 4-8k, which
+      # would make nginx's download a strawman).
+      proxy_buffer_size 64k;
     }}
   }}
 }}
