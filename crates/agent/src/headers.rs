@@ -109,6 +109,12 @@ pub fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
     connection_upgrade && websocket
 }
 
+/// More than one `Host` line: RFC 9112 §3.2 requires a 400, and which of them a router and a
+/// backend pick is exactly what request smuggling exploits.
+pub fn has_conflicting_host(headers: &HeaderMap) -> bool {
+    headers.get_all(header::HOST).iter().nth(1).is_some()
+}
+
 /// Removes every header a client could use to impersonate a tailnet identity or another
 /// client address: all `Tailscale-*`, `X-Forwarded-*` and `Forwarded`.
 pub fn strip_client_identity(headers: &mut HeaderMap) {
@@ -240,6 +246,21 @@ mod tests {
             ("upgrade", "h2c")
         ])));
         assert!(!is_websocket_upgrade(&map(&[("upgrade", "websocket")])));
+    }
+
+    #[test]
+    fn a_second_host_line_conflicts() {
+        assert!(!has_conflicting_host(&map(&[("host", "a.test")])));
+        assert!(!has_conflicting_host(&map(&[])));
+        assert!(has_conflicting_host(&map(&[
+            ("host", "a.test"),
+            ("host", "b.test")
+        ])));
+        // Identical lines too: the request is malformed either way.
+        assert!(has_conflicting_host(&map(&[
+            ("host", "a.test"),
+            ("host", "a.test")
+        ])));
     }
 
     #[test]

@@ -38,8 +38,8 @@ use tracing::{debug, info, warn};
 use crate::backend::{BackendConnector, BackendTls, connect_failure};
 use crate::dial::error_chain;
 use crate::headers::{
-    PeerIdentity, is_websocket_upgrade, remove_hop_by_hop, set_forwarded_and_identity,
-    strip_client_identity,
+    PeerIdentity, has_conflicting_host, is_websocket_upgrade, remove_hop_by_hop,
+    set_forwarded_and_identity, strip_client_identity,
 };
 use crate::localapi::LocalApi;
 use crate::metrics::{ActiveConnection, Direction, HttpDurationLabels, HttpRequestLabels, Metrics};
@@ -52,6 +52,12 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// An HTTP/2 connection without a request in flight is closed (GOAWAY) after this long; the
+/// HTTP/1.1 equivalent is [`HEADER_READ_TIMEOUT`], which also runs between requests.
+const HTTP2_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+const HTTP2_GOAWAY_GRACE: Duration = Duration::from_secs(10);
+/// Bound for an HTTP/1.1 request head (and the read buffer); beyond it: 431 and close.
+const HTTP1_MAX_HEAD_BYTES: usize = 64 * 1024;
 const WHOIS_TIMEOUT: Duration = Duration::from_secs(2);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -193,12 +199,21 @@ pub async fn serve_connection(
             .unwrap_or_else(|| peer.ip()),
         identity,
     });
+    let activity = Arc::new(Activity::new());
     let service = {
-        let (site, context) = (site.clone(), context.clone());
+        let (site, context, activity) = (site.clone(), context.clone(), activity.clone());
         service_fn(move |request: Request<Incoming>| {
             let (site, context, connection) = (site.clone(), context.clone(), connection.clone());
+            let in_flight = InFlight::start(&activity);
             async move {
-                Ok::<_, Infallible>(proxy_request(&site, &context, &connection, request).await)
+                let response = proxy_request(&site, &context, &connection, request).await;
+                // The request counts as in flight until its response body is done.
+                let (parts, body) = response.into_parts();
+                let body = InFlightBody {
+                    inner: body,
+                    _in_flight: in_flight,
+                };
+                Ok::<_, Infallible>(Response::from_parts(parts, body.boxed_unsync()))
             }
         })
     };
@@ -214,12 +229,23 @@ pub async fn serve_connection(
                 connection.as_mut().graceful_shutdown();
                 connection.await
             }
+            () = activity.idle_for(HTTP2_IDLE_TIMEOUT) => {
+                debug!(listener = %site.listener, %peer, "closing idle HTTP/2 connection");
+                connection.as_mut().graceful_shutdown();
+                // The final GOAWAY waits for the client's PING ack; one that never answers
+                // loses the connection anyway.
+                match tokio::time::timeout(HTTP2_GOAWAY_GRACE, connection).await {
+                    Ok(result) => result,
+                    Err(_) => Ok(()),
+                }
+            }
         }
     } else {
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
             .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT);
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .max_buf_size(HTTP1_MAX_HEAD_BYTES);
         let connection = builder.serve_connection(io, service).with_upgrades();
         tokio::pin!(connection);
         tokio::select! {
@@ -285,6 +311,14 @@ async fn proxy_request(
         )),
         message: String::new(),
     };
+    if has_conflicting_host(request.headers()) {
+        let mut answer =
+            exchange.local_answer(StatusCode::BAD_REQUEST, "more than one Host header\n");
+        answer
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return answer;
+    }
     let entry = match site
         .routes
         .select(connection.sni.as_deref(), host_value.as_deref())
@@ -460,6 +494,97 @@ async fn proxy_request(
     let outbound = exchange.outbound.clone();
     let body = MeteredBody::new(body, deadline, outbound, None).with_exchange(exchange);
     Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// Requests in flight on one connection and when the last one ended: what an idle timeout
+/// needs (hyper's HTTP/2 server has keep-alive pings but no idle timeout).
+struct Activity {
+    in_flight: std::sync::atomic::AtomicUsize,
+    last_ended: std::sync::Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
+            last_ended: std::sync::Mutex::new(Instant::now()),
+        }
+    }
+
+    fn last_ended(&self) -> Instant {
+        *self
+            .last_ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Resolves once no request has been in flight for `timeout`.
+    async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let busy = self.in_flight.load(Ordering::SeqCst) > 0;
+            let deadline = self.last_ended() + timeout;
+            if !busy && Instant::now() >= deadline {
+                return;
+            }
+            // While busy, look again a timeout later: the end of a request moves the deadline.
+            let wake = if busy {
+                Instant::now() + timeout
+            } else {
+                deadline
+            };
+            tokio::time::sleep_until(wake).await;
+        }
+    }
+}
+
+/// One request in flight; ends when dropped.
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn start(activity: &Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(activity.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        *self
+            .0
+            .last_ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its request counted as in flight until it is done.
+    struct InFlightBody {
+        #[pin]
+        inner: ProxyBody,
+        _in_flight: InFlight,
+    }
+}
+
+impl Body for InFlightBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// The Host the client asked for: the request target's authority when it has one
@@ -701,6 +826,23 @@ mod tests {
             builder = builder.header(header::HOST, host);
         }
         builder.body(()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_idle_only_without_requests_in_flight() {
+        let activity = Arc::new(Activity::new());
+        let timeout = Duration::from_millis(50);
+        activity.idle_for(timeout).await;
+
+        let in_flight = InFlight::start(&activity);
+        let still_busy =
+            tokio::time::timeout(Duration::from_millis(300), activity.idle_for(timeout)).await;
+        assert!(still_busy.is_err(), "idle while a request is in flight");
+        drop(in_flight);
+        assert_eq!(activity.in_flight.load(Ordering::SeqCst), 0);
+        tokio::time::timeout(Duration::from_secs(5), activity.idle_for(timeout))
+            .await
+            .unwrap_or_else(|_| panic!("never idle after the request ended"));
     }
 
     #[test]
