@@ -1,0 +1,867 @@
+//! The Helm chart `charts/tailnet-operator`, checked with the real tools: `helm template`
+//! (helm from `deps/build.sh helm`) renders it, the rendered manifests pass a server-side
+//! dry-run on the test environment's real apiserver, the rendered PrometheusRule passes
+//! `promtool check rules` (promtool from `deps/build.sh prometheus`), the chart's CRDs are the
+//! generated ones, and every RBAC rule the chart grants is in the reasoned table below.
+//!
+//! helm and promtool missing: the tests skip (pass with a note) unless TNO_REQUIRE_REAL_ENV=1.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::discovery::Scope;
+use serde_json::Value;
+use tno_testenv::E2eEnv;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..")
+}
+
+fn chart_dir() -> PathBuf {
+    root().join("charts/tailnet-operator")
+}
+
+/// `TNO_BIN_<NAME>`, else `<deps cache>/<component>-<version>/bin/<name>` as deps/build.sh
+/// lays it out; `None` (the test skips) if it is not there and the real env is not required.
+fn deps_binary(component: &str, name: &str) -> Option<PathBuf> {
+    let var = format!("TNO_BIN_{}", name.to_uppercase().replace('-', "_"));
+    let path = match std::env::var_os(&var) {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let versions = std::fs::read_to_string(root().join("deps/versions.env"))
+                .expect("deps/versions.env");
+            let key = format!("{}_VERSION=", component.to_uppercase());
+            let version = versions
+                .lines()
+                .find_map(|line| line.strip_prefix(&key))
+                .unwrap_or_else(|| panic!("{key} missing from deps/versions.env"));
+            let cache = std::env::var_os("TNO_DEPS_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                        .join(".cache/tailnet-operator/deps")
+                });
+            cache.join(format!("{component}-{version}/bin/{name}"))
+        }
+    };
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var("TNO_REQUIRE_REAL_ENV").as_deref() != Ok("1"),
+        "{} missing: run deps/build.sh {component}",
+        path.display()
+    );
+    eprintln!(
+        "SKIP: {} missing (deps/build.sh {component})",
+        path.display()
+    );
+    None
+}
+
+fn run(program: &Path, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", program.display()));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{} {} failed: {}\n{stdout}\n{}",
+        program.display(),
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// `helm template <release> charts/tailnet-operator -n <namespace> <extra>` as JSON values.
+fn template(helm: &Path, release: &str, namespace: &str, extra: &[&str]) -> Vec<Value> {
+    let chart = chart_dir();
+    let mut args = vec![
+        "template",
+        release,
+        chart.to_str().expect("UTF-8 path"),
+        "--namespace",
+        namespace,
+    ];
+    args.extend_from_slice(extra);
+    let text = run(helm, &args);
+    serde_yaml::Deserializer::from_str(&text)
+        .filter_map(|doc| {
+            let value: Value = serde::Deserialize::deserialize(doc).expect("helm output is YAML");
+            (!value.is_null()).then_some(value)
+        })
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} rendered"))
+}
+
+#[test]
+fn chart_crds_are_the_generated_crds() {
+    // deploy/crds is checked against the Rust types by checked_in_crds_match_generated
+    // (crates/operator); `cargo xtask generate` writes both directories.
+    let names = |dir: PathBuf| -> BTreeSet<String> {
+        std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| {
+                e.expect("dir entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect()
+    };
+    let deploy = root().join("deploy/crds");
+    let chart = chart_dir().join("crds");
+    assert_eq!(names(deploy.clone()), names(chart.clone()));
+    for file in names(deploy.clone()) {
+        let want = std::fs::read_to_string(deploy.join(&file)).expect("deploy CRD");
+        let got = std::fs::read_to_string(chart.join(&file)).expect("chart CRD");
+        assert!(
+            want == got,
+            "charts/tailnet-operator/crds/{file} differs from deploy/crds/{file}: run `cargo xtask generate`"
+        );
+    }
+}
+
+#[test]
+fn chart_lints_and_renders_restricted_pinned_deployment() {
+    let Some(helm) = deps_binary("helm", "helm") else {
+        return;
+    };
+    let chart = chart_dir();
+    run(&helm, &["lint", "--strict", chart.to_str().expect("UTF-8")]);
+    let digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let docs = template(
+        &helm,
+        "ops",
+        "tailnet-system",
+        &[
+            "--set",
+            &format!("image.digest={digest}"),
+            "--set",
+            "replicaCount=2",
+            "--set",
+            "operator.logFormat=text",
+            "--set",
+            "nodeSelector.pool=system",
+        ],
+    );
+    let deployment = find(&docs, "Deployment");
+    let spec = &deployment["spec"]["template"]["spec"];
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert_eq!(spec["nodeSelector"]["pool"], "system");
+    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        spec["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let container = &spec["containers"][0];
+    assert_eq!(
+        container["image"],
+        format!("ghcr.io/tailnet-operator/tailnet-operator:v0.1.0@{digest}")
+    );
+    let security = &container["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for expected in [
+        "run",
+        "--operator-namespace=tailnet-system",
+        "--admin-address=0.0.0.0:8080",
+        "--log-format=text",
+        "--lease-name=tailnet-operator-leader",
+    ] {
+        assert!(args.contains(&expected), "{expected} not in {args:?}");
+    }
+    // The default tailscale image is pinned by version and digest.
+    assert!(
+        args.iter().any(
+            |a| a.starts_with("--tailscale-image=ghcr.io/tailscale/tailscale:v1.102.5@sha256:")
+        ),
+        "{args:?}"
+    );
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["port"], "admin", "{probe}");
+    }
+    assert_eq!(container["ports"][0]["containerPort"], 8080);
+    let service = find(&docs, "Service");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "admin");
+    // Monitoring objects only on request.
+    assert!(
+        docs.iter()
+            .all(|d| d["kind"] != "PrometheusRule" && d["kind"] != "ServiceMonitor")
+    );
+}
+
+#[test]
+fn rendered_prometheus_rule_passes_promtool() {
+    let (Some(helm), Some(promtool)) = (
+        deps_binary("helm", "helm"),
+        deps_binary("prometheus", "promtool"),
+    ) else {
+        return;
+    };
+    let docs = template(
+        &helm,
+        "ops",
+        "tailnet-system",
+        &[
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.prometheusRule.runbookBaseUrl=https://docs.example.net/troubleshooting",
+        ],
+    );
+    let rule = find(&docs, "PrometheusRule");
+    let monitor = find(&docs, "ServiceMonitor");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+    let dir = std::env::temp_dir().join(format!("tno-helm-rules-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("rules.yaml");
+    std::fs::write(&file, serde_json::to_string(&rule["spec"]).expect("JSON")).expect("write");
+    let out = run(
+        &promtool,
+        &["check", "rules", file.to_str().expect("UTF-8")],
+    );
+    assert!(out.contains("SUCCESS: 7 rules found"), "{out}");
+    let alerts: Vec<&Value> = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .collect();
+    for alert in &alerts {
+        let runbook = alert["annotations"]["runbook_url"]
+            .as_str()
+            .expect("runbook_url");
+        assert!(
+            runbook.starts_with("https://docs.example.net/troubleshooting#"),
+            "{}: {runbook}",
+            alert["alert"]
+        );
+    }
+    // The unit tests of the rule file: one per alert (each test names one alert).
+    let tests = chart_dir().join("tests/prometheus-rules.test.yaml");
+    let out = run(
+        &promtool,
+        &["test", "rules", tests.to_str().expect("UTF-8")],
+    );
+    assert!(out.contains("SUCCESS"), "{out}");
+    let test_text = std::fs::read_to_string(&tests).expect("rule tests");
+    for alert in &alerts {
+        let name = alert["alert"].as_str().expect("alert name");
+        assert!(
+            test_text.contains(&format!("alertname: {name}")),
+            "no promtool unit test for {name}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every permission the chart grants, with the reason the operator needs it
+/// (`scope`: `cluster` = ClusterRole, `namespace` = Role in the operator namespace).
+/// `(scope, apiGroup, resource, verb, resourceName or "", reason)`.
+const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnets",
+        "get",
+        "",
+        "agents read their Tailnet (controllers/agent.rs tailnet_access)",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnets",
+        "list",
+        "",
+        "Tailnet controller and watches (runtime/mod.rs)",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnets",
+        "watch",
+        "",
+        "Tailnet controller and watches (runtime/mod.rs)",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnetegresses",
+        "get",
+        "",
+        "finalizer helper re-reads the object",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnetegresses",
+        "list",
+        "",
+        "egress controller and reflector (runtime/mod.rs)",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnetegresses",
+        "watch",
+        "",
+        "egress controller and reflector (runtime/mod.rs)",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnetegresses",
+        "patch",
+        "",
+        "finalizer add/remove (kube finalizer, JSON patch)",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnetingresses",
+        "get",
+        "",
+        "finalizer helper re-reads the object",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnetingresses",
+        "list",
+        "",
+        "ingress controller and reflector (runtime/mod.rs)",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnetingresses",
+        "watch",
+        "",
+        "ingress controller and reflector (runtime/mod.rs)",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnetingresses",
+        "patch",
+        "",
+        "finalizer add/remove (kube finalizer, JSON patch)",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnets/status",
+        "patch",
+        "",
+        "status (server-side apply, tailnet/mod.rs)",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnetegresses/status",
+        "patch",
+        "",
+        "status (server-side apply, agent::patch_status)",
+    ),
+    (
+        "cluster",
+        "tailnet-operator.dev",
+        "tailnetingresses/status",
+        "patch",
+        "",
+        "status (server-side apply, agent::patch_status)",
+    ),
+    (
+        "cluster",
+        "apps",
+        "deployments",
+        "get",
+        "",
+        "ingress reads its agent Deployment while a backend is unresolved",
+    ),
+    (
+        "cluster",
+        "apps",
+        "deployments",
+        "list",
+        "",
+        "controllers own agent Deployments (label-selected watch)",
+    ),
+    (
+        "cluster",
+        "apps",
+        "deployments",
+        "watch",
+        "",
+        "controllers own agent Deployments (label-selected watch)",
+    ),
+    (
+        "cluster",
+        "apps",
+        "deployments",
+        "create",
+        "",
+        "server-side apply of a new agent Deployment needs create",
+    ),
+    (
+        "cluster",
+        "apps",
+        "deployments",
+        "patch",
+        "",
+        "agent Deployment (server-side apply)",
+    ),
+    (
+        "cluster",
+        "",
+        "secrets",
+        "get",
+        "",
+        "auth Secret of an agent, TLS Secret of an ingress (any namespace)",
+    ),
+    (
+        "cluster",
+        "",
+        "secrets",
+        "create",
+        "",
+        "auth and state Secrets of new agents (server-side apply)",
+    ),
+    (
+        "cluster",
+        "",
+        "secrets",
+        "patch",
+        "",
+        "auth and state Secrets of agents (server-side apply)",
+    ),
+    (
+        "cluster",
+        "",
+        "secrets",
+        "update",
+        "",
+        "held so the agent Role (get/update/patch on its state Secret) can be created without `escalate`",
+    ),
+    (
+        "cluster",
+        "",
+        "secrets",
+        "delete",
+        "",
+        "a used single-use pre-auth key Secret is deleted (agent.rs)",
+    ),
+    (
+        "cluster",
+        "",
+        "configmaps",
+        "get",
+        "",
+        "base policy, DNS hosts ConfigMap (may live in kube-system), ingress CA ConfigMap",
+    ),
+    (
+        "cluster",
+        "",
+        "configmaps",
+        "create",
+        "",
+        "agent config, rendered policy, DNS hosts ConfigMaps (server-side apply)",
+    ),
+    (
+        "cluster",
+        "",
+        "configmaps",
+        "patch",
+        "",
+        "agent config, rendered policy, DNS hosts ConfigMaps (server-side apply)",
+    ),
+    (
+        "cluster",
+        "",
+        "services",
+        "get",
+        "",
+        "ingress backend Services in the ingress namespace",
+    ),
+    (
+        "cluster",
+        "",
+        "pods",
+        "list",
+        "",
+        "agent pods' /status is read (their addresses)",
+    ),
+    (
+        "cluster",
+        "",
+        "serviceaccounts",
+        "create",
+        "",
+        "agent ServiceAccount (server-side apply)",
+    ),
+    (
+        "cluster",
+        "",
+        "serviceaccounts",
+        "patch",
+        "",
+        "agent ServiceAccount (server-side apply)",
+    ),
+    (
+        "cluster",
+        "rbac.authorization.k8s.io",
+        "roles",
+        "create",
+        "",
+        "agent Role: its state Secret only (server-side apply)",
+    ),
+    (
+        "cluster",
+        "rbac.authorization.k8s.io",
+        "roles",
+        "patch",
+        "",
+        "agent Role (server-side apply)",
+    ),
+    (
+        "cluster",
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        "create",
+        "",
+        "agent RoleBinding (server-side apply)",
+    ),
+    (
+        "cluster",
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        "patch",
+        "",
+        "agent RoleBinding (server-side apply)",
+    ),
+    (
+        "cluster",
+        "networking.k8s.io",
+        "networkpolicies",
+        "create",
+        "",
+        "agent NetworkPolicy (server-side apply)",
+    ),
+    (
+        "cluster",
+        "networking.k8s.io",
+        "networkpolicies",
+        "patch",
+        "",
+        "agent NetworkPolicy (server-side apply)",
+    ),
+    (
+        "cluster",
+        "cert-manager.io",
+        "certificates",
+        "create",
+        "",
+        "Certificate for an ingress without tls.secretName",
+    ),
+    (
+        "cluster",
+        "cert-manager.io",
+        "certificates",
+        "patch",
+        "",
+        "Certificate (server-side apply)",
+    ),
+    (
+        "cluster",
+        "events.k8s.io",
+        "events",
+        "create",
+        "",
+        "events on Tailnets, egresses, ingresses (kube Recorder)",
+    ),
+    (
+        "cluster",
+        "events.k8s.io",
+        "events",
+        "patch",
+        "",
+        "kube Recorder updates the series of a repeated event",
+    ),
+    (
+        "cluster",
+        "",
+        "namespaces",
+        "get",
+        "kube-system",
+        "default installation id = uid of kube-system",
+    ),
+    (
+        "namespace",
+        "",
+        "secrets",
+        "list",
+        "",
+        "Tailnet controller watches the API key Secret",
+    ),
+    (
+        "namespace",
+        "",
+        "secrets",
+        "watch",
+        "",
+        "Tailnet controller watches the API key Secret",
+    ),
+    (
+        "namespace",
+        "",
+        "configmaps",
+        "list",
+        "",
+        "Tailnet controller watches the base-policy ConfigMap",
+    ),
+    (
+        "namespace",
+        "",
+        "configmaps",
+        "watch",
+        "",
+        "Tailnet controller watches the base-policy ConfigMap",
+    ),
+    (
+        "namespace",
+        "",
+        "services",
+        "list",
+        "",
+        "egress Services (watch, DNS entries, removed targets)",
+    ),
+    (
+        "namespace",
+        "",
+        "services",
+        "watch",
+        "",
+        "egress Services (owned watch)",
+    ),
+    (
+        "namespace",
+        "",
+        "services",
+        "create",
+        "",
+        "egress Services (server-side apply)",
+    ),
+    (
+        "namespace",
+        "",
+        "services",
+        "patch",
+        "",
+        "egress Services (server-side apply)",
+    ),
+    (
+        "namespace",
+        "",
+        "services",
+        "delete",
+        "",
+        "Services of removed egress targets",
+    ),
+    (
+        "namespace",
+        "coordination.k8s.io",
+        "leases",
+        "create",
+        "",
+        "leader election: the first replica creates the Lease",
+    ),
+    (
+        "namespace",
+        "coordination.k8s.io",
+        "leases",
+        "get",
+        "tailnet-operator-leader",
+        "leader election",
+    ),
+    (
+        "namespace",
+        "coordination.k8s.io",
+        "leases",
+        "update",
+        "tailnet-operator-leader",
+        "leader election: acquire and renew",
+    ),
+];
+
+/// `(scope, group, resource, verb, resourceName)` for every rule of a Role/ClusterRole.
+fn expand(scope: &str, role: &Value) -> BTreeSet<(String, String, String, String, String)> {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = BTreeSet::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        let names = strings(&rule["resourceNames"]);
+        let names = if names.is_empty() {
+            vec![String::new()]
+        } else {
+            names
+        };
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                for verb in strings(&rule["verbs"]) {
+                    for name in &names {
+                        out.insert((
+                            scope.to_owned(),
+                            group.clone(),
+                            resource.clone(),
+                            verb.clone(),
+                            name.clone(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn chart_rbac_grants_exactly_the_reasoned_table() {
+    let Some(helm) = deps_binary("helm", "helm") else {
+        return;
+    };
+    let docs = template(&helm, "ops", "tailnet-system", &[]);
+    let mut granted = expand("cluster", find(&docs, "ClusterRole"));
+    granted.extend(expand("namespace", find(&docs, "Role")));
+    for (scope, group, resource, verb, _) in &granted {
+        assert!(
+            !["*"].contains(&verb.as_str()) && resource != "*" && group != "*",
+            "wildcards are never granted: {scope} {group}/{resource} {verb}"
+        );
+    }
+    let table: BTreeMap<_, _> = GRANTS
+        .iter()
+        .map(|(scope, group, resource, verb, name, reason)| {
+            (
+                (
+                    scope.to_string(),
+                    group.to_string(),
+                    resource.to_string(),
+                    verb.to_string(),
+                    name.to_string(),
+                ),
+                *reason,
+            )
+        })
+        .collect();
+    let unexplained: Vec<_> = granted.iter().filter(|g| !table.contains_key(*g)).collect();
+    assert!(
+        unexplained.is_empty(),
+        "the chart grants rules without a reason in GRANTS: {unexplained:#?}"
+    );
+    let stale: Vec<_> = table.keys().filter(|k| !granted.contains(*k)).collect();
+    assert!(
+        stale.is_empty(),
+        "GRANTS lists rules the chart no longer grants: {stale:#?}"
+    );
+    // The ServiceAccount is bound to both.
+    let sa = find(&docs, "ServiceAccount")["metadata"]["name"].clone();
+    for binding in ["ClusterRoleBinding", "RoleBinding"] {
+        assert_eq!(find(&docs, binding)["subjects"][0]["name"], sa, "{binding}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn templated_manifests_pass_server_side_dry_run() {
+    let Some(helm) = deps_binary("helm", "helm") else {
+        return;
+    };
+    let env = E2eEnv::shared()
+        .await
+        .unwrap_or_else(|e| panic!("e2e environment: {e}"));
+    let ns = env.namespace("helm").await.expect("namespace");
+    let client = ns.client().clone();
+    // Everything the chart can render except the prometheus-operator kinds (their CRDs are
+    // not in the test env; the rule content is checked by promtool above).
+    let docs = template(
+        &helm,
+        ns.name(),
+        ns.name(),
+        &[
+            "--include-crds",
+            "--set",
+            "tailnet.create=true",
+            "--set",
+            "tailnet.server=https://headscale.example.net",
+            "--set",
+            "tailnet.apiKeySecret.create=true",
+            "--set",
+            "tailnet.apiKeySecret.value=not-a-real-key",
+            "--set",
+            "tailnet.policy.tagOwners={group:platform}",
+            "--set",
+            "replicaCount=2",
+        ],
+    );
+    let kinds: BTreeSet<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    for kind in [
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "Service",
+        "Secret",
+        "Tailnet",
+    ] {
+        assert!(kinds.contains(kind), "{kind} not rendered: {kinds:?}");
+    }
+    let mut params = PatchParams::apply("helm-chart-test").force();
+    params.dry_run = true;
+    for doc in &docs {
+        let api_version = doc["apiVersion"].as_str().expect("apiVersion");
+        let kind = doc["kind"].as_str().expect("kind");
+        let name = doc["metadata"]["name"].as_str().expect("name");
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (resource, capabilities) = kube::discovery::pinned_kind(&client, &gvk)
+            .await
+            .unwrap_or_else(|e| panic!("{api_version} {kind} is not served: {e}"));
+        let api: kube::Api<DynamicObject> = match capabilities.scope {
+            Scope::Namespaced => kube::Api::namespaced_with(client.clone(), ns.name(), &resource),
+            Scope::Cluster => kube::Api::all_with(client.clone(), &resource),
+        };
+        let applied = api
+            .patch(name, &params, &Patch::Apply(doc))
+            .await
+            .unwrap_or_else(|e| panic!("server-side dry-run of {kind} {name} rejected: {e}"));
+        assert_eq!(applied.metadata.name.as_deref(), Some(name));
+    }
+}
