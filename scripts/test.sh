@@ -23,6 +23,15 @@ step "static checks: rustfmt, clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "Helm chart and monitoring rules (helm lint, promtool check/test rules)"
+DEPS_ENV=$(bash deps/build.sh --print-env)
+HELM=$(sed -n 's/^TNO_BIN_HELM=//p' <<<"$DEPS_ENV")
+PROMTOOL=$(sed -n 's/^TNO_BIN_PROMTOOL=//p' <<<"$DEPS_ENV")
+"$HELM" lint --strict charts/tailnet-operator
+"$PROMTOOL" check rules charts/tailnet-operator/files/prometheus-rules.yaml
+"$PROMTOOL" test rules charts/tailnet-operator/tests/prometheus-rules.test.yaml
+# helm template + server-side dry-run + RBAC table: crates/testenv/e2e/tests/helm_chart.rs
+
 step "build binaries (the test kubelet runs the freshly built tailnet-agent)"
 cargo build --workspace --bins --locked
 
