@@ -88,10 +88,11 @@ fn render_crd(out: &mut String, crd: &CustomResourceDefinition) {
             continue;
         };
         let properties = root.properties.as_ref();
-        if let Some(spec) = properties.and_then(|p| p.get("spec")) {
-            if let Some(description) = &spec.description {
-                let _ = writeln!(out, "{}\n", description.trim());
-            }
+        if let Some(description) = properties
+            .and_then(|p| p.get("spec"))
+            .and_then(|spec| spec.description.as_ref())
+        {
+            let _ = writeln!(out, "{}\n", description.trim());
         }
         if let Some(columns) = version
             .additional_printer_columns
@@ -140,7 +141,13 @@ fn render_crd(out: &mut String, crd: &CustomResourceDefinition) {
                 out.push_str("Cross-field rules (CEL, enforced by the API server):\n\n");
                 out.push_str("| On | Rule | Message |\n| --- | --- | --- |\n");
                 for (path, rule, message) in rules {
-                    let _ = writeln!(out, "| {} | {} | {} |", code(&path), code(&rule), cell(&message));
+                    let _ = writeln!(
+                        out,
+                        "| {} | {} | {} |",
+                        code(&path),
+                        code(&rule),
+                        cell(&message)
+                    );
                 }
                 out.push('\n');
             }
@@ -236,7 +243,11 @@ fn collect_fields(schema: &JSONSchemaProps, path: &str, rows: &mut Vec<FieldRow>
         let mut validation = constraints(field);
         let element = items(field);
         if let Some(element) = element {
-            validation.extend(constraints(element).into_iter().map(|c| format!("items: {c}")));
+            validation.extend(
+                constraints(element)
+                    .into_iter()
+                    .map(|c| format!("items: {c}")),
+            );
         }
         rows.push(FieldRow {
             path: field_path.clone(),
