@@ -9,6 +9,7 @@
 //!   policy renderer;
 //! - [`egress`]: the agent's TCP forwarder against socat and a direct connection (loopback);
 //! - [`ingress`]: the agent's TLS termination + reverse proxy against nginx and Caddy;
+//! - [`tailnet`]: pod → agent → tailscaled → remote site, against a direct LocalAPI dial;
 //! - [`lab`]: the network namespace, processes and their memory;
 //! - [`tcpload`], [`httpload`]: the backends and load generators.
 
@@ -19,6 +20,7 @@ pub mod ingress;
 pub mod lab;
 pub mod report;
 pub mod stats;
+pub mod tailnet;
 pub mod tcpload;
 
 use std::path::PathBuf;
@@ -49,6 +51,8 @@ pub struct Settings {
     /// Egress counts (× 5 targets) of the policy render measurement.
     pub policy_sizes: Vec<usize>,
     pub policy_runs: usize,
+    /// Through the tailnet (benchmark 2).
+    pub tailnet: tailnet::Workload,
 }
 
 pub const GIB: u64 = 1024 * 1024 * 1024;
@@ -70,6 +74,13 @@ impl Settings {
             steady_window: Duration::from_secs(30),
             policy_sizes: vec![10, 100, 1000],
             policy_runs: 20,
+            tailnet: tailnet::Workload {
+                bulk_bytes: 64 << 20,
+                parallel_streams: 8,
+                ping_pongs: 2000,
+                rate_duration: Duration::from_secs(5),
+                repeat: 3,
+            },
         }
     }
 
@@ -91,6 +102,13 @@ impl Settings {
             steady_window: Duration::from_secs(5),
             policy_sizes: vec![10],
             policy_runs: 2,
+            tailnet: tailnet::Workload {
+                bulk_bytes: 1 << 20,
+                parallel_streams: 2,
+                ping_pongs: 50,
+                rate_duration: Duration::from_millis(500),
+                repeat: 1,
+            },
         }
     }
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use tno_bench::{Settings, control, egress, ingress};
+use tno_bench::{Settings, control, egress, ingress, tailnet};
 
 #[derive(Parser)]
 struct Args {
@@ -19,6 +19,7 @@ enum Benchmark {
     Egress,
     Ingress,
     Control,
+    Tailnet,
 }
 
 #[derive(Subcommand)]
@@ -81,6 +82,7 @@ fn run(
     }
     if let Some(repeat) = repeat {
         settings.repeat = repeat.max(1);
+        settings.tailnet.repeat = repeat.max(1);
     }
     let bench_exe = std::env::current_exe().context("own executable")?;
     let wanted = |b: Benchmark| only.is_empty() || only.contains(&b);
@@ -101,17 +103,26 @@ fn run(
             println!("{}", table.markdown());
         }
     }
+    let operator_binary = || {
+        settings
+            .operator
+            .clone()
+            .context("--operator is needed for the control-plane and tailnet benchmarks")
+    };
+    // One runtime for both: the shared test environment lives on it.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    if wanted(Benchmark::Tailnet) {
+        let operator = operator_binary()?;
+        let table = runtime.block_on(tailnet::run(&operator, settings.tailnet))?;
+        println!("{}", table.markdown());
+    }
     if wanted(Benchmark::Control) {
         let table = control::policy_table(&settings.policy_sizes, settings.policy_runs)?;
         println!("{}", table.markdown());
-        let operator = settings
-            .operator
-            .clone()
-            .context("--operator is needed for the control-plane benchmark")?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
+        let operator = operator_binary()?;
         let tables = runtime.block_on(control::run(
             &operator,
             &settings.scale_steps,

@@ -1,0 +1,382 @@
+//! Benchmark 2: through the tailnet. A client in a pod network namespace of the test
+//! environment connects to the egress Service of `192.0.2.10:5432` (the remote site's echo
+//! server behind its subnet router): pod → Service → agent → LocalAPI dial → the agent pod's
+//! tailscaled (userspace) → WireGuard → router → echo. The baseline in the same run: the
+//! laptop node's tailscaled dials the same target through its LocalAPI (the same userspace
+//! stack, WireGuard and router, without the agent and the Service). The ratio is the agent's
+//! share of the cost.
+
+use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use tailnet_api::TailnetEgress;
+use tno_testenv::{E2eEnv, OperatorArgs};
+use tno_testenv_tailnet::{Dialed, LocalApi};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::report::Table;
+use crate::stats::{Spread, percentile};
+
+const TARGET: &str = "192.0.2.10";
+const PORT: u16 = 5432;
+const MIB: f64 = 1024.0 * 1024.0;
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+type BoxStream = Box<dyn Stream>;
+
+/// How each path opens a connection to the echo target.
+#[derive(Clone)]
+enum Path2 {
+    /// The egress Service's ClusterIP, from the client's pod netns.
+    Agent(SocketAddr),
+    /// The laptop's LocalAPI dial.
+    Direct(LocalApi),
+}
+
+impl Path2 {
+    fn name(&self) -> &'static str {
+        match self {
+            Path2::Agent(_) => "agent",
+            Path2::Direct(_) => "direct",
+        }
+    }
+
+    fn connect(&self) -> Pin<Box<dyn Future<Output = Result<BoxStream>> + Send + '_>> {
+        Box::pin(async move {
+            match self {
+                Path2::Agent(address) => {
+                    let stream = tokio::net::TcpStream::connect(address).await?;
+                    stream.set_nodelay(true)?;
+                    Ok(Box::new(stream) as BoxStream)
+                }
+                Path2::Direct(api) => match api.dial(TARGET, PORT).await? {
+                    Dialed::Tailnet(stream) => Ok(Box::new(stream) as BoxStream),
+                    other => bail!("the laptop's dial did not go through the tailnet: {other:?}"),
+                },
+            }
+        })
+    }
+}
+
+/// Echoes `bytes` through one connection (writing and reading at once); MiB/s of payload.
+async fn echo_bulk(path: &Path2, bytes: usize) -> Result<f64> {
+    let stream = path.connect().await?;
+    let started = Instant::now();
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let chunk: Vec<u8> = (0..64 * 1024).map(|i| (i % 253) as u8).collect();
+    let send = async {
+        let mut left = bytes;
+        while left > 0 {
+            let len = left.min(chunk.len());
+            writer.write_all(&chunk[..len]).await?;
+            left -= len;
+        }
+        writer.flush().await?;
+        anyhow::Ok(())
+    };
+    let receive = async {
+        let mut buffer = vec![0u8; 64 * 1024];
+        let mut received = 0usize;
+        while received < bytes {
+            let read = reader.read(&mut buffer).await?;
+            if read == 0 {
+                bail!("closed after {received} of {bytes} echoed bytes");
+            }
+            for (offset, byte) in buffer[..read].iter().enumerate() {
+                if *byte != ((received + offset) % (64 * 1024) % 253) as u8 {
+                    bail!("echoed byte {} differs", received + offset);
+                }
+            }
+            received += read;
+        }
+        Ok(())
+    };
+    tokio::try_join!(send, receive)?;
+    Ok(bytes as f64 / MIB / started.elapsed().as_secs_f64())
+}
+
+async fn parallel_echo(path: &Path2, total: usize, streams: usize) -> Result<f64> {
+    let started = Instant::now();
+    let each = total / streams;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..streams {
+        let path = path.clone();
+        tasks.spawn(async move { echo_bulk(&path, each).await });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok((each * streams) as f64 / MIB / started.elapsed().as_secs_f64())
+}
+
+async fn ping_pong(path: &Path2, rounds: usize) -> Result<Vec<Duration>> {
+    let mut stream = path.connect().await?;
+    let message = [0x5au8; 64];
+    let mut answer = [0u8; 64];
+    let mut samples = Vec::with_capacity(rounds);
+    for round in 0..rounds + rounds / 10 {
+        let started = Instant::now();
+        stream.write_all(&message).await?;
+        stream.read_exact(&mut answer).await?;
+        if answer != message {
+            bail!("ping-pong answer differs");
+        }
+        if round >= rounds / 10 {
+            samples.push(started.elapsed());
+        }
+    }
+    samples.sort();
+    Ok(samples)
+}
+
+async fn connection_rate(path: &Path2, clients: usize, duration: Duration) -> Result<f64> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients {
+        let (path, stop, done) = (path.clone(), stop.clone(), done.clone());
+        tasks.spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let mut stream = path.connect().await?;
+                stream.write_all(b"r").await?;
+                let mut answer = [0u8; 1];
+                stream.read_exact(&mut answer).await?;
+                if &answer != b"r" {
+                    bail!("short connection echoed {answer:?}");
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        });
+    }
+    let started = Instant::now();
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let completed = done.load(Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    while let Some(task) = tasks.join_next().await {
+        task??;
+    }
+    if completed == 0 {
+        bail!("{}: no connection completed", path.name());
+    }
+    Ok(completed as f64 / elapsed.as_secs_f64())
+}
+
+/// What to run through both paths.
+#[derive(Clone, Copy, Debug)]
+pub struct Workload {
+    pub bulk_bytes: usize,
+    pub parallel_streams: usize,
+    pub ping_pongs: usize,
+    pub rate_duration: Duration,
+    pub repeat: usize,
+}
+
+async fn measure(agent: Path2, direct: Path2, work: Workload) -> Result<Table> {
+    // metric → [agent values, direct values]
+    let metrics = ["single", "parallel", "rate", "p50", "p99"];
+    let mut values: Vec<[Vec<f64>; 2]> = metrics.iter().map(|_| [vec![], vec![]]).collect();
+    for repetition in 0..work.repeat {
+        let mut paths = [(0usize, &agent), (1usize, &direct)];
+        if repetition % 2 == 1 {
+            paths.reverse();
+        }
+        for (slot, path) in paths {
+            values[0][slot].push(
+                echo_bulk(path, work.bulk_bytes)
+                    .await
+                    .context(path.name())?,
+            );
+            values[1][slot].push(
+                parallel_echo(path, work.bulk_bytes, work.parallel_streams)
+                    .await
+                    .context(path.name())?,
+            );
+            values[2][slot].push(
+                connection_rate(path, 4, work.rate_duration)
+                    .await
+                    .context(path.name())?,
+            );
+            let samples = ping_pong(path, work.ping_pongs)
+                .await
+                .context(path.name())?;
+            let micros = |p| percentile(&samples, p).map_or(f64::NAN, |d| d.as_secs_f64() * 1e6);
+            values[3][slot].push(micros(50.0));
+            values[4][slot].push(micros(99.0));
+        }
+    }
+    let mut table = Table::new(
+        "Through the tailnet: pod → agent → tailscaled (userspace) → router → 192.0.2.10 vs \
+         the laptop's direct LocalAPI dial",
+        &[
+            "workload",
+            "direct (LocalAPI dial)",
+            "agent (pod → Service → agent)",
+            "agent / direct",
+        ],
+    );
+    let labels = [
+        format!("1 stream echo, {} MiB (MiB/s)", work.bulk_bytes >> 20),
+        format!(
+            "{} streams echo, {} MiB total (MiB/s)",
+            work.parallel_streams,
+            work.bulk_bytes >> 20
+        ),
+        "short connections, 4 clients (conn/s)".to_owned(),
+        "64 B ping-pong p50 (µs)".to_owned(),
+        "64 B ping-pong p99 (µs)".to_owned(),
+    ];
+    for (index, label) in labels.into_iter().enumerate() {
+        let [agent_values, direct_values] = &values[index];
+        let ratios: Vec<f64> = agent_values
+            .iter()
+            .zip(direct_values)
+            .map(|(a, d)| a / d)
+            .collect();
+        let show = |v: &[f64]| {
+            Spread::of(v).map_or("–".into(), |s| s.show(if index >= 3 { 0 } else { 1 }))
+        };
+        table.row(vec![
+            label,
+            show(direct_values),
+            show(agent_values),
+            Spread::of(&ratios).map_or("–".into(), |s| format!("{}×", s.show(2))),
+        ]);
+    }
+    table.note(format!(
+        "Median (min–max) of {} repetitions, ratios within each. Echo workloads: every byte \
+         is compared. The agent holds a tunnel open up to 5 s after its client closed \
+         (--half-closed-idle-seconds), so the connection-rate run leaves that many tunnels \
+         behind.",
+        work.repeat
+    ));
+    Ok(table)
+}
+
+pub async fn run(operator_binary: &Path, work: Workload) -> Result<Table> {
+    let env = E2eEnv::shared()
+        .await
+        .map_err(|e| anyhow::anyhow!("test environment: {e}"))?;
+    let ops = env
+        .namespace("bench-tn")
+        .await
+        .map_err(|e| anyhow::anyhow!("namespace: {e}"))?;
+    let client = ops.client().clone();
+    let ns = ops.name().to_string();
+    // The base policy plus a grant for the laptop (group:team-a), so the operator's live
+    // policy lets the direct dial through too.
+    let mut base: serde_json::Value =
+        serde_json::from_str(&env.base_policy().map_err(|e| anyhow::anyhow!("{e}"))?)?;
+    base["grants"]
+        .as_array_mut()
+        .context("grants in the base policy")?
+        .push(json!({"src": ["group:team-a"], "dst": [format!("{TARGET}/32")], "ip": [format!("tcp:{PORT}")]}));
+    ops.create_bootstrap(&serde_json::to_string_pretty(&base)?)
+        .await
+        .map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
+    let apply = PatchParams::apply("tno-bench").force();
+    let tailnet = format!("t-{ns}");
+    Api::<tailnet_api::Tailnet>::all(client.clone())
+        .patch(
+            &tailnet,
+            &apply,
+            &Patch::Apply(env.tailnet_object(&tailnet, "Apply")),
+        )
+        .await
+        .context("Tailnet")?;
+    let mut operator = env
+        .start_operator(operator_binary, &OperatorArgs::new(&ns).to_args())
+        .await
+        .map_err(|e| anyhow::anyhow!("operator: {e}"))?;
+    operator
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .map_err(|e| anyhow::anyhow!("operator ready: {e}"))?;
+    let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), &ns);
+    egresses
+        .patch(
+            "site",
+            &apply,
+            &Patch::Apply(json!({
+                "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
+                "metadata": {"name": "site", "namespace": ns},
+                "spec": {"tailnetRef": {"name": tailnet}, "consumerNamespaces": [ns],
+                         "targets": [{"name": "remote-db", "address": TARGET, "port": PORT}]}
+            })),
+        )
+        .await
+        .context("TailnetEgress")?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let cluster_ip = loop {
+        let egress = egresses.get("site").await?;
+        let status = egress.status.clone().unwrap_or_default();
+        let ready = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        let ip = status
+            .targets
+            .iter()
+            .find(|t| t.name == "remote-db")
+            .and_then(|t| t.cluster_ip.clone());
+        if let (true, Some(ip)) = (ready, ip) {
+            break ip;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the egress is not Ready after 300 s: {:?}\n{}",
+                status.conditions,
+                operator.log_tail(20)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let service: Ipv4Addr = cluster_ip.parse().context("ClusterIP")?;
+    let agent = Path2::Agent(SocketAddr::from((service, PORT)));
+    let direct = Path2::Direct(env.tailnet().laptop.node.local_api());
+    let lab = env.lab().clone();
+    let pod = lab.add_pod_netns("bench-client").context("client netns")?;
+    let netns = pod.netns.clone();
+    // The client runs in a pod netns (so the Service is reached like from a pod); the
+    // LocalAPI is a unix socket, reachable from any netns.
+    let measured = tokio::task::spawn_blocking(move || {
+        netns
+            .enter_current_thread()
+            .context("entering the client netns")?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        runtime.block_on(async move {
+            // Both paths must work before anything is measured (routes, grants, netmap).
+            let warm_deadline = Instant::now() + Duration::from_secs(120);
+            for path in [&agent, &direct] {
+                loop {
+                    match tokio::time::timeout(Duration::from_secs(5), echo_bulk(path, 1024)).await
+                    {
+                        Ok(Ok(_)) => break,
+                        result if Instant::now() > warm_deadline => {
+                            bail!("{} never echoed: {result:?}", path.name())
+                        }
+                        _ => tokio::time::sleep(Duration::from_millis(500)).await,
+                    }
+                }
+            }
+            measure(agent, direct, work).await
+        })
+    })
+    .await;
+    let _ = lab.remove_pod_netns("bench-client");
+    drop(operator);
+    measured.context("client thread")?
+}
