@@ -1,0 +1,1005 @@
+//! Ingress data plane end to end, through the operator: the laptop (alice, group:team-a)
+//! resolves the ingress names through Headscale's MagicDNS (fed from the rendered
+//! `extra-records.json`), and over the tailnet gets: the backend's answer with
+//! `X-Forwarded-For` = its tailnet IP, the alias with the same certificate, a 64 MiB gzip object
+//! byte-identical with its headers, a Range, a 256 MiB streamed upload, 1,000 WebSocket
+//! messages, 504 from a slow backend, a cut-off slow upload, an HTTPS backend verified against
+//! its CA (502 and a counted TLS failure with the wrong CA). Then: a node outside `allowFrom`
+//! gets no TCP until its tag is allowed, the rejections (source outside the allowlist,
+//! cross-namespace backend, alias taken) say so in conditions, and deletion removes node,
+//! grants and DNS. Small-request rate and p99 are printed next to a tcp expose of the same
+//! backend (never asserted).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http_body_util::{BodyExt, Empty, StreamBody};
+use hyper::body::Frame;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tailnet_api::TailnetIngress;
+use tailnet_api::conditions::{reasons, types};
+use tno_testenv::{E2eEnv, OperatorArgs};
+use tno_testenv_kube::env::TEST_SERVERS_IMAGE;
+use tno_testenv_kube::http_backend::{gzip_of_pattern, pattern_chunk, pattern_sha256};
+use tno_testenv_tailnet::{Dialed, LocalApi};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_tungstenite::tungstenite::Message;
+
+const WAIT: Duration = Duration::from_secs(180);
+const GZIP_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
+const UPLOAD_BYTES: u64 = 256 * 1024 * 1024;
+const WEBSOCKET_MESSAGES: usize = 1000;
+const BACKEND_SERVER_NAME: &str = "admin-backend.internal";
+
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < WAIT {
+        match check().await {
+            Ok(value) => return value,
+            Err(observed) => last = observed,
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!("{what} did not happen within {WAIT:?}; last observation:\n{last}");
+}
+
+fn describe(i: &TailnetIngress) -> String {
+    let status = i.status.clone().unwrap_or_default();
+    let mut text = format!("ingress {}: ips={:?}\n", i.name_any(), status.tailnet_ips);
+    for c in &status.conditions {
+        text.push_str(&format!(
+            "  {} {} {}: {}\n",
+            c.type_, c.status, c.reason, c.message
+        ));
+    }
+    text
+}
+
+fn condition(i: &TailnetIngress, type_: &str) -> Option<(String, String, String)> {
+    i.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// A CA and certificates it signs (the cluster CA of this test).
+struct TestCa {
+    params: rcgen::CertificateParams,
+    key: rcgen::KeyPair,
+    pem: String,
+}
+
+impl TestCa {
+    fn new(name: &str) -> TestCa {
+        let mut params = rcgen::CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().expect("CA key");
+        let pem = params.self_signed(&key).expect("CA certificate").pem();
+        TestCa { params, key, pem }
+    }
+
+    /// (certificate PEM, key PEM) for `names`.
+    fn issue(&self, names: &[String]) -> (String, String) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let issuer = rcgen::Issuer::from_params(&self.params, &self.key);
+        let cert = rcgen::CertificateParams::new(names.to_vec())
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("certificate");
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+fn tls_secret(name: &str, cert_pem: &str, key_pem: &str) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(BTreeMap::from([
+            (
+                "tls.crt".to_string(),
+                ByteString(cert_pem.as_bytes().to_vec()),
+            ),
+            (
+                "tls.key".to_string(),
+                ByteString(key_pem.as_bytes().to_vec()),
+            ),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// A TLS connection over the tailnet from `node` to `ip:port`, verifying `sni` against `ca_pem`.
+async fn tls_connect(
+    node: &LocalApi,
+    ip: &str,
+    port: u16,
+    sni: &str,
+    ca_pem: &str,
+) -> Result<tokio_rustls::client::TlsStream<impl AsyncRead + AsyncWrite + Unpin + use<>>, String> {
+    let stream = match tokio::time::timeout(Duration::from_secs(10), node.dial(ip, port)).await {
+        Ok(Ok(Dialed::Tailnet(stream))) => stream,
+        Ok(Ok(Dialed::DialSelf { addr })) => return Err(format!("dial-self {addr}")),
+        Ok(Err(e)) => return Err(format!("dial: {e}")),
+        Err(_) => return Err("dial timed out".to_string()),
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls_pki_types::pem::PemObject;
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()).flatten() {
+        roots.add(cert).map_err(|e| e.to_string())?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name =
+        rustls_pki_types::ServerName::try_from(sni.to_string()).map_err(|e| e.to_string())?;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, stream),
+    )
+    .await
+    .map_err(|_| "TLS handshake timed out".to_string())?
+    .map_err(|e| format!("TLS: {e}"))
+}
+
+type Sender<B> = hyper::client::conn::http1::SendRequest<B>;
+
+/// An HTTP/1.1 connection (keep-alive) over `stream`.
+async fn http1<S, B>(stream: S) -> Result<Sender<B>, String>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("HTTP handshake: {e}"))?;
+    tokio::spawn(async move {
+        let _ = connection.with_upgrades().await;
+    });
+    Ok(sender)
+}
+
+/// One GET on a fresh TLS connection: (status, headers, body).
+async fn get(
+    node: &LocalApi,
+    ip: &str,
+    host: &str,
+    path: &str,
+    ca_pem: &str,
+    extra: &[(&str, &str)],
+) -> Result<(u16, http::HeaderMap, Bytes), String> {
+    let tls = tls_connect(node, ip, 443, host, ca_pem).await?;
+    let mut sender = http1::<_, Empty<Bytes>>(tls).await?;
+    let mut request = http::Request::get(path).header("host", host);
+    for (name, value) in extra {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(Empty::new()).map_err(|e| e.to_string())?;
+    let response = tokio::time::timeout(Duration::from_secs(120), sender.send_request(request))
+        .await
+        .map_err(|_| "response timed out".to_string())?
+        .map_err(|e| format!("request: {e}"))?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = tokio::time::timeout(Duration::from_secs(120), response.into_body().collect())
+        .await
+        .map_err(|_| "body timed out".to_string())?
+        .map_err(|e| format!("body: {e}"))?
+        .to_bytes();
+    Ok((status, headers, body))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Raw TCP through the tailnet: Ok when a connection opens and echoes.
+async fn tcp_echo(node: &LocalApi, ip: &str, port: u16) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = match tokio::time::timeout(Duration::from_secs(8), node.dial(ip, port)).await {
+        Ok(Ok(Dialed::Tailnet(stream))) => stream,
+        Ok(Ok(Dialed::DialSelf { addr })) => return Err(format!("dial-self {addr}")),
+        Ok(Err(e)) => return Err(format!("dial: {e}")),
+        Err(_) => return Err("dial timed out".to_string()),
+    };
+    stream
+        .write_all(b"ping\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 5];
+    tokio::time::timeout(Duration::from_secs(8), stream.read_exact(&mut buf))
+        .await
+        .map_err(|_| "echo timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    if &buf == b"ping\n" {
+        Ok(())
+    } else {
+        Err(format!("got {buf:?}"))
+    }
+}
+
+/// Scrapes the agent's `/metrics` (admin port on the pod IP) from the lab network.
+async fn agent_metrics(env: &E2eEnv, pod_ip: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let addr: std::net::SocketAddr = format!("{pod_ip}:{}", tailnet_api::agent_config::ADMIN_PORT)
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let lab = env.lab().clone();
+    tokio::task::spawn_blocking(move || {
+        let mut stream = lab
+            .netns()
+            .connect_tcp(addr, Duration::from_secs(5))
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .map_err(|e| e.to_string())?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n")
+            .map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        stream
+            .read_to_string(&mut text)
+            .map_err(|e| e.to_string())?;
+        Ok(text)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Sum of the samples of `metric` whose line contains every fragment of `labels`.
+fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(metric) && labels.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn backend_deployment(
+    ns: &str,
+    name: &str,
+    args: serde_json::Value,
+    tls_secret: Option<&str>,
+) -> serde_json::Value {
+    let mut pod_spec =
+        json!({"containers": [{"name": "server", "image": TEST_SERVERS_IMAGE, "args": args}]});
+    if let Some(secret) = tls_secret {
+        pod_spec["containers"][0]["volumeMounts"] =
+            json!([{"name": "tls", "mountPath": "/tls", "readOnly": true}]);
+        pod_spec["volumes"] = json!([{"name": "tls", "secret": {"secretName": secret}}]);
+    }
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec}}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingress_data_plane_through_the_operator() {
+    let env = E2eEnv::shared()
+        .await
+        .unwrap_or_else(|e| panic!("e2e environment: {e}"));
+    let ops = env.namespace("idp").await.expect("namespace");
+    let client = ops.client().clone();
+    let ns = ops.name().to_string();
+    let apps = env.namespace("app").await.expect("app namespace");
+    let app_ns = apps.name().to_string();
+    ops.create_bootstrap(&env.base_policy().expect("base policy"))
+        .await
+        .expect("bootstrap");
+    let tailnet_name = format!("t-{ns}");
+    let tailnet_object = |allowlist: &[&str]| {
+        let mut object = env.tailnet_object(&tailnet_name, "Apply");
+        object["spec"]["dns"]["ingressAliasTemplate"] = json!("{name}.lab.example.net");
+        object["spec"]["policy"]["ingressSourceAllowlist"] = json!(allowlist);
+        object
+    };
+    let tailnets: Api<tailnet_api::Tailnet> = Api::all(client.clone());
+    tailnets
+        .patch(
+            &tailnet_name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(tailnet_object(&["group:team-a"])),
+        )
+        .await
+        .expect("Tailnet");
+    let mut operator = env
+        .start_operator(
+            std::path::Path::new(env!("CARGO_BIN_EXE_tailnet-operator")),
+            &OperatorArgs::new(&ns).to_args(),
+        )
+        .await
+        .expect("operator");
+    operator
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .expect("operator ready");
+
+    // PKI: the "cluster CA" signs the ingress certificate; a separate backend CA signs the
+    // HTTPS backend's certificate; a third, unrelated CA is the wrong one.
+    let cluster_ca = TestCa::new("test cluster CA");
+    let backend_ca = TestCa::new("test backend CA");
+    let wrong_ca = TestCa::new("unrelated CA");
+    let portal = format!("portal.{ns}.lab.example.net");
+    let alias = "portal.lab.example.net".to_string();
+    let slow = format!("slow.{ns}.lab.example.net");
+    let admin = format!("admin.{ns}.lab.example.net");
+    let admin_wrong = format!("admin-wrong.{ns}.lab.example.net");
+    let (cert_pem, key_pem) = cluster_ca.issue(&[
+        portal.clone(),
+        alias.clone(),
+        slow.clone(),
+        admin.clone(),
+        admin_wrong.clone(),
+    ]);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &tls_secret("portal-tls", &cert_pem, &key_pem),
+        )
+        .await
+        .expect("ingress TLS Secret");
+    let (backend_cert, backend_key) = backend_ca.issue(&[BACKEND_SERVER_NAME.to_string()]);
+    secrets
+        .create(
+            &PostParams::default(),
+            &tls_secret("admin-backend-tls", &backend_cert, &backend_key),
+        )
+        .await
+        .expect("backend TLS Secret");
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for (name, pem) in [("backend-ca", &backend_ca.pem), ("wrong-ca", &wrong_ca.pem)] {
+        config_maps
+            .patch(name, &PatchParams::apply("test").force(), &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns},
+                "data": {"ca.crt": pem}
+            })))
+            .await
+            .expect("CA ConfigMap");
+    }
+
+    // Backends: the HTTP test backend (plain) and the same over TLS.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    for (name, port, args, secret) in [
+        (
+            "files",
+            8080,
+            json!(["http-backend", "--listen", "0.0.0.0:8080"]),
+            None,
+        ),
+        (
+            "admin-backend",
+            8443,
+            json!([
+                "http-backend",
+                "--listen",
+                "0.0.0.0:8443",
+                "--cert",
+                "/tls/tls.crt",
+                "--key",
+                "/tls/tls.key"
+            ]),
+            Some("admin-backend-tls"),
+        ),
+    ] {
+        deployments
+            .patch(
+                name,
+                &PatchParams::apply("test").force(),
+                &Patch::Apply(backend_deployment(&ns, name, args, secret)),
+            )
+            .await
+            .expect("backend Deployment");
+        services
+            .patch(name, &PatchParams::apply("test").force(), &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
+                "spec": {"selector": {"app": name}, "ports": [{"name": "main", "port": port, "targetPort": port}]}
+            })))
+            .await
+            .expect("backend Service");
+    }
+
+    let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
+    ingresses
+        .patch("portal", &PatchParams::apply("test").force(), &Patch::Apply(json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
+            "metadata": {"name": "portal", "namespace": ns},
+            "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
+                     "tls": {"secretName": "portal-tls"},
+                     "exposes": [
+                        {"name": "web", "dnsLabel": "portal", "alias": true, "mode": "http", "port": 443,
+                         "backend": {"service": "files", "port": "main"}},
+                        {"name": "slow", "dnsLabel": "slow", "mode": "http", "port": 443,
+                         "backend": {"service": "files", "port": 8080},
+                         "timeouts": {"request": "3s", "backendRequest": "1s"}},
+                        {"name": "admin", "dnsLabel": "admin", "mode": "http", "port": 443,
+                         "backend": {"service": "admin-backend", "port": 8443,
+                                     "tls": {"serverName": BACKEND_SERVER_NAME, "caConfigMapRef": {"name": "backend-ca", "key": "ca.crt"}}}},
+                        {"name": "admin-wrong", "dnsLabel": "admin-wrong", "mode": "http", "port": 443,
+                         "backend": {"service": "admin-backend", "port": 8443,
+                                     "tls": {"serverName": BACKEND_SERVER_NAME, "caConfigMapRef": {"name": "wrong-ca", "key": "ca.crt"}}}},
+                        {"name": "files-tcp", "dnsLabel": "files-tcp", "mode": "tcp", "port": 8443,
+                         "backend": {"service": "admin-backend", "port": 8443}}
+                     ]}
+        })))
+        .await
+        .expect("ingress");
+    let ready = eventually("the ingress to become Ready", || async {
+        let i = ingresses.get("portal").await.map_err(|e| e.to_string())?;
+        match condition(&i, types::READY) {
+            Some((s, _, _)) if s == "True" => Ok(i),
+            _ => Err(format!(
+                "{}\n--- operator ---\n{}",
+                describe(&i),
+                operator.log_tail(10)
+            )),
+        }
+    })
+    .await;
+    let status = ready.status.clone().unwrap_or_default();
+    let ip = status
+        .tailnet_ips
+        .iter()
+        .find(|a| a.contains('.'))
+        .cloned()
+        .expect("tailnet IPv4");
+    assert!(status.hostnames.contains(&alias), "{:?}", status.hostnames);
+
+    // MagicDNS: Headscale serves the rendered extra-records.json. In a cluster the ConfigMap is
+    // mounted into Headscale's pod; here the test copies it to Headscale's extra_records_path.
+    let hosts: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let records = eventually("extra-records.json with the ingress names", || async {
+        let cm = hosts
+            .get("tailnet-hosts")
+            .await
+            .map_err(|e| e.to_string())?;
+        let text = cm
+            .data
+            .unwrap_or_default()
+            .get("extra-records.json")
+            .cloned()
+            .unwrap_or_default();
+        if text.contains(&portal) && text.contains(&alias) {
+            Ok(text)
+        } else {
+            Err(text)
+        }
+    })
+    .await;
+    let records_path = env.tailnet().headscale.extra_records_path().to_path_buf();
+    let temporary = records_path.with_extension("json.test-tmp");
+    std::fs::write(&temporary, &records).expect("write extra records");
+    std::fs::rename(&temporary, &records_path).expect("replace extra records");
+    let laptop = env.tailnet().laptop.node.local_api();
+    for name in [&portal, &alias] {
+        eventually(&format!("MagicDNS to resolve {name}"), || async {
+            let answer = laptop.resolve_ipv4(name).await.map_err(|e| e.to_string())?;
+            if answer.iter().any(|a| a.to_string() == ip) {
+                Ok(())
+            } else {
+                Err(format!("{name} -> {answer:?}"))
+            }
+        })
+        .await;
+    }
+    let resolved = laptop.resolve_ipv4(&portal).await.expect("resolve")[0].to_string();
+
+    // The backend's answer, with X-Forwarded-For = the laptop's tailnet IP; the alias works
+    // with the same certificate.
+    let laptop_ip = env
+        .tailnet()
+        .laptop
+        .node
+        .tailnet_ipv4()
+        .await
+        .expect("laptop IP");
+    for host in [&portal, &alias] {
+        let (code, _, body) = eventually(&format!("GET https://{host}/echo-headers"), || async {
+            get(
+                &laptop,
+                &resolved,
+                host,
+                "/echo-headers",
+                &cluster_ca.pem,
+                &[],
+            )
+            .await
+        })
+        .await;
+        let answer: serde_json::Value = serde_json::from_slice(&body).expect("echo JSON");
+        assert_eq!(code, 200, "{answer}");
+        assert_eq!(
+            answer["headers"]["x-forwarded-for"],
+            json!(laptop_ip),
+            "{answer}"
+        );
+        assert_eq!(
+            answer["headers"]["x-forwarded-proto"],
+            json!("https"),
+            "{answer}"
+        );
+        assert_eq!(
+            answer["headers"]["x-forwarded-host"],
+            json!(host),
+            "{answer}"
+        );
+    }
+
+    // 64 MiB served with Content-Encoding: gzip arrive byte-identical, headers intact.
+    let expected_gzip = gzip_of_pattern(GZIP_OBJECT_BYTES);
+    let (code, headers, body) = get(
+        &laptop,
+        &resolved,
+        &portal,
+        &format!("/gzip-large?bytes={GZIP_OBJECT_BYTES}"),
+        &cluster_ca.pem,
+        &[("accept-encoding", "gzip")],
+    )
+    .await
+    .expect("gzip object");
+    assert_eq!(code, 200);
+    assert_eq!(headers["content-encoding"], "gzip");
+    assert_eq!(headers["etag"], "\"gz-large\"");
+    assert_eq!(
+        headers["content-length"].to_str().ok(),
+        Some(expected_gzip.len().to_string().as_str())
+    );
+    assert_eq!(body.len(), expected_gzip.len());
+    assert_eq!(
+        sha256_hex(&body),
+        sha256_hex(&expected_gzip),
+        "gzip object changed on the way"
+    );
+    eprintln!("gzip object: {} bytes, sha256 equal", body.len());
+
+    // A Range request returns exactly the range.
+    let (code, headers, body) = get(
+        &laptop,
+        &resolved,
+        &portal,
+        "/blob",
+        &cluster_ca.pem,
+        &[("range", "bytes=1000-1999")],
+    )
+    .await
+    .expect("range");
+    assert_eq!(code, 206);
+    assert_eq!(headers["content-range"], "bytes 1000-1999/1048576");
+    assert_eq!(body.as_ref(), &pattern_chunk(7, 1024 * 1024)[1000..2000]);
+
+    // A 256 MiB streamed upload arrives byte-identical (the backend hashes what it got).
+    {
+        let tls = tls_connect(&laptop, &resolved, 443, &portal, &cluster_ca.pem)
+            .await
+            .expect("TLS");
+        let chunk_size = 64 * 1024u64;
+        let chunks = UPLOAD_BYTES / chunk_size;
+        let body = StreamBody::new(futures_util::stream::iter((0..chunks).map(move |index| {
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(pattern_chunk(
+                index,
+                chunk_size as usize,
+            ))))
+        })));
+        let mut sender = http1::<_, StreamBody<_>>(tls).await.expect("HTTP");
+        let request = http::Request::post("/upload")
+            .header("host", &portal)
+            .header("content-length", UPLOAD_BYTES.to_string())
+            .body(body)
+            .expect("request");
+        let started = Instant::now();
+        let response = tokio::time::timeout(Duration::from_secs(300), sender.send_request(request))
+            .await
+            .expect("upload timed out")
+            .expect("upload");
+        let code = response.status().as_u16();
+        let answer = response
+            .into_body()
+            .collect()
+            .await
+            .expect("upload answer")
+            .to_bytes();
+        let seconds = started.elapsed().as_secs_f64();
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert_eq!(code, 200, "{answer}");
+        assert_eq!(
+            answer,
+            format!("{UPLOAD_BYTES} {}", pattern_sha256(UPLOAD_BYTES))
+        );
+        eprintln!("256 MiB upload: identical, {:.1} MiB/s", 256.0 / seconds);
+    }
+
+    // WebSocket: 1,000 messages echoed in order over one upgraded connection.
+    {
+        let tls = tls_connect(&laptop, &resolved, 443, &portal, &cluster_ca.pem)
+            .await
+            .expect("TLS");
+        let (mut socket, response) =
+            tokio_tungstenite::client_async(format!("wss://{portal}/ws"), tls)
+                .await
+                .expect("WebSocket handshake through the ingress");
+        assert_eq!(response.status().as_u16(), 101);
+        for index in 0..WEBSOCKET_MESSAGES {
+            let text = format!("message {index}");
+            socket
+                .send(Message::text(text.clone()))
+                .await
+                .expect("send");
+            let echoed = tokio::time::timeout(Duration::from_secs(10), socket.next())
+                .await
+                .expect("echo timed out")
+                .expect("socket open")
+                .expect("message");
+            assert_eq!(echoed, Message::text(text));
+        }
+        socket.close(None).await.expect("close");
+    }
+
+    // A slow backend: 504 after backendRequest (1 s).
+    let (code, _, body) = get(
+        &laptop,
+        &resolved,
+        &slow,
+        "/slow-head",
+        &cluster_ca.pem,
+        &[],
+    )
+    .await
+    .expect("slow backend answer");
+    assert_eq!(code, 504, "{}", String::from_utf8_lossy(&body));
+
+    // An upload slower than `request` (3 s) is cut off: no 200, the backend never gets it all.
+    {
+        let tls = tls_connect(&laptop, &resolved, 443, &slow, &cluster_ca.pem)
+            .await
+            .expect("TLS");
+        let body = StreamBody::new(futures_util::stream::unfold(0u32, |sent| async move {
+            if sent >= 40 {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            Some((
+                Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"x"))),
+                sent + 1,
+            ))
+        }));
+        let mut sender = http1::<_, StreamBody<_>>(tls).await.expect("HTTP");
+        let request = http::Request::post("/upload")
+            .header("host", &slow)
+            .header("content-length", "40")
+            .body(body)
+            .expect("request");
+        let outcome = tokio::time::timeout(Duration::from_secs(30), sender.send_request(request))
+            .await
+            .expect("the slow upload was never ended");
+        match outcome {
+            Ok(response) => {
+                let code = response.status().as_u16();
+                assert!(code == 408 || code == 504, "slow upload answered {code}");
+                eprintln!("slow upload: {code}");
+            }
+            Err(error) => eprintln!("slow upload: connection ended ({error})"),
+        }
+    }
+
+    // HTTPS backend verified against its CA; with the wrong CA: 502, counted as TLS failure.
+    let (code, _, body) = get(&laptop, &resolved, &admin, "/whoami", &cluster_ca.pem, &[])
+        .await
+        .expect("admin");
+    assert_eq!((code, body.as_ref()), (200, b"admin-backend".as_ref()));
+    let (code, _, _) = get(
+        &laptop,
+        &resolved,
+        &admin_wrong,
+        "/whoami",
+        &cluster_ca.pem,
+        &[],
+    )
+    .await
+    .expect("admin with the wrong CA");
+    assert_eq!(code, 502);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let agent_pod = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=tailnet-ingress-portal"))
+        .await
+        .expect("agent pods")
+        .items
+        .into_iter()
+        .find(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_some())
+        .expect("agent pod with an IP");
+    let pod_ip = agent_pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap_or_default();
+    let metrics = agent_metrics(&env, &pod_ip).await.expect("agent metrics");
+    let tls_failures = metric_sum(
+        &metrics,
+        "tailnet_agent_backend_tls_failures",
+        &["admin-wrong"],
+    );
+    assert!(
+        tls_failures >= 1.0,
+        "backend TLS failure not counted:\n{metrics}"
+    );
+
+    // Small HTTPS requests (keep-alive, sequential) through the http expose, next to the same
+    // requests over a tcp expose to the TLS backend (TLS end to end, no proxy): printed only.
+    let rounds = 300;
+    let mut through_proxy = Vec::with_capacity(rounds);
+    {
+        let tls = tls_connect(&laptop, &resolved, 443, &portal, &cluster_ca.pem)
+            .await
+            .expect("TLS");
+        let mut sender = http1::<_, Empty<Bytes>>(tls).await.expect("HTTP");
+        for _ in 0..rounds {
+            let started = Instant::now();
+            let request = http::Request::get("/whoami")
+                .header("host", &portal)
+                .body(Empty::new())
+                .expect("request");
+            sender
+                .ready()
+                .await
+                .expect("connection ready for the next request");
+            let response = sender.send_request(request).await.expect("request");
+            response.into_body().collect().await.expect("body");
+            through_proxy.push(started.elapsed());
+        }
+    }
+    let mut direct = Vec::with_capacity(rounds);
+    {
+        let tls = tls_connect(
+            &laptop,
+            &resolved,
+            8443,
+            BACKEND_SERVER_NAME,
+            &backend_ca.pem,
+        )
+        .await
+        .expect("TLS");
+        let mut sender = http1::<_, Empty<Bytes>>(tls).await.expect("HTTP");
+        for _ in 0..rounds {
+            let started = Instant::now();
+            let request = http::Request::get("/whoami")
+                .header("host", BACKEND_SERVER_NAME)
+                .body(Empty::new())
+                .expect("request");
+            sender
+                .ready()
+                .await
+                .expect("connection ready for the next request");
+            let response = sender.send_request(request).await.expect("request");
+            response.into_body().collect().await.expect("body");
+            direct.push(started.elapsed());
+        }
+    }
+    through_proxy.sort();
+    direct.sort();
+    let rate = |samples: &[Duration]| {
+        samples.len() as f64 / samples.iter().sum::<Duration>().as_secs_f64()
+    };
+    eprintln!(
+        "small HTTPS requests ({rounds}, keep-alive, sequential): http expose {:.0} req/s p50 {:?} p99 {:?}; tcp expose to the TLS backend {:.0} req/s p50 {:?} p99 {:?}; rate ratio {:.2}",
+        rate(&through_proxy),
+        percentile(&through_proxy, 0.5),
+        percentile(&through_proxy, 0.99),
+        rate(&direct),
+        percentile(&direct, 0.5),
+        percentile(&direct, 0.99),
+        rate(&through_proxy) / rate(&direct),
+    );
+
+    // A node outside allowFrom gets no TCP connection; once its tag is in the allowlist and
+    // allowFrom, it does (nothing restarted).
+    let outsider = env
+        .tailnet()
+        .join_node(
+            &format!("outsider-{}", &ns[ns.len() - 5..]),
+            tno_testenv_tailnet::JoinOptions {
+                tags: vec!["tag:client".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("outsider node");
+    let outsider_api = outsider.node.local_api();
+    let denied = tcp_echo(&outsider_api, &ip, 8443).await;
+    assert!(
+        denied.is_err(),
+        "outside allowFrom must get no TCP: {denied:?}"
+    );
+
+    // allowFrom outside the allowlist is rejected, and nothing working is lost.
+    ingresses
+        .patch(
+            "portal",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "spec": {"allowFrom": ["group:team-a", "tag:client"]}
+            })),
+        )
+        .await
+        .expect("allowFrom with tag:client");
+    let rejected = eventually("SourcesAllowed=False/SourceNotAllowed", || async {
+        let i = ingresses.get("portal").await.map_err(|e| e.to_string())?;
+        match condition(&i, types::SOURCES_ALLOWED) {
+            Some((s, r, m)) if s == "False" && r == reasons::SOURCE_NOT_ALLOWED => Ok(m),
+            _ => Err(describe(&i)),
+        }
+    })
+    .await;
+    assert!(rejected.contains("tag:client"), "{rejected}");
+    get(&laptop, &resolved, &admin, "/whoami", &cluster_ca.pem, &[])
+        .await
+        .expect("the laptop keeps working while the change is rejected");
+    tailnets
+        .patch(
+            &tailnet_name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(tailnet_object(&["group:team-a", "tag:client"])),
+        )
+        .await
+        .expect("allowlist with tag:client");
+    eventually("the outsider, now allowed, to get a connection", || async {
+        // A TLS handshake on the tcp expose proves a TCP connection to the backend.
+        tls_connect(
+            &outsider_api,
+            &ip,
+            8443,
+            BACKEND_SERVER_NAME,
+            &backend_ca.pem,
+        )
+        .await
+        .map(|_| ())
+    })
+    .await;
+
+    // From an app namespace: a cross-namespace backend is rejected; the alias taken by
+    // `portal` stays with its first owner.
+    let app_ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &app_ns);
+    app_ingresses
+        .patch("sneaky", &PatchParams::apply("test").force(), &Patch::Apply(json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
+            "metadata": {"name": "sneaky", "namespace": app_ns},
+            "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
+                     "exposes": [{"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 5432,
+                                  "backend": {"service": "files", "namespace": ns, "port": 8080}}]}
+        })))
+        .await
+        .expect("cross-namespace ingress");
+    app_ingresses
+        .patch("portal", &PatchParams::apply("test").force(), &Patch::Apply(json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
+            "metadata": {"name": "portal", "namespace": app_ns},
+            "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
+                     "exposes": [{"name": "raw", "dnsLabel": "portal", "alias": true, "mode": "tcp", "port": 7000,
+                                  "backend": {"service": "nothing", "port": 7000}}]}
+        })))
+        .await
+        .expect("second portal");
+    let sneaky = eventually("CrossNamespaceBackendNotAllowed", || async {
+        let i = app_ingresses
+            .get("sneaky")
+            .await
+            .map_err(|e| e.to_string())?;
+        match condition(&i, types::BACKENDS_RESOLVED) {
+            Some((s, r, m)) if s == "False" && r == reasons::CROSS_NAMESPACE_BACKEND => Ok(m),
+            _ => Err(describe(&i)),
+        }
+    })
+    .await;
+    eprintln!("cross-namespace backend: {sneaky}");
+    let conflict = eventually("HostnameConflict on the second portal", || async {
+        let i = app_ingresses
+            .get("portal")
+            .await
+            .map_err(|e| e.to_string())?;
+        match condition(&i, types::HOSTNAMES_UNIQUE) {
+            Some((s, r, m)) if s == "False" && r == reasons::HOSTNAME_CONFLICT => Ok(m),
+            _ => Err(describe(&i)),
+        }
+    })
+    .await;
+    assert!(conflict.contains(&alias), "{conflict}");
+    let first = ingresses.get("portal").await.expect("first portal");
+    assert!(
+        first
+            .status
+            .clone()
+            .unwrap_or_default()
+            .hostnames
+            .contains(&alias),
+        "the first owner keeps the alias: {}",
+        describe(&first)
+    );
+
+    // Deletion: node, grants and DNS names go.
+    let node_id = status.node_id.clone().expect("node id");
+    ingresses
+        .delete("portal", &DeleteParams::default())
+        .await
+        .expect("delete ingress");
+    eventually(
+        "the ingress to be gone with its node, grants and names",
+        || async {
+            if ingresses
+                .get_opt("portal")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_some()
+            {
+                return Err("ingress still there (finalizer)".into());
+            }
+            let nodes = env
+                .headscale_api()
+                .list_nodes()
+                .await
+                .map_err(|e| e.to_string())?;
+            if nodes.iter().any(|n| n.id.to_string() == node_id) {
+                return Err(format!("node {node_id} still in Headscale"));
+            }
+            let policy = env
+                .headscale_api()
+                .get_policy()
+                .await
+                .map_err(|e| e.to_string())?;
+            let tag = format!("tag:tno-ingress-{ns}-portal");
+            if policy.contains(&format!("\"{tag}\"")) {
+                return Err(format!("{tag} still in the policy"));
+            }
+            let cm = hosts
+                .get("tailnet-hosts")
+                .await
+                .map_err(|e| e.to_string())?;
+            let data = cm.data.unwrap_or_default();
+            if data.values().any(|v| v.contains(&portal)) {
+                return Err(format!("{portal} still in the DNS ConfigMap"));
+            }
+            Ok(())
+        },
+    )
+    .await;
+    operator.terminate().await.expect("operator stops cleanly");
+}
