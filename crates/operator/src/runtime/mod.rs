@@ -27,6 +27,43 @@ use crate::controllers::{egress, ingress, tailnet};
 const AGENT_SELECTOR: &str =
     "app.kubernetes.io/managed-by=tailnet-operator,app.kubernetes.io/name=tailnet-agent";
 
+/// Backoff of the watch streams: 0.5 s doubling to at most 5 s, back to 0.5 s after any
+/// event. kube-runtime's default (up to 30 s, reset only after 120 s without errors) is
+/// shared by all of a controller's watches, so after an apiserver restart the errors of a
+/// few of them (connect, 503, 410 Gone) kept every watch paused and a change waited over a
+/// minute to be seen (fault e2e test). 5 s is still no hot loop against an apiserver.
+#[derive(Clone, Debug)]
+struct WatchBackoff {
+    next: Duration,
+}
+
+const WATCH_BACKOFF_MIN: Duration = Duration::from_millis(500);
+const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff {
+            next: WATCH_BACKOFF_MIN,
+        }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let current = self.next;
+        self.next = (current * 2).min(WATCH_BACKOFF_MAX);
+        Some(current)
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = WATCH_BACKOFF_MIN;
+    }
+}
+
 async fn log_result<T: std::fmt::Debug, E: std::fmt::Display>(result: Result<T, E>) {
     if let Err(e) = result {
         tracing::debug!(error = %e, "controller event");
@@ -126,7 +163,7 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
                 watcher::Config::default(),
             ),
         )
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .for_each(|_| async {}),
     );
     tokio::spawn(
@@ -137,7 +174,7 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
                 watcher::Config::default(),
             ),
         )
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .for_each(|_| async {}),
     );
     health.ready.store(true, Ordering::Relaxed);
@@ -169,7 +206,8 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
     let controller = Controller::new(
         Api::<Tailnet>::all(client.clone()),
         watcher::Config::default(),
-    );
+    )
+    .trigger_backoff(WatchBackoff::default());
     let tailnets = controller.store();
     metrics.watch_conditions(
         tailnets.clone(),
@@ -256,7 +294,8 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
         let egresses = Controller::new(
             Api::<TailnetEgress>::all(client.clone()),
             watcher::Config::default(),
-        );
+        )
+        .trigger_backoff(WatchBackoff::default());
         let store = egresses.store();
         egresses
             .owns(
@@ -288,7 +327,8 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
         let ingresses = Controller::new(
             Api::<TailnetIngress>::all(client.clone()),
             watcher::Config::default(),
-        );
+        )
+        .trigger_backoff(WatchBackoff::default());
         let store = ingresses.store();
         ingresses
             .owns(
@@ -320,4 +360,22 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
     // Give the lease release a moment to complete.
     tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::utils::Backoff;
+
+    #[test]
+    fn watch_backoff_doubles_to_five_seconds_and_resets() {
+        let mut backoff = WatchBackoff::default();
+        let delays: Vec<Duration> = (0..6).filter_map(|_| backoff.next()).collect();
+        assert_eq!(
+            delays,
+            [500, 1000, 2000, 4000, 5000, 5000].map(Duration::from_millis)
+        );
+        backoff.reset();
+        assert_eq!(backoff.next(), Some(Duration::from_millis(500)));
+    }
 }
