@@ -498,14 +498,47 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         "no rule covers the listener ports: {rules:?}"
     );
 
-    // A restarted agent keeps its identity: same node, no second node, no new key.
+    // A new target is picked up by the running agent: its Service works, and the pod (with
+    // its connections and node) is not replaced.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    for pod in pods
-        .list(&ListParams::default().labels("app.kubernetes.io/instance=tailnet-egress-site"))
+    let agent_selector =
+        ListParams::default().labels("app.kubernetes.io/instance=tailnet-egress-site");
+    let pod_uids = |list: Vec<Pod>| {
+        let mut uids: Vec<String> = list.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        uids.sort();
+        uids
+    };
+    let before = pod_uids(pods.list(&agent_selector).await.expect("pods").items);
+    egresses
+        .patch("site", &PatchParams::apply("test").force(), &Patch::Apply(json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
+            "metadata": {"name": "site", "namespace": ns},
+            "spec": {"tailnetRef": {"name": tailnet_name}, "consumerNamespaces": [ns],
+                     "targets": [
+                        {"name": "remote-db", "address": "192.0.2.10", "port": 5432, "probe": {"interval": "2s"}},
+                        {"name": "remote-api", "address": "198.51.100.20", "port": 443, "aliases": ["api.site.example.net"]},
+                        {"name": "db-replica", "address": "192.0.2.10", "port": 5432}
+                     ]}
+        })))
         .await
-        .expect("pods")
-        .items
-    {
+        .expect("egress with a third target");
+    let run = ops
+        .tcp_check(
+            "client-added",
+            &format!("db-replica.{ns}.svc.cluster.local:5432"),
+            60,
+        )
+        .await
+        .expect("client pod for the added target");
+    assert!(run.succeeded(), "the added target does not work:\n{run}");
+    let after = pod_uids(pods.list(&agent_selector).await.expect("pods").items);
+    assert_eq!(
+        before, after,
+        "adding a target must not replace the agent pod"
+    );
+
+    // A restarted agent keeps its identity: same node, no second node, no new key.
+    for pod in pods.list(&agent_selector).await.expect("pods").items {
         pods.delete(&pod.name_any(), &DeleteParams::default())
             .await
             .expect("delete agent pod");

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ContainerPort, Secret, Service, ServiceAccount, ServicePort, ServiceSpec,
+    ConfigMap, Secret, Service, ServiceAccount, ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -56,7 +56,6 @@ pub fn render(
 
     let mut listeners = Vec::new();
     let mut services = Vec::new();
-    let mut container_ports = Vec::new();
     let mut targets: Vec<_> = spec.targets.iter().collect();
     targets.sort_by(|a, b| a.name.cmp(&b.name));
     for target in targets {
@@ -92,11 +91,6 @@ pub fn render(
             target_port,
             probe_interval_seconds,
         });
-        container_ports.push(ContainerPort {
-            container_port: i32::from(listen_port),
-            protocol: Some("TCP".to_string()),
-            ..ContainerPort::default()
-        });
         services.push(Service {
             metadata: owner.meta(&target.name),
             spec: Some(ServiceSpec {
@@ -124,11 +118,15 @@ pub fn render(
     };
     let config_json =
         serde_json::to_string_pretty(&config).map_err(|e| RenderError::Config(e.to_string()))?;
+    // Targets live only in the ConfigMap, which the agent re-reads: adding, changing or
+    // removing a target must not restart the pod (established connections keep flowing, the
+    // node stays). So neither the config nor per-target container ports are in the template;
+    // the Services target the listener ports by number.
     let parts = PodParts {
-        agent_ports: container_ports,
+        agent_ports: Vec::new(),
         agent_volumes: Vec::new(),
         unprivileged_port_start: None,
-        config_hash: pod::config_hash(&[&config_json, &ctx.tailnet.server]),
+        config_hash: pod::config_hash(&[&ctx.tailnet.server]),
     };
     Ok(EgressObjects {
         service_account: pod::service_account(&owner),

@@ -271,11 +271,9 @@ pub fn render(
         agent_volumes: volumes,
         // Ingress listeners bind loopback as non-root; ports below 1024 need this safe sysctl.
         unprivileged_port_start: lowest.filter(|p| *p < 1024),
-        config_hash: pod::config_hash(&[
-            &config_json,
-            &ctx.tailnet.server,
-            tls_secret.as_deref().unwrap_or(""),
-        ]),
+        // Exposes live only in the ConfigMap, which the agent re-reads (and certificates are
+        // re-read from the mounted Secret): changing them must not restart the pod.
+        config_hash: pod::config_hash(&[&ctx.tailnet.server, tls_secret.as_deref().unwrap_or("")]),
     };
     Ok(IngressObjects {
         service_account: pod::service_account(&owner),

@@ -221,7 +221,7 @@ fn egress_agent_follows_the_pod_contract() {
 }
 
 #[test]
-fn egress_ports_stay_stable_and_config_change_rolls_the_pod() {
+fn egress_ports_stay_stable_and_target_changes_leave_the_pod_alone() {
     let tailnet: Tailnet = load("10-tailnet.yaml");
     let egress: TailnetEgress = load("20-egress.yaml");
     let first = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
@@ -246,7 +246,16 @@ fn egress_ports_stay_stable_and_config_change_rolls_the_pod() {
             .expect("annotations")["tailnet-operator.dev/config-hash"]
             .clone()
     };
-    assert_ne!(hash(&first), hash(&second));
+    // A new target changes only the ConfigMap (re-read by the agent) and the Services: the pod
+    // template stays, so the running pod, its connections and its node stay.
+    assert_eq!(hash(&first), hash(&second));
+    assert_eq!(first.deployment, second.deployment);
+    assert_ne!(first.config_map, second.config_map);
+    // Another Headscale server does need a new pod (tailscaled logs in at start).
+    let mut moved = tailnet.clone();
+    moved.spec.server = "https://other.example.net".into();
+    let third = egress::render(&egress, &ctx(&moved), &first.ports).expect("render");
+    assert_ne!(hash(&first), hash(&third));
     // Same input, same output.
     let again = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
     assert_eq!(hash(&first), hash(&again));
