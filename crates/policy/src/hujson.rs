@@ -11,7 +11,7 @@ use jsonc_parser::common::Ranged;
 use jsonc_parser::{CollectOptions, CommentCollectionStrategy, ParseOptions, ParseResult};
 use serde_json::{Map, Number, Value};
 
-use crate::BaseError;
+use crate::{BaseError, MAX_NESTING_DEPTH};
 
 /// Parse options equivalent to HuJSON: comments and trailing commas only.
 pub(crate) fn hujson_options() -> ParseOptions {
@@ -35,8 +35,11 @@ pub(crate) fn strip_bom(text: &str) -> &str {
 }
 
 /// Parses `text` as HuJSON, collecting tokens (and comments as tokens) so callers can find
-/// commas and comments between nodes.
+/// commas and comments between nodes. Documents nested deeper than [`MAX_NESTING_DEPTH`]
+/// are refused before parsing (the parser and the conversions recurse per level), and so
+/// are raw control characters in strings.
 pub(crate) fn parse_ast(text: &str) -> Result<ParseResult<'_>, BaseError> {
+    check_lexical(text)?;
     jsonc_parser::parse_to_ast(
         text,
         &CollectOptions {
@@ -50,6 +53,80 @@ pub(crate) fn parse_ast(text: &str) -> Result<ParseResult<'_>, BaseError> {
         column: e.column_display(),
         message: e.kind().to_string(),
     })
+}
+
+/// Rejects objects/arrays nested deeper than [`MAX_NESTING_DEPTH`] and raw control
+/// characters in strings, scanning the text lexically (strings and comments tracked) in one
+/// pass without recursion.
+fn check_lexical(text: &str) -> Result<(), BaseError> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Lexical {
+        Code,
+        String { escaped: bool },
+        LineComment,
+        BlockComment { star: bool },
+    }
+    let bytes = text.as_bytes();
+    let mut state = Lexical::Code;
+    let mut depth = 0usize;
+    for (offset, &byte) in bytes.iter().enumerate() {
+        state = match state {
+            Lexical::Code => match byte {
+                b'"' => Lexical::String { escaped: false },
+                b'/' if bytes.get(offset + 1) == Some(&b'/') => Lexical::LineComment,
+                b'/' if bytes.get(offset + 1) == Some(&b'*') => {
+                    Lexical::BlockComment { star: false }
+                }
+                b'{' | b'[' => {
+                    depth += 1;
+                    if depth > MAX_NESTING_DEPTH {
+                        let (line, column) = line_column(text, offset);
+                        return Err(BaseError {
+                            line,
+                            column,
+                            message: format!(
+                                "objects and arrays are nested more than {MAX_NESTING_DEPTH} levels deep"
+                            ),
+                        });
+                    }
+                    Lexical::Code
+                }
+                b'}' | b']' => {
+                    depth = depth.saturating_sub(1);
+                    Lexical::Code
+                }
+                _ => Lexical::Code,
+            },
+            Lexical::String { escaped: true } => Lexical::String { escaped: false },
+            Lexical::String { escaped: false } => match byte {
+                b'\\' => Lexical::String { escaped: true },
+                b'"' => Lexical::Code,
+                // JSON (and Go's decoder in Headscale) forbids raw control characters in
+                // strings; the parser here would take them.
+                0..=0x1f => {
+                    let (line, column) = line_column(text, offset);
+                    return Err(BaseError {
+                        line,
+                        column,
+                        message: format!(
+                            "control character U+{byte:04X} in a string; write it as an escape (e.g. \\n, \\u0000)"
+                        ),
+                    });
+                }
+                _ => Lexical::String { escaped: false },
+            },
+            Lexical::LineComment => match byte {
+                b'\n' => Lexical::Code,
+                _ => Lexical::LineComment,
+            },
+            Lexical::BlockComment { star } => match byte {
+                b'/' if star => Lexical::Code,
+                b'*' => Lexical::BlockComment { star: true },
+                _ => Lexical::BlockComment { star: false },
+            },
+        };
+    }
+    Ok(())
 }
 
 /// 1-based line and column of a byte offset (columns count characters, as the parser does).

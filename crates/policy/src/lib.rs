@@ -197,9 +197,27 @@ pub enum CompareError {
     Second(BaseError),
 }
 
-/// Parses the human-owned base: HuJSON (comments, trailing commas), must be an object.
+/// Largest base accepted, in bytes: what one Kubernetes ConfigMap can hold. Bounds the
+/// parse and render time and memory of a hostile or mistaken base.
+pub const MAX_BASE_BYTES: usize = 1024 * 1024;
+/// Deepest object/array nesting accepted in any parsed document (a real policy needs about
+/// 5). Parsing recurses per level, so without a bound a deep document overflows the stack.
+pub const MAX_NESTING_DEPTH: usize = 64;
+
+/// Parses the human-owned base: HuJSON (comments, trailing commas), must be an object, at
+/// most [`MAX_BASE_BYTES`] long and [`MAX_NESTING_DEPTH`] deep.
 pub fn parse_base(text: &str) -> Result<BasePolicy, BaseError> {
     let text = hujson::strip_bom(text);
+    if text.len() > MAX_BASE_BYTES {
+        return Err(BaseError {
+            line: 1,
+            column: 1,
+            message: format!(
+                "the base policy is {} bytes; at most {MAX_BASE_BYTES} are accepted (the size of one ConfigMap)",
+                text.len()
+            ),
+        });
+    }
     let parsed = hujson::parse_ast(text)?;
     let value = match parsed.value.as_ref() {
         None => {
