@@ -36,8 +36,8 @@ pub(crate) fn strip_bom(text: &str) -> &str {
 
 /// Parses `text` as HuJSON, collecting tokens (and comments as tokens) so callers can find
 /// commas and comments between nodes. Documents nested deeper than [`MAX_NESTING_DEPTH`]
-/// are refused before parsing (the parser and the conversions recurse per level), and so
-/// are raw control characters in strings.
+/// are refused before parsing (the conversions recurse per level), and so are raw control
+/// characters in strings.
 pub(crate) fn parse_ast(text: &str) -> Result<ParseResult<'_>, BaseError> {
     check_lexical(text)?;
     jsonc_parser::parse_to_ast(

@@ -201,7 +201,8 @@ pub enum CompareError {
 /// parse and render time and memory of a hostile or mistaken base.
 pub const MAX_BASE_BYTES: usize = 1024 * 1024;
 /// Deepest object/array nesting accepted in any parsed document (a real policy needs about
-/// 5). Parsing recurses per level, so without a bound a deep document overflows the stack.
+/// 5). `jsonc-parser` itself stops at 512 levels; this tighter bound keeps every recursive
+/// walk here (conversion, rendering) shallow and gives an error that names the limit.
 pub const MAX_NESTING_DEPTH: usize = 64;
 
 /// Parses the human-owned base: HuJSON (comments, trailing commas), must be an object, at
