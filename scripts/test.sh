@@ -23,6 +23,10 @@ step "static checks: rustfmt, clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "dependencies: cargo deny (licenses, bans, sources; advisories need GitHub, see deny.toml)"
+command -v cargo-deny >/dev/null || cargo install cargo-deny --locked
+cargo deny check licenses bans sources
+
 step "Helm chart and monitoring rules (helm lint, promtool check/test rules)"
 DEPS_ENV=$(bash deps/build.sh --print-env)
 HELM=$(sed -n 's/^TNO_BIN_HELM=//p' <<<"$DEPS_ENV")
