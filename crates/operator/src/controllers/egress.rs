@@ -318,6 +318,16 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
                 .map_err(ReconcileError::kube("delete Service"))?;
         }
     }
+    // Node and key before the Deployment: a pod started before its auth Secret exists finds
+    // no key (TS_AUTHKEY is optional, the Secret goes once the node exists) and waits for an
+    // interactive login for a minute (fault e2e test: leader killed mid-apply).
+    let owner = Owner::from_meta(AgentKind::Egress, &egress.metadata, &tailnet.name_any())?;
+    let observed = agent::observe_node(ctx, egress, &access, &owner, &tag, &mut c).await?;
+    if let Some(n) = &observed.node {
+        status.node_id = Some(n.id.to_string());
+        status.tailnet_ips = n.ip_addresses.clone();
+    }
+    let nodes = observed.nodes;
     let deployment = agent::apply_in(ctx, &namespace, &objects.deployment).await?;
 
     if conflicts.is_empty() {
@@ -353,15 +363,6 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         },
         agent_message,
     );
-
-    // Node and key.
-    let owner = Owner::from_meta(AgentKind::Egress, &egress.metadata, &tailnet.name_any())?;
-    let observed = agent::observe_node(ctx, egress, &access, &owner, &tag, &mut c).await?;
-    if let Some(n) = &observed.node {
-        status.node_id = Some(n.id.to_string());
-        status.tailnet_ips = n.ip_addresses.clone();
-    }
-    let nodes = observed.nodes;
 
     // Routes per IP target; DNS-name targets must be granted by the base.
     let approvers = &tailnet.spec.policy.route_approvers;

@@ -445,6 +445,14 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
         );
     }
 
+    // Node and key before the Deployment (see the egress controller: a pod started before its
+    // auth Secret exists waits a minute for an interactive login).
+    let observed = agent::observe_node(ctx, ingress, &access, &owner, &tag, &mut c).await?;
+    if let Some(n) = &observed.node {
+        status.node_id = Some(n.id.to_string());
+        status.tailnet_ips = n.ip_addresses.clone();
+    }
+
     // Render and apply the agent (only when every backend resolved: the last good config
     // stays applied otherwise).
     let render_ctx = RenderContext {
@@ -550,13 +558,6 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
         .collect();
     status.urls.sort();
     status.urls.dedup();
-
-    // Node and key.
-    let observed = agent::observe_node(ctx, ingress, &access, &owner, &tag, &mut c).await?;
-    if let Some(n) = &observed.node {
-        status.node_id = Some(n.id.to_string());
-        status.tailnet_ips = n.ip_addresses.clone();
-    }
 
     // Grants.
     let resource_key = format!("TailnetIngress/{namespace}/{name}");
