@@ -35,6 +35,20 @@ pub enum LeaseError {
     },
 }
 
+/// How long `spec` stays valid without renewal at `now` (zero once expired); `None` without
+/// a renew time.
+fn lease_expires_in(spec: &LeaseSpec, default: Duration, now: Timestamp) -> Option<Duration> {
+    let renewed = spec.renew_time.as_ref()?;
+    let valid_for_ms = spec
+        .lease_duration_seconds
+        .map_or(default.as_millis(), |s| u128::from(s.unsigned_abs()) * 1000);
+    let elapsed_ms = u128::try_from(now.duration_since(renewed.0).as_millis()).unwrap_or(0);
+    let left = valid_for_ms.saturating_sub(elapsed_ms);
+    Some(Duration::from_millis(
+        u64::try_from(left).unwrap_or(u64::MAX),
+    ))
+}
+
 pub struct LeaderElector {
     api: Api<Lease>,
     config: LeaseConfig,
@@ -42,7 +56,11 @@ pub struct LeaderElector {
 
 enum Attempt {
     Acquired,
-    HeldBy(String),
+    /// Held by someone else; `expires_in`: how long the lease stays valid without renewal.
+    HeldBy {
+        holder: String,
+        expires_in: Option<Duration>,
+    },
 }
 
 fn now() -> MicroTime {
@@ -81,6 +99,10 @@ impl LeaderElector {
         elapsed.as_secs() >= valid_for
     }
 
+    fn expires_in(&self, spec: &LeaseSpec) -> Option<Duration> {
+        lease_expires_in(spec, self.config.duration, Timestamp::now())
+    }
+
     /// One attempt to take or keep the lease, with optimistic concurrency (resourceVersion):
     /// of two replicas racing for an expired lease, exactly one replace succeeds.
     async fn try_acquire(&self) -> Result<Attempt, LeaseError> {
@@ -108,9 +130,10 @@ impl LeaderElector {
                 };
                 match self.api.create(&PostParams::default(), &lease).await {
                     Ok(_) => Ok(Attempt::Acquired),
-                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(Attempt::HeldBy(
-                        "another replica (just created)".to_string(),
-                    )),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(Attempt::HeldBy {
+                        holder: "another replica (just created)".to_string(),
+                        expires_in: None,
+                    }),
                     Err(e) => Err(self.error(e)),
                 }
             }
@@ -119,7 +142,10 @@ impl LeaderElector {
                 let holder = spec.holder_identity.clone().unwrap_or_default();
                 let mine = holder == *me;
                 if !mine && !holder.is_empty() && !self.expired(&spec) {
-                    return Ok(Attempt::HeldBy(holder));
+                    return Ok(Attempt::HeldBy {
+                        holder,
+                        expires_in: self.expires_in(&spec),
+                    });
                 }
                 let transitions = spec.lease_transitions.unwrap_or(0);
                 lease.spec = Some(LeaseSpec {
@@ -140,9 +166,10 @@ impl LeaderElector {
                     .await
                 {
                     Ok(_) => Ok(Attempt::Acquired),
-                    Err(kube::Error::Api(e)) if e.code == 409 => {
-                        Ok(Attempt::HeldBy("another replica (conflict)".to_string()))
-                    }
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(Attempt::HeldBy {
+                        holder: "another replica (conflict)".to_string(),
+                        expires_in: None,
+                    }),
                     Err(e) => Err(self.error(e)),
                 }
             }
@@ -153,12 +180,18 @@ impl LeaderElector {
     pub async fn acquire(&self, shutdown: &CancellationToken) -> bool {
         let mut last_holder = String::new();
         loop {
+            let mut wait = self.config.renew_every;
             match self.try_acquire().await {
                 Ok(Attempt::Acquired) => {
                     tracing::info!(lease = %self.config.name, identity = %self.config.identity, "acquired leadership");
                     return true;
                 }
-                Ok(Attempt::HeldBy(holder)) => {
+                Ok(Attempt::HeldBy { holder, expires_in }) => {
+                    // Try again right when the lease expires rather than up to one renew
+                    // period later, so a standby takes over within the lease duration.
+                    if let Some(expires_in) = expires_in {
+                        wait = wait.min(expires_in + Duration::from_millis(100));
+                    }
                     if holder != last_holder {
                         tracing::info!(lease = %self.config.name, %holder, "standing by: lease held by another replica");
                         last_holder = holder;
@@ -168,7 +201,7 @@ impl LeaderElector {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return false,
-                _ = tokio::time::sleep(self.config.renew_every) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
         }
     }
@@ -187,7 +220,7 @@ impl LeaderElector {
             }
             match self.try_acquire().await {
                 Ok(Attempt::Acquired) => last_renewal = tokio::time::Instant::now(),
-                Ok(Attempt::HeldBy(holder)) => {
+                Ok(Attempt::HeldBy { holder, .. }) => {
                     tracing::error!(%holder, "lost leadership: another replica holds the lease");
                     lost.cancel();
                     return;
@@ -227,5 +260,32 @@ impl LeaderElector {
                 Err(e) => tracing::warn!(error = %e, "releasing the lease failed"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_standby_knows_when_the_lease_expires() {
+        let now: Timestamp = "2026-01-01T00:00:10Z".parse().expect("time");
+        let renewed: Timestamp = "2026-01-01T00:00:04Z".parse().expect("time");
+        let spec = LeaseSpec {
+            renew_time: Some(MicroTime(renewed)),
+            lease_duration_seconds: Some(15),
+            ..LeaseSpec::default()
+        };
+        let fifteen = Duration::from_secs(15);
+        assert_eq!(
+            lease_expires_in(&spec, fifteen, now),
+            Some(Duration::from_secs(9))
+        );
+        let later: Timestamp = "2026-01-01T00:01:00Z".parse().expect("time");
+        assert_eq!(
+            lease_expires_in(&spec, fifteen, later),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(lease_expires_in(&LeaseSpec::default(), fifteen, now), None);
     }
 }
