@@ -113,10 +113,9 @@ pub fn host_without_port(value: &str) -> Option<String> {
             None => value,
         }
     };
-    if host.is_empty() {
-        return None;
-    }
-    Some(normalize_hostname(host))
+    // "." and ":443"-style values normalise to nothing: no Host, not an unknown one.
+    let host = normalize_hostname(host);
+    (!host.is_empty()).then_some(host)
 }
 
 #[cfg(test)]
@@ -231,5 +230,8 @@ mod tests {
         );
         assert_eq!(host_without_port("a.example:https"), None);
         assert_eq!(host_without_port(":443"), None);
+        // Found by the http_front fuzz target: a lone root dot normalised to "".
+        assert_eq!(host_without_port("."), None);
+        assert_eq!(host_without_port(" .:443"), None);
     }
 }
