@@ -2,8 +2,9 @@
 //! ServiceAccount, ClusterRole(Binding) and Role(Binding) (rendered by `helm template`) are
 //! applied, a token for that ServiceAccount comes from the TokenRequest API, and the operator
 //! uses a kubeconfig with only that token. It then takes an egress (operator namespace) and an
-//! ingress (another namespace) through their happy paths with real traffic, and its log shows
-//! no request the apiserver forbade.
+//! ingress (another namespace) through their happy paths with real traffic, creates a
+//! cert-manager Certificate for an ingress without a TLS Secret, and its log shows no request
+//! the apiserver forbade.
 //!
 //! helm missing (deps/build.sh helm): skips unless TNO_REQUIRE_REAL_ENV=1.
 
@@ -412,6 +413,57 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     })
     .await;
     assert!(response.contains("frontend"), "{response}");
+
+    // Without tls.secretName the operator creates a cert-manager Certificate (a failure there
+    // only shows as CertificateReady=False/CertificateNotCreated, so check it explicitly).
+    let mut tailnet = env.tailnet_object(&tailnet_name, "Apply");
+    tailnet["spec"]["defaults"] =
+        json!({"tls": {"issuerRef": {"name": "apps-ca", "kind": "ClusterIssuer"}}});
+    Api::<tailnet_api::Tailnet>::all(admin.clone())
+        .patch(
+            &tailnet_name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(tailnet),
+        )
+        .await
+        .expect("Tailnet with a default issuer");
+    ingresses
+        .patch("portal", &PatchParams::apply("test").force(), &Patch::Apply(json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
+            "metadata": {"name": "portal", "namespace": app_ns},
+            "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
+                     "exposes": [{"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443,
+                                  "backend": {"service": "frontend", "port": "main"}}]}
+        })))
+        .await
+        .expect("ingress without tls.secretName");
+    eventually("CertificateReady=False/Issuing", || async {
+        let i = ingresses.get("portal").await.map_err(|e| e.to_string())?;
+        let list = i.status.clone().unwrap_or_default().conditions;
+        let issuing = list
+            .iter()
+            .any(|c| c.type_ == "CertificateReady" && c.reason == "Issuing");
+        if issuing {
+            Ok(())
+        } else {
+            Err(conditions(&list))
+        }
+    })
+    .await;
+    let certificates: Api<DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        &app_ns,
+        &kube::api::ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "cert-manager.io",
+            "v1",
+            "Certificate",
+        )),
+    );
+    let certificate = certificates
+        .get("tailnet-ingress-portal-tls")
+        .await
+        .expect("the operator created the cert-manager Certificate");
+    assert_eq!(certificate.data["spec"]["dnsNames"], json!([portal]));
 
     // Nothing the operator asked for was refused along the way.
     let log = operator.log_text();
