@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# cargo-fuzz targets of fuzz/ (HuJSON policy, hostname templates, agent config, HTTP front).
+#   scripts/fuzz.sh                 short run: 20 s per target (CI)
+#   scripts/fuzz.sh --long [secs]   long run: 1 h per target by default, all cores
+#   scripts/fuzz.sh --seconds N     N seconds per target
+# Needs the nightly toolchain (`cargo +nightly`) and cargo-fuzz (installed when missing).
+# Seeds (fuzz/seeds) and past findings (fuzz/regressions) are replayed first; the growing
+# corpus lives in target/fuzz/corpus (not committed). A crash fails the script and leaves
+# the input in fuzz/artifacts/<target>/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v cargo >/dev/null || export PATH="$HOME/.cargo/bin:$PATH"
+
+seconds=20
+jobs=1
+case "${1:-}" in
+  --long) seconds="${2:-3600}"; jobs=$(nproc) ;;
+  --seconds) seconds="${2:?--seconds needs a number}" ;;
+  "") ;;
+  *) echo "usage: $0 [--long [seconds] | --seconds N]" >&2; exit 2 ;;
+esac
+
+if ! cargo +nightly --version >/dev/null 2>&1; then
+  echo "fuzz: the nightly toolchain is missing (rustup toolchain install nightly)" >&2
+  exit 1
+fi
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+
+# Release with debug assertions; no sanitizer: the targets are safe Rust, and panics (what
+# they look for) need none. Shares the workspace target directory.
+flags=(-O -a --sanitizer none --target-dir ../target/fuzz)
+targets=(policy_base templates agent_config http_front)
+cd fuzz
+cargo +nightly fuzz build "${flags[@]}"
+for target in "${targets[@]}"; do
+  corpus="../target/fuzz/corpus/$target"
+  mkdir -p "$corpus"
+  inputs=("$corpus")
+  for dir in "seeds/$target" "regressions/$target"; do
+    [ -d "$dir" ] && inputs+=("$dir")
+  done
+  echo "==> fuzz $target for ${seconds}s"
+  parallel=()
+  [ "$jobs" -gt 1 ] && parallel=(-jobs="$jobs" -workers="$jobs")
+  cargo +nightly fuzz run "${flags[@]}" "$target" "${inputs[@]}" -- \
+    -max_total_time="$seconds" "${parallel[@]}" -print_final_stats=1 -max_len=65536 2>&1 \
+    | grep -E '^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|thread|SUMMARY)|panicked' || true
+  # libFuzzer exits non-zero on a crash; with the pipe, check for new artifacts instead.
+  if compgen -G "artifacts/$target/crash-*" >/dev/null || compgen -G "artifacts/$target/oom-*" >/dev/null \
+     || compgen -G "artifacts/$target/timeout-*" >/dev/null; then
+    echo "fuzz: $target found a failing input:" artifacts/"$target"/* >&2
+    exit 1
+  fi
+done
