@@ -27,6 +27,9 @@ step "dependencies: cargo deny (licenses, bans, sources; advisories need GitHub,
 command -v cargo-deny >/dev/null || cargo install cargo-deny --locked
 cargo deny check licenses bans sources
 
+step "fuzzing: 20 s per cargo-fuzz target (scripts/fuzz.sh --long for long runs)"
+bash scripts/fuzz.sh
+
 step "Helm chart and monitoring rules (helm lint, promtool check/test rules)"
 DEPS_ENV=$(bash deps/build.sh --print-env)
 HELM=$(sed -n 's/^TNO_BIN_HELM=//p' <<<"$DEPS_ENV")
