@@ -71,12 +71,21 @@ fuzz_target!(|data: &[u8]| {
     for name in headers.keys() {
         let name = name.as_str();
         assert!(
-            !name.starts_with("tailscale-") && !name.starts_with("x-forwarded-") && name != "forwarded",
+            !name.starts_with("tailscale-")
+                && !name.starts_with("x-forwarded-")
+                && name != "forwarded",
             "client identity header {name} survived"
         );
         assert!(
-            !["connection", "transfer-encoding", "te", "upgrade", "keep-alive", "proxy-connection"]
-                .contains(&name),
+            ![
+                "connection",
+                "transfer-encoding",
+                "te",
+                "upgrade",
+                "keep-alive",
+                "proxy-connection"
+            ]
+            .contains(&name),
             "hop-by-hop header {name} survived"
         );
     }
@@ -88,7 +97,11 @@ fuzz_target!(|data: &[u8]| {
         login_name: host.unwrap_or("user@").to_owned(),
         display_name: lines.chars().take(64).collect(),
     };
-    for value in [&identity.node_name, &identity.login_name, &identity.display_name] {
+    for value in [
+        &identity.node_name,
+        &identity.login_name,
+        &identity.display_name,
+    ] {
         let encoded = encode_header_value(value);
         assert!(
             HeaderValue::from_str(&encoded).is_ok() || value.contains(['\r', '\n', '\0', '\x7f']),

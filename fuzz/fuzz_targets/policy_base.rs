@@ -52,7 +52,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Err(error) = parse_base(&rendered.document) {
-        panic!("rendered document does not parse: {error}\n{}", rendered.document);
+        panic!(
+            "rendered document does not parse: {error}\n{}",
+            rendered.document
+        );
     }
     assert!(
         ownership_marker(&rendered.document).is_some(),
