@@ -85,7 +85,10 @@ pub struct Probe {
     pub enabled: bool,
     /// Interval between probes, e.g. `30s` (default `30s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    #[schemars(
+        length(max = 32),
+        regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+    )]
     pub interval: Option<String>,
 }
 

@@ -144,11 +144,17 @@ pub struct Timeouts {
     /// Bounds the whole exchange including the upload (e.g. `600s`). WebSockets are exempt once
     /// established.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    #[schemars(
+        length(max = 32),
+        regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+    )]
     pub request: Option<String>,
     /// Bounds the wait for the backend's response headers (e.g. `60s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    #[schemars(
+        length(max = 32),
+        regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+    )]
     pub backend_request: Option<String>,
 }
 

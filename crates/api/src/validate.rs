@@ -112,15 +112,69 @@ pub fn parse_duration(field: &str, value: &str) -> Result<std::time::Duration, F
             format!("{value:?} is not a duration; use e.g. 30s, 1m30s or 2h"),
         )
     };
-    if !DURATION.is_match(value) {
+    if value.len() > MAX_DURATION_TEXT || !DURATION.is_match(value) {
         return Err(invalid());
     }
-    let parsed: kube::core::Duration = value.parse().map_err(|_| invalid())?;
-    let duration: std::time::Duration = parsed.into();
+    let duration = go_duration(value).ok_or_else(|| {
+        FieldError::new(
+            field,
+            format!("{value:?} is longer than the maximum of 168h"),
+        )
+    })?;
     if duration.is_zero() {
         return Err(FieldError::new(field, "must be greater than zero"));
     }
     Ok(duration)
+}
+
+/// Longest duration string accepted (the CRD schema says the same).
+pub const MAX_DURATION_TEXT: usize = 32;
+/// Longest duration accepted: timeouts and probe intervals beyond a week are mistakes.
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Sums the `<number><unit>` parts of a string that matched [`patterns::DURATION`] with
+/// checked arithmetic; `None` beyond [`MAX_DURATION`]. (kube-core's parser panics on huge
+/// values, found by the templates fuzz target.)
+fn go_duration(value: &str) -> Option<std::time::Duration> {
+    const UNITS: [(&str, u128); 7] = [
+        ("ns", 1),
+        ("us", 1_000),
+        ("µs", 1_000),
+        ("ms", 1_000_000),
+        ("s", 1_000_000_000),
+        ("m", 60_000_000_000),
+        ("h", 3_600_000_000_000),
+    ];
+    let max = MAX_DURATION.as_nanos();
+    let mut total: u128 = 0;
+    let mut rest = value;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(number_len);
+        // Longest unit first: "ms" before "m", "ns"/"us" before "s".
+        let (unit, scale) = UNITS
+            .iter()
+            .filter(|(unit, _)| after.starts_with(unit))
+            .max_by_key(|(unit, _)| unit.len())?;
+        rest = &after[unit.len()..];
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        let whole: u128 = whole.parse().ok()?;
+        let mut part = whole.checked_mul(*scale)?;
+        // Fractions beyond nanoseconds are dropped, as Go does.
+        let mut place = *scale;
+        for digit in fraction.bytes().take(20) {
+            place /= 10;
+            part = part.checked_add(u128::from(digit - b'0') * place)?;
+        }
+        total = total.checked_add(part)?;
+        if total > max {
+            return None;
+        }
+    }
+    let nanos = u64::try_from(total).ok()?;
+    Some(std::time::Duration::from_nanos(nanos))
 }
 
 /// Expands a name template with `{name}` and `{namespace}`; anything else is an error naming
@@ -163,6 +217,14 @@ pub fn expand_template(
         return Err(FieldError::new(
             field,
             format!("{template:?} expands to {expanded:?}, which is not a valid hostname"),
+        ));
+    }
+    if let Some(label) = expanded.split('.').find(|label| label.len() > 63) {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "{template:?} expands to {expanded:?}, whose label {label:?} is longer than 63 characters; shorten the template or the dnsLabel"
+            ),
         ));
     }
     Ok(expanded)

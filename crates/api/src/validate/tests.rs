@@ -302,6 +302,40 @@ fn durations_parse_like_kubernetes() {
     assert!(parse_duration("f", "0s").is_err());
     assert!(parse_duration("f", "-5s").is_err());
     assert!(parse_duration("f", "5").is_err());
+    let d = |v: &str| parse_duration("f", v);
+    assert_eq!(d("1.5h"), Ok(std::time::Duration::from_secs(5400)));
+    assert_eq!(d("250ms"), Ok(std::time::Duration::from_millis(250)));
+    assert_eq!(
+        d("2m3s4ms5us6ns"),
+        Ok(std::time::Duration::new(123, 4_005_006))
+    );
+    assert_eq!(d("1µs"), Ok(std::time::Duration::from_micros(1)));
+    assert_eq!(d("168h"), Ok(std::time::Duration::from_secs(7 * 24 * 3600)));
+    // Beyond a week, and values that overflowed kube-core's parser (a panic found by fuzzing).
+    assert_eq!(
+        d("169h").map_err(|e| e.to_string()),
+        Err("f: \"169h\" is longer than the maximum of 168h".into())
+    );
+    assert!(d("62222222222222222222ns6ns").is_err());
+    assert!(d("99999999999999999999999999999h").is_err());
+    assert!(d(&"1s".repeat(17)).is_err(), "longer than 32 characters");
+}
+
+#[test]
+fn templates_refuse_labels_over_63_characters() {
+    let name = "a".repeat(40);
+    assert_eq!(
+        expand_template(
+            "spec.dns.ingressNameTemplate",
+            "{name}{name}.example.net",
+            &name,
+            "team-a"
+        )
+        .map_err(|e| e.field),
+        Err("spec.dns.ingressNameTemplate".to_string())
+    );
+    assert!(expand_template("t", "{name}.example.net", &"b".repeat(63), "ns").is_ok());
+    assert!(expand_template("t", "{name}.example.net", &"b".repeat(64), "ns").is_err());
 }
 
 #[test]
