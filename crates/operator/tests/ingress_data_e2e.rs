@@ -871,6 +871,12 @@ async fn ingress_data_plane_through_the_operator() {
     })
     .await;
     assert!(rejected.contains("tag:client"), "{rejected}");
+    // The allowed source keeps its grant: PolicyEffective stays True and names both sides.
+    let partly = ingresses.get("portal").await.expect("portal");
+    let (effective, _, message) =
+        condition(&partly, types::POLICY_EFFECTIVE).expect("PolicyEffective");
+    assert_eq!(effective, "True", "{}", describe(&partly));
+    assert!(message.contains("tag:client get no grant"), "{message}");
     get(&laptop, &resolved, &admin, "/whoami", &cluster_ca.pem, &[])
         .await
         .expect("the laptop keeps working while the change is rejected");
@@ -931,6 +937,23 @@ async fn ingress_data_plane_through_the_operator() {
     })
     .await;
     eprintln!("cross-namespace backend: {sneaky}");
+    // No agent is deployed for it, so no pre-auth key was minted either.
+    let app_secrets: Api<Secret> = Api::namespaced(client.clone(), &app_ns);
+    assert!(
+        app_secrets
+            .get_opt("tailnet-ingress-sneaky-auth")
+            .await
+            .expect("read auth Secret")
+            .is_none(),
+        "a key was minted for an ingress whose agent cannot be deployed"
+    );
+    let sneaky_now = app_ingresses.get("sneaky").await.expect("sneaky");
+    assert_eq!(
+        condition(&sneaky_now, types::NODE_ONLINE).map(|c| c.1),
+        Some(reasons::NODE_NOT_REGISTERED.to_string()),
+        "{}",
+        describe(&sneaky_now)
+    );
     let conflict = eventually("HostnameConflict on the second portal", || async {
         let i = app_ingresses
             .get("portal")

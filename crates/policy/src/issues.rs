@@ -40,6 +40,13 @@ pub enum PolicyIssue {
 }
 
 impl PolicyIssue {
+    /// Whether the issue withholds the resource's grants. `SourceNotAllowed` does not: the
+    /// allowed sources keep their grant (a bad edit must not cut off what already works); only
+    /// the offending entries get none.
+    pub fn blocks_grants(&self) -> bool {
+        !matches!(self, PolicyIssue::SourceNotAllowed { .. })
+    }
+
     /// CamelCase reason for conditions and metrics.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -63,8 +70,8 @@ impl fmt::Display for PolicyIssue {
             } => write!(
                 f,
                 "allowFrom entries {offending:?} are not in the Tailnet's \
-                 policy.ingressSourceAllowlist {allowlist:?}; no grant was generated — remove \
-                 them or ask the platform team to allow them"
+                 policy.ingressSourceAllowlist {allowlist:?}; they get no grant (the allowed \
+                 sources keep theirs) — remove them or ask the platform team to allow them"
             ),
             PolicyIssue::TagOwnedDifferently {
                 tag,

@@ -458,10 +458,16 @@ pub fn render(base: &BasePolicy, inputs: &PolicyInputs) -> Result<RenderedPolicy
         if ports.is_empty() {
             issues.push(PolicyIssue::NoPorts);
         }
+        let allowed: Vec<String> = i
+            .allow_from
+            .iter()
+            .filter(|s| inputs.ingress_source_allowlist.contains(s))
+            .cloned()
+            .collect();
         let mut grants = Vec::new();
-        if issues.is_empty() {
+        if issues.iter().all(|issue| !issue.blocks_grants()) && !allowed.is_empty() {
             let grant = GeneratedGrant {
-                src: i.allow_from.clone(),
+                src: allowed,
                 dst: vec![i.tag.clone()],
                 ip: ports.iter().map(|p| format!("tcp:{p}")).collect(),
             };

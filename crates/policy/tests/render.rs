@@ -353,7 +353,10 @@ fn allow_from_must_be_a_subset_of_the_allowlist() {
     let ing = r
         .resource(ResourceKind::TailnetIngress, "team-a/portal")
         .expect("outcome");
-    assert!(ing.grants.is_empty());
+    // The allowed source keeps its grant (a bad edit must not cut off what works); the
+    // offending entries get none and are named.
+    assert_eq!(ing.grants.len(), 1);
+    assert_eq!(ing.grants[0].src, ["group:team-a"]);
     assert_eq!(
         ing.issues,
         [PolicyIssue::SourceNotAllowed {
@@ -361,9 +364,23 @@ fn allow_from_must_be_a_subset_of_the_allowlist() {
             allowlist: strs(&["group:team-a", "group:team-b"]),
         }]
     );
+    assert!(!ing.issues[0].blocks_grants());
     assert_eq!(ing.issues[0].reason(), "SourceNotAllowed");
     assert!(ing.issues[0].to_string().contains("autogroup:member"));
-    // The tag is still owned (the agent can join), but no grant names it.
+    assert_eq!(ing.tag_owner, TagOwnerSource::Generated);
+    let v = value(&r.document);
+    let grants = v["grants"].to_string();
+    assert!(!grants.contains("autogroup:member") && !grants.contains("\"tag:x\""));
+    assert_eq!(r.summary.resources_with_issues, 1);
+
+    // Nothing allowed at all: no grant names the tag (the tag is still owned, so the agent
+    // can join).
+    inputs.ingresses[0].allow_from = strs(&["autogroup:member", "tag:x"]);
+    let r = render_demo(&inputs);
+    let ing = r
+        .resource(ResourceKind::TailnetIngress, "team-a/portal")
+        .expect("outcome");
+    assert!(ing.grants.is_empty());
     assert_eq!(ing.tag_owner, TagOwnerSource::Generated);
     let v = value(&r.document);
     assert!(

@@ -435,6 +435,7 @@ pub async fn observe_node<K>(
     access: &TailnetAccess,
     owner: &Owner,
     tag: &str,
+    deployable: bool,
     c: &mut Conditions,
 ) -> Result<NodeObservation, ReconcileError>
 where
@@ -470,6 +471,17 @@ where
         }
     };
     let node = find_node(&nodes, tag).cloned();
+    if node.is_none() && !deployable {
+        // No agent will be deployed while the resource has problems: a key minted now would
+        // only lie in a Secret, valid and unused.
+        c.set(
+            types::NODE_ONLINE,
+            Status::False,
+            reasons::NODE_NOT_REGISTERED,
+            "no agent is deployed while the problems in the other conditions remain; no pre-auth key is minted until then",
+        );
+        return Ok(NodeObservation { nodes, node });
+    }
     let key_state = ensure_pre_auth_key(ctx, headscale, owner, tag, node.is_some()).await?;
     if let KeyState::Minted { expires } = &key_state {
         publish(

@@ -322,7 +322,7 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
     // no key (TS_AUTHKEY is optional, the Secret goes once the node exists) and waits for an
     // interactive login for a minute (fault e2e test: leader killed mid-apply).
     let owner = Owner::from_meta(AgentKind::Egress, &egress.metadata, &tailnet.name_any())?;
-    let observed = agent::observe_node(ctx, egress, &access, &owner, &tag, &mut c).await?;
+    let observed = agent::observe_node(ctx, egress, &access, &owner, &tag, true, &mut c).await?;
     if let Some(n) = &observed.node {
         status.node_id = Some(n.id.to_string());
         status.tailnet_ips = n.ip_addresses.clone();

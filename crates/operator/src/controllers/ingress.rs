@@ -337,7 +337,7 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
             types::SOURCES_ALLOWED,
             Status::False,
             reasons::SOURCE_NOT_ALLOWED,
-            format!("{} not in Tailnet {tailnet_name}'s policy.ingressSourceAllowlist [{}]: no grant is generated; remove them or ask the platform team to allow them", not_allowed.join(", "), tailnet.spec.policy.ingress_source_allowlist.join(", ")),
+            format!("{} not in Tailnet {tailnet_name}'s policy.ingressSourceAllowlist [{}]: they get no grant (the allowed sources keep theirs); remove them or ask the platform team to allow them", not_allowed.join(", "), tailnet.spec.policy.ingress_source_allowlist.join(", ")),
         );
     }
 
@@ -447,7 +447,10 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
 
     // Node and key before the Deployment (see the egress controller: a pod started before its
     // auth Secret exists waits a minute for an interactive login).
-    let observed = agent::observe_node(ctx, ingress, &access, &owner, &tag, &mut c).await?;
+    // The agent is only deployed (and so a pre-auth key only minted) without problems.
+    let deployable = problems.is_empty();
+    let observed =
+        agent::observe_node(ctx, ingress, &access, &owner, &tag, deployable, &mut c).await?;
     if let Some(n) = &observed.node {
         status.node_id = Some(n.id.to_string());
         status.tailnet_ips = n.ip_addresses.clone();
@@ -561,13 +564,26 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
 
     // Grants.
     let resource_key = format!("TailnetIngress/{namespace}/{name}");
-    let live = format!(
+    let allowed: Vec<&str> = ingress
+        .spec
+        .allow_from
+        .iter()
+        .map(String::as_str)
+        .filter(|s| !not_allowed.iter().any(|n| n == s))
+        .collect();
+    let mut live = format!(
         "{} may connect: the grant is live in Headscale",
-        ingress.spec.allow_from.join(", ")
+        allowed.join(", ")
     );
-    let blocked = (!not_allowed.is_empty()).then_some((
+    if !not_allowed.is_empty() {
+        live.push_str(&format!(
+            "; {} get no grant (see SourcesAllowed)",
+            not_allowed.join(", ")
+        ));
+    }
+    let blocked = allowed.is_empty().then_some((
         reasons::SOURCE_NOT_ALLOWED,
-        "no grant is generated while allowFrom is outside the allowlist (see SourcesAllowed)",
+        "no grant is generated: every allowFrom entry is outside the allowlist (see SourcesAllowed)",
     ));
     agent::policy_effective(&mut c, tailnet, &resource_key, &live, blocked);
 

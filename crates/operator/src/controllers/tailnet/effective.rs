@@ -62,7 +62,10 @@ pub fn effective_resources(live: &str, outcomes: &[ResourceOutcome]) -> Vec<Stri
     let has = |g: &GeneratedGrant| live_grants.contains(&normalise(&g.src, &g.dst, &g.ip));
     let mut effective: Vec<String> = outcomes
         .iter()
-        .filter(|o| o.issues.is_empty())
+        // Partly granted resources (allowFrom partly outside the allowlist) are effective for
+        // the sources that got a grant; their SourcesAllowed condition names the rest.
+        .filter(|o| o.issues.iter().all(|i| !i.blocks_grants()))
+        .filter(|o| o.issues.is_empty() || !o.grants.is_empty())
         .filter(|o| tag_owners.is_some_and(|t| t.contains_key(&o.tag)))
         .filter(|o| o.grants.iter().all(has))
         .map(resource_key)
