@@ -1,0 +1,868 @@
+//! Security end to end, against the real apiserver (PodSecurity admission in enforce mode),
+//! real Headscale and real tailscaled nodes:
+//! - the agent pods the operator renders are admitted in a namespace enforcing the
+//!   "restricted" Pod Security Standard, and their ServiceAccount may touch only their own
+//!   state Secret;
+//! - no secret value (Headscale API key, pre-auth keys, TLS private key, state Secret
+//!   contents) appears in the operator's debug/trace log, Events, statuses, metrics,
+//!   ConfigMaps or the live policy;
+//! - pre-auth keys are single-use, tagged and short-lived, and used up once the node exists;
+//!   a stolen auth Secret cannot log in another node;
+//! - from the tailnet, an agent answers on its declared ports only; the admin port listens on
+//!   the pod IP only.
+//!
+//! Prints `| check | expected | observed |` rows (docs/reliability.md).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod, Secret};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tailnet_api::naming::{AgentKind, AgentNames};
+use tailnet_api::{TailnetEgress, TailnetIngress};
+use tno_testenv::{E2eEnv, OperatorArgs};
+use tno_testenv_tailnet::{Dialed, JoinOptions};
+
+const WAIT: Duration = Duration::from_secs(180);
+
+fn row(check: &str, expected: &str, observed: &str) {
+    println!("| {check} | {expected} | {observed} |");
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let last = match check().await {
+            Ok(v) => return v,
+            Err(e) => e,
+        };
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}; last: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn conditions_of(
+    status: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
+) -> String {
+    status
+        .map(|conditions| {
+            conditions
+                .iter()
+                .map(|c| format!("{}={}/{}", c.type_, c.status, c.reason))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
+}
+
+fn is_true(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// The key material in a tailscaled state Secret value: every `privkey:…`/`nlpriv:…` token,
+/// whether the value is the key itself (`_machinekey`) or JSON that embeds keys (login
+/// profiles). The rest of the state (node name, control URL, node id) is public: the
+/// operator reports it in status.
+fn secret_needles(value: &[u8], out: &mut Vec<String>) {
+    let text = String::from_utf8_lossy(value);
+    for token in text.split(|c: char| c == '"' || c == ',' || c.is_whitespace()) {
+        if (token.starts_with("privkey:") || token.starts_with("nlpriv:")) && token.len() > 20 {
+            out.push(token.to_string());
+        }
+    }
+}
+
+async fn dial_opens(node: &tno_testenv_tailnet::LocalApi, ip: &str, port: u16) -> bool {
+    matches!(
+        tokio::time::timeout(Duration::from_secs(4), node.dial(ip, port)).await,
+        Ok(Ok(Dialed::Tailnet(_)))
+    )
+}
+
+#[test]
+fn agents_are_restricted_least_privileged_and_leak_no_secrets() {
+    // Before any thread exists: the operator runs with trace logging for our crates and
+    // debug for its libraries (start_operator passes the test process's RUST_LOG on).
+    // SAFETY: single-threaded at this point (one test in this binary, no runtime yet).
+    unsafe {
+        std::env::set_var(
+            "RUST_LOG",
+            "debug,tailnet_operator=trace,tailnet_headscale=trace,tailnet_render=trace,tailnet_policy=trace",
+        );
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"))
+        .block_on(run());
+}
+
+async fn run() {
+    let env = E2eEnv::shared()
+        .await
+        .unwrap_or_else(|e| panic!("e2e environment: {e}"));
+    let ops = env.namespace("sec").await.expect("namespace");
+    let client = ops.client().clone();
+    let ns = ops.name().to_string();
+
+    // (a) The namespace enforces "restricted" before any agent exists.
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            &ns,
+            &PatchParams::apply("security-test").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce-version": "latest"}}
+            })),
+        )
+        .await
+        .expect("label the namespace");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let privileged: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged-probe"},
+        "spec": {"containers": [{"name": "c", "image": "x", "securityContext": {"privileged": true}}]}
+    }))
+    .expect("pod");
+    let refused = pods
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &privileged,
+        )
+        .await;
+    row(
+        "control: a privileged pod in the namespace (dry run)",
+        "refused by PodSecurity (enforce=restricted)",
+        &match &refused {
+            Ok(_) => "admitted".to_string(),
+            Err(e) => format!(
+                "refused: {}",
+                e.to_string().chars().take(120).collect::<String>()
+            ),
+        },
+    );
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("PodSecurity")),
+        "PodSecurity admission is not enforcing: {refused:?}"
+    );
+
+    ops.create_bootstrap(&env.base_policy().expect("base policy"))
+        .await
+        .expect("bootstrap");
+    let tailnet_name = format!("t-{ns}");
+    Api::<tailnet_api::Tailnet>::all(client.clone())
+        .patch(
+            &tailnet_name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(env.tailnet_object(&tailnet_name, "Apply")),
+        )
+        .await
+        .expect("Tailnet");
+
+    // A TLS key the test knows, for the ingress.
+    let portal = format!("portal.{ns}.lab.example.net");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec![portal.clone()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("cert");
+    let key_pem = key.serialize_pem();
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some("portal-tls".into()),
+                    ..Default::default()
+                },
+                type_: Some("kubernetes.io/tls".into()),
+                data: Some(BTreeMap::from([
+                    ("tls.crt".to_string(), ByteString(cert.pem().into_bytes())),
+                    (
+                        "tls.key".to_string(),
+                        ByteString(key_pem.clone().into_bytes()),
+                    ),
+                ])),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("TLS Secret");
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &ns)
+        .patch("frontend", &PatchParams::apply("test").force(), &Patch::Apply(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "frontend", "namespace": ns},
+            "spec": {"selector": {"app": "frontend"}, "ports": [{"name": "main", "port": 8080, "targetPort": 8080}]}
+        })))
+        .await
+        .expect("frontend Service");
+
+    let mut operator = env
+        .start_operator(
+            std::path::Path::new(env!("CARGO_BIN_EXE_tailnet-operator")),
+            &OperatorArgs::new(&ns).to_args(),
+        )
+        .await
+        .expect("operator");
+    operator
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .expect("operator ready");
+
+    let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), &ns);
+    egresses
+        .patch(
+            "site",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
+                "metadata": {"name": "site", "namespace": ns},
+                "spec": {"tailnetRef": {"name": tailnet_name}, "consumerNamespaces": [ns],
+                         "targets": [{"name": "remote-db", "address": "192.0.2.10", "port": 5432}]}
+            })),
+        )
+        .await
+        .expect("egress");
+    let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
+    ingresses
+        .patch("portal", &PatchParams::apply("test").force(), &Patch::Apply(json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
+            "metadata": {"name": "portal", "namespace": ns},
+            "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
+                     "tls": {"secretName": "portal-tls"},
+                     "exposes": [
+                        {"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443, "backend": {"service": "frontend", "port": 8080}},
+                        {"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 5432, "backend": {"service": "frontend", "port": 8080}}
+                     ]}
+        })))
+        .await
+        .expect("ingress");
+
+    // Capture the pre-auth keys from the auth Secrets as soon as they exist.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let agents = [
+        ("egress", AgentNames::new(AgentKind::Egress, "site")),
+        ("ingress", AgentNames::new(AgentKind::Ingress, "portal")),
+    ];
+    let mut auth_keys = Vec::new();
+    for (kind, names) in &agents {
+        let value = eventually(&format!("{kind} auth Secret"), || async {
+            let secret = secrets
+                .get_opt(&names.auth_secret)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("not yet")?;
+            secret
+                .data
+                .unwrap_or_default()
+                .get(tailnet_render::pod::AUTH_KEY)
+                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| "no authkey".to_string())
+        })
+        .await;
+        auth_keys.push(((*kind).to_string(), value));
+    }
+
+    let egress = eventually("egress NodeOnline", || async {
+        let e = egresses.get("site").await.map_err(|e| e.to_string())?;
+        let conditions = e
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        if is_true(&conditions, "NodeOnline") {
+            Ok(e)
+        } else {
+            Err(format!(
+                "{}\n{}",
+                conditions_of(Some(&conditions)),
+                operator.log_tail(5)
+            ))
+        }
+    })
+    .await;
+    let ingress = eventually("ingress NodeOnline and PolicyEffective", || async {
+        let i = ingresses.get("portal").await.map_err(|e| e.to_string())?;
+        let conditions = i
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        if is_true(&conditions, "NodeOnline") && is_true(&conditions, "PolicyEffective") {
+            Ok(i)
+        } else {
+            Err(conditions_of(Some(&conditions)))
+        }
+    })
+    .await;
+
+    // (a) The agent pods were admitted under enforce=restricted; their template passes a
+    // dry-run create as a bare Pod too; their ServiceAccount reaches only the state Secret.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    for (kind, names) in &agents {
+        let running = pods
+            .list(
+                &ListParams::default()
+                    .labels(&format!("app.kubernetes.io/instance={}", names.base)),
+            )
+            .await
+            .expect("agent pods")
+            .items;
+        let deployment = deployments
+            .get(&names.base)
+            .await
+            .expect("agent Deployment");
+        let template = deployment.spec.map(|s| s.template).expect("pod template");
+        let mut pod = Pod {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("{}-dry-run", names.base)),
+                labels: template.metadata.and_then(|m| m.labels),
+                ..Default::default()
+            },
+            spec: template.spec,
+            ..Default::default()
+        };
+        let admitted = pods
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &pod,
+            )
+            .await;
+        row(
+            &format!("{kind} agent pod under enforce=restricted"),
+            "admitted (pods running; dry-run create of the template as a Pod admitted)",
+            &format!(
+                "{} pod(s) created by the ReplicaSet; dry run: {}",
+                running.len(),
+                match &admitted {
+                    Ok(_) => "admitted".to_string(),
+                    Err(e) => format!("refused: {e}"),
+                }
+            ),
+        );
+        assert!(!running.is_empty(), "no {kind} agent pod was admitted");
+        assert!(
+            admitted.is_ok(),
+            "{kind} agent pod template refused: {admitted:?}"
+        );
+
+        let spec = pod.spec.take().expect("spec");
+        let account = spec.service_account_name.clone().unwrap_or_default();
+        let user = format!("system:serviceaccount:{ns}:{account}");
+        let mut verdicts = Vec::new();
+        for (verb, name, expected) in [
+            ("get", Some(names.state_secret.as_str()), true),
+            ("update", Some(names.state_secret.as_str()), true),
+            ("get", Some(names.auth_secret.as_str()), false),
+            ("get", Some("portal-tls"), false),
+            ("list", None, false),
+            ("create", None, false),
+        ] {
+            let review = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(user.clone()),
+                    resource_attributes: Some(ResourceAttributes {
+                        namespace: Some(ns.clone()),
+                        verb: Some(verb.into()),
+                        resource: Some("secrets".into()),
+                        name: name.map(str::to_owned),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let answer = Api::<SubjectAccessReview>::all(client.clone())
+                .create(&PostParams::default(), &review)
+                .await
+                .expect("SubjectAccessReview");
+            let allowed = answer.status.is_some_and(|s| s.allowed);
+            verdicts.push(format!(
+                "{verb} {}: {}",
+                name.unwrap_or("*"),
+                if allowed { "yes" } else { "no" }
+            ));
+            assert_eq!(
+                allowed, expected,
+                "{kind} agent SA may {verb} secret {name:?}"
+            );
+        }
+        for (verb, resource) in [
+            ("list", "pods"),
+            ("get", "configmaps"),
+            ("list", "tailnetegresses"),
+        ] {
+            let review = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(user.clone()),
+                    resource_attributes: Some(ResourceAttributes {
+                        namespace: Some(ns.clone()),
+                        verb: Some(verb.into()),
+                        resource: Some(resource.into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let allowed = Api::<SubjectAccessReview>::all(client.clone())
+                .create(&PostParams::default(), &review)
+                .await
+                .expect("SubjectAccessReview")
+                .status
+                .is_some_and(|s| s.allowed);
+            verdicts.push(format!(
+                "{verb} {resource}: {}",
+                if allowed { "yes" } else { "no" }
+            ));
+            assert!(!allowed, "{kind} agent SA may {verb} {resource}");
+        }
+        row(
+            &format!("{kind} agent ServiceAccount (SubjectAccessReview)"),
+            "only get/update of its own state Secret",
+            &verdicts.join("; "),
+        );
+    }
+
+    // (c) Pre-auth keys: single-use, tagged, short-lived, used up once the node exists.
+    let headscale = tailnet_headscale::Client::new(
+        &env.headscale_root_url(),
+        tailnet_headscale::Secret::new(env.api_key()),
+        tailnet_headscale::ClientOptions::default(),
+    )
+    .expect("headscale client");
+    let keys = headscale.list_pre_auth_keys().await.expect("pre-auth keys");
+    let now = jiff::Timestamp::now();
+    for (kind, agent_tag) in [
+        ("egress", egress.status.as_ref().and_then(|s| s.tag.clone())),
+        (
+            "ingress",
+            ingress.status.as_ref().and_then(|s| s.tag.clone()),
+        ),
+    ] {
+        let agent_tag = agent_tag.unwrap_or_else(|| panic!("{kind} status has no tag"));
+        let mine: Vec<_> = keys
+            .iter()
+            .filter(|k| k.acl_tags.contains(&agent_tag))
+            .collect();
+        assert!(!mine.is_empty(), "no pre-auth key tagged {agent_tag}");
+        let mut observed = Vec::new();
+        for key in &mine {
+            let lifetime = match (key.created_at, key.expiration) {
+                (Some(created), Some(expires)) => expires.duration_since(created).as_secs(),
+                _ => i64::MAX,
+            };
+            let expired = key.expiration.is_some_and(|e| e <= now);
+            observed.push(format!(
+                "reusable={} tags={:?} lifetime={lifetime}s used={} expired={expired}",
+                key.reusable, key.acl_tags, key.used
+            ));
+            assert!(!key.reusable, "{kind} pre-auth key is reusable");
+            assert!(lifetime <= 3600, "{kind} pre-auth key lives {lifetime}s");
+            assert!(
+                key.used || expired,
+                "{kind} pre-auth key still usable after the node exists"
+            );
+        }
+        row(
+            &format!("{kind} pre-auth key(s)"),
+            "single-use, tagged, ≤ 1 h, used or expired once the node exists",
+            &observed.join("; "),
+        );
+    }
+
+    // A stolen auth Secret: log a fresh node in with it.
+    let thief = env
+        .tailnet()
+        .join_node(
+            &format!("thief-{}", &ns[ns.len() - 5..]),
+            JoinOptions {
+                tags: vec!["tag:client".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("thief node");
+    let nodes_before = headscale.list_nodes().await.expect("nodes").len();
+    for (kind, stolen) in &auth_keys {
+        let socket = thief.node.state_dir().join("tailscaled.sock");
+        let mut command = thief
+            .netns
+            .command(&env.tailnet().binaries.tailscale)
+            .expect("tailscale command");
+        command
+            .arg(format!("--socket={}", socket.display()))
+            .args(["up", "--force-reauth", "--timeout=20s", "--reset"])
+            .arg(format!("--login-server={}", env.headscale_url()))
+            .arg(format!("--auth-key={stolen}"))
+            .arg("--hostname=stolen-login");
+        let output = tokio::task::spawn_blocking(move || command.output())
+            .await
+            .expect("join")
+            .expect("tailscale up");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        let nodes = headscale.list_nodes().await.expect("nodes");
+        let stolen_node = nodes
+            .iter()
+            .any(|n| n.given_name.contains("stolen-login") || n.name.contains("stolen-login"));
+        row(
+            &format!(
+                "`tailscale up --auth-key` with the {kind} agent's auth Secret on a fresh node"
+            ),
+            "refused; no node registered",
+            &format!(
+                "exit {:?}: {}; nodes {nodes_before} → {}",
+                output.status.code(),
+                stderr
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(120)
+                    .collect::<String>(),
+                nodes.len()
+            ),
+        );
+        assert!(
+            !output.status.success(),
+            "the stolen {kind} key logged a node in: {stderr}"
+        );
+        assert!(!stolen_node, "a node registered with the stolen {kind} key");
+    }
+
+    // (d) From the tailnet, the ingress agent answers on its declared ports only (the laptop
+    // is in allowFrom); the egress agent on none.
+    let laptop = env.tailnet().laptop.node.local_api();
+    let ipv4 = |ips: Vec<String>| {
+        ips.into_iter()
+            .find(|a| a.contains('.'))
+            .expect("tailnet IPv4")
+    };
+    let ingress_ip = ipv4(ingress.status.clone().unwrap_or_default().tailnet_ips);
+    let egress_ip = ipv4(egress.status.clone().unwrap_or_default().tailnet_ips);
+    eventually("declared port 5432 reachable from the laptop", || async {
+        if dial_opens(&laptop, &ingress_ip, 5432).await {
+            Ok(())
+        } else {
+            Err("not yet".to_string())
+        }
+    })
+    .await;
+    let scanned: [u16; 14] = [
+        22, 80, 1055, 1080, 3128, 5252, 6443, 8080, 8443, 9002, 9090, 9180, 10000, 41112,
+    ];
+    let mut open = Vec::new();
+    for port in scanned {
+        for (kind, ip) in [("ingress", &ingress_ip), ("egress", &egress_ip)] {
+            if dial_opens(&laptop, ip, port).await {
+                open.push(format!("{kind}:{port}"));
+            }
+        }
+    }
+    let egress_declared = dial_opens(&laptop, &egress_ip, 5432).await;
+    row(
+        "laptop (in allowFrom) scans the agents' tailnet IPs",
+        "ingress: 443/5432 only; egress: nothing",
+        &format!(
+            "ingress 5432 open; ports {scanned:?} open: {open:?}; egress 5432: {}",
+            if egress_declared { "open" } else { "closed" }
+        ),
+    );
+    assert!(
+        open.is_empty(),
+        "undeclared ports answer from the tailnet: {open:?}"
+    );
+    assert!(
+        !egress_declared,
+        "the egress agent accepts tailnet connections"
+    );
+
+    // Listeners inside the ingress agent's network namespace: the admin port on the pod IP.
+    let agent_pod = pods
+        .list(
+            &ListParams::default()
+                .labels(&format!("app.kubernetes.io/instance={}", agents[1].1.base)),
+        )
+        .await
+        .expect("pods")
+        .items
+        .into_iter()
+        .next()
+        .expect("ingress agent pod");
+    let pod_ip = agent_pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .expect("pod IP");
+    let listeners = agent_listeners(&pod_ip);
+    row(
+        "TCP listeners in the ingress agent pod (/proc/<agent>/net/tcp)",
+        "admin 9180 on the pod IP only; no proxy ports",
+        &format!("{listeners:?}"),
+    );
+    if let Some(listeners) = &listeners {
+        let addresses: Vec<&str> = listeners.iter().map(|(a, _)| a.as_str()).collect();
+        assert!(
+            addresses.contains(&format!("{pod_ip}:9180").as_str()),
+            "{listeners:?}"
+        );
+        assert!(
+            !addresses
+                .iter()
+                .any(|a| a.ends_with(":9180") && !a.starts_with(&pod_ip)),
+            "admin port bound beyond the pod IP: {listeners:?}"
+        );
+        assert!(
+            !addresses
+                .iter()
+                .any(|a| a.ends_with(":1055") || a.ends_with(":1080") || a.ends_with(":3128")),
+            "a proxy port listens: {listeners:?}"
+        );
+        // Loopback is where tailscaled forwards tailnet connections: only the declared ports.
+        for address in &addresses {
+            if address.starts_with("127.0.0.1:") {
+                assert!(
+                    *address == "127.0.0.1:443" || *address == "127.0.0.1:5432",
+                    "undeclared loopback listener {address}: {listeners:?}"
+                );
+            }
+        }
+    }
+
+    // (b) No secret value anywhere the operator writes.
+    let mut needles: Vec<(String, String)> =
+        vec![("Headscale API key".into(), env.api_key().to_string())];
+    for (kind, key) in &auth_keys {
+        needles.push((format!("{kind} pre-auth key"), key.clone()));
+    }
+    let key_body = key_pem
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .max_by_key(|l| l.len())
+        .unwrap_or_default()
+        .to_string();
+    needles.push(("TLS private key".into(), key_body));
+    for (kind, names) in &agents {
+        if let Ok(Some(state)) = secrets.get_opt(&names.state_secret).await {
+            for (key, value) in state.data.unwrap_or_default() {
+                let mut values = Vec::new();
+                secret_needles(&value.0, &mut values);
+                for value in values {
+                    needles.push((format!("{kind} state Secret key {key}"), value));
+                }
+            }
+        }
+    }
+    let mut haystacks: Vec<(&str, String)> = vec![("operator log (trace)", operator.log_text())];
+    let events = Api::<Event>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("events");
+    haystacks.push((
+        "Events",
+        serde_json::to_string(&events.items).unwrap_or_default(),
+    ));
+    haystacks.push((
+        "TailnetEgress/TailnetIngress/Tailnet objects",
+        format!(
+            "{}{}{}",
+            serde_json::to_string(
+                &egresses
+                    .list(&ListParams::default())
+                    .await
+                    .expect("egresses")
+                    .items
+            )
+            .unwrap_or_default(),
+            serde_json::to_string(
+                &ingresses
+                    .list(&ListParams::default())
+                    .await
+                    .expect("ingresses")
+                    .items
+            )
+            .unwrap_or_default(),
+            serde_json::to_string(
+                &Api::<tailnet_api::Tailnet>::all(client.clone())
+                    .get(&tailnet_name)
+                    .await
+                    .expect("tailnet")
+            )
+            .unwrap_or_default(),
+        ),
+    ));
+    haystacks.push((
+        "operator metrics",
+        operator.metrics().await.unwrap_or_default(),
+    ));
+    let config_maps = Api::<ConfigMap>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("configmaps");
+    haystacks.push((
+        "ConfigMaps (all namespaces)",
+        serde_json::to_string(&config_maps.items).unwrap_or_default(),
+    ));
+    haystacks.push((
+        "live Headscale policy",
+        headscale
+            .get_policy()
+            .await
+            .map(|p| format!("{p:?}"))
+            .unwrap_or_default(),
+    ));
+    let state_keys = needles
+        .iter()
+        .filter(|(what, _)| what.contains("state Secret"))
+        .count();
+    assert!(
+        state_keys >= 2,
+        "no private keys found in the agents' state Secrets ({state_keys}); the check would prove nothing"
+    );
+    let needle_count = needles.len();
+    for (place, haystack) in &haystacks {
+        let found: Vec<&str> = needles
+            .iter()
+            .filter(|(_, value)| !value.is_empty() && haystack.contains(value.as_str()))
+            .map(|(what, _)| what.as_str())
+            .collect();
+        row(
+            &format!("secret values in {place}"),
+            "none",
+            &format!(
+                "{} bytes searched for {needle_count} values: {}",
+                haystack.len(),
+                if found.is_empty() {
+                    "none found".to_string()
+                } else {
+                    format!("FOUND {found:?}")
+                }
+            ),
+        );
+        assert!(found.is_empty(), "secret values in {place}: {found:?}");
+    }
+    assert!(
+        haystacks[0].1.contains("TRACE") || haystacks[0].1.contains("DEBUG"),
+        "the operator log has no debug/trace lines; the check would prove nothing"
+    );
+    assert!(
+        needle_count >= 4,
+        "too few secret values collected: {needle_count}"
+    );
+
+    operator.terminate().await.expect("operator stops cleanly");
+    drop(thief);
+    let _ = egress.name_any();
+}
+
+/// TCP listeners (`ip:port`, owning process) in the network namespace of the tailnet-agent process whose `POD_IP` is `pod_ip`, from
+/// `/proc/<pid>/net/tcp` (the socket table of its network namespace). `None` when no such
+/// process is visible (e.g. the kubelet runs elsewhere).
+fn agent_listeners(pod_ip: &str) -> Option<Vec<(String, String)>> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(cmdline) = std::fs::read(path.join("cmdline")) else {
+            continue;
+        };
+        if !String::from_utf8_lossy(&cmdline).contains("tailnet-agent") {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(path.join("environ")) else {
+            continue;
+        };
+        let wanted = format!("POD_IP={pod_ip}");
+        if !environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes()) {
+            continue;
+        }
+        let table = std::fs::read_to_string(path.join("net/tcp")).ok()?;
+        let owners = socket_owners(&path);
+        let listeners = table
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                if fields.get(3) != Some(&"0A") {
+                    return None;
+                }
+                let (ip, port) = fields.get(1)?.split_once(':')?;
+                let ip = u32::from_str_radix(ip, 16).ok()?;
+                let port = u16::from_str_radix(port, 16).ok()?;
+                let owner = fields
+                    .get(9)
+                    .and_then(|inode| owners.get(*inode))
+                    .map_or("?", String::as_str);
+                Some((
+                    format!("{}:{port}", std::net::Ipv4Addr::from(ip.swap_bytes())),
+                    owner.to_string(),
+                ))
+            })
+            .collect();
+        return Some(listeners);
+    }
+    None
+}
+
+/// Socket inode → process name, for every process in the network namespace of `process`.
+fn socket_owners(process: &std::path::Path) -> BTreeMap<String, String> {
+    let mut owners = BTreeMap::new();
+    let Ok(netns) = std::fs::read_link(process.join("ns/net")) else {
+        return owners;
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return owners;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if std::fs::read_link(path.join("ns/net")).ok().as_ref() != Some(&netns) {
+            continue;
+        }
+        let name = std::fs::read_to_string(path.join("comm"))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let Ok(fds) = std::fs::read_dir(path.join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path()) {
+                let target = target.to_string_lossy().into_owned();
+                if let Some(inode) = target
+                    .strip_prefix("socket:[")
+                    .and_then(|t| t.strip_suffix(']'))
+                {
+                    owners.insert(inode.to_string(), name.clone());
+                }
+            }
+        }
+    }
+    owners
+}
