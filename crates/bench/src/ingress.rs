@@ -98,6 +98,8 @@ http {{
       # Unbuffered proxying reads the upstream in chunks of this size (default 4-8k, which
       # would make nginx's download a strawman).
       proxy_buffer_size 64k;
+      proxy_buffers 4 64k;
+      proxy_busy_buffers_size 128k;
     }}
   }}
 }}

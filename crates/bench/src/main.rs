@@ -1,7 +1,7 @@
 //! `tno-bench`: runs the benchmarks (see the crate docs) and prints Markdown tables.
 //! Normally started by `cargo xtask bench`, which builds the release binaries first.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -85,6 +85,16 @@ fn run(
         settings.tailnet.repeat = repeat.max(1);
     }
     let bench_exe = std::env::current_exe().context("own executable")?;
+    // tno-netlab forks every child from one helper thread, created on first use, and a thread
+    // inherits its creator's netns: create it now, from the root netns, before the data-plane
+    // benchmarks move their threads into lab namespaces (else the test environment's etcd
+    // and apiserver would start inside a lab netns).
+    tno_netlab::ChildProcess::spawn(
+        "netlab-spawner-warm-up",
+        std::process::Command::new("true"),
+        Path::new("/dev/null"),
+    )
+    .context("starting the process spawner")?;
     let wanted = |b: Benchmark| only.is_empty() || only.contains(&b);
     if wanted(Benchmark::Egress) {
         let (settings, bench_exe) = (settings.clone(), bench_exe.clone());

@@ -349,7 +349,9 @@ pub async fn run(operator_binary: &Path, work: Workload) -> Result<Table> {
     let netns = pod.netns.clone();
     // The client runs in a pod netns (so the Service is reached like from a pod); the
     // LocalAPI is a unix socket, reachable from any netns.
-    let measured = tokio::task::spawn_blocking(move || {
+    // A thread of its own: a tokio blocking-pool thread would go back to the pool inside the
+    // pod netns and carry it into later spawn_blocking work (the test env's forwarders).
+    let client_thread = std::thread::spawn(move || {
         netns
             .enter_current_thread()
             .context("entering the client netns")?;
@@ -374,6 +376,11 @@ pub async fn run(operator_binary: &Path, work: Workload) -> Result<Table> {
             }
             measure(agent, direct, work).await
         })
+    });
+    let measured = tokio::task::spawn_blocking(move || {
+        client_thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the client thread panicked"))?
     })
     .await;
     let _ = lab.remove_pod_netns("bench-client");
