@@ -117,6 +117,16 @@ fn check_lexical(text: &str) -> Result<(), BaseError> {
             },
             Lexical::LineComment => match byte {
                 b'\n' => Lexical::Code,
+                // The parser here ends a `//` comment at a lone CR, Go's hujson (Headscale)
+                // only at LF: the two would read different documents. Found by fuzzing.
+                b'\r' if bytes.get(offset + 1) != Some(&b'\n') => {
+                    let (line, column) = line_column(text, offset);
+                    return Err(BaseError {
+                        line,
+                        column,
+                        message: "carriage return without a line feed in a // comment; end lines with \\n or \\r\\n".into(),
+                    });
+                }
                 _ => Lexical::LineComment,
             },
             Lexical::BlockComment { star } => match byte {

@@ -256,6 +256,14 @@ fn invalid_hujson_is_an_error_with_line_and_column() {
         ("byte-order mark in the middle", "{\"a\": \u{feff}1}"),
         ("comma only", "{,}"),
         ("lone surrogate escape", "{\"a\": \"\\ud800\"}"),
+        // Found by the policy_base fuzz target: the parser ended the comment at the CR and
+        // read `{" \n\x0cgrants": [],}` (a raw newline in a key); Headscale's hujson reads
+        // the whole line as a comment.
+        (
+            "lone CR in a // comment, then a key with a raw newline",
+            "// \x0c\r\x0c{\" \n\x0cgrants\": [],}",
+        ),
+        ("lone CR in a // comment", "// c\r{\"groups\": {}}"),
     ];
     let mut accepted = Vec::new();
     for (name, text) in cases {
@@ -276,6 +284,8 @@ fn invalid_hujson_is_an_error_with_line_and_column() {
     // JSON allows a lone surrogate escape; Go's decoder replaces it with U+FFFD. Nothing else
     // may be accepted.
     accepted.retain(|name| *name != "lone surrogate escape");
+    // CRLF line ends stay fine.
+    parse_base("// comment\r\n{\"groups\": {}}\r\n").unwrap_or_else(|e| panic!("CRLF base: {e}"));
     assert!(accepted.is_empty(), "accepted invalid HuJSON: {accepted:?}");
 }
 
