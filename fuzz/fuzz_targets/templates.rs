@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tailnet_api::naming::{MAX_AGENT_NAME, MAX_NAME, shorten};
-use tailnet_api::validate::{TargetAddress, expand_template};
+use tailnet_api::validate::{TargetAddress, expand_template, parse_duration};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -27,14 +27,14 @@ fuzz_target!(|data: &[u8]| {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'),
             "{template:?} expanded to {hostname:?}"
         );
+        // Labels over 63 characters were accepted until 2161b4a (regression input:
+        // fuzz/regressions/templates/label-over-63).
         assert!(
-            hostname.split('.').all(|label| !label.is_empty()),
-            "{template:?} expanded to {hostname:?} with an empty label"
+            hostname
+                .split('.')
+                .all(|label| !label.is_empty() && label.len() <= 63),
+            "{template:?} expanded to {hostname:?} with an invalid label"
         );
-        // KNOWN, not yet fixed (crates/api): labels longer than 63 characters are accepted,
-        // e.g. "{name}{name}.example.net" with a 40-character dnsLabel. Reproducer:
-        // fuzz/regressions/templates/label-over-63. Enable once expand_template checks it:
-        // assert!(hostname.split('.').all(|label| label.len() <= 63));
     }
 
     // Kubernetes object names are ASCII (DNS-1123); `shorten` is only defined there.
@@ -45,10 +45,10 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 
-    // KNOWN CRASH, not yet fixed (crates/api is owned elsewhere): parse_duration panics in
-    // kube-core's Duration parser on huge values such as "6222…2ns6ns" ("cannot convert float
-    // seconds to Duration"); the CRD pattern has no maxLength, so the apiserver accepts them.
-    // Reproducer: fuzz/regressions/templates/duration-overflow. Enable once bounded:
-    // let _ = parse_duration("spec.exposes[0].timeouts.request", template);
+    // Panicked in kube-core's parser on huge values until 2161b4a (regression input:
+    // fuzz/regressions/templates/duration-overflow).
+    if let Ok(duration) = parse_duration("spec.exposes[0].timeouts.request", template) {
+        assert!(!duration.is_zero(), "{template:?} parsed to zero");
+    }
     let _ = TargetAddress::parse("spec.targets[0].address", template);
 });
