@@ -20,6 +20,8 @@ enum Benchmark {
     Ingress,
     Control,
     Tailnet,
+    /// Policy render time only (in-process, no environment).
+    Policy,
 }
 
 #[derive(Subcommand)]
@@ -129,9 +131,11 @@ fn run(
         let table = runtime.block_on(tailnet::run(&operator, settings.tailnet))?;
         println!("{}", table.markdown());
     }
-    if wanted(Benchmark::Control) {
+    if wanted(Benchmark::Policy) {
         let table = control::policy_table(&settings.policy_sizes, settings.policy_runs)?;
         println!("{}", table.markdown());
+    }
+    if wanted(Benchmark::Control) {
         let operator = operator_binary()?;
         let tables = runtime.block_on(control::run(
             &operator,
