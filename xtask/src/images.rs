@@ -91,7 +91,11 @@ pub fn images(root: &Path, registry: &str, tag: &str, builder: Option<&str>) -> 
     for (name, dockerfile) in IMAGES {
         let reference = format!("{}/{name}:{tag}", registry.trim_end_matches('/'));
         let file = root.join("images").join(dockerfile);
-        println!("building {reference} from {} with {}", file.display(), builder.program());
+        println!(
+            "building {reference} from {} with {}",
+            file.display(),
+            builder.program()
+        );
         let status = Command::new(builder.program())
             .args(builder.build_args())
             .arg("--file")
