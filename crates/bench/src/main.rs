@@ -121,7 +121,35 @@ fn run(
             .clone()
             .context("--operator is needed for the control-plane and tailnet benchmarks")
     };
-    // One runtime for both: the shared test environment lives on it.
+    // The tailnet and control-plane benchmarks each need a test environment of their own:
+    // one Headscale accepts policy writes from one installation only. So with both wanted,
+    // each runs in a child process.
+    if wanted(Benchmark::Tailnet) && wanted(Benchmark::Control) {
+        for only in ["tailnet", "control"] {
+            let mut child = std::process::Command::new(&bench_exe);
+            child.arg("run").arg("--agent").arg(&settings.agent);
+            if let Some(operator) = &settings.operator {
+                child.arg("--operator").arg(operator);
+            }
+            if smoke {
+                child.arg("--smoke");
+            }
+            if let Some(repeat) = repeat {
+                child.arg("--repeat").arg(repeat.to_string());
+            }
+            let steps: Vec<String> = settings.scale_steps.iter().map(usize::to_string).collect();
+            let status = child
+                .arg("--scale-steps")
+                .arg(steps.join(","))
+                .args(["--only", only])
+                .status()
+                .with_context(|| format!("running the {only} benchmark"))?;
+            if !status.success() {
+                anyhow::bail!("the {only} benchmark failed: {status}");
+            }
+        }
+        return Ok(());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
