@@ -87,6 +87,7 @@ fn run(
         settings.tailnet.repeat = repeat.max(1);
     }
     let bench_exe = std::env::current_exe().context("own executable")?;
+    raise_open_files_limit();
     // tno-netlab forks every child from one helper thread, created on first use, and a thread
     // inherits its creator's netns: create it now, from the root netns, before the data-plane
     // benchmarks move their threads into lab namespaces (else the test environment's etcd
@@ -175,6 +176,22 @@ fn run(
         }
     }
     Ok(())
+}
+
+/// The test environment's TCP forwarders (e.g. to Headscale) live in this process: at a few
+/// hundred resources the operator's connections exceed the default 1024 descriptors.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
 
 fn main() -> ExitCode {
