@@ -70,7 +70,9 @@ impl Settings {
             agent,
             caddy,
             operator: None,
-            scale_steps: vec![10, 100, 400],
+            // 400 (the 200 + 200) does not converge today (docs/benchmarks.md):
+            // `--scale-steps 10,100,400` to try it.
+            scale_steps: vec![10, 100],
             steady_window: Duration::from_secs(30),
             policy_sizes: vec![10, 100, 1000],
             policy_runs: 20,
