@@ -57,12 +57,12 @@ side_names=(faults_keep_the_data_plane_and_lose_nothing ingress_data_plane_throu
 side_log=$(mktemp -t tno-side-tests.XXXXXX)
 side_targets=()
 for t in "${side_tests[@]}"; do side_targets+=(--test "$t"); done
-cargo test --workspace --locked "${side_targets[@]}" >"$side_log" 2>&1 &
+cargo test --workspace --locked --no-fail-fast "${side_targets[@]}" >"$side_log" 2>&1 &
 side_pid=$!
 skips=()
 for n in "${side_names[@]}"; do skips+=(--skip "$n"); done
 main_status=0
-cargo test --workspace --locked -- "${skips[@]}" || main_status=$?
+cargo test --workspace --locked --no-fail-fast -- "${skips[@]}" || main_status=$?
 side_status=0
 wait "$side_pid" || side_status=$?
 printf '\n==> side group (%s) output:\n' "${side_tests[*]}"
