@@ -616,12 +616,15 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         let left: Vec<_> = nodes
             .iter()
             .filter(|n| n.tags.iter().any(|t| t.starts_with("tag:tno-egress-")))
-            .map(|n| n.id)
+            .map(|n| format!("{} {} {:?} online={}", n.id, n.given_name, n.tags, n.online))
             .collect();
         if left.is_empty() {
             Ok(())
         } else {
-            Err(format!("{left:?}"))
+            Err(format!(
+                "{left:?}\n--- operator ---\n{}",
+                operator.log_tail(40)
+            ))
         }
     })
     .await;

@@ -188,22 +188,9 @@ pub fn orphaned_keys(
 
 /// Removes the agent's identity from Headscale: its nodes and any unexpired keys of its tag.
 pub async fn forget_identity(headscale: &HeadscaleClient, tag: &str) -> Result<(), ReconcileError> {
-    let nodes = headscale
-        .list_nodes()
-        .await
-        .map_err(|source| ReconcileError::Headscale {
-            action: "list nodes".to_string(),
-            source,
-        })?;
-    for node in nodes.iter().filter(|n| n.tags.iter().any(|t| t == tag)) {
-        headscale
-            .delete_node(node.id)
-            .await
-            .map_err(|source| ReconcileError::Headscale {
-                action: format!("delete node {}", node.id),
-                source,
-            })?;
-    }
+    // Keys first: once none is valid, no agent can register a node any more, so the node list
+    // read afterwards is complete. (Nodes first left a window in which an agent that was
+    // still starting registered after the list and stayed behind as an orphan.)
     let keys =
         headscale
             .list_pre_auth_keys()
@@ -222,6 +209,22 @@ pub async fn forget_identity(headscale: &HeadscaleClient, tag: &str) -> Result<(
             .await
             .map_err(|source| ReconcileError::Headscale {
                 action: format!("expire pre-auth key {}", key.id),
+                source,
+            })?;
+    }
+    let nodes = headscale
+        .list_nodes()
+        .await
+        .map_err(|source| ReconcileError::Headscale {
+            action: "list nodes".to_string(),
+            source,
+        })?;
+    for node in nodes.iter().filter(|n| n.tags.iter().any(|t| t == tag)) {
+        headscale
+            .delete_node(node.id)
+            .await
+            .map_err(|source| ReconcileError::Headscale {
+                action: format!("delete node {}", node.id),
                 source,
             })?;
     }
