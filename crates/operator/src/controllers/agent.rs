@@ -587,7 +587,15 @@ where
     };
     let tag = tag_of(&access.tailnet);
     match &access.headscale {
-        Ok(headscale) => forget_identity(headscale, &tag).await?,
+        Ok(headscale) => {
+            forget_identity(headscale, &tag).await?;
+            // An agent pod that was still starting keeps running until garbage collection
+            // removes it; a registration already in flight when the keys were expired can
+            // land a moment later (seen in the egress e2e test: a node left behind). A second
+            // pass a few seconds later removes it.
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            forget_identity(headscale, &tag).await?;
+        }
         Err((reason, message)) => {
             return Err(ReconcileError::HeadscaleUnusable {
                 action: format!("clean up node {tag}"),
