@@ -564,6 +564,54 @@ pub fn policy_effective(
     c.set(types::POLICY_EFFECTIVE, Status::False, &reason, message);
 }
 
+/// Scales the agent's Deployment to zero and waits (at most 45 s: the agent drains for up to
+/// its grace period) until its pods are gone. A missing Deployment is already stopped.
+async fn stop_agent(ctx: &Context, owner: &Owner) -> Result<(), ReconcileError> {
+    use k8s_openapi::api::core::v1::Pod;
+    let name = owner.names().base.clone();
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    // A merge patch, not server-side apply: an apply with only `replicas` would drop every
+    // other field this manager owns.
+    let scale = serde_json::json!({"spec": {"replicas": 0}});
+    match deployments
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &Patch::Merge(&scale),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(e) => {
+            return Err(ReconcileError::kube(format!(
+                "scale Deployment {name} to 0"
+            ))(e));
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let selector = owner
+        .selector_labels()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(45);
+    loop {
+        let left = pods
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await
+            .map_err(ReconcileError::kube(format!("list pods of {name}")))?;
+        if left.items.is_empty() || tokio::time::Instant::now() > deadline {
+            if !left.items.is_empty() {
+                tracing::warn!(agent = %name, pods = left.items.len(), "agent pods still terminating; forgetting the identity anyway");
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
 /// Deletion of an egress/ingress: its Headscale node(s) go and unexpired keys of its tag are
 /// expired; owned objects go by GC; the Tailnet controller drops grants and DNS entries once
 /// the object is gone. Headscale unusable ⇒ the finalizer stays (an orphaned tagged node
@@ -571,6 +619,7 @@ pub fn policy_effective(
 pub async fn cleanup<K>(
     ctx: &Context,
     object: &K,
+    kind: tailnet_api::naming::AgentKind,
     tailnet_name: &str,
     tag_of: impl FnOnce(&Tailnet) -> String,
 ) -> Result<kube::runtime::controller::Action, ReconcileError>
@@ -588,12 +637,16 @@ where
     let tag = tag_of(&access.tailnet);
     match &access.headscale {
         Ok(headscale) => {
+            // Stop the agent first: a pod that is still running (or still starting) can
+            // register a node after its identity was forgotten and leave it behind (seen in
+            // the egress e2e test). Garbage collection would only stop it after the finalizer
+            // is gone, which is too late.
+            let owner = Owner::from_meta(kind, object.meta(), &access.tailnet.name_any())?;
+            stop_agent(ctx, &owner).await?;
             forget_identity(headscale, &tag).await?;
-            // An agent pod that was still starting keeps running until garbage collection
-            // removes it; a registration already in flight when the keys were expired can
-            // land a moment later (seen in the egress e2e test: a node left behind). A second
-            // pass a few seconds later removes it.
-            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            // A registration already in flight when the keys were expired can still land a
+            // moment later; a second pass removes it.
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
             forget_identity(headscale, &tag).await?;
         }
         Err((reason, message)) => {

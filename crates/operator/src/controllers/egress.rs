@@ -500,9 +500,13 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
 
 async fn cleanup(egress: &TailnetEgress, ctx: &Context) -> Result<Action, ReconcileError> {
     let name = egress.name_any();
-    agent::cleanup(ctx, egress, &egress.spec.tailnet_ref.name, |t| {
-        egress_tag(&t.spec.policy.tag_prefix, &name)
-    })
+    agent::cleanup(
+        ctx,
+        egress,
+        AgentKind::Egress,
+        &egress.spec.tailnet_ref.name,
+        |t| egress_tag(&t.spec.policy.tag_prefix, &name),
+    )
     .await
 }
 

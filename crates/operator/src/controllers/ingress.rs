@@ -616,8 +616,12 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
 
 async fn cleanup(ingress: &TailnetIngress, ctx: &Context) -> Result<Action, ReconcileError> {
     let (namespace, name) = (ingress.namespace().unwrap_or_default(), ingress.name_any());
-    agent::cleanup(ctx, ingress, &ingress.spec.tailnet_ref.name, |t| {
-        ingress_tag(&t.spec.policy.tag_prefix, &namespace, &name)
-    })
+    agent::cleanup(
+        ctx,
+        ingress,
+        AgentKind::Ingress,
+        &ingress.spec.tailnet_ref.name,
+        |t| ingress_tag(&t.spec.policy.tag_prefix, &namespace, &name),
+    )
     .await
 }
