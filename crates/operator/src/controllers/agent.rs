@@ -564,6 +564,16 @@ pub fn policy_effective(
     c.set(types::POLICY_EFFECTIVE, Status::False, &reason, message);
 }
 
+/// The label selector of an agent's pods.
+fn agent_pod_selector(owner: &Owner) -> String {
+    owner
+        .selector_labels()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Scales the agent's Deployment to zero and waits (at most 45 s: the agent drains for up to
 /// its grace period) until its pods are gone. A missing Deployment is already stopped.
 async fn stop_agent(ctx: &Context, owner: &Owner) -> Result<(), ReconcileError> {
@@ -590,12 +600,7 @@ async fn stop_agent(ctx: &Context, owner: &Owner) -> Result<(), ReconcileError> 
         }
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let selector = owner
-        .selector_labels()
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    let selector = agent_pod_selector(owner);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(45);
     loop {
         let left = pods
@@ -677,12 +682,7 @@ pub async fn agent_status(
 ) -> Option<tailnet_api::agent_status::StatusReport> {
     use k8s_openapi::api::core::v1::Pod;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let selector = owner
-        .selector_labels()
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    let selector = agent_pod_selector(owner);
     let list = pods
         .list(&kube::api::ListParams::default().labels(&selector))
         .await
