@@ -189,46 +189,9 @@ async fn count_done(
 
 /// Mutating requests the apiserver answered with 2xx, by `verb resource[/subresource]`.
 async fn apiserver_writes(client: &kube::Client) -> Result<BTreeMap<String, f64>> {
-    let request = http::Request::get("/metrics")
-        .body(Vec::new())
-        .context("metrics request")?;
-    let text = client
-        .request_text(request)
+    tno_testenv::apiserver_writes(client)
         .await
-        .context("apiserver /metrics")?;
-    let mut writes = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split("\",")
-                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
-                .map(|v| v.trim_end_matches('"').to_owned())
-                .unwrap_or_default()
-        };
-        let verb = label("verb");
-        if !matches!(
-            verb.as_str(),
-            "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY" | "DELETECOLLECTION"
-        ) || !label("code").starts_with('2')
-        {
-            continue;
-        }
-        let subresource = label("subresource");
-        let resource = if subresource.is_empty() {
-            label("resource")
-        } else {
-            format!("{}/{subresource}", label("resource"))
-        };
-        *writes.entry(format!("{verb} {resource}")).or_insert(0.0) +=
-            value.trim().parse::<f64>().unwrap_or(0.0);
-    }
-    Ok(writes)
+        .map_err(|e| anyhow::anyhow!("apiserver /metrics: {e}"))
 }
 
 /// The store's current revision (the resourceVersion of a fresh list): every persisted write

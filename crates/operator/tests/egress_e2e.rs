@@ -498,6 +498,79 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         "no rule covers the listener ports: {rules:?}"
     );
 
+    // Steady state: the egress is reconciled every 2 s (the poll interval), and those
+    // resyncs send nothing: no server-side apply of unchanged children, no status write.
+    // Witness: the apiserver's own request counters; the operator's counter of skipped
+    // applies shows the reconciles did run in the window.
+    let skipped =
+        "tailnet_operator_child_applies_total{kind=\"Deployment\",decision=\"unchanged\"}";
+    let skipped_before = operator.metric(skipped).await.unwrap_or(0.0);
+    let writes_before = tno_testenv::apiserver_writes(&client)
+        .await
+        .expect("apiserver metrics");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let writes = tno_testenv::writes_between(
+        &writes_before,
+        &tno_testenv::apiserver_writes(&client)
+            .await
+            .expect("apiserver metrics"),
+    );
+    let skipped_in_window = operator.metric(skipped).await.unwrap_or(0.0) - skipped_before;
+    eprintln!(
+        "steady state, 10 s: writes by all clients {writes:?}; unchanged Deployment applies skipped: {skipped_in_window}"
+    );
+    assert!(
+        skipped_in_window >= 3.0,
+        "the egress was not resynced in the window ({skipped_in_window} skipped applies)"
+    );
+    let operator_writes: Vec<&String> = writes
+        .keys()
+        .filter(|k| (k.starts_with("APPLY ") && !k.ends_with(" leases")) || k.contains(" tailnet"))
+        .collect();
+    assert!(
+        operator_writes.is_empty(),
+        "steady-state resyncs must not write (all writes in the window: {writes:?})"
+    );
+
+    // Drift of watched children is repaired on the next resync: a deleted NetworkPolicy and
+    // a deleted target Service come back (the Service keeps its name; its ClusterIP may change).
+    policies
+        .delete("tailnet-egress-site", &DeleteParams::default())
+        .await
+        .expect("delete the egress NetworkPolicy");
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    services
+        .delete("remote-db", &DeleteParams::default())
+        .await
+        .expect("delete the remote-db Service");
+    eventually(
+        "the deleted NetworkPolicy and Service to be re-applied",
+        || async {
+            let policy = policies
+                .get_opt("tailnet-egress-site")
+                .await
+                .map_err(|e| e.to_string())?;
+            let service = services
+                .get_opt("remote-db")
+                .await
+                .map_err(|e| e.to_string())?;
+            match (&policy, &service) {
+                (Some(p), Some(s))
+                    if p.metadata.deletion_timestamp.is_none()
+                        && s.metadata.deletion_timestamp.is_none() =>
+                {
+                    Ok(())
+                }
+                _ => Err(format!(
+                    "NetworkPolicy present: {}, Service present: {}",
+                    policy.is_some(),
+                    service.is_some()
+                )),
+            }
+        },
+    )
+    .await;
+
     // A new target is picked up by the running agent: its Service works, and the pod (with
     // its connections and node) is not replaced.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);

@@ -33,6 +33,11 @@ pub struct RunArgs {
     /// How often Headscale's state (nodes, routes, live policy) is re-read.
     #[arg(long, env = "HEADSCALE_POLL_INTERVAL", default_value = "30s", value_parser = duration)]
     pub headscale_poll_interval: Duration,
+    /// An unchanged child object (Deployment, Service, ConfigMap, ...) is server-side applied
+    /// again after this long at the latest; in between, resyncs send nothing unless the
+    /// object changed (drift of watched kinds is repaired at once, of the others within this).
+    #[arg(long, env = "REAPPLY_INTERVAL", default_value = "10m", value_parser = duration)]
+    pub reapply_interval: Duration,
     /// Timeout of one Headscale API call.
     #[arg(long, env = "HEADSCALE_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub headscale_timeout: Duration,
@@ -91,6 +96,7 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
             },
             cluster_domain: args.cluster_domain.clone(),
             approve_routes: args.route_approval,
+            reapply_interval: args.reapply_interval,
         },
         installation_id: args.installation_id.clone(),
         admin_address: args.admin_address,

@@ -34,7 +34,16 @@ pub struct TailnetAccess {
 /// for `TailnetReady=False`.
 pub async fn tailnet_access(ctx: &Context, name: &str) -> Result<TailnetAccess, (String, String)> {
     let api: Api<Tailnet> = Api::all(ctx.client.clone());
-    let tailnet = match api.get_opt(name).await {
+    let cached = ctx
+        .caches
+        .tailnets
+        .get(&kube::runtime::reflector::ObjectRef::new(name));
+    // The cache may still be filling: a miss is confirmed by a GET.
+    let read = match cached {
+        Some(t) => Ok(Some((*t).clone())),
+        None => api.get_opt(name).await,
+    };
+    let tailnet = match read {
         Ok(Some(t)) => t,
         Ok(None) => {
             return Err((
@@ -82,6 +91,28 @@ fn secret_annotation(secret: &K8sSecret, key: &str) -> Option<String> {
     secret.annotations().get(key).cloned()
 }
 
+/// An agent Secret: from the watch cache of the operator namespace when it is there,
+/// otherwise a GET served from the apiserver's watch cache (no etcd read per poll). A stale
+/// answer costs at most one superfluous key: the orphan sweep expires the other.
+pub async fn read_secret(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<K8sSecret>, ReconcileError> {
+    if namespace == ctx.config.operator_namespace
+        && let Some(secret) = ctx
+            .caches
+            .operator_secrets
+            .get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))
+    {
+        return Ok(Some((*secret).clone()));
+    }
+    let secrets: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), namespace);
+    super::get_opt_cached(&secrets, name)
+        .await
+        .map_err(ReconcileError::kube(format!("get Secret {name}")))
+}
+
 /// Keeps exactly one valid single-use key while no node exists, none once it does. Never
 /// mints while an unexpired key is pending, so a crash-looping agent cannot make it mint in
 /// a loop.
@@ -92,14 +123,21 @@ pub async fn ensure_pre_auth_key(
     tag: &str,
     node_exists: bool,
 ) -> Result<KeyState, ReconcileError> {
+    use super::applied::{ABSENT, ChildRef, Decision, Live};
     let names = owner.names();
     let secrets: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let existing = secrets
-        .get_opt(&names.auth_secret)
-        .await
-        .map_err(ReconcileError::kube("get auth Secret"))?;
+    let auth_child = ChildRef {
+        kind: "Secret".to_string(),
+        namespace: owner.namespace.clone(),
+        name: names.auth_secret.clone(),
+    };
     if node_exists {
-        if let Some(secret) = existing {
+        // This process already removed the Secret once the node existed: nothing to read
+        // on every poll (checked again after the re-apply interval).
+        if ctx.applied.decide(&auth_child, &ABSENT, Live::Unwatched) == Decision::Unchanged {
+            return Ok(KeyState::NodeExists);
+        }
+        if let Some(secret) = read_secret(ctx, &owner.namespace, &names.auth_secret).await? {
             // The key is spent (single use) or unneeded: expire it and drop the Secret.
             if let Some(id) =
                 secret_annotation(&secret, KEY_ID_ANNOTATION).and_then(|id| id.parse::<u64>().ok())
@@ -107,13 +145,20 @@ pub async fn ensure_pre_auth_key(
             {
                 tracing::debug!(key_id = id, error = %e, "expiring a used pre-auth key failed");
             }
-            secrets
+            match secrets
                 .delete(&names.auth_secret, &DeleteParams::default())
                 .await
-                .map_err(ReconcileError::kube("delete auth Secret"))?;
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(ReconcileError::kube("delete auth Secret")(e)),
+            }
         }
+        ctx.applied.record(auth_child, ABSENT, None);
         return Ok(KeyState::NodeExists);
     }
+    ctx.applied.forget(&auth_child);
+    let existing = read_secret(ctx, &owner.namespace, &names.auth_secret).await?;
     let now = Timestamp::now();
     if let Some(secret) = &existing
         && let Some(expires) = secret_annotation(secret, KEY_EXPIRES_ANNOTATION)
@@ -128,14 +173,16 @@ pub async fn ensure_pre_auth_key(
         .as_ref()
         .and_then(|secret| secret_annotation(secret, KEY_ID_ANNOTATION))
         .and_then(|id| id.parse::<u64>().ok());
-    let keys =
-        headscale
-            .list_pre_auth_keys()
-            .await
-            .map_err(|source| ReconcileError::Headscale {
-                action: "list pre-auth keys".to_string(),
-                source,
-            })?;
+    // A list up to a second old is enough here: keys of this tag are only minted by this
+    // resource's reconciles, which never run concurrently.
+    let keys = ctx
+        .pre_auth_keys
+        .get(headscale.server(), || headscale.list_pre_auth_keys())
+        .await
+        .map_err(|source| ReconcileError::Headscale {
+            action: "list pre-auth keys".to_string(),
+            source,
+        })?;
     for id in orphaned_keys(&keys, tag, held, now) {
         headscale
             .expire_pre_auth_key(id)
@@ -328,21 +375,45 @@ pub async fn publish_ready_transition<K>(
     }
 }
 
-/// Server-side applies a namespaced object into `namespace` under its own name.
-pub async fn apply_in<K>(ctx: &Context, namespace: &str, object: &K) -> Result<K, ReconcileError>
+/// Server-side applies a namespaced child object of a kind the operator does not watch into
+/// `namespace`, unless it was applied unchanged recently (see applied.rs).
+pub async fn apply_in<K>(ctx: &Context, namespace: &str, object: &K) -> Result<(), ReconcileError>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
         + std::fmt::Debug
         + serde::Serialize
-        + serde::de::DeserializeOwned,
+        + serde::de::DeserializeOwned
+        + 'static,
 {
-    super::apply(
+    super::apply_cached(
+        ctx,
         &Api::namespaced(ctx.client.clone(), namespace),
-        &object.name_any(),
+        namespace,
         object,
+        super::Watched::No,
     )
     .await
+    .map(|_| ())
+}
+
+/// Applies the agent Deployment (skipped when unchanged and still as applied, per the watch
+/// cache) and returns it as it is now, status included.
+pub async fn apply_deployment(
+    ctx: &Context,
+    namespace: &str,
+    deployment: &Deployment,
+) -> Result<Deployment, ReconcileError> {
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
+    let store = &ctx.caches.deployments;
+    match super::apply_cached(ctx, &api, namespace, deployment, super::Watched::In(store)).await? {
+        Some(live) => Ok(live),
+        // Not reachable for a watched kind (a skip needs the cached copy); read it to be sure.
+        None => api
+            .get(&deployment.name_any())
+            .await
+            .map_err(ReconcileError::kube("get Deployment")),
+    }
 }
 
 /// The objects every agent has besides its Deployment (which is applied last, once
@@ -366,7 +437,15 @@ pub async fn apply_basics(
     apply_in(ctx, namespace, o.role_binding).await?;
     apply_in(ctx, namespace, o.state_secret).await?;
     apply_in(ctx, namespace, o.config_map).await?;
-    apply_in(ctx, namespace, o.network_policy).await?;
+    let policies = Api::namespaced(ctx.client.clone(), namespace);
+    super::apply_cached(
+        ctx,
+        &policies,
+        namespace,
+        o.network_policy,
+        super::Watched::In(&ctx.caches.network_policies),
+    )
+    .await?;
     Ok(())
 }
 
@@ -424,8 +503,8 @@ where
 
 /// The agent's node as Headscale sees it, after keeping its pre-auth key in order.
 pub struct NodeObservation {
-    /// Every node (routes of approver nodes matter to egresses).
-    pub nodes: Vec<Node>,
+    /// Every node (routes of approver nodes matter to egresses), shared with other reconciles.
+    pub nodes: std::sync::Arc<Vec<Node>>,
     /// The node carrying the agent's tag.
     pub node: Option<Node>,
 }
@@ -453,11 +532,15 @@ where
             "cannot observe the node (see TailnetReady)",
         );
         return Ok(NodeObservation {
-            nodes: Vec::new(),
+            nodes: Default::default(),
             node: None,
         });
     };
-    let nodes = match headscale.list_nodes().await {
+    let nodes = match ctx
+        .nodes
+        .get(headscale.server(), || headscale.list_nodes())
+        .await
+    {
         Ok(nodes) => nodes,
         Err(e) => {
             // Without the node list nothing is minted: the node may well exist.
@@ -468,7 +551,7 @@ where
                 format!("listing Headscale nodes failed: {e}"),
             );
             return Ok(NodeObservation {
-                nodes: Vec::new(),
+                nodes: Default::default(),
                 node: None,
             });
         }
@@ -653,6 +736,12 @@ where
             // moment later; a second pass removes it.
             tokio::time::sleep(std::time::Duration::from_secs(3)).await;
             forget_identity(headscale, &tag).await?;
+            ctx.nodes.invalidate(headscale.server());
+            ctx.pre_auth_keys.invalidate(headscale.server());
+            // Garbage collection removes the children; a new resource of the same name
+            // must not be taken for them.
+            ctx.applied
+                .forget_prefixed(&owner.namespace, &owner.names().base);
         }
         Err((reason, message)) => {
             return Err(ReconcileError::HeadscaleUnusable {
@@ -683,8 +772,13 @@ pub async fn agent_status(
     use k8s_openapi::api::core::v1::Pod;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let selector = agent_pod_selector(owner);
+    // Served from the apiserver's watch cache (no etcd read on every poll).
     let list = pods
-        .list(&kube::api::ListParams::default().labels(&selector))
+        .list(
+            &kube::api::ListParams::default()
+                .labels(&selector)
+                .match_any(),
+        )
         .await
         .ok()?;
     let ip = list

@@ -4,12 +4,20 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret as K8sSecret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
-use tailnet_api::{TailnetEgress, TailnetIngress};
-use tailnet_headscale::{Client as HeadscaleClient, ClientOptions, Secret};
+use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
+use tailnet_headscale::{Client as HeadscaleClient, ClientOptions, Node, PreAuthKey, Secret};
 
+use super::applied::AppliedObjects;
+use super::shared_list::SharedList;
 use crate::runtime::metrics::Metrics;
+
+/// How long a Headscale node or key list serves every reconcile that asks (see shared_list).
+const HEADSCALE_LIST_TTL: Duration = Duration::from_secs(1);
 
 /// Operator-wide settings (flags/env).
 #[derive(Clone, Debug)]
@@ -28,6 +36,27 @@ pub struct OperatorConfig {
     /// Approve advertised routes that cover IP egress targets (Apply mode). Off: routes are
     /// left to the Headscale admin and egresses report `RouteNotApproved`.
     pub approve_routes: bool,
+    /// An unchanged child object is applied again after this long at the latest (repairs drift
+    /// of kinds the operator does not watch; see applied.rs).
+    pub reapply_interval: Duration,
+}
+
+/// Watch caches of what the operator reads on every reconcile (reads from here instead of
+/// GETs; a miss falls back to a GET, so a cache that is still filling is never trusted to
+/// say "absent" where that would matter).
+#[derive(Clone)]
+pub struct Caches {
+    pub tailnets: Store<Tailnet>,
+    /// Agent Deployments, cluster-wide (label-selected).
+    pub deployments: Store<Deployment>,
+    /// Agent Services in the operator namespace (label-selected).
+    pub services: Store<Service>,
+    /// Agent NetworkPolicies, cluster-wide (label-selected): a security control, so a
+    /// deleted or edited one is re-applied on the next poll, not only after the re-apply
+    /// interval.
+    pub network_policies: Store<NetworkPolicy>,
+    /// Secrets in the operator namespace (API keys, agent auth Secrets).
+    pub operator_secrets: Store<K8sSecret>,
 }
 
 pub struct Context {
@@ -40,6 +69,12 @@ pub struct Context {
     /// For reading agents' `/status` (short timeouts: an agent that does not answer only
     /// leaves reachability unobserved).
     pub agent_http: reqwest::Client,
+    pub caches: Caches,
+    /// What was last applied per child object (to skip unchanged applies).
+    pub applied: AppliedObjects,
+    /// Node and pre-auth key lists per Headscale server, shared by concurrent reconciles.
+    pub nodes: SharedList<Node>,
+    pub pre_auth_keys: SharedList<PreAuthKey>,
     headscale_clients: Mutex<HashMap<(String, String), HeadscaleClient>>,
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -52,7 +87,9 @@ impl Context {
         recorder: Recorder,
         egresses: Store<TailnetEgress>,
         ingresses: Store<TailnetIngress>,
+        caches: Caches,
     ) -> Self {
+        let reapply_interval = config.reapply_interval;
         Context {
             client,
             config,
@@ -65,6 +102,10 @@ impl Context {
                 .connect_timeout(Duration::from_secs(2))
                 .build()
                 .unwrap_or_default(),
+            caches,
+            applied: AppliedObjects::new(reapply_interval),
+            nodes: SharedList::new(HEADSCALE_LIST_TTL),
+            pre_auth_keys: SharedList::new(HEADSCALE_LIST_TTL),
             headscale_clients: Mutex::default(),
             failures: Mutex::default(),
         }

@@ -9,9 +9,10 @@ use ipnet::IpNet;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::DeleteParams;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tailnet_api::conditions::{self, Status, reasons, types};
 use tailnet_api::egress::{EgressTargetStatus, TailnetEgressStatus};
@@ -25,7 +26,7 @@ use tailnet_render::{RenderContext, egress as render_egress};
 
 use super::agent;
 use super::context::Context;
-use super::{ReconcileError, apply};
+use super::{ReconcileError, Watched, apply_cached};
 
 /// Finalizer that removes the agent's Headscale node and keys before the object goes.
 pub const FINALIZER: &str = "tailnet-operator.dev/cleanup";
@@ -239,6 +240,18 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut conflicts = BTreeMap::new();
     for target in &egress.spec.targets {
+        // Our own Services are in the watch cache; anything else (a new name, or a Service
+        // of someone else, which carries no agent labels) is read.
+        let cached = ctx
+            .caches
+            .services
+            .get(&ObjectRef::new(&target.name).within(&namespace));
+        if cached
+            .as_ref()
+            .is_some_and(|s| s.owner_references().iter().any(|o| o.uid == uid))
+        {
+            continue;
+        }
         if let Some(existing) = services
             .get_opt(&target.name)
             .await
@@ -291,31 +304,48 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         if conflicts.contains_key(&service_name) {
             continue;
         }
-        let applied = apply(&services, &service_name, service).await?;
+        let applied = apply_cached(
+            ctx,
+            &services,
+            &namespace,
+            service,
+            Watched::In(&ctx.caches.services),
+        )
+        .await?;
+        let applied = match applied {
+            Some(live) => live,
+            None => services
+                .get(&service_name)
+                .await
+                .map_err(ReconcileError::kube("get Service"))?,
+        };
         applied_services.insert(service_name, applied);
     }
-    // Services of removed targets.
-    let selector = format!(
-        "{}=TailnetEgress,{}={}",
-        labels::OWNER_KIND,
-        labels::OWNER_NAME,
-        tailnet_api::naming::shorten(&name, 63)
-    );
-    for svc in services
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(ReconcileError::kube("list Services"))?
-        .items
-    {
-        let ours = svc.owner_references().iter().any(|o| o.uid == uid);
-        if ours
-            && !applied_services.contains_key(&svc.name_any())
-            && !conflicts.contains_key(&svc.name_any())
+    // Services of removed targets (ours carry the agent labels, so the watch cache has them).
+    let short_name = tailnet_api::naming::shorten(&name, 63);
+    let removed: Vec<String> = ctx
+        .caches
+        .services
+        .state()
+        .iter()
+        .filter(|svc| svc.namespace().as_deref() == Some(namespace.as_str()))
+        .filter(|svc| {
+            svc.labels().get(labels::OWNER_KIND).map(String::as_str) == Some("TailnetEgress")
+                && svc.labels().get(labels::OWNER_NAME) == Some(&short_name)
+        })
+        .filter(|svc| svc.owner_references().iter().any(|o| o.uid == uid))
+        .map(|svc| svc.name_any())
+        .filter(|n| !applied_services.contains_key(n) && !conflicts.contains_key(n))
+        .collect();
+    for service_name in removed {
+        match services
+            .delete(&service_name, &DeleteParams::default())
+            .await
         {
-            services
-                .delete(&svc.name_any(), &DeleteParams::default())
-                .await
-                .map_err(ReconcileError::kube("delete Service"))?;
+            // The cache can still show a Service that is already gone.
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(ReconcileError::kube("delete Service")(e)),
         }
     }
     // Node and key before the Deployment: a pod started before its auth Secret exists finds
@@ -328,7 +358,7 @@ async fn apply_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Action, R
         status.tailnet_ips = n.ip_addresses.clone();
     }
     let nodes = observed.nodes;
-    let deployment = agent::apply_in(ctx, &namespace, &objects.deployment).await?;
+    let deployment = agent::apply_deployment(ctx, &namespace, &objects.deployment).await?;
 
     if conflicts.is_empty() {
         c.set(

@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tailnet_api::conditions::{Status, reasons, types};
 use tailnet_api::ingress::{ExposeMode, ExposeStatus, TailnetIngressStatus};
@@ -26,6 +27,7 @@ use tailnet_render::meta::Owner;
 
 use super::ReconcileError;
 use super::agent;
+use super::applied::{self, ChildRef, Decision, Live};
 use super::certificates::{self, CertificateVerdict};
 use super::context::Context;
 
@@ -142,8 +144,7 @@ async fn resolve_backends(
             .clone()
             .unwrap_or_else(|| namespace.to_string());
         let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-        let Some(service) = services
-            .get_opt(&backend.service)
+        let Some(service) = super::get_opt_cached(&services, &backend.service)
             .await
             .map_err(ReconcileError::kube("get backend Service"))?
         else {
@@ -177,8 +178,7 @@ async fn resolve_backends(
         }
         if let Some(tls) = &backend.tls {
             let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
-            let cm = cms
-                .get_opt(&tls.ca_config_map_ref.name)
+            let cm = super::get_opt_cached(&cms, &tls.ca_config_map_ref.name)
                 .await
                 .map_err(ReconcileError::kube("get CA ConfigMap"))?;
             let has_key = cm
@@ -410,11 +410,7 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
     let secret_name = user_secret.clone().unwrap_or_else(|| owner.names().tls);
     let mut serve_http = false;
     if has_http {
-        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-        let secret = secrets
-            .get_opt(&secret_name)
-            .await
-            .map_err(ReconcileError::kube("get TLS Secret"))?;
+        let secret = agent::read_secret(ctx, &namespace, &secret_name).await?;
         let pem = secret
             .as_ref()
             .and_then(|s| s.data.as_ref())
@@ -465,7 +461,7 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
         images: Images::resolve(&ctx.config.images, tailnet.spec.agent.as_ref()),
         cluster_domain: &ctx.config.cluster_domain,
     };
-    let mut deployment = None;
+    let deployment;
     if problems.is_empty() {
         let objects = render_ingress::render(
             ingress,
@@ -497,25 +493,55 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
                     message: e.to_string(),
                 })?;
             let certs = certificate_api(ctx, &namespace);
-            if let Err(e) = certs
-                .patch(
-                    &cert.metadata.name.clone().unwrap_or_default(),
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&value),
-                )
-                .await
-            {
-                c.set(types::CERTIFICATE_READY, Status::False, reasons::CERTIFICATE_NOT_CREATED, format!("creating the cert-manager Certificate failed (is cert-manager installed?): {e}"));
+            let cert_name = cert.metadata.name.clone().unwrap_or_default();
+            // Not watched (cert-manager may not even be installed): skipped while unchanged
+            // and younger than the re-apply interval, like the other unwatched children.
+            let child = ChildRef {
+                kind: "Certificate".to_string(),
+                namespace: namespace.clone(),
+                name: cert_name.clone(),
+            };
+            let fingerprint = applied::fingerprint(&value).ok();
+            let unchanged = fingerprint.as_ref().is_some_and(|f| {
+                ctx.applied.decide(&child, f, Live::Unwatched) == Decision::Unchanged
+            });
+            if !unchanged {
+                match certs
+                    .patch(
+                        &cert_name,
+                        &PatchParams::apply(FIELD_MANAGER).force(),
+                        &Patch::Apply(&value),
+                    )
+                    .await
+                {
+                    Ok(applied) => {
+                        if let Some(f) = fingerprint {
+                            ctx.applied
+                                .record(child, f, applied.metadata.resource_version);
+                        }
+                    }
+                    Err(e) => {
+                        c.set(types::CERTIFICATE_READY, Status::False, reasons::CERTIFICATE_NOT_CREATED, format!("creating the cert-manager Certificate failed (is cert-manager installed?): {e}"));
+                    }
+                }
             }
         }
-        deployment = Some(agent::apply_in(ctx, &namespace, &objects.deployment).await?);
+        deployment = Some(agent::apply_deployment(ctx, &namespace, &objects.deployment).await?);
         status.hostnames = objects.hostnames.clone();
     } else {
-        deployment = Api::<Deployment>::namespaced(ctx.client.clone(), &namespace)
-            .get_opt(&owner.names().base)
-            .await
-            .map_err(ReconcileError::kube("get Deployment"))?
-            .or(deployment);
+        let base = owner.names().base;
+        let cached = ctx
+            .caches
+            .deployments
+            .get(&ObjectRef::new(&base).within(&namespace))
+            .map(|d| (*d).clone());
+        deployment = match cached {
+            Some(d) => Some(d),
+            None => Api::<Deployment>::namespaced(ctx.client.clone(), &namespace)
+                .get_opt(&base)
+                .await
+                .map_err(ReconcileError::kube("get Deployment"))?,
+        };
     }
     let (agent_ready, agent_message) = agent::deployment_state(deployment.as_ref());
     c.set(

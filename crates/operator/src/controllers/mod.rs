@@ -2,16 +2,19 @@
 //! write status (only when it changed, ignoring timestamps).
 
 pub mod agent;
+pub mod applied;
 pub mod certificates;
 pub mod context;
 pub mod egress;
 pub mod ingress;
+pub mod shared_list;
 pub mod tailnet;
 
 use std::fmt::Debug;
 
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Resource};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tailnet_api::FIELD_MANAGER;
@@ -125,4 +128,81 @@ where
         "apply {}/{name}",
         K::kind(&Default::default())
     )))
+}
+
+/// Where the live object of a cached apply can be looked up.
+pub enum Watched<'a, K: Resource<DynamicType = ()> + 'static> {
+    /// In this watch cache (edits and deletes by others are seen).
+    In(&'a Store<K>),
+    /// Nowhere: only the age of the last apply bounds the skip.
+    No,
+}
+
+/// Server-side applies `object` unless this process applied exactly it recently and (for
+/// watched kinds) it is still as applied: see applied.rs. Returns the live object: the apply's
+/// answer, or the watch cache's copy when skipped (`None` when skipped for an unwatched kind).
+pub async fn apply_cached<K>(
+    ctx: &context::Context,
+    api: &Api<K>,
+    namespace: &str,
+    object: &K,
+    watched: Watched<'_, K>,
+) -> Result<Option<K>, ReconcileError>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + 'static,
+{
+    use crate::runtime::metrics::ApplyLabels;
+    let name = object.name_any();
+    let kind = K::kind(&()).to_string();
+    let child = applied::ChildRef {
+        kind: kind.clone(),
+        namespace: namespace.to_string(),
+        name: name.clone(),
+    };
+    // An object that cannot be serialised cannot be applied either: let apply report it.
+    let fingerprint = applied::fingerprint(object).ok();
+    let live = match &watched {
+        Watched::In(store) => store.get(&ObjectRef::new(&name).within(namespace)),
+        Watched::No => None,
+    };
+    let state = match (&watched, &live) {
+        (Watched::No, _) => applied::Live::Unwatched,
+        (Watched::In(_), None) => applied::Live::Absent,
+        (Watched::In(_), Some(l)) => {
+            applied::Live::Present(l.meta().resource_version.as_deref().unwrap_or_default())
+        }
+    };
+    let decision = fingerprint
+        .as_ref()
+        .map(|f| ctx.applied.decide(&child, f, state))
+        .unwrap_or(applied::Decision::Changed);
+    ctx.metrics
+        .child_applies
+        .get_or_create(&ApplyLabels {
+            kind,
+            decision: decision.label().to_string(),
+        })
+        .inc();
+    if decision == applied::Decision::Unchanged {
+        return Ok(live.map(|l| (*l).clone()));
+    }
+    let result = apply(api, &name, object).await?;
+    if let Some(fingerprint) = fingerprint {
+        ctx.applied
+            .record(child, fingerprint, result.meta().resource_version.clone());
+    }
+    Ok(Some(result))
+}
+
+/// `get_opt` served from the apiserver's watch cache (`resourceVersion=0`): for objects read on
+/// every poll where an answer a moment old is as good (no quorum read from etcd each time).
+pub async fn get_opt_cached<K>(api: &Api<K>, name: &str) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + Debug + DeserializeOwned,
+{
+    match api.get_with(name, &kube::api::GetParams::any()).await {
+        Ok(object) => Ok(Some(object)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
 }

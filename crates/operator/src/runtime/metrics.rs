@@ -31,6 +31,13 @@ pub struct ApiCallLabels {
     pub outcome: String,
 }
 
+/// `decision`: why a child object was applied, or `unchanged` when the apply was skipped.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApplyLabels {
+    pub kind: String,
+    pub decision: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PolicyLabels {
     pub tailnet: String,
@@ -158,6 +165,7 @@ pub struct Metrics {
     pub reconcile_duration: Family<ControllerLabels, Histogram>,
     pub headscale_calls: Family<ApiCallLabels, Counter>,
     pub headscale_call_duration: Family<ApiCallLabels, Histogram>,
+    pub child_applies: Family<ApplyLabels, Counter>,
     /// `result`: applied, unchanged, rejected, dry_run, owned_elsewhere.
     pub policy_syncs: Family<PolicyLabels, Counter>,
     pub policy_size_bytes: Family<TailnetLabels, Gauge>,
@@ -186,6 +194,7 @@ impl Default for Metrics {
             Family::<ApiCallLabels, Histogram>::new_with_constructor(|| {
                 Histogram::new(duration_buckets())
             });
+        let child_applies = Family::<ApplyLabels, Counter>::default();
         let policy_syncs = Family::<PolicyLabels, Counter>::default();
         let policy_size_bytes = Family::<TailnetLabels, Gauge>::default();
         let headscale_reachable = Family::<TailnetLabels, Gauge>::default();
@@ -216,6 +225,11 @@ impl Default for Metrics {
             "headscale_api_call_duration_seconds",
             "Duration of Headscale API calls",
             headscale_call_duration.clone(),
+        );
+        registry.register(
+            "child_applies",
+            "Child objects by kind and decision: applied because not_applied (by this process), changed, drifted (edited or deleted by someone else) or due (re-apply interval), or skipped as unchanged",
+            child_applies.clone(),
         );
         registry.register("policy_syncs", "Policy synchronisations by result (applied, unchanged, rejected, dry_run, owned_elsewhere)", policy_syncs.clone());
         registry.register(
@@ -255,6 +269,7 @@ impl Default for Metrics {
             reconcile_duration,
             headscale_calls,
             headscale_call_duration,
+            child_applies,
             policy_syncs,
             policy_size_bytes,
             headscale_reachable,

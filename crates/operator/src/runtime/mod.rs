@@ -12,6 +12,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
@@ -20,12 +21,40 @@ use kube::{Api, ResourceExt};
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tokio_util::sync::CancellationToken;
 
-use crate::controllers::context::{Context, OperatorConfig};
+use crate::controllers::context::{Caches, Context, OperatorConfig};
 use crate::controllers::{egress, ingress, tailnet};
 
 /// Selects the objects the operator creates for agents (owned-object watches).
 const AGENT_SELECTOR: &str =
     "app.kubernetes.io/managed-by=tailnet-operator,app.kubernetes.io/name=tailnet-agent";
+
+/// How long the Tailnet controller waits for more changes before reconciling.
+const TAILNET_DEBOUNCE: Duration = Duration::from_millis(500);
+
+/// A watch cache kept up to date in the background (with the watch backoff below).
+fn cache_of<K>(api: Api<K>, config: watcher::Config) -> reflector::Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    tokio::spawn(
+        reflector::reflector(
+            writer,
+            watcher(api, config).modify(|object| {
+                object.meta_mut().managed_fields = None;
+            }),
+        )
+        .backoff(WatchBackoff::default())
+        .for_each(|_| async {}),
+    );
+    store
+}
 
 /// Backoff of the watch streams: 0.5 s doubling to at most 5 s, back to 0.5 s after any
 /// event. kube-runtime's default (up to 30 s, reset only after 120 s without errors) is
@@ -177,6 +206,25 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
         .backoff(WatchBackoff::default())
         .for_each(|_| async {}),
     );
+    // Watch caches of the agents' children and the operator namespace's Secrets, read by
+    // every reconcile instead of GETs (and used to skip applies that would change nothing).
+    // managedFields are dropped: never read, and the biggest part of each object.
+    let deployments = cache_of::<Deployment>(
+        Api::all(client.clone()),
+        watcher::Config::default().labels(AGENT_SELECTOR),
+    );
+    let services = cache_of::<Service>(
+        Api::namespaced(client.clone(), &settings.operator.operator_namespace),
+        watcher::Config::default().labels(AGENT_SELECTOR),
+    );
+    let network_policies = cache_of::<NetworkPolicy>(
+        Api::all(client.clone()),
+        watcher::Config::default().labels(AGENT_SELECTOR),
+    );
+    let operator_secrets = cache_of::<Secret>(
+        Api::namespaced(client.clone(), &settings.operator.operator_namespace),
+        watcher::Config::default(),
+    );
     health.ready.store(true, Ordering::Relaxed);
 
     let elector = LeaderElector::new(client.clone(), settings.lease.clone());
@@ -194,6 +242,16 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
         controller: "tailnet-operator".to_string(),
         instance: Some(settings.lease.identity.clone()),
     };
+    let ns = settings.operator.operator_namespace.clone();
+    // One policy render serves a burst of changes (hundreds of resources applied at once
+    // each trigger the Tailnet; without a pause every change rendered and compared again).
+    let controller = Controller::new(
+        Api::<Tailnet>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(kube::runtime::controller::Config::default().debounce(TAILNET_DEBOUNCE))
+    .trigger_backoff(WatchBackoff::default());
+    let tailnets = controller.store();
     let ctx = Arc::new(Context::new(
         client.clone(),
         settings.operator.clone(),
@@ -201,14 +259,14 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
         Recorder::new(client.clone(), reporter),
         egresses,
         ingresses,
+        Caches {
+            tailnets: tailnets.clone(),
+            deployments,
+            services,
+            network_policies,
+            operator_secrets,
+        },
     ));
-    let ns = settings.operator.operator_namespace.clone();
-    let controller = Controller::new(
-        Api::<Tailnet>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .trigger_backoff(WatchBackoff::default());
-    let tailnets = controller.store();
     metrics.watch_conditions(
         tailnets.clone(),
         ctx.egresses.clone(),

@@ -22,6 +22,7 @@
 //! Needs root, the binaries of `deps/build.sh` and the workspace's own binaries
 //! (`cargo build --workspace --bins`: `tailnet-agent`, `tno-test-servers`, `tailnet-operator`).
 
+mod apiserver_metrics;
 mod env;
 mod error;
 mod operator;
@@ -29,6 +30,7 @@ mod pods;
 mod stand_ins;
 mod tailnet_client;
 
+pub use apiserver_metrics::{apiserver_writes, writes_between};
 pub use env::{
     API_KEY_KEY, BASE_POLICY_CONFIG_MAP, BASE_POLICY_KEY, BOOTSTRAP_SECRET, E2eEnv, E2eNamespace,
     HOSTS_CONFIG_MAP, PLATFORM_GROUP,

@@ -110,7 +110,16 @@ pub async fn read_api_key(ctx: &Context, tailnet: &Tailnet) -> Result<Secret, (S
     let reference = &tailnet.spec.api_secret_ref;
     let ns = &ctx.config.operator_namespace;
     let api: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), ns);
-    let secret = match api.get_opt(&reference.name).await {
+    // Read on every reconcile of every resource: from the watch cache when it has it.
+    let cached = ctx
+        .caches
+        .operator_secrets
+        .get(&kube::runtime::reflector::ObjectRef::new(&reference.name).within(ns));
+    let read = match cached {
+        Some(secret) => Ok(Some((*secret).clone())),
+        None => api.get_opt(&reference.name).await,
+    };
+    let secret = match read {
         Ok(Some(secret)) => secret,
         Ok(None) => {
             return Err((
@@ -219,10 +228,13 @@ async fn write_rendered_policy(
         ])),
         ..ConfigMap::default()
     };
-    super::apply(
+    // Written on every reconcile of the Tailnet: sent only when it changed (see applied.rs).
+    super::apply_cached(
+        ctx,
         &Api::<ConfigMap>::namespaced(ctx.client.clone(), ns),
-        &name,
+        ns,
         &cm,
+        super::Watched::No,
     )
     .await
     .map(|_| ())
