@@ -217,6 +217,28 @@ fn metric_sum(text: &str, prefix: &str) -> f64 {
         .sum()
 }
 
+/// Growth of every sample of `family` between two scrapes, by its label set (only those that
+/// grew).
+fn metric_growth(before: &str, after: &str, family: &str) -> BTreeMap<String, f64> {
+    let samples = |text: &str| -> BTreeMap<String, f64> {
+        text.lines()
+            .filter_map(|line| line.strip_prefix(family))
+            .filter_map(|rest| {
+                let (labels, value) = rest.rsplit_once(' ')?;
+                Some((labels.to_owned(), value.parse::<f64>().ok()?))
+            })
+            .collect()
+    };
+    let before = samples(before);
+    samples(after)
+        .into_iter()
+        .filter_map(|(labels, v)| {
+            let grown = v - before.get(&labels).copied().unwrap_or(0.0);
+            (grown > 0.0).then_some((labels, grown))
+        })
+        .collect()
+}
+
 /// One growth step's measurements.
 struct Step {
     egresses: usize,
@@ -450,6 +472,30 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
          changes nothing is still a request (and a full admission + diff on the apiserver) \
          but no etcd write: compare with the etcd revisions in the title.",
     );
+    let mut operator_calls = Table::new(
+        format!(
+            "The operator's own counters during the same {} s",
+            window.as_secs()
+        ),
+        &["counter {labels}", "growth"],
+    );
+    for family in [
+        "tailnet_operator_child_applies_total",
+        "tailnet_operator_headscale_api_calls_total",
+    ] {
+        for (labels, grown) in metric_growth(&operator_before, &operator_after, family) {
+            operator_calls.row(vec![
+                format!("{} {labels}", family.trim_start_matches("tailnet_operator_")),
+                format!("{grown:.0}"),
+            ]);
+        }
+    }
+    operator_calls.note(
+        "child_applies: `unchanged` = a server-side apply skipped because the rendered child is \
+         what was last applied and (for watched kinds) still as applied; any other decision is \
+         a request. headscale_api_calls: every call to Headscale's API by endpoint and HTTP \
+         status.",
+    );
     drop(operator);
-    Ok(vec![scale, writes])
+    Ok(vec![scale, writes, operator_calls])
 }
