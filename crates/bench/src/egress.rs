@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::json;
+use tno_netlab::ChildProcess;
 
 use crate::Settings;
 use crate::lab::{AGENT_ADMIN_PORT, Lab, POD_IP, RssPeak, mib, rss_kib, wait_for_port};
@@ -24,10 +25,11 @@ use crate::tcpload;
 const BACKEND_PORT: u16 = 17000;
 const AGENT_PORT: u16 = 17001;
 const SOCAT_PORT: u16 = 17002;
+const BASELINE_PORT: u16 = 17003;
+/// The baseline agent's admin listener (the measured agent has [`AGENT_ADMIN_PORT`]).
+const BASELINE_ADMIN_PORT: u16 = AGENT_ADMIN_PORT + 1;
 const RATE_CLIENTS: usize = 8;
 const MIB: f64 = 1024.0 * 1024.0;
-
-const VARIANTS: [&str; 3] = ["direct", "agent", "socat"];
 
 fn local(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
@@ -42,34 +44,34 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Table> {
     let mut backend = lab.spawn("backend", bench_exe, &["serve-tcp", "--port", &port], &[])?;
     wait_for_port(local(BACKEND_PORT), &mut backend)?;
 
-    let config = json!({
-        "localapiSocket": lab.path("no-tailscaled.sock"),
-        "adminPort": AGENT_ADMIN_PORT,
-        "ingress": [{"mode": "tcp", "name": "bench", "port": AGENT_PORT,
-                     "backend": {"host": "127.0.0.1", "port": BACKEND_PORT}}],
-    });
-    let config_path = lab.path("agent.json");
-    std::fs::write(&config_path, config.to_string()).context("agent config")?;
-    let config_arg = config_path.to_string_lossy().into_owned();
-    let pod_ip = POD_IP.to_string();
-    let mut agent = lab.spawn(
-        "agent",
-        &settings.agent,
-        &["--config", &config_arg, "--pod-ip", &pod_ip],
-        &[("RUST_LOG", "warn")],
-    )?;
+    let mut agent = start_agent(&lab, &settings.agent, "agent", AGENT_PORT, AGENT_ADMIN_PORT)?;
     wait_for_port(local(AGENT_PORT), &mut agent)?;
+    let mut baseline = match &settings.baseline_agent {
+        Some(binary) => {
+            let mut baseline =
+                start_agent(&lab, binary, "baseline", BASELINE_PORT, BASELINE_ADMIN_PORT)?;
+            wait_for_port(local(BASELINE_PORT), &mut baseline)?;
+            Some(baseline)
+        }
+        None => None,
+    };
 
     let listen = format!("TCP-LISTEN:{SOCAT_PORT},bind=127.0.0.1,fork,reuseaddr,backlog=1024");
     let connect = format!("TCP:127.0.0.1:{BACKEND_PORT}");
     let mut socat = lab.spawn("socat", Path::new("socat"), &[&listen, &connect], &[])?;
     wait_for_port(local(SOCAT_PORT), &mut socat)?;
 
-    let ports = BTreeMap::from([
+    let mut ports = BTreeMap::from([
         ("direct", BACKEND_PORT),
         ("agent", AGENT_PORT),
         ("socat", SOCAT_PORT),
     ]);
+    let mut variants = vec!["direct", "agent"];
+    if baseline.is_some() {
+        ports.insert("baseline", BASELINE_PORT);
+        variants.push("baseline");
+    }
+    variants.push("socat");
     let agent_idle_kib = rss_kib(agent.pid());
     let agent_peak = RssPeak::start(agent.pid());
     // metric → variant → one value per repetition
@@ -84,9 +86,9 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Table> {
     };
     for repetition in 0..settings.repeat {
         // A different order each time, so no variant always runs first (or last).
-        let mut order = VARIANTS;
-        order.rotate_left(repetition % VARIANTS.len());
-        for variant in order {
+        let mut order = variants.clone();
+        order.rotate_left(repetition % variants.len());
+        for &variant in &order {
             let address = local(ports[variant]);
             let single = tcpload::download(address, settings.stream_bytes)?;
             record(
@@ -95,7 +97,7 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Table> {
                 settings.stream_bytes as f64 / MIB / single.as_secs_f64(),
             );
         }
-        for variant in order {
+        for &variant in &order {
             let address = local(ports[variant]);
             let all = tcpload::parallel_download(
                 address,
@@ -108,14 +110,14 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Table> {
                 settings.stream_bytes as f64 / MIB / all.as_secs_f64(),
             );
         }
-        for variant in order {
+        for &variant in &order {
             let address = local(ports[variant]);
             let rate = tcpload::connection_rate(address, RATE_CLIENTS, settings.load_duration)?;
             record("rate", variant, rate);
             // Let TIME_WAIT and socat's children settle before the next variant.
             std::thread::sleep(Duration::from_millis(500));
         }
-        for variant in order {
+        for &variant in &order {
             let address = local(ports[variant]);
             let samples = tcpload::ping_pong(address, settings.ping_pongs)?;
             let micros = |p| percentile(&samples, p).map_or(f64::NAN, |d| d.as_secs_f64() * 1e6);
@@ -125,16 +127,18 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Table> {
     }
     let agent_peak_kib = agent_peak.finish();
 
+    let has_baseline = variants.contains(&"baseline");
+    let mut header = vec!["workload", "direct", "agent"];
+    if has_baseline {
+        header.push("agent baseline");
+    }
+    header.extend(["socat", "agent / socat", "agent vs direct"]);
+    if has_baseline {
+        header.extend(["baseline vs direct", "agent / baseline"]);
+    }
     let mut table = Table::new(
         "Egress TCP forwarding, loopback (agent forwarder vs socat vs direct)",
-        &[
-            "workload",
-            "direct",
-            "agent",
-            "socat",
-            "agent / socat",
-            "agent vs direct",
-        ],
+        &header,
     );
     let rows: [(&str, String, bool); 5] = [
         (
@@ -175,30 +179,39 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Table> {
                 .map(|(x, y)| f(*x, *y))
                 .collect()
         };
-        let (versus_socat, versus_direct) = if latency {
-            // Latency: lower is better; the agent's added time is the difference.
-            (
-                Spread::of(&per_rep(&|a, s| s / a, "agent", "socat"))
-                    .map_or("–".into(), |s| format!("{}× faster", s.show(2))),
-                Spread::of(&per_rep(&|a, d| a - d, "agent", "direct"))
-                    .map_or("–".into(), |s| format!("+{} µs", s.show(1))),
-            )
-        } else {
-            (
-                Spread::of(&per_rep(&|a, s| a / s, "agent", "socat"))
-                    .map_or("–".into(), |s| format!("{}×", s.show(2))),
-                Spread::of(&per_rep(&|a, d| a / d, "agent", "direct"))
-                    .map_or("–".into(), |s| format!("{:.0} %", s.median * 100.0)),
-            )
+        // Latency: lower is better, "× faster" = theirs / ours, and the time added over
+        // direct is the difference; throughput: ours / theirs, and the share of direct.
+        let versus = |a: &str, b: &str| {
+            if latency {
+                Spread::of(&per_rep(&|a, b| b / a, a, b))
+                    .map_or("–".into(), |s| format!("{}× faster", s.show(2)))
+            } else {
+                Spread::of(&per_rep(&|a, b| a / b, a, b))
+                    .map_or("–".into(), |s| format!("{}×", s.show(2)))
+            }
         };
-        table.row(vec![
-            label,
-            show("direct"),
-            show("agent"),
+        let versus_direct = |a: &str| {
+            if latency {
+                Spread::of(&per_rep(&|a, d| a - d, a, "direct"))
+                    .map_or("–".into(), |s| format!("+{} µs", s.show(1)))
+            } else {
+                Spread::of(&per_rep(&|a, d| a / d, a, "direct"))
+                    .map_or("–".into(), |s| format!("{:.0} %", s.median * 100.0))
+            }
+        };
+        let mut cells = vec![label, show("direct"), show("agent")];
+        if has_baseline {
+            cells.push(show("baseline"));
+        }
+        cells.extend([
             show("socat"),
-            versus_socat,
-            versus_direct,
+            versus("agent", "socat"),
+            versus_direct("agent"),
         ]);
+        if has_baseline {
+            cells.extend([versus_direct("baseline"), versus("agent", "baseline")]);
+        }
+        table.row(cells);
     }
     table.note(format!(
         "Median (min–max) of {} repetitions; ratios are taken within each repetition. \
@@ -207,5 +220,40 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Table> {
         mib(agent_idle_kib),
         mib(agent_peak_kib)
     ));
+    if let Some(baseline) = &settings.baseline_agent {
+        table.note(format!(
+            "agent baseline: {} (another build of the agent, measured in the same run, \
+             interleaved with the others).",
+            baseline.display()
+        ));
+    }
+    // Stopped (dropped) only now: the baseline ran alongside until the last workload.
+    drop(baseline.take());
     Ok(table)
+}
+
+/// An agent whose only listener is a `tcp` forward on `port` to the backend.
+fn start_agent(
+    lab: &Lab,
+    binary: &Path,
+    name: &str,
+    port: u16,
+    admin_port: u16,
+) -> Result<ChildProcess> {
+    let config = json!({
+        "localapiSocket": lab.path("no-tailscaled.sock"),
+        "adminPort": admin_port,
+        "ingress": [{"mode": "tcp", "name": "bench", "port": port,
+                     "backend": {"host": "127.0.0.1", "port": BACKEND_PORT}}],
+    });
+    let config_path = lab.path(&format!("{name}.json"));
+    std::fs::write(&config_path, config.to_string()).context("agent config")?;
+    let config_arg = config_path.to_string_lossy().into_owned();
+    let pod_ip = POD_IP.to_string();
+    lab.spawn(
+        name,
+        binary,
+        &["--config", &config_arg, "--pod-ip", &pod_ip],
+        &[("RUST_LOG", "warn")],
+    )
 }

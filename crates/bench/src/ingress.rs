@@ -21,6 +21,9 @@ use crate::stats::Spread;
 pub const SERVER_NAME: &str = "bench.test";
 const BACKEND_PORT: u16 = 18080;
 const HANDSHAKE_CLIENTS: usize = 16;
+const AGENT_PORT: u16 = 8443;
+/// The baseline agent (`--baseline-agent`), when there is one.
+const BASELINE_PORT: u16 = 8446;
 
 struct Server {
     name: &'static str,
@@ -125,32 +128,67 @@ https://{SERVER_NAME}:{port} {{
     )
 }
 
-fn start_servers(lab: &Lab, settings: &Settings, cert: &str, key: &str) -> Result<Vec<Server>> {
-    let mut servers = Vec::new();
-
+/// An agent with one `http` ingress listener on `port`: route `bench.test` → the backend.
+fn start_agent(
+    lab: &Lab,
+    binary: &Path,
+    name: &str,
+    port: u16,
+    admin_port: u16,
+    cert: &str,
+    key: &str,
+) -> Result<ChildProcess> {
     let config = json!({
         "localapiSocket": lab.path("localapi.sock"),
-        "adminPort": AGENT_ADMIN_PORT,
-        "ingress": [{"mode": "http", "port": 8443, "routes": [{
+        "adminPort": admin_port,
+        "ingress": [{"mode": "http", "port": port, "routes": [{
             "name": "bench", "hostnames": [SERVER_NAME],
             "backend": {"host": "127.0.0.1", "port": BACKEND_PORT}}]}],
         "tls": {"certFile": cert, "keyFile": key},
     });
-    let config_path = lab.path("agent.json");
+    let config_path = lab.path(&format!("{name}.json"));
     std::fs::write(&config_path, config.to_string())?;
     let config_arg = config_path.to_string_lossy().into_owned();
     let pod_ip = POD_IP.to_string();
-    let agent = lab.spawn(
-        "agent",
-        &settings.agent,
+    lab.spawn(
+        name,
+        binary,
         &["--config", &config_arg, "--pod-ip", &pod_ip],
         &[("RUST_LOG", "warn")],
-    )?;
+    )
+}
+
+fn start_servers(lab: &Lab, settings: &Settings, cert: &str, key: &str) -> Result<Vec<Server>> {
+    let mut servers = Vec::new();
+
     servers.push(Server {
         name: "agent",
-        port: 8443,
-        process: agent,
+        port: AGENT_PORT,
+        process: start_agent(
+            lab,
+            &settings.agent,
+            "agent",
+            AGENT_PORT,
+            AGENT_ADMIN_PORT,
+            cert,
+            key,
+        )?,
     });
+    if let Some(binary) = &settings.baseline_agent {
+        servers.push(Server {
+            name: "baseline",
+            port: BASELINE_PORT,
+            process: start_agent(
+                lab,
+                binary,
+                "baseline",
+                BASELINE_PORT,
+                AGENT_ADMIN_PORT + 1,
+                cert,
+                key,
+            )?,
+        });
+    }
 
     let nginx_path = lab.path("nginx.conf");
     std::fs::write(&nginx_path, nginx_config(lab, 8444, cert, key))?;
@@ -321,7 +359,11 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Vec<Table>> {
     header.extend(names.iter().map(|n| (*n).to_owned()));
     header.extend(others.iter().map(|o| format!("agent / {o}")));
     let mut table = Table {
-        title: "Ingress HTTPS, loopback (agent vs nginx vs Caddy)".into(),
+        title: if names.contains(&"baseline") {
+            "Ingress HTTPS, loopback (agent vs its baseline build vs nginx vs Caddy)".into()
+        } else {
+            "Ingress HTTPS, loopback (agent vs nginx vs Caddy)".into()
+        },
         header,
         ..Table::default()
     };
@@ -375,6 +417,13 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Vec<Table>> {
             .collect::<Vec<_>>()
             .join(", ")
     ));
+    if let Some(baseline) = &settings.baseline_agent {
+        table.note(format!(
+            "baseline: {} (another build of the agent, measured in the same run, \
+             interleaved with the others).",
+            baseline.display()
+        ));
+    }
     let mut memory = Table::new(
         "Ingress server memory (RSS, MiB; nginx: master + workers)",
         &["server", "idle (after start)", "peak during the runs"],

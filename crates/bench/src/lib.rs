@@ -40,6 +40,9 @@ pub struct Settings {
     pub download_bytes: u64,
     pub http_connections: Vec<usize>,
     pub agent: PathBuf,
+    /// Another agent build (e.g. of the previous commit), measured in the same run as an
+    /// extra column of the data-plane benchmarks: before/after ratios from one run.
+    pub baseline_agent: Option<PathBuf>,
     /// Caddy binary; its column is left out when `None`.
     pub caddy: Option<PathBuf>,
     /// tailnet-operator binary (control-plane benchmark).
@@ -68,6 +71,7 @@ impl Settings {
             download_bytes: GIB,
             http_connections: vec![1, 16, 128],
             agent,
+            baseline_agent: None,
             caddy,
             operator: None,
             // 400 (the 200 + 200) does not converge today (docs/benchmarks.md):
@@ -98,6 +102,7 @@ impl Settings {
             download_bytes: 8 * 1024 * 1024,
             http_connections: vec![1, 4],
             agent,
+            baseline_agent: None,
             caddy,
             operator: None,
             scale_steps: vec![4],

@@ -31,6 +31,10 @@ enum Command {
         /// The tailnet-agent binary to measure (a release build for real numbers).
         #[arg(long)]
         agent: PathBuf,
+        /// Another tailnet-agent build (e.g. of the previous commit) measured in the same run
+        /// as an extra column of the egress and ingress tables.
+        #[arg(long)]
+        baseline_agent: Option<PathBuf>,
         /// Caddy, for the ingress comparison (left out when not given).
         #[arg(long)]
         caddy: Option<PathBuf>,
@@ -64,8 +68,10 @@ enum Command {
     },
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
     agent: PathBuf,
+    baseline_agent: Option<PathBuf>,
     caddy: Option<PathBuf>,
     operator: Option<PathBuf>,
     smoke: bool,
@@ -79,6 +85,7 @@ fn run(
         Settings::full(agent, caddy)
     };
     settings.operator = operator;
+    settings.baseline_agent = baseline_agent;
     if !scale_steps.is_empty() {
         settings.scale_steps = scale_steps;
     }
@@ -198,13 +205,23 @@ fn main() -> ExitCode {
     let result = match Args::parse().command {
         Command::Run {
             agent,
+            baseline_agent,
             caddy,
             operator,
             smoke,
             only,
             repeat,
             scale_steps,
-        } => run(agent, caddy, operator, smoke, only, repeat, scale_steps),
+        } => run(
+            agent,
+            baseline_agent,
+            caddy,
+            operator,
+            smoke,
+            only,
+            repeat,
+            scale_steps,
+        ),
         Command::ServeTcp { port } => tno_bench::tcpload::serve(port),
         Command::ServeHttp {
             port,

@@ -78,6 +78,8 @@ fn every_benchmark_runs_and_its_bytes_arrive() {
     if let Some(caddy) = &caddy {
         command.arg("--caddy").arg(caddy);
     }
+    // The same build as its own baseline: the before/after column's code runs too.
+    command.arg("--baseline-agent").arg(&agent);
     let output = command
         .output()
         .unwrap_or_else(|e| panic!("tno-bench: {e}"));
@@ -88,6 +90,10 @@ fn every_benchmark_runs_and_its_bytes_arrive() {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
+    assert!(
+        tables.contains("agent / baseline"),
+        "no before/after column in:\n{tables}"
+    );
     for title in [
         "Egress TCP forwarding",
         "Ingress HTTPS",
@@ -96,9 +102,9 @@ fn every_benchmark_runs_and_its_bytes_arrive() {
     ] {
         assert!(tables.contains(title), "no table {title:?} in:\n{tables}");
     }
-    // All three HTTPS servers answered every request (wrk counts failures).
+    // All four HTTPS servers answered every request (wrk counts failures).
     assert!(
-        tables.contains("agent 0, nginx 0, caddy 0"),
+        tables.contains("agent 0, baseline 0, nginx 0, caddy 0"),
         "wrk saw failed requests:\n{tables}"
     );
 }
