@@ -6,16 +6,17 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::localapi::WhoIs;
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1 plus the legacy ones proxies strip).
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "proxy-connection",
-    "keep-alive",
-    "te",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authenticate",
-    "proxy-authorization",
+/// Hop-by-hop headers (RFC 9110 §7.6.1 plus the legacy ones proxies strip). Names, not
+/// strings: removing by `&str` parses the name again for every request.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("keep-alive"),
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
 ];
 
 pub const USER_LOGIN: &str = "tailscale-user-login";
@@ -87,7 +88,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> bool {
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
     wants_trailers
@@ -141,38 +142,65 @@ pub fn set_forwarded_and_identity(
     original_host: &str,
     identity: Option<&PeerIdentity>,
 ) {
-    insert(headers, "x-forwarded-for", &client_ip.to_string());
-    insert(headers, "x-forwarded-proto", "https");
-    insert(headers, "x-forwarded-host", original_host);
-    let Some(identity) = identity else {
-        return;
-    };
-    if !identity.node_name.is_empty() {
-        insert(
-            headers,
-            NODE_NAME,
-            &encode_header_value(&identity.node_name),
-        );
-    }
-    if !identity.tagged && !identity.login_name.is_empty() {
-        insert(
-            headers,
-            USER_LOGIN,
-            &encode_header_value(&identity.login_name),
-        );
-        insert(
-            headers,
-            USER_NAME,
-            &encode_header_value(&identity.display_name),
-        );
-    }
+    let forwarded = ForwardedHeaders::new(client_ip, identity);
+    forwarded.apply(headers, HeaderValue::from_str(original_host).ok());
 }
 
-fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
-    // Values were made header-safe by the caller; one that still is not is left out rather
-    // than sent mangled.
-    if let Ok(value) = HeaderValue::from_str(value) {
-        headers.insert(HeaderName::from_static(name), value);
+/// The headers [`set_forwarded_and_identity`] sets that depend only on the connection (client
+/// address and tailnet identity), encoded once per connection rather than once per request.
+#[derive(Clone, Debug, Default)]
+pub struct ForwardedHeaders {
+    values: Vec<(HeaderName, HeaderValue)>,
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+impl ForwardedHeaders {
+    pub fn new(client_ip: IpAddr, identity: Option<&PeerIdentity>) -> Self {
+        let mut forwarded = ForwardedHeaders::default();
+        forwarded.push(X_FORWARDED_FOR, &client_ip.to_string());
+        forwarded.push(X_FORWARDED_PROTO, "https");
+        let Some(identity) = identity else {
+            return forwarded;
+        };
+        if !identity.node_name.is_empty() {
+            forwarded.push(
+                HeaderName::from_static(NODE_NAME),
+                &encode_header_value(&identity.node_name),
+            );
+        }
+        if !identity.tagged && !identity.login_name.is_empty() {
+            forwarded.push(
+                HeaderName::from_static(USER_LOGIN),
+                &encode_header_value(&identity.login_name),
+            );
+            forwarded.push(
+                HeaderName::from_static(USER_NAME),
+                &encode_header_value(&identity.display_name),
+            );
+        }
+        forwarded
+    }
+
+    fn push(&mut self, name: HeaderName, value: &str) {
+        // Values were made header-safe above; one that still is not is left out rather than
+        // sent mangled.
+        if let Ok(value) = HeaderValue::from_str(value) {
+            self.values.push((name, value));
+        }
+    }
+
+    /// Sets the connection's headers and `X-Forwarded-Host` (the Host the client asked for;
+    /// left out when there is none usable).
+    pub fn apply(&self, headers: &mut HeaderMap, original_host: Option<HeaderValue>) {
+        for (name, value) in &self.values {
+            headers.insert(name.clone(), value.clone());
+        }
+        if let Some(host) = original_host {
+            headers.insert(X_FORWARDED_HOST, host);
+        }
     }
 }
 

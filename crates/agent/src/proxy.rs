@@ -7,10 +7,11 @@
 //! `backendRequestTimeoutSeconds` the wait for the backend's response head. A WebSocket
 //! upgrade is tunnelled and then lives by its own lifecycle.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
@@ -38,14 +40,16 @@ use tracing::{debug, info, warn};
 use crate::backend::{BackendConnector, BackendTls, connect_failure};
 use crate::dial::error_chain;
 use crate::headers::{
-    PeerIdentity, has_conflicting_host, is_websocket_upgrade, remove_hop_by_hop,
-    set_forwarded_and_identity, strip_client_identity,
+    ForwardedHeaders, PeerIdentity, has_conflicting_host, is_websocket_upgrade, remove_hop_by_hop,
+    strip_client_identity,
 };
 use crate::localapi::LocalApi;
 use crate::metrics::{ActiveConnection, Direction, HttpDurationLabels, HttpRequestLabels, Metrics};
 use crate::relay::{HalfClose, Tally, relay, tune_tcp};
-use crate::routing::{RouteDecision, RouteEntry, RouteTable, host_without_port};
+use crate::routing::{RouteDecision, RouteTable, host_without_port};
 use crate::tls::{CaBundle, CertStore, TlsError, server_config};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -77,9 +81,13 @@ pub struct HttpSite {
 }
 
 struct RouteBackend {
-    entry: Arc<RouteEntry>,
+    /// The route's name for metrics and logs (shared, not copied per request).
+    name: Arc<str>,
     client: Client<BackendConnector, ProxyBody>,
-    authority: String,
+    /// Parsed once: every request's URI is built from it without formatting or parsing.
+    /// `None` if the configured host and port do not form one (every request then gets the
+    /// 400 a failed URI always got).
+    authority: Option<Authority>,
     request_timeout: Option<Duration>,
     backend_request_timeout: Duration,
 }
@@ -116,10 +124,11 @@ impl HttpSite {
             } else {
                 format!("{host}:{}", route.backend.port)
             };
+            let authority = Authority::try_from(authority.as_str()).ok();
             backends.insert(
                 route.name.clone(),
                 Arc::new(RouteBackend {
-                    entry: entry.clone(),
+                    name: Arc::from(route.name.as_str()),
                     client,
                     authority,
                     request_timeout: route.request_timeout_seconds.map(Duration::from_secs),
@@ -150,8 +159,81 @@ pub struct ProxyContext {
 
 struct ConnectionInfo {
     sni: Option<String>,
-    client_ip: IpAddr,
-    identity: Option<PeerIdentity>,
+    /// X-Forwarded-For and the identity headers, encoded once for all requests.
+    forwarded: ForwardedHeaders,
+    /// Who the access log names: the user's login, the node, or the client address.
+    client: Arc<str>,
+    metrics: Arc<ConnectionMetrics>,
+}
+
+/// The metric handles of one connection, so a request costs no label allocation and no
+/// family lookup (label strings, hashing, a lock) in the common case.
+struct ConnectionMetrics {
+    metrics: Arc<Metrics>,
+    bytes_in: Counter,
+    bytes_out: Counter,
+    /// The request counter and duration histogram of the last request's (route, host,
+    /// status): a keep-alive connection almost always repeats them.
+    last: std::sync::Mutex<Option<RequestMetrics>>,
+}
+
+struct RequestMetrics {
+    route: Arc<str>,
+    host: String,
+    status: u16,
+    requests: Counter,
+    duration: Histogram,
+}
+
+impl ConnectionMetrics {
+    fn new(metrics: &Arc<Metrics>, listener: &str) -> Self {
+        ConnectionMetrics {
+            metrics: metrics.clone(),
+            bytes_in: metrics.bytes_counter(listener, Direction::In),
+            bytes_out: metrics.bytes_counter(listener, Direction::Out),
+            last: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn observe(&self, route: &Arc<str>, host: &str, status: u16, seconds: f64) {
+        let mut last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let cached = last.as_ref().is_some_and(|last| {
+            last.status == status && last.route == *route && last.host == *host
+        });
+        if !cached {
+            let requests = self
+                .metrics
+                .http_requests
+                .get_or_create(&HttpRequestLabels {
+                    route: route.to_string(),
+                    host: host.to_string(),
+                    status: status.to_string(),
+                })
+                .clone();
+            let duration = self
+                .metrics
+                .http_duration
+                .get_or_create(&HttpDurationLabels {
+                    route: route.to_string(),
+                    host: host.to_string(),
+                })
+                .clone();
+            *last = Some(RequestMetrics {
+                route: route.clone(),
+                host: host.to_owned(),
+                status,
+                requests,
+                duration,
+            });
+        }
+        if let Some(last) = last.as_ref() {
+            last.requests.inc();
+            last.duration.observe(seconds);
+        }
+    }
 }
 
 /// Serves one accepted TCP connection until it ends, or until `shutdown` asks it to finish
@@ -191,13 +273,19 @@ pub async fn serve_connection(
     let http2 = session.alpn_protocol() == Some(b"h2".as_slice());
     // The handshake means bytes arrived, so tailscaled has the connection in its map.
     let identity = whois(&context.localapi, peer).await;
+    let client_ip = identity
+        .as_ref()
+        .and_then(|identity| identity.tailnet_ip)
+        .unwrap_or_else(|| peer.ip());
     let connection = Arc::new(ConnectionInfo {
         sni,
-        client_ip: identity
+        forwarded: ForwardedHeaders::new(client_ip, identity.as_ref()),
+        client: identity
             .as_ref()
-            .and_then(|identity| identity.tailnet_ip)
-            .unwrap_or_else(|| peer.ip()),
-        identity,
+            .map(PeerIdentity::describe)
+            .unwrap_or_else(|| client_ip.to_string())
+            .into(),
+        metrics: Arc::new(ConnectionMetrics::new(&context.metrics, &site.listener)),
     });
     let activity = Arc::new(Activity::new());
     let service = {
@@ -288,27 +376,23 @@ async fn proxy_request(
 ) -> Response<ProxyBody> {
     let started = Instant::now();
     let host_value = request_host(&request);
+    // The path is only for the access log; not copied when that is off.
+    let path = if tracing::enabled!(target: "access", tracing::Level::INFO) {
+        request.uri().path().to_owned()
+    } else {
+        String::new()
+    };
     let mut exchange = Exchange {
         started,
-        metrics: context.metrics.clone(),
-        route: "-".into(),
-        host: "unknown".into(),
+        metrics: connection.metrics.clone(),
+        route: None,
+        host: Cow::Borrowed("unknown"),
         method: request.method().clone(),
-        path: request.uri().path().to_owned(),
+        path,
         status: StatusCode::OK,
-        client: connection
-            .identity
-            .as_ref()
-            .map(PeerIdentity::describe)
-            .unwrap_or_else(|| connection.client_ip.to_string()),
-        inbound: Arc::new(Tally::new(
-            context.metrics.bytes_counter(&site.listener, Direction::In),
-        )),
-        outbound: Arc::new(Tally::new(
-            context
-                .metrics
-                .bytes_counter(&site.listener, Direction::Out),
-        )),
+        client: connection.client.clone(),
+        inbound: Arc::new(Tally::new(connection.metrics.bytes_in.clone())),
+        outbound: Arc::new(Tally::new(connection.metrics.bytes_out.clone())),
         message: String::new(),
     };
     if has_conflicting_host(request.headers()) {
@@ -334,15 +418,20 @@ async fn proxy_request(
             return exchange.local_answer(StatusCode::BAD_REQUEST, "missing Host\n");
         }
     };
-    exchange.route = entry.route.name.clone();
-    exchange.host = host_value
-        .as_deref()
-        .and_then(host_without_port)
-        .unwrap_or_default();
     let Some(backend) = site.backends.get(&entry.route.name).cloned() else {
+        exchange.route = Some(Arc::from(entry.route.name.as_str()));
         return exchange.local_answer(StatusCode::BAD_GATEWAY, "route has no backend\n");
     };
+    exchange.route = Some(backend.name.clone());
+    exchange.host = Cow::Owned(
+        host_value
+            .as_deref()
+            .and_then(host_without_port)
+            .unwrap_or_default(),
+    );
     let original_host = host_value.unwrap_or_default();
+    // Shared by Host and X-Forwarded-Host (a clone is a reference count).
+    let original_host = HeaderValue::from_str(&original_host).ok();
 
     let websocket =
         request.version() == Version::HTTP_11 && is_websocket_upgrade(request.headers());
@@ -352,13 +441,10 @@ async fn proxy_request(
     // hyper already answered any `Expect: 100-continue` towards the client.
     parts.headers.remove(header::EXPECT);
     strip_client_identity(&mut parts.headers);
-    set_forwarded_and_identity(
-        &mut parts.headers,
-        connection.client_ip,
-        &original_host,
-        connection.identity.as_ref(),
-    );
-    if let Ok(host) = HeaderValue::from_str(&original_host) {
+    connection
+        .forwarded
+        .apply(&mut parts.headers, original_host.clone());
+    if let Some(host) = original_host {
         // The backend sees the name the client asked for (HTTP/2 carries it in :authority).
         parts.headers.insert(header::HOST, host);
     }
@@ -378,9 +464,13 @@ async fn proxy_request(
     let path_and_query = parts
         .uri
         .path_and_query()
-        .map(|pq| pq.as_str())
-        .unwrap_or("/");
-    let uri = match Uri::try_from(format!("http://{}{}", backend.authority, path_and_query)) {
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(Scheme::HTTP);
+    uri.authority = backend.authority.clone();
+    uri.path_and_query = Some(path_and_query);
+    let uri = match Uri::from_parts(uri) {
         Ok(uri) => uri,
         Err(_) => return exchange.local_answer(StatusCode::BAD_REQUEST, "bad request target\n"),
     };
@@ -426,9 +516,7 @@ async fn proxy_request(
                 exchange.local_answer(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
             } else {
                 let reason = connect_failure(&error).map_or("protocol", |failure| failure.label());
-                context
-                    .metrics
-                    .count_backend_failure(&backend.entry.route.name, reason);
+                context.metrics.count_backend_failure(&backend.name, reason);
                 exchange.message = format!("backend {reason} failure: {}", error_chain(&error));
                 exchange.local_answer(StatusCode::BAD_GATEWAY, "bad gateway\n")
             };
@@ -440,7 +528,7 @@ async fn proxy_request(
             } else {
                 context
                     .metrics
-                    .count_backend_failure(&backend.entry.route.name, "timeout");
+                    .count_backend_failure(&backend.name, "timeout");
                 exchange.message = "no response head from the backend in time".into();
                 exchange.local_answer(StatusCode::GATEWAY_TIMEOUT, "gateway timeout\n")
             };
@@ -451,13 +539,13 @@ async fn proxy_request(
         let Some(client_upgrade) = client_upgrade else {
             context
                 .metrics
-                .count_backend_failure(&backend.entry.route.name, "protocol");
+                .count_backend_failure(&backend.name, "protocol");
             exchange.message = "backend switched protocols without an upgrade request".into();
             return exchange.local_answer(StatusCode::BAD_GATEWAY, "bad gateway\n");
         };
         let backend_upgrade = hyper::upgrade::on(&mut response);
         let (inbound, outbound) = (exchange.inbound.clone(), exchange.outbound.clone());
-        let route = backend.entry.route.name.clone();
+        let route = backend.name.clone();
         context.tunnels.spawn(async move {
             match tokio::try_join!(client_upgrade, backend_upgrade) {
                 Ok((client, backend)) => {
@@ -642,13 +730,14 @@ pub struct ExchangeDeadline;
 /// body is finished or dropped (so durations include the download).
 struct Exchange {
     started: Instant,
-    metrics: Arc<Metrics>,
-    route: String,
-    host: String,
+    metrics: Arc<ConnectionMetrics>,
+    /// `None` until a route is selected (`-` in the metrics and the log).
+    route: Option<Arc<str>>,
+    host: Cow<'static, str>,
     method: Method,
     path: String,
     status: StatusCode,
-    client: String,
+    client: Arc<str>,
     inbound: Arc<Tally>,
     outbound: Arc<Tally>,
     message: String,
@@ -678,24 +767,16 @@ impl Exchange {
 impl Drop for Exchange {
     fn drop(&mut self) {
         let duration = self.started.elapsed();
-        self.metrics
-            .http_requests
-            .get_or_create(&HttpRequestLabels {
-                route: self.route.clone(),
-                host: self.host.clone(),
-                status: self.status.as_u16().to_string(),
-            })
-            .inc();
-        self.metrics
-            .http_duration
-            .get_or_create(&HttpDurationLabels {
-                route: self.route.clone(),
-                host: self.host.clone(),
-            })
-            .observe(duration.as_secs_f64());
+        let route = self.route.get_or_insert_with(|| Arc::from("-"));
+        self.metrics.observe(
+            route,
+            &self.host,
+            self.status.as_u16(),
+            duration.as_secs_f64(),
+        );
         info!(
             target: "access",
-            route = %self.route,
+            route = %route,
             host = %self.host,
             method = %self.method,
             path = %self.path,

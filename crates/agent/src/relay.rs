@@ -1,14 +1,19 @@
 //! Byte relay between a client connection and its upstream, counting as it goes.
 
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
-/// Per direction; two per connection.
+/// Per direction; two per connection. 256 KiB measured no better than this on loopback
+/// (the copies and wake-ups in the kernel dominate, docs/benchmarks.md).
 const RELAY_BUFFER_BYTES: usize = 64 * 1024;
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
@@ -57,9 +62,14 @@ impl Tally {
 /// Copies both ways until both directions are done (or, with
 /// [`HalfClose::HoldUntilUpstreamCloses`], until the upstream is done). The first I/O error
 /// ends the relay; dropping the streams then closes both connections.
+///
+/// Both directions are polled by one future that owns both streams (like
+/// `tokio::io::copy_bidirectional`, which cannot be used as is: it counts bytes only at the
+/// end, while the byte metrics and the idle check below need them live, and it always
+/// forwards EOF). Unlike `tokio::io::split` halves, this takes no lock per read or write.
 pub async fn relay<C, U>(
-    client: C,
-    upstream: U,
+    mut client: C,
+    mut upstream: U,
     inbound: &Tally,
     outbound: &Tally,
     half_close: HalfClose,
@@ -68,65 +78,140 @@ where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
-    let (mut client_read, mut client_write) = tokio::io::split(client);
-    let (mut upstream_read, mut upstream_write) = tokio::io::split(upstream);
-    let upload = pump(
-        &mut client_read,
-        &mut upstream_write,
-        inbound,
-        matches!(half_close, HalfClose::Propagate),
-    );
-    let download = pump(&mut upstream_read, &mut client_write, outbound, true);
+    let mut upload = Pump::new(inbound, matches!(half_close, HalfClose::Propagate));
+    let mut download = Pump::new(outbound, true);
     match half_close {
-        HalfClose::Propagate => tokio::try_join!(upload, download).map(|_| ()),
+        HalfClose::Propagate => {
+            std::future::poll_fn(|cx| {
+                let up = upload.poll_copy(cx, &mut client, &mut upstream)?;
+                let down = download.poll_copy(cx, &mut upstream, &mut client)?;
+                if up.is_ready() && down.is_ready() {
+                    Poll::Ready(Ok(()))
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await
+        }
         HalfClose::HoldUntilUpstreamCloses { idle } => {
-            tokio::pin!(upload);
-            tokio::pin!(download);
             let mut upload_done = false;
             let mut seen = outbound.total();
-            loop {
-                tokio::select! {
-                    result = &mut upload, if !upload_done => {
-                        result?;
-                        upload_done = true;
-                        seen = outbound.total();
-                    }
-                    result = &mut download => return result,
-                    () = tokio::time::sleep(idle), if upload_done => {
+            // Armed at the client's EOF: from then on, the relay ends after `idle` in which
+            // the upstream sent nothing.
+            let mut silence: Option<Pin<Box<Sleep>>> = None;
+            std::future::poll_fn(|cx| {
+                if !upload_done && upload.poll_copy(cx, &mut client, &mut upstream)?.is_ready() {
+                    upload_done = true;
+                    seen = outbound.total();
+                    silence = Some(Box::pin(tokio::time::sleep(idle)));
+                }
+                if download
+                    .poll_copy(cx, &mut upstream, &mut client)?
+                    .is_ready()
+                {
+                    return Poll::Ready(Ok(()));
+                }
+                if let Some(timer) = silence.as_mut() {
+                    while timer.as_mut().poll(cx).is_ready() {
                         if outbound.total() == seen {
-                            return Ok(());
+                            return Poll::Ready(Ok(()));
                         }
                         seen = outbound.total();
+                        timer.as_mut().reset(Instant::now() + idle);
                     }
                 }
-            }
+                Poll::Pending
+            })
+            .await
         }
     }
 }
 
-async fn pump<R, W>(
-    reader: &mut R,
-    writer: &mut W,
-    tally: &Tally,
+/// One direction of a relay: a buffer between a reader and a writer.
+struct Pump<'a> {
+    buffer: Box<[u8]>,
+    /// `buffer[start..end]` is read and not yet written.
+    start: usize,
+    end: usize,
+    read_done: bool,
+    /// Written since the last flush (a TLS or HTTP/2 writer may hold bytes back until then).
+    need_flush: bool,
     shutdown_on_eof: bool,
-) -> io::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut buffer = vec![0u8; RELAY_BUFFER_BYTES];
-    loop {
-        let read = reader.read(&mut buffer).await?;
-        if read == 0 {
-            if shutdown_on_eof {
-                // The peer may already be gone; the direction is finished either way.
-                let _ = writer.shutdown().await;
-            }
-            return Ok(());
+    tally: &'a Tally,
+}
+
+impl<'a> Pump<'a> {
+    fn new(tally: &'a Tally, shutdown_on_eof: bool) -> Self {
+        Pump {
+            buffer: vec![0u8; RELAY_BUFFER_BYTES].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            read_done: false,
+            need_flush: false,
+            shutdown_on_eof,
+            tally,
         }
-        writer.write_all(&buffer[..read]).await?;
-        writer.flush().await?;
-        tally.add(read);
+    }
+
+    /// Ready once the reader reached EOF and everything read was written (and, with
+    /// `shutdown_on_eof`, the writer shut down); stays ready after that.
+    fn poll_copy<R, W>(
+        &mut self,
+        cx: &mut Context<'_>,
+        reader: &mut R,
+        writer: &mut W,
+    ) -> Poll<io::Result<()>>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        loop {
+            if self.start == self.end && !self.read_done {
+                let mut read = ReadBuf::new(&mut self.buffer);
+                match Pin::new(&mut *reader).poll_read(cx, &mut read) {
+                    Poll::Ready(Ok(())) => {
+                        let filled = read.filled().len();
+                        if filled == 0 {
+                            self.read_done = true;
+                        } else {
+                            (self.start, self.end) = (0, filled);
+                        }
+                    }
+                    Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                    Poll::Pending => {
+                        // Nothing more to write for now: push out what the writer holds.
+                        if self.need_flush {
+                            ready!(Pin::new(&mut *writer).poll_flush(cx))?;
+                            self.need_flush = false;
+                        }
+                        return Poll::Pending;
+                    }
+                }
+            }
+            while self.start < self.end {
+                let written = ready!(
+                    Pin::new(&mut *writer).poll_write(cx, &self.buffer[self.start..self.end])
+                )?;
+                if written == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.start += written;
+                self.need_flush = true;
+                self.tally.add(written);
+            }
+            if self.read_done {
+                if self.need_flush {
+                    ready!(Pin::new(&mut *writer).poll_flush(cx))?;
+                    self.need_flush = false;
+                }
+                if self.shutdown_on_eof {
+                    // The peer may already be gone; the direction is finished either way.
+                    let _ = ready!(Pin::new(&mut *writer).poll_shutdown(cx));
+                    self.shutdown_on_eof = false;
+                }
+                return Poll::Ready(Ok(()));
+            }
+        }
     }
 }
 
@@ -148,7 +233,7 @@ pub fn tune_tcp(stream: &TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::duplex;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, duplex};
 
     fn tally() -> Tally {
         Tally::new(Counter::default())
