@@ -3,44 +3,15 @@
 //! connection fails instead of leaking to the pod network; approving the route in Headscale
 //! makes it work without touching anything in the cluster.
 
-use std::time::Duration;
+mod support;
 
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 use serde_json::json;
+use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
+use support::lab_operator::start_operator;
+use support::objects::{apply_egress, bootstrap_applied_tailnet, remote_db_target};
 use tailnet_api::TailnetEgress;
 use tno_testenv::{E2eEnv, OperatorArgs};
-
-const WAIT: Duration = Duration::from_secs(180);
-
-async fn condition_becomes(
-    egresses: &Api<TailnetEgress>,
-    type_: &str,
-    status: &str,
-    reason: &str,
-) -> TailnetEgress {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let e = egresses.get("site").await.expect("egress");
-        let conditions = e.status.clone().unwrap_or_default().conditions;
-        if conditions
-            .iter()
-            .any(|c| c.type_ == type_ && c.status == status && c.reason == reason)
-        {
-            return e;
-        }
-        let seen: Vec<String> = conditions
-            .iter()
-            .map(|c| format!("{}={}/{}: {}", c.type_, c.status, c.reason, c.message))
-            .collect();
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {type_}={status}/{reason}:\n{}",
-            seen.join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unapproved_route_fails_closed_until_approved() {
@@ -50,56 +21,34 @@ async fn unapproved_route_fails_closed_until_approved() {
     let ops = env.namespace("rt").await.expect("namespace");
     let client = ops.client().clone();
     let ns = ops.name().to_string();
-    ops.create_bootstrap(&env.base_policy().expect("base policy"))
-        .await
-        .expect("bootstrap");
-    let tailnet_name = format!("t-{ns}");
-    Api::<tailnet_api::Tailnet>::all(client.clone())
-        .patch(
-            &tailnet_name,
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(env.tailnet_object(&tailnet_name, "Apply")),
-        )
-        .await
-        .expect("Tailnet");
+    let tailnet_name = bootstrap_applied_tailnet(&env, &ops).await;
     let mut args = OperatorArgs::new(&ns);
     args.extra = vec!["--route-approval".into(), "false".into()];
-    let mut operator = env
-        .start_operator(
-            std::path::Path::new(env!("CARGO_BIN_EXE_tailnet-operator")),
-            &args.to_args(),
-        )
+    let mut operator = start_operator(&env, &args.to_args(), None)
         .await
         .expect("operator");
-    operator
-        .wait_ready(Duration::from_secs(60))
-        .await
-        .expect("operator ready");
 
     let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), &ns);
-    egresses
-        .patch("site", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
-            "metadata": {"name": "site", "namespace": ns},
-            "spec": {"tailnetRef": {"name": tailnet_name}, "consumerNamespaces": [ns],
-                     "targets": [{"name": "remote-db", "address": "192.0.2.10", "port": 5432, "probe": {"interval": "2s"}}]}
-        })))
+    let mut target = remote_db_target();
+    target["probe"] = json!({"interval": "2s"});
+    apply_egress(&egresses, &ns, "site", &tailnet_name, json!([target]))
         .await
         .expect("egress");
+    let site_becomes = |type_, status, reason| {
+        wait_for_condition(
+            &egresses,
+            "site",
+            ConditionIs::new(type_, status).reason(reason),
+            None,
+        )
+    };
 
     // Advertised, not approved: named as such, probed as NoRoute, connections refused.
-    let e = condition_becomes(&egresses, "RoutesReady", "False", "RouteNotApproved").await;
-    let message = e
-        .status
-        .unwrap_or_default()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "RoutesReady")
-        .map(|c| c.message)
-        .unwrap_or_default();
+    let e = site_becomes("RoutesReady", "False", "RouteNotApproved").await;
+    let message = e.condition_message("RoutesReady");
     assert!(message.contains("192.0.2.0/24"), "{message}");
-    condition_becomes(&egresses, "NodeOnline", "True", "Online").await;
-    condition_becomes(&egresses, "TargetsReachable", "False", "NoRoute").await;
+    site_becomes("NodeOnline", "True", "Online").await;
+    site_becomes("TargetsReachable", "False", "NoRoute").await;
     let target = format!("remote-db.{ns}.svc.cluster.local:5432");
     let run = ops
         .tcp_check("client-unrouted", &target, 3)
@@ -120,8 +69,8 @@ async fn unapproved_route_fails_closed_until_approved() {
 
     // The Headscale admin approves: the same objects start working.
     env.approve_site_routes().await.expect("approve routes");
-    condition_becomes(&egresses, "RoutesReady", "True", "Ready").await;
-    condition_becomes(&egresses, "TargetsReachable", "True", "Reachable").await;
+    site_becomes("RoutesReady", "True", "Ready").await;
+    site_becomes("TargetsReachable", "True", "Reachable").await;
     let run = ops
         .tcp_check("client-routed", &target, 30)
         .await

@@ -35,9 +35,13 @@ use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
+use support::conditions::{ConditionIs, WithConditions, condition_becomes};
+use support::lab_operator;
+use support::objects::{agent_pods, egress_object, tailnet_name};
+use support::wait::{WAIT, eventually};
 use tailnet_api::{Tailnet, TailnetEgress};
 use tailnet_headscale::{Client as Headscale, ClientOptions, CreatePreAuthKey, Secret};
 use tno_netlab::{PodNet, TcpForwarder};
@@ -45,7 +49,6 @@ use tno_testenv::{BASE_POLICY_CONFIG_MAP, BASE_POLICY_KEY, E2eEnv, OperatorArgs,
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const WAIT: Duration = Duration::from_secs(180);
 const LEASE: Duration = Duration::from_secs(15);
 const ECHO_TIMEOUT: Duration = Duration::from_secs(5);
 const EGRESS: &str = "site";
@@ -113,20 +116,6 @@ struct Fixture {
     db_forwarder: TcpForwarder,
     tag: String,
     node_id: String,
-}
-
-fn tailnet_condition(t: &Tailnet, type_: &str) -> Option<(String, String, String)> {
-    let c = support::condition(&t.status.as_ref()?.conditions, type_)?;
-    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
-fn egress_condition(e: &TailnetEgress, type_: &str) -> Option<(String, String, String)> {
-    let c = support::condition(&e.status.as_ref()?.conditions, type_)?;
-    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
-fn egress_describe(e: &TailnetEgress) -> String {
-    support::describe(&e.status.clone().unwrap_or_default().conditions)
 }
 
 fn secs(d: Duration) -> String {
@@ -221,39 +210,18 @@ impl Fixture {
     async fn egress_condition_is(
         &self,
         name: &str,
-        type_: &str,
-        status: &str,
-        reason: Option<&str>,
+        expected: ConditionIs<'_>,
         timeout: Duration,
     ) -> Result<TailnetEgress, String> {
-        support::eventually(
-            &format!("{name} {type_}={status}/{reason:?}"),
-            timeout,
-            || async {
-                let e = self.egress(name).await?;
-                match egress_condition(&e, type_) {
-                    Some((s, r, _)) if s == status && reason.is_none_or(|want| want == r) => Ok(e),
-                    _ => Err(egress_describe(&e)),
-                }
-            },
-        )
-        .await
+        condition_becomes(&self.egresses, name, expected, timeout, None).await
     }
 
     async fn tailnet_condition_is(
         &self,
-        type_: &str,
-        status: &str,
+        expected: ConditionIs<'_>,
         timeout: Duration,
     ) -> Result<Tailnet, String> {
-        support::eventually(&format!("Tailnet {type_}={status}"), timeout, || async {
-            let t = self.tailnet().await?;
-            match tailnet_condition(&t, type_) {
-                Some((s, _, _)) if s == status => Ok(t),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await
+        condition_becomes(&self.tailnets, &self.tailnet_name, expected, timeout, None).await
     }
 
     /// The replica holding the Lease (by its `leader` gauge).
@@ -275,19 +243,7 @@ impl Fixture {
             "--headscale-timeout".into(),
             "3s".into(),
         ];
-        let mut operator = self
-            .env
-            .start_operator(
-                std::path::Path::new(env!("CARGO_BIN_EXE_tailnet-operator")),
-                &args.to_args(),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        operator
-            .wait_ready(Duration::from_secs(60))
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(operator)
+        lab_operator::start_operator(&self.env, &args.to_args(), None).await
     }
 
     /// Nodes carrying `tag`, as (id, online).
@@ -384,12 +340,7 @@ impl Fixture {
             .patch(
                 name,
                 &PatchParams::apply("faults-test").force(),
-                &Patch::Apply(json!({
-                    "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
-                    "metadata": {"name": name, "namespace": self.ns},
-                    "spec": {"tailnetRef": {"name": self.tailnet_name},
-                             "consumerNamespaces": [self.ns], "targets": targets}
-                })),
+                &Patch::Apply(egress_object(&self.ns, name, &self.tailnet_name, targets)),
             )
             .await
             .map(|_| ())
@@ -414,7 +365,7 @@ async fn setup(env: Arc<E2eEnv>) -> Result<(Fixture, tno_testenv::E2eNamespace<'
     ops.create_bootstrap(&env.base_policy().map_err(|e| e.to_string())?)
         .await
         .map_err(|e| e.to_string())?;
-    let tailnet_name = format!("t-{ns}");
+    let tailnet_name = tailnet_name(&ns);
     let tailnets: Api<Tailnet> = Api::all(client.clone());
     tailnets
         .patch(
@@ -464,7 +415,7 @@ async fn setup(env: Arc<E2eEnv>) -> Result<(Fixture, tno_testenv::E2eNamespace<'
         .apply_egress(EGRESS, Fixture::site_targets(&[]))
         .await?;
     let ready = fixture
-        .egress_condition_is(EGRESS, "Ready", "True", None, WAIT)
+        .egress_condition_is(EGRESS, ConditionIs::new("Ready", "True"), WAIT)
         .await?;
     let status = ready.status.clone().unwrap_or_default();
     fixture.tag = status.tag.clone().ok_or("no tag in the egress status")?;
@@ -484,7 +435,7 @@ async fn setup(env: Arc<E2eEnv>) -> Result<(Fixture, tno_testenv::E2eNamespace<'
     )
     .map_err(|e| e.to_string())?;
     let addr = fixture.db_addr();
-    support::eventually("a first echo through the egress", WAIT, || async {
+    eventually("a first echo through the egress", WAIT, || async {
         one_shot(addr).await.map(|_| ()).map_err(|(_, e)| e)
     })
     .await?;
@@ -512,7 +463,7 @@ async fn headscale_down(fx: &Fixture, profile: &Profile) -> Outcome {
         }
         if unreachable_after.is_none()
             && let Ok(t) = fx.tailnet().await
-            && tailnet_condition(&t, "HeadscaleReachable").is_some_and(|c| c.0 == "False")
+            && ConditionIs::new("HeadscaleReachable", "False").holds_for(&t)
         {
             unreachable_after = Some(down_at.elapsed());
         }
@@ -525,8 +476,8 @@ async fn headscale_down(fx: &Fixture, profile: &Profile) -> Outcome {
     let (reconciles_after, calls_after) = fx.activity().await;
     let tailnet = fx.tailnet().await?;
     let egress = fx.egress(EGRESS).await?;
-    let reachable_during = tailnet_condition(&tailnet, "HeadscaleReachable");
-    let egress_during = egress_condition(&egress, "Ready");
+    let reachable_during = tailnet.condition("HeadscaleReachable");
+    let egress_during = egress.condition("Ready");
 
     fx.env
         .tailnet()
@@ -550,10 +501,10 @@ async fn headscale_down(fx: &Fixture, profile: &Profile) -> Outcome {
         }
         tokio::time::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed())).await;
     }
-    fx.tailnet_condition_is("HeadscaleReachable", "True", WAIT)
+    fx.tailnet_condition_is(ConditionIs::new("HeadscaleReachable", "True"), WAIT)
         .await?;
     let reachable_again = restarted_at.elapsed();
-    fx.egress_condition_is(EGRESS, "Ready", "True", None, WAIT)
+    fx.egress_condition_is(EGRESS, ConditionIs::new("Ready", "True"), WAIT)
         .await?;
     let ready_again = restarted_at.elapsed();
     let after_recovery = connection.ping().await;
@@ -578,8 +529,8 @@ async fn headscale_down(fx: &Fixture, profile: &Profile) -> Outcome {
             None => "not tried".into(),
         },
         unreachable_after.map_or("never".into(), secs),
-        reachable_during.as_ref().map(|c| c.1.clone()),
-        egress_during.as_ref().map(|c| format!("{}/{}", c.0, c.1)),
+        reachable_during.map(|c| &c.reason),
+        egress_during.map(|c| format!("{}/{}", c.status, c.reason)),
         10 - after_errors.len(),
         secs(slowest_after),
         secs(reachable_again),
@@ -633,7 +584,7 @@ async fn headscale_restart(fx: &Fixture) -> Outcome {
         .await
         .map_err(|e| e.to_string())?;
     let healthy = started.elapsed();
-    let all_online = support::eventually("every node online again", WAIT, || async {
+    let all_online = eventually("every node online again", WAIT, || async {
         let nodes = fx.headscale.list_nodes().await.map_err(|e| e.to_string())?;
         let offline: Vec<_> = nodes
             .iter()
@@ -649,7 +600,7 @@ async fn headscale_restart(fx: &Fixture) -> Outcome {
     .await?;
     let online_after = started.elapsed();
     let ids_after: BTreeSet<u64> = all_online.iter().map(|n| n.id).collect();
-    fx.egress_condition_is(EGRESS, "Ready", "True", None, WAIT)
+    fx.egress_condition_is(EGRESS, ConditionIs::new("Ready", "True"), WAIT)
         .await?;
     let echo = one_shot(fx.db_addr()).await;
     let keys_after = fx.key_count().await?;
@@ -714,18 +665,18 @@ async fn apiserver_restart(fx: &mut Fixture) -> Outcome {
         ]),
     )
     .await?;
-    let reconciled = support::eventually("the new target in the egress status", WAIT, || async {
+    let reconciled = eventually("the new target in the egress status", WAIT, || async {
         let e = fx.egress(EGRESS).await?;
         let status = e.status.clone().unwrap_or_default();
         let has_service = status
             .targets
             .iter()
             .any(|t| t.name == "remote-api" && t.cluster_ip.is_some());
-        let ready = egress_condition(&e, "Ready").is_some_and(|c| c.0 == "True");
+        let ready = ConditionIs::new("Ready", "True").holds_for(&e);
         if has_service && ready && status.observed_generation == e.metadata.generation {
             Ok(())
         } else {
-            Err(egress_describe(&e))
+            Err(e.describe())
         }
     })
     .await;
@@ -734,7 +685,9 @@ async fn apiserver_restart(fx: &mut Fixture) -> Outcome {
     // open connection to another target.
     let after_change = connection.ping().await;
     let pod_replaced = agent_pod(fx).await?.uid().unwrap_or_default() != pod_before;
-    let policy = fx.tailnet_condition_is("PolicyApplied", "True", WAIT).await;
+    let policy = fx
+        .tailnet_condition_is(ConditionIs::new("PolicyApplied", "True"), WAIT)
+        .await;
     let revived = revive_operators(fx).await?;
     let nodes_after = fx.node_ids().await?;
     let keys_after = fx.key_count().await?;
@@ -805,7 +758,7 @@ async fn operator_killed(fx: &mut Fixture) -> Outcome {
     )
     .await?;
     // Kill the leader while it works on the new agent (mint, Secret, Deployment, policy).
-    let _ = support::eventually(
+    let _ = eventually(
         "the leader to start on the new agent",
         Duration::from_secs(20),
         || async {
@@ -820,7 +773,7 @@ async fn operator_killed(fx: &mut Fixture) -> Outcome {
     .await;
     fx.operators[leader].kill();
     let killed_at = Instant::now();
-    let takeover = support::eventually("the standby to take the Lease", LEASE * 3, || async {
+    let takeover = eventually("the standby to take the Lease", LEASE * 3, || async {
         match fx.operators[standby]
             .metric("tailnet_operator_leader ")
             .await
@@ -833,14 +786,16 @@ async fn operator_killed(fx: &mut Fixture) -> Outcome {
     // The killed pod comes back as the new standby.
     fx.operators[leader] = fx.start_operator("operator-2").await?;
     let online = fx
-        .egress_condition_is("crash", "NodeOnline", "True", None, WAIT)
+        .egress_condition_is("crash", ConditionIs::new("NodeOnline", "True"), WAIT)
         .await;
-    let policy = fx.tailnet_condition_is("PolicyApplied", "True", WAIT).await;
+    let policy = fx
+        .tailnet_condition_is(ConditionIs::new("PolicyApplied", "True"), WAIT)
+        .await;
     let effective = fx
-        .egress_condition_is("crash", "PolicyEffective", "True", None, WAIT)
+        .egress_condition_is("crash", ConditionIs::new("PolicyEffective", "True"), WAIT)
         .await;
     let finished = killed_at.elapsed();
-    let keys_clean = support::eventually(
+    let keys_clean = eventually(
         "no valid pre-auth key of the crash tag",
         Duration::from_secs(30),
         || async {
@@ -914,14 +869,13 @@ async fn policy_rejected(fx: &Fixture) -> Outcome {
     let mut connection = EchoConnection::open(fx.db_addr()).await?;
     connection.ping().await?;
     fx.set_base_policy(&hostile_text).await?;
-    let rejected = support::eventually("PolicyApplied=False/Rejected", WAIT, || async {
-        let t = fx.tailnet().await?;
-        match tailnet_condition(&t, "PolicyApplied") {
-            Some((s, r, m)) if s == "False" && r == "Rejected" => Ok(m),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let rejected = fx
+        .tailnet_condition_is(
+            ConditionIs::new("PolicyApplied", "False").reason("Rejected"),
+            WAIT,
+        )
+        .await
+        .map(|t| t.condition_message("PolicyApplied"));
     // A resource whose grants only the rejected policy would carry: a new egress.
     fx.apply_egress(
         "late",
@@ -931,15 +885,18 @@ async fn policy_rejected(fx: &Fixture) -> Outcome {
     let late = fx
         .egress_condition_is(
             "late",
-            "PolicyEffective",
-            "False",
-            Some("Rejected"),
+            ConditionIs::new("PolicyEffective", "False").reason("Rejected"),
             Duration::from_secs(60),
         )
         .await
-        .map(|e| egress_condition(&e, "PolicyEffective").unwrap_or_default());
+        // The condition just matched, so it is there.
+        .map(|e| {
+            e.condition("PolicyEffective")
+                .cloned()
+                .expect("PolicyEffective")
+        });
     let site = fx.egress(EGRESS).await?;
-    let site_effective = egress_condition(&site, "PolicyEffective");
+    let site_effective = site.condition("PolicyEffective");
     let live_during = fx
         .headscale
         .get_policy()
@@ -951,9 +908,11 @@ async fn policy_rejected(fx: &Fixture) -> Outcome {
 
     // Fixed: back to the good base; the new egress's grants go live.
     fx.set_base_policy(&base_text).await?;
-    let recovered = fx.tailnet_condition_is("PolicyApplied", "True", WAIT).await;
+    let recovered = fx
+        .tailnet_condition_is(ConditionIs::new("PolicyApplied", "True"), WAIT)
+        .await;
     let late_live = fx
-        .egress_condition_is("late", "PolicyEffective", "True", None, WAIT)
+        .egress_condition_is("late", ConditionIs::new("PolicyEffective", "True"), WAIT)
         .await;
     let _ = fx.egresses.delete("late", &DeleteParams::default()).await;
     let observed = format!(
@@ -964,13 +923,18 @@ async fn policy_rejected(fx: &Fixture) -> Outcome {
         },
         live_during == live_before,
         match &late {
-            Ok((s, r, m)) => format!("{s}/{r} ({})", m.chars().take(100).collect::<String>()),
+            Ok(c) => format!(
+                "{}/{} ({})",
+                c.status,
+                c.reason,
+                c.message.chars().take(100).collect::<String>()
+            ),
             Err(e) => format!(
                 "not False/Rejected ({})",
                 e.chars().take(200).collect::<String>()
             ),
         },
-        site_effective.as_ref().map(|c| format!("{}/{}", c.0, c.1)),
+        site_effective.map(|c| format!("{}/{}", c.status, c.reason)),
         if established.is_ok() {
             "kept echoing"
         } else {
@@ -991,7 +955,7 @@ async fn policy_rejected(fx: &Fixture) -> Outcome {
     if rejected.is_err()
         || live_during != live_before
         || late.is_err()
-        || site_effective.is_none_or(|c| c.0 != "True")
+        || site_effective.is_none_or(|c| c.status != "True")
         || established.is_err()
         || fresh.is_err()
         || recovered.is_err()
@@ -1014,9 +978,7 @@ async fn route_withdrawn(fx: &Fixture) -> Outcome {
     let condition = fx
         .egress_condition_is(
             EGRESS,
-            "RoutesReady",
-            "False",
-            Some("RouteNotAdvertised"),
+            ConditionIs::new("RoutesReady", "False").reason("RouteNotAdvertised"),
             WAIT,
         )
         .await;
@@ -1047,9 +1009,9 @@ async fn route_withdrawn(fx: &Fixture) -> Outcome {
         .map_err(|e| e.to_string())?;
     let readvertised_at = Instant::now();
     let back = fx
-        .egress_condition_is(EGRESS, "RoutesReady", "True", None, WAIT)
+        .egress_condition_is(EGRESS, ConditionIs::new("RoutesReady", "True"), WAIT)
         .await;
-    let works = support::eventually("an echo after re-advertising", WAIT, || async {
+    let works = eventually("an echo after re-advertising", WAIT, || async {
         one_shot(fx.db_addr()).await.map_err(|(_, e)| e)
     })
     .await;
@@ -1109,15 +1071,12 @@ fn fds_and_rss(pid: u32) -> Option<(usize, u64)> {
 
 async fn agent_pod(fx: &Fixture) -> Result<Pod, String> {
     let pods: Api<Pod> = Api::namespaced(fx.client.clone(), &fx.ns);
-    pods.list(&ListParams::default().labels(&format!(
-        "app.kubernetes.io/instance=tailnet-egress-{EGRESS}"
-    )))
-    .await
-    .map_err(|e| e.to_string())?
-    .items
-    .into_iter()
-    .find(|p| p.metadata.deletion_timestamp.is_none())
-    .ok_or_else(|| "no agent pod".to_string())
+    agent_pods(&pods, &format!("tailnet-egress-{EGRESS}"))
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|p| p.metadata.deletion_timestamp.is_none())
+        .ok_or_else(|| "no agent pod".to_string())
 }
 
 /// Fresh connections at `rate` per second for `duration`: (ok, failed, first error).
@@ -1232,7 +1191,7 @@ async fn agent_killed_under_load(fx: &Fixture) -> Outcome {
         }
         ended.push((killed_at.elapsed(), outcome));
     }
-    let recovered = support::eventually("an echo through the new agent pod", WAIT, || async {
+    let recovered = eventually("an echo through the new agent pod", WAIT, || async {
         one_shot(addr).await.map_err(|(_, e)| e)
     })
     .await;
@@ -1265,6 +1224,30 @@ async fn agent_killed_under_load(fx: &Fixture) -> Outcome {
     Ok(observed)
 }
 
+/// Runs one phase (every phase runs even if an earlier one failed), prints its outcome as it
+/// ends and adds its row to the table.
+async fn run_phase(
+    rows: &mut Vec<Row>,
+    fault: &'static str,
+    expected: &'static str,
+    phase: impl std::future::Future<Output = Outcome>,
+) {
+    let started = Instant::now();
+    let outcome = phase.await;
+    eprintln!(
+        "[{} in {}] {fault}: {outcome:?}",
+        if outcome.is_ok() { "PASS" } else { "FAIL" },
+        secs(started.elapsed())
+    );
+    let passed = outcome.is_ok();
+    rows.push(Row {
+        fault,
+        expected,
+        observed: outcome.unwrap_or_else(|e| e),
+        passed,
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_keep_the_data_plane_and_lose_nothing() {
     let env = E2eEnv::shared()
@@ -1278,84 +1261,62 @@ async fn faults_keep_the_data_plane_and_lose_nothing() {
     eprintln!("setup took {}", secs(started.elapsed()));
 
     let mut rows = Vec::new();
-    let mut record = |fault, expected, outcome: Outcome, took: Duration| {
-        eprintln!(
-            "[{} in {}] {fault}: {outcome:?}",
-            if outcome.is_ok() { "PASS" } else { "FAIL" },
-            secs(took)
-        );
-        let passed = outcome.is_ok();
-        rows.push(Row {
-            fault,
-            expected,
-            observed: outcome.unwrap_or_else(|e| e),
-            passed,
-        });
-    };
-    let t = Instant::now();
-    let outcome = headscale_down(&fx, &profile).await;
-    record(
+    run_phase(
+        &mut rows,
         "Headscale down (process stopped)",
         "established egress connection keeps echoing; HeadscaleReachable=False then True; no node/key lost or duplicated; no hot loop",
-        outcome,
-        t.elapsed(),
-    );
-    let t = Instant::now();
-    let outcome = headscale_restart(&fx).await;
-    record(
+        headscale_down(&fx, &profile),
+    )
+    .await;
+    run_phase(
+        &mut rows,
         "Headscale restarted with its database",
         "every node online again with the same id; no node or key created",
-        outcome,
-        t.elapsed(),
-    );
-    let t = Instant::now();
-    let outcome = apiserver_restart(&mut fx).await;
-    record(
+        headscale_restart(&fx),
+    )
+    .await;
+    run_phase(
+        &mut rows,
         "kube-apiserver restarted",
         "watches recover: a change made afterwards (a new target) is reconciled without replacing the agent pod or cutting its open connection; no duplicate node/key",
-        outcome,
-        t.elapsed(),
-    );
-    let t = Instant::now();
-    let outcome = operator_killed(&mut fx).await;
-    record(
+        apiserver_restart(&mut fx),
+    )
+    .await;
+    run_phase(
+        &mut rows,
         "Leader SIGKILLed while creating an agent (orphaned key injected)",
         "standby takes over within the Lease; agent finished; no valid orphaned key; one node",
-        outcome,
-        t.elapsed(),
-    );
-    let t = Instant::now();
-    let outcome = policy_rejected(&fx).await;
-    record(
+        operator_killed(&mut fx),
+    )
+    .await;
+    run_phase(
+        &mut rows,
         "Base policy rejected by Headscale",
         "previous policy stays live; Tailnet Rejected; a new egress says PolicyEffective=False/Rejected, the existing one stays effective and keeps working",
-        outcome,
-        t.elapsed(),
-    );
-    let t = Instant::now();
-    let outcome = route_withdrawn(&fx).await;
-    record(
+        policy_rejected(&fx),
+    )
+    .await;
+    run_phase(
+        &mut rows,
         "Route withdrawn by the router",
         "RoutesReady=False/RouteNotAdvertised; new connections fail fast, nothing leaks; re-advertised works",
-        outcome,
-        t.elapsed(),
-    );
-    let t = Instant::now();
-    let outcome = agent_soak(&fx, &profile).await;
-    record(
+        route_withdrawn(&fx),
+    )
+    .await;
+    run_phase(
+        &mut rows,
         "Agent soak",
         "every connection echoes; agent fds and RSS back to their level",
-        outcome,
-        t.elapsed(),
-    );
-    let t = Instant::now();
-    let outcome = agent_killed_under_load(&fx).await;
-    record(
+        agent_soak(&fx, &profile),
+    )
+    .await;
+    run_phase(
+        &mut rows,
         "Agent pod killed under load",
         "in-flight connections end (error/EOF, no hang); new ones succeed; same node identity; no new key",
-        outcome,
-        t.elapsed(),
-    );
+        agent_killed_under_load(&fx),
+    )
+    .await;
 
     let mut table = String::from("| fault | expected | observed |\n|---|---|---|\n");
     for row in &rows {

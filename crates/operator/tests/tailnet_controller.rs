@@ -12,10 +12,13 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
-use serde_json::json;
-use support::{OperatorProcess, condition, describe, eventually};
+use serde_json::{Value, json};
+use support::conditions::{ConditionIs, WithConditions, condition_becomes, describe};
+use support::local_operator::LocalOperator;
+use support::objects::{apply, egress_object, ingress_object, tailnet_name};
+use support::wait::wait_for;
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tno_testenv_tailnet::TailnetEnv;
 
@@ -70,17 +73,32 @@ fn secret(name: &str, ns: &str, key: &str) -> Secret {
     }
 }
 
-async fn apply<K>(api: &Api<K>, name: &str, value: serde_json::Value)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.patch(
-        name,
-        &PatchParams::apply("test").force(),
-        &Patch::Apply(value),
-    )
-    .await
-    .expect("apply test object");
+/// The Tailnet of this scenario against `server` (not the e2e lab's), in `mode`, with `dns`.
+fn tailnet_object(name: &str, server: &str, mode: &str, dns: Value) -> Value {
+    json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet", "metadata": {"name": name},
+        "spec": {
+            "server": server,
+            "apiSecretRef": {"name": "headscale-bootstrap", "key": "apiKey"},
+            "dns": dns,
+            "policy": {"baseConfigMap": "tailnet-policy", "mode": mode, "tagOwners": ["group:platform"],
+                       "routeApprovers": ["tag:router"], "ingressSourceAllowlist": ["group:team-a"]}
+        }
+    })
+}
+
+/// The hosts ConfigMap `tailnet-hosts` in the operator namespace.
+fn own_hosts_config_map() -> Value {
+    json!({"hostsConfigMap": "tailnet-hosts", "ingressNameTemplate": "{name}.{namespace}.lab.example.net"})
+}
+
+/// Replaces the base policy document (ConfigMap `tailnet-policy`).
+async fn set_base_policy(cms: &Api<ConfigMap>, ns: &str, text: &str) -> kube::Result<ConfigMap> {
+    let config_map = json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tailnet-policy", "namespace": ns},
+        "data": {"policy.hujson": text}
+    });
+    apply(cms, "tailnet-policy", config_map).await
 }
 
 /// Waits until the Tailnet's condition `type_` has `status` and `reason`.
@@ -91,16 +109,10 @@ async fn wait_condition(
     status: &str,
     reason: &str,
 ) -> Tailnet {
-    let result = eventually(&format!("{type_}={status}/{reason}"), WAIT, || async {
-        let t = api.get(name).await.map_err(|e| e.to_string())?;
-        let conditions = t.status.clone().unwrap_or_default().conditions;
-        match condition(&conditions, type_) {
-            Some(c) if c.status == status && c.reason == reason => Ok(t),
-            _ => Err(describe(&conditions)),
-        }
-    })
-    .await;
-    result.unwrap_or_else(|e| panic!("{e}"))
+    let expected = ConditionIs::new(type_, status).reason(reason);
+    condition_becomes(api, name, expected, WAIT, None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,7 +155,7 @@ async fn scenario(
     client: &kube::Client,
     logs: &std::path::Path,
 ) {
-    let tailnet_name = format!("t-{ns}");
+    let tailnet_name = tailnet_name(ns);
     let hs = tailnet_headscale::Client::new(
         &env.headscale.root_url(),
         tailnet_headscale::Secret::new(env.headscale.api_key()),
@@ -153,6 +165,9 @@ async fn scenario(
     let tailnets: Api<Tailnet> = Api::all(client.clone());
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let tailnet_becomes = |type_: &'static str, status: &'static str, reason: &'static str| {
+        wait_condition(&tailnets, &tailnet_name, type_, status, reason)
+    };
 
     // Declarations: key, base, Tailnet (DryRun), an egress and a tcp ingress in the operator
     // namespace.
@@ -169,31 +184,44 @@ async fn scenario(
     )
     .await
     .expect("base");
-    apply(&tailnets, &tailnet_name, json!({
-        "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet", "metadata": {"name": tailnet_name},
-        "spec": {
-            "server": env.headscale.root_url(),
-            "apiSecretRef": {"name": "headscale-bootstrap", "key": "apiKey"},
-            "dns": {"hostsConfigMap": "tailnet-hosts", "ingressNameTemplate": "{name}.{namespace}.lab.example.net"},
-            "policy": {"baseConfigMap": "tailnet-policy", "mode": "DryRun", "tagOwners": ["group:platform"],
-                       "routeApprovers": ["tag:router"], "ingressSourceAllowlist": ["group:team-a"]}
-        }
-    })).await;
-    apply(&Api::<TailnetEgress>::namespaced(client.clone(), ns), "site", json!({
-        "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress", "metadata": {"name": "site", "namespace": ns},
-        "spec": {"tailnetRef": {"name": tailnet_name}, "consumerNamespaces": [ns],
-                 "targets": [{"name": "remote-db", "address": "192.0.2.10", "port": 5432, "aliases": ["db.site.example.net"]}]}
-    })).await;
-    apply(&Api::<TailnetIngress>::namespaced(client.clone(), ns), "kube", json!({
-        "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress", "metadata": {"name": "kube", "namespace": ns},
-        "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
-                 "exposes": [{"name": "api", "dnsLabel": "kube", "mode": "tcp", "port": 6443, "backend": {"service": "kubernetes", "namespace": "default", "port": 443}}]}
-    })).await;
+    let server = env.headscale.root_url();
+    apply(
+        &tailnets,
+        &tailnet_name,
+        tailnet_object(&tailnet_name, &server, "DryRun", own_hosts_config_map()),
+    )
+    .await
+    .expect("Tailnet");
+    apply(
+        &Api::<TailnetEgress>::namespaced(client.clone(), ns),
+        "site",
+        egress_object(
+            ns,
+            "site",
+            &tailnet_name,
+            json!([{"name": "remote-db", "address": "192.0.2.10", "port": 5432, "aliases": ["db.site.example.net"]}]),
+        ),
+    )
+    .await
+    .expect("egress");
+    apply(
+        &Api::<TailnetIngress>::namespaced(client.clone(), ns),
+        "kube",
+        ingress_object(
+            ns,
+            "kube",
+            &tailnet_name,
+            None,
+            json!([{"name": "api", "dnsLabel": "kube", "mode": "tcp", "port": 6443, "backend": {"service": "kubernetes", "namespace": "default", "port": 443}}]),
+        ),
+    )
+    .await
+    .expect("ingress");
 
     let before = hs.get_policy().await.expect("live policy before");
     let installation = format!("test-{ns}");
     let lease = format!("lease-{ns}");
-    let mut first = OperatorProcess::start(
+    let mut first = LocalOperator::start(
         kube.kubeconfig(),
         ns,
         &installation,
@@ -203,17 +231,18 @@ async fn scenario(
     );
 
     // DryRun: checked and published, Headscale untouched.
-    let t = wait_condition(&tailnets, &tailnet_name, "PolicyApplied", "False", "DryRun").await;
-    let conditions = t.status.clone().unwrap_or_default().conditions;
-    let reachable = condition(&conditions, "HeadscaleReachable").expect("HeadscaleReachable");
-    assert_eq!(reachable.status, "True", "{}", describe(&conditions));
+    let t = tailnet_becomes("PolicyApplied", "False", "DryRun").await;
+    let reachable = t
+        .condition("HeadscaleReachable")
+        .expect("HeadscaleReachable");
+    assert_eq!(reachable.status, "True", "{}", describe(t.conditions()));
     assert!(reachable.message.contains("0.29"), "{}", reachable.message);
     assert_eq!(
-        condition(&conditions, "BaseValid").map(|c| c.status.as_str()),
+        t.condition("BaseValid").map(|c| c.status.as_str()),
         Some("True")
     );
     assert_eq!(
-        condition(&conditions, "Ready").map(|c| c.reason.as_str()),
+        t.condition("Ready").map(|c| c.reason.as_str()),
         Some("DryRun")
     );
     let rendered_cm = cms
@@ -253,17 +282,14 @@ async fn scenario(
     );
 
     // Apply: written once, routes caught up, grants effective.
-    tailnets
-        .patch(&tailnet_name, &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet", "metadata": {"name": tailnet_name},
-            "spec": {"server": env.headscale.root_url(), "apiSecretRef": {"name": "headscale-bootstrap", "key": "apiKey"},
-                     "dns": {"hostsConfigMap": "tailnet-hosts", "ingressNameTemplate": "{name}.{namespace}.lab.example.net"},
-                     "policy": {"baseConfigMap": "tailnet-policy", "mode": "Apply", "tagOwners": ["group:platform"],
-                                "routeApprovers": ["tag:router"], "ingressSourceAllowlist": ["group:team-a"]}}
-        })))
-        .await
-        .expect("switch to Apply");
-    let t = wait_condition(&tailnets, &tailnet_name, "PolicyApplied", "True", "Applied").await;
+    apply(
+        &tailnets,
+        &tailnet_name,
+        tailnet_object(&tailnet_name, &server, "Apply", own_hosts_config_map()),
+    )
+    .await
+    .expect("switch to Apply");
+    let t = tailnet_becomes("PolicyApplied", "True", "Applied").await;
     let live = hs.get_policy().await.expect("live policy after Apply");
     assert!(
         live.policy.starts_with(&format!(
@@ -287,7 +313,7 @@ async fn scenario(
             format!("TailnetIngress/{ns}/kube")
         ]
     );
-    eventually("the router's 192.0.2.0/24 to be approved", WAIT, || async {
+    wait_for("the router's 192.0.2.0/24 to be approved", WAIT, || async {
         let node = hs.get_node(router.id).await.map_err(|e| e.to_string())?;
         if node.approved_routes.contains(&"192.0.2.0/24".to_string()) {
             Ok(())
@@ -295,8 +321,7 @@ async fn scenario(
             Err(format!("{:?}", node.approved_routes))
         }
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .await;
     let node = hs.get_node(router.id).await.expect("router");
     assert!(
         !node
@@ -333,7 +358,7 @@ async fn scenario(
     let edited = live.policy.replace("\"tcp:5432\"", "\"tcp:5433\"");
     assert_ne!(edited, live.policy);
     hs.set_policy(&edited).await.expect("manual edit");
-    eventually("the manual edit to be overwritten", WAIT, || async {
+    wait_for("the manual edit to be overwritten", WAIT, || async {
         let now = hs.get_policy().await.map_err(|e| e.to_string())?;
         if now.policy.contains("\"tcp:5432\"") {
             Ok(())
@@ -341,10 +366,9 @@ async fn scenario(
             Err("still edited".to_string())
         }
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .await;
     let events: Api<Event> = Api::all(client.clone());
-    eventually("a ManualEditOverwritten event", WAIT, || async {
+    wait_for("a ManualEditOverwritten event", WAIT, || async {
         let list = events
             .list(&ListParams::default())
             .await
@@ -360,20 +384,12 @@ async fn scenario(
             None => Err("no event yet".to_string()),
         }
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .await;
 
     // Another installation's document is never overwritten.
     let foreign = "// tailnet-operator-installation: another-cluster/demo\n{\"groups\": {\"group:team-a\": [\"alice@\"]}, \"tagOwners\": {\"tag:router\": [\"admin@\"], \"tag:client\": [\"admin@\"], \"tag:server\": [\"admin@\"]}}";
     hs.set_policy(foreign).await.expect("foreign policy");
-    wait_condition(
-        &tailnets,
-        &tailnet_name,
-        "PolicyApplied",
-        "False",
-        "OwnedElsewhere",
-    )
-    .await;
+    tailnet_becomes("PolicyApplied", "False", "OwnedElsewhere").await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
         hs.get_policy().await.expect("policy").policy,
@@ -383,64 +399,42 @@ async fn scenario(
     hs.set_policy(&live.policy)
         .await
         .expect("restore our policy");
-    wait_condition(&tailnets, &tailnet_name, "PolicyApplied", "True", "Applied").await;
+    tailnet_becomes("PolicyApplied", "True", "Applied").await;
     let good = hs.get_policy().await.expect("policy");
 
     // A base with a syntax error: BaseValid=False with the position; live untouched.
-    cms.patch("tailnet-policy", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tailnet-policy", "namespace": ns},
-        "data": {"policy.hujson": "{\n  \"groups\": {\n    \"group:team-a\": [\"alice@\"] \"oops\"\n  }\n}\n"}
-    })))
+    set_base_policy(
+        &cms,
+        ns,
+        "{\n  \"groups\": {\n    \"group:team-a\": [\"alice@\"] \"oops\"\n  }\n}\n",
+    )
     .await
     .expect("broken base");
-    let t = wait_condition(
-        &tailnets,
-        &tailnet_name,
-        "BaseValid",
-        "False",
-        "SyntaxError",
-    )
-    .await;
-    let message = condition(&t.status.unwrap_or_default().conditions, "BaseValid")
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
+    let t = tailnet_becomes("BaseValid", "False", "SyntaxError").await;
+    let message = t.condition_message("BaseValid");
     assert!(message.contains("line 3, column"), "{message}");
     assert_eq!(hs.get_policy().await.expect("policy").policy, good.policy);
 
     // A base whose tests fail against the generated grants: Rejected, old policy stays.
-    cms.patch("tailnet-policy", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tailnet-policy", "namespace": ns},
-        "data": {"policy.hujson": base_policy(r#"{"src": "alice@", "accept": ["tag:router:22"]}"#)}
-    })))
+    set_base_policy(
+        &cms,
+        ns,
+        &base_policy(r#"{"src": "alice@", "accept": ["tag:router:22"]}"#),
+    )
     .await
     .expect("base with failing test");
-    let t = wait_condition(
-        &tailnets,
-        &tailnet_name,
-        "PolicyApplied",
-        "False",
-        "Rejected",
-    )
-    .await;
-    let message = condition(
-        &t.status.clone().unwrap_or_default().conditions,
-        "PolicyApplied",
-    )
-    .map(|c| c.message.clone())
-    .unwrap_or_default();
+    let t = tailnet_becomes("PolicyApplied", "False", "Rejected").await;
+    let message = t.condition_message("PolicyApplied");
     assert!(message.contains("previous one stays live"), "{message}");
     assert_eq!(
         hs.get_policy().await.expect("policy").policy,
         good.policy,
         "a rejected policy leaves the old one live"
     );
-    cms.patch("tailnet-policy", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tailnet-policy", "namespace": ns},
-        "data": {"policy.hujson": base_policy("")}
-    })))
-    .await
-    .expect("base fixed");
-    wait_condition(&tailnets, &tailnet_name, "PolicyApplied", "True", "Applied").await;
+    set_base_policy(&cms, ns, &base_policy(""))
+        .await
+        .expect("base fixed");
+    tailnet_becomes("PolicyApplied", "True", "Applied").await;
 
     // A wrong API key: a clear 401 condition; the key appears nowhere.
     let wrong_key = "hskey-api-wrongprefix0-thisisnotthekey1234567890";
@@ -452,14 +446,7 @@ async fn scenario(
         )
         .await
         .expect("wrong key");
-    let t = wait_condition(
-        &tailnets,
-        &tailnet_name,
-        "HeadscaleReachable",
-        "False",
-        "Unauthorized",
-    )
-    .await;
+    let t = tailnet_becomes("HeadscaleReachable", "False", "Unauthorized").await;
     let status_text = serde_json::to_string(&t.status).unwrap_or_default();
     assert!(
         !status_text.contains("thisisnotthekey"),
@@ -493,17 +480,10 @@ async fn scenario(
         )
         .await
         .expect("key back");
-    wait_condition(
-        &tailnets,
-        &tailnet_name,
-        "HeadscaleReachable",
-        "True",
-        "Reachable",
-    )
-    .await;
+    tailnet_becomes("HeadscaleReachable", "True", "Reachable").await;
 
     // Two replicas: the second stands by; it takes over when the first stops.
-    let mut second = OperatorProcess::start(
+    let mut second = LocalOperator::start(
         kube.kubeconfig(),
         ns,
         &installation,
@@ -512,15 +492,14 @@ async fn scenario(
         "operator-2",
     );
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
-    eventually("the second replica to be up", WAIT, || async {
+    wait_for("the second replica to be up", WAIT, || async {
         second
             .metric("tailnet_operator_leader")
             .await
             .map(|_| ())
             .ok_or("no metrics yet".to_string())
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
         second.metric("tailnet_operator_leader").await,
@@ -536,7 +515,7 @@ async fn scenario(
         .and_then(|s| s.holder_identity);
     assert_eq!(holder.as_deref(), Some("operator-1"));
     first.terminate();
-    eventually(
+    wait_for(
         "the standby to take over",
         Duration::from_secs(30),
         || async {
@@ -546,8 +525,7 @@ async fn scenario(
             }
         },
     )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .await;
     let holder = leases
         .get(&lease)
         .await
@@ -559,14 +537,7 @@ async fn scenario(
     // Headscale down: condition within a few polls, the operator keeps running.
     let updated_before_outage = hs.get_policy().await.expect("policy").updated_at;
     env.headscale.kill();
-    let t = wait_condition(
-        &tailnets,
-        &tailnet_name,
-        "HeadscaleReachable",
-        "False",
-        "ConnectionFailed",
-    )
-    .await;
+    let t = tailnet_becomes("HeadscaleReachable", "False", "ConnectionFailed").await;
     assert!(
         second.is_running(),
         "the operator must survive Headscale being down"
@@ -576,15 +547,8 @@ async fn scenario(
     // Headscale back on the same database: the operator recovers by itself and does not
     // re-write the unchanged policy.
     env.headscale.restart().await.expect("restart headscale");
-    wait_condition(
-        &tailnets,
-        &tailnet_name,
-        "HeadscaleReachable",
-        "True",
-        "Reachable",
-    )
-    .await;
-    wait_condition(&tailnets, &tailnet_name, "PolicyApplied", "True", "Applied").await;
+    tailnet_becomes("HeadscaleReachable", "True", "Reachable").await;
+    tailnet_becomes("PolicyApplied", "True", "Applied").await;
     assert!(second.is_running());
     assert_eq!(
         hs.get_policy().await.expect("policy").updated_at,
@@ -608,21 +572,15 @@ async fn scenario(
         )
         .await
         .expect("shared ConfigMap");
-    let mut spec = json!({
-        "server": env.headscale.root_url(),
-        "apiSecretRef": {"name": "headscale-bootstrap", "key": "apiKey"},
-        "dns": {"hostsConfigMap": "coredns", "hostsConfigMapNamespace": dns_ns.name(), "ingressNameTemplate": "{name}.{namespace}.lab.example.net"},
-        "policy": {"baseConfigMap": "tailnet-policy", "mode": "Apply", "tagOwners": ["group:platform"],
-                   "routeApprovers": ["tag:router"], "ingressSourceAllowlist": ["group:team-a"]}
-    });
-    spec["dns"]["hostsConfigMapNamespace"] = dns_ns.name().into();
-    tailnets
-        .patch(&tailnet_name, &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet", "metadata": {"name": tailnet_name}, "spec": spec
-        })))
-        .await
-        .expect("Tailnet with shared DNS ConfigMap");
-    let merged = eventually("the hosts key in the shared ConfigMap", WAIT, || async {
+    let shared_dns = json!({"hostsConfigMap": "coredns", "hostsConfigMapNamespace": dns_ns.name(), "ingressNameTemplate": "{name}.{namespace}.lab.example.net"});
+    apply(
+        &tailnets,
+        &tailnet_name,
+        tailnet_object(&tailnet_name, &server, "Apply", shared_dns),
+    )
+    .await
+    .expect("Tailnet with shared DNS ConfigMap");
+    let merged = wait_for("the hosts key in the shared ConfigMap", WAIT, || async {
         let c = shared.get("coredns").await.map_err(|e| e.to_string())?;
         let data = c.data.clone().unwrap_or_default();
         if data.contains_key("hosts") && data.contains_key("extra-records.json") {
@@ -631,8 +589,7 @@ async fn scenario(
             Err(format!("{:?}", data.keys().collect::<Vec<_>>()))
         }
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .await;
     assert!(
         merged
             .data

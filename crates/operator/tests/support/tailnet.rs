@@ -1,0 +1,125 @@
+//! Connections from a tailnet node through its LocalAPI (`tailscale dial`): TCP, TLS, and the
+//! HTTPS request and TCP echo the ingress tests send; plus the certificates they trust.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use tno_testenv_tailnet::{Dialed, DialedStream, LocalApi};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::client::TlsStream;
+
+/// How long a dial, a TLS handshake or a small response may take.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The tcp echo's dial and answer: shorter, as it also probes for refused connections.
+const ECHO_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// A TCP connection from `node` to `ip:port` that goes through the tailnet (a `Dial-Self`
+/// answer, i.e. not routed through the tailnet, is an error).
+pub async fn dial(
+    node: &LocalApi,
+    ip: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<DialedStream, String> {
+    match tokio::time::timeout(timeout, node.dial(ip, port)).await {
+        Ok(Ok(Dialed::Tailnet(stream))) => Ok(stream),
+        Ok(Ok(Dialed::DialSelf { addr })) => Err(format!("dial-self {addr}")),
+        Ok(Err(e)) => Err(format!("dial: {e}")),
+        Err(_) => Err("dial timed out".to_string()),
+    }
+}
+
+/// TLS over the tailnet from `node` to `ip:port`, verifying `sni` against `ca_pem` only.
+pub async fn tls_connect(
+    node: &LocalApi,
+    ip: &str,
+    port: u16,
+    sni: &str,
+    ca_pem: &str,
+) -> Result<TlsStream<DialedStream>, String> {
+    let stream = dial(node, ip, port, STEP_TIMEOUT).await?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()).flatten() {
+        roots.add(cert).map_err(|e| e.to_string())?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = ServerName::try_from(sni.to_string()).map_err(|e| e.to_string())?;
+    tokio::time::timeout(
+        STEP_TIMEOUT,
+        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, stream),
+    )
+    .await
+    .map_err(|_| "TLS handshake timed out".to_string())?
+    .map_err(|e| format!("TLS: {e}"))
+}
+
+/// `GET /hello` over HTTPS to `ip:443` (see [`tls_connect`]) with `Connection: close` and the
+/// `headers` given; returns the whole response text.
+pub async fn https_get_hello(
+    node: &LocalApi,
+    ip: &str,
+    sni: &str,
+    ca_pem: &str,
+    headers: &[(&str, &str)],
+) -> Result<String, String> {
+    let mut tls = tls_connect(node, ip, 443, sni, ca_pem).await?;
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
+    let request = format!("GET /hello HTTP/1.1\r\nHost: {sni}\r\n{extra}Connection: close\r\n\r\n");
+    tls.write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = Vec::new();
+    tokio::time::timeout(STEP_TIMEOUT, tls.read_to_end(&mut response))
+        .await
+        .map_err(|_| "response timed out".to_string())?
+        .map_err(|e| format!("read: {e}"))?;
+    Ok(String::from_utf8_lossy(&response).into_owned())
+}
+
+/// `response` when it is a 200, else the response as the error (to poll until served).
+pub fn ok_200(response: String) -> Result<String, String> {
+    if response.starts_with("HTTP/1.1 200") {
+        Ok(response)
+    } else {
+        Err(response)
+    }
+}
+
+/// Raw TCP through the tailnet: Ok when a connection opens and echoes a line.
+pub async fn tcp_echo(node: &LocalApi, ip: &str, port: u16) -> Result<(), String> {
+    const LINE: &[u8] = b"ping through the ingress\n";
+    let mut stream = dial(node, ip, port, ECHO_TIMEOUT).await?;
+    stream.write_all(LINE).await.map_err(|e| e.to_string())?;
+    let mut echoed = vec![0u8; LINE.len()];
+    tokio::time::timeout(ECHO_TIMEOUT, stream.read_exact(&mut echoed))
+        .await
+        .map_err(|_| "echo timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    if echoed == LINE {
+        Ok(())
+    } else {
+        Err(format!("got {:?}", String::from_utf8_lossy(&echoed)))
+    }
+}
+
+/// A self-signed certificate for `names`, as (certificate PEM, key PEM); the client pins it
+/// as its only root.
+pub fn self_signed(names: &[String]) -> (String, String) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(names.to_vec())
+        .expect("params")
+        .self_signed(&key)
+        .expect("cert");
+    (cert.pem(), key.serialize_pem())
+}
