@@ -485,7 +485,10 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
     ] {
         for (labels, grown) in metric_growth(&operator_before, &operator_after, family) {
             operator_calls.row(vec![
-                format!("{} {labels}", family.trim_start_matches("tailnet_operator_")),
+                format!(
+                    "{} {labels}",
+                    family.trim_start_matches("tailnet_operator_")
+                ),
                 format!("{grown:.0}"),
             ]);
         }
