@@ -5,21 +5,27 @@
 //! comes back byte-identical, and its throughput is printed next to a direct LocalAPI dial of
 //! the same target from the laptop node (never asserted: tests do not assert speed).
 
+mod support;
+
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams};
 use kube::{Api, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
+use support::lab_operator::start_operator;
+use support::objects::{agent_pods, apply, apply_egress, pod_uids, tailnet_name};
+use support::tailnet::dial;
+use support::wait::{WAIT, wait_for};
 use tailnet_api::TailnetEgress;
 use tno_testenv::{CLIENT_POD_DEADLINE, E2eEnv, OperatorArgs, tls_check_pod};
-use tno_testenv_tailnet::{Dialed, SITE_API_NAME, SITE_BANNER_TEXT};
+use tno_testenv_tailnet::{SITE_API_NAME, SITE_BANNER_TEXT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const WAIT: Duration = Duration::from_secs(180);
 /// CoreDNS's own ConfigMap in the test env (its `hosts` key is served by the `hosts` plugin).
 const COREDNS_CONFIG_MAP: &str = "coredns";
 const COREDNS_NAMESPACE: &str = "kube-system";
@@ -28,43 +34,14 @@ const BULK_BYTES: usize = 100 * 1024 * 1024;
 const BULK_SEED: u64 = 1;
 const BULK_TIMEOUT: Duration = Duration::from_secs(180);
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let last = match check().await {
-            Ok(v) => return v,
-            Err(e) => e,
-        };
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}; last: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-fn describe(e: &TailnetEgress) -> String {
-    let status = e.status.clone().unwrap_or_default();
-    let mut lines: Vec<String> = status
-        .conditions
-        .iter()
-        .map(|c| format!("{}={}/{}: {}", c.type_, c.status, c.reason, c.message))
-        .collect();
-    lines.push(format!("targets: {:?}", status.targets));
-    lines.join("\n")
-}
-
-fn condition(e: &TailnetEgress, type_: &str) -> Option<(String, String)> {
-    e.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone()))
+/// The egress's two targets; `extra` are added after them.
+fn site_targets(extra: &[Value]) -> Value {
+    let mut targets = vec![
+        json!({"name": "remote-db", "address": "192.0.2.10", "port": 5432, "probe": {"interval": "2s"}}),
+        json!({"name": "remote-api", "address": "198.51.100.20", "port": 443, "aliases": ["api.site.example.net"]}),
+    ];
+    targets.extend(extra.iter().cloned());
+    Value::Array(targets)
 }
 
 /// The stream `tno-test-servers tcp-bulk` sends for `seed`: word `i` (8 bytes, little endian)
@@ -186,7 +163,7 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     ops.create_bootstrap(&serde_json::to_string_pretty(&base_policy).expect("policy text"))
         .await
         .expect("bootstrap");
-    let tailnet_name = format!("t-{ns}");
+    let tailnet_name = tailnet_name(&ns);
     let tailnets: Api<tailnet_api::Tailnet> = Api::all(client.clone());
     // The DNS entries go into CoreDNS's own ConfigMap (key `hosts`, which the test env's
     // CoreDNS serves with its `hosts` plugin), as docs/dns.md tells users to wire it.
@@ -196,52 +173,29 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         object["spec"]["dns"]["hostsConfigMapNamespace"] = json!(COREDNS_NAMESPACE);
         object
     };
-    tailnets
-        .patch(
-            &tailnet_name,
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(tailnet_object("DryRun")),
-        )
+    apply(&tailnets, &tailnet_name, tailnet_object("DryRun"))
         .await
         .expect("Tailnet");
-    let mut operator = env
-        .start_operator(
-            std::path::Path::new(env!("CARGO_BIN_EXE_tailnet-operator")),
-            &OperatorArgs::new(&ns).to_args(),
-        )
+    let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
         .await
         .expect("operator");
-    operator
-        .wait_ready(Duration::from_secs(60))
-        .await
-        .expect("operator ready");
 
     let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), &ns);
-    egresses
-        .patch("site", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
-            "metadata": {"name": "site", "namespace": ns},
-            "spec": {"tailnetRef": {"name": tailnet_name}, "consumerNamespaces": [ns],
-                     "targets": [
-                        {"name": "remote-db", "address": "192.0.2.10", "port": 5432, "probe": {"interval": "2s"}},
-                        {"name": "remote-api", "address": "198.51.100.20", "port": 443, "aliases": ["api.site.example.net"]}
-                     ]}
-        })))
+    apply_egress(&egresses, &ns, "site", &tailnet_name, site_targets(&[]))
         .await
         .expect("egress");
 
     // DryRun: the agent runs, but the grant is not live, so the egress is not effective and
     // connections fail.
-    let dry = eventually("PolicyEffective=False/DryRun", || async {
-        let e = egresses.get("site").await.map_err(|e| e.to_string())?;
-        match condition(&e, "PolicyEffective") {
-            Some((s, r)) if s == "False" && r == "DryRun" => Ok(e),
-            _ => Err(describe(&e)),
-        }
-    })
+    let dry = wait_for_condition(
+        &egresses,
+        "site",
+        ConditionIs::new("PolicyEffective", "False").reason("DryRun"),
+        None,
+    )
     .await;
     assert_eq!(
-        condition(&dry, "Ready").map(|c| c.0).as_deref(),
+        dry.condition("Ready").map(|c| c.status.as_str()),
         Some("False")
     );
     let target = format!("remote-db.{ns}.svc.cluster.local:5432");
@@ -255,27 +209,17 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     );
 
     // Apply: nothing is restarted; the grant and route approval make it work.
-    tailnets
-        .patch(
-            &tailnet_name,
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(tailnet_object("Apply")),
-        )
+    apply(&tailnets, &tailnet_name, tailnet_object("Apply"))
         .await
         .expect("Tailnet to Apply");
 
     // Every precondition turns true: tailnet, Services, agent, node, grants, routes.
-    let ready = eventually("the egress to become Ready", || async {
-        let e = egresses.get("site").await.map_err(|e| e.to_string())?;
-        match condition(&e, "Ready") {
-            Some((s, _)) if s == "True" => Ok(e),
-            _ => Err(format!(
-                "{}\n--- operator ---\n{}",
-                describe(&e),
-                operator.log_tail(15)
-            )),
-        }
-    })
+    let ready = wait_for_condition(
+        &egresses,
+        "site",
+        ConditionIs::new("Ready", "True"),
+        Some(&operator),
+    )
     .await;
     let status = ready.status.clone().unwrap_or_default();
     let db = status
@@ -289,13 +233,12 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     let node_id = status.node_id.clone().expect("node id");
 
     // The agent's probes reach both targets through the tailnet.
-    eventually("TargetsReachable=True", || async {
-        let e = egresses.get("site").await.map_err(|e| e.to_string())?;
-        match condition(&e, "TargetsReachable") {
-            Some((s, r)) if s == "True" && r == "Reachable" => Ok(()),
-            _ => Err(describe(&e)),
-        }
-    })
+    wait_for_condition(
+        &egresses,
+        "site",
+        ConditionIs::new("TargetsReachable", "True").reason("Reachable"),
+        None,
+    )
     .await;
 
     // The bytes cross the tailnet: a pod uses the Service like any other.
@@ -328,17 +271,11 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     // (LocalAPI), for a throughput figure from the same run. Byte identity is asserted (by
     // SHA-256 of sent and received); speed is only printed.
     let laptop = env.tailnet().laptop.node.local_api();
-    eventually(
+    wait_for(
         "a direct LocalAPI dial of 192.0.2.10:5432 to echo",
+        WAIT,
         || async {
-            let dialed =
-                tokio::time::timeout(Duration::from_secs(5), laptop.dial("192.0.2.10", 5432))
-                    .await
-                    .map_err(|_| "dial timed out".to_string())?
-                    .map_err(|e| e.to_string())?;
-            let Dialed::Tailnet(stream) = dialed else {
-                return Err(format!("not through the tailnet: {dialed:?}"));
-            };
+            let stream = dial(&laptop, "192.0.2.10", 5432, Duration::from_secs(5)).await?;
             let (echo, _) =
                 tokio::time::timeout(Duration::from_secs(5), echo_transfer(stream, b"ping\n"))
                     .await
@@ -353,14 +290,9 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     )
     .await;
     let payload = bulk_payload(BULK_SEED, BULK_BYTES);
-    let Dialed::Tailnet(stream) =
-        tokio::time::timeout(Duration::from_secs(10), laptop.dial("192.0.2.10", 5432))
-            .await
-            .expect("direct dial timed out")
-            .expect("direct dial")
-    else {
-        panic!("the direct dial did not go through the tailnet");
-    };
+    let stream = dial(&laptop, "192.0.2.10", 5432, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("direct dial through the tailnet: {e}"));
     let (received, seconds) = tokio::time::timeout(BULK_TIMEOUT, echo_transfer(stream, &payload))
         .await
         .expect("direct 100 MiB transfer timed out")
@@ -380,7 +312,7 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
 
     // The pre-auth key is gone once the node exists; the alias is in the hosts ConfigMap.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    eventually("the spent auth Secret to be removed", || async {
+    wait_for("the spent auth Secret to be removed", WAIT, || async {
         match secrets
             .get_opt("tailnet-egress-site-auth")
             .await
@@ -399,7 +331,7 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         .find(|t| t.name == "remote-api")
         .and_then(|t| t.cluster_ip.clone())
         .expect("remote-api ClusterIP");
-    eventually("the alias in the hosts ConfigMap", || async {
+    wait_for("the alias in the hosts ConfigMap", WAIT, || async {
         let cm = hosts
             .get(COREDNS_CONFIG_MAP)
             .await
@@ -543,8 +475,9 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         .delete("remote-db", &DeleteParams::default())
         .await
         .expect("delete the remote-db Service");
-    eventually(
+    wait_for(
         "the deleted NetworkPolicy and Service to be re-applied",
+        WAIT,
         || async {
             let policy = policies
                 .get_opt("tailnet-egress-site")
@@ -574,27 +507,17 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     // A new target is picked up by the running agent: its Service works, and the pod (with
     // its connections and node) is not replaced.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let agent_selector =
-        ListParams::default().labels("app.kubernetes.io/instance=tailnet-egress-site");
-    let pod_uids = |list: Vec<Pod>| {
-        let mut uids: Vec<String> = list.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-        uids.sort();
-        uids
-    };
-    let before = pod_uids(pods.list(&agent_selector).await.expect("pods").items);
-    egresses
-        .patch("site", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
-            "metadata": {"name": "site", "namespace": ns},
-            "spec": {"tailnetRef": {"name": tailnet_name}, "consumerNamespaces": [ns],
-                     "targets": [
-                        {"name": "remote-db", "address": "192.0.2.10", "port": 5432, "probe": {"interval": "2s"}},
-                        {"name": "remote-api", "address": "198.51.100.20", "port": 443, "aliases": ["api.site.example.net"]},
-                        {"name": "db-replica", "address": "192.0.2.10", "port": 5432}
-                     ]}
-        })))
-        .await
-        .expect("egress with a third target");
+    let agent = "tailnet-egress-site";
+    let before = pod_uids(&agent_pods(&pods, agent).await.expect("pods"));
+    apply_egress(
+        &egresses,
+        &ns,
+        "site",
+        &tailnet_name,
+        site_targets(&[json!({"name": "db-replica", "address": "192.0.2.10", "port": 5432})]),
+    )
+    .await
+    .expect("egress with a third target");
     let run = ops
         .tcp_check(
             "client-added",
@@ -604,14 +527,14 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         .await
         .expect("client pod for the added target");
     assert!(run.succeeded(), "the added target does not work:\n{run}");
-    let after = pod_uids(pods.list(&agent_selector).await.expect("pods").items);
+    let after = pod_uids(&agent_pods(&pods, agent).await.expect("pods"));
     assert_eq!(
         before, after,
         "adding a target must not replace the agent pod"
     );
 
     // A restarted agent keeps its identity: same node, no second node, no new key.
-    for pod in pods.list(&agent_selector).await.expect("pods").items {
+    for pod in agent_pods(&pods, agent).await.expect("pods") {
         pods.delete(&pod.name_any(), &DeleteParams::default())
             .await
             .expect("delete agent pod");
@@ -639,29 +562,24 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
 
     // A Service name owned by someone else: that target is skipped, nothing foreign touched.
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
-    egresses
-        .patch(
-            "other",
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(json!({
-                "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
-                "metadata": {"name": "other", "namespace": ns},
-                "spec": {"tailnetRef": {"name": tailnet_name}, "consumerNamespaces": [ns],
-                         "targets": [{"name": "remote-db", "address": "192.0.2.11", "port": 5432}]}
-            })),
-        )
-        .await
-        .expect("conflicting egress");
-    let other = eventually("ServiceNameConflict on the second egress", || async {
-        let e = egresses.get("other").await.map_err(|e| e.to_string())?;
-        match condition(&e, "ServicesReady") {
-            Some((s, r)) if s == "False" && r == "ServiceNameConflict" => Ok(e),
-            _ => Err(describe(&e)),
-        }
-    })
+    apply_egress(
+        &egresses,
+        &ns,
+        "other",
+        &tailnet_name,
+        json!([{"name": "remote-db", "address": "192.0.2.11", "port": 5432}]),
+    )
+    .await
+    .expect("conflicting egress");
+    let other = wait_for_condition(
+        &egresses,
+        "other",
+        ConditionIs::new("ServicesReady", "False").reason("ServiceNameConflict"),
+        None,
+    )
     .await;
     assert_eq!(
-        condition(&other, "Ready").map(|c| c.1).as_deref(),
+        other.condition("Ready").map(|c| c.reason.as_str()),
         Some("ServiceNameConflict")
     );
     let svc = services.get("remote-db").await.expect("remote-db Service");
@@ -680,7 +598,7 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         .delete("site", &DeleteParams::default())
         .await
         .expect("delete site");
-    eventually("the node to leave Headscale", || async {
+    wait_for("the node to leave Headscale", WAIT, || async {
         let nodes = env
             .headscale_api()
             .list_nodes()
@@ -701,7 +619,7 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         }
     })
     .await;
-    eventually("the egress objects to be gone", || async {
+    wait_for("the egress objects to be gone", WAIT, || async {
         let list = egresses
             .list(&ListParams::default())
             .await

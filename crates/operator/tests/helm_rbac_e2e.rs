@@ -8,24 +8,27 @@
 //!
 //! helm missing (deps/build.sh helm): skips unless TNO_REQUIRE_REAL_ENV=1.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+mod support;
 
-use k8s_openapi::ByteString;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::discovery::Scope;
 use serde_json::{Value, json};
+use support::conditions::{ConditionIs, wait_for_condition};
+use support::lab_operator::start_operator;
+use support::objects::{
+    apply, apply_egress, bootstrap_applied_tailnet, ingress_object, remote_db_target,
+    service_object, tailnet_ipv4, tailnet_with_default_issuer, test_server_deployment, tls_secret,
+};
+use support::tailnet::{https_get_hello, ok_200, self_signed};
+use support::wait::{WAIT, wait_for};
 use tailnet_api::{TailnetEgress, TailnetIngress};
 use tno_testenv::{E2eEnv, OperatorArgs};
-use tno_testenv_tailnet::Dialed;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const WAIT: Duration = Duration::from_secs(180);
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -112,81 +115,6 @@ async fn apply_dynamic(client: &kube::Client, namespace: &str, doc: &Value) -> (
     (kind.to_owned(), name)
 }
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let last = match check().await {
-            Ok(v) => return v,
-            Err(e) => e,
-        };
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}; last: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-fn conditions(list: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) -> String {
-    list.iter()
-        .map(|c| format!("{}={}/{}: {}", c.type_, c.status, c.reason, c.message))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn is_ready(list: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) -> bool {
-    list.iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
-}
-
-/// HTTPS GET /hello through a LocalAPI dial from `node` to `ip:443`, trusting only `ca_pem`.
-async fn https_get(
-    node: &tno_testenv_tailnet::LocalApi,
-    ip: &str,
-    sni: &str,
-    ca_pem: &str,
-) -> Result<String, String> {
-    let stream = match tokio::time::timeout(Duration::from_secs(10), node.dial(ip, 443)).await {
-        Ok(Ok(Dialed::Tailnet(stream))) => stream,
-        Ok(Ok(Dialed::DialSelf { addr })) => return Err(format!("dial-self {addr}")),
-        Ok(Err(e)) => return Err(format!("dial: {e}")),
-        Err(_) => return Err("dial timed out".to_string()),
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    use rustls_pki_types::pem::PemObject;
-    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()).flatten() {
-        roots.add(cert).map_err(|e| e.to_string())?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let name =
-        rustls_pki_types::ServerName::try_from(sni.to_string()).map_err(|e| e.to_string())?;
-    let mut tls = tokio::time::timeout(Duration::from_secs(10), connector.connect(name, stream))
-        .await
-        .map_err(|_| "TLS handshake timed out".to_string())?
-        .map_err(|e| format!("TLS: {e}"))?;
-    let request = format!("GET /hello HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n");
-    tls.write_all(request.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut response))
-        .await
-        .map_err(|_| "response timed out".to_string())?
-        .map_err(|e| format!("read: {e}"))?;
-    Ok(String::from_utf8_lossy(&response).into_owned())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     let Some(helm) = helm() else {
@@ -243,65 +171,34 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     std::fs::write(&kubeconfig_path, kubeconfig.to_string()).expect("write kubeconfig");
 
     // Inputs, as an admin would create them.
-    ops.create_bootstrap(&env.base_policy().expect("base policy"))
-        .await
-        .expect("bootstrap");
-    let tailnet_name = format!("t-{ns}");
-    Api::<tailnet_api::Tailnet>::all(admin.clone())
-        .patch(
-            &tailnet_name,
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(env.tailnet_object(&tailnet_name, "Apply")),
-        )
-        .await
-        .expect("Tailnet");
+    let tailnet_name = bootstrap_applied_tailnet(&env, &ops).await;
 
     // No --installation-id: the operator reads kube-system's uid, as in a default install.
     let mut args = OperatorArgs::new(&ns).to_args();
     if let Some(at) = args.iter().position(|a| a == "--installation-id") {
         args.drain(at..at + 2);
     }
-    let mut operator = env
-        .start_operator_with_kubeconfig(
-            Path::new(env!("CARGO_BIN_EXE_tailnet-operator")),
-            &args,
-            &kubeconfig_path,
-        )
+    let mut operator = start_operator(&env, &args, Some(&kubeconfig_path))
         .await
         .expect("operator");
-    operator
-        .wait_ready(Duration::from_secs(60))
-        .await
-        .expect("operator ready");
 
     // Egress in the operator namespace: Ready, and bytes reach the remote site.
     let egresses: Api<TailnetEgress> = Api::namespaced(admin.clone(), &ns);
-    egresses
-        .patch(
-            "site",
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(json!({
-                "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
-                "metadata": {"name": "site", "namespace": ns},
-                "spec": {"tailnetRef": {"name": tailnet_name}, "consumerNamespaces": [ns],
-                         "targets": [{"name": "remote-db", "address": "192.0.2.10", "port": 5432}]}
-            })),
-        )
-        .await
-        .expect("egress");
-    eventually("the egress to become Ready", || async {
-        let e = egresses.get("site").await.map_err(|e| e.to_string())?;
-        let list = e.status.clone().unwrap_or_default().conditions;
-        if is_ready(&list) {
-            Ok(())
-        } else {
-            Err(format!(
-                "{}\n--- operator ---\n{}",
-                conditions(&list),
-                operator.log_tail(10)
-            ))
-        }
-    })
+    apply_egress(
+        &egresses,
+        &ns,
+        "site",
+        &tailnet_name,
+        json!([remote_db_target()]),
+    )
+    .await
+    .expect("egress");
+    wait_for_condition(
+        &egresses,
+        "site",
+        ConditionIs::new("Ready", "True"),
+        Some(&operator),
+    )
     .await;
     let run = ops
         .tcp_check(
@@ -318,137 +215,95 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     );
 
     // Ingress in another namespace: https from the laptop (group:team-a) reaches the backend.
-    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
-        Api::namespaced(admin.clone(), &app_ns);
-    deployments
-        .patch("frontend", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "frontend", "namespace": app_ns},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "frontend"}},
-                     "template": {"metadata": {"labels": {"app": "frontend"}},
-                                  "spec": {"containers": [{"name": "server", "image": tno_testenv_kube::env::TEST_SERVERS_IMAGE,
-                                           "args": ["http-echo", "--listen", "0.0.0.0:8080", "--name", "frontend"]}]}}}
-        })))
-        .await
-        .expect("backend Deployment");
-    Api::<k8s_openapi::api::core::v1::Service>::namespaced(admin.clone(), &app_ns)
-        .patch("frontend", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "frontend", "namespace": app_ns},
-            "spec": {"selector": {"app": "frontend"}, "ports": [{"name": "main", "port": 8080, "targetPort": 8080}]}
-        })))
-        .await
-        .expect("backend Service");
+    apply(
+        &Api::<Deployment>::namespaced(admin.clone(), &app_ns),
+        "frontend",
+        test_server_deployment(
+            &app_ns,
+            "frontend",
+            json!([
+                "http-echo",
+                "--listen",
+                "0.0.0.0:8080",
+                "--name",
+                "frontend"
+            ]),
+        ),
+    )
+    .await
+    .expect("backend Deployment");
+    apply(
+        &Api::<Service>::namespaced(admin.clone(), &app_ns),
+        "frontend",
+        service_object(&app_ns, "frontend", 8080),
+    )
+    .await
+    .expect("backend Service");
     let portal = format!("portal.{app_ns}.lab.example.net");
-    let key = rcgen::KeyPair::generate().expect("key");
-    let cert = rcgen::CertificateParams::new(vec![portal.clone()])
-        .expect("params")
-        .self_signed(&key)
-        .expect("cert");
-    let cert_pem = cert.pem();
+    let (cert_pem, key_pem) = self_signed(std::slice::from_ref(&portal));
     Api::<Secret>::namespaced(admin.clone(), &app_ns)
         .create(
             &PostParams::default(),
-            &Secret {
-                metadata: kube::api::ObjectMeta {
-                    name: Some("portal-tls".into()),
-                    ..Default::default()
-                },
-                type_: Some("kubernetes.io/tls".into()),
-                data: Some(BTreeMap::from([
-                    (
-                        "tls.crt".to_string(),
-                        ByteString(cert_pem.clone().into_bytes()),
-                    ),
-                    (
-                        "tls.key".to_string(),
-                        ByteString(key.serialize_pem().into_bytes()),
-                    ),
-                ])),
-                ..Default::default()
-            },
+            &tls_secret("portal-tls", &cert_pem, &key_pem),
         )
         .await
         .expect("TLS Secret");
     let ingresses: Api<TailnetIngress> = Api::namespaced(admin.clone(), &app_ns);
-    ingresses
-        .patch("portal", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
-            "metadata": {"name": "portal", "namespace": app_ns},
-            "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
-                     "tls": {"secretName": "portal-tls"},
-                     "exposes": [{"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443,
-                                  "backend": {"service": "frontend", "port": "main"}}]}
-        })))
-        .await
-        .expect("ingress");
-    let ingress = eventually("the ingress to become Ready", || async {
-        let i = ingresses.get("portal").await.map_err(|e| e.to_string())?;
-        let list = i.status.clone().unwrap_or_default().conditions;
-        if is_ready(&list) {
-            Ok(i)
-        } else {
-            Err(format!(
-                "{}\n--- operator ---\n{}",
-                conditions(&list),
-                operator.log_tail(10)
-            ))
-        }
-    })
+    let web = json!([{"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443,
+                      "backend": {"service": "frontend", "port": "main"}}]);
+    apply(
+        &ingresses,
+        "portal",
+        ingress_object(
+            &app_ns,
+            "portal",
+            &tailnet_name,
+            Some("portal-tls"),
+            web.clone(),
+        ),
+    )
+    .await
+    .expect("ingress");
+    let ingress = wait_for_condition(
+        &ingresses,
+        "portal",
+        ConditionIs::new("Ready", "True"),
+        Some(&operator),
+    )
     .await;
-    let ip = ingress
-        .status
-        .clone()
-        .unwrap_or_default()
-        .tailnet_ips
-        .into_iter()
-        .find(|a| a.contains('.'))
+    let ip = tailnet_ipv4(&ingress.status.clone().unwrap_or_default().tailnet_ips)
         .expect("tailnet IPv4");
     let laptop = env.tailnet().laptop.node.local_api();
-    let response = eventually("https through the ingress", || async {
-        let text = https_get(&laptop, &ip, &portal, &cert_pem).await?;
-        if text.starts_with("HTTP/1.1 200") {
-            Ok(text)
-        } else {
-            Err(text)
-        }
+    let response = wait_for("https through the ingress", WAIT, || async {
+        https_get_hello(&laptop, &ip, &portal, &cert_pem, &[])
+            .await
+            .and_then(ok_200)
     })
     .await;
     assert!(response.contains("frontend"), "{response}");
 
     // Without tls.secretName the operator creates a cert-manager Certificate (a failure there
     // only shows as CertificateReady=False/CertificateNotCreated, so check it explicitly).
-    let mut tailnet = env.tailnet_object(&tailnet_name, "Apply");
-    tailnet["spec"]["defaults"] =
-        json!({"tls": {"issuerRef": {"name": "apps-ca", "kind": "ClusterIssuer"}}});
-    Api::<tailnet_api::Tailnet>::all(admin.clone())
-        .patch(
-            &tailnet_name,
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(tailnet),
-        )
-        .await
-        .expect("Tailnet with a default issuer");
-    ingresses
-        .patch("portal", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
-            "metadata": {"name": "portal", "namespace": app_ns},
-            "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
-                     "exposes": [{"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443,
-                                  "backend": {"service": "frontend", "port": "main"}}]}
-        })))
-        .await
-        .expect("ingress without tls.secretName");
-    eventually("CertificateReady=False/Issuing", || async {
-        let i = ingresses.get("portal").await.map_err(|e| e.to_string())?;
-        let list = i.status.clone().unwrap_or_default().conditions;
-        let issuing = list
-            .iter()
-            .any(|c| c.type_ == "CertificateReady" && c.reason == "Issuing");
-        if issuing {
-            Ok(())
-        } else {
-            Err(conditions(&list))
-        }
-    })
+    apply(
+        &Api::<tailnet_api::Tailnet>::all(admin.clone()),
+        &tailnet_name,
+        tailnet_with_default_issuer(&env, &tailnet_name),
+    )
+    .await
+    .expect("Tailnet with a default issuer");
+    apply(
+        &ingresses,
+        "portal",
+        ingress_object(&app_ns, "portal", &tailnet_name, None, web),
+    )
+    .await
+    .expect("ingress without tls.secretName");
+    wait_for_condition(
+        &ingresses,
+        "portal",
+        ConditionIs::new("CertificateReady", "False").reason("Issuing"),
+        None,
+    )
     .await;
     let certificates: Api<DynamicObject> = Api::namespaced_with(
         admin.clone(),

@@ -13,69 +13,33 @@
 //!
 //! Prints `| check | expected | observed |` rows (docs/reliability.md).
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod, Secret, Service};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use support::conditions::{ConditionIs, WithConditions, describe, wait_for_condition};
+use support::lab_operator::start_operator;
+use support::objects::{
+    agent_pods, apply, apply_egress, bootstrap_applied_tailnet, ingress_object, join_client_node,
+    remote_db_target, service_object, tailnet_ipv4, tls_secret,
+};
+use support::tailnet::{dial, self_signed};
+use support::wait::{WAIT, wait_for};
 use tailnet_api::naming::{AgentKind, AgentNames};
 use tailnet_api::{TailnetEgress, TailnetIngress};
 use tno_testenv::{E2eEnv, OperatorArgs};
-use tno_testenv_tailnet::{Dialed, JoinOptions};
-
-const WAIT: Duration = Duration::from_secs(180);
 
 fn row(check: &str, expected: &str, observed: &str) {
     println!("| {check} | {expected} | {observed} |");
-}
-
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let last = match check().await {
-            Ok(v) => return v,
-            Err(e) => e,
-        };
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}; last: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-fn conditions_of(
-    status: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
-) -> String {
-    status
-        .map(|conditions| {
-            conditions
-                .iter()
-                .map(|c| format!("{}={}/{}", c.type_, c.status, c.reason))
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
-        .unwrap_or_default()
-}
-
-fn is_true(
-    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-    type_: &str,
-) -> bool {
-    conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
 }
 
 /// The key material in a tailscaled state Secret value: every `privkey:…`/`nlpriv:…` token,
@@ -92,10 +56,48 @@ fn secret_needles(value: &[u8], out: &mut Vec<String>) {
 }
 
 async fn dial_opens(node: &tno_testenv_tailnet::LocalApi, ip: &str, port: u16) -> bool {
-    matches!(
-        tokio::time::timeout(Duration::from_secs(4), node.dial(ip, port)).await,
-        Ok(Ok(Dialed::Tailnet(_)))
-    )
+    dial(node, ip, port, Duration::from_secs(4)).await.is_ok()
+}
+
+/// A dry-run create of `pod`: what admission (PodSecurity) says, nothing stored.
+async fn dry_run_create(pods: &Api<Pod>, pod: &Pod) -> kube::Result<Pod> {
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    pods.create(&dry_run, pod).await
+}
+
+/// Whether `user` may `verb` the `resource` (one object when `name` is given) in `namespace`,
+/// by a SubjectAccessReview.
+async fn user_may(
+    client: &kube::Client,
+    user: &str,
+    namespace: &str,
+    verb: &str,
+    resource: &str,
+    name: Option<&str>,
+) -> bool {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_owned()),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_owned()),
+                verb: Some(verb.into()),
+                resource: Some(resource.into()),
+                name: name.map(str::to_owned),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("SubjectAccessReview")
+        .status
+        .is_some_and(|s| s.allowed)
 }
 
 #[test]
@@ -144,15 +146,7 @@ async fn run() {
         "spec": {"containers": [{"name": "c", "image": "x", "securityContext": {"privileged": true}}]}
     }))
     .expect("pod");
-    let refused = pods
-        .create(
-            &PostParams {
-                dry_run: true,
-                ..Default::default()
-            },
-            &privileged,
-        )
-        .await;
+    let refused = dry_run_create(&pods, &privileged).await;
     row(
         "control: a privileged pod in the namespace (dry run)",
         "refused by PodSecurity (enforce=restricted)",
@@ -171,96 +165,52 @@ async fn run() {
         "PodSecurity admission is not enforcing: {refused:?}"
     );
 
-    ops.create_bootstrap(&env.base_policy().expect("base policy"))
-        .await
-        .expect("bootstrap");
-    let tailnet_name = format!("t-{ns}");
-    Api::<tailnet_api::Tailnet>::all(client.clone())
-        .patch(
-            &tailnet_name,
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(env.tailnet_object(&tailnet_name, "Apply")),
-        )
-        .await
-        .expect("Tailnet");
+    let tailnet_name = bootstrap_applied_tailnet(&env, &ops).await;
 
     // A TLS key the test knows, for the ingress.
     let portal = format!("portal.{ns}.lab.example.net");
-    let key = rcgen::KeyPair::generate().expect("key");
-    let cert = rcgen::CertificateParams::new(vec![portal.clone()])
-        .expect("params")
-        .self_signed(&key)
-        .expect("cert");
-    let key_pem = key.serialize_pem();
+    let (cert_pem, key_pem) = self_signed(std::slice::from_ref(&portal));
     Api::<Secret>::namespaced(client.clone(), &ns)
         .create(
             &PostParams::default(),
-            &Secret {
-                metadata: kube::api::ObjectMeta {
-                    name: Some("portal-tls".into()),
-                    ..Default::default()
-                },
-                type_: Some("kubernetes.io/tls".into()),
-                data: Some(BTreeMap::from([
-                    ("tls.crt".to_string(), ByteString(cert.pem().into_bytes())),
-                    (
-                        "tls.key".to_string(),
-                        ByteString(key_pem.clone().into_bytes()),
-                    ),
-                ])),
-                ..Default::default()
-            },
+            &tls_secret("portal-tls", &cert_pem, &key_pem),
         )
         .await
         .expect("TLS Secret");
-    Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &ns)
-        .patch("frontend", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "frontend", "namespace": ns},
-            "spec": {"selector": {"app": "frontend"}, "ports": [{"name": "main", "port": 8080, "targetPort": 8080}]}
-        })))
-        .await
-        .expect("frontend Service");
+    apply(
+        &Api::<Service>::namespaced(client.clone(), &ns),
+        "frontend",
+        service_object(&ns, "frontend", 8080),
+    )
+    .await
+    .expect("frontend Service");
 
-    let mut operator = env
-        .start_operator(
-            std::path::Path::new(env!("CARGO_BIN_EXE_tailnet-operator")),
-            &OperatorArgs::new(&ns).to_args(),
-        )
+    let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
         .await
         .expect("operator");
-    operator
-        .wait_ready(Duration::from_secs(60))
-        .await
-        .expect("operator ready");
 
     let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), &ns);
-    egresses
-        .patch(
-            "site",
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(json!({
-                "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
-                "metadata": {"name": "site", "namespace": ns},
-                "spec": {"tailnetRef": {"name": tailnet_name}, "consumerNamespaces": [ns],
-                         "targets": [{"name": "remote-db", "address": "192.0.2.10", "port": 5432}]}
-            })),
-        )
-        .await
-        .expect("egress");
+    apply_egress(
+        &egresses,
+        &ns,
+        "site",
+        &tailnet_name,
+        json!([remote_db_target()]),
+    )
+    .await
+    .expect("egress");
     let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
-    ingresses
-        .patch("portal", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
-            "metadata": {"name": "portal", "namespace": ns},
-            "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
-                     "tls": {"secretName": "portal-tls"},
-                     "exposes": [
-                        {"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443, "backend": {"service": "frontend", "port": 8080}},
-                        {"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 5432, "backend": {"service": "frontend", "port": 8080}}
-                     ]}
-        })))
-        .await
-        .expect("ingress");
+    let exposes = json!([
+        {"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443, "backend": {"service": "frontend", "port": 8080}},
+        {"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 5432, "backend": {"service": "frontend", "port": 8080}}
+    ]);
+    apply(
+        &ingresses,
+        "portal",
+        ingress_object(&ns, "portal", &tailnet_name, Some("portal-tls"), exposes),
+    )
+    .await
+    .expect("ingress");
 
     // Capture the pre-auth keys from the auth Secrets as soon as they exist.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
@@ -270,7 +220,7 @@ async fn run() {
     ];
     let mut auth_keys = Vec::new();
     for (kind, names) in &agents {
-        let value = eventually(&format!("{kind} auth Secret"), || async {
+        let value = wait_for(&format!("{kind} auth Secret"), WAIT, || async {
             let secret = secrets
                 .get_opt(&names.auth_secret)
                 .await
@@ -288,35 +238,21 @@ async fn run() {
         auth_keys.push(((*kind).to_string(), value));
     }
 
-    let egress = eventually("egress NodeOnline", || async {
-        let e = egresses.get("site").await.map_err(|e| e.to_string())?;
-        let conditions = e
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
-        if is_true(&conditions, "NodeOnline") {
-            Ok(e)
-        } else {
-            Err(format!(
-                "{}\n{}",
-                conditions_of(Some(&conditions)),
-                operator.log_tail(5)
-            ))
-        }
-    })
+    let egress = wait_for_condition(
+        &egresses,
+        "site",
+        ConditionIs::new("NodeOnline", "True"),
+        Some(&operator),
+    )
     .await;
-    let ingress = eventually("ingress NodeOnline and PolicyEffective", || async {
+    let ingress = wait_for("ingress NodeOnline and PolicyEffective", WAIT, || async {
         let i = ingresses.get("portal").await.map_err(|e| e.to_string())?;
-        let conditions = i
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
-        if is_true(&conditions, "NodeOnline") && is_true(&conditions, "PolicyEffective") {
+        if ConditionIs::new("NodeOnline", "True").holds_for(&i)
+            && ConditionIs::new("PolicyEffective", "True").holds_for(&i)
+        {
             Ok(i)
         } else {
-            Err(conditions_of(Some(&conditions)))
+            Err(describe(i.conditions()))
         }
     })
     .await;
@@ -325,14 +261,7 @@ async fn run() {
     // dry-run create as a bare Pod too; their ServiceAccount reaches only the state Secret.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     for (kind, names) in &agents {
-        let running = pods
-            .list(
-                &ListParams::default()
-                    .labels(&format!("app.kubernetes.io/instance={}", names.base)),
-            )
-            .await
-            .expect("agent pods")
-            .items;
+        let running = agent_pods(&pods, &names.base).await.expect("agent pods");
         let deployment = deployments
             .get(&names.base)
             .await
@@ -347,15 +276,7 @@ async fn run() {
             spec: template.spec,
             ..Default::default()
         };
-        let admitted = pods
-            .create(
-                &PostParams {
-                    dry_run: true,
-                    ..Default::default()
-                },
-                &pod,
-            )
-            .await;
+        let admitted = dry_run_create(&pods, &pod).await;
         row(
             &format!("{kind} agent pod under enforce=restricted"),
             "admitted (pods running; dry-run create of the template as a Pod admitted)",
@@ -386,25 +307,7 @@ async fn run() {
             ("list", None, false),
             ("create", None, false),
         ] {
-            let review = SubjectAccessReview {
-                spec: SubjectAccessReviewSpec {
-                    user: Some(user.clone()),
-                    resource_attributes: Some(ResourceAttributes {
-                        namespace: Some(ns.clone()),
-                        verb: Some(verb.into()),
-                        resource: Some("secrets".into()),
-                        name: name.map(str::to_owned),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            let answer = Api::<SubjectAccessReview>::all(client.clone())
-                .create(&PostParams::default(), &review)
-                .await
-                .expect("SubjectAccessReview");
-            let allowed = answer.status.is_some_and(|s| s.allowed);
+            let allowed = user_may(&client, &user, &ns, verb, "secrets", name).await;
             verdicts.push(format!(
                 "{verb} {}: {}",
                 name.unwrap_or("*"),
@@ -420,25 +323,7 @@ async fn run() {
             ("get", "configmaps"),
             ("list", "tailnetegresses"),
         ] {
-            let review = SubjectAccessReview {
-                spec: SubjectAccessReviewSpec {
-                    user: Some(user.clone()),
-                    resource_attributes: Some(ResourceAttributes {
-                        namespace: Some(ns.clone()),
-                        verb: Some(verb.into()),
-                        resource: Some(resource.into()),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            let allowed = Api::<SubjectAccessReview>::all(client.clone())
-                .create(&PostParams::default(), &review)
-                .await
-                .expect("SubjectAccessReview")
-                .status
-                .is_some_and(|s| s.allowed);
+            let allowed = user_may(&client, &user, &ns, verb, resource, None).await;
             verdicts.push(format!(
                 "{verb} {resource}: {}",
                 if allowed { "yes" } else { "no" }
@@ -500,17 +385,7 @@ async fn run() {
     }
 
     // A stolen auth Secret: log a fresh node in with it.
-    let thief = env
-        .tailnet()
-        .join_node(
-            &format!("thief-{}", &ns[ns.len() - 5..]),
-            JoinOptions {
-                tags: vec!["tag:client".into()],
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("thief node");
+    let thief = join_client_node(&env, "thief", &ns).await;
     let nodes_before = headscale.list_nodes().await.expect("nodes").len();
     for (kind, stolen) in &auth_keys {
         let socket = thief.node.state_dir().join("tailscaled.sock");
@@ -561,20 +436,20 @@ async fn run() {
     // (d) From the tailnet, the ingress agent answers on its declared ports only (the laptop
     // is in allowFrom); the egress agent on none.
     let laptop = env.tailnet().laptop.node.local_api();
-    let ipv4 = |ips: Vec<String>| {
-        ips.into_iter()
-            .find(|a| a.contains('.'))
-            .expect("tailnet IPv4")
-    };
+    let ipv4 = |ips: Vec<String>| tailnet_ipv4(&ips).expect("tailnet IPv4");
     let ingress_ip = ipv4(ingress.status.clone().unwrap_or_default().tailnet_ips);
     let egress_ip = ipv4(egress.status.clone().unwrap_or_default().tailnet_ips);
-    eventually("declared port 5432 reachable from the laptop", || async {
-        if dial_opens(&laptop, &ingress_ip, 5432).await {
-            Ok(())
-        } else {
-            Err("not yet".to_string())
-        }
-    })
+    wait_for(
+        "declared port 5432 reachable from the laptop",
+        WAIT,
+        || async {
+            if dial_opens(&laptop, &ingress_ip, 5432).await {
+                Ok(())
+            } else {
+                Err("not yet".to_string())
+            }
+        },
+    )
     .await;
     let scanned: [u16; 14] = [
         22, 80, 1055, 1080, 3128, 5252, 6443, 8080, 8443, 9002, 9090, 9180, 10000, 41112,
@@ -606,14 +481,9 @@ async fn run() {
     );
 
     // Listeners inside the ingress agent's network namespace: the admin port on the pod IP.
-    let agent_pod = pods
-        .list(
-            &ListParams::default()
-                .labels(&format!("app.kubernetes.io/instance={}", agents[1].1.base)),
-        )
+    let agent_pod = agent_pods(&pods, &agents[1].1.base)
         .await
         .expect("pods")
-        .items
         .into_iter()
         .next()
         .expect("ingress agent pod");
