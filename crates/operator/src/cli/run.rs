@@ -38,6 +38,9 @@ pub struct RunArgs {
     /// object changed (drift of watched kinds is repaired at once, of the others within this).
     #[arg(long, env = "REAPPLY_INTERVAL", default_value = "10m", value_parser = duration)]
     pub reapply_interval: Duration,
+    /// How many TailnetEgress (and, separately, TailnetIngress) reconciles may run at once.
+    #[arg(long, env = "MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent_reconciles: u16,
     /// Timeout of one Headscale API call.
     #[arg(long, env = "HEADSCALE_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub headscale_timeout: Duration,
@@ -97,6 +100,7 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
             cluster_domain: args.cluster_domain.clone(),
             approve_routes: args.route_approval,
             reapply_interval: args.reapply_interval,
+            max_concurrent_reconciles: args.max_concurrent_reconciles,
         },
         installation_id: args.installation_id.clone(),
         admin_address: args.admin_address,

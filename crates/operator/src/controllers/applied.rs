@@ -7,8 +7,9 @@
 //! An apply is now skipped when the rendered object is byte-for-byte what this process applied
 //! last, and
 //! - for watched kinds (agent Deployments and NetworkPolicies, the egress Services): the
-//!   watch cache still holds the resourceVersion that apply returned (an edit or a delete by
-//!   someone else moves it, and the object is re-applied on the next reconcile);
+//!   watch cache still shows the object the apply returned: same uid and generation (or
+//!   resourceVersion for kinds without one); an edit of the spec or a delete by someone else
+//!   changes that, and the object is re-applied on the next reconcile;
 //! - for every kind: the last apply is younger than the re-apply interval (`--reapply-interval`,
 //!   10 min by default, ±10 % per object so they do not all come due at once). That interval
 //!   is how long drift of an unwatched child (ServiceAccount, Role, RoleBinding, agent
@@ -49,7 +50,7 @@ pub enum Live<'a> {
     Unwatched,
     /// Watched, and absent from the cache (deleted, or not seen yet).
     Absent,
-    /// Watched, with this resourceVersion.
+    /// Watched, with this version (uid and generation, or uid and resourceVersion).
     Present(&'a str),
 }
 
@@ -69,7 +70,7 @@ pub enum Decision {
     NotApplied,
     /// The rendered object differs from the last apply.
     Changed,
-    /// Someone else changed or deleted it since (its resourceVersion moved).
+    /// Someone else changed or deleted it since (its version moved).
     Drifted,
     /// The re-apply interval passed.
     Due,
@@ -149,7 +150,7 @@ impl AppliedObjects {
         )
     }
 
-    /// Remembers a successful apply and the resourceVersion it returned.
+    /// Remembers a successful apply and the version of the object it returned.
     pub fn record(
         &self,
         child: ChildRef,

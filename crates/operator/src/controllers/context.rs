@@ -39,6 +39,8 @@ pub struct OperatorConfig {
     /// An unchanged child object is applied again after this long at the latest (repairs drift
     /// of kinds the operator does not watch; see applied.rs).
     pub reapply_interval: Duration,
+    /// Reconciles of one kind (egress, ingress) running at the same time.
+    pub max_concurrent_reconciles: u16,
 }
 
 /// Watch caches of what the operator reads on every reconcile (reads from here instead of

@@ -165,12 +165,11 @@ where
         Watched::In(store) => store.get(&ObjectRef::new(&name).within(namespace)),
         Watched::No => None,
     };
-    let state = match (&watched, &live) {
+    let live_version = live.as_deref().map(|l| watched_version(l.meta()));
+    let state = match (&watched, &live_version) {
         (Watched::No, _) => applied::Live::Unwatched,
         (Watched::In(_), None) => applied::Live::Absent,
-        (Watched::In(_), Some(l)) => {
-            applied::Live::Present(l.meta().resource_version.as_deref().unwrap_or_default())
-        }
+        (Watched::In(_), Some(version)) => applied::Live::Present(version),
     };
     let decision = fingerprint
         .as_ref()
@@ -189,9 +188,25 @@ where
     let result = apply(api, &name, object).await?;
     if let Some(fingerprint) = fingerprint {
         ctx.applied
-            .record(child, fingerprint, result.meta().resource_version.clone());
+            .record(child, fingerprint, Some(watched_version(result.meta())));
     }
     Ok(Some(result))
+}
+
+/// What must stay the same for a watched child to count as "still as applied": uid and
+/// generation where the kind has a generation (Deployment, NetworkPolicy: status updates by
+/// kube-controller-manager move the resourceVersion but not the generation, and re-applying
+/// after each of them was pointless), otherwise uid and resourceVersion. The uid catches a
+/// delete and re-create by someone else.
+fn watched_version(meta: &kube::api::ObjectMeta) -> String {
+    let uid = meta.uid.as_deref().unwrap_or_default();
+    match meta.generation {
+        Some(generation) => format!("{uid}/g{generation}"),
+        None => format!(
+            "{uid}/rv{}",
+            meta.resource_version.as_deref().unwrap_or_default()
+        ),
+    }
 }
 
 /// `get_opt` served from the apiserver's watch cache (`resourceVersion=0`): for objects read on

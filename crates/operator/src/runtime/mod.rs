@@ -252,6 +252,11 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
     .with_config(kube::runtime::controller::Config::default().debounce(TAILNET_DEBOUNCE))
     .trigger_backoff(WatchBackoff::default());
     let tailnets = controller.store();
+    // At most this many egress (and as many ingress) reconciles at once: every resource comes
+    // due on each poll, and unbounded they all ran at once (memory and Headscale load in
+    // bursts of N).
+    let agent_controller_config = kube::runtime::controller::Config::default()
+        .concurrency(settings.operator.max_concurrent_reconciles);
     let ctx = Arc::new(Context::new(
         client.clone(),
         settings.operator.clone(),
@@ -353,6 +358,7 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
             Api::<TailnetEgress>::all(client.clone()),
             watcher::Config::default(),
         )
+        .with_config(agent_controller_config.clone())
         .trigger_backoff(WatchBackoff::default());
         let store = egresses.store();
         egresses
@@ -386,6 +392,7 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
             Api::<TailnetIngress>::all(client.clone()),
             watcher::Config::default(),
         )
+        .with_config(agent_controller_config.clone())
         .trigger_backoff(WatchBackoff::default());
         let store = ingresses.store();
         ingresses
