@@ -10,8 +10,8 @@
 //! grants and DNS. Small-request rate and p99 are printed next to a tcp expose of the same
 //! backend (never asserted).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+mod support;
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -19,65 +19,32 @@ use futures_util::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, ResourceExt};
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
+use support::lab_operator::start_operator;
+use support::objects::{
+    agent_pods, apply, ingress_object, join_client_node, service_object, tailnet_ipv4,
+    tailnet_name, test_server_deployment, tls_secret,
+};
+use support::tailnet::{tcp_echo, tls_connect};
+use support::wait::{WAIT, wait_for};
 use tailnet_api::TailnetIngress;
 use tailnet_api::conditions::{reasons, types};
 use tno_testenv::{E2eEnv, OperatorArgs};
-use tno_testenv_kube::env::TEST_SERVERS_IMAGE;
 use tno_testenv_kube::http_backend::{gzip_of_pattern, pattern_chunk, pattern_sha256};
-use tno_testenv_tailnet::{Dialed, LocalApi};
+use tno_testenv_tailnet::LocalApi;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::tungstenite::Message;
 
-const WAIT: Duration = Duration::from_secs(180);
 const GZIP_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
 const UPLOAD_BYTES: u64 = 256 * 1024 * 1024;
 const WEBSOCKET_MESSAGES: usize = 1000;
 const BACKEND_SERVER_NAME: &str = "admin-backend.internal";
-
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let started = Instant::now();
-    let mut last = String::new();
-    while started.elapsed() < WAIT {
-        match check().await {
-            Ok(value) => return value,
-            Err(observed) => last = observed,
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    panic!("{what} did not happen within {WAIT:?}; last observation:\n{last}");
-}
-
-fn describe(i: &TailnetIngress) -> String {
-    let status = i.status.clone().unwrap_or_default();
-    let mut text = format!("ingress {}: ips={:?}\n", i.name_any(), status.tailnet_ips);
-    for c in &status.conditions {
-        text.push_str(&format!(
-            "  {} {} {}: {}\n",
-            c.type_, c.status, c.reason, c.message
-        ));
-    }
-    text
-}
-
-fn condition(i: &TailnetIngress, type_: &str) -> Option<(String, String, String)> {
-    i.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
 
 /// A CA and certificates it signs (the cluster CA of this test).
 struct TestCa {
@@ -108,64 +75,6 @@ impl TestCa {
             .expect("certificate");
         (cert.pem(), key.serialize_pem())
     }
-}
-
-fn tls_secret(name: &str, cert_pem: &str, key_pem: &str) -> Secret {
-    Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        type_: Some("kubernetes.io/tls".into()),
-        data: Some(BTreeMap::from([
-            (
-                "tls.crt".to_string(),
-                ByteString(cert_pem.as_bytes().to_vec()),
-            ),
-            (
-                "tls.key".to_string(),
-                ByteString(key_pem.as_bytes().to_vec()),
-            ),
-        ])),
-        ..Default::default()
-    }
-}
-
-/// A TLS connection over the tailnet from `node` to `ip:port`, verifying `sni` against `ca_pem`.
-async fn tls_connect(
-    node: &LocalApi,
-    ip: &str,
-    port: u16,
-    sni: &str,
-    ca_pem: &str,
-) -> Result<tokio_rustls::client::TlsStream<impl AsyncRead + AsyncWrite + Unpin + use<>>, String> {
-    let stream = match tokio::time::timeout(Duration::from_secs(10), node.dial(ip, port)).await {
-        Ok(Ok(Dialed::Tailnet(stream))) => stream,
-        Ok(Ok(Dialed::DialSelf { addr })) => return Err(format!("dial-self {addr}")),
-        Ok(Err(e)) => return Err(format!("dial: {e}")),
-        Err(_) => return Err("dial timed out".to_string()),
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    use rustls_pki_types::pem::PemObject;
-    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()).flatten() {
-        roots.add(cert).map_err(|e| e.to_string())?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let name =
-        rustls_pki_types::ServerName::try_from(sni.to_string()).map_err(|e| e.to_string())?;
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, stream),
-    )
-    .await
-    .map_err(|_| "TLS handshake timed out".to_string())?
-    .map_err(|e| format!("TLS: {e}"))
 }
 
 type Sender<B> = hyper::client::conn::http1::SendRequest<B>;
@@ -224,31 +133,6 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// Raw TCP through the tailnet: Ok when a connection opens and echoes.
-async fn tcp_echo(node: &LocalApi, ip: &str, port: u16) -> Result<(), String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = match tokio::time::timeout(Duration::from_secs(8), node.dial(ip, port)).await {
-        Ok(Ok(Dialed::Tailnet(stream))) => stream,
-        Ok(Ok(Dialed::DialSelf { addr })) => return Err(format!("dial-self {addr}")),
-        Ok(Err(e)) => return Err(format!("dial: {e}")),
-        Err(_) => return Err("dial timed out".to_string()),
-    };
-    stream
-        .write_all(b"ping\n")
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut buf = [0u8; 5];
-    tokio::time::timeout(Duration::from_secs(8), stream.read_exact(&mut buf))
-        .await
-        .map_err(|_| "echo timed out".to_string())?
-        .map_err(|e| e.to_string())?;
-    if &buf == b"ping\n" {
-        Ok(())
-    } else {
-        Err(format!("got {buf:?}"))
-    }
-}
-
 /// Scrapes the agent's `/metrics` (admin port on the pod IP) from the lab network.
 async fn agent_metrics(env: &E2eEnv, pod_ip: &str) -> Result<String, String> {
     use std::io::{Read, Write};
@@ -294,24 +178,45 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank.min(sorted.len() - 1)]
 }
 
+/// A test-servers backend; with `tls_secret`, that Secret is mounted at /tls.
 fn backend_deployment(
     ns: &str,
     name: &str,
     args: serde_json::Value,
     tls_secret: Option<&str>,
 ) -> serde_json::Value {
-    let mut pod_spec =
-        json!({"containers": [{"name": "server", "image": TEST_SERVERS_IMAGE, "args": args}]});
+    let mut deployment = test_server_deployment(ns, name, args);
     if let Some(secret) = tls_secret {
+        let pod_spec = &mut deployment["spec"]["template"]["spec"];
         pod_spec["containers"][0]["volumeMounts"] =
             json!([{"name": "tls", "mountPath": "/tls", "readOnly": true}]);
         pod_spec["volumes"] = json!([{"name": "tls", "secret": {"secretName": secret}}]);
     }
-    json!({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec}}
-    })
+    deployment
+}
+
+/// `rounds` sequential GET /whoami to `host` on one keep-alive connection: each round trip.
+async fn keep_alive_round_trips<S>(tls: S, host: &str, rounds: usize) -> Vec<Duration>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut sender = http1::<_, Empty<Bytes>>(tls).await.expect("HTTP");
+    let mut round_trips = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let request = http::Request::get("/whoami")
+            .header("host", host)
+            .body(Empty::new())
+            .expect("request");
+        sender
+            .ready()
+            .await
+            .expect("connection ready for the next request");
+        let response = sender.send_request(request).await.expect("request");
+        response.into_body().collect().await.expect("body");
+        round_trips.push(started.elapsed());
+    }
+    round_trips
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,7 +232,7 @@ async fn ingress_data_plane_through_the_operator() {
     ops.create_bootstrap(&env.base_policy().expect("base policy"))
         .await
         .expect("bootstrap");
-    let tailnet_name = format!("t-{ns}");
+    let tailnet_name = tailnet_name(&ns);
     let tailnet_object = |allowlist: &[&str]| {
         let mut object = env.tailnet_object(&tailnet_name, "Apply");
         object["spec"]["dns"]["ingressAliasTemplate"] = json!("{name}.lab.example.net");
@@ -335,25 +240,12 @@ async fn ingress_data_plane_through_the_operator() {
         object
     };
     let tailnets: Api<tailnet_api::Tailnet> = Api::all(client.clone());
-    tailnets
-        .patch(
-            &tailnet_name,
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(tailnet_object(&["group:team-a"])),
-        )
+    apply(&tailnets, &tailnet_name, tailnet_object(&["group:team-a"]))
         .await
         .expect("Tailnet");
-    let mut operator = env
-        .start_operator(
-            std::path::Path::new(env!("CARGO_BIN_EXE_tailnet-operator")),
-            &OperatorArgs::new(&ns).to_args(),
-        )
+    let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
         .await
         .expect("operator");
-    operator
-        .wait_ready(Duration::from_secs(60))
-        .await
-        .expect("operator ready");
 
     // PKI: the "cluster CA" signs the ingress certificate; a separate backend CA signs the
     // HTTPS backend's certificate; a third, unrelated CA is the wrong one.
@@ -390,11 +282,11 @@ async fn ingress_data_plane_through_the_operator() {
         .expect("backend TLS Secret");
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     for (name, pem) in [("backend-ca", &backend_ca.pem), ("wrong-ca", &wrong_ca.pem)] {
-        config_maps
-            .patch(name, &PatchParams::apply("test").force(), &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns},
-                "data": {"ca.crt": pem}
-            })))
+        let config_map = json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns},
+            "data": {"ca.crt": pem}
+        });
+        apply(&config_maps, name, config_map)
             .await
             .expect("CA ConfigMap");
     }
@@ -424,89 +316,76 @@ async fn ingress_data_plane_through_the_operator() {
             Some("admin-backend-tls"),
         ),
     ] {
-        deployments
-            .patch(
-                name,
-                &PatchParams::apply("test").force(),
-                &Patch::Apply(backend_deployment(&ns, name, args, secret)),
-            )
-            .await
-            .expect("backend Deployment");
-        services
-            .patch(name, &PatchParams::apply("test").force(), &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
-                "spec": {"selector": {"app": name}, "ports": [{"name": "main", "port": port, "targetPort": port}]}
-            })))
+        apply(
+            &deployments,
+            name,
+            backend_deployment(&ns, name, args, secret),
+        )
+        .await
+        .expect("backend Deployment");
+        apply(&services, name, service_object(&ns, name, port))
             .await
             .expect("backend Service");
     }
 
     let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
-    ingresses
-        .patch("portal", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
-            "metadata": {"name": "portal", "namespace": ns},
-            "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
-                     "tls": {"secretName": "portal-tls"},
-                     "exposes": [
-                        {"name": "web", "dnsLabel": "portal", "alias": true, "mode": "http", "port": 443,
-                         "backend": {"service": "files", "port": "main"}},
-                        {"name": "slow", "dnsLabel": "slow", "mode": "http", "port": 443,
-                         "backend": {"service": "files", "port": 8080},
-                         "timeouts": {"request": "3s", "backendRequest": "1s"}},
-                        {"name": "admin", "dnsLabel": "admin", "mode": "http", "port": 443,
-                         "backend": {"service": "admin-backend", "port": 8443,
-                                     "tls": {"serverName": BACKEND_SERVER_NAME, "caConfigMapRef": {"name": "backend-ca", "key": "ca.crt"}}}},
-                        {"name": "admin-wrong", "dnsLabel": "admin-wrong", "mode": "http", "port": 443,
-                         "backend": {"service": "admin-backend", "port": 8443,
-                                     "tls": {"serverName": BACKEND_SERVER_NAME, "caConfigMapRef": {"name": "wrong-ca", "key": "ca.crt"}}}},
-                        {"name": "files-tcp", "dnsLabel": "files-tcp", "mode": "tcp", "port": 8443,
-                         "backend": {"service": "admin-backend", "port": 8443}}
-                     ]}
-        })))
-        .await
-        .expect("ingress");
-    let ready = eventually("the ingress to become Ready", || async {
-        let i = ingresses.get("portal").await.map_err(|e| e.to_string())?;
-        match condition(&i, types::READY) {
-            Some((s, _, _)) if s == "True" => Ok(i),
-            _ => Err(format!(
-                "{}\n--- operator ---\n{}",
-                describe(&i),
-                operator.log_tail(10)
-            )),
-        }
-    })
+    let exposes = json!([
+        {"name": "web", "dnsLabel": "portal", "alias": true, "mode": "http", "port": 443,
+         "backend": {"service": "files", "port": "main"}},
+        {"name": "slow", "dnsLabel": "slow", "mode": "http", "port": 443,
+         "backend": {"service": "files", "port": 8080},
+         "timeouts": {"request": "3s", "backendRequest": "1s"}},
+        {"name": "admin", "dnsLabel": "admin", "mode": "http", "port": 443,
+         "backend": {"service": "admin-backend", "port": 8443,
+                     "tls": {"serverName": BACKEND_SERVER_NAME, "caConfigMapRef": {"name": "backend-ca", "key": "ca.crt"}}}},
+        {"name": "admin-wrong", "dnsLabel": "admin-wrong", "mode": "http", "port": 443,
+         "backend": {"service": "admin-backend", "port": 8443,
+                     "tls": {"serverName": BACKEND_SERVER_NAME, "caConfigMapRef": {"name": "wrong-ca", "key": "ca.crt"}}}},
+        {"name": "files-tcp", "dnsLabel": "files-tcp", "mode": "tcp", "port": 8443,
+         "backend": {"service": "admin-backend", "port": 8443}}
+    ]);
+    apply(
+        &ingresses,
+        "portal",
+        ingress_object(&ns, "portal", &tailnet_name, Some("portal-tls"), exposes),
+    )
+    .await
+    .expect("ingress");
+    let ready = wait_for_condition(
+        &ingresses,
+        "portal",
+        ConditionIs::new(types::READY, "True"),
+        Some(&operator),
+    )
     .await;
     let status = ready.status.clone().unwrap_or_default();
-    let ip = status
-        .tailnet_ips
-        .iter()
-        .find(|a| a.contains('.'))
-        .cloned()
-        .expect("tailnet IPv4");
+    let ip = tailnet_ipv4(&status.tailnet_ips).expect("tailnet IPv4");
     assert!(status.hostnames.contains(&alias), "{:?}", status.hostnames);
 
     // MagicDNS: Headscale serves the rendered extra-records.json. In a cluster the ConfigMap is
     // mounted into Headscale's pod; here the test copies it to Headscale's extra_records_path.
     let hosts: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let records = eventually("extra-records.json with the ingress names", || async {
-        let cm = hosts
-            .get("tailnet-hosts")
-            .await
-            .map_err(|e| e.to_string())?;
-        let text = cm
-            .data
-            .unwrap_or_default()
-            .get("extra-records.json")
-            .cloned()
-            .unwrap_or_default();
-        if text.contains(&portal) && text.contains(&alias) {
-            Ok(text)
-        } else {
-            Err(text)
-        }
-    })
+    let records = wait_for(
+        "extra-records.json with the ingress names",
+        WAIT,
+        || async {
+            let cm = hosts
+                .get("tailnet-hosts")
+                .await
+                .map_err(|e| e.to_string())?;
+            let text = cm
+                .data
+                .unwrap_or_default()
+                .get("extra-records.json")
+                .cloned()
+                .unwrap_or_default();
+            if text.contains(&portal) && text.contains(&alias) {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    )
     .await;
     let records_path = env.tailnet().headscale.extra_records_path().to_path_buf();
     let temporary = records_path.with_extension("json.test-tmp");
@@ -514,7 +393,7 @@ async fn ingress_data_plane_through_the_operator() {
     std::fs::rename(&temporary, &records_path).expect("replace extra records");
     let laptop = env.tailnet().laptop.node.local_api();
     for name in [&portal, &alias] {
-        eventually(&format!("MagicDNS to resolve {name}"), || async {
+        wait_for(&format!("MagicDNS to resolve {name}"), WAIT, || async {
             let answer = laptop.resolve_ipv4(name).await.map_err(|e| e.to_string())?;
             if answer.iter().any(|a| a.to_string() == ip) {
                 Ok(())
@@ -536,17 +415,21 @@ async fn ingress_data_plane_through_the_operator() {
         .await
         .expect("laptop IP");
     for host in [&portal, &alias] {
-        let (code, _, body) = eventually(&format!("GET https://{host}/echo-headers"), || async {
-            get(
-                &laptop,
-                &resolved,
-                host,
-                "/echo-headers",
-                &cluster_ca.pem,
-                &[],
-            )
-            .await
-        })
+        let (code, _, body) = wait_for(
+            &format!("GET https://{host}/echo-headers"),
+            WAIT,
+            || async {
+                get(
+                    &laptop,
+                    &resolved,
+                    host,
+                    "/echo-headers",
+                    &cluster_ca.pem,
+                    &[],
+                )
+                .await
+            },
+        )
         .await;
         let answer: serde_json::Value = serde_json::from_slice(&body).expect("echo JSON");
         assert_eq!(code, 200, "{answer}");
@@ -740,11 +623,9 @@ async fn ingress_data_plane_through_the_operator() {
     .expect("admin with the wrong CA");
     assert_eq!(code, 502);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let agent_pod = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/instance=tailnet-ingress-portal"))
+    let agent_pod = agent_pods(&pods, "tailnet-ingress-portal")
         .await
         .expect("agent pods")
-        .items
         .into_iter()
         .find(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_some())
         .expect("agent pod with an IP");
@@ -767,54 +648,20 @@ async fn ingress_data_plane_through_the_operator() {
     // Small HTTPS requests (keep-alive, sequential) through the http expose, next to the same
     // requests over a tcp expose to the TLS backend (TLS end to end, no proxy): printed only.
     let rounds = 300;
-    let mut through_proxy = Vec::with_capacity(rounds);
-    {
-        let tls = tls_connect(&laptop, &resolved, 443, &portal, &cluster_ca.pem)
-            .await
-            .expect("TLS");
-        let mut sender = http1::<_, Empty<Bytes>>(tls).await.expect("HTTP");
-        for _ in 0..rounds {
-            let started = Instant::now();
-            let request = http::Request::get("/whoami")
-                .header("host", &portal)
-                .body(Empty::new())
-                .expect("request");
-            sender
-                .ready()
-                .await
-                .expect("connection ready for the next request");
-            let response = sender.send_request(request).await.expect("request");
-            response.into_body().collect().await.expect("body");
-            through_proxy.push(started.elapsed());
-        }
-    }
-    let mut direct = Vec::with_capacity(rounds);
-    {
-        let tls = tls_connect(
-            &laptop,
-            &resolved,
-            8443,
-            BACKEND_SERVER_NAME,
-            &backend_ca.pem,
-        )
+    let tls = tls_connect(&laptop, &resolved, 443, &portal, &cluster_ca.pem)
         .await
         .expect("TLS");
-        let mut sender = http1::<_, Empty<Bytes>>(tls).await.expect("HTTP");
-        for _ in 0..rounds {
-            let started = Instant::now();
-            let request = http::Request::get("/whoami")
-                .header("host", BACKEND_SERVER_NAME)
-                .body(Empty::new())
-                .expect("request");
-            sender
-                .ready()
-                .await
-                .expect("connection ready for the next request");
-            let response = sender.send_request(request).await.expect("request");
-            response.into_body().collect().await.expect("body");
-            direct.push(started.elapsed());
-        }
-    }
+    let mut through_proxy = keep_alive_round_trips(tls, &portal, rounds).await;
+    let tls = tls_connect(
+        &laptop,
+        &resolved,
+        8443,
+        BACKEND_SERVER_NAME,
+        &backend_ca.pem,
+    )
+    .await
+    .expect("TLS");
+    let mut direct = keep_alive_round_trips(tls, BACKEND_SERVER_NAME, rounds).await;
     through_proxy.sort();
     direct.sort();
     let rate = |samples: &[Duration]| {
@@ -833,17 +680,7 @@ async fn ingress_data_plane_through_the_operator() {
 
     // A node outside allowFrom gets no TCP connection; once its tag is in the allowlist and
     // allowFrom, it does (nothing restarted).
-    let outsider = env
-        .tailnet()
-        .join_node(
-            &format!("outsider-{}", &ns[ns.len() - 5..]),
-            tno_testenv_tailnet::JoinOptions {
-                tags: vec!["tag:client".into()],
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("outsider node");
+    let outsider = join_client_node(&env, "outsider", &ns).await;
     let outsider_api = outsider.node.local_api();
     let denied = tcp_echo(&outsider_api, &ip, 8443).await;
     assert!(
@@ -862,80 +699,81 @@ async fn ingress_data_plane_through_the_operator() {
         )
         .await
         .expect("allowFrom with tag:client");
-    let rejected = eventually("SourcesAllowed=False/SourceNotAllowed", || async {
-        let i = ingresses.get("portal").await.map_err(|e| e.to_string())?;
-        match condition(&i, types::SOURCES_ALLOWED) {
-            Some((s, r, m)) if s == "False" && r == reasons::SOURCE_NOT_ALLOWED => Ok(m),
-            _ => Err(describe(&i)),
-        }
-    })
-    .await;
+    let rejected = wait_for_condition(
+        &ingresses,
+        "portal",
+        ConditionIs::new(types::SOURCES_ALLOWED, "False").reason(reasons::SOURCE_NOT_ALLOWED),
+        None,
+    )
+    .await
+    .condition_message(types::SOURCES_ALLOWED);
     assert!(rejected.contains("tag:client"), "{rejected}");
     // The allowed source keeps its grant: PolicyEffective stays True and names both sides.
     let partly = ingresses.get("portal").await.expect("portal");
-    let (effective, _, message) =
-        condition(&partly, types::POLICY_EFFECTIVE).expect("PolicyEffective");
-    assert_eq!(effective, "True", "{}", describe(&partly));
+    let effective = partly
+        .condition(types::POLICY_EFFECTIVE)
+        .expect("PolicyEffective");
+    assert_eq!(effective.status, "True", "{}", partly.describe());
+    let message = &effective.message;
     assert!(message.contains("tag:client get no grant"), "{message}");
     get(&laptop, &resolved, &admin, "/whoami", &cluster_ca.pem, &[])
         .await
         .expect("the laptop keeps working while the change is rejected");
-    tailnets
-        .patch(
-            &tailnet_name,
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(tailnet_object(&["group:team-a", "tag:client"])),
-        )
-        .await
-        .expect("allowlist with tag:client");
-    eventually("the outsider, now allowed, to get a connection", || async {
-        // A TLS handshake on the tcp expose proves a TCP connection to the backend.
-        tls_connect(
-            &outsider_api,
-            &ip,
-            8443,
-            BACKEND_SERVER_NAME,
-            &backend_ca.pem,
-        )
-        .await
-        .map(|_| ())
-    })
+    apply(
+        &tailnets,
+        &tailnet_name,
+        tailnet_object(&["group:team-a", "tag:client"]),
+    )
+    .await
+    .expect("allowlist with tag:client");
+    wait_for(
+        "the outsider, now allowed, to get a connection",
+        WAIT,
+        || async {
+            // A TLS handshake on the tcp expose proves a TCP connection to the backend.
+            tls_connect(
+                &outsider_api,
+                &ip,
+                8443,
+                BACKEND_SERVER_NAME,
+                &backend_ca.pem,
+            )
+            .await
+            .map(|_| ())
+        },
+    )
     .await;
 
     // From an app namespace: a cross-namespace backend is rejected; the alias taken by
     // `portal` stays with its first owner.
     let app_ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &app_ns);
-    app_ingresses
-        .patch("sneaky", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
-            "metadata": {"name": "sneaky", "namespace": app_ns},
-            "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
-                     "exposes": [{"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 5432,
-                                  "backend": {"service": "files", "namespace": ns, "port": 8080}}]}
-        })))
-        .await
-        .expect("cross-namespace ingress");
-    app_ingresses
-        .patch("portal", &PatchParams::apply("test").force(), &Patch::Apply(json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
-            "metadata": {"name": "portal", "namespace": app_ns},
-            "spec": {"tailnetRef": {"name": tailnet_name}, "allowFrom": ["group:team-a"],
-                     "exposes": [{"name": "raw", "dnsLabel": "portal", "alias": true, "mode": "tcp", "port": 7000,
-                                  "backend": {"service": "nothing", "port": 7000}}]}
-        })))
-        .await
-        .expect("second portal");
-    let sneaky = eventually("CrossNamespaceBackendNotAllowed", || async {
-        let i = app_ingresses
-            .get("sneaky")
-            .await
-            .map_err(|e| e.to_string())?;
-        match condition(&i, types::BACKENDS_RESOLVED) {
-            Some((s, r, m)) if s == "False" && r == reasons::CROSS_NAMESPACE_BACKEND => Ok(m),
-            _ => Err(describe(&i)),
-        }
-    })
-    .await;
+    let cross_namespace = json!([{"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 5432,
+                                  "backend": {"service": "files", "namespace": ns, "port": 8080}}]);
+    apply(
+        &app_ingresses,
+        "sneaky",
+        ingress_object(&app_ns, "sneaky", &tailnet_name, None, cross_namespace),
+    )
+    .await
+    .expect("cross-namespace ingress");
+    let taken_alias = json!([{"name": "raw", "dnsLabel": "portal", "alias": true, "mode": "tcp", "port": 7000,
+                              "backend": {"service": "nothing", "port": 7000}}]);
+    apply(
+        &app_ingresses,
+        "portal",
+        ingress_object(&app_ns, "portal", &tailnet_name, None, taken_alias),
+    )
+    .await
+    .expect("second portal");
+    let sneaky = wait_for_condition(
+        &app_ingresses,
+        "sneaky",
+        ConditionIs::new(types::BACKENDS_RESOLVED, "False")
+            .reason(reasons::CROSS_NAMESPACE_BACKEND),
+        None,
+    )
+    .await
+    .condition_message(types::BACKENDS_RESOLVED);
     eprintln!("cross-namespace backend: {sneaky}");
     // No agent is deployed for it, so no pre-auth key was minted either.
     let app_secrets: Api<Secret> = Api::namespaced(client.clone(), &app_ns);
@@ -947,17 +785,14 @@ async fn ingress_data_plane_through_the_operator() {
             .is_none(),
         "a key was minted for an ingress whose agent cannot be deployed"
     );
-    let conflict = eventually("HostnameConflict on the second portal", || async {
-        let i = app_ingresses
-            .get("portal")
-            .await
-            .map_err(|e| e.to_string())?;
-        match condition(&i, types::HOSTNAMES_UNIQUE) {
-            Some((s, r, m)) if s == "False" && r == reasons::HOSTNAME_CONFLICT => Ok(m),
-            _ => Err(describe(&i)),
-        }
-    })
-    .await;
+    let conflict = wait_for_condition(
+        &app_ingresses,
+        "portal",
+        ConditionIs::new(types::HOSTNAMES_UNIQUE, "False").reason(reasons::HOSTNAME_CONFLICT),
+        None,
+    )
+    .await
+    .condition_message(types::HOSTNAMES_UNIQUE);
     assert!(conflict.contains(&alias), "{conflict}");
     let first = ingresses.get("portal").await.expect("first portal");
     assert!(
@@ -968,7 +803,7 @@ async fn ingress_data_plane_through_the_operator() {
             .hostnames
             .contains(&alias),
         "the first owner keeps the alias: {}",
-        describe(&first)
+        first.describe()
     );
 
     // Deletion: node, grants and DNS names go.
@@ -977,8 +812,9 @@ async fn ingress_data_plane_through_the_operator() {
         .delete("portal", &DeleteParams::default())
         .await
         .expect("delete ingress");
-    eventually(
+    wait_for(
         "the ingress to be gone with its node, grants and names",
+        WAIT,
         || async {
             if ingresses
                 .get_opt("portal")
