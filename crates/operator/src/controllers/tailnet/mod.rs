@@ -195,6 +195,35 @@ async fn load_base(ctx: &Context, tailnet: &Tailnet) -> Result<BasePolicy, (Stri
     })
 }
 
+/// Upper bound for the rendered-policy ConfigMap's data: the apiserver refuses a ConfigMap
+/// whose data exceeds 1 MiB (1,048,576 bytes); some room is left for the key names.
+const RENDERED_POLICY_BUDGET: usize = 1_000_000;
+
+/// The rendered-policy ConfigMap's data: the document, its diff against the live policy and a
+/// summary. At about 1,000 resources document + diff passed the apiserver's limit and the
+/// refused write stopped the whole policy sync (benchmark 4): when they do not fit, the diff
+/// is left out, then the document, each replaced by a line that says so.
+pub fn rendered_policy_data(document: &str, diff: &str, summary: &str) -> BTreeMap<String, String> {
+    let omitted = |what: &str, bytes: usize| {
+        format!(
+            "omitted: the {what} is {bytes} bytes; the ConfigMap would exceed the apiserver's 1 MiB limit (the policy itself is synced regardless)\n"
+        )
+    };
+    let mut document_value = document.to_string();
+    let mut diff_value = diff.to_string();
+    if summary.len() + document.len() + diff.len() > RENDERED_POLICY_BUDGET {
+        diff_value = omitted("diff", diff.len());
+    }
+    if summary.len() + document.len() + diff_value.len() > RENDERED_POLICY_BUDGET {
+        document_value = omitted("rendered document", document.len());
+    }
+    BTreeMap::from([
+        (BASE_POLICY_KEY.to_string(), document_value),
+        ("diff".to_string(), diff_value),
+        ("summary".to_string(), summary.to_string()),
+    ])
+}
+
 async fn write_rendered_policy(
     ctx: &Context,
     tailnet: &Tailnet,
@@ -221,11 +250,7 @@ async fn write_rendered_policy(
             owner_references: owner_reference(tailnet).map(|o| vec![o]),
             ..ObjectMeta::default()
         },
-        data: Some(BTreeMap::from([
-            (BASE_POLICY_KEY.to_string(), rendered.document.clone()),
-            ("diff".to_string(), diff.to_string()),
-            ("summary".to_string(), summary.to_string()),
-        ])),
+        data: Some(rendered_policy_data(&rendered.document, diff, summary)),
         ..ConfigMap::default()
     };
     // Written on every reconcile of the Tailnet: sent only when it changed (see applied.rs).
@@ -417,7 +442,10 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
             let diff = tailnet_policy::diff(live, &rendered.document);
             let (added, removed) = diff_stats(&diff);
             let summary = format!("{} (+{added}/-{removed} lines against the live policy)", rendered.summary);
-            write_rendered_policy(ctx, tailnet, rendered, &diff, &summary).await?;
+            // A debugging copy: failing to write it must not stop the sync itself.
+            if let Err(error) = write_rendered_policy(ctx, tailnet, rendered, &diff, &summary).await {
+                tracing::warn!(tailnet = %name, %error, "writing the rendered-policy ConfigMap failed; syncing the policy anyway");
+            }
             let cm = rendered_policy_config_map(&name);
             let check = client.check_policy(&rendered.document).await;
             match (check, tailnet.spec.policy.mode) {
@@ -600,6 +628,34 @@ pub use headscale_state::HeadscaleState;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rendered_policy_data_fits_the_configmap_limit() {
+        let small = rendered_policy_data("{}", "+a\n", "1 grant");
+        assert_eq!(small.get("diff").map(String::as_str), Some("+a\n"));
+        assert_eq!(small.get(BASE_POLICY_KEY).map(String::as_str), Some("{}"));
+        // Document and diff together too big: the diff goes, the document stays.
+        let document = "x".repeat(600_000);
+        let diff = "+".repeat(500_000);
+        let data = rendered_policy_data(&document, &diff, "s");
+        assert_eq!(data.get(BASE_POLICY_KEY), Some(&document));
+        let diff_value = data.get("diff").cloned().unwrap_or_default();
+        assert!(
+            diff_value.starts_with("omitted: the diff is 500000 bytes"),
+            "{diff_value}"
+        );
+        // The document alone too big: both go, the summary stays.
+        let huge = "x".repeat(1_200_000);
+        let data = rendered_policy_data(&huge, "", "s");
+        let document_value = data.get(BASE_POLICY_KEY).cloned().unwrap_or_default();
+        assert!(
+            document_value.starts_with("omitted: the rendered document is 1200000 bytes"),
+            "{document_value}"
+        );
+        assert_eq!(data.get("summary").map(String::as_str), Some("s"));
+        let total: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(total <= 1_048_576);
+    }
 
     #[test]
     fn diff_helpers() {
