@@ -127,7 +127,7 @@ pub async fn ensure_pre_auth_key(
     let names = owner.names();
     let secrets: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let auth_child = ChildRef {
-        kind: "Secret".to_string(),
+        kind: <K8sSecret as k8s_openapi::Resource>::KIND.to_string(),
         namespace: owner.namespace.clone(),
         name: names.auth_secret.clone(),
     };
