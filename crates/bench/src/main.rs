@@ -50,7 +50,7 @@ enum Command {
         /// Repetitions (default 3, smoke 1).
         #[arg(long)]
         repeat: Option<usize>,
-        /// Control plane: cumulative resource totals (default 10,100).
+        /// Control plane: cumulative resource totals (default 10,100,400).
         #[arg(long, value_delimiter = ',')]
         scale_steps: Vec<usize>,
     },
