@@ -34,15 +34,12 @@ pub struct TailnetAccess {
 /// for `TailnetReady=False`.
 pub async fn tailnet_access(ctx: &Context, name: &str) -> Result<TailnetAccess, (String, String)> {
     let api: Api<Tailnet> = Api::all(ctx.client.clone());
-    let cached = ctx
-        .caches
-        .tailnets
-        .get(&kube::runtime::reflector::ObjectRef::new(name));
-    // The cache may still be filling: a miss is confirmed by a GET.
-    let read = match cached {
-        Some(t) => Ok(Some((*t).clone())),
-        None => api.get_opt(name).await,
-    };
+    let read = super::from_cache_or_get(
+        &ctx.caches.tailnets,
+        &api,
+        &kube::runtime::reflector::ObjectRef::new(name),
+    )
+    .await;
     let tailnet = match read {
         Ok(Some(t)) => t,
         Ok(None) => {

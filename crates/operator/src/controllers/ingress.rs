@@ -529,19 +529,13 @@ async fn apply_ingress(ingress: &TailnetIngress, ctx: &Context) -> Result<Action
         deployment = Some(agent::apply_deployment(ctx, &namespace, &objects.deployment).await?);
         status.hostnames = objects.hostnames.clone();
     } else {
-        let base = owner.names().base;
-        let cached = ctx
-            .caches
-            .deployments
-            .get(&ObjectRef::new(&base).within(&namespace))
-            .map(|d| (*d).clone());
-        deployment = match cached {
-            Some(d) => Some(d),
-            None => Api::<Deployment>::namespaced(ctx.client.clone(), &namespace)
-                .get_opt(&base)
-                .await
-                .map_err(ReconcileError::kube("get Deployment"))?,
-        };
+        deployment = super::from_cache_or_get(
+            &ctx.caches.deployments,
+            &Api::<Deployment>::namespaced(ctx.client.clone(), &namespace),
+            &ObjectRef::new(&owner.names().base).within(&namespace),
+        )
+        .await
+        .map_err(ReconcileError::kube("get Deployment"))?;
     }
     let (agent_ready, agent_message) = agent::deployment_state(deployment.as_ref());
     c.set(

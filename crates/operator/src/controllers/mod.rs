@@ -221,3 +221,19 @@ where
         Err(e) => Err(e),
     }
 }
+
+/// An object from a watch cache, or, on a miss, from a GET: a cache that is still filling (or
+/// one that holds only labelled objects) is never taken to mean "absent".
+pub async fn from_cache_or_get<K>(
+    store: &Store<K>,
+    api: &Api<K>,
+    reference: &ObjectRef<K>,
+) -> Result<Option<K>, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + 'static,
+{
+    match store.get(reference) {
+        Some(object) => Ok(Some((*object).clone())),
+        None => api.get_opt(&reference.name).await,
+    }
+}

@@ -111,14 +111,12 @@ pub async fn read_api_key(ctx: &Context, tailnet: &Tailnet) -> Result<Secret, (S
     let ns = &ctx.config.operator_namespace;
     let api: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), ns);
     // Read on every reconcile of every resource: from the watch cache when it has it.
-    let cached = ctx
-        .caches
-        .operator_secrets
-        .get(&kube::runtime::reflector::ObjectRef::new(&reference.name).within(ns));
-    let read = match cached {
-        Some(secret) => Ok(Some((*secret).clone())),
-        None => api.get_opt(&reference.name).await,
-    };
+    let read = super::from_cache_or_get(
+        &ctx.caches.operator_secrets,
+        &api,
+        &kube::runtime::reflector::ObjectRef::new(&reference.name).within(ns),
+    )
+    .await;
     let secret = match read {
         Ok(Some(secret)) => secret,
         Ok(None) => {
