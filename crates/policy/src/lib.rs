@@ -116,10 +116,12 @@
 
 mod compare;
 mod hujson;
+mod hujson_edit;
 mod issues;
 mod model;
 mod render;
 mod routes;
+mod tags;
 
 use serde_json::Value;
 use thiserror::Error;

@@ -60,7 +60,7 @@ pub(crate) fn eligible_egresses(inputs: &PolicyInputs) -> Vec<&EgressPolicy> {
     inputs
         .egresses
         .iter()
-        .filter(|e| crate::render::valid_tag(&e.tag) && tag_count.get(e.tag.as_str()) == Some(&1))
+        .filter(|e| crate::tags::valid_tag(&e.tag) && tag_count.get(e.tag.as_str()) == Some(&1))
         .collect()
 }
 
