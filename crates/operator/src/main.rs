@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod cli;
 mod controllers;
+mod metrics;
 mod runtime;
 
 #[derive(Parser)]

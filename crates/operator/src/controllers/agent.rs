@@ -55,11 +55,11 @@ pub async fn tailnet_access(ctx: &Context, name: &str) -> Result<TailnetAccess, 
             ));
         }
     };
-    let headscale = match super::tailnet::read_api_key(ctx, &tailnet).await {
+    let headscale = match super::access::read_api_key(ctx, &tailnet).await {
         Ok(key) => ctx
             .headscale(&tailnet.spec.server, &key)
             .map_err(|e| (e.reason().to_string(), e.to_string())),
-        Err(problem) => Err(problem),
+        Err(problem) => Err((problem.reason.to_string(), problem.message)),
     };
     Ok(TailnetAccess { tailnet, headscale })
 }
@@ -743,7 +743,7 @@ where
         Err((reason, message)) => {
             return Err(ReconcileError::HeadscaleUnusable {
                 action: format!("clean up node {tag}"),
-                reason: reason.clone(),
+                reason: "HeadscaleUnusable",
                 message: message.clone(),
             });
         }

@@ -14,7 +14,7 @@ use tailnet_headscale::{Client as HeadscaleClient, ClientOptions, Node, PreAuthK
 
 use super::applied::AppliedObjects;
 use super::shared_list::SharedList;
-use crate::runtime::metrics::Metrics;
+use crate::metrics::Metrics;
 
 /// How long a Headscale node or key list serves every reconcile that asks (see shared_list).
 const HEADSCALE_LIST_TTL: Duration = Duration::from_secs(1);

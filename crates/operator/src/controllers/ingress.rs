@@ -47,7 +47,7 @@ pub async fn reconcile(
 ) -> Result<Action, ReconcileError> {
     let namespace = ingress.namespace().unwrap_or_default();
     let api: Api<TailnetIngress> = Api::namespaced(ctx.client.clone(), &namespace);
-    let run = finalizer(&api, super::egress::FINALIZER, ingress.clone(), |event| {
+    let run = finalizer(&api, super::lifecycle::FINALIZER, ingress.clone(), |event| {
         let ctx = ctx.clone();
         async move {
             match event {

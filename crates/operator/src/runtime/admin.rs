@@ -11,7 +11,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::Metrics;
+use crate::metrics::Metrics;
 
 /// Readiness: the process has its Kubernetes client and watches running (leader or not: a
 /// standby replica is ready to take over).

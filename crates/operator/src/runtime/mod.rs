@@ -3,7 +3,7 @@
 
 pub mod admin;
 pub mod leader;
-pub mod metrics;
+
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -107,7 +107,7 @@ async fn log_result<T: std::fmt::Debug, E: std::fmt::Display>(result: Result<T, 
 }
 use admin::Health;
 use leader::{LeaderElector, LeaseConfig};
-use metrics::Metrics;
+use crate::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {

@@ -26,7 +26,7 @@ use tailnet_policy::{BasePolicy, RenderedPolicy};
 
 use super::ReconcileError;
 use super::context::Context;
-use crate::runtime::metrics::TailnetLabels;
+use crate::metrics::TailnetLabels;
 
 /// Key of the base policy in its ConfigMap.
 pub const BASE_POLICY_KEY: &str = "policy.hujson";
@@ -577,7 +577,7 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
     for c in &b.status.conditions {
         ctx.metrics
             .resources_by_condition
-            .get_or_create(&crate::runtime::metrics::ConditionLabels {
+            .get_or_create(&crate::metrics::ConditionLabels {
                 kind: "Tailnet".to_string(),
                 condition: c.type_.clone(),
                 status: c.status.clone(),

@@ -1,0 +1,95 @@
+//! Access to a Tailnet and its Headscale server (gather step of every controller): the
+//! Tailnet object, its API key Secret, a Headscale client — or the problem that prevents it.
+
+use k8s_openapi::api::core::v1::Secret as K8sSecret;
+use kube::Api;
+use kube::runtime::reflector::ObjectRef;
+use tailnet_api::Tailnet;
+use tailnet_api::conditions::reasons;
+use tailnet_headscale::{Client as HeadscaleClient, Secret};
+
+use super::context::Context;
+use super::kube_io::from_cache_or_get;
+use super::status::Problem;
+
+/// The Tailnet an agent belongs to and a Headscale client for it, or why not.
+#[derive(Clone)]
+pub struct TailnetAccess {
+    pub tailnet: Tailnet,
+    pub headscale: Result<HeadscaleClient, Problem>,
+}
+
+/// Looks up the Tailnet and builds its Headscale client. `Err`: why `TailnetReady` is False.
+pub async fn tailnet_access(ctx: &Context, name: &str) -> Result<TailnetAccess, Problem> {
+    let api: Api<Tailnet> = Api::all(ctx.client.clone());
+    let tailnet = match from_cache_or_get(&ctx.caches.tailnets, &api, &ObjectRef::new(name)).await
+    {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return Err(Problem::new(
+                reasons::TAILNET_NOT_FOUND,
+                format!("Tailnet {name:?} (spec.tailnetRef.name) does not exist"),
+            ));
+        }
+        Err(e) => {
+            return Err(Problem::new(
+                reasons::TAILNET_UNREADABLE,
+                format!("reading Tailnet {name}: {e}"),
+            ));
+        }
+    };
+    let headscale = match read_api_key(ctx, &tailnet).await {
+        Ok(key) => ctx
+            .headscale(&tailnet.spec.server, &key)
+            .map_err(|e| Problem::headscale(&e, e.to_string())),
+        Err(problem) => Err(problem),
+    };
+    Ok(TailnetAccess { tailnet, headscale })
+}
+
+/// The Headscale API key from the Tailnet's `spec.apiSecretRef` (operator namespace).
+pub async fn read_api_key(ctx: &Context, tailnet: &Tailnet) -> Result<Secret, Problem> {
+    let reference = &tailnet.spec.api_secret_ref;
+    let ns = &ctx.config.operator_namespace;
+    let api: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), ns);
+    // Read on every reconcile of every resource: from the watch cache when it has it.
+    let read = from_cache_or_get(
+        &ctx.caches.operator_secrets,
+        &api,
+        &ObjectRef::new(&reference.name).within(ns),
+    )
+    .await;
+    let secret = match read {
+        Ok(Some(secret)) => secret,
+        Ok(None) => {
+            return Err(Problem::new(
+                reasons::SECRET_MISSING,
+                format!(
+                    "Secret {ns}/{} (spec.apiSecretRef) does not exist; create it with the Headscale API key under key {:?}",
+                    reference.name, reference.key
+                ),
+            ));
+        }
+        Err(e) => {
+            return Err(Problem::new(
+                reasons::SECRET_UNREADABLE,
+                format!("reading Secret {ns}/{}: {e}", reference.name),
+            ));
+        }
+    };
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&reference.key))
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string());
+    match value {
+        Some(key) if !key.is_empty() => Ok(Secret::new(key)),
+        _ => Err(Problem::new(
+            reasons::SECRET_KEY_MISSING,
+            format!(
+                "Secret {ns}/{} has no non-empty key {:?} (spec.apiSecretRef.key)",
+                reference.name, reference.key
+            ),
+        )),
+    }
+}

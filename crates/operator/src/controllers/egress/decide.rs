@@ -1,0 +1,438 @@
+//! Decide step of the TailnetEgress controller (pure): from the egress and what was observed,
+//! every condition, the per-target status, the objects to apply and the key to mint.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+use tailnet_api::TailnetEgress;
+use tailnet_api::agent_status::ProbeState;
+use tailnet_api::conditions::{reasons, types};
+use tailnet_api::egress::{EgressTargetStatus, TailnetEgressStatus};
+use tailnet_api::naming::{AgentKind, egress_tag};
+use tailnet_api::validate::{self, TargetAddress};
+use tailnet_headscale::Node;
+use tailnet_render::egress::EgressObjects;
+use tailnet_render::images::Images;
+use tailnet_render::meta::Owner;
+use tailnet_render::{RenderContext, RenderError};
+
+use super::super::agent_conditions::{self as shared, NodeList, nodes_unobservable};
+use super::super::context::OperatorConfig;
+use super::super::identity::{KeyAction, decide_key, find_node};
+use super::super::status::{ConditionSet, Problem};
+use super::gather::EgressObservation;
+
+/// Conditions that must hold for `Ready`, in the order of their dependencies.
+pub const REQUIRED: [&str; 6] = [
+    types::TAILNET_READY,
+    types::SERVICES_READY,
+    types::AGENT_READY,
+    types::NODE_ONLINE,
+    types::POLICY_EFFECTIVE,
+    types::ROUTES_READY,
+];
+/// Conditions that count for `Ready` once they have been observed.
+pub const OBSERVED_IF_KNOWN: [&str; 1] = [types::TARGETS_REACHABLE];
+
+/// What the act step does for one egress.
+#[derive(Clone, Debug)]
+pub struct EgressDecision {
+    pub status: TailnetEgressStatus,
+    /// `None`: nothing is applied (the Tailnet is missing, or the spec is invalid: the last
+    /// valid configuration stays applied).
+    pub agent: Option<AgentPlan>,
+}
+
+#[derive(Clone, Debug)]
+pub struct AgentPlan {
+    pub owner: Owner,
+    pub tag: String,
+    pub objects: EgressObjects,
+    /// The target Services to apply (those whose name is held by someone else are left out).
+    pub services: Vec<Service>,
+    /// Own Services of targets that were removed.
+    pub delete_services: Vec<String>,
+    pub key: KeyAction,
+}
+
+/// The status written for an egress outside the operator namespace (not honoured there: no
+/// finalizer, no objects). `None` when it is in the operator namespace.
+pub fn wrong_namespace(
+    egress: &TailnetEgress,
+    operator_namespace: &str,
+    now: Timestamp,
+) -> Option<TailnetEgressStatus> {
+    let namespace = egress.namespace().unwrap_or_default();
+    let error = validate::egress_namespace(&namespace, operator_namespace).err()?;
+    let previous = egress.status.clone().unwrap_or_default();
+    let mut c = ConditionSet::new(&previous.conditions, egress.metadata.generation, now);
+    c.fail(
+        types::READY,
+        Problem::new(reasons::WRONG_NAMESPACE, error.message),
+    );
+    Some(TailnetEgressStatus {
+        observed_generation: egress.metadata.generation,
+        conditions: c.into_list(),
+        ..previous
+    })
+}
+
+/// An invalid spec: keep what runs (the last good config), say what to fix. `None` when the
+/// spec is valid.
+pub fn refuse_invalid(egress: &TailnetEgress, now: Timestamp) -> Option<EgressDecision> {
+    let errors = validate::egress(&egress.spec);
+    if errors.is_empty() {
+        return None;
+    }
+    let previous = egress.status.clone().unwrap_or_default();
+    let mut c = ConditionSet::new(&previous.conditions, egress.metadata.generation, now);
+    c.fail(
+        types::SPEC_VALID,
+        Problem::new(
+            reasons::INVALID_SPEC,
+            format!(
+                "{}; the last valid configuration stays applied",
+                validate::summarize(&errors)
+            ),
+        ),
+    );
+    Some(EgressDecision {
+        status: TailnetEgressStatus {
+            observed_generation: egress.metadata.generation,
+            conditions: c.finish(&[types::SPEC_VALID], &[]),
+            ..previous
+        },
+        agent: None,
+    })
+}
+
+/// Decides a valid egress (see [`refuse_invalid`] first).
+pub fn decide(
+    egress: &TailnetEgress,
+    observed: &EgressObservation,
+    config: &OperatorConfig,
+    now: Timestamp,
+) -> Result<EgressDecision, RenderError> {
+    let previous = egress.status.clone().unwrap_or_default();
+    let mut c = ConditionSet::new(&previous.conditions, egress.metadata.generation, now);
+    c.remove(types::SPEC_VALID);
+    let mut status = TailnetEgressStatus {
+        observed_generation: egress.metadata.generation,
+        ..previous.clone()
+    };
+    let access = match &observed.access {
+        Ok(access) => access,
+        Err(problem) => {
+            c.fail(types::TAILNET_READY, problem.clone());
+            status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
+            return Ok(EgressDecision {
+                status,
+                agent: None,
+            });
+        }
+    };
+    let tailnet = &access.tailnet;
+    let tailnet_name = tailnet.name_any();
+    let name = egress.name_any();
+    let namespace = egress.namespace().unwrap_or_default();
+    let tag = egress_tag(&tailnet.spec.policy.tag_prefix, &name);
+    status.tag = Some(tag.clone());
+    shared::tailnet_ready(&mut c, access);
+
+    // The agent's objects; target Services whose name someone else holds are skipped.
+    let previous_ports: BTreeMap<String, u16> = previous
+        .targets
+        .iter()
+        .filter_map(|t| Some((t.name.clone(), u16::try_from(t.agent_port).ok()?)))
+        .collect();
+    let render_ctx = RenderContext {
+        operator_namespace: &config.operator_namespace,
+        tailnet_name: &tailnet_name,
+        tailnet: &tailnet.spec,
+        images: Images::resolve(&config.images, tailnet.spec.agent.as_ref()),
+        cluster_domain: &config.cluster_domain,
+    };
+    let objects = tailnet_render::egress::render(egress, &render_ctx, &previous_ports)?;
+    let conflicts = &observed.foreign_services;
+    let services: Vec<Service> = objects
+        .services
+        .iter()
+        .filter(|s| !conflicts.contains_key(&s.name_any()))
+        .cloned()
+        .collect();
+    let delete_services: Vec<String> = observed
+        .own_services
+        .keys()
+        .filter(|n| !egress.spec.targets.iter().any(|t| &t.name == *n))
+        .cloned()
+        .collect();
+    services_ready(&mut c, &namespace, services.len(), conflicts);
+
+    // Identity: the node of the tag and the key it needs (an egress is always deployable).
+    let node = observed
+        .nodes
+        .as_ref()
+        .ok()
+        .and_then(|nodes| find_node(nodes, &tag))
+        .cloned();
+    let (key, key_state) = match &observed.nodes {
+        Ok(_) => decide_key(node.is_some(), true, &observed.auth_secret, now),
+        Err(_) => (KeyAction::Keep, super::super::identity::KeyState::NodeExists),
+    };
+    shared::node_online(&mut c, &observed.nodes, node.as_ref(), &key_state);
+    if let Some(n) = &node {
+        status.node_id = Some(n.id.to_string());
+        status.tailnet_ips = n.ip_addresses.clone();
+    }
+    shared::agent_ready(&mut c, observed.deployment.as_ref());
+
+    // Routes per IP target; DNS-name targets must be granted by the base.
+    status.targets = target_status(egress, &objects, observed, &tailnet.spec.policy.route_approvers);
+    routes_ready(&mut c, &status.targets, &observed.nodes, egress.spec.targets.len());
+
+    // Grants: effective only when live in Headscale.
+    shared::policy_effective(
+        &mut c,
+        tailnet,
+        &format!("TailnetEgress/{namespace}/{name}"),
+        "the grants are live in Headscale",
+        None,
+    );
+    // Reachability as the agent observes it (a TCP connect through the tailnet per target).
+    let probes = shared::reachability(
+        &mut c,
+        types::TARGETS_REACHABLE,
+        observed.report.as_ref().map(|r| r.targets.as_slice()),
+    );
+    for entry in &mut status.targets {
+        if entry.state.as_deref() != Some(reasons::READY) {
+            continue;
+        }
+        if let Some(probe) = probes.get(&entry.name)
+            && !matches!(probe.state, ProbeState::Reachable | ProbeState::Unknown)
+        {
+            entry.state = Some(probe.state.label().to_string());
+            entry.message = Some(
+                format!("{} {}", probe.state.label(), probe.message)
+                    .trim()
+                    .to_string(),
+            );
+        }
+    }
+    let ready_targets = status
+        .targets
+        .iter()
+        .filter(|t| {
+            matches!(
+                t.state.as_deref(),
+                Some(reasons::READY) | Some(reasons::NOT_APPLICABLE)
+            )
+        })
+        .count();
+    status.summary = Some(format!("{ready_targets}/{} targets", status.targets.len()));
+    status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
+    let owner = Owner::from_meta(AgentKind::Egress, &egress.metadata, &tailnet_name)?;
+    Ok(EgressDecision {
+        status,
+        agent: Some(AgentPlan {
+            owner,
+            tag,
+            objects,
+            services,
+            delete_services,
+            key,
+        }),
+    })
+}
+
+fn services_ready(
+    c: &mut ConditionSet,
+    namespace: &str,
+    applied: usize,
+    conflicts: &BTreeMap<String, String>,
+) {
+    if conflicts.is_empty() {
+        c.ok(types::SERVICES_READY, reasons::READY, format!("{applied} Services"));
+        return;
+    }
+    let list: Vec<String> = conflicts
+        .iter()
+        .map(|(s, holder)| format!("Service {namespace}/{s} belongs to {holder}"))
+        .collect();
+    c.fail(
+        types::SERVICES_READY,
+        Problem::new(
+            reasons::SERVICE_NAME_CONFLICT,
+            format!(
+                "{}; those targets are skipped: rename them or remove the other Service",
+                list.join("; ")
+            ),
+        ),
+    );
+}
+
+/// Per-target status: its Service, agent port and route (or why not).
+fn target_status(
+    egress: &TailnetEgress,
+    objects: &EgressObjects,
+    observed: &EgressObservation,
+    approvers: &[String],
+) -> Vec<EgressTargetStatus> {
+    let nodes: &[Node] = observed.nodes.as_ref().map(|n| n.as_slice()).unwrap_or(&[]);
+    egress
+        .spec
+        .targets
+        .iter()
+        .map(|target| {
+            let service = observed.own_services.get(&target.name);
+            let mut entry = EgressTargetStatus {
+                name: target.name.clone(),
+                service: service.map(|s| s.name_any()),
+                cluster_ip: service.and_then(|s| s.spec.as_ref()?.cluster_ip.clone()),
+                port: target.port,
+                agent_port: objects
+                    .ports
+                    .get(&target.name)
+                    .copied()
+                    .map(i32::from)
+                    .unwrap_or_default(),
+                ..EgressTargetStatus::default()
+            };
+            if let Some(holder) = observed.foreign_services.get(&target.name) {
+                entry.state = Some(reasons::SERVICE_NAME_CONFLICT.to_string());
+                entry.message = Some(format!("Service belongs to {holder}"));
+                return entry;
+            }
+            match TargetAddress::parse("", &target.address) {
+                Ok(TargetAddress::Ip(ip)) => {
+                    let route = route_state(&ip, approvers, nodes);
+                    entry.route = route.route;
+                    entry.state = Some(route.state.to_string());
+                    entry.message = Some(route.message);
+                }
+                _ => {
+                    entry.state = Some(reasons::NOT_APPLICABLE.to_string());
+                    entry.message = Some(
+                        "DNS-name target: no route or grant is generated; grant it in the base policy"
+                            .to_string(),
+                    );
+                }
+            }
+            entry
+        })
+        .collect()
+}
+
+/// `RoutesReady` from the per-target route states.
+fn routes_ready(c: &mut ConditionSet, targets: &[EgressTargetStatus], nodes: &NodeList, count: usize) {
+    let route_states = [reasons::ROUTE_NOT_ADVERTISED, reasons::ROUTE_NOT_APPROVED];
+    let problems: Vec<(&str, String)> = targets
+        .iter()
+        .filter_map(|t| {
+            let state = route_states
+                .into_iter()
+                .find(|s| t.state.as_deref() == Some(*s))?;
+            Some((state, format!("{}: {}", t.name, t.message.clone().unwrap_or_default())))
+        })
+        .collect();
+    let dns_targets: Vec<&str> = targets
+        .iter()
+        .filter(|t| t.state.as_deref() == Some(reasons::NOT_APPLICABLE))
+        .map(|t| t.name.as_str())
+        .collect();
+    match problems.first() {
+        Some((reason, _)) if nodes.is_ok() => c.fail(
+            types::ROUTES_READY,
+            Problem::new(
+                reason,
+                problems
+                    .iter()
+                    .map(|(_, m)| m.clone())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+        ),
+        Some(_) => {
+            let problem = nodes.as_ref().err().cloned().unwrap_or_else(nodes_unobservable);
+            let message = if problem.reason == reasons::HEADSCALE_UNREACHABLE {
+                "cannot observe routes (see TailnetReady)".to_string()
+            } else {
+                format!("cannot observe routes: {}", problem.message)
+            };
+            c.unknown(types::ROUTES_READY, Problem::new(problem.reason, message));
+        }
+        None if !dns_targets.is_empty() && dns_targets.len() == count => c.ok(
+            types::ROUTES_READY,
+            reasons::NOT_APPLICABLE,
+            format!(
+                "DNS-name targets ({}) need no route from the operator; grant them in the base policy",
+                dns_targets.join(", ")
+            ),
+        ),
+        None => c.ok(
+            types::ROUTES_READY,
+            reasons::READY,
+            "every IP target is covered by an approved route",
+        ),
+    }
+}
+
+/// Whether an approver node advertises a route covering an IP target, and whether it is
+/// approved.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RouteState {
+    pub route: Option<String>,
+    pub state: &'static str,
+    pub message: String,
+}
+
+pub fn route_state(address: &IpAddr, approvers: &[String], nodes: &[Node]) -> RouteState {
+    let mut advertised = None;
+    for node in nodes
+        .iter()
+        .filter(|n| n.tags.iter().any(|t| approvers.contains(t)))
+    {
+        for route in node
+            .available_routes
+            .iter()
+            .filter_map(|r| r.parse::<IpNet>().ok())
+        {
+            if route.prefix_len() == 0 || !route.contains(address) {
+                continue;
+            }
+            let approved = node
+                .approved_routes
+                .iter()
+                .any(|a| a.parse::<IpNet>().ok() == Some(route));
+            if approved {
+                return RouteState {
+                    route: Some(route.to_string()),
+                    state: reasons::READY,
+                    message: format!("{route} via {} (approved)", node.given_name),
+                };
+            }
+            advertised = Some((route, node.given_name.clone()));
+        }
+    }
+    match advertised {
+        Some((route, node)) => RouteState {
+            route: Some(route.to_string()),
+            state: reasons::ROUTE_NOT_APPROVED,
+            message: format!(
+                "{route} is advertised by {node} but not approved; set the Tailnet to Apply (the operator approves it) or approve it in Headscale"
+            ),
+        },
+        None => RouteState {
+            route: None,
+            state: reasons::ROUTE_NOT_ADVERTISED,
+            message: format!(
+                "no node tagged {} advertises a route covering {address}; configure the subnet router to advertise it",
+                approvers.join("/")
+            ),
+        },
+    }
+}

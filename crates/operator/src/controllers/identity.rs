@@ -1,0 +1,360 @@
+//! An agent's tailnet identity in Headscale: the node carrying its tag, the single-use
+//! pre-auth key in its auth Secret, and forgetting both on deletion. The key decision is pure
+//! ([`decide_key`]); gathering the auth Secret and carrying out the decision are I/O.
+
+use std::collections::BTreeMap;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Secret as K8sSecret;
+use kube::api::DeleteParams;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use tailnet_headscale::{Client as HeadscaleClient, CreatePreAuthKey, Node, PreAuthKey};
+use tailnet_render::meta::Owner;
+
+use super::applied::{ABSENT, ChildRef, Decision, Live};
+use super::context::Context;
+use super::error::ReconcileError;
+use super::kube_io::{apply, get_opt_cached};
+
+/// Annotations on the auth Secret: which key is in it and until when it is valid (the key
+/// itself is never logged or put anywhere else).
+pub const KEY_ID_ANNOTATION: &str = "tailnet-operator.dev/pre-auth-key-id";
+pub const KEY_EXPIRES_ANNOTATION: &str = "tailnet-operator.dev/pre-auth-key-expires";
+/// How long a minted pre-auth key is valid: long enough for an image pull and a crash loop,
+/// short enough to be useless if it leaks.
+pub const PRE_AUTH_KEY_LIFETIME: SignedDuration = SignedDuration::from_mins(60);
+/// A pending key that expires sooner than this is replaced rather than waited for.
+const PENDING_KEY_MARGIN: SignedDuration = SignedDuration::from_mins(2);
+
+/// The node carrying `tag` (an agent's identity). Several can exist after a lost state
+/// Secret: prefer online, then the newest.
+pub fn find_node<'a>(nodes: &'a [Node], tag: &str) -> Option<&'a Node> {
+    nodes
+        .iter()
+        .filter(|n| n.tags.iter().any(|t| t == tag))
+        .max_by_key(|n| (n.online, n.id))
+}
+
+/// What the gather step knows of the agent's auth Secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AuthSecret {
+    /// Not read: this process removed it once the node existed, recently (see applied.rs).
+    RemovedByUs,
+    Absent,
+    Present {
+        key_id: Option<u64>,
+        expires: Option<Timestamp>,
+    },
+}
+
+/// What to do about the agent's pre-auth key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyAction {
+    /// Nothing (the Secret is already gone, or a valid key waits in it).
+    Keep,
+    /// The node exists: expire the spent key (single use) and remove the Secret.
+    Retire {
+        key_id: Option<u64>,
+        delete_secret: bool,
+    },
+    /// No node and no usable key: expire keys of the tag that no Secret holds (a crash
+    /// between minting and writing leaves one), then mint one valid until `expires`.
+    Mint {
+        held: Option<u64>,
+        expires: Timestamp,
+    },
+}
+
+/// Where the agent's login stands after the key decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyState {
+    /// The node exists: no key is needed (and none is kept).
+    NodeExists,
+    /// A valid key waits in the auth Secret (or is minted now) for the agent's first login.
+    Waiting { expires: Timestamp },
+    /// No agent is deployed yet, so no key is minted.
+    NotDeployable,
+}
+
+/// Keeps exactly one valid single-use key while no node exists, none once it does. Never
+/// mints while an unexpired key is pending, so a crash-looping agent cannot make it mint in
+/// a loop; never mints for an agent that will not be deployed (the key would lie unused).
+pub fn decide_key(
+    node_exists: bool,
+    deployable: bool,
+    secret: &AuthSecret,
+    now: Timestamp,
+) -> (KeyAction, KeyState) {
+    if node_exists {
+        let action = match secret {
+            AuthSecret::RemovedByUs => KeyAction::Keep,
+            AuthSecret::Absent => KeyAction::Retire {
+                key_id: None,
+                delete_secret: false,
+            },
+            AuthSecret::Present { key_id, .. } => KeyAction::Retire {
+                key_id: *key_id,
+                delete_secret: true,
+            },
+        };
+        return (action, KeyState::NodeExists);
+    }
+    if !deployable {
+        return (KeyAction::Keep, KeyState::NotDeployable);
+    }
+    let held = match secret {
+        AuthSecret::Present {
+            expires: Some(expires),
+            ..
+        } if *expires > now + PENDING_KEY_MARGIN => {
+            return (KeyAction::Keep, KeyState::Waiting { expires: *expires });
+        }
+        AuthSecret::Present { key_id, .. } => *key_id,
+        AuthSecret::Absent | AuthSecret::RemovedByUs => None,
+    };
+    let expires = now + PRE_AUTH_KEY_LIFETIME;
+    (KeyAction::Mint { held, expires }, KeyState::Waiting { expires })
+}
+
+fn auth_child(owner: &Owner) -> ChildRef {
+    ChildRef {
+        kind: <K8sSecret as k8s_openapi::Resource>::KIND.to_string(),
+        namespace: owner.namespace.clone(),
+        name: owner.names().auth_secret,
+    }
+}
+
+/// Reads the agent's auth Secret, unless this process removed it recently (nothing to read
+/// on every poll; checked again after the re-apply interval).
+pub async fn gather_auth_secret(ctx: &Context, owner: &Owner) -> Result<AuthSecret, ReconcileError> {
+    if ctx.applied.decide(&auth_child(owner), &ABSENT, Live::Unwatched) == Decision::Unchanged {
+        return Ok(AuthSecret::RemovedByUs);
+    }
+    let name = owner.names().auth_secret;
+    let secret = read_secret(ctx, &owner.namespace, &name).await?;
+    Ok(match secret {
+        None => AuthSecret::Absent,
+        Some(secret) => {
+            let annotation = |key: &str| secret.annotations().get(key).cloned();
+            AuthSecret::Present {
+                key_id: annotation(KEY_ID_ANNOTATION).and_then(|id| id.parse().ok()),
+                expires: annotation(KEY_EXPIRES_ANNOTATION).and_then(|e| e.parse().ok()),
+            }
+        }
+    })
+}
+
+/// A Secret: from the watch cache of the operator namespace when it is there, otherwise a
+/// GET served from the apiserver's watch cache (no etcd read per poll). A stale answer costs
+/// at most one superfluous key: the orphan sweep expires the other.
+pub async fn read_secret(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<K8sSecret>, ReconcileError> {
+    if namespace == ctx.config.operator_namespace
+        && let Some(secret) = ctx
+            .caches
+            .operator_secrets
+            .get(&ObjectRef::new(name).within(namespace))
+    {
+        return Ok(Some((*secret).clone()));
+    }
+    let secrets: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), namespace);
+    get_opt_cached(&secrets, name)
+        .await
+        .map_err(ReconcileError::kube(format!("get Secret {name}")))
+}
+
+/// Carries out a key decision. Returns whether a key was minted.
+pub async fn act_on_key(
+    ctx: &Context,
+    headscale: &HeadscaleClient,
+    owner: &Owner,
+    tag: &str,
+    action: &KeyAction,
+) -> Result<bool, ReconcileError> {
+    let child = auth_child(owner);
+    let secrets: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let name = child.name.clone();
+    match action {
+        KeyAction::Keep => Ok(false),
+        KeyAction::Retire {
+            key_id,
+            delete_secret,
+        } => {
+            if let Some(id) = key_id
+                && let Err(e) = headscale.expire_pre_auth_key(*id).await
+            {
+                tracing::debug!(key_id = id, error = %e, "expiring a used pre-auth key failed");
+            }
+            if *delete_secret {
+                match secrets.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(ReconcileError::kube("delete auth Secret")(e)),
+                }
+            }
+            ctx.applied.record(child, ABSENT, None);
+            Ok(false)
+        }
+        KeyAction::Mint { held, expires } => {
+            ctx.applied.forget(&child);
+            // A list up to a second old is enough here: keys of this tag are only minted by
+            // this resource's reconciles, which never run concurrently.
+            let keys = ctx
+                .pre_auth_keys
+                .get(headscale.server(), || headscale.list_pre_auth_keys())
+                .await
+                .map_err(ReconcileError::headscale("list pre-auth keys"))?;
+            for id in orphaned_keys(&keys, tag, *held, Timestamp::now()) {
+                headscale
+                    .expire_pre_auth_key(id)
+                    .await
+                    .map_err(ReconcileError::headscale(format!(
+                        "expire orphaned pre-auth key {id} of {tag}"
+                    )))?;
+                tracing::info!(key_id = id, %tag, "expired a pre-auth key that no Secret holds");
+            }
+            let key = headscale
+                .create_pre_auth_key(&CreatePreAuthKey::single_use_tagged(
+                    vec![tag.to_string()],
+                    *expires,
+                ))
+                .await
+                .map_err(ReconcileError::headscale(format!("mint pre-auth key for {tag}")))?;
+            let mut secret = tailnet_render::pod::auth_secret(owner, key.key.expose());
+            secret.metadata.annotations = Some(BTreeMap::from([
+                (KEY_ID_ANNOTATION.to_string(), key.id.to_string()),
+                (KEY_EXPIRES_ANNOTATION.to_string(), expires.to_string()),
+            ]));
+            if let Err(e) = apply(&secrets, &name, &secret).await {
+                // Do not leave a valid key behind that nobody holds.
+                let _ = headscale.expire_pre_auth_key(key.id).await;
+                return Err(e);
+            }
+            Ok(true)
+        }
+    }
+}
+
+/// Keys of `tag` that could still register a node (unused, unexpired) other than `held`,
+/// the one in the agent's auth Secret.
+pub fn orphaned_keys(keys: &[PreAuthKey], tag: &str, held: Option<u64>, now: Timestamp) -> Vec<u64> {
+    keys.iter()
+        .filter(|k| k.acl_tags.iter().any(|t| t == tag))
+        .filter(|k| !k.used && k.expiration.is_some_and(|e| e > now))
+        .filter(|k| Some(k.id) != held)
+        .map(|k| k.id)
+        .collect()
+}
+
+/// Removes the agent's identity from Headscale: its nodes and any unexpired keys of its tag.
+pub async fn forget_identity(headscale: &HeadscaleClient, tag: &str) -> Result<(), ReconcileError> {
+    // Keys first: once none is valid, no agent can register a node any more, so the node list
+    // read afterwards is complete. (Nodes first left a window in which an agent that was
+    // still starting registered after the list and stayed behind as an orphan.)
+    let keys = headscale
+        .list_pre_auth_keys()
+        .await
+        .map_err(ReconcileError::headscale("list pre-auth keys"))?;
+    let now = Timestamp::now();
+    for key in keys
+        .iter()
+        .filter(|k| k.acl_tags.iter().any(|t| t == tag) && k.expiration.is_some_and(|e| e > now))
+    {
+        headscale
+            .expire_pre_auth_key(key.id)
+            .await
+            .map_err(ReconcileError::headscale(format!("expire pre-auth key {}", key.id)))?;
+    }
+    let nodes = headscale
+        .list_nodes()
+        .await
+        .map_err(ReconcileError::headscale("list nodes"))?;
+    for node in nodes.iter().filter(|n| n.tags.iter().any(|t| t == tag)) {
+        headscale
+            .delete_node(node.id)
+            .await
+            .map_err(ReconcileError::headscale(format!("delete node {}", node.id)))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: u64, tag: &str, online: bool) -> Node {
+        Node {
+            id,
+            tags: vec![tag.to_string()],
+            online,
+            ..Node::default()
+        }
+    }
+
+    fn now() -> Timestamp {
+        "2026-01-01T00:00:00Z".parse().expect("time")
+    }
+
+    #[test]
+    fn orphaned_keys_are_the_valid_unheld_ones_of_the_tag() {
+        let now = now();
+        let key = |id, tag: &str, used, minutes: i64| PreAuthKey {
+            id,
+            used,
+            acl_tags: vec![tag.to_string()],
+            expiration: Some(now + SignedDuration::from_mins(minutes)),
+            ..PreAuthKey::default()
+        };
+        let keys = vec![
+            key(1, "tag:a", false, 60), // orphan
+            key(2, "tag:a", true, 60),  // used
+            key(3, "tag:a", false, -1), // expired
+            key(4, "tag:b", false, 60), // another agent's
+            key(5, "tag:a", false, 30), // held by the Secret
+        ];
+        assert_eq!(orphaned_keys(&keys, "tag:a", Some(5), now), vec![1]);
+        assert_eq!(orphaned_keys(&keys, "tag:a", None, now), vec![1, 5]);
+    }
+
+    #[test]
+    fn prefers_online_then_newest_node() {
+        let nodes = vec![node(1, "tag:a", true), node(2, "tag:a", false), node(3, "tag:b", true)];
+        assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(1));
+        let nodes = vec![node(1, "tag:a", false), node(2, "tag:a", false)];
+        assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(2));
+        assert!(find_node(&nodes, "tag:c").is_none());
+    }
+
+    #[test]
+    fn key_decisions() {
+        let now = now();
+        let valid = AuthSecret::Present {
+            key_id: Some(7),
+            expires: Some(now + SignedDuration::from_mins(30)),
+        };
+        let nearly_expired = AuthSecret::Present {
+            key_id: Some(7),
+            expires: Some(now + SignedDuration::from_mins(1)),
+        };
+        let minted = now + PRE_AUTH_KEY_LIFETIME;
+        let table = [
+            // (node exists, deployable, secret) → action
+            (true, true, AuthSecret::RemovedByUs, KeyAction::Keep),
+            (true, false, AuthSecret::Absent, KeyAction::Retire { key_id: None, delete_secret: false }),
+            (true, true, valid.clone(), KeyAction::Retire { key_id: Some(7), delete_secret: true }),
+            (false, false, AuthSecret::Absent, KeyAction::Keep),
+            (false, true, valid.clone(), KeyAction::Keep),
+            (false, true, nearly_expired, KeyAction::Mint { held: Some(7), expires: minted }),
+            (false, true, AuthSecret::Absent, KeyAction::Mint { held: None, expires: minted }),
+            (false, true, AuthSecret::RemovedByUs, KeyAction::Mint { held: None, expires: minted }),
+        ];
+        for (node_exists, deployable, secret, expected) in table {
+            let (action, _) = decide_key(node_exists, deployable, &secret, now);
+            assert_eq!(action, expected, "node {node_exists}, deployable {deployable}, {secret:?}");
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! An agent's end: the finalizer both agent kinds carry, and the deletion it guards (stop
+//! the agent, forget its identity in Headscale).
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use tailnet_api::Tailnet;
+use tailnet_api::naming::AgentKind;
+use tailnet_render::meta::Owner;
+
+use super::access::tailnet_access;
+use super::agent_report::agent_pod_selector;
+use super::context::Context;
+use super::error::ReconcileError;
+use super::identity::forget_identity;
+use super::publish::event;
+
+/// Finalizer that removes the agent's Headscale node and keys before the object goes.
+pub const FINALIZER: &str = "tailnet-operator.dev/cleanup";
+/// How long deletion waits for the agent's pods to stop (it drains for up to its grace
+/// period).
+const STOP_TIMEOUT: Duration = Duration::from_secs(45);
+/// A registration already in flight when the keys were expired can land this much later.
+const SECOND_PASS_DELAY: Duration = Duration::from_secs(3);
+
+/// Scales the agent's Deployment to zero and waits until its pods are gone. A missing
+/// Deployment is already stopped.
+async fn stop_agent(ctx: &Context, owner: &Owner) -> Result<(), ReconcileError> {
+    let name = owner.names().base.clone();
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    // A merge patch, not server-side apply: an apply with only `replicas` would drop every
+    // other field this manager owns.
+    let scale = serde_json::json!({"spec": {"replicas": 0}});
+    match deployments
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&scale))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(e) => {
+            return Err(ReconcileError::kube(format!(
+                "scale Deployment {name} to 0"
+            ))(e));
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let selector = agent_pod_selector(owner);
+    let deadline = tokio::time::Instant::now() + STOP_TIMEOUT;
+    loop {
+        let left = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(ReconcileError::kube(format!("list pods of {name}")))?;
+        if left.items.is_empty() || tokio::time::Instant::now() > deadline {
+            if !left.items.is_empty() {
+                tracing::warn!(agent = %name, pods = left.items.len(), "agent pods still terminating; forgetting the identity anyway");
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Deletion of an egress/ingress: its Headscale node(s) go and unexpired keys of its tag are
+/// expired; owned objects go by GC; the Tailnet controller drops grants and DNS entries once
+/// the object is gone. Headscale unusable ⇒ the finalizer stays (an orphaned tagged node
+/// would keep its identity) and the cleanup is retried with backoff.
+pub async fn cleanup<K>(
+    ctx: &Context,
+    object: &K,
+    kind: AgentKind,
+    tailnet_name: &str,
+    tag_of: impl FnOnce(&Tailnet) -> String,
+) -> Result<Action, ReconcileError>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let access = match tailnet_access(ctx, tailnet_name).await {
+        Ok(access) => access,
+        Err(problem) => {
+            tracing::warn!(object = %object.meta().name.clone().unwrap_or_default(), reason = problem.reason, message = %problem.message, "Tailnet gone: nothing to clean up in Headscale");
+            return Ok(Action::await_change());
+        }
+    };
+    let tag = tag_of(&access.tailnet);
+    let headscale = match &access.headscale {
+        Ok(headscale) => headscale,
+        Err(problem) => {
+            return Err(ReconcileError::HeadscaleUnusable {
+                action: format!("clean up node {tag}"),
+                reason: problem.reason,
+                message: problem.message.clone(),
+            });
+        }
+    };
+    // Stop the agent first: a pod that is still running (or still starting) can register a
+    // node after its identity was forgotten and leave it behind (seen in the egress e2e
+    // test). Garbage collection would only stop it after the finalizer is gone: too late.
+    let owner = Owner::from_meta(kind, object.meta(), &access.tailnet.name_any())?;
+    stop_agent(ctx, &owner).await?;
+    forget_identity(headscale, &tag).await?;
+    tokio::time::sleep(SECOND_PASS_DELAY).await;
+    forget_identity(headscale, &tag).await?;
+    ctx.nodes.invalidate(headscale.server());
+    ctx.pre_auth_keys.invalidate(headscale.server());
+    // Garbage collection removes the children; a new resource of the same name must not be
+    // taken for them.
+    ctx.applied
+        .forget_prefixed(&owner.namespace, &owner.names().base);
+    event(
+        ctx,
+        object,
+        EventType::Normal,
+        "Cleaned",
+        "Reconcile",
+        format!("deleted the Headscale node(s) and expired the keys of {tag}"),
+    )
+    .await;
+    Ok(Action::await_change())
+}
