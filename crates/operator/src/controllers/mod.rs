@@ -24,6 +24,8 @@ pub mod instrument;
 pub mod kube_io;
 pub mod lifecycle;
 pub mod publish;
+#[cfg(test)]
+pub mod reason_coverage;
 pub mod shared_list;
 pub mod status;
 pub mod tailnet;
