@@ -161,13 +161,19 @@ mod tests {
         );
         let list = set.finish(&[types::AGENT_READY], &[types::TARGETS_REACHABLE]);
         let ready = conditions::find(&list, types::READY).expect("ready");
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "Timeout"));
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "Timeout")
+        );
     }
 
     #[test]
     fn removed_conditions_are_gone() {
         let mut set = ConditionSet::new(&[], None, at(1));
-        set.fail(types::SPEC_VALID, Problem::new(reasons::INVALID_SPEC, "bad"));
+        set.fail(
+            types::SPEC_VALID,
+            Problem::new(reasons::INVALID_SPEC, "bad"),
+        );
         set.remove(types::SPEC_VALID);
         assert!(set.get(types::SPEC_VALID).is_none());
     }

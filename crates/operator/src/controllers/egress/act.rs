@@ -69,7 +69,10 @@ pub async fn act(
             EventType::Normal,
             "PreAuthKeyMinted",
             "Reconcile",
-            format!("minted a single-use pre-auth key for {}, valid until {expires}", plan.tag),
+            format!(
+                "minted a single-use pre-auth key for {}, valid until {expires}",
+                plan.tag
+            ),
         )
         .await;
     }

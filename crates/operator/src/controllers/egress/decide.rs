@@ -181,7 +181,10 @@ pub fn decide(
         .cloned();
     let (key, key_state) = match &observed.nodes {
         Ok(_) => decide_key(node.is_some(), true, &observed.auth_secret, now),
-        Err(_) => (KeyAction::Keep, super::super::identity::KeyState::NodeExists),
+        Err(_) => (
+            KeyAction::Keep,
+            super::super::identity::KeyState::NodeExists,
+        ),
     };
     shared::node_online(&mut c, &observed.nodes, node.as_ref(), &key_state);
     if let Some(n) = &node {
@@ -191,8 +194,18 @@ pub fn decide(
     shared::agent_ready(&mut c, observed.deployment.as_ref());
 
     // Routes per IP target; DNS-name targets must be granted by the base.
-    status.targets = target_status(egress, &objects, observed, &tailnet.spec.policy.route_approvers);
-    routes_ready(&mut c, &status.targets, &observed.nodes, egress.spec.targets.len());
+    status.targets = target_status(
+        egress,
+        &objects,
+        observed,
+        &tailnet.spec.policy.route_approvers,
+    );
+    routes_ready(
+        &mut c,
+        &status.targets,
+        &observed.nodes,
+        egress.spec.targets.len(),
+    );
 
     // Grants: effective only when live in Headscale.
     shared::policy_effective(
@@ -256,7 +269,11 @@ fn services_ready(
     conflicts: &BTreeMap<String, String>,
 ) {
     if conflicts.is_empty() {
-        c.ok(types::SERVICES_READY, reasons::READY, format!("{applied} Services"));
+        c.ok(
+            types::SERVICES_READY,
+            reasons::READY,
+            format!("{applied} Services"),
+        );
         return;
     }
     let list: Vec<String> = conflicts
@@ -328,7 +345,12 @@ fn target_status(
 }
 
 /// `RoutesReady` from the per-target route states.
-fn routes_ready(c: &mut ConditionSet, targets: &[EgressTargetStatus], nodes: &NodeList, count: usize) {
+fn routes_ready(
+    c: &mut ConditionSet,
+    targets: &[EgressTargetStatus],
+    nodes: &NodeList,
+    count: usize,
+) {
     let route_states = [reasons::ROUTE_NOT_ADVERTISED, reasons::ROUTE_NOT_APPROVED];
     let problems: Vec<(&str, String)> = targets
         .iter()
@@ -336,7 +358,10 @@ fn routes_ready(c: &mut ConditionSet, targets: &[EgressTargetStatus], nodes: &No
             let state = route_states
                 .into_iter()
                 .find(|s| t.state.as_deref() == Some(*s))?;
-            Some((state, format!("{}: {}", t.name, t.message.clone().unwrap_or_default())))
+            Some((
+                state,
+                format!("{}: {}", t.name, t.message.clone().unwrap_or_default()),
+            ))
         })
         .collect();
     let dns_targets: Vec<&str> = targets

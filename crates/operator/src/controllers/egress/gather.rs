@@ -40,7 +40,10 @@ pub struct EgressObservation {
     pub report: Option<StatusReport>,
 }
 
-pub async fn gather(ctx: &Context, egress: &TailnetEgress) -> Result<EgressObservation, ReconcileError> {
+pub async fn gather(
+    ctx: &Context,
+    egress: &TailnetEgress,
+) -> Result<EgressObservation, ReconcileError> {
     let namespace = egress.namespace().unwrap_or_default();
     let access = tailnet_access(ctx, &egress.spec.tailnet_ref.name).await;
     let Ok(tailnet_access) = &access else {

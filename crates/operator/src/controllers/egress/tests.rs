@@ -1,1 +1,492 @@
+//! The egress decision table: `decide` driven through every reason it can produce, with
+//! hand-made observations (no environment).
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use tailnet_api::TailnetEgress;
+use tailnet_api::agent_status::ProbeState;
+use tailnet_api::conditions::{reasons, types};
+use tailnet_api::egress::TailnetEgressStatus;
+use tailnet_headscale::Node;
+
+use super::super::identity::{AuthSecret, KeyAction};
+use super::super::reason_coverage::assert_every_reason_has_a_case;
+use super::super::status::Problem;
+use super::super::test_fixtures::{self as fx, OPERATOR_NAMESPACE};
+use super::decide::{self, EgressDecision};
+use super::gather::EgressObservation;
+
+const RESOURCE: &str = "TailnetEgress/tailnet-system/team-a";
+const TAG: &str = "tag:tno-egress-team-a";
+
+fn egress(targets: serde_json::Value) -> TailnetEgress {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1",
+        "kind": "TailnetEgress",
+        "metadata": {"name": "team-a", "namespace": OPERATOR_NAMESPACE, "uid": "egress-uid", "generation": 3},
+        "spec": {
+            "tailnetRef": {"name": "demo"},
+            "consumerNamespaces": ["team-a"],
+            "targets": targets
+        }
+    }))
+    .expect("egress fixture")
+}
+
+fn ip_egress() -> TailnetEgress {
+    egress(serde_json::json!([{"name": "remote-db", "address": "192.0.2.10", "port": 5432}]))
+}
+
+fn agent_node(online: bool) -> Node {
+    fx::node(
+        7,
+        "tailnet-egress-team-a",
+        TAG,
+        online,
+        &["100.64.0.7", "fd7a:115c:a1e0::7"],
+    )
+}
+
+/// Everything in order: approved route, node online, agent ready, grants live, reachable.
+fn healthy() -> EgressObservation {
+    let tailnet = fx::tailnet(&[RESOURCE]);
+    EgressObservation {
+        access: Ok(fx::access(tailnet)),
+        foreign_services: BTreeMap::new(),
+        own_services: BTreeMap::new(),
+        nodes: Ok(Arc::new(vec![
+            fx::router(&["192.0.2.0/24"], &["192.0.2.0/24"]),
+            agent_node(true),
+        ])),
+        auth_secret: AuthSecret::RemovedByUs,
+        deployment: Some(fx::deployment(1)),
+        report: Some(fx::report(
+            vec![fx::probe(
+                "remote-db",
+                "192.0.2.10:5432",
+                ProbeState::Reachable,
+            )],
+            vec![],
+        )),
+    }
+}
+
+fn run(egress: &TailnetEgress, observed: &EgressObservation) -> EgressDecision {
+    decide::decide(egress, observed, &fx::config(), fx::now()).expect("decide")
+}
+
+/// A case: its name, the decision's status, and the expected (type, status, reason) checks.
+struct Case {
+    name: &'static str,
+    status: TailnetEgressStatus,
+    expect: Vec<(&'static str, &'static str, &'static str)>,
+}
+
+fn case(
+    name: &'static str,
+    egress: &TailnetEgress,
+    observed: EgressObservation,
+    expect: Vec<(&'static str, &'static str, &'static str)>,
+) -> Case {
+    Case {
+        name,
+        status: run(egress, &observed).status,
+        expect,
+    }
+}
+
+fn with(change: impl FnOnce(&mut EgressObservation)) -> EgressObservation {
+    let mut observed = healthy();
+    change(&mut observed);
+    observed
+}
+
+fn tailnet_with(tailnet: tailnet_api::Tailnet) -> EgressObservation {
+    with(|o| o.access = Ok(fx::access(tailnet)))
+}
+
+fn cases() -> Vec<Case> {
+    let ip = ip_egress();
+    let dns_only = egress(
+        serde_json::json!([{"name": "wiki", "address": "wiki.site.example.net", "port": 443}]),
+    );
+    let mut v = vec![
+        case(
+            "healthy",
+            &ip,
+            healthy(),
+            vec![
+                (types::READY, "True", reasons::READY),
+                (types::ROUTES_READY, "True", reasons::READY),
+                (types::NODE_ONLINE, "True", reasons::ONLINE),
+                (types::TARGETS_REACHABLE, "True", reasons::REACHABLE),
+            ],
+        ),
+        case(
+            "tailnet missing",
+            &ip,
+            with(|o| o.access = Err(Problem::new(reasons::TAILNET_NOT_FOUND, "gone"))),
+            vec![(types::READY, "False", reasons::TAILNET_NOT_FOUND)],
+        ),
+        case(
+            "tailnet unreadable",
+            &ip,
+            with(|o| o.access = Err(Problem::new(reasons::TAILNET_UNREADABLE, "403"))),
+            vec![(types::TAILNET_READY, "False", reasons::TAILNET_UNREADABLE)],
+        ),
+        case(
+            "headscale unusable",
+            &ip,
+            with(|o| {
+                let mut access = fx::access(fx::tailnet(&[]));
+                access.headscale = Err(Problem::new(reasons::SECRET_MISSING, "no key"));
+                o.access = Ok(access);
+                o.nodes = Err(super::super::agent_conditions::nodes_unobservable());
+            }),
+            vec![
+                (types::READY, "False", reasons::SECRET_MISSING),
+                (
+                    types::NODE_ONLINE,
+                    "Unknown",
+                    reasons::HEADSCALE_UNREACHABLE,
+                ),
+                (
+                    types::ROUTES_READY,
+                    "Unknown",
+                    reasons::HEADSCALE_UNREACHABLE,
+                ),
+            ],
+        ),
+        case(
+            "node list fails",
+            &ip,
+            with(|o| {
+                o.nodes = Err(Problem::new(
+                    reasons::headscale::TIMEOUT,
+                    "listing Headscale nodes failed",
+                ))
+            }),
+            vec![
+                (types::NODE_ONLINE, "Unknown", reasons::headscale::TIMEOUT),
+                (types::ROUTES_READY, "Unknown", reasons::headscale::TIMEOUT),
+            ],
+        ),
+        case(
+            "service name held by someone else",
+            &ip,
+            with(|o| {
+                o.foreign_services
+                    .insert("remote-db".into(), "no controller (created by hand)".into());
+            }),
+            vec![(types::READY, "False", reasons::SERVICE_NAME_CONFLICT)],
+        ),
+        case(
+            "node offline",
+            &ip,
+            with(|o| {
+                o.nodes = Ok(Arc::new(vec![
+                    fx::router(&["192.0.2.0/24"], &["192.0.2.0/24"]),
+                    agent_node(false),
+                ]))
+            }),
+            vec![(types::NODE_ONLINE, "False", reasons::NODE_OFFLINE)],
+        ),
+        case(
+            "node not registered",
+            &ip,
+            with(|o| {
+                o.nodes = Ok(Arc::new(vec![fx::router(
+                    &["192.0.2.0/24"],
+                    &["192.0.2.0/24"],
+                )]));
+                o.auth_secret = AuthSecret::Absent;
+            }),
+            vec![(types::NODE_ONLINE, "False", reasons::NODE_NOT_REGISTERED)],
+        ),
+        case(
+            "agent not ready",
+            &ip,
+            with(|o| o.deployment = Some(fx::deployment(0))),
+            vec![(types::READY, "False", reasons::AGENT_NOT_READY)],
+        ),
+        case(
+            "no deployment yet",
+            &ip,
+            with(|o| o.deployment = None),
+            vec![(types::AGENT_READY, "False", reasons::AGENT_NOT_READY)],
+        ),
+        case(
+            "route not approved",
+            &ip,
+            with(|o| {
+                o.nodes = Ok(Arc::new(vec![
+                    fx::router(&["192.0.2.0/24"], &[]),
+                    agent_node(true),
+                ]))
+            }),
+            vec![(types::ROUTES_READY, "False", reasons::ROUTE_NOT_APPROVED)],
+        ),
+        case(
+            "route not advertised",
+            &ip,
+            with(|o| {
+                o.nodes = Ok(Arc::new(vec![
+                    fx::router(&["198.51.100.0/24"], &["198.51.100.0/24"]),
+                    agent_node(true),
+                ]))
+            }),
+            vec![(types::READY, "False", reasons::ROUTE_NOT_ADVERTISED)],
+        ),
+        case(
+            "dns targets need no route",
+            &dns_only,
+            with(|o| {
+                o.report = Some(fx::report(
+                    vec![fx::probe(
+                        "wiki",
+                        "wiki.site.example.net:443",
+                        ProbeState::Reachable,
+                    )],
+                    vec![],
+                ))
+            }),
+            vec![
+                (types::ROUTES_READY, "True", reasons::NOT_APPLICABLE),
+                (types::READY, "True", reasons::READY),
+            ],
+        ),
+        case(
+            "grants not live yet",
+            &ip,
+            tailnet_with(fx::tailnet(&[])),
+            vec![(types::POLICY_EFFECTIVE, "False", reasons::NOT_EFFECTIVE)],
+        ),
+        case(
+            "agent report unreadable",
+            &ip,
+            with(|o| o.report = None),
+            vec![
+                (types::TARGETS_REACHABLE, "Unknown", reasons::NOT_OBSERVED),
+                (types::READY, "True", reasons::READY),
+            ],
+        ),
+        case(
+            "not probed yet",
+            &ip,
+            with(|o| {
+                o.report = Some(fx::report(
+                    vec![fx::probe(
+                        "remote-db",
+                        "192.0.2.10:5432",
+                        ProbeState::Unknown,
+                    )],
+                    vec![],
+                ))
+            }),
+            vec![(types::TARGETS_REACHABLE, "Unknown", reasons::NOT_PROBED_YET)],
+        ),
+    ];
+    let mut dry_run = fx::tailnet(&[]);
+    dry_run.spec.policy.mode = tailnet_api::tailnet::PolicyMode::DryRun;
+    v.push(case(
+        "tailnet in DryRun",
+        &ip,
+        tailnet_with(dry_run),
+        vec![(types::POLICY_EFFECTIVE, "False", reasons::DRY_RUN)],
+    ));
+    for reason in [
+        reasons::REJECTED,
+        reasons::OWNED_ELSEWHERE,
+        reasons::BASE_INVALID,
+        reasons::HEADSCALE_UNREACHABLE,
+    ] {
+        v.push(Case {
+            name: "tailnet policy not applied",
+            status: run(
+                &ip,
+                &tailnet_with(fx::with_policy_applied_false(fx::tailnet(&[]), reason)),
+            )
+            .status,
+            expect: vec![(types::POLICY_EFFECTIVE, "False", reason)],
+        });
+    }
+    for (state, reason) in [
+        (ProbeState::NoRoute, reasons::NO_ROUTE),
+        (ProbeState::Refused, reasons::REFUSED),
+        (ProbeState::Timeout, reasons::TIMEOUT),
+        (ProbeState::Error, reasons::PROBE_ERROR),
+    ] {
+        v.push(Case {
+            name: "probe fails",
+            status: run(
+                &ip,
+                &with(|o| {
+                    o.report = Some(fx::report(
+                        vec![fx::probe("remote-db", "192.0.2.10:5432", state)],
+                        vec![],
+                    ))
+                }),
+            )
+            .status,
+            expect: vec![
+                (types::TARGETS_REACHABLE, "False", reason),
+                (types::READY, "False", reason),
+            ],
+        });
+    }
+    v
+}
+
+/// The reasons a status shows: its conditions' and its targets' states.
+fn reasons_of(status: &TailnetEgressStatus) -> impl Iterator<Item = String> + '_ {
+    status
+        .conditions
+        .iter()
+        .map(|c| c.reason.clone())
+        .chain(status.targets.iter().filter_map(|t| t.state.clone()))
+}
+
+#[test]
+fn decision_table() {
+    let mut seen = BTreeSet::new();
+    for case in cases() {
+        for (type_, status, reason) in &case.expect {
+            assert_eq!(
+                fx::condition(&case.status.conditions, type_),
+                (*status, *reason),
+                "case {:?}: {type_}",
+                case.name
+            );
+        }
+        seen.extend(reasons_of(&case.status));
+    }
+    // The decisions made before the observation: wrong namespace, invalid spec.
+    let mut elsewhere = ip_egress();
+    elsewhere.metadata.namespace = Some("team-a".into());
+    let status =
+        decide::wrong_namespace(&elsewhere, OPERATOR_NAMESPACE, fx::now()).expect("refused");
+    assert_eq!(
+        fx::condition(&status.conditions, types::READY),
+        ("False", reasons::WRONG_NAMESPACE)
+    );
+    seen.extend(reasons_of(&status));
+    assert!(decide::wrong_namespace(&ip_egress(), OPERATOR_NAMESPACE, fx::now()).is_none());
+    let invalid =
+        egress(serde_json::json!([{"name": "Bad_Name", "address": "192.0.2.10", "port": 0}]));
+    let refused = decide::refuse_invalid(&invalid, fx::now()).expect("invalid");
+    assert_eq!(
+        fx::condition(&refused.status.conditions, types::SPEC_VALID),
+        ("False", reasons::INVALID_SPEC)
+    );
+    assert!(refused.agent.is_none(), "an invalid spec applies nothing");
+    seen.extend(reasons_of(&refused.status));
+    assert!(decide::refuse_invalid(&ip_egress(), fx::now()).is_none());
+    assert_every_reason_has_a_case(
+        &seen,
+        &[
+            include_str!("decide.rs"),
+            include_str!("../agent_conditions.rs"),
+        ],
+    );
+}
+
+#[test]
+fn ready_names_the_first_missing_precondition_in_dependency_order() {
+    // Node offline and the route unapproved and grants not live: NodeOnline comes first.
+    let observed = with(|o| {
+        o.nodes = Ok(Arc::new(vec![
+            fx::router(&["192.0.2.0/24"], &[]),
+            agent_node(false),
+        ]));
+        o.access = Ok(fx::access(fx::tailnet(&[])));
+    });
+    let status = run(&ip_egress(), &observed).status;
+    assert_eq!(
+        fx::condition(&status.conditions, types::READY),
+        ("False", reasons::NODE_OFFLINE)
+    );
+    // Services conflict beats everything after it.
+    let observed = with(|o| {
+        o.foreign_services
+            .insert("remote-db".into(), "TailnetEgress other".into());
+        o.deployment = None;
+    });
+    let status = run(&ip_egress(), &observed).status;
+    assert_eq!(
+        fx::condition(&status.conditions, types::READY),
+        ("False", reasons::SERVICE_NAME_CONFLICT)
+    );
+}
+
+#[test]
+fn what_is_applied_and_minted() {
+    // Healthy: the Service is applied, no key action (the Secret was removed by us).
+    let decision = run(&ip_egress(), &healthy());
+    let plan = decision.agent.expect("plan");
+    assert_eq!(plan.services.len(), 1);
+    assert_eq!(plan.key, KeyAction::Keep);
+    assert_eq!(plan.tag, TAG);
+    // A conflicting Service name is not applied; a removed target's Service is deleted.
+    let mut observed = with(|o| {
+        o.foreign_services
+            .insert("remote-db".into(), "no controller (created by hand)".into());
+        o.own_services
+            .insert("old-target".into(), Default::default());
+    });
+    let plan = run(&ip_egress(), &observed).agent.expect("plan");
+    assert!(plan.services.is_empty());
+    assert_eq!(plan.delete_services, vec!["old-target".to_string()]);
+    // No node, no key: mint one valid for the key lifetime.
+    observed = with(|o| {
+        o.nodes = Ok(Arc::new(vec![]));
+        o.auth_secret = AuthSecret::Absent;
+    });
+    let plan = run(&ip_egress(), &observed).agent.expect("plan");
+    assert!(
+        matches!(plan.key, KeyAction::Mint { held: None, .. }),
+        "{:?}",
+        plan.key
+    );
+    // Headscale unreadable: no key action at all (the node may well exist).
+    observed = with(|o| {
+        o.nodes = Err(Problem::new(reasons::headscale::TIMEOUT, "timeout"));
+        o.auth_secret = AuthSecret::Absent;
+    });
+    assert_eq!(
+        run(&ip_egress(), &observed).agent.expect("plan").key,
+        KeyAction::Keep
+    );
+    // The Tailnet missing: nothing is applied.
+    observed = with(|o| o.access = Err(Problem::new(reasons::TAILNET_NOT_FOUND, "gone")));
+    assert!(run(&ip_egress(), &observed).agent.is_none());
+}
+
+#[test]
+fn route_states() {
+    let ip = "192.0.2.10".parse().expect("ip");
+    let approvers = vec!["tag:router".to_string()];
+    let approved = fx::router(&["192.0.2.0/24", "0.0.0.0/0"], &["192.0.2.0/24"]);
+    assert_eq!(
+        decide::route_state(&ip, &approvers, &[approved.clone()]).state,
+        reasons::READY
+    );
+    let unapproved = fx::router(&["192.0.2.0/24"], &[]);
+    assert_eq!(
+        decide::route_state(&ip, &approvers, &[unapproved]).state,
+        reasons::ROUTE_NOT_APPROVED
+    );
+    let other = "198.51.100.20".parse().expect("ip");
+    let state = decide::route_state(&other, &approvers, &[approved.clone()]);
+    assert_eq!(
+        (state.route, state.state),
+        (None, reasons::ROUTE_NOT_ADVERTISED)
+    );
+    // A non-approver advertising the route does not count; neither does an exit route.
+    let mut stranger = approved;
+    stranger.tags = vec!["tag:laptop".into()];
+    assert_eq!(
+        decide::route_state(&ip, &approvers, &[stranger]).state,
+        reasons::ROUTE_NOT_ADVERTISED
+    );
+}
