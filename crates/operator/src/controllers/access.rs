@@ -22,8 +22,7 @@ pub struct TailnetAccess {
 /// Looks up the Tailnet and builds its Headscale client. `Err`: why `TailnetReady` is False.
 pub async fn tailnet_access(ctx: &Context, name: &str) -> Result<TailnetAccess, Problem> {
     let api: Api<Tailnet> = Api::all(ctx.client.clone());
-    let tailnet = match from_cache_or_get(&ctx.caches.tailnets, &api, &ObjectRef::new(name)).await
-    {
+    let tailnet = match from_cache_or_get(&ctx.caches.tailnets, &api, &ObjectRef::new(name)).await {
         Ok(Some(t)) => t,
         Ok(None) => {
             return Err(Problem::new(

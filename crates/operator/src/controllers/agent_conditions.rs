@@ -38,7 +38,10 @@ pub fn tailnet_ready(c: &mut ConditionSet, access: &TailnetAccess) {
         ),
         Err(problem) => c.fail(
             types::TAILNET_READY,
-            Problem::new(problem.reason, format!("Tailnet {name}: {}", problem.message)),
+            Problem::new(
+                problem.reason,
+                format!("Tailnet {name}: {}", problem.message),
+            ),
         ),
     }
 }
@@ -94,7 +97,10 @@ pub fn agent_ready(c: &mut ConditionSet, deployment: Option<&Deployment>) {
     let Some(d) = deployment else {
         c.fail(
             types::AGENT_READY,
-            Problem::new(reasons::AGENT_NOT_READY, "the agent Deployment does not exist yet"),
+            Problem::new(
+                reasons::AGENT_NOT_READY,
+                "the agent Deployment does not exist yet",
+            ),
         );
         return;
     };
@@ -114,7 +120,10 @@ pub fn agent_ready(c: &mut ConditionSet, deployment: Option<&Deployment>) {
             "waiting for the agent pod to become ready (see its tailscale and tailnet-agent containers)"
                 .to_string()
         });
-    c.fail(types::AGENT_READY, Problem::new(reasons::AGENT_NOT_READY, why));
+    c.fail(
+        types::AGENT_READY,
+        Problem::new(reasons::AGENT_NOT_READY, why),
+    );
 }
 
 /// Reasons of the Tailnet's `PolicyApplied` that are passed on to `PolicyEffective`.
@@ -195,9 +204,15 @@ pub fn reachability(
             let list: Vec<String> = failing
                 .iter()
                 .map(|p| {
-                    format!("{} ({}): {} {}", p.name, p.address, p.state.label(), p.message)
-                        .trim()
-                        .to_string()
+                    format!(
+                        "{} ({}): {} {}",
+                        p.name,
+                        p.address,
+                        p.state.label(),
+                        p.message
+                    )
+                    .trim()
+                    .to_string()
                 })
                 .collect();
             c.fail(type_, Problem::new(first.state.label(), list.join("; ")));
@@ -239,29 +254,47 @@ mod tests {
         reachability(
             &mut c,
             types::TARGETS_REACHABLE,
-            Some(&[probe("db", ProbeState::Reachable), probe("api", ProbeState::NoRoute)]),
+            Some(&[
+                probe("db", ProbeState::Reachable),
+                probe("api", ProbeState::NoRoute),
+            ]),
         );
         let cond = c.get(types::TARGETS_REACHABLE).expect("condition");
-        assert_eq!((cond.status.as_str(), cond.reason.as_str()), ("False", "NoRoute"));
+        assert_eq!(
+            (cond.status.as_str(), cond.reason.as_str()),
+            ("False", "NoRoute")
+        );
         assert!(cond.message.starts_with("api (192.0.2.10:5432): NoRoute"));
         let mut c = set();
         reachability(&mut c, types::TARGETS_REACHABLE, None);
-        assert_eq!(c.get(types::TARGETS_REACHABLE).map(|x| x.status.as_str()), Some("Unknown"));
+        assert_eq!(
+            c.get(types::TARGETS_REACHABLE).map(|x| x.status.as_str()),
+            Some("Unknown")
+        );
     }
 
     #[test]
     fn deployment_without_status_is_not_ready() {
         let mut c = set();
         agent_ready(&mut c, None);
-        assert_eq!(c.get(types::AGENT_READY).map(|x| x.status.as_str()), Some("False"));
+        assert_eq!(
+            c.get(types::AGENT_READY).map(|x| x.status.as_str()),
+            Some("False")
+        );
         agent_ready(&mut c, Some(&Deployment::default()));
-        assert_eq!(c.get(types::AGENT_READY).map(|x| x.reason.as_str()), Some(reasons::AGENT_NOT_READY));
+        assert_eq!(
+            c.get(types::AGENT_READY).map(|x| x.reason.as_str()),
+            Some(reasons::AGENT_NOT_READY)
+        );
     }
 
     #[test]
     fn unknown_tailnet_reasons_are_not_passed_on() {
         assert_eq!(passed_on_reason("Rejected"), Some(reasons::REJECTED));
-        assert_eq!(passed_on_reason("Timeout"), Some(reasons::headscale::TIMEOUT));
+        assert_eq!(
+            passed_on_reason("Timeout"),
+            Some(reasons::headscale::TIMEOUT)
+        );
         assert_eq!(passed_on_reason("SomethingNew"), None);
     }
 }

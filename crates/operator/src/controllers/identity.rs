@@ -114,7 +114,10 @@ pub fn decide_key(
         AuthSecret::Absent | AuthSecret::RemovedByUs => None,
     };
     let expires = now + PRE_AUTH_KEY_LIFETIME;
-    (KeyAction::Mint { held, expires }, KeyState::Waiting { expires })
+    (
+        KeyAction::Mint { held, expires },
+        KeyState::Waiting { expires },
+    )
 }
 
 fn auth_child(owner: &Owner) -> ChildRef {
@@ -127,8 +130,15 @@ fn auth_child(owner: &Owner) -> ChildRef {
 
 /// Reads the agent's auth Secret, unless this process removed it recently (nothing to read
 /// on every poll; checked again after the re-apply interval).
-pub async fn gather_auth_secret(ctx: &Context, owner: &Owner) -> Result<AuthSecret, ReconcileError> {
-    if ctx.applied.decide(&auth_child(owner), &ABSENT, Live::Unwatched) == Decision::Unchanged {
+pub async fn gather_auth_secret(
+    ctx: &Context,
+    owner: &Owner,
+) -> Result<AuthSecret, ReconcileError> {
+    if ctx
+        .applied
+        .decide(&auth_child(owner), &ABSENT, Live::Unwatched)
+        == Decision::Unchanged
+    {
         return Ok(AuthSecret::RemovedByUs);
     }
     let name = owner.names().auth_secret;
@@ -223,7 +233,9 @@ pub async fn act_on_key(
                     *expires,
                 ))
                 .await
-                .map_err(ReconcileError::headscale(format!("mint pre-auth key for {tag}")))?;
+                .map_err(ReconcileError::headscale(format!(
+                    "mint pre-auth key for {tag}"
+                )))?;
             let mut secret = tailnet_render::pod::auth_secret(owner, key.key.expose());
             secret.metadata.annotations = Some(BTreeMap::from([
                 (KEY_ID_ANNOTATION.to_string(), key.id.to_string()),
@@ -241,7 +253,12 @@ pub async fn act_on_key(
 
 /// Keys of `tag` that could still register a node (unused, unexpired) other than `held`,
 /// the one in the agent's auth Secret.
-pub fn orphaned_keys(keys: &[PreAuthKey], tag: &str, held: Option<u64>, now: Timestamp) -> Vec<u64> {
+pub fn orphaned_keys(
+    keys: &[PreAuthKey],
+    tag: &str,
+    held: Option<u64>,
+    now: Timestamp,
+) -> Vec<u64> {
     keys.iter()
         .filter(|k| k.acl_tags.iter().any(|t| t == tag))
         .filter(|k| !k.used && k.expiration.is_some_and(|e| e > now))
@@ -267,7 +284,10 @@ pub async fn forget_identity(headscale: &HeadscaleClient, tag: &str) -> Result<(
         headscale
             .expire_pre_auth_key(key.id)
             .await
-            .map_err(ReconcileError::headscale(format!("expire pre-auth key {}", key.id)))?;
+            .map_err(ReconcileError::headscale(format!(
+                "expire pre-auth key {}",
+                key.id
+            )))?;
     }
     let nodes = headscale
         .list_nodes()
@@ -277,7 +297,10 @@ pub async fn forget_identity(headscale: &HeadscaleClient, tag: &str) -> Result<(
         headscale
             .delete_node(node.id)
             .await
-            .map_err(ReconcileError::headscale(format!("delete node {}", node.id)))?;
+            .map_err(ReconcileError::headscale(format!(
+                "delete node {}",
+                node.id
+            )))?;
     }
     Ok(())
 }
@@ -322,7 +345,11 @@ mod tests {
 
     #[test]
     fn prefers_online_then_newest_node() {
-        let nodes = vec![node(1, "tag:a", true), node(2, "tag:a", false), node(3, "tag:b", true)];
+        let nodes = vec![
+            node(1, "tag:a", true),
+            node(2, "tag:a", false),
+            node(3, "tag:b", true),
+        ];
         assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(1));
         let nodes = vec![node(1, "tag:a", false), node(2, "tag:a", false)];
         assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(2));
@@ -344,17 +371,60 @@ mod tests {
         let table = [
             // (node exists, deployable, secret) → action
             (true, true, AuthSecret::RemovedByUs, KeyAction::Keep),
-            (true, false, AuthSecret::Absent, KeyAction::Retire { key_id: None, delete_secret: false }),
-            (true, true, valid.clone(), KeyAction::Retire { key_id: Some(7), delete_secret: true }),
+            (
+                true,
+                false,
+                AuthSecret::Absent,
+                KeyAction::Retire {
+                    key_id: None,
+                    delete_secret: false,
+                },
+            ),
+            (
+                true,
+                true,
+                valid.clone(),
+                KeyAction::Retire {
+                    key_id: Some(7),
+                    delete_secret: true,
+                },
+            ),
             (false, false, AuthSecret::Absent, KeyAction::Keep),
             (false, true, valid.clone(), KeyAction::Keep),
-            (false, true, nearly_expired, KeyAction::Mint { held: Some(7), expires: minted }),
-            (false, true, AuthSecret::Absent, KeyAction::Mint { held: None, expires: minted }),
-            (false, true, AuthSecret::RemovedByUs, KeyAction::Mint { held: None, expires: minted }),
+            (
+                false,
+                true,
+                nearly_expired,
+                KeyAction::Mint {
+                    held: Some(7),
+                    expires: minted,
+                },
+            ),
+            (
+                false,
+                true,
+                AuthSecret::Absent,
+                KeyAction::Mint {
+                    held: None,
+                    expires: minted,
+                },
+            ),
+            (
+                false,
+                true,
+                AuthSecret::RemovedByUs,
+                KeyAction::Mint {
+                    held: None,
+                    expires: minted,
+                },
+            ),
         ];
         for (node_exists, deployable, secret, expected) in table {
             let (action, _) = decide_key(node_exists, deployable, &secret, now);
-            assert_eq!(action, expected, "node {node_exists}, deployable {deployable}, {secret:?}");
+            assert_eq!(
+                action, expected,
+                "node {node_exists}, deployable {deployable}, {secret:?}"
+            );
         }
     }
 }

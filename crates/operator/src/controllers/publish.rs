@@ -59,7 +59,10 @@ pub fn unchanged<S: WithConditions>(previous: &S, next: &S) -> bool {
 
 /// The Event a `Ready` change deserves: Normal when it became True, Warning otherwise; `None`
 /// when neither its status nor its reason changed.
-pub fn ready_transition(before: &[Condition], after: &[Condition]) -> Option<(EventType, Condition)> {
+pub fn ready_transition(
+    before: &[Condition],
+    after: &[Condition],
+) -> Option<(EventType, Condition)> {
     let was = conditions::find(before, types::READY).map(|r| (r.status.clone(), r.reason.clone()));
     let now = conditions::find(after, types::READY)?;
     if was == Some((now.status.clone(), now.reason.clone())) {
@@ -102,16 +105,32 @@ where
         &Patch::Apply(&patch),
     )
     .await
-    .map_err(ReconcileError::kube(format!("patch status of {kind} {name}")))?;
+    .map_err(ReconcileError::kube(format!(
+        "patch status of {kind} {name}"
+    )))?;
     if let Some((type_, ready)) = ready_transition(previous.conditions(), next.conditions()) {
-        event(ctx, object, type_, &ready.reason, "Reconcile", ready.message).await;
+        event(
+            ctx,
+            object,
+            type_,
+            &ready.reason,
+            "Reconcile",
+            ready.message,
+        )
+        .await;
     }
     Ok(())
 }
 
 /// Publishes an Event about `object`.
-pub async fn event<K>(ctx: &Context, object: &K, type_: EventType, reason: &str, action: &str, note: String)
-where
+pub async fn event<K>(
+    ctx: &Context,
+    object: &K,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) where
     K: Resource<DynamicType = ()>,
 {
     let event = Event {
@@ -160,8 +179,14 @@ mod tests {
     fn ready_transitions_are_events() {
         let up = [ready(Status::True, reasons::READY, "ok", 1)];
         let down = [ready(Status::False, reasons::NODE_OFFLINE, "off", 2)];
-        assert!(matches!(ready_transition(&[], &up), Some((EventType::Normal, _))));
-        assert!(matches!(ready_transition(&up, &down), Some((EventType::Warning, _))));
+        assert!(matches!(
+            ready_transition(&[], &up),
+            Some((EventType::Normal, _))
+        ));
+        assert!(matches!(
+            ready_transition(&up, &down),
+            Some((EventType::Warning, _))
+        ));
         assert!(ready_transition(&up, &up).is_none());
     }
 }

@@ -27,7 +27,10 @@ pub fn reasons_named_in(sources: &[&str]) -> BTreeSet<String> {
     let values = reason_values();
     let mut named = BTreeSet::new();
     for source in sources {
-        for (_, rest) in source.match_indices("reasons::").map(|(i, _)| source.split_at(i + 9)) {
+        for (_, rest) in source
+            .match_indices("reasons::")
+            .map(|(i, _)| source.split_at(i + 9))
+        {
             let rest = rest.strip_prefix("headscale::").unwrap_or(rest);
             let name: String = rest
                 .chars()
@@ -64,7 +67,8 @@ mod tests {
 
     #[test]
     fn finds_named_reasons() {
-        let named = reasons_named_in(&["c.fail(reasons::NODE_OFFLINE) reasons::headscale::TIMEOUT x"]);
+        let named =
+            reasons_named_in(&["c.fail(reasons::NODE_OFFLINE) reasons::headscale::TIMEOUT x"]);
         assert_eq!(
             named,
             BTreeSet::from(["NodeOffline".to_string(), "Timeout".to_string()])
