@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use regex::Regex;
@@ -19,6 +20,13 @@ use crate::egress::TailnetEgressSpec;
 use crate::ingress::{ExposeMode, TailnetIngressSpec};
 use crate::patterns;
 use crate::tailnet::TailnetSpec;
+
+mod valid;
+
+pub use valid::{
+    BackendPort, DEFAULT_PROBE_INTERVAL, HostsConfigMap, ValidBackend, ValidEgress, ValidExpose,
+    ValidIngress, ValidTailnet, ValidTarget, ValidTimeouts,
+};
 
 /// One invalid field.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -230,15 +238,21 @@ pub fn expand_template(
     Ok(expanded)
 }
 
-fn check_port(errors: &mut Vec<FieldError>, field: String, port: i32) {
-    if !(1..=65535).contains(&port) {
-        errors.push(FieldError::new(
-            field,
-            format!("port {port} is out of range; use 1-65535"),
-        ));
+/// A port in 1-65535, or an error naming `field`.
+fn check_port(errors: &mut Vec<FieldError>, field: String, port: i32) -> Option<u16> {
+    match u16::try_from(port) {
+        Ok(valid) if valid > 0 => Some(valid),
+        _ => {
+            errors.push(FieldError::new(
+                field,
+                format!("port {port} is out of range; use 1-65535"),
+            ));
+            None
+        }
     }
 }
 
+/// `true` when `value` matched; otherwise records an error naming `field`.
 fn check_match(
     errors: &mut Vec<FieldError>,
     re: &Regex,
@@ -246,9 +260,26 @@ fn check_match(
     field: String,
     value: &str,
     what: &str,
-) {
+) -> bool {
     if value.is_empty() || value.len() > max || !re.is_match(value) {
         errors.push(FieldError::new(field, format!("{value:?} is not {what}")));
+        return false;
+    }
+    true
+}
+
+/// `Some` duration when `value` is absent or parses; `None` after recording the error.
+fn check_duration(
+    errors: &mut Vec<FieldError>,
+    field: String,
+    value: Option<&String>,
+) -> Option<Option<Duration>> {
+    match value.map(|v| parse_duration(&field, v)).transpose() {
+        Ok(parsed) => Some(parsed),
+        Err(e) => {
+            errors.push(e);
+            None
+        }
     }
 }
 
@@ -263,8 +294,17 @@ fn check_principals(errors: &mut Vec<FieldError>, field: &str, values: &[String]
     }
 }
 
-/// Schema-level checks of a Tailnet.
-pub fn tailnet(spec: &TailnetSpec) -> Vec<FieldError> {
+/// All errors, or the value built while checking (only meaningful without errors).
+fn finish<T>(errors: Vec<FieldError>, value: impl FnOnce() -> T) -> Result<T, Vec<FieldError>> {
+    if errors.is_empty() {
+        Ok(value())
+    } else {
+        Err(errors)
+    }
+}
+
+/// Schema-level checks of a Tailnet, returning its checked parts.
+pub fn valid_tailnet(spec: &TailnetSpec) -> Result<ValidTailnet, Vec<FieldError>> {
     let mut errors = Vec::new();
     if !SERVER_URL.is_match(&spec.server) {
         errors.push(FieldError::new(
@@ -283,70 +323,86 @@ pub fn tailnet(spec: &TailnetSpec) -> Vec<FieldError> {
         &spec.api_secret_ref.name,
         "a Secret name",
     );
-    if let Some(dns) = &spec.dns {
-        if let Some(ns) = &dns.hosts_config_map_namespace {
-            check_match(
-                &mut errors,
-                &DNS_LABEL,
-                63,
-                "spec.dns.hostsConfigMapNamespace".into(),
-                ns,
-                "a namespace name",
-            );
-        }
-        if let Some(cm) = &dns.hosts_config_map {
-            check_match(
-                &mut errors,
-                &DNS_SUBDOMAIN,
-                253,
-                "spec.dns.hostsConfigMap".into(),
-                cm,
-                "a ConfigMap name",
-            );
-        }
-        for (field, template) in [
-            ("spec.dns.ingressNameTemplate", &dns.ingress_name_template),
-            ("spec.dns.ingressAliasTemplate", &dns.ingress_alias_template),
-        ] {
-            if let Some(template) = template
-                && let Err(e) = expand_template(field, template, "probe", "probe")
-            {
-                errors.push(e);
-            }
+    let dns = spec.dns.clone().unwrap_or_default();
+    if let Some(ns) = &dns.hosts_config_map_namespace {
+        check_match(
+            &mut errors,
+            &DNS_LABEL,
+            63,
+            "spec.dns.hostsConfigMapNamespace".into(),
+            ns,
+            "a namespace name",
+        );
+    }
+    if let Some(cm) = &dns.hosts_config_map {
+        check_match(
+            &mut errors,
+            &DNS_SUBDOMAIN,
+            253,
+            "spec.dns.hostsConfigMap".into(),
+            cm,
+            "a ConfigMap name",
+        );
+    }
+    for (field, template) in [
+        ("spec.dns.ingressNameTemplate", &dns.ingress_name_template),
+        ("spec.dns.ingressAliasTemplate", &dns.ingress_alias_template),
+    ] {
+        if let Some(template) = template
+            && let Err(e) = expand_template(field, template, "probe", "probe")
+        {
+            errors.push(e);
         }
     }
-    if spec.policy.tag_owners.is_empty() {
+    let policy = &spec.policy;
+    if policy.tag_owners.is_empty() {
         errors.push(FieldError::new(
             "spec.policy.tagOwners",
             "must name at least one owner of the generated tags, e.g. group:platform",
         ));
     }
-    check_principals(
-        &mut errors,
-        "spec.policy.tagOwners",
-        &spec.policy.tag_owners,
-    );
+    check_principals(&mut errors, "spec.policy.tagOwners", &policy.tag_owners);
     check_principals(
         &mut errors,
         "spec.policy.routeApprovers",
-        &spec.policy.route_approvers,
+        &policy.route_approvers,
     );
     check_principals(
         &mut errors,
         "spec.policy.ingressSourceAllowlist",
-        &spec.policy.ingress_source_allowlist,
+        &policy.ingress_source_allowlist,
     );
-    if !TAG_PREFIX.is_match(&spec.policy.tag_prefix) {
+    if !TAG_PREFIX.is_match(&policy.tag_prefix) {
         errors.push(FieldError::new(
             "spec.policy.tagPrefix",
             "must be 1-16 lowercase letters, digits or '-', starting with a letter",
         ));
     }
-    errors
+    finish(errors, || ValidTailnet {
+        server: spec.server.clone(),
+        hosts_config_map: dns.hosts_config_map.clone().map(|name| HostsConfigMap {
+            name,
+            namespace: dns.hosts_config_map_namespace.clone(),
+        }),
+        ingress_name_template: dns.ingress_name_template.clone(),
+        ingress_alias_template: dns.ingress_alias_template.clone(),
+        issuer: spec
+            .defaults
+            .as_ref()
+            .and_then(|d| d.tls.as_ref())
+            .map(|t| t.issuer_ref.clone()),
+        policy: policy.clone(),
+    })
 }
 
-/// Schema-level checks of a TailnetEgress.
-pub fn egress(spec: &TailnetEgressSpec) -> Vec<FieldError> {
+/// Schema-level checks of a Tailnet (the errors of [`valid_tailnet`]).
+pub fn tailnet(spec: &TailnetSpec) -> Vec<FieldError> {
+    valid_tailnet(spec).err().unwrap_or_default()
+}
+
+/// Schema-level checks of a TailnetEgress, returning its targets parsed: addresses as IP or
+/// DNS name, `u16` ports, probe intervals as [`Duration`].
+pub fn valid_egress(spec: &TailnetEgressSpec) -> Result<ValidEgress, Vec<FieldError>> {
     let mut errors = Vec::new();
     if spec.consumer_namespaces.is_empty() {
         errors.push(FieldError::new(
@@ -371,6 +427,7 @@ pub fn egress(spec: &TailnetEgressSpec) -> Vec<FieldError> {
         ));
     }
     let mut seen = BTreeSet::new();
+    let mut targets = Vec::new();
     for target in &spec.targets {
         let at = format!("spec.targets[{}]", target.name);
         if !seen.insert(target.name.as_str()) {
@@ -387,10 +444,10 @@ pub fn egress(spec: &TailnetEgressSpec) -> Vec<FieldError> {
             &target.name,
             "a Service name (lowercase letters, digits, '-', starting with a letter, at most 63)",
         );
-        if let Err(e) = TargetAddress::parse(&format!("{at}.address"), &target.address) {
-            errors.push(e);
-        }
-        check_port(&mut errors, format!("{at}.port"), target.port);
+        let address = TargetAddress::parse(&format!("{at}.address"), &target.address)
+            .map_err(|e| errors.push(e))
+            .ok();
+        let port = check_port(&mut errors, format!("{at}.port"), target.port);
         for (j, alias) in target.aliases.iter().enumerate() {
             check_match(
                 &mut errors,
@@ -401,18 +458,37 @@ pub fn egress(spec: &TailnetEgressSpec) -> Vec<FieldError> {
                 "a fully qualified lowercase hostname",
             );
         }
-        if let Some(probe) = &target.probe
-            && let Some(interval) = &probe.interval
-            && let Err(e) = parse_duration(&format!("{at}.probe.interval"), interval)
-        {
-            errors.push(e);
+        // An interval is checked even when the probe is off: it is still a typo to fix.
+        let interval = check_duration(
+            &mut errors,
+            format!("{at}.probe.interval"),
+            target.probe.as_ref().and_then(|p| p.interval.as_ref()),
+        );
+        let enabled = target.probe.as_ref().is_none_or(|p| p.enabled);
+        if let (Some(address), Some(port), Some(interval)) = (address, port, interval) {
+            targets.push(ValidTarget {
+                name: target.name.clone(),
+                address,
+                port,
+                aliases: target.aliases.clone(),
+                probe_interval: enabled.then(|| interval.unwrap_or(DEFAULT_PROBE_INTERVAL)),
+            });
         }
     }
-    errors
+    finish(errors, || ValidEgress {
+        consumer_namespaces: spec.consumer_namespaces.clone(),
+        targets,
+    })
 }
 
-/// Schema-level checks of a TailnetIngress.
-pub fn ingress(spec: &TailnetIngressSpec) -> Vec<FieldError> {
+/// Schema-level checks of a TailnetEgress (the errors of [`valid_egress`]).
+pub fn egress(spec: &TailnetEgressSpec) -> Vec<FieldError> {
+    valid_egress(spec).err().unwrap_or_default()
+}
+
+/// Schema-level checks of a TailnetIngress, returning its exposes parsed: `u16` ports,
+/// backend ports as number or name, timeouts as [`Duration`].
+pub fn valid_ingress(spec: &TailnetIngressSpec) -> Result<ValidIngress, Vec<FieldError>> {
     let mut errors = Vec::new();
     if spec.allow_from.is_empty() {
         errors.push(FieldError::new(
@@ -421,7 +497,8 @@ pub fn ingress(spec: &TailnetIngressSpec) -> Vec<FieldError> {
         ));
     }
     check_principals(&mut errors, "spec.allowFrom", &spec.allow_from);
-    if let Some(secret) = spec.tls.as_ref().and_then(|t| t.secret_name.as_ref()) {
+    let secret_name = spec.tls.as_ref().and_then(|t| t.secret_name.clone());
+    if let Some(secret) = &secret_name {
         check_match(
             &mut errors,
             &DNS_SUBDOMAIN,
@@ -439,6 +516,7 @@ pub fn ingress(spec: &TailnetIngressSpec) -> Vec<FieldError> {
     }
     let mut names = BTreeSet::new();
     let mut label_ports = BTreeSet::new();
+    let mut exposes = Vec::new();
     for expose in &spec.exposes {
         let at = format!("spec.exposes[{}]", expose.name);
         if !names.insert(expose.name.as_str()) {
@@ -463,7 +541,7 @@ pub fn ingress(spec: &TailnetIngressSpec) -> Vec<FieldError> {
             &expose.dns_label,
             "a DNS label",
         );
-        check_port(&mut errors, format!("{at}.port"), expose.port);
+        let port = check_port(&mut errors, format!("{at}.port"), expose.port);
         if !label_ports.insert((expose.dns_label.as_str(), expose.port)) {
             errors.push(FieldError::new(
                 format!("{at}.dnsLabel"),
@@ -506,8 +584,9 @@ pub fn ingress(spec: &TailnetIngressSpec) -> Vec<FieldError> {
                 "a namespace name",
             );
         }
-        match &backend.port {
-            IntOrString::Int(port) => check_port(&mut errors, format!("{at}.backend.port"), *port),
+        let backend_port = match &backend.port {
+            IntOrString::Int(port) => check_port(&mut errors, format!("{at}.backend.port"), *port)
+                .map(BackendPort::Number),
             IntOrString::String(name) => check_match(
                 &mut errors,
                 &DNS_LABEL,
@@ -515,8 +594,9 @@ pub fn ingress(spec: &TailnetIngressSpec) -> Vec<FieldError> {
                 format!("{at}.backend.port"),
                 name,
                 "a port number or port name",
-            ),
-        }
+            )
+            .then(|| BackendPort::Name(name.clone())),
+        };
         if let Some(tls) = &backend.tls {
             if expose.mode != ExposeMode::Http {
                 errors.push(FieldError::new(
@@ -541,26 +621,55 @@ pub fn ingress(spec: &TailnetIngressSpec) -> Vec<FieldError> {
                 "a ConfigMap name",
             );
         }
-        if let Some(timeouts) = &expose.timeouts {
-            if expose.mode != ExposeMode::Http {
-                errors.push(FieldError::new(
-                    format!("{at}.timeouts"),
-                    "timeouts require mode: http",
-                ));
-            }
-            for (field, value) in [
-                ("request", &timeouts.request),
-                ("backendRequest", &timeouts.backend_request),
-            ] {
-                if let Some(value) = value
-                    && let Err(e) = parse_duration(&format!("{at}.timeouts.{field}"), value)
-                {
-                    errors.push(e);
-                }
-            }
+        let timeouts = expose.timeouts.clone().unwrap_or_default();
+        if expose.timeouts.is_some() && expose.mode != ExposeMode::Http {
+            errors.push(FieldError::new(
+                format!("{at}.timeouts"),
+                "timeouts require mode: http",
+            ));
+        }
+        let request = check_duration(
+            &mut errors,
+            format!("{at}.timeouts.request"),
+            timeouts.request.as_ref(),
+        );
+        let backend_request = check_duration(
+            &mut errors,
+            format!("{at}.timeouts.backendRequest"),
+            timeouts.backend_request.as_ref(),
+        );
+        if let (Some(port), Some(backend_port), Some(request), Some(backend_request)) =
+            (port, backend_port, request, backend_request)
+        {
+            exposes.push(ValidExpose {
+                name: expose.name.clone(),
+                dns_label: expose.dns_label.clone(),
+                alias: expose.alias,
+                mode: expose.mode,
+                port,
+                backend: ValidBackend {
+                    service: backend.service.clone(),
+                    namespace: backend.namespace.clone(),
+                    port: backend_port,
+                    tls: backend.tls.clone(),
+                },
+                timeouts: ValidTimeouts {
+                    request,
+                    backend_request,
+                },
+            });
         }
     }
-    errors
+    finish(errors, || ValidIngress {
+        allow_from: spec.allow_from.clone(),
+        tls_secret_name: secret_name,
+        exposes,
+    })
+}
+
+/// Schema-level checks of a TailnetIngress (the errors of [`valid_ingress`]).
+pub fn ingress(spec: &TailnetIngressSpec) -> Vec<FieldError> {
+    valid_ingress(spec).err().unwrap_or_default()
 }
 
 /// Checks of a TailnetEgress that need its namespace: egresses are only honoured in the
@@ -597,9 +706,21 @@ pub struct ExposeNames {
     pub hostnames: Vec<String>,
 }
 
+/// The facts of one expose that the context checks need, from a raw or a validated spec.
+struct ExposeFacts<'a> {
+    name: &'a str,
+    dns_label: &'a str,
+    alias: bool,
+    mode: ExposeMode,
+    /// `None` when out of range (the schema checks report it).
+    port: Option<u16>,
+    backend_namespace: Option<&'a str>,
+}
+
 /// Checks of a TailnetIngress that need the Tailnet and the operator namespace: cross-namespace
 /// backends, the name templates, a certificate source for http exposes. Returns the hostnames
-/// per expose when valid.
+/// per expose when valid. Works on unvalidated specs too (the hostnames other ingresses
+/// claim); [`ingress_names`] is the same for a validated one.
 pub fn ingress_in_context(
     namespace: &str,
     operator_namespace: &str,
@@ -607,12 +728,73 @@ pub fn ingress_in_context(
     tailnet_name: &str,
     tailnet: &TailnetSpec,
 ) -> Result<Vec<ExposeNames>, Vec<FieldError>> {
+    let facts: Vec<ExposeFacts> = spec
+        .exposes
+        .iter()
+        .map(|e| ExposeFacts {
+            name: &e.name,
+            dns_label: &e.dns_label,
+            alias: e.alias,
+            mode: e.mode,
+            port: u16::try_from(e.port).ok(),
+            backend_namespace: e.backend.namespace.as_deref(),
+        })
+        .collect();
+    let has_secret = spec.tls.as_ref().is_some_and(|t| t.secret_name.is_some());
+    names_in_context(
+        namespace,
+        operator_namespace,
+        &facts,
+        has_secret,
+        tailnet_name,
+        tailnet,
+    )
+}
+
+/// [`ingress_in_context`] for a validated ingress.
+pub fn ingress_names(
+    namespace: &str,
+    operator_namespace: &str,
+    ingress: &ValidIngress,
+    tailnet_name: &str,
+    tailnet: &TailnetSpec,
+) -> Result<Vec<ExposeNames>, Vec<FieldError>> {
+    let facts: Vec<ExposeFacts> = ingress
+        .exposes
+        .iter()
+        .map(|e| ExposeFacts {
+            name: &e.name,
+            dns_label: &e.dns_label,
+            alias: e.alias,
+            mode: e.mode,
+            port: Some(e.port),
+            backend_namespace: e.backend.namespace.as_deref(),
+        })
+        .collect();
+    names_in_context(
+        namespace,
+        operator_namespace,
+        &facts,
+        ingress.tls_secret_name.is_some(),
+        tailnet_name,
+        tailnet,
+    )
+}
+
+fn names_in_context(
+    namespace: &str,
+    operator_namespace: &str,
+    exposes: &[ExposeFacts],
+    has_secret: bool,
+    tailnet_name: &str,
+    tailnet: &TailnetSpec,
+) -> Result<Vec<ExposeNames>, Vec<FieldError>> {
     let mut errors = Vec::new();
     let mut result = Vec::new();
     let dns = tailnet.dns.clone().unwrap_or_default();
-    for expose in &spec.exposes {
+    for expose in exposes {
         let at = format!("spec.exposes[{}]", expose.name);
-        if let Some(backend_ns) = &expose.backend.namespace
+        if let Some(backend_ns) = expose.backend_namespace
             && backend_ns != namespace
             && namespace != operator_namespace
         {
@@ -623,7 +805,7 @@ pub fn ingress_in_context(
         }
         let mut hostnames = Vec::new();
         match &dns.ingress_name_template {
-            Some(template) => match expand_template(&format!("Tailnet {tailnet_name}: spec.dns.ingressNameTemplate"), template, &expose.dns_label, namespace) {
+            Some(template) => match expand_template(&format!("Tailnet {tailnet_name}: spec.dns.ingressNameTemplate"), template, expose.dns_label, namespace) {
                 Ok(name) => hostnames.push(name),
                 Err(e) => errors.push(e),
             },
@@ -637,7 +819,7 @@ pub fn ingress_in_context(
                 Some(template) => match expand_template(
                     &format!("Tailnet {tailnet_name}: spec.dns.ingressAliasTemplate"),
                     template,
-                    &expose.dns_label,
+                    expose.dns_label,
                     namespace,
                 ) {
                     Ok(name) => hostnames.push(name),
@@ -651,17 +833,16 @@ pub fn ingress_in_context(
                 )),
             }
         }
-        if let Ok(port) = u16::try_from(expose.port) {
+        if let Some(port) = expose.port {
             result.push(ExposeNames {
-                expose: expose.name.clone(),
+                expose: expose.name.to_string(),
                 mode: expose.mode,
                 port,
                 hostnames,
             });
         }
     }
-    let has_http = spec.exposes.iter().any(|e| e.mode == ExposeMode::Http);
-    let has_secret = spec.tls.as_ref().is_some_and(|t| t.secret_name.is_some());
+    let has_http = exposes.iter().any(|e| e.mode == ExposeMode::Http);
     let has_issuer = tailnet
         .defaults
         .as_ref()
@@ -673,11 +854,7 @@ pub fn ingress_in_context(
             format!("http exposes need a certificate: set spec.tls.secretName or spec.defaults.tls.issuerRef on Tailnet {tailnet_name}"),
         ));
     }
-    if errors.is_empty() {
-        Ok(result)
-    } else {
-        Err(errors)
-    }
+    finish(errors, || result)
 }
 
 #[cfg(test)]

@@ -86,7 +86,8 @@ fn objects_are_valid_yaml_documents() {
     assert_eq!(kinds.iter().filter(|k| *k == "Service").count(), 2);
 }
 
-/// Copies `examples/` into a temp dir, applies `edit` to one file, renders it.
+/// Copies `examples/` into a temp dir, applies `edit` to one file, renders it with the
+/// examples' observed state.
 fn render_edited(file: &str, edit: impl Fn(&str) -> String) -> (bool, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     for entry in std::fs::read_dir(root().join("examples")).expect("examples") {
@@ -102,7 +103,11 @@ fn render_edited(file: &str, edit: impl Fn(&str) -> String) -> (bool, String) {
             std::fs::write(dir.path().join(&name), text).expect("write");
         }
     }
-    let (ok, _, stderr) = render(&[dir.path().to_str().expect("utf-8 path")]);
+    let (ok, _, stderr) = render(&[
+        dir.path().to_str().expect("utf-8 path"),
+        "--observed",
+        OBSERVED,
+    ]);
     (
         ok,
         stderr.replace(&dir.path().display().to_string(), "<dir>"),

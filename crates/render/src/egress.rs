@@ -11,19 +11,21 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicySpec,
 };
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tailnet_api::TailnetEgress;
 use tailnet_api::agent_config::{ADMIN_PORT, AgentConfig, EgressListener, LOCALAPI_SOCKET};
 use tailnet_api::naming::AgentKind;
-use tailnet_api::validate;
+use tailnet_api::validate::{self, ValidEgress};
 
 use crate::meta::Owner;
 use crate::pod::{self, PodParts};
 use crate::{RenderContext, RenderError, ports};
 
 /// Default interval of the reachability probe of each target.
-pub const DEFAULT_PROBE_INTERVAL_SECONDS: u64 = 30;
+pub const DEFAULT_PROBE_INTERVAL_SECONDS: u64 = validate::DEFAULT_PROBE_INTERVAL.as_secs();
 
 /// Everything the controller applies for one egress.
 #[derive(Clone, Debug)]
@@ -43,53 +45,55 @@ pub struct EgressObjects {
 }
 
 /// Renders the agent of `egress`. `previous_ports` are the allocations recorded in its status,
-/// so that ports stay stable across edits.
+/// so that ports stay stable across edits. Validates the spec first (the first error is
+/// returned); callers that validated already use [`render_valid`].
 pub fn render(
     egress: &TailnetEgress,
     ctx: &RenderContext,
     previous_ports: &BTreeMap<String, u16>,
 ) -> Result<EgressObjects, RenderError> {
-    let owner = Owner::from_meta(AgentKind::Egress, &egress.metadata, ctx.tailnet_name)?;
-    let spec = &egress.spec;
-    let names: Vec<&str> = spec.targets.iter().map(|t| t.name.as_str()).collect();
+    let valid = validate::valid_egress(&egress.spec).map_err(first_error)?;
+    render_valid(&egress.metadata, &valid, ctx, previous_ports)
+}
+
+/// The first of the validation errors, as a render error naming its field.
+pub(crate) fn first_error(errors: Vec<validate::FieldError>) -> RenderError {
+    match errors.into_iter().next() {
+        Some(e) => e.into(),
+        None => RenderError::Field {
+            field: "spec".to_string(),
+            message: "is invalid".to_string(),
+        },
+    }
+}
+
+/// Renders the agent of a validated egress; `metadata` is the resource's (its uid owns every
+/// object).
+pub fn render_valid(
+    metadata: &ObjectMeta,
+    egress: &ValidEgress,
+    ctx: &RenderContext,
+    previous_ports: &BTreeMap<String, u16>,
+) -> Result<EgressObjects, RenderError> {
+    let owner = Owner::from_meta(AgentKind::Egress, metadata, ctx.tailnet_name)?;
+    let names: Vec<&str> = egress.targets.iter().map(|t| t.name.as_str()).collect();
     let ports = ports::allocate(&names, previous_ports);
 
     let mut listeners = Vec::new();
     let mut services = Vec::new();
-    let mut targets: Vec<_> = spec.targets.iter().collect();
+    let mut targets: Vec<_> = egress.targets.iter().collect();
     targets.sort_by(|a, b| a.name.cmp(&b.name));
     for target in targets {
-        let at = format!("spec.targets[{}]", target.name);
         let listen_port = *ports.get(&target.name).ok_or_else(|| RenderError::Field {
-            field: at.clone(),
+            field: format!("spec.targets[{}]", target.name),
             message: "no listener port could be allocated".to_string(),
         })?;
-        let target_port = u16::try_from(target.port)
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| RenderError::Field {
-                field: format!("{at}.port"),
-                message: "must be 1-65535".to_string(),
-            })?;
-        validate::TargetAddress::parse(&format!("{at}.address"), &target.address)?;
-        let probe_interval_seconds = match &target.probe {
-            Some(probe) if !probe.enabled => None,
-            Some(probe) => match &probe.interval {
-                Some(interval) => Some(
-                    validate::parse_duration(&format!("{at}.probe.interval"), interval)?
-                        .as_secs()
-                        .max(1),
-                ),
-                None => Some(DEFAULT_PROBE_INTERVAL_SECONDS),
-            },
-            None => Some(DEFAULT_PROBE_INTERVAL_SECONDS),
-        };
         listeners.push(EgressListener {
             name: target.name.clone(),
             listen_port,
-            target_host: target.address.clone(),
-            target_port,
-            probe_interval_seconds,
+            target_host: target.address.to_string(),
+            target_port: target.port,
+            probe_interval_seconds: target.probe_interval.map(|d| d.as_secs().max(1)),
         });
         services.push(Service {
             metadata: owner.meta(&target.name),
@@ -98,7 +102,7 @@ pub fn render(
                 selector: Some(owner.selector_labels()),
                 ports: Some(vec![ServicePort {
                     name: Some("tcp".to_string()),
-                    port: target.port,
+                    port: i32::from(target.port),
                     target_port: Some(IntOrString::Int(i32::from(listen_port))),
                     protocol: Some("TCP".to_string()),
                     ..ServicePort::default()
@@ -135,7 +139,7 @@ pub fn render(
         state_secret: pod::state_secret(&owner),
         config_map: pod::config_map(&owner, &config_json),
         deployment: pod::deployment(&owner, ctx, &parts),
-        network_policy: network_policy(&owner, &spec.consumer_namespaces, &ports),
+        network_policy: network_policy(&owner, &egress.consumer_namespaces, &ports),
         services,
         config,
         ports,

@@ -1,6 +1,7 @@
 //! Objects of one TailnetIngress agent.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
@@ -11,7 +12,7 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPort, NetworkPolicySpec,
 };
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tailnet_api::TailnetIngress;
 use tailnet_api::agent_config::{
@@ -20,7 +21,7 @@ use tailnet_api::agent_config::{
 };
 use tailnet_api::ingress::ExposeMode;
 use tailnet_api::naming::AgentKind;
-use tailnet_api::validate::{self, ExposeNames};
+use tailnet_api::validate::{self, ExposeNames, ValidIngress};
 
 use crate::certificate::{self, Certificate};
 use crate::meta::Owner;
@@ -60,14 +61,27 @@ pub struct IngressInputs {
     pub serve_http: bool,
 }
 
+/// Renders the agent of `ingress`, validating its spec first (the first error is returned);
+/// callers that validated already use [`render_valid`].
 pub fn render(
     ingress: &TailnetIngress,
     ctx: &RenderContext,
     inputs: &IngressInputs,
 ) -> Result<IngressObjects, RenderError> {
-    let owner = Owner::from_meta(AgentKind::Ingress, &ingress.metadata, ctx.tailnet_name)?;
+    let valid = validate::valid_ingress(&ingress.spec).map_err(crate::egress::first_error)?;
+    render_valid(&ingress.metadata, &valid, ctx, inputs)
+}
+
+/// Renders the agent of a validated ingress; `metadata` is the resource's (its uid owns every
+/// object).
+pub fn render_valid(
+    metadata: &ObjectMeta,
+    spec: &ValidIngress,
+    ctx: &RenderContext,
+    inputs: &IngressInputs,
+) -> Result<IngressObjects, RenderError> {
+    let owner = Owner::from_meta(AgentKind::Ingress, metadata, ctx.tailnet_name)?;
     let names = owner.names();
-    let spec = &ingress.spec;
     let hostnames_of: BTreeMap<&str, &ExposeNames> = inputs
         .names
         .iter()
@@ -81,14 +95,7 @@ pub fn render(
     let mut http_hostnames = BTreeSet::new();
     let mut ports = BTreeSet::new();
     for expose in &spec.exposes {
-        let at = format!("spec.exposes[{}]", expose.name);
-        let port = u16::try_from(expose.port)
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| RenderError::Field {
-                field: format!("{at}.port"),
-                message: "must be 1-65535".to_string(),
-            })?;
+        let port = expose.port;
         let hostnames = hostnames_of
             .get(expose.name.as_str())
             .map(|n| n.hostnames.clone())
@@ -99,19 +106,16 @@ pub fn render(
                 .backend_ports
                 .get(&expose.name)
                 .ok_or_else(|| RenderError::Field {
-                    field: format!("{at}.backend.port"),
+                    field: format!("spec.exposes[{}].backend.port", expose.name),
                     message: "the backend port could not be resolved against the Service"
                         .to_string(),
                 })?;
-        let backend_namespace = expose
-            .backend
-            .namespace
-            .as_deref()
-            .unwrap_or(&owner.namespace);
         let backend = BackendAddress {
             host: format!(
                 "{}.{}.svc.{}",
-                expose.backend.service, backend_namespace, ctx.cluster_domain
+                expose.backend.service,
+                expose.backend.namespace_or(&owner.namespace),
+                ctx.cluster_domain
             ),
             port: backend_port,
         };
@@ -137,27 +141,14 @@ pub fn render(
                         ca_file: format!("{CA_DIR}/{}/{}", cm.name, cm.key),
                     }
                 });
-                let timeout =
-                    |field: &str, value: Option<&String>| -> Result<Option<u64>, RenderError> {
-                        value
-                            .map(|v| {
-                                validate::parse_duration(&format!("{at}.timeouts.{field}"), v)
-                                    .map(|d| d.as_secs().max(1))
-                            })
-                            .transpose()
-                            .map_err(RenderError::from)
-                    };
-                let timeouts = expose.timeouts.clone().unwrap_or_default();
+                let seconds = |d: Option<Duration>| d.map(|d| d.as_secs().max(1));
                 let route = HttpRoute {
                     name: expose.name.clone(),
                     hostnames,
                     backend,
                     backend_tls,
-                    request_timeout_seconds: timeout("request", timeouts.request.as_ref())?,
-                    backend_request_timeout_seconds: timeout(
-                        "backendRequest",
-                        timeouts.backend_request.as_ref(),
-                    )?,
+                    request_timeout_seconds: seconds(expose.timeouts.request),
+                    backend_request_timeout_seconds: seconds(expose.timeouts.backend_request),
                 };
                 if inputs.serve_http {
                     ports.insert(port);
@@ -176,7 +167,7 @@ pub fn render(
     });
 
     let has_http = spec.exposes.iter().any(|e| e.mode == ExposeMode::Http);
-    let user_secret = spec.tls.as_ref().and_then(|t| t.secret_name.clone());
+    let user_secret = spec.tls_secret_name.clone();
     let tls_secret = has_http.then(|| user_secret.clone().unwrap_or_else(|| names.tls.clone()));
     let http_hostnames: Vec<String> = http_hostnames.into_iter().collect();
     let certificate = match (&tls_secret, &user_secret) {
@@ -261,11 +252,7 @@ pub fn render(
             },
         ));
     }
-    let lowest = spec
-        .exposes
-        .iter()
-        .filter_map(|e| u16::try_from(e.port).ok())
-        .min();
+    let lowest = spec.exposes.iter().map(|e| e.port).min();
     let parts = PodParts {
         agent_ports: Vec::new(),
         agent_volumes: volumes,

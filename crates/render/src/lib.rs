@@ -2,7 +2,9 @@
 //! and the DNS entries. Inputs are the declarations plus plain observed data; outputs are
 //! exactly what the controllers apply (server-side apply, field manager `tailnet-operator`).
 
+pub mod backends;
 pub mod certificate;
+pub mod desired;
 pub mod dns;
 pub mod egress;
 pub mod images;

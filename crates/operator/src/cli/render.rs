@@ -2,21 +2,22 @@
 //! file of observed Headscale state, prints what the operator would write: the policy, the DNS
 //! ConfigMap and the agent objects. Offline: no cluster, no Headscale.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use serde::Deserialize;
-use tailnet_api::naming::ingress_tag;
-use tailnet_api::validate::{self, FieldError};
+use tailnet_api::validate::{self, BackendPort, FieldError};
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tailnet_policy::{ObservedNode, RenderedPolicy};
-use tailnet_render::dns::{DnsEntry, DnsInputs, PendingName};
+use tailnet_render::RenderContext;
+use tailnet_render::backends::{BackendProblem, ObjectKey, ObservedBackends, ServicePortInfo};
+use tailnet_render::desired;
+use tailnet_render::dns::PendingName;
 use tailnet_render::images::Images;
-use tailnet_render::{RenderContext, egress, ingress, policy_inputs};
 
 use super::manifests::{ManifestError, Manifests, Origin};
 
@@ -38,7 +39,8 @@ pub struct RenderArgs {
     /// TailnetIngress, the base-policy ConfigMap, optionally backend Services.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
-    /// JSON file with observed Headscale state: `{"nodes": [...], "serviceClusterIPs": {...}}`.
+    /// JSON file with observed Headscale and cluster state: `{"nodes": [...],
+    /// "serviceClusterIPs": {...}, "services": {...}, "configMaps": {...}}`.
     #[arg(long)]
     pub observed: Option<PathBuf>,
     /// Print only one part.
@@ -55,6 +57,9 @@ pub struct RenderArgs {
     /// Exit 0 even when resources have policy issues (they are still printed).
     #[arg(long)]
     pub allow_issues: bool,
+    /// As the operator's `--route-approval`: `false` renders no autoApprovers.
+    #[arg(long, env = "ROUTE_APPROVAL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub route_approval: bool,
 }
 
 /// Observed state the offline preview cannot know by itself.
@@ -67,6 +72,104 @@ pub struct Observed {
     /// ClusterIP per egress Service, keyed `namespace/name`.
     #[serde(default, rename = "serviceClusterIPs")]
     pub service_cluster_ips: BTreeMap<String, IpAddr>,
+    /// Ports of backend Services not among the manifests, keyed `namespace/name`:
+    /// `{"team-a/frontend": [{"name": "http", "port": 8080}]}`.
+    #[serde(default)]
+    pub services: BTreeMap<String, Vec<ServicePortInfo>>,
+    /// Keys of CA ConfigMaps (`backend.tls.caConfigMapRef`) not among the manifests, keyed
+    /// `namespace/name`: `{"team-a/backend-ca": ["ca.crt"]}`.
+    #[serde(default)]
+    pub config_maps: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// `namespace/name` from an `--observed` key; `what` names the map for the error.
+fn observed_key(path: &Path, what: &str, key: &str) -> Result<ObjectKey, RenderCommandError> {
+    match key.split_once('/') {
+        Some((namespace, name))
+            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+        {
+            Ok(ObjectKey::new(namespace, name))
+        }
+        _ => Err(RenderCommandError::Observed {
+            path: path.to_path_buf(),
+            message: format!(
+                "{what}: key {key:?} is not namespace/name; write e.g. \"team-a/frontend\""
+            ),
+        }),
+    }
+}
+
+/// What the offline render knows of the cluster: the `--observed` file plus the manifests
+/// given (a manifest wins over an observed entry of the same object).
+struct Cluster {
+    observed: Observed,
+    backends: ObservedBackends,
+    service_cluster_ips: BTreeMap<ObjectKey, IpAddr>,
+}
+
+impl Cluster {
+    fn new(
+        observed: Observed,
+        observed_path: Option<&Path>,
+        manifests: &Manifests,
+    ) -> Result<Self, RenderCommandError> {
+        let path = observed_path.unwrap_or(Path::new("--observed"));
+        let mut backends = ObservedBackends::default();
+        for (key, ports) in &observed.services {
+            backends
+                .services
+                .insert(observed_key(path, "services", key)?, ports.clone());
+        }
+        for (key, keys) in &observed.config_maps {
+            backends
+                .config_maps
+                .insert(observed_key(path, "configMaps", key)?, keys.clone());
+        }
+        for service in &manifests.services {
+            backends.add_service(&service.object);
+        }
+        for config_map in &manifests.config_maps {
+            backends.add_config_map(&config_map.object);
+        }
+        let mut service_cluster_ips = BTreeMap::new();
+        for (key, ip) in &observed.service_cluster_ips {
+            service_cluster_ips.insert(observed_key(path, "serviceClusterIPs", key)?, *ip);
+        }
+        Ok(Cluster {
+            observed,
+            backends,
+            service_cluster_ips,
+        })
+    }
+}
+
+/// A backend problem as the offline command reports it: the field, what is missing (the
+/// controller's words) and what to add to the inputs.
+fn offline_backend_problem(origin: &Origin, problem: &BackendProblem) -> String {
+    let hint = match problem {
+        BackendProblem::ServiceMissing { service, port, .. } => {
+            let entry = match port {
+                BackendPort::Number(n) => format!("{{\"port\": {n}}}"),
+                BackendPort::Name(name) => format!("{{\"name\": {name:?}, \"port\": <number>}}"),
+            };
+            format!(
+                "add the Service manifest to the inputs, or its ports to the --observed file: \"services\": {{\"{service}\": [{entry}]}}"
+            )
+        }
+        BackendProblem::PortMissing { service, .. } => format!(
+            "use a port Service {service} has, or add the port to the Service in the inputs"
+        ),
+        BackendProblem::CaMissing {
+            config_map, key, ..
+        } => format!(
+            "add the ConfigMap manifest to the inputs, or its keys to the --observed file: \"configMaps\": {{\"{config_map}\": [{key:?}]}}"
+        ),
+    };
+    format!(
+        "{origin}: {}: {} among the inputs; {hint}",
+        problem.field(),
+        problem.message()
+    )
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -150,6 +253,7 @@ pub fn render(args: &RenderArgs) -> Result<String, RenderCommandError> {
         .map(load_observed)
         .transpose()?
         .unwrap_or_default();
+    let cluster = Cluster::new(observed, args.observed.as_deref(), &manifests)?;
 
     let mut invalid = Vec::new();
     for t in &manifests.tailnets {
@@ -201,7 +305,7 @@ pub fn render(args: &RenderArgs) -> Result<String, RenderCommandError> {
     let mut outputs = Vec::new();
     let mut issues = Vec::new();
     for tailnet in tailnets {
-        let out = render_tailnet(args, &manifests, &observed, tailnet)?;
+        let out = render_tailnet(args, &manifests, &cluster, tailnet)?;
         for resource in &out.policy.resources {
             for issue in &resource.issues {
                 issues.push(format!(
@@ -221,7 +325,7 @@ pub fn render(args: &RenderArgs) -> Result<String, RenderCommandError> {
 fn render_tailnet(
     args: &RenderArgs,
     manifests: &Manifests,
-    observed: &Observed,
+    cluster: &Cluster,
     tailnet: &Tailnet,
 ) -> Result<TailnetOutput, RenderCommandError> {
     let name = tailnet.name_any();
@@ -280,13 +384,14 @@ fn render_tailnet(
         message: e.to_string(),
     })?;
     let ingress_objects: Vec<TailnetIngress> = ingresses.iter().map(|(_, i)| i.clone()).collect();
-    let inputs = policy_inputs::policy_inputs(
+    let inputs = desired::policy(
         tailnet,
         &args.installation_id,
         &args.operator_namespace,
         &egresses,
         &ingress_objects,
-        &observed.nodes,
+        &cluster.observed.nodes,
+        args.route_approval,
     );
     let policy =
         tailnet_policy::render(&base, &inputs).map_err(|e| RenderCommandError::Policy {
@@ -304,41 +409,19 @@ fn render_tailnet(
     };
     let mut objects = Vec::new();
     let mut notes = Vec::new();
-    let mut dns = DnsInputs::default();
     let mut sorted_egresses = egresses.clone();
     sorted_egresses.sort_by_key(|e| e.name_any());
     for e in &sorted_egresses {
-        let rendered = egress::render(e, &ctx, &BTreeMap::new()).map_err(|err| {
-            RenderCommandError::Invalid(vec![format!(
-                "TailnetEgress {}/{}: {err}",
-                e.namespace().unwrap_or_default(),
-                e.name_any()
-            )])
-        })?;
-        let owner = format!(
-            "TailnetEgress/{}/{}",
+        let at = format!(
+            "TailnetEgress {}/{}",
             e.namespace().unwrap_or_default(),
             e.name_any()
         );
-        for target in &e.spec.targets {
-            let key = format!("{}/{}", args.operator_namespace, target.name);
-            for alias in &target.aliases {
-                match observed.service_cluster_ips.get(&key) {
-                    Some(ip) => dns.egress_aliases.push(DnsEntry {
-                        hostname: alias.clone(),
-                        address: *ip,
-                        owner: owner.clone(),
-                    }),
-                    None => dns.pending.push(PendingName {
-                        hostname: alias.clone(),
-                        owner: owner.clone(),
-                        reason: format!(
-                            "no ClusterIP known for Service {key} (add it to serviceClusterIPs)"
-                        ),
-                    }),
-                }
-            }
-        }
+        let valid = validate::valid_egress(&e.spec).map_err(|errors| {
+            RenderCommandError::Invalid(errors.iter().map(|err| format!("{at}: {err}")).collect())
+        })?;
+        let rendered = desired::egress(&e.metadata, &valid, &ctx, &BTreeMap::new())
+            .map_err(|err| RenderCommandError::Invalid(vec![format!("{at}: {err}")]))?;
         objects.push(json(&rendered.service_account)?);
         objects.push(json(&rendered.role)?);
         objects.push(json(&rendered.role_binding)?);
@@ -353,73 +436,56 @@ fn render_tailnet(
     let mut context_errors = Vec::new();
     for (origin, i) in &ingresses {
         let namespace = i.namespace().unwrap_or_default();
-        let names = match validate::ingress_in_context(
-            &namespace,
-            &args.operator_namespace,
-            &i.spec,
-            &name,
-            spec,
-        ) {
+        let valid = match validate::valid_ingress(&i.spec) {
+            Ok(valid) => valid,
+            Err(errors) => {
+                context_errors.extend(field_errors(origin, errors));
+                continue;
+            }
+        };
+        // Claims as the controller sees them: the older ingress keeps a contested name.
+        let names = match desired::ingress_names(&namespace, &valid, &ctx, &BTreeMap::new()) {
             Ok(names) => names,
             Err(errors) => {
                 context_errors.extend(field_errors(origin, errors));
                 continue;
             }
         };
-        let mut backend_ports = BTreeMap::new();
-        for expose in &i.spec.exposes {
-            let backend_ns = expose
-                .backend
-                .namespace
-                .clone()
-                .unwrap_or_else(|| namespace.clone());
-            match resolve_backend_port(
-                manifests,
-                &backend_ns,
-                &expose.backend.service,
-                &expose.backend.port,
-            ) {
-                Ok(port) => {
-                    backend_ports.insert(expose.name.clone(), port);
-                }
-                Err(message) => context_errors.push(format!(
-                    "{origin}: spec.exposes[{}].backend.port: {message}",
-                    expose.name
-                )),
+        let claimed = desired::claimed_elsewhere(i, &names.names, &ingress_objects, &ctx);
+        let observed = desired::IngressObserved {
+            backends: &cluster.backends,
+            claimed: &claimed,
+            // Offline, the certificate is assumed ready (see the README).
+            certificate_ready: true,
+        };
+        let decided = match desired::ingress(&i.metadata, &valid, &ctx, &observed) {
+            Ok(decided) => decided,
+            Err(desired::IngressError::Context(errors)) => {
+                context_errors.extend(field_errors(origin, errors));
+                continue;
             }
-        }
-        if context_errors.is_empty() {
-            let inputs = ingress::IngressInputs {
-                names,
-                backend_ports,
-                serve_http: true,
-            };
-            let rendered = ingress::render(i, &ctx, &inputs)
-                .map_err(|err| RenderCommandError::Invalid(vec![format!("{origin}: {err}")]))?;
-            let owner = format!("TailnetIngress/{namespace}/{}", i.name_any());
-            let tag = ingress_tag(&spec.policy.tag_prefix, &namespace, &i.name_any());
-            let ips: Vec<IpAddr> = observed
-                .nodes
+            Err(desired::IngressError::Render(err)) => {
+                return Err(RenderCommandError::Invalid(vec![format!(
+                    "{origin}: {err}"
+                )]));
+            }
+        };
+        context_errors.extend(
+            decided
+                .problems
                 .iter()
-                .filter(|n| n.tags.contains(&tag))
-                .flat_map(|n| n.ip_addresses.clone())
-                .collect();
-            for hostname in &rendered.hostnames {
-                if ips.is_empty() {
-                    dns.pending.push(PendingName {
-                        hostname: hostname.clone(),
-                        owner: owner.clone(),
-                        reason: format!("no Headscale node tagged {tag} observed yet"),
-                    });
-                }
-                for ip in &ips {
-                    dns.ingress_names.push(DnsEntry {
-                        hostname: hostname.clone(),
-                        address: *ip,
-                        owner: owner.clone(),
-                    });
-                }
-            }
+                .map(|p| offline_backend_problem(origin, p)),
+        );
+        let owner = format!("TailnetIngress/{namespace}/{}", i.name_any());
+        for (hostname, holder) in &decided.names.claimed {
+            notes.push(format!(
+                "{owner}: hostname {hostname} is kept by the older TailnetIngress {holder}; not served here"
+            ));
+        }
+        let Some(rendered) = decided.objects else {
+            continue;
+        };
+        if context_errors.is_empty() {
             if rendered.certificate.is_none() && rendered.tls_secret.is_some() {
                 notes.push(format!(
                     "{owner}: http exposes use the existing Secret {} (must cover {})",
@@ -447,6 +513,14 @@ fn render_tailnet(
     if !context_errors.is_empty() {
         return Err(RenderCommandError::Invalid(context_errors));
     }
+    let dns = desired::dns_inputs(
+        tailnet,
+        &args.operator_namespace,
+        &egresses,
+        &ingress_objects,
+        &cluster.service_cluster_ips,
+        &cluster.observed.nodes,
+    );
     let rendered_dns = tailnet_render::dns::render(&dns);
     for (hostname, losers) in &rendered_dns.conflicts {
         notes.push(format!(
@@ -454,43 +528,7 @@ fn render_tailnet(
             losers.join(", ")
         ));
     }
-    let dns_cm = spec
-        .dns
-        .as_ref()
-        .and_then(|d| d.hosts_config_map.clone())
-        .map(|cm_name| ConfigMap {
-            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                name: Some(cm_name),
-                namespace: Some(
-                    spec.dns
-                        .as_ref()
-                        .and_then(|d| d.hosts_config_map_namespace.clone())
-                        .unwrap_or_else(|| args.operator_namespace.clone()),
-                ),
-                labels: Some(BTreeMap::from([
-                    (
-                        "app.kubernetes.io/managed-by".to_string(),
-                        "tailnet-operator".to_string(),
-                    ),
-                    (
-                        tailnet_api::naming::labels::TAILNET.to_string(),
-                        name.clone(),
-                    ),
-                ])),
-                ..Default::default()
-            },
-            data: Some(BTreeMap::from([
-                (
-                    tailnet_render::dns::HOSTS_KEY.to_string(),
-                    rendered_dns.hosts.clone(),
-                ),
-                (
-                    tailnet_render::dns::EXTRA_RECORDS_KEY.to_string(),
-                    rendered_dns.extra_records_json.clone(),
-                ),
-            ])),
-            ..Default::default()
-        });
+    let dns_cm = desired::dns_config_map(tailnet, &args.operator_namespace, &rendered_dns, None);
     for resource in &policy.resources {
         for target in resource.dns_targets_skipped() {
             notes.push(format!("{:?} {}: target {target} is a DNS name; grant it in the base policy (no grant or route is generated)", resource.kind, resource.owner));
@@ -530,40 +568,6 @@ fn json<T: serde::Serialize + kube::Resource<DynamicType = ()>>(
         value = serde_json::Value::Object(typed);
     }
     Ok(value)
-}
-
-fn resolve_backend_port(
-    manifests: &Manifests,
-    namespace: &str,
-    service: &str,
-    port: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString,
-) -> Result<u16, String> {
-    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-    match port {
-        IntOrString::Int(n) => {
-            u16::try_from(*n).map_err(|_| format!("port {n} is out of range; use 1-65535"))
-        }
-        IntOrString::String(port_name) => {
-            let svc = manifests
-                .services
-                .iter()
-                .find(|s| s.object.name_any() == service && s.object.namespace().as_deref() == Some(namespace))
-                .ok_or_else(|| format!("named port {port_name:?} needs the Service {namespace}/{service} among the inputs to resolve it"))?;
-            svc.object
-                .spec
-                .as_ref()
-                .and_then(|s| s.ports.as_ref())
-                .and_then(|ports| {
-                    ports
-                        .iter()
-                        .find(|p| p.name.as_deref() == Some(port_name.as_str()))
-                })
-                .and_then(|p| u16::try_from(p.port).ok())
-                .ok_or_else(|| {
-                    format!("Service {namespace}/{service} has no port named {port_name:?}")
-                })
-        }
-    }
 }
 
 fn format_output(

@@ -1,0 +1,340 @@
+//! The one desired-state entry point: from validated declarations and plain observed data to
+//! everything the operator writes. The controllers (after gathering from the cluster and
+//! Headscale) and `tailnet-operator render` (after reading files) call the same functions,
+//! so the preview is what the operator does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::ResourceExt;
+use tailnet_api::ingress::ExposeMode;
+use tailnet_api::naming::{ingress_tag, labels};
+use tailnet_api::validate::{self, ExposeNames, FieldError, ValidEgress, ValidIngress};
+use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
+use tailnet_policy::{ObservedNode, PolicyInputs};
+
+use crate::backends::{self, BackendProblem, ObjectKey, ObservedBackends};
+use crate::dns::{self, DnsEntry, DnsInputs, PendingName, RenderedDns};
+use crate::egress::{self, EgressObjects};
+use crate::ingress::{self, IngressInputs, IngressObjects};
+use crate::{RenderContext, RenderError, policy_inputs};
+
+/// The objects of one egress agent. `previous_ports` are the listener ports recorded in its
+/// status (empty offline), so ports stay stable across edits.
+pub fn egress(
+    metadata: &ObjectMeta,
+    valid: &ValidEgress,
+    ctx: &RenderContext,
+    previous_ports: &BTreeMap<String, u16>,
+) -> Result<EgressObjects, RenderError> {
+    egress::render_valid(metadata, valid, ctx, previous_ports)
+}
+
+/// The hostnames of one ingress after the Tailnet's templates and other ingresses' claims.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IngressNames {
+    /// Per expose, without the hostnames claimed elsewhere.
+    pub names: Vec<ExposeNames>,
+    /// Our hostnames that an older ingress holds: hostname → `namespace/name` of the holder.
+    pub claimed: BTreeMap<String, String>,
+    /// Sorted, unique hostnames of http exposes: what the certificate must cover.
+    pub http_hostnames: Vec<String>,
+}
+
+/// Names of an ingress in `namespace`; `claimed` is hostname → holder (see
+/// [`claimed_elsewhere`]). Errors are the context rules of [`validate::ingress_names`].
+pub fn ingress_names(
+    namespace: &str,
+    valid: &ValidIngress,
+    ctx: &RenderContext,
+    claimed: &BTreeMap<String, String>,
+) -> Result<IngressNames, Vec<FieldError>> {
+    let mut names = validate::ingress_names(
+        namespace,
+        ctx.operator_namespace,
+        valid,
+        ctx.tailnet_name,
+        ctx.tailnet,
+    )?;
+    let mut ours_claimed = BTreeMap::new();
+    for n in &mut names {
+        n.hostnames.retain(|h| match claimed.get(h) {
+            Some(holder) => {
+                ours_claimed.insert(h.clone(), holder.clone());
+                false
+            }
+            None => true,
+        });
+    }
+    let http_hostnames: BTreeSet<String> = names
+        .iter()
+        .filter(|n| n.mode == ExposeMode::Http)
+        .flat_map(|n| n.hostnames.iter().cloned())
+        .collect();
+    Ok(IngressNames {
+        names,
+        claimed: ours_claimed,
+        http_hostnames: http_hostnames.into_iter().collect(),
+    })
+}
+
+/// Hostnames of `ingress` that an older ingress of the same Tailnet already claims: the
+/// first owner keeps a name (ordered by creation time, then namespace/name). `others` may
+/// include `ingress` itself and ingresses of other Tailnets; both are skipped.
+pub fn claimed_elsewhere(
+    ingress: &TailnetIngress,
+    names: &[ExposeNames],
+    others: &[TailnetIngress],
+    ctx: &RenderContext,
+) -> BTreeMap<String, String> {
+    let ours: BTreeSet<&str> = names
+        .iter()
+        .flat_map(|n| n.hostnames.iter().map(String::as_str))
+        .collect();
+    let rank = |i: &TailnetIngress| {
+        (
+            i.creation_timestamp().map(|t| t.0),
+            i.namespace().unwrap_or_default(),
+            i.name_any(),
+        )
+    };
+    let my_rank = rank(ingress);
+    let mut claimed = BTreeMap::new();
+    for other in others {
+        // `>=` also skips `ingress` itself.
+        if other.spec.tailnet_ref.name != ctx.tailnet_name || rank(other) >= my_rank {
+            continue;
+        }
+        let ns = other.namespace().unwrap_or_default();
+        let Ok(other_names) = validate::ingress_in_context(
+            &ns,
+            ctx.operator_namespace,
+            &other.spec,
+            ctx.tailnet_name,
+            ctx.tailnet,
+        ) else {
+            continue;
+        };
+        for hostname in other_names.iter().flat_map(|n| n.hostnames.iter()) {
+            if ours.contains(hostname.as_str()) {
+                claimed.insert(hostname.clone(), format!("{ns}/{}", other.name_any()));
+            }
+        }
+    }
+    claimed
+}
+
+/// What only the cluster knows about one ingress.
+#[derive(Clone, Copy, Debug)]
+pub struct IngressObserved<'a> {
+    /// Backend Services' ports and CA ConfigMaps' keys.
+    pub backends: &'a ObservedBackends,
+    /// Hostname → holder, from [`claimed_elsewhere`].
+    pub claimed: &'a BTreeMap<String, String>,
+    /// A certificate covering every http hostname is ready; without it http is not served.
+    pub certificate_ready: bool,
+}
+
+/// Everything decided for one ingress.
+#[derive(Clone, Debug)]
+pub struct IngressDesired {
+    pub names: IngressNames,
+    /// Backend Service port per expose.
+    pub backend_ports: BTreeMap<String, u16>,
+    /// Unresolved backends; the agent is not (re)deployed while any remain.
+    pub problems: Vec<BackendProblem>,
+    /// `None` while there are problems: the last good configuration stays applied.
+    pub objects: Option<IngressObjects>,
+}
+
+/// Why an ingress cannot be decided at all.
+#[derive(Debug, thiserror::Error)]
+pub enum IngressError {
+    /// Context rules (cross-namespace backend, templates, certificate source).
+    #[error("{}", validate::summarize(.0))]
+    Context(Vec<FieldError>),
+    #[error(transparent)]
+    Render(#[from] RenderError),
+}
+
+/// Decides one ingress: names, backend resolution and, when every backend resolved, the
+/// agent's objects.
+pub fn ingress(
+    metadata: &ObjectMeta,
+    valid: &ValidIngress,
+    ctx: &RenderContext,
+    observed: &IngressObserved,
+) -> Result<IngressDesired, IngressError> {
+    let namespace = metadata.namespace.clone().unwrap_or_default();
+    let names =
+        ingress_names(&namespace, valid, ctx, observed.claimed).map_err(IngressError::Context)?;
+    let resolved = backends::resolve(&namespace, &valid.exposes, observed.backends);
+    let objects = if resolved.problems.is_empty() {
+        let inputs = IngressInputs {
+            names: names.names.clone(),
+            backend_ports: resolved.ports.clone(),
+            serve_http: observed.certificate_ready,
+        };
+        Some(ingress::render_valid(metadata, valid, ctx, &inputs)?)
+    } else {
+        None
+    };
+    Ok(IngressDesired {
+        names,
+        backend_ports: resolved.ports,
+        problems: resolved.problems,
+        objects,
+    })
+}
+
+/// The policy inputs of one Tailnet. `route_approval` is the operator's `--route-approval`:
+/// when off, route approval is left to the Headscale admin and no autoApprovers are rendered
+/// either (Headscale 0.29 evaluates them when the policy is set, not only on route changes).
+pub fn policy(
+    tailnet: &Tailnet,
+    installation_id: &str,
+    operator_namespace: &str,
+    egresses: &[TailnetEgress],
+    ingresses: &[TailnetIngress],
+    nodes: &[ObservedNode],
+    route_approval: bool,
+) -> PolicyInputs {
+    let mut inputs = policy_inputs::policy_inputs(
+        tailnet,
+        installation_id,
+        operator_namespace,
+        egresses,
+        ingresses,
+        nodes,
+    );
+    if !route_approval {
+        inputs.route_approvers.clear();
+    }
+    inputs
+}
+
+/// The DNS entries of one Tailnet: egress aliases → the ClusterIP of the target's Service
+/// (`service_cluster_ips`, keyed by Service), ingress names → the tailnet IPs of the Headscale
+/// node tagged with the ingress's tag; a name without its address is pending, with the reason.
+/// Egresses outside the operator namespace and objects of other Tailnets are skipped.
+pub fn dns_inputs(
+    tailnet: &Tailnet,
+    operator_namespace: &str,
+    egresses: &[TailnetEgress],
+    ingresses: &[TailnetIngress],
+    service_cluster_ips: &BTreeMap<ObjectKey, IpAddr>,
+    nodes: &[ObservedNode],
+) -> DnsInputs {
+    let name = tailnet.name_any();
+    let mut inputs = DnsInputs::default();
+    for egress in egresses {
+        if egress.spec.tailnet_ref.name != name
+            || egress.namespace().as_deref() != Some(operator_namespace)
+        {
+            continue;
+        }
+        let owner = format!("TailnetEgress/{operator_namespace}/{}", egress.name_any());
+        for target in &egress.spec.targets {
+            let service = ObjectKey::new(operator_namespace, &target.name);
+            for alias in &target.aliases {
+                match service_cluster_ips.get(&service) {
+                    Some(address) => inputs.egress_aliases.push(DnsEntry {
+                        hostname: alias.clone(),
+                        address: *address,
+                        owner: owner.clone(),
+                    }),
+                    None => inputs.pending.push(PendingName {
+                        hostname: alias.clone(),
+                        owner: owner.clone(),
+                        reason: format!("Service {service} has no ClusterIP yet"),
+                    }),
+                }
+            }
+        }
+    }
+    for ingress in ingresses {
+        if ingress.spec.tailnet_ref.name != name {
+            continue;
+        }
+        let namespace = ingress.namespace().unwrap_or_default();
+        let Ok(names) = validate::ingress_in_context(
+            &namespace,
+            operator_namespace,
+            &ingress.spec,
+            &name,
+            &tailnet.spec,
+        ) else {
+            continue;
+        };
+        let owner = format!("TailnetIngress/{namespace}/{}", ingress.name_any());
+        let tag = ingress_tag(
+            &tailnet.spec.policy.tag_prefix,
+            &namespace,
+            &ingress.name_any(),
+        );
+        let ips: Vec<IpAddr> = nodes
+            .iter()
+            .filter(|n| n.tags.contains(&tag))
+            .flat_map(|n| n.ip_addresses.iter().copied())
+            .collect();
+        for hostname in names.iter().flat_map(|n| n.hostnames.iter()) {
+            if ips.is_empty() {
+                inputs.pending.push(PendingName {
+                    hostname: hostname.clone(),
+                    owner: owner.clone(),
+                    reason: format!("no Headscale node tagged {tag} yet"),
+                });
+            }
+            for address in &ips {
+                inputs.ingress_names.push(DnsEntry {
+                    hostname: hostname.clone(),
+                    address: *address,
+                    owner: owner.clone(),
+                });
+            }
+        }
+    }
+    inputs
+}
+
+/// The DNS ConfigMap of one Tailnet (only our two keys), or `None` when
+/// `spec.dns.hostsConfigMap` is not set. `owner` is the Tailnet's owner reference when the
+/// operator created the ConfigMap (a shared one such as kube-system/coredns gets none).
+pub fn dns_config_map(
+    tailnet: &Tailnet,
+    operator_namespace: &str,
+    rendered: &RenderedDns,
+    owner: Option<OwnerReference>,
+) -> Option<ConfigMap> {
+    let spec_dns = tailnet.spec.dns.as_ref()?;
+    let name = spec_dns.hosts_config_map.clone()?;
+    let namespace = spec_dns
+        .hosts_config_map_namespace
+        .clone()
+        .unwrap_or_else(|| operator_namespace.to_string());
+    Some(ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(namespace),
+            labels: Some(BTreeMap::from([
+                (
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "tailnet-operator".to_string(),
+                ),
+                (labels::TAILNET.to_string(), tailnet.name_any()),
+            ])),
+            owner_references: owner.map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([
+            (dns::HOSTS_KEY.to_string(), rendered.hosts.clone()),
+            (
+                dns::EXTRA_RECORDS_KEY.to_string(),
+                rendered.extra_records_json.clone(),
+            ),
+        ])),
+        ..ConfigMap::default()
+    })
+}
