@@ -10,7 +10,6 @@
 //! (what both agent kinds share), `certificates`, then the three controllers.
 
 pub mod access;
-pub mod agent;
 pub mod agent_conditions;
 pub mod agent_report;
 pub mod applied;
@@ -29,6 +28,8 @@ pub mod reason_coverage;
 pub mod shared_list;
 pub mod status;
 pub mod tailnet;
+#[cfg(test)]
+pub mod test_fixtures;
 
 // TEMPORARY while the controllers move to the new modules.
 pub use error::ReconcileError;

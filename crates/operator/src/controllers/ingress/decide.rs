@@ -1,0 +1,653 @@
+//! Decide step of the TailnetIngress controller (pure): from the ingress and what was
+//! observed, every condition, the exposes/URLs/hostnames in the status, the objects to apply
+//! and the key to mint.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use tailnet_api::conditions::{self, reasons, types};
+use tailnet_api::ingress::{ExposeMode, ExposeStatus, TailnetIngressStatus};
+use tailnet_api::naming::{AgentKind, ingress_tag};
+use tailnet_api::validate::{self, ExposeNames, FieldError};
+use tailnet_api::{Tailnet, TailnetIngress};
+use tailnet_render::images::Images;
+use tailnet_render::ingress::{self as render_ingress, IngressInputs, IngressObjects};
+use tailnet_render::meta::Owner;
+use tailnet_render::{RenderContext, RenderError};
+
+use super::super::agent_conditions as shared;
+use super::super::certificates::{self, CertificateVerdict};
+use super::super::context::OperatorConfig;
+use super::super::identity::{KeyAction, KeyState, decide_key, find_node};
+use super::super::status::{ConditionSet, Problem};
+use super::gather::{IngressObservation, tls_secret_name};
+
+/// Conditions that must hold for `Ready`, in the order of their dependencies.
+pub const REQUIRED: [&str; 8] = [
+    types::TAILNET_READY,
+    types::SOURCES_ALLOWED,
+    types::BACKENDS_RESOLVED,
+    types::CERTIFICATE_READY,
+    types::AGENT_READY,
+    types::NODE_ONLINE,
+    types::POLICY_EFFECTIVE,
+    types::HOSTNAMES_UNIQUE,
+];
+/// Conditions that count for `Ready` once they have been observed.
+pub const OBSERVED_IF_KNOWN: [&str; 1] = [types::BACKENDS_REACHABLE];
+
+/// What the act step does for one ingress.
+#[derive(Clone, Debug)]
+pub struct IngressDecision {
+    pub status: TailnetIngressStatus,
+    /// `None`: nothing is done (the Tailnet is missing, or the spec is invalid in itself or
+    /// in the Tailnet's context: the last valid configuration stays applied).
+    pub agent: Option<AgentPlan>,
+}
+
+#[derive(Clone, Debug)]
+pub struct AgentPlan {
+    pub owner: Owner,
+    pub tag: String,
+    /// The agent's objects; `None` while a backend does not resolve (the last good
+    /// configuration stays applied, and no key is minted).
+    pub objects: Option<IngressObjects>,
+    pub key: KeyAction,
+}
+
+/// An invalid spec: keep what runs (the last good config), say what to fix. `None` when the
+/// spec is valid.
+pub fn refuse_invalid(ingress: &TailnetIngress, now: Timestamp) -> Option<IngressDecision> {
+    let errors = validate::ingress(&ingress.spec);
+    if errors.is_empty() {
+        return None;
+    }
+    let previous = ingress.status.clone().unwrap_or_default();
+    let mut c = ConditionSet::new(&previous.conditions, ingress.metadata.generation, now);
+    c.fail(
+        types::SPEC_VALID,
+        Problem::new(
+            reasons::INVALID_SPEC,
+            format!(
+                "{}; the last valid configuration stays applied",
+                validate::summarize(&errors)
+            ),
+        ),
+    );
+    Some(IngressDecision {
+        status: TailnetIngressStatus {
+            observed_generation: ingress.metadata.generation,
+            conditions: c.finish(&[types::SPEC_VALID], &[]),
+            ..previous
+        },
+        agent: None,
+    })
+}
+
+/// Decides a valid ingress (see [`refuse_invalid`] first).
+pub fn decide(
+    ingress: &TailnetIngress,
+    observed: &IngressObservation,
+    config: &OperatorConfig,
+    now: Timestamp,
+) -> Result<IngressDecision, RenderError> {
+    let previous = ingress.status.clone().unwrap_or_default();
+    let mut c = ConditionSet::new(&previous.conditions, ingress.metadata.generation, now);
+    c.remove(types::SPEC_VALID);
+    let mut status = TailnetIngressStatus {
+        observed_generation: ingress.metadata.generation,
+        ..previous
+    };
+    let access = match &observed.access {
+        Ok(access) => access,
+        Err(problem) => {
+            c.fail(types::TAILNET_READY, problem.clone());
+            status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
+            return Ok(IngressDecision {
+                status,
+                agent: None,
+            });
+        }
+    };
+    let tailnet = &access.tailnet;
+    let tailnet_name = tailnet.name_any();
+    let (namespace, name) = (ingress.namespace().unwrap_or_default(), ingress.name_any());
+    let tag = ingress_tag(&tailnet.spec.policy.tag_prefix, &namespace, &name);
+    status.tag = Some(tag.clone());
+    shared::tailnet_ready(&mut c, access);
+
+    // Context rules: cross-namespace backends, templates, a certificate source.
+    let mut names = match validate::ingress_in_context(
+        &namespace,
+        &config.operator_namespace,
+        &ingress.spec,
+        &tailnet_name,
+        &tailnet.spec,
+    ) {
+        Ok(names) => names,
+        Err(errors) => {
+            c.fail(types::BACKENDS_RESOLVED, out_of_context(&errors));
+            status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
+            return Ok(IngressDecision {
+                status,
+                agent: None,
+            });
+        }
+    };
+    let not_allowed = sources_allowed(&mut c, ingress, tailnet);
+    let claimed = claimed_elsewhere(ingress, &observed.others, tailnet, config, &names);
+    hostnames_unique(&mut c, &claimed, &mut names);
+    let (backend_ports, problems) = resolve_backends(ingress, &namespace, observed);
+    backends_resolved(&mut c, &problems);
+    let owner = Owner::from_meta(AgentKind::Ingress, &ingress.metadata, &tailnet_name)?;
+    let serve_http = certificate_ready(&mut c, ingress, &owner, &names, observed, now);
+
+    // The agent is only deployed (and so a pre-auth key only minted) without problems.
+    let deployable = problems.is_empty();
+    let node = observed
+        .nodes
+        .as_ref()
+        .ok()
+        .and_then(|nodes| find_node(nodes, &tag))
+        .cloned();
+    let (key, key_state) = match &observed.nodes {
+        // Without the node list nothing is minted: the node may well exist.
+        Ok(_) => decide_key(node.is_some(), deployable, &observed.auth_secret, now),
+        Err(_) => (KeyAction::Keep, KeyState::NodeExists),
+    };
+    shared::node_online(&mut c, &observed.nodes, node.as_ref(), &key_state);
+    if let Some(n) = &node {
+        status.node_id = Some(n.id.to_string());
+        status.tailnet_ips = n.ip_addresses.clone();
+    }
+
+    // Render the agent only when every backend resolved: the last good config stays
+    // applied otherwise.
+    let objects = if deployable {
+        let render_ctx = RenderContext {
+            operator_namespace: &config.operator_namespace,
+            tailnet_name: &tailnet_name,
+            tailnet: &tailnet.spec,
+            images: Images::resolve(&config.images, tailnet.spec.agent.as_ref()),
+            cluster_domain: &config.cluster_domain,
+        };
+        let inputs = IngressInputs {
+            names: names.clone(),
+            backend_ports,
+            serve_http,
+        };
+        let objects = render_ingress::render(ingress, &render_ctx, &inputs)?;
+        status.hostnames = objects.hostnames.clone();
+        Some(objects)
+    } else {
+        None
+    };
+    shared::agent_ready(&mut c, observed.deployment.as_ref());
+    status.exposes = expose_status(&names, serve_http);
+    status.urls = urls(&names);
+    policy_effective(&mut c, ingress, tailnet, &not_allowed);
+    status.summary = Some(summary(&status.hostnames));
+    shared::reachability(
+        &mut c,
+        types::BACKENDS_REACHABLE,
+        observed.report.as_ref().map(|r| r.backends.as_slice()),
+    );
+    status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
+    Ok(IngressDecision {
+        status,
+        agent: Some(AgentPlan {
+            owner,
+            tag,
+            objects,
+            key,
+        }),
+    })
+}
+
+/// The cert-manager Certificate could not be created: `CertificateReady` says so (over what
+/// the decision said) and `Ready` is derived again. `status` is the decision's.
+pub fn certificate_not_created(
+    ingress: &TailnetIngress,
+    status: &TailnetIngressStatus,
+    error: &str,
+    now: Timestamp,
+) -> TailnetIngressStatus {
+    // `Ready` keeps its transition time from the object's status, not from the decision's.
+    let previous_ready = ingress
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, types::READY))
+        .cloned();
+    let mut list: Vec<_> = status
+        .conditions
+        .iter()
+        .filter(|c| c.type_ != types::READY)
+        .cloned()
+        .collect();
+    list.extend(previous_ready);
+    let mut c = ConditionSet::new(&list, status.observed_generation, now);
+    c.fail(
+        types::CERTIFICATE_READY,
+        Problem::new(
+            reasons::CERTIFICATE_NOT_CREATED,
+            format!(
+                "creating the cert-manager Certificate failed (is cert-manager installed?): {error}"
+            ),
+        ),
+    );
+    TailnetIngressStatus {
+        conditions: c.finish(&REQUIRED, &OBSERVED_IF_KNOWN),
+        ..status.clone()
+    }
+}
+
+/// Why the spec does not hold in the Tailnet's context (`BackendsResolved=False`).
+fn out_of_context(errors: &[FieldError]) -> Problem {
+    let cross = errors
+        .iter()
+        .any(|e| e.field.ends_with(".backend.namespace"));
+    let reason = if cross {
+        reasons::CROSS_NAMESPACE_BACKEND
+    } else {
+        reasons::INVALID_SPEC
+    };
+    Problem::new(reason, validate::summarize(errors))
+}
+
+/// `SourcesAllowed`: `allowFrom` within the allowlist (else those get no grant). Returns the
+/// sources that are not allowed.
+fn sources_allowed(
+    c: &mut ConditionSet,
+    ingress: &TailnetIngress,
+    tailnet: &Tailnet,
+) -> Vec<String> {
+    let not_allowed = validate::sources_not_allowed(&ingress.spec, &tailnet.spec);
+    if not_allowed.is_empty() {
+        c.ok(
+            types::SOURCES_ALLOWED,
+            reasons::READY,
+            format!(
+                "allowFrom {} is within the Tailnet's ingressSourceAllowlist",
+                ingress.spec.allow_from.join(", ")
+            ),
+        );
+    } else {
+        c.fail(
+            types::SOURCES_ALLOWED,
+            Problem::new(
+                reasons::SOURCE_NOT_ALLOWED,
+                format!(
+                    "{} not in Tailnet {}'s policy.ingressSourceAllowlist [{}]: they get no grant (the allowed sources keep theirs); remove them or ask the platform team to allow them",
+                    not_allowed.join(", "),
+                    tailnet.name_any(),
+                    tailnet.spec.policy.ingress_source_allowlist.join(", ")
+                ),
+            ),
+        );
+    }
+    not_allowed
+}
+
+/// Hostnames another (older) TailnetIngress of the Tailnet already claims, with who keeps
+/// them: the first owner keeps a name (ordered by creation time, then namespace/name).
+pub fn claimed_elsewhere(
+    ingress: &TailnetIngress,
+    others: &[std::sync::Arc<TailnetIngress>],
+    tailnet: &Tailnet,
+    config: &OperatorConfig,
+    names: &[ExposeNames],
+) -> BTreeMap<String, String> {
+    let ours: BTreeSet<&str> = names
+        .iter()
+        .flat_map(|n| n.hostnames.iter().map(String::as_str))
+        .collect();
+    let rank = |i: &TailnetIngress| {
+        (
+            i.creation_timestamp().map(|t| t.0),
+            i.namespace().unwrap_or_default(),
+            i.name_any(),
+        )
+    };
+    let my_rank = rank(ingress);
+    let mut claimed = BTreeMap::new();
+    for other in others {
+        if other.uid() == ingress.uid()
+            || other.spec.tailnet_ref.name != tailnet.name_any()
+            || rank(other) >= my_rank
+        {
+            continue;
+        }
+        let ns = other.namespace().unwrap_or_default();
+        let Ok(other_names) = validate::ingress_in_context(
+            &ns,
+            &config.operator_namespace,
+            &other.spec,
+            &tailnet.name_any(),
+            &tailnet.spec,
+        ) else {
+            continue;
+        };
+        for hostname in other_names.iter().flat_map(|n| n.hostnames.iter()) {
+            if ours.contains(hostname.as_str()) {
+                claimed.insert(hostname.clone(), format!("{ns}/{}", other.name_any()));
+            }
+        }
+    }
+    claimed
+}
+
+/// `HostnamesUnique`; names kept by another ingress are taken out of `names`.
+fn hostnames_unique(
+    c: &mut ConditionSet,
+    claimed: &BTreeMap<String, String>,
+    names: &mut [ExposeNames],
+) {
+    if claimed.is_empty() {
+        c.ok(
+            types::HOSTNAMES_UNIQUE,
+            reasons::READY,
+            "no other TailnetIngress claims these names",
+        );
+        return;
+    }
+    let list: Vec<String> = claimed
+        .iter()
+        .map(|(h, o)| format!("{h} (kept by {o})"))
+        .collect();
+    c.fail(
+        types::HOSTNAMES_UNIQUE,
+        Problem::new(
+            reasons::HOSTNAME_CONFLICT,
+            format!(
+                "names already claimed: {}; they are not served here",
+                list.join(", ")
+            ),
+        ),
+    );
+    for n in names {
+        n.hostnames.retain(|h| !claimed.contains_key(h));
+    }
+}
+
+/// Each expose's backend port resolved against its Service, and what is missing.
+pub fn resolve_backends(
+    ingress: &TailnetIngress,
+    namespace: &str,
+    observed: &IngressObservation,
+) -> (BTreeMap<String, u16>, Vec<String>) {
+    let mut ports = BTreeMap::new();
+    let mut problems = Vec::new();
+    for expose in &ingress.spec.exposes {
+        let backend = &expose.backend;
+        let ns = backend.namespace.as_deref().unwrap_or(namespace);
+        let key = (ns.to_string(), backend.service.clone());
+        let Some(service_ports) = observed.services.get(&key) else {
+            problems.push(format!(
+                "exposes[{}]: Service {ns}/{} does not exist",
+                expose.name, backend.service
+            ));
+            continue;
+        };
+        let found = match &backend.port {
+            IntOrString::Int(n) => service_ports.iter().find(|p| p.port == *n).map(|p| p.port),
+            IntOrString::String(name) => service_ports
+                .iter()
+                .find(|p| p.name.as_deref() == Some(name.as_str()))
+                .map(|p| p.port),
+        };
+        match found.and_then(|p| u16::try_from(p).ok()) {
+            Some(port) => {
+                ports.insert(expose.name.clone(), port);
+            }
+            None => problems.push(format!(
+                "exposes[{}]: Service {ns}/{} has no port {}",
+                expose.name,
+                backend.service,
+                match &backend.port {
+                    IntOrString::Int(n) => n.to_string(),
+                    IntOrString::String(s) => format!("named {s:?}"),
+                }
+            )),
+        }
+        if let Some(tls) = &backend.tls {
+            let reference = &tls.ca_config_map_ref;
+            let has_key = observed
+                .ca_config_maps
+                .get(&reference.name)
+                .is_some_and(|keys| keys.contains(&reference.key));
+            if !has_key {
+                problems.push(format!(
+                    "exposes[{}]: ConfigMap {namespace}/{} with key {:?} (backend.tls.caConfigMapRef) does not exist",
+                    expose.name, reference.name, reference.key
+                ));
+            }
+        }
+    }
+    (ports, problems)
+}
+
+fn backends_resolved(c: &mut ConditionSet, problems: &[String]) {
+    if problems.is_empty() {
+        c.ok(
+            types::BACKENDS_RESOLVED,
+            reasons::READY,
+            "every backend Service and port exists",
+        );
+    } else {
+        c.fail(
+            types::BACKENDS_RESOLVED,
+            Problem::new(reasons::BACKEND_NOT_FOUND, problems.join("; ")),
+        );
+    }
+}
+
+/// `CertificateReady`: a certificate covering every http name, valid now, or http is not
+/// served at all. Returns whether http exposes are served.
+fn certificate_ready(
+    c: &mut ConditionSet,
+    ingress: &TailnetIngress,
+    owner: &Owner,
+    names: &[ExposeNames],
+    observed: &IngressObservation,
+    now: Timestamp,
+) -> bool {
+    if !ingress
+        .spec
+        .exposes
+        .iter()
+        .any(|e| e.mode == ExposeMode::Http)
+    {
+        c.ok(
+            types::CERTIFICATE_READY,
+            reasons::NOT_APPLICABLE,
+            "no http exposes",
+        );
+        return false;
+    }
+    let http_names: Vec<String> = names
+        .iter()
+        .filter(|n| n.mode == ExposeMode::Http)
+        .flat_map(|n| n.hostnames.clone())
+        .collect::<BTreeSet<String>>()
+        .into_iter()
+        .collect();
+    let verdict = observed
+        .tls_certificate
+        .as_deref()
+        .map(|pem| certificates::check(pem, &http_names, now.as_second()));
+    let secret = Secret {
+        name: tls_secret_name(ingress, owner),
+        namespace: &owner.namespace,
+        issuing: ingress
+            .spec
+            .tls
+            .as_ref()
+            .and_then(|t| t.secret_name.as_ref())
+            .is_none(),
+    };
+    match certificate_state(verdict, &secret, &http_names) {
+        Ok(message) => {
+            c.ok(types::CERTIFICATE_READY, reasons::READY, message);
+            true
+        }
+        Err(problem) => {
+            c.fail(types::CERTIFICATE_READY, problem);
+            false
+        }
+    }
+}
+
+/// The TLS Secret: its name, and whether cert-manager issues it (no `spec.tls.secretName`).
+struct Secret<'a> {
+    name: String,
+    namespace: &'a str,
+    issuing: bool,
+}
+
+/// What a certificate verdict (`None`: no Secret or no `tls.crt`) means for the http exposes.
+fn certificate_state(
+    verdict: Option<CertificateVerdict>,
+    secret: &Secret,
+    http_names: &[String],
+) -> Result<String, Problem> {
+    let name = &secret.name;
+    let fail = |reason, message: String| Err(Problem::new(reason, message));
+    match verdict {
+        Some(CertificateVerdict::Valid { not_after }) => Ok(format!(
+            "Secret {name} covers {} (valid until {not_after})",
+            http_names.join(", ")
+        )),
+        None if secret.issuing => fail(
+            reasons::ISSUING,
+            format!(
+                "waiting for cert-manager to issue Secret {name} for {}; http exposes are not served until then",
+                http_names.join(", ")
+            ),
+        ),
+        None => fail(
+            reasons::SECRET_MISSING,
+            format!(
+                "Secret {}/{name} (spec.tls.secretName) does not exist or has no tls.crt; http exposes are not served",
+                secret.namespace
+            ),
+        ),
+        Some(CertificateVerdict::NamesNotCovered(missing)) if secret.issuing => fail(
+            reasons::ISSUING,
+            format!(
+                "Secret {name} does not cover {} yet (re-issuing); http exposes are not served",
+                missing.join(", ")
+            ),
+        ),
+        Some(CertificateVerdict::NamesNotCovered(missing)) => fail(
+            reasons::NAMES_NOT_COVERED,
+            format!(
+                "Secret {name} does not cover {}; http exposes are not served until it does",
+                missing.join(", ")
+            ),
+        ),
+        Some(CertificateVerdict::Expired { not_after }) => fail(
+            reasons::EXPIRED,
+            format!(
+                "the certificate in Secret {name} expired at {not_after}; http exposes are not served"
+            ),
+        ),
+        Some(CertificateVerdict::NotYetValid { not_before }) => fail(
+            reasons::NOT_YET_VALID,
+            format!("the certificate in Secret {name} is valid only from {not_before}"),
+        ),
+        Some(CertificateVerdict::Invalid(message)) => fail(
+            reasons::INVALID_CERTIFICATE,
+            format!("Secret {name}: {message}"),
+        ),
+    }
+}
+
+/// Per-expose status: its hostnames, and whether it is served.
+fn expose_status(names: &[ExposeNames], serve_http: bool) -> Vec<ExposeStatus> {
+    names
+        .iter()
+        .map(|n| {
+            let not_served = n.mode == ExposeMode::Http && !serve_http;
+            ExposeStatus {
+                name: n.expose.clone(),
+                hostnames: n.hostnames.clone(),
+                state: Some(
+                    if not_served {
+                        reasons::NOT_SERVED
+                    } else {
+                        reasons::READY
+                    }
+                    .to_string(),
+                ),
+                message: not_served.then(|| {
+                    "waiting for a certificate covering every name (see CertificateReady)"
+                        .to_string()
+                }),
+            }
+        })
+        .collect()
+}
+
+/// Every URL, sorted.
+fn urls(names: &[ExposeNames]) -> Vec<String> {
+    let urls: BTreeSet<String> = names
+        .iter()
+        .flat_map(|n| {
+            n.hostnames.iter().map(move |h| match (n.mode, n.port) {
+                (ExposeMode::Http, 443) => format!("https://{h}/"),
+                (ExposeMode::Http, p) => format!("https://{h}:{p}/"),
+                (ExposeMode::Tcp, p) => format!("tcp://{h}:{p}"),
+            })
+        })
+        .collect();
+    urls.into_iter().collect()
+}
+
+/// `PolicyEffective`: the grant of the allowed sources is live; blocked when no source is
+/// allowed (no grant is generated at all).
+fn policy_effective(
+    c: &mut ConditionSet,
+    ingress: &TailnetIngress,
+    tailnet: &Tailnet,
+    not_allowed: &[String],
+) {
+    let resource_key = format!(
+        "TailnetIngress/{}/{}",
+        ingress.namespace().unwrap_or_default(),
+        ingress.name_any()
+    );
+    let allowed: Vec<&str> = ingress
+        .spec
+        .allow_from
+        .iter()
+        .map(String::as_str)
+        .filter(|s| !not_allowed.iter().any(|n| n == s))
+        .collect();
+    let mut live = format!(
+        "{} may connect: the grant is live in Headscale",
+        allowed.join(", ")
+    );
+    if !not_allowed.is_empty() {
+        live.push_str(&format!(
+            "; {} get no grant (see SourcesAllowed)",
+            not_allowed.join(", ")
+        ));
+    }
+    let blocked = allowed.is_empty().then(|| {
+        Problem::new(
+            reasons::SOURCE_NOT_ALLOWED,
+            "no grant is generated: every allowFrom entry is outside the allowlist (see SourcesAllowed)",
+        )
+    });
+    shared::policy_effective(c, tailnet, &resource_key, &live, blocked);
+}
+
+fn summary(hostnames: &[String]) -> String {
+    match hostnames {
+        [] => "no hostnames".to_string(),
+        [only] => only.clone(),
+        [first, rest @ ..] => format!("{first} (+{})", rest.len()),
+    }
+}

@@ -1,0 +1,936 @@
+//! The ingress decision table: `decide` driven through every reason it can produce, with
+//! hand-made observations (no environment).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ServicePort;
+use tailnet_api::TailnetIngress;
+use tailnet_api::agent_status::ProbeState;
+use tailnet_api::conditions::{self, reasons, types};
+use tailnet_api::ingress::TailnetIngressStatus;
+use tailnet_api::naming::ingress_tag;
+use tailnet_headscale::Node;
+
+use super::super::agent_conditions::nodes_unobservable;
+use super::super::identity::{AuthSecret, KeyAction};
+use super::super::reason_coverage::assert_every_reason_has_a_case;
+use super::super::status::Problem;
+use super::super::test_fixtures as fx;
+use super::decide::{self, IngressDecision};
+use super::gather::IngressObservation;
+
+const NAMESPACE: &str = "team-a";
+const RESOURCE: &str = "TailnetIngress/team-a/portal";
+const PORTAL: &str = "portal.team-a.lab.example.net";
+const ALIAS: &str = "portal.lab.example.net";
+const DB: &str = "db.team-a.lab.example.net";
+
+fn tag() -> String {
+    ingress_tag(
+        &fx::tailnet(&[]).spec.policy.tag_prefix,
+        NAMESPACE,
+        "portal",
+    )
+}
+
+/// An ingress `portal` in team-a with these exposes (and `tls`, `allowFrom` overrides).
+fn ingress_with(exposes: serde_json::Value, extra: serde_json::Value) -> TailnetIngress {
+    let mut spec = serde_json::json!({
+        "tailnetRef": {"name": "demo"},
+        "allowFrom": ["group:team-a"],
+        "exposes": exposes,
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1",
+        "kind": "TailnetIngress",
+        "metadata": {
+            "name": "portal", "namespace": NAMESPACE, "uid": "ingress-uid", "generation": 2,
+            "creationTimestamp": "2026-05-01T00:00:00Z"
+        },
+        "spec": spec,
+    }))
+    .expect("ingress fixture")
+}
+
+fn web() -> serde_json::Value {
+    serde_json::json!({"name": "web", "dnsLabel": "portal", "alias": true, "mode": "http", "port": 443,
+        "backend": {"service": "frontend", "port": 8080}})
+}
+
+fn db() -> serde_json::Value {
+    serde_json::json!({"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 5432,
+        "backend": {"service": "db", "port": "postgres"}})
+}
+
+/// web (http, with alias) and db (tcp, named backend port).
+fn ingress() -> TailnetIngress {
+    ingress_with(serde_json::json!([web(), db()]), serde_json::json!({}))
+}
+
+/// The same, with a TLS Secret of the user's (no Certificate is issued).
+fn own_secret() -> TailnetIngress {
+    ingress_with(
+        serde_json::json!([web(), db()]),
+        serde_json::json!({"tls": {"secretName": "portal-tls"}}),
+    )
+}
+
+fn cert(names: &[&str], not_before: (i32, u8, u8), not_after: (i32, u8, u8)) -> Vec<u8> {
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let mut params = rcgen::CertificateParams::new(names).expect("params");
+    params.not_before = rcgen::date_time_ymd(not_before.0, not_before.1, not_before.2);
+    params.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
+    let key = rcgen::KeyPair::generate().expect("key");
+    params.self_signed(&key).expect("cert").pem().into_bytes()
+}
+
+fn valid_cert() -> Vec<u8> {
+    cert(&[PORTAL, ALIAS], (2026, 1, 1), (2027, 1, 1))
+}
+
+fn port(name: &str, number: i32) -> ServicePort {
+    ServicePort {
+        name: Some(name.to_string()),
+        port: number,
+        ..ServicePort::default()
+    }
+}
+
+fn agent_node(online: bool) -> Node {
+    fx::node(
+        9,
+        "tailnet-ingress-team-a-portal",
+        &tag(),
+        online,
+        &["100.64.0.9"],
+    )
+}
+
+/// Everything in order: backends, certificate, node online, agent ready, grant live,
+/// backends reachable.
+fn healthy() -> IngressObservation {
+    IngressObservation {
+        access: Ok(fx::access(fx::tailnet(&[RESOURCE]))),
+        others: Vec::new(),
+        services: BTreeMap::from([
+            (
+                (NAMESPACE.into(), "frontend".into()),
+                vec![port("http", 8080)],
+            ),
+            (
+                (NAMESPACE.into(), "db".into()),
+                vec![port("postgres", 5432)],
+            ),
+        ]),
+        ca_config_maps: BTreeMap::new(),
+        tls_certificate: Some(valid_cert()),
+        nodes: Ok(Arc::new(vec![agent_node(true)])),
+        auth_secret: AuthSecret::RemovedByUs,
+        deployment: Some(fx::deployment(1)),
+        report: Some(fx::report(
+            vec![],
+            vec![
+                fx::probe("web", "frontend.team-a.svc:8080", ProbeState::Reachable),
+                fx::probe("db", "db.team-a.svc:5432", ProbeState::Reachable),
+            ],
+        )),
+    }
+}
+
+fn with(change: impl FnOnce(&mut IngressObservation)) -> IngressObservation {
+    let mut observed = healthy();
+    change(&mut observed);
+    observed
+}
+
+fn tailnet_with(tailnet: tailnet_api::Tailnet) -> IngressObservation {
+    with(|o| o.access = Ok(fx::access(tailnet)))
+}
+
+fn run(ingress: &TailnetIngress, observed: &IngressObservation) -> IngressDecision {
+    decide::decide(ingress, observed, &fx::config(), fx::now()).expect("decide")
+}
+
+/// A case: its name, the decision's status, and the expected (type, status, reason) checks.
+struct Case {
+    name: &'static str,
+    status: TailnetIngressStatus,
+    expect: Vec<(&'static str, &'static str, &'static str)>,
+}
+
+fn case(
+    name: &'static str,
+    ingress: &TailnetIngress,
+    observed: IngressObservation,
+    expect: Vec<(&'static str, &'static str, &'static str)>,
+) -> Case {
+    Case {
+        name,
+        status: run(ingress, &observed).status,
+        expect,
+    }
+}
+
+/// An older ingress of another namespace whose alias is `portal.lab.example.net` too.
+fn older_rival() -> Arc<TailnetIngress> {
+    let mut rival = ingress_with(serde_json::json!([web()]), serde_json::json!({}));
+    rival.metadata.namespace = Some("team-b".into());
+    rival.metadata.uid = Some("rival-uid".into());
+    rival.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2026-04-01T00:00:00Z".parse().expect("time"),
+    ));
+    Arc::new(rival)
+}
+
+fn tailnet_and_headscale_cases() -> Vec<Case> {
+    let i = ingress();
+    vec![
+        case(
+            "healthy",
+            &i,
+            healthy(),
+            vec![
+                (types::READY, "True", reasons::READY),
+                (types::TAILNET_READY, "True", reasons::READY),
+                (types::SOURCES_ALLOWED, "True", reasons::READY),
+                (types::BACKENDS_RESOLVED, "True", reasons::READY),
+                (types::HOSTNAMES_UNIQUE, "True", reasons::READY),
+                (types::CERTIFICATE_READY, "True", reasons::READY),
+                (types::NODE_ONLINE, "True", reasons::ONLINE),
+                (types::AGENT_READY, "True", reasons::READY),
+                (types::POLICY_EFFECTIVE, "True", reasons::READY),
+                (types::BACKENDS_REACHABLE, "True", reasons::REACHABLE),
+            ],
+        ),
+        case(
+            "tailnet missing",
+            &i,
+            with(|o| o.access = Err(Problem::new(reasons::TAILNET_NOT_FOUND, "gone"))),
+            vec![(types::READY, "False", reasons::TAILNET_NOT_FOUND)],
+        ),
+        case(
+            "tailnet unreadable",
+            &i,
+            with(|o| o.access = Err(Problem::new(reasons::TAILNET_UNREADABLE, "403"))),
+            vec![(types::TAILNET_READY, "False", reasons::TAILNET_UNREADABLE)],
+        ),
+        case(
+            "headscale unusable",
+            &i,
+            with(|o| {
+                let mut access = fx::access(fx::tailnet(&[RESOURCE]));
+                access.headscale = Err(Problem::new(reasons::SECRET_MISSING, "no key"));
+                o.access = Ok(access);
+                o.nodes = Err(nodes_unobservable());
+            }),
+            vec![
+                (types::READY, "False", reasons::SECRET_MISSING),
+                (
+                    types::NODE_ONLINE,
+                    "Unknown",
+                    reasons::HEADSCALE_UNREACHABLE,
+                ),
+            ],
+        ),
+        case(
+            "node list fails",
+            &i,
+            with(|o| {
+                o.nodes = Err(Problem::new(
+                    reasons::headscale::TIMEOUT,
+                    "listing Headscale nodes failed",
+                ))
+            }),
+            vec![
+                (types::NODE_ONLINE, "Unknown", reasons::headscale::TIMEOUT),
+                (types::READY, "False", reasons::headscale::TIMEOUT),
+            ],
+        ),
+        case(
+            "node offline",
+            &i,
+            with(|o| o.nodes = Ok(Arc::new(vec![agent_node(false)]))),
+            vec![
+                (types::NODE_ONLINE, "False", reasons::NODE_OFFLINE),
+                (types::READY, "False", reasons::NODE_OFFLINE),
+            ],
+        ),
+        case(
+            "node not registered, key waiting",
+            &i,
+            with(|o| {
+                o.nodes = Ok(Arc::new(vec![]));
+                o.auth_secret = AuthSecret::Absent;
+            }),
+            vec![(types::NODE_ONLINE, "False", reasons::NODE_NOT_REGISTERED)],
+        ),
+        case(
+            "agent not ready",
+            &i,
+            with(|o| o.deployment = Some(fx::deployment(0))),
+            vec![(types::READY, "False", reasons::AGENT_NOT_READY)],
+        ),
+        case(
+            "no deployment yet",
+            &i,
+            with(|o| o.deployment = None),
+            vec![(types::AGENT_READY, "False", reasons::AGENT_NOT_READY)],
+        ),
+    ]
+}
+
+fn spec_and_backend_cases() -> Vec<Case> {
+    let i = ingress();
+    let cross = ingress_with(
+        serde_json::json!([{"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 5432,
+            "backend": {"service": "db", "namespace": "databases", "port": 5432}}]),
+        serde_json::json!({}),
+    );
+    let mut no_issuer = fx::tailnet(&[RESOURCE]);
+    no_issuer.spec.defaults = None;
+    let verified = ingress_with(
+        serde_json::json!([{"name": "web", "dnsLabel": "portal", "alias": true, "mode": "http", "port": 443,
+            "backend": {"service": "frontend", "port": "http",
+                "tls": {"serverName": "frontend.team-a.svc", "caConfigMapRef": {"name": "backend-ca", "key": "ca.crt"}}}}]),
+        serde_json::json!({}),
+    );
+    let mut outsider = ingress();
+    outsider.spec.allow_from = vec!["group:team-a".into(), "group:evil".into()];
+    let mut only_outsiders = ingress();
+    only_outsiders.spec.allow_from = vec!["group:evil".into()];
+    vec![
+        case(
+            "backend in another namespace",
+            &cross,
+            healthy(),
+            vec![
+                (
+                    types::BACKENDS_RESOLVED,
+                    "False",
+                    reasons::CROSS_NAMESPACE_BACKEND,
+                ),
+                // As before the split: decided before SourcesAllowed, which a new object lacks.
+                (types::READY, "Unknown", reasons::PENDING),
+            ],
+        ),
+        case(
+            "no certificate source in the Tailnet",
+            &i,
+            tailnet_with(no_issuer),
+            vec![(types::BACKENDS_RESOLVED, "False", reasons::INVALID_SPEC)],
+        ),
+        case(
+            "backend Service missing",
+            &i,
+            with(|o| {
+                o.services
+                    .remove(&(NAMESPACE.to_string(), "db".to_string()));
+                o.nodes = Ok(Arc::new(vec![]));
+                o.auth_secret = AuthSecret::Absent;
+            }),
+            vec![
+                (
+                    types::BACKENDS_RESOLVED,
+                    "False",
+                    reasons::BACKEND_NOT_FOUND,
+                ),
+                (types::NODE_ONLINE, "False", reasons::NODE_NOT_REGISTERED),
+                (types::READY, "False", reasons::BACKEND_NOT_FOUND),
+            ],
+        ),
+        case(
+            "backend port missing",
+            &i,
+            with(|o| {
+                o.services
+                    .insert((NAMESPACE.into(), "db".into()), vec![port("other", 5433)]);
+            }),
+            vec![(
+                types::BACKENDS_RESOLVED,
+                "False",
+                reasons::BACKEND_NOT_FOUND,
+            )],
+        ),
+        case(
+            "backend CA ConfigMap without the key",
+            &verified,
+            with(|o| {
+                o.ca_config_maps.insert(
+                    "backend-ca".into(),
+                    BTreeSet::from(["other.crt".to_string()]),
+                );
+            }),
+            vec![(
+                types::BACKENDS_RESOLVED,
+                "False",
+                reasons::BACKEND_NOT_FOUND,
+            )],
+        ),
+        case(
+            "backend CA ConfigMap present",
+            &verified,
+            with(|o| {
+                o.ca_config_maps
+                    .insert("backend-ca".into(), BTreeSet::from(["ca.crt".to_string()]));
+            }),
+            vec![(types::BACKENDS_RESOLVED, "True", reasons::READY)],
+        ),
+        case(
+            "a source outside the allowlist",
+            &outsider,
+            healthy(),
+            vec![
+                (types::SOURCES_ALLOWED, "False", reasons::SOURCE_NOT_ALLOWED),
+                (types::POLICY_EFFECTIVE, "True", reasons::READY),
+            ],
+        ),
+        case(
+            "every source outside the allowlist",
+            &only_outsiders,
+            tailnet_with(fx::tailnet(&[])),
+            vec![
+                (types::SOURCES_ALLOWED, "False", reasons::SOURCE_NOT_ALLOWED),
+                (
+                    types::POLICY_EFFECTIVE,
+                    "False",
+                    reasons::SOURCE_NOT_ALLOWED,
+                ),
+            ],
+        ),
+        case(
+            "a hostname kept by an older ingress",
+            &i,
+            with(|o| o.others = vec![older_rival()]),
+            vec![
+                (types::HOSTNAMES_UNIQUE, "False", reasons::HOSTNAME_CONFLICT),
+                (types::READY, "False", reasons::HOSTNAME_CONFLICT),
+            ],
+        ),
+    ]
+}
+
+fn certificate_cases() -> Vec<Case> {
+    let (i, own) = (ingress(), own_secret());
+    let tcp_only = ingress_with(serde_json::json!([db()]), serde_json::json!({}));
+    vec![
+        case(
+            "waiting for cert-manager",
+            &i,
+            with(|o| o.tls_certificate = None),
+            vec![(types::CERTIFICATE_READY, "False", reasons::ISSUING)],
+        ),
+        case(
+            "re-issuing for new names",
+            &i,
+            with(|o| o.tls_certificate = Some(cert(&[PORTAL], (2026, 1, 1), (2027, 1, 1)))),
+            vec![(types::CERTIFICATE_READY, "False", reasons::ISSUING)],
+        ),
+        case(
+            "own Secret missing",
+            &own,
+            with(|o| o.tls_certificate = None),
+            vec![
+                (types::CERTIFICATE_READY, "False", reasons::SECRET_MISSING),
+                (types::READY, "False", reasons::SECRET_MISSING),
+            ],
+        ),
+        case(
+            "own Secret does not cover the names",
+            &own,
+            with(|o| {
+                o.tls_certificate = Some(cert(&["other.example.net"], (2026, 1, 1), (2027, 1, 1)))
+            }),
+            vec![(
+                types::CERTIFICATE_READY,
+                "False",
+                reasons::NAMES_NOT_COVERED,
+            )],
+        ),
+        case(
+            "own Secret with a valid certificate",
+            &own,
+            healthy(),
+            vec![(types::CERTIFICATE_READY, "True", reasons::READY)],
+        ),
+        case(
+            "expired",
+            &own,
+            with(|o| o.tls_certificate = Some(cert(&[PORTAL, ALIAS], (2025, 1, 1), (2026, 1, 1)))),
+            vec![(types::CERTIFICATE_READY, "False", reasons::EXPIRED)],
+        ),
+        case(
+            "not yet valid",
+            &i,
+            with(|o| o.tls_certificate = Some(cert(&[PORTAL, ALIAS], (2027, 1, 1), (2028, 1, 1)))),
+            vec![(types::CERTIFICATE_READY, "False", reasons::NOT_YET_VALID)],
+        ),
+        case(
+            "not a certificate",
+            &own,
+            with(|o| o.tls_certificate = Some(b"garbage".to_vec())),
+            vec![(
+                types::CERTIFICATE_READY,
+                "False",
+                reasons::INVALID_CERTIFICATE,
+            )],
+        ),
+        case(
+            "tcp only",
+            &tcp_only,
+            with(|o| o.tls_certificate = None),
+            vec![
+                (types::CERTIFICATE_READY, "True", reasons::NOT_APPLICABLE),
+                (types::READY, "True", reasons::READY),
+            ],
+        ),
+    ]
+}
+
+fn policy_and_reachability_cases() -> Vec<Case> {
+    let i = ingress();
+    let mut dry_run = fx::tailnet(&[]);
+    dry_run.spec.policy.mode = tailnet_api::tailnet::PolicyMode::DryRun;
+    let mut v = vec![
+        case(
+            "grants not live yet",
+            &i,
+            tailnet_with(fx::tailnet(&[])),
+            vec![(types::POLICY_EFFECTIVE, "False", reasons::NOT_EFFECTIVE)],
+        ),
+        case(
+            "tailnet in DryRun",
+            &i,
+            tailnet_with(dry_run),
+            vec![(types::POLICY_EFFECTIVE, "False", reasons::DRY_RUN)],
+        ),
+        case(
+            "agent report unreadable",
+            &i,
+            with(|o| o.report = None),
+            vec![
+                (types::BACKENDS_REACHABLE, "Unknown", reasons::NOT_OBSERVED),
+                (types::READY, "True", reasons::READY),
+            ],
+        ),
+        case(
+            "not probed yet",
+            &i,
+            with(|o| {
+                o.report = Some(fx::report(
+                    vec![],
+                    vec![fx::probe("web", "frontend:8080", ProbeState::Unknown)],
+                ))
+            }),
+            vec![
+                (
+                    types::BACKENDS_REACHABLE,
+                    "Unknown",
+                    reasons::NOT_PROBED_YET,
+                ),
+                (types::READY, "True", reasons::READY),
+            ],
+        ),
+    ];
+    for reason in [
+        reasons::REJECTED,
+        reasons::OWNED_ELSEWHERE,
+        reasons::BASE_INVALID,
+        reasons::HEADSCALE_UNREACHABLE,
+    ] {
+        v.push(Case {
+            name: "tailnet policy not applied",
+            status: run(
+                &i,
+                &tailnet_with(fx::with_policy_applied_false(fx::tailnet(&[]), reason)),
+            )
+            .status,
+            expect: vec![(types::POLICY_EFFECTIVE, "False", reason)],
+        });
+    }
+    for (state, reason) in [
+        (ProbeState::NoRoute, reasons::NO_ROUTE),
+        (ProbeState::Refused, reasons::REFUSED),
+        (ProbeState::Timeout, reasons::TIMEOUT),
+        (ProbeState::Error, reasons::PROBE_ERROR),
+    ] {
+        v.push(Case {
+            name: "probe fails",
+            status: run(
+                &i,
+                &with(|o| {
+                    o.report = Some(fx::report(
+                        vec![],
+                        vec![fx::probe("web", "frontend:8080", state)],
+                    ))
+                }),
+            )
+            .status,
+            expect: vec![
+                (types::BACKENDS_REACHABLE, "False", reason),
+                (types::READY, "False", reason),
+            ],
+        });
+    }
+    v
+}
+
+/// The reasons a status shows: its conditions' and its exposes' states.
+fn reasons_of(status: &TailnetIngressStatus) -> impl Iterator<Item = String> + '_ {
+    status
+        .conditions
+        .iter()
+        .map(|c| c.reason.clone())
+        .chain(status.exposes.iter().filter_map(|e| e.state.clone()))
+}
+
+#[test]
+fn decision_table() {
+    let mut seen = BTreeSet::new();
+    let cases = [
+        tailnet_and_headscale_cases(),
+        spec_and_backend_cases(),
+        certificate_cases(),
+        policy_and_reachability_cases(),
+    ];
+    for case in cases.into_iter().flatten() {
+        for (type_, status, reason) in &case.expect {
+            assert_eq!(
+                fx::condition(&case.status.conditions, type_),
+                (*status, *reason),
+                "case {:?}: {type_}",
+                case.name
+            );
+        }
+        seen.extend(reasons_of(&case.status));
+    }
+    // Decided outside `decide`: an invalid spec, a Certificate the apiserver refused.
+    let invalid = ingress_with(
+        serde_json::json!([{"name": "Bad_Name", "dnsLabel": "portal", "mode": "http", "port": 0,
+            "backend": {"service": "frontend", "port": 8080}}]),
+        serde_json::json!({}),
+    );
+    let refused = decide::refuse_invalid(&invalid, fx::now()).expect("invalid");
+    assert_eq!(
+        fx::condition(&refused.status.conditions, types::SPEC_VALID),
+        ("False", reasons::INVALID_SPEC)
+    );
+    assert_eq!(
+        fx::condition(&refused.status.conditions, types::READY),
+        ("False", reasons::INVALID_SPEC)
+    );
+    assert!(refused.agent.is_none(), "an invalid spec applies nothing");
+    seen.extend(reasons_of(&refused.status));
+    assert!(decide::refuse_invalid(&ingress(), fx::now()).is_none());
+    let decided = run(&ingress(), &healthy()).status;
+    let status = decide::certificate_not_created(
+        &ingress(),
+        &decided,
+        "the server could not find the requested resource",
+        fx::now(),
+    );
+    assert_eq!(
+        fx::condition(&status.conditions, types::CERTIFICATE_READY),
+        ("False", reasons::CERTIFICATE_NOT_CREATED)
+    );
+    assert_eq!(
+        fx::condition(&status.conditions, types::READY),
+        ("False", reasons::CERTIFICATE_NOT_CREATED)
+    );
+    seen.extend(reasons_of(&status));
+    assert_every_reason_has_a_case(
+        &seen,
+        &[
+            include_str!("decide.rs"),
+            include_str!("../agent_conditions.rs"),
+            include_str!("../identity.rs"),
+        ],
+    );
+}
+
+#[test]
+fn ready_names_the_first_missing_precondition_in_dependency_order() {
+    let ready = |ingress: &TailnetIngress, observed: IngressObservation| {
+        let status = run(ingress, &observed).status;
+        let (s, r) = fx::condition(&status.conditions, types::READY);
+        (s.to_string(), r.to_string())
+    };
+    let failing = |reason: &str| ("False".to_string(), reason.to_string());
+    let mut outsider = own_secret();
+    outsider.spec.allow_from.push("group:evil".into());
+    let broken = |o: &mut IngressObservation| {
+        o.services.clear();
+        o.tls_certificate = None;
+        o.deployment = Some(fx::deployment(0));
+        o.nodes = Ok(Arc::new(vec![agent_node(false)]));
+        o.access = Ok(fx::access(fx::tailnet(&[])));
+        o.others = vec![older_rival()];
+        o.report = Some(fx::report(
+            vec![],
+            vec![fx::probe("web", "frontend:8080", ProbeState::Timeout)],
+        ));
+    };
+    // Everything wrong: the sources come first, then each fix reveals the next one.
+    assert_eq!(
+        ready(&outsider, with(broken)),
+        failing(reasons::SOURCE_NOT_ALLOWED)
+    );
+    let own = own_secret();
+    assert_eq!(
+        ready(&own, with(broken)),
+        failing(reasons::BACKEND_NOT_FOUND)
+    );
+    let step = |o: &mut IngressObservation| {
+        broken(o);
+        o.services = healthy().services;
+    };
+    assert_eq!(ready(&own, with(step)), failing(reasons::SECRET_MISSING));
+    let step = |o: &mut IngressObservation| {
+        step(o);
+        o.tls_certificate = Some(valid_cert());
+    };
+    assert_eq!(ready(&own, with(step)), failing(reasons::AGENT_NOT_READY));
+    let step = |o: &mut IngressObservation| {
+        step(o);
+        o.deployment = Some(fx::deployment(1));
+    };
+    assert_eq!(ready(&own, with(step)), failing(reasons::NODE_OFFLINE));
+    let step = |o: &mut IngressObservation| {
+        step(o);
+        o.nodes = Ok(Arc::new(vec![agent_node(true)]));
+    };
+    assert_eq!(ready(&own, with(step)), failing(reasons::NOT_EFFECTIVE));
+    let step = |o: &mut IngressObservation| {
+        step(o);
+        o.access = Ok(fx::access(fx::tailnet(&[RESOURCE])));
+    };
+    assert_eq!(ready(&own, with(step)), failing(reasons::HOSTNAME_CONFLICT));
+    let step = |o: &mut IngressObservation| {
+        step(o);
+        o.others.clear();
+    };
+    // An observed reachability failure counts once the required ones hold; none blocks.
+    assert_eq!(ready(&own, with(step)), failing(reasons::TIMEOUT));
+    let step = |o: &mut IngressObservation| {
+        step(o);
+        o.report = None;
+    };
+    assert_eq!(
+        ready(&own, with(step)),
+        ("True".to_string(), reasons::READY.to_string())
+    );
+    // The Tailnet before everything.
+    assert_eq!(
+        ready(
+            &outsider,
+            with(|o| {
+                broken(o);
+                o.access = Err(Problem::new(reasons::TAILNET_NOT_FOUND, "gone"));
+            })
+        ),
+        failing(reasons::TAILNET_NOT_FOUND)
+    );
+}
+
+#[test]
+fn status_lists_hostnames_urls_and_the_node() {
+    let status = run(&ingress(), &healthy()).status;
+    assert_eq!(
+        status.hostnames,
+        vec![DB.to_string(), ALIAS.to_string(), PORTAL.to_string()]
+    );
+    assert_eq!(
+        status.urls,
+        vec![
+            format!("https://{ALIAS}/"),
+            format!("https://{PORTAL}/"),
+            format!("tcp://{DB}:5432"),
+        ]
+    );
+    assert_eq!(
+        status.summary.as_deref(),
+        Some(format!("{DB} (+2)").as_str())
+    );
+    assert_eq!(status.tag, Some(tag()));
+    assert_eq!(status.node_id.as_deref(), Some("9"));
+    assert_eq!(status.tailnet_ips, vec!["100.64.0.9".to_string()]);
+    assert_eq!(status.observed_generation, Some(2));
+    let states: Vec<_> = status
+        .exposes
+        .iter()
+        .map(|e| (e.name.as_str(), e.state.as_deref()))
+        .collect();
+    assert_eq!(
+        states,
+        vec![("web", Some(reasons::READY)), ("db", Some(reasons::READY))]
+    );
+    // Without a certificate the http expose is not served (never plaintext); tcp still is.
+    let status = run(&ingress(), &with(|o| o.tls_certificate = None)).status;
+    let states: Vec<_> = status
+        .exposes
+        .iter()
+        .map(|e| (e.name.as_str(), e.state.as_deref()))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            ("web", Some(reasons::NOT_SERVED)),
+            ("db", Some(reasons::READY))
+        ]
+    );
+    // A name kept by an older ingress is neither served nor listed.
+    let status = run(&ingress(), &with(|o| o.others = vec![older_rival()])).status;
+    assert!(
+        !status.hostnames.contains(&ALIAS.to_string()),
+        "{:?}",
+        status.hostnames
+    );
+    assert!(
+        !status.urls.iter().any(|u| u.contains(ALIAS)),
+        "{:?}",
+        status.urls
+    );
+    // A newer ingress claiming the same names does not take them.
+    let mut newer = (*older_rival()).clone();
+    newer.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2026-05-02T00:00:00Z".parse().expect("time"),
+    ));
+    let status = run(&ingress(), &with(|o| o.others = vec![Arc::new(newer)])).status;
+    assert_eq!(
+        fx::condition(&status.conditions, types::HOSTNAMES_UNIQUE),
+        ("True", reasons::READY)
+    );
+}
+
+#[test]
+fn what_is_applied_and_minted() {
+    // Healthy: everything is rendered, with a Certificate (no secretName); no key action.
+    let plan = run(&ingress(), &healthy()).agent.expect("plan");
+    let objects = plan.objects.expect("objects");
+    assert!(objects.certificate.is_some());
+    assert_eq!(objects.hostnames.len(), 3);
+    assert_eq!(plan.key, KeyAction::Keep);
+    assert_eq!(plan.tag, tag());
+    // The user's own Secret: no Certificate.
+    let plan = run(&own_secret(), &healthy()).agent.expect("plan");
+    assert!(plan.objects.expect("objects").certificate.is_none());
+    // A backend missing: nothing rendered, no key minted, the last hostnames stay.
+    let mut listed = ingress();
+    listed.status = Some(TailnetIngressStatus {
+        hostnames: vec!["kept.example.net".into()],
+        ..Default::default()
+    });
+    let missing = |o: &mut IngressObservation| {
+        o.services.clear();
+        o.nodes = Ok(Arc::new(vec![]));
+        o.auth_secret = AuthSecret::Absent;
+    };
+    let decision = run(&listed, &with(missing));
+    assert_eq!(
+        decision.status.hostnames,
+        vec!["kept.example.net".to_string()]
+    );
+    let plan = decision.agent.expect("plan");
+    assert!(plan.objects.is_none());
+    assert_eq!(plan.key, KeyAction::Keep);
+    // ... but a spent key is still retired once the node exists.
+    let plan = run(
+        &ingress(),
+        &with(|o| {
+            o.services.clear();
+            o.auth_secret = AuthSecret::Present {
+                key_id: Some(4),
+                expires: None,
+            };
+        }),
+    )
+    .agent
+    .expect("plan");
+    assert_eq!(
+        plan.key,
+        KeyAction::Retire {
+            key_id: Some(4),
+            delete_secret: true
+        }
+    );
+    // No node, deployable: mint one.
+    let plan = run(
+        &ingress(),
+        &with(|o| {
+            o.nodes = Ok(Arc::new(vec![]));
+            o.auth_secret = AuthSecret::Absent;
+        }),
+    )
+    .agent
+    .expect("plan");
+    assert!(
+        matches!(plan.key, KeyAction::Mint { held: None, .. }),
+        "{:?}",
+        plan.key
+    );
+    // Headscale unreadable: no key action at all (the node may well exist), objects still.
+    let plan = run(
+        &ingress(),
+        &with(|o| {
+            o.nodes = Err(Problem::new(reasons::headscale::TIMEOUT, "timeout"));
+            o.auth_secret = AuthSecret::Absent;
+        }),
+    )
+    .agent
+    .expect("plan");
+    assert_eq!(plan.key, KeyAction::Keep);
+    assert!(plan.objects.is_some());
+    // The Tailnet missing, or the spec out of context: nothing is done.
+    assert!(
+        run(
+            &ingress(),
+            &with(|o| o.access = Err(Problem::new(reasons::TAILNET_NOT_FOUND, "gone")))
+        )
+        .agent
+        .is_none()
+    );
+    let mut no_issuer = fx::tailnet(&[RESOURCE]);
+    no_issuer.spec.defaults = None;
+    assert!(run(&ingress(), &tailnet_with(no_issuer)).agent.is_none());
+}
+
+#[test]
+fn a_refused_certificate_keeps_ready_transition_times() {
+    // Ready was False/CertificateNotCreated since `then`; the next decision alone would say
+    // True: the fix-up says CertificateNotCreated again, with the old transition time.
+    let then: jiff::Timestamp = "2026-05-31T00:00:00Z".parse().expect("time");
+    let mut ingress = ingress();
+    let mut before = conditions::condition(
+        types::READY,
+        conditions::Status::False,
+        reasons::CERTIFICATE_NOT_CREATED,
+        "x",
+        Some(2),
+    );
+    before.last_transition_time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(then);
+    ingress.status = Some(TailnetIngressStatus {
+        conditions: vec![before],
+        ..Default::default()
+    });
+    let decided = run(&ingress, &healthy()).status;
+    assert_eq!(
+        fx::condition(&decided.conditions, types::READY),
+        ("True", reasons::READY)
+    );
+    let status =
+        decide::certificate_not_created(&ingress, &decided, "no kind Certificate", fx::now());
+    let ready = conditions::find(&status.conditions, types::READY).expect("ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", reasons::CERTIFICATE_NOT_CREATED)
+    );
+    assert_eq!(ready.last_transition_time.0, then);
+    assert!(
+        ready.message.contains("is cert-manager installed?"),
+        "{}",
+        ready.message
+    );
+}
