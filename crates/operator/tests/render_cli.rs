@@ -172,6 +172,24 @@ fn bad_inputs_fail_naming_file_object_and_field() {
             "<dir>/11-base-policy.yaml (document 1, ConfigMap tailnet-system/tailnet-policy): data.policy.hujson: the base policy is not valid HuJSON at line 9, column",
         ),
         (
+            "30-ingress.yaml",
+            "        port: 8080",
+            "        port: 8081",
+            "<dir>/30-ingress.yaml (document 1, TailnetIngress team-a/portal): spec.exposes[web].backend.port: Service team-a/frontend has no port 8081 among the inputs; use a port Service team-a/frontend has, or add the port to the Service in the inputs",
+        ),
+        (
+            "30-ingress.yaml",
+            "        port: 8443",
+            "        port: https-alt",
+            "spec.exposes[admin].backend.port: Service team-a/admin has no port named \"https-alt\" among the inputs",
+        ),
+        (
+            "30-ingress.yaml",
+            "key: ca.crt",
+            "key: root.pem",
+            "spec.exposes[admin].backend.tls.caConfigMapRef: ConfigMap team-a/backend-ca with key \"root.pem\" (backend.tls.caConfigMapRef) does not exist among the inputs; add the ConfigMap manifest to the inputs, or its keys to the --observed file: \"configMaps\": {\"team-a/backend-ca\": [\"root.pem\"]}",
+        ),
+        (
             "10-tailnet.yaml",
             "name: demo",
             "name: other",
@@ -189,6 +207,57 @@ fn bad_inputs_fail_naming_file_object_and_field() {
             "{file}: {from} -> {to}\nexpected: {expected}\ngot: {stderr}"
         );
     }
+}
+
+#[test]
+fn backends_are_resolved_like_the_controller_does() {
+    // Without the observed state, the backend Services and the CA ConfigMap are unknown: the
+    // same precondition the controller reports as BackendsResolved=False.
+    let (ok, _, stderr) = render(&["examples/"]);
+    assert!(!ok, "backends without Services must fail");
+    for expected in [
+        "examples/30-ingress.yaml (document 1, TailnetIngress team-a/portal): spec.exposes[web].backend.service: Service team-a/frontend does not exist among the inputs; add the Service manifest to the inputs, or its ports to the --observed file: \"services\": {\"team-a/frontend\": [{\"port\": 8080}]}",
+        "spec.exposes[admin].backend.service: Service team-a/admin does not exist among the inputs",
+        "spec.exposes[admin].backend.tls.caConfigMapRef: ConfigMap team-a/backend-ca with key \"ca.crt\" (backend.tls.caConfigMapRef) does not exist among the inputs",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "expected: {expected}\ngot: {stderr}"
+        );
+    }
+
+    // A Service manifest among the inputs counts like an observed entry.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backends = dir.path().join("backends.yaml");
+    std::fs::write(
+        &backends,
+        "apiVersion: v1\nkind: Service\nmetadata: {name: frontend, namespace: team-a}\nspec: {ports: [{name: http, port: 8080}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: admin, namespace: team-a}\nspec: {ports: [{port: 8443}]}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: backend-ca, namespace: team-a}\ndata: {ca.crt: placeholder}\n",
+    )
+    .expect("write");
+    let (ok, with_manifests, stderr) = render(&[
+        "examples/",
+        backends.to_str().expect("utf-8 path"),
+        "--only",
+        "objects",
+    ]);
+    assert!(ok, "{stderr}");
+    let (_, with_observed, _) = render(&["examples/", "--observed", OBSERVED, "--only", "objects"]);
+    assert_eq!(with_manifests, with_observed);
+}
+
+#[test]
+fn observed_keys_must_be_namespace_slash_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let observed = dir.path().join("observed.json");
+    std::fs::write(&observed, r#"{"services": {"frontend": [{"port": 8080}]}}"#).expect("write");
+    let (ok, _, stderr) = render(&["examples/", "--observed", observed.to_str().expect("utf-8")]);
+    assert!(!ok);
+    assert!(
+        stderr.contains(
+            "services: key \"frontend\" is not namespace/name; write e.g. \"team-a/frontend\""
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -239,3 +239,200 @@ pub fn resolve(
     }
     resolved
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+    use tailnet_api::TailnetIngressSpec;
+    use tailnet_api::validate::valid_ingress;
+
+    /// The exposes of an ingress from YAML (validated like the controller does).
+    fn exposes(yaml: &str) -> Vec<ValidExpose> {
+        let spec: TailnetIngressSpec = serde_yaml::from_str(&format!(
+            "tailnetRef: {{name: demo}}\nallowFrom: [\"group:team-a\"]\nexposes:\n{yaml}"
+        ))
+        .expect("fixture");
+        valid_ingress(&spec).expect("valid fixture").exposes
+    }
+
+    fn key(namespace: &str, name: &str) -> ObjectKey {
+        ObjectKey::new(namespace, name)
+    }
+
+    fn port(name: Option<&str>, port: i32) -> ServicePortInfo {
+        ServicePortInfo {
+            name: name.map(str::to_string),
+            port,
+        }
+    }
+
+    fn observed() -> ObservedBackends {
+        ObservedBackends {
+            services: BTreeMap::from([
+                (
+                    key("team-a", "frontend"),
+                    vec![port(Some("http"), 8080), port(Some("metrics"), 9090)],
+                ),
+                (key("team-a", "unnamed"), vec![port(None, 80)]),
+                (key("other", "shared"), vec![port(Some("https"), 8443)]),
+            ]),
+            config_maps: BTreeMap::from([(
+                key("team-a", "backend-ca"),
+                BTreeSet::from(["ca.crt".to_string()]),
+            )]),
+        }
+    }
+
+    const WEB: &str = "  - {name: web, dnsLabel: web, mode: http, port: 443, backend: {service: frontend, port: 8080}}\n";
+
+    #[test]
+    fn resolves_numbered_and_named_ports_against_the_service() {
+        let table: Vec<(&str, &str, u16)> = vec![
+            ("number", WEB, 8080),
+            (
+                "name",
+                "  - {name: web, dnsLabel: web, mode: http, port: 443, backend: {service: frontend, port: metrics}}\n",
+                9090,
+            ),
+            (
+                "unnamed port by number",
+                "  - {name: web, dnsLabel: web, mode: tcp, port: 80, backend: {service: unnamed, port: 80}}\n",
+                80,
+            ),
+            (
+                "other namespace",
+                "  - {name: web, dnsLabel: web, mode: http, port: 443, backend: {service: shared, namespace: other, port: https}}\n",
+                8443,
+            ),
+            (
+                "CA key present",
+                "  - {name: web, dnsLabel: web, mode: http, port: 443, backend: {service: frontend, port: http, tls: {serverName: frontend.team-a.svc, caConfigMapRef: {name: backend-ca, key: ca.crt}}}}\n",
+                8080,
+            ),
+        ];
+        for (case, yaml, expected) in table {
+            let resolved = resolve("team-a", &exposes(yaml), &observed());
+            assert_eq!(resolved.problems, vec![], "{case}");
+            assert_eq!(
+                resolved.ports,
+                BTreeMap::from([("web".to_string(), expected)]),
+                "{case}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_problem_names_the_expose_and_what_is_missing() {
+        let table: Vec<(&str, &str, &str, &str)> = vec![
+            (
+                "missing Service",
+                "  - {name: web, dnsLabel: web, mode: http, port: 443, backend: {service: nothing, port: 8080}}\n",
+                "exposes[web]: Service team-a/nothing does not exist",
+                "spec.exposes[web].backend.service",
+            ),
+            (
+                "Service looked up in backend.namespace",
+                "  - {name: web, dnsLabel: web, mode: http, port: 443, backend: {service: frontend, namespace: other, port: 8080}}\n",
+                "exposes[web]: Service other/frontend does not exist",
+                "spec.exposes[web].backend.service",
+            ),
+            (
+                "no such port number (a targetPort does not count)",
+                "  - {name: web, dnsLabel: web, mode: http, port: 443, backend: {service: frontend, port: 8081}}\n",
+                "exposes[web]: Service team-a/frontend has no port 8081",
+                "spec.exposes[web].backend.port",
+            ),
+            (
+                "no such port name",
+                "  - {name: web, dnsLabel: web, mode: http, port: 443, backend: {service: frontend, port: grpc}}\n",
+                "exposes[web]: Service team-a/frontend has no port named \"grpc\"",
+                "spec.exposes[web].backend.port",
+            ),
+            (
+                "missing CA ConfigMap",
+                "  - {name: web, dnsLabel: web, mode: http, port: 443, backend: {service: frontend, port: 8080, tls: {serverName: x.team-a.svc, caConfigMapRef: {name: other-ca, key: ca.crt}}}}\n",
+                "exposes[web]: ConfigMap team-a/other-ca with key \"ca.crt\" (backend.tls.caConfigMapRef) does not exist",
+                "spec.exposes[web].backend.tls.caConfigMapRef",
+            ),
+            (
+                "missing CA key",
+                "  - {name: web, dnsLabel: web, mode: http, port: 443, backend: {service: frontend, port: 8080, tls: {serverName: x.team-a.svc, caConfigMapRef: {name: backend-ca, key: root.pem}}}}\n",
+                "exposes[web]: ConfigMap team-a/backend-ca with key \"root.pem\" (backend.tls.caConfigMapRef) does not exist",
+                "spec.exposes[web].backend.tls.caConfigMapRef",
+            ),
+        ];
+        for (case, yaml, message, field) in table {
+            let resolved = resolve("team-a", &exposes(yaml), &observed());
+            let problems: Vec<(String, String)> = resolved
+                .problems
+                .iter()
+                .map(|p| (p.to_string(), p.field()))
+                .collect();
+            assert_eq!(
+                problems,
+                vec![(message.to_string(), field.to_string())],
+                "{case}"
+            );
+            let prefix = "exposes[web]: ";
+            assert_eq!(
+                format!("{prefix}{}", resolved.problems[0].message()),
+                message,
+                "{case}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_ca_does_not_hide_the_resolved_port_and_problems_keep_expose_order() {
+        let yaml = "  - {name: b, dnsLabel: b, mode: http, port: 443, backend: {service: gone, port: 1}}\n  - {name: a, dnsLabel: a, mode: http, port: 443, backend: {service: frontend, port: 8080, tls: {serverName: x.team-a.svc, caConfigMapRef: {name: nope, key: ca.crt}}}}\n";
+        let resolved = resolve("team-a", &exposes(yaml), &observed());
+        assert_eq!(resolved.ports, BTreeMap::from([("a".to_string(), 8080)]));
+        let order: Vec<&str> = resolved
+            .problems
+            .iter()
+            .map(|p| match p {
+                BackendProblem::ServiceMissing { expose, .. }
+                | BackendProblem::PortMissing { expose, .. }
+                | BackendProblem::CaMissing { expose, .. } => expose.as_str(),
+            })
+            .collect();
+        assert_eq!(order, vec!["b", "a"]);
+    }
+
+    #[test]
+    fn referenced_lists_what_the_gather_step_fetches() {
+        let yaml = "  - {name: a, dnsLabel: a, mode: http, port: 443, backend: {service: frontend, port: 8080, tls: {serverName: x.team-a.svc, caConfigMapRef: {name: backend-ca, key: ca.crt}}}}\n  - {name: b, dnsLabel: b, mode: tcp, port: 22, backend: {service: shared, namespace: other, port: 22}}\n";
+        assert_eq!(
+            referenced("team-a", &exposes(yaml)),
+            BackendObjects {
+                services: BTreeSet::from([key("other", "shared"), key("team-a", "frontend")]),
+                config_maps: BTreeSet::from([key("team-a", "backend-ca")]),
+            }
+        );
+    }
+
+    #[test]
+    fn observed_objects_are_recorded_as_the_apiserver_returns_them() {
+        let service: Service = serde_yaml::from_str(
+            "metadata: {name: frontend, namespace: team-a}\nspec: {ports: [{name: http, port: 8080, targetPort: 80}, {port: 9090}]}",
+        )
+        .expect("service");
+        let config_map: ConfigMap = serde_yaml::from_str(
+            "metadata: {name: backend-ca, namespace: team-a}\ndata: {ca.crt: x}\nbinaryData: {ca.der: eA==}",
+        )
+        .expect("config map");
+        let mut observed = ObservedBackends::default();
+        observed.add_service(&service);
+        observed.add_config_map(&config_map);
+        assert_eq!(
+            observed.services[&key("team-a", "frontend")],
+            vec![port(Some("http"), 8080), port(None, 9090)]
+        );
+        assert_eq!(
+            observed.config_maps[&key("team-a", "backend-ca")],
+            BTreeSet::from(["ca.crt".to_string(), "ca.der".to_string()])
+        );
+        assert_eq!(key("team-a", "frontend").to_string(), "team-a/frontend");
+    }
+}

@@ -52,19 +52,8 @@ pub fn render(
     ctx: &RenderContext,
     previous_ports: &BTreeMap<String, u16>,
 ) -> Result<EgressObjects, RenderError> {
-    let valid = validate::valid_egress(&egress.spec).map_err(first_error)?;
+    let valid = validate::valid_egress(&egress.spec).map_err(RenderError::first_of)?;
     render_valid(&egress.metadata, &valid, ctx, previous_ports)
-}
-
-/// The first of the validation errors, as a render error naming its field.
-pub(crate) fn first_error(errors: Vec<validate::FieldError>) -> RenderError {
-    match errors.into_iter().next() {
-        Some(e) => e.into(),
-        None => RenderError::Field {
-            field: "spec".to_string(),
-            message: "is invalid".to_string(),
-        },
-    }
 }
 
 /// Renders the agent of a validated egress; `metadata` is the resource's (its uid owns every

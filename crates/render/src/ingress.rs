@@ -68,7 +68,7 @@ pub fn render(
     ctx: &RenderContext,
     inputs: &IngressInputs,
 ) -> Result<IngressObjects, RenderError> {
-    let valid = validate::valid_ingress(&ingress.spec).map_err(crate::egress::first_error)?;
+    let valid = validate::valid_ingress(&ingress.spec).map_err(RenderError::first_of)?;
     render_valid(&ingress.metadata, &valid, ctx, inputs)
 }
 

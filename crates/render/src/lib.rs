@@ -54,3 +54,17 @@ impl From<tailnet_api::validate::FieldError> for RenderError {
         }
     }
 }
+
+impl RenderError {
+    /// The first of a validation's errors (the wrappers that validate before rendering
+    /// report one field at a time).
+    pub fn first_of(errors: Vec<tailnet_api::validate::FieldError>) -> Self {
+        match errors.into_iter().next() {
+            Some(e) => e.into(),
+            None => RenderError::Field {
+                field: "spec".to_string(),
+                message: "is invalid".to_string(),
+            },
+        }
+    }
+}

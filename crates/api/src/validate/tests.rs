@@ -361,3 +361,216 @@ fn built_in_patterns_compile() {
         assert!(Regex::new(p).is_ok(), "{p}");
     }
 }
+
+fn ip(text: &str) -> std::net::IpAddr {
+    text.parse().expect("test IP")
+}
+
+#[test]
+fn valid_egress_parses_every_target_once() {
+    let spec: TailnetEgressSpec = edited(EGRESS, |v| {
+        v["targets"] = serde_json::json!([
+            {"name": "v4", "address": "192.0.2.10", "port": 5432},
+            {"name": "v6", "address": "2001:db8::10", "port": 443, "probe": {"interval": "1m30s"}},
+            {"name": "dns", "address": "db.site.example.net", "port": 65535, "aliases": ["db.example.net"], "probe": {"enabled": false}},
+            {"name": "off-with-interval", "address": "fd7a:115c:a1e0::7", "port": 1, "probe": {"enabled": false, "interval": "10s"}},
+        ]);
+    });
+    let valid = valid_egress(&spec).expect("valid");
+    assert_eq!(valid.consumer_namespaces, vec!["team-a"]);
+    let expected = vec![
+        ValidTarget {
+            name: "v4".into(),
+            address: TargetAddress::Ip(ip("192.0.2.10")),
+            port: 5432,
+            aliases: vec![],
+            probe_interval: Some(DEFAULT_PROBE_INTERVAL),
+        },
+        ValidTarget {
+            name: "v6".into(),
+            address: TargetAddress::Ip(ip("2001:db8::10")),
+            port: 443,
+            aliases: vec![],
+            probe_interval: Some(Duration::from_secs(90)),
+        },
+        ValidTarget {
+            name: "dns".into(),
+            address: TargetAddress::Dns("db.site.example.net".into()),
+            port: 65535,
+            aliases: vec!["db.example.net".into()],
+            probe_interval: None,
+        },
+        ValidTarget {
+            name: "off-with-interval".into(),
+            address: TargetAddress::Ip(ip("fd7a:115c:a1e0::7")),
+            port: 1,
+            aliases: vec![],
+            probe_interval: None,
+        },
+    ];
+    assert_eq!(valid.targets, expected);
+}
+
+#[test]
+fn valid_egress_returns_every_error_and_the_wrapper_the_same() {
+    let spec: TailnetEgressSpec = edited(EGRESS, |v| {
+        v["targets"][0]["port"] = 0.into();
+        v["targets"][1]["address"] = "not an address".into();
+        v["targets"][1]["probe"] = serde_json::json!({"enabled": false, "interval": "0s"});
+    });
+    let errors = valid_egress(&spec).expect_err("invalid");
+    assert_eq!(
+        fields(&errors),
+        vec![
+            "spec.targets[remote-db].port: port 0 is out of range; use 1-65535",
+            "spec.targets[remote-api].address: \"not an address\" is neither an IPv4/IPv6 address nor a lowercase DNS name; use e.g. 192.0.2.10, 2001:db8::10 or db.site.example.net",
+            "spec.targets[remote-api].probe.interval: must be greater than zero",
+        ]
+    );
+    assert_eq!(egress(&spec), errors);
+}
+
+#[test]
+fn valid_ingress_parses_ports_backends_and_timeouts() {
+    let spec: TailnetIngressSpec = edited(INGRESS, |v| {
+        v["exposes"][1]["backend"]["port"] = "https".into();
+        v["exposes"].as_array_mut().expect("exposes").push(serde_json::json!(
+            {"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 5432, "backend": {"service": "postgres", "namespace": "team-a", "port": 5432}}
+        ));
+    });
+    let valid = valid_ingress(&spec).expect("valid");
+    assert_eq!(valid.allow_from, vec!["group:team-a"]);
+    assert_eq!(valid.tls_secret_name, None);
+    let web = &valid.exposes[0];
+    assert_eq!(
+        (
+            web.name.as_str(),
+            web.dns_label.as_str(),
+            web.alias,
+            web.mode,
+            web.port
+        ),
+        ("web", "portal", true, ExposeMode::Http, 443)
+    );
+    assert_eq!(web.backend.port, BackendPort::Number(8080));
+    assert_eq!(web.backend.namespace_or("team-a"), "team-a");
+    assert_eq!(web.timeouts, ValidTimeouts::default());
+    let admin = &valid.exposes[1];
+    assert_eq!(admin.backend.port, BackendPort::Name("https".into()));
+    assert_eq!(
+        admin
+            .backend
+            .tls
+            .as_ref()
+            .map(|t| t.ca_config_map_ref.key.as_str()),
+        Some("ca.crt")
+    );
+    assert_eq!(
+        admin.timeouts,
+        ValidTimeouts {
+            request: Some(Duration::from_secs(600)),
+            backend_request: Some(Duration::from_secs(60)),
+        }
+    );
+    let db = &valid.exposes[2];
+    assert_eq!((db.mode, db.port), (ExposeMode::Tcp, 5432));
+    assert_eq!(db.backend.namespace.as_deref(), Some("team-a"));
+    assert_eq!(BackendPort::Number(8080).to_string(), "8080");
+    assert_eq!(
+        BackendPort::Name("http".into()).to_string(),
+        "named \"http\""
+    );
+}
+
+#[test]
+fn valid_ingress_returns_every_error_and_the_wrapper_the_same() {
+    let spec: TailnetIngressSpec = edited(INGRESS, |v| {
+        v["exposes"][0]["backend"]["port"] = 0.into();
+        v["exposes"][1]["backend"]["port"] = "Not_A_Name".into();
+        v["exposes"][1]["timeouts"]["request"] = "soon".into();
+        v["tls"] = serde_json::json!({"secretName": "Bad"});
+    });
+    let errors = valid_ingress(&spec).expect_err("invalid");
+    assert_eq!(
+        fields(&errors),
+        vec![
+            "spec.tls.secretName: \"Bad\" is not a Secret name",
+            "spec.exposes[web].backend.port: port 0 is out of range; use 1-65535",
+            "spec.exposes[admin].backend.port: \"Not_A_Name\" is not a port number or port name",
+            "spec.exposes[admin].timeouts.request: \"soon\" is not a duration; use e.g. 30s, 1m30s or 2h",
+        ]
+    );
+    assert_eq!(ingress(&spec), errors);
+}
+
+#[test]
+fn valid_tailnet_keeps_the_checked_parts() {
+    let valid = valid_tailnet(&tailnet_spec()).expect("valid");
+    assert_eq!(valid.server, "https://control.example.net");
+    assert_eq!(
+        valid.hosts_config_map,
+        Some(HostsConfigMap {
+            name: "tailnet-hosts".into(),
+            namespace: None
+        })
+    );
+    assert_eq!(
+        valid.ingress_name_template.as_deref(),
+        Some("{name}.{namespace}.lab.example.net")
+    );
+    assert_eq!(valid.issuer.map(|i| i.name), Some("apps-ca".to_string()));
+    assert_eq!(valid.policy.tag_owners, vec!["group:platform"]);
+
+    let mut bad = tailnet_spec();
+    bad.server = "control.example.net".into();
+    bad.policy.tag_owners.clear();
+    let errors = valid_tailnet(&bad).expect_err("invalid");
+    assert_eq!(
+        fields(&errors),
+        vec![
+            "spec.server: \"control.example.net\" is not an http(s) URL; use e.g. https://control.example.net",
+            "spec.policy.tagOwners: must name at least one owner of the generated tags, e.g. group:platform",
+        ]
+    );
+    assert_eq!(tailnet(&bad), errors);
+}
+
+#[test]
+fn ingress_names_of_a_validated_spec_equal_the_raw_ones() {
+    let tn = tailnet_spec();
+    for (namespace, edit) in [
+        (
+            "team-a",
+            (|_: &mut serde_json::Value| {}) as fn(&mut serde_json::Value),
+        ),
+        ("team-a", |v| {
+            v["exposes"][0]["backend"]["namespace"] = "other".into()
+        }),
+        ("tailnet-system", |v| {
+            v["exposes"][0]["backend"]["namespace"] = "other".into()
+        }),
+        ("team-a", |v| {
+            v["tls"] = serde_json::json!({"secretName": "mine"})
+        }),
+    ] {
+        let spec: TailnetIngressSpec = edited(INGRESS, edit);
+        let valid = valid_ingress(&spec).expect("schema-valid");
+        assert_eq!(
+            ingress_names(namespace, "tailnet-system", &valid, "demo", &tn),
+            ingress_in_context(namespace, "tailnet-system", &spec, "demo", &tn),
+            "{namespace}"
+        );
+    }
+    let mut no_issuer = tn.clone();
+    no_issuer.defaults = None;
+    let valid = valid_ingress(&edited(INGRESS, |_| {})).expect("valid");
+    assert_eq!(
+        fields(
+            &ingress_names("team-a", "tailnet-system", &valid, "demo", &no_issuer)
+                .expect_err("no certificate source")
+        ),
+        vec![
+            "spec.tls.secretName: http exposes need a certificate: set spec.tls.secretName or spec.defaults.tls.issuerRef on Tailnet demo"
+        ]
+    );
+}

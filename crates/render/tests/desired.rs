@@ -1,0 +1,432 @@
+//! The desired-state entry point on the examples: what the controllers and `render` share.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use tailnet_api::agent_config::IngressListener;
+use tailnet_api::validate::{valid_egress, valid_ingress};
+use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
+use tailnet_policy::ObservedNode;
+use tailnet_render::RenderContext;
+use tailnet_render::backends::{BackendProblem, ObjectKey, ObservedBackends, ServicePortInfo};
+use tailnet_render::desired::{self, IngressError, IngressObserved};
+use tailnet_render::dns::{DnsEntry, PendingName};
+use tailnet_render::images::Images;
+
+fn load<T: serde::de::DeserializeOwned>(
+    file: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> T {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(file);
+    let text = std::fs::read_to_string(&path).expect("example file");
+    let mut value: serde_json::Value = serde_yaml::from_str(&text).expect("yaml");
+    value["metadata"]["uid"] = "uid-1".into();
+    edit(&mut value);
+    serde_json::from_value(value).expect("typed example")
+}
+
+fn tailnet() -> Tailnet {
+    load("10-tailnet.yaml", |_| {})
+}
+
+fn egress() -> TailnetEgress {
+    load("20-egress.yaml", |_| {})
+}
+
+fn ingress() -> TailnetIngress {
+    load("30-ingress.yaml", |_| {})
+}
+
+fn ctx(tailnet: &Tailnet) -> RenderContext<'_> {
+    RenderContext {
+        operator_namespace: "tailnet-system",
+        tailnet_name: "demo",
+        tailnet: &tailnet.spec,
+        images: Images::default(),
+        cluster_domain: "cluster.local",
+    }
+}
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().expect("test IP")
+}
+
+fn node(tag: &str, ips: &[&str]) -> ObservedNode {
+    serde_json::from_value(serde_json::json!({
+        "id": 7, "name": "agent", "tags": [tag], "ipAddresses": ips, "online": true
+    }))
+    .expect("node")
+}
+
+const INGRESS_TAG: &str = "tag:tno-ingress-team-a-portal";
+
+/// What the examples' backends look like in the cluster.
+fn backends() -> ObservedBackends {
+    let port = |name: &str, port| ServicePortInfo {
+        name: Some(name.to_string()),
+        port,
+    };
+    ObservedBackends {
+        services: BTreeMap::from([
+            (
+                ObjectKey::new("team-a", "frontend"),
+                vec![port("http", 8080)],
+            ),
+            (ObjectKey::new("team-a", "admin"), vec![port("https", 8443)]),
+        ]),
+        config_maps: BTreeMap::from([(
+            ObjectKey::new("team-a", "backend-ca"),
+            BTreeSet::from(["ca.crt".to_string()]),
+        )]),
+    }
+}
+
+#[test]
+fn dns_inputs_point_aliases_at_cluster_ips_and_names_at_the_agent_node() {
+    let tailnet = tailnet();
+    let ips = BTreeMap::from([(
+        ObjectKey::new("tailnet-system", "remote-api"),
+        ip("fd00:10:96::20"),
+    )]);
+    let nodes = vec![node(INGRESS_TAG, &["100.64.0.7", "fd7a:115c:a1e0::7"])];
+    let inputs = desired::dns_inputs(
+        &tailnet,
+        "tailnet-system",
+        &[egress()],
+        &[ingress()],
+        &ips,
+        &nodes,
+    );
+    let entry = |hostname: &str, address: &str, owner: &str| DnsEntry {
+        hostname: hostname.into(),
+        address: ip(address),
+        owner: owner.into(),
+    };
+    assert_eq!(
+        inputs.egress_aliases,
+        vec![entry(
+            "api.site.example.net",
+            "fd00:10:96::20",
+            "TailnetEgress/tailnet-system/team-a"
+        )]
+    );
+    let portal = "TailnetIngress/team-a/portal";
+    assert_eq!(
+        inputs.ingress_names,
+        vec![
+            entry("portal.team-a.lab.example.net", "100.64.0.7", portal),
+            entry("portal.team-a.lab.example.net", "fd7a:115c:a1e0::7", portal),
+            entry("portal.lab.example.net", "100.64.0.7", portal),
+            entry("portal.lab.example.net", "fd7a:115c:a1e0::7", portal),
+            entry("admin.team-a.lab.example.net", "100.64.0.7", portal),
+            entry("admin.team-a.lab.example.net", "fd7a:115c:a1e0::7", portal),
+        ]
+    );
+    assert_eq!(inputs.pending, vec![]);
+}
+
+#[test]
+fn dns_inputs_say_why_a_name_is_pending_and_skip_what_is_not_ours() {
+    let tailnet = tailnet();
+    let other_namespace: TailnetEgress = load("20-egress.yaml", |v| {
+        v["metadata"]["namespace"] = "team-a".into();
+        v["metadata"]["name"] = "misplaced".into();
+    });
+    let other_tailnet: TailnetIngress = load("30-ingress.yaml", |v| {
+        v["spec"]["tailnetRef"]["name"] = "other".into();
+    });
+    let inputs = desired::dns_inputs(
+        &tailnet,
+        "tailnet-system",
+        &[egress(), other_namespace],
+        &[ingress(), other_tailnet],
+        &BTreeMap::new(),
+        &[node("tag:someone-else", &["100.64.0.9"])],
+    );
+    assert!(inputs.egress_aliases.is_empty() && inputs.ingress_names.is_empty());
+    let pending = |hostname: &str, owner: &str, reason: &str| PendingName {
+        hostname: hostname.into(),
+        owner: owner.into(),
+        reason: reason.into(),
+    };
+    let no_node = format!("no Headscale node tagged {INGRESS_TAG} yet");
+    let portal = "TailnetIngress/team-a/portal";
+    assert_eq!(
+        inputs.pending,
+        vec![
+            pending(
+                "api.site.example.net",
+                "TailnetEgress/tailnet-system/team-a",
+                "Service tailnet-system/remote-api has no ClusterIP yet"
+            ),
+            pending("portal.team-a.lab.example.net", portal, &no_node),
+            pending("portal.lab.example.net", portal, &no_node),
+            pending("admin.team-a.lab.example.net", portal, &no_node),
+        ]
+    );
+}
+
+#[test]
+fn policy_without_route_approval_has_no_route_approvers() {
+    let tailnet = tailnet();
+    let nodes = vec![node("tag:router", &["100.64.0.1"])];
+    let with = desired::policy(
+        &tailnet,
+        "id",
+        "tailnet-system",
+        &[egress()],
+        &[ingress()],
+        &nodes,
+        true,
+    );
+    assert_eq!(with.route_approvers, vec!["tag:router"]);
+    let without = desired::policy(
+        &tailnet,
+        "id",
+        "tailnet-system",
+        &[egress()],
+        &[ingress()],
+        &nodes,
+        false,
+    );
+    assert!(without.route_approvers.is_empty());
+    assert_eq!(
+        (without.egresses, without.ingresses),
+        (with.egresses, with.ingresses)
+    );
+}
+
+#[test]
+fn egress_renders_parsed_targets() {
+    let tailnet = tailnet();
+    let e: TailnetEgress = load("20-egress.yaml", |v| {
+        v["spec"]["targets"] = serde_json::json!([
+            {"name": "v6", "address": "2001:db8::10", "port": 443, "probe": {"interval": "90s"}},
+            {"name": "dns", "address": "db.site.example.net", "port": 5432, "probe": {"enabled": false}},
+        ]);
+    });
+    let valid = valid_egress(&e.spec).expect("valid");
+    let objects =
+        desired::egress(&e.metadata, &valid, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    let listeners: Vec<(&str, &str, u16, Option<u64>)> = objects
+        .config
+        .egress
+        .iter()
+        .map(|l| {
+            (
+                l.name.as_str(),
+                l.target_host.as_str(),
+                l.target_port,
+                l.probe_interval_seconds,
+            )
+        })
+        .collect();
+    assert_eq!(
+        listeners,
+        vec![
+            ("dns", "db.site.example.net", 5432, None),
+            ("v6", "2001:db8::10", 443, Some(90)),
+        ]
+    );
+}
+
+/// Decides `i` as the controller and `render` do.
+fn decide(
+    i: &TailnetIngress,
+    backends: &ObservedBackends,
+    claimed: &BTreeMap<String, String>,
+    certificate_ready: bool,
+) -> Result<desired::IngressDesired, IngressError> {
+    let tailnet = tailnet();
+    let valid = valid_ingress(&i.spec).expect("schema-valid");
+    desired::ingress(
+        &i.metadata,
+        &valid,
+        &ctx(&tailnet),
+        &IngressObserved {
+            backends,
+            claimed,
+            certificate_ready,
+        },
+    )
+}
+
+#[test]
+fn ingress_renders_when_every_backend_resolves() {
+    let i = ingress();
+    let backends = backends();
+    let claimed = BTreeMap::new();
+    let decided = decide(&i, &backends, &claimed, true).expect("decided");
+    assert_eq!(decided.problems, vec![]);
+    assert_eq!(
+        decided.backend_ports,
+        BTreeMap::from([("admin".to_string(), 8443), ("web".to_string(), 8080)])
+    );
+    assert_eq!(
+        decided.names.http_hostnames,
+        vec![
+            "admin.team-a.lab.example.net",
+            "portal.lab.example.net",
+            "portal.team-a.lab.example.net"
+        ]
+    );
+    let objects = decided.objects.expect("objects");
+    assert_eq!(objects.config.ingress.len(), 1);
+}
+
+#[test]
+fn ingress_with_a_missing_backend_renders_nothing_and_says_why() {
+    let i = ingress();
+    let mut backends = backends();
+    backends
+        .services
+        .remove(&ObjectKey::new("team-a", "frontend"));
+    let claimed = BTreeMap::new();
+    let decided = decide(&i, &backends, &claimed, true).expect("decided");
+    assert!(decided.objects.is_none());
+    let messages: Vec<String> = decided.problems.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        messages,
+        vec!["exposes[web]: Service team-a/frontend does not exist"]
+    );
+    assert!(matches!(
+        decided.problems[0],
+        BackendProblem::ServiceMissing { .. }
+    ));
+    assert_eq!(decided.backend_ports.get("admin"), Some(&8443));
+}
+
+#[test]
+fn ingress_without_a_certificate_serves_no_http_and_claimed_names_are_dropped() {
+    let i = ingress();
+    let backends = backends();
+    let claimed = BTreeMap::from([(
+        "portal.lab.example.net".to_string(),
+        "team-b/portal".to_string(),
+    )]);
+    let decided = decide(&i, &backends, &claimed, false).expect("decided");
+    assert_eq!(decided.names.claimed, claimed);
+    assert!(
+        !decided
+            .names
+            .http_hostnames
+            .contains(&"portal.lab.example.net".to_string())
+    );
+    let objects = decided.objects.expect("objects");
+    assert!(
+        !objects
+            .config
+            .ingress
+            .iter()
+            .any(|l| matches!(l, IngressListener::Http { .. }))
+    );
+    assert!(
+        !objects
+            .hostnames
+            .contains(&"portal.lab.example.net".to_string())
+    );
+}
+
+#[test]
+fn ingress_context_errors_stop_the_decision() {
+    let tailnet = tailnet();
+    let i: TailnetIngress = load("30-ingress.yaml", |v| {
+        v["spec"]["exposes"][0]["backend"]["namespace"] = "other".into();
+    });
+    let valid = valid_ingress(&i.spec).expect("schema-valid");
+    let backends = backends();
+    let claimed = BTreeMap::new();
+    let error = desired::ingress(
+        &i.metadata,
+        &valid,
+        &ctx(&tailnet),
+        &IngressObserved {
+            backends: &backends,
+            claimed: &claimed,
+            certificate_ready: true,
+        },
+    )
+    .expect_err("cross-namespace backend");
+    let IngressError::Context(errors) = error else {
+        panic!("expected context errors, got {error}");
+    };
+    assert_eq!(errors[0].field, "spec.exposes[web].backend.namespace");
+}
+
+#[test]
+fn the_older_ingress_keeps_a_contested_hostname() {
+    let tailnet = tailnet();
+    let ctx = ctx(&tailnet);
+    let at = |v: &mut serde_json::Value, name: &str, time: &str| {
+        v["metadata"]["name"] = name.into();
+        v["metadata"]["creationTimestamp"] = time.into();
+    };
+    // Same dnsLabels in the same namespace: every hostname collides.
+    let older: TailnetIngress = load("30-ingress.yaml", |v| {
+        at(v, "portal", "2026-01-01T00:00:00Z")
+    });
+    let younger: TailnetIngress = load("30-ingress.yaml", |v| {
+        at(v, "portal-copy", "2026-02-01T00:00:00Z");
+        v["metadata"]["uid"] = "uid-2".into();
+    });
+    let elsewhere: TailnetIngress = load("30-ingress.yaml", |v| {
+        at(v, "portal-other", "2025-01-01T00:00:00Z");
+        v["spec"]["tailnetRef"]["name"] = "other".into();
+    });
+    let all = vec![older.clone(), younger.clone(), elsewhere];
+    let names = |i: &TailnetIngress| {
+        let valid = valid_ingress(&i.spec).expect("valid");
+        desired::ingress_names("team-a", &valid, &ctx, &BTreeMap::new())
+            .expect("names")
+            .names
+    };
+    assert_eq!(
+        desired::claimed_elsewhere(&older, &names(&older), &all, &ctx),
+        BTreeMap::new()
+    );
+    let claimed = desired::claimed_elsewhere(&younger, &names(&younger), &all, &ctx);
+    assert_eq!(
+        claimed.keys().cloned().collect::<Vec<_>>(),
+        vec![
+            "admin.team-a.lab.example.net",
+            "portal.lab.example.net",
+            "portal.team-a.lab.example.net"
+        ]
+    );
+    assert!(claimed.values().all(|holder| holder == "team-a/portal"));
+}
+
+#[test]
+fn dns_config_map_lives_where_the_tailnet_says() {
+    let tailnet = tailnet();
+    let rendered = tailnet_render::dns::render(&Default::default());
+    let cm = desired::dns_config_map(&tailnet, "tailnet-system", &rendered, None).expect("set");
+    assert_eq!(cm.metadata.name.as_deref(), Some("tailnet-hosts"));
+    assert_eq!(cm.metadata.namespace.as_deref(), Some("tailnet-system"));
+    assert_eq!(cm.metadata.owner_references, None);
+    let data = cm.data.expect("data");
+    assert_eq!(
+        data.keys().cloned().collect::<Vec<_>>(),
+        vec!["extra-records.json", "hosts"]
+    );
+
+    let owner = OwnerReference {
+        name: "demo".into(),
+        ..OwnerReference::default()
+    };
+    let mut shared = tailnet.clone();
+    if let Some(dns) = shared.spec.dns.as_mut() {
+        dns.hosts_config_map_namespace = Some("kube-system".into());
+    }
+    let cm = desired::dns_config_map(&shared, "tailnet-system", &rendered, Some(owner.clone()))
+        .expect("set");
+    assert_eq!(cm.metadata.namespace.as_deref(), Some("kube-system"));
+    assert_eq!(cm.metadata.owner_references, Some(vec![owner]));
+
+    let mut unset = tailnet;
+    unset.spec.dns = None;
+    assert!(desired::dns_config_map(&unset, "tailnet-system", &rendered, None).is_none());
+}
