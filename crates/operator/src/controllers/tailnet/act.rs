@@ -1,0 +1,164 @@
+//! Act step of the Tailnet controller: publishes the rendered policy, feeds Headscale's
+//! answers to the pure steps of `decide` (check, then maybe PUT), approves routes, writes the
+//! DNS ConfigMap and records the metrics.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use tailnet_api::Tailnet;
+use tailnet_api::tailnet::TailnetStatus;
+use tailnet_headscale::Client as HeadscaleClient;
+use tailnet_policy::RouteApproval;
+
+use super::super::context::Context;
+use super::super::error::ReconcileError;
+use super::super::kube_io::{Watched, apply, apply_cached};
+use super::super::publish::event;
+use super::super::status::Problem;
+use super::decide::{self, Answer, PolicyOutcome, PolicyStep, PolicySync, Refusal, TailnetPlan};
+use super::gather::TailnetObservation;
+use crate::metrics::{ConditionLabels, TailnetLabels};
+
+/// A Headscale call's result as the pure steps take it.
+fn answer<T>(result: Result<T, tailnet_headscale::Error>) -> Answer {
+    match result {
+        Ok(_) => Ok(()),
+        Err(tailnet_headscale::Error::Api { message, .. }) => Err(Refusal::Rejected(message)),
+        Err(e) => Err(Refusal::Failed(Problem::headscale(&e, e.to_string()))),
+    }
+}
+
+fn labels(tailnet: &Tailnet) -> TailnetLabels {
+    TailnetLabels {
+        tailnet: tailnet.name_any(),
+    }
+}
+
+/// Reachability and policy size, as soon as they are known.
+pub fn plan_metrics(
+    ctx: &Context,
+    tailnet: &Tailnet,
+    observed: &TailnetObservation,
+    plan: &TailnetPlan,
+) {
+    let labels = labels(tailnet);
+    ctx.metrics
+        .headscale_reachable
+        .get_or_create(&labels)
+        .set(i64::from(observed.headscale.is_ok()));
+    if let Some(rendered) = &plan.rendered {
+        ctx.metrics
+            .policy_size_bytes
+            .get_or_create(&labels)
+            .set(i64::try_from(rendered.document.len()).unwrap_or(i64::MAX));
+    }
+}
+
+/// Publishes the rendered-policy ConfigMap, asks Headscale to check the document, PUTs it
+/// when `decide` says so. `None`: there was nothing to compare (no sync or no client).
+pub async fn sync_policy(
+    ctx: &Context,
+    tailnet: &Tailnet,
+    client: Option<&HeadscaleClient>,
+    plan: &TailnetPlan,
+    previous: &TailnetStatus,
+) -> Option<PolicyOutcome> {
+    let (Some(sync), Some(client)) = (&plan.sync, client) else {
+        return None;
+    };
+    // A debugging copy: failing to write it must not stop the sync itself.
+    if let Err(error) = write_rendered_policy(ctx, sync).await {
+        tracing::warn!(tailnet = %tailnet.name_any(), %error, "writing the rendered-policy ConfigMap failed; syncing the policy anyway");
+    }
+    let check = answer(client.check_policy(&sync.document).await);
+    let outcome = match decide::after_check(sync, check, previous) {
+        PolicyStep::Done(outcome) => outcome,
+        PolicyStep::Put { event } => {
+            let set = answer(client.set_policy(&sync.document).await);
+            decide::after_set(sync, event, set)
+        }
+    };
+    if let Some(result) = outcome.metric {
+        ctx.metrics.policy_sync(&tailnet.name_any(), result);
+    }
+    if let Some(e) = &outcome.event {
+        event(ctx, tailnet, e.type_, e.reason, e.action, e.note.clone()).await;
+    }
+    Some(outcome)
+}
+
+/// Written on every reconcile of the Tailnet: sent only when it changed (see applied.rs).
+async fn write_rendered_policy(ctx: &Context, sync: &PolicySync) -> Result<(), ReconcileError> {
+    let ns = &ctx.config.operator_namespace;
+    apply_cached(
+        ctx,
+        &Api::<ConfigMap>::namespaced(ctx.client.clone(), ns),
+        ns,
+        &sync.config_map,
+        Watched::No,
+    )
+    .await
+    .map(|_| ())
+}
+
+/// The route approval catch-up (autoApprovers only fire when a route changes). A failed
+/// approval is logged and retried on the next poll.
+pub async fn approve_routes(
+    ctx: &Context,
+    tailnet: &Tailnet,
+    client: Option<&HeadscaleClient>,
+    approvals: &[RouteApproval],
+) {
+    let Some(client) = client else {
+        return;
+    };
+    for approval in approvals {
+        match client
+            .approve_routes(approval.node_id, &approval.approved_routes)
+            .await
+        {
+            Ok(_) => {
+                ctx.metrics
+                    .routes_approved
+                    .get_or_create(&labels(tailnet))
+                    .inc_by(approval.added.len() as u64);
+                event(
+                    ctx,
+                    tailnet,
+                    EventType::Normal,
+                    "RoutesApproved",
+                    "ApproveRoutes",
+                    decide::routes_approved_note(approval),
+                )
+                .await;
+            }
+            Err(e) => {
+                tracing::warn!(tailnet = %tailnet.name_any(), node = approval.node_id, error = %e, "approving routes failed")
+            }
+        }
+    }
+}
+
+/// Applies the DNS ConfigMap when `decide` says our keys changed.
+pub async fn write_dns(ctx: &Context, plan: &TailnetPlan) -> Result<(), ReconcileError> {
+    let Some(cm) = &plan.dns else {
+        return Ok(());
+    };
+    let namespace = cm.namespace().unwrap_or_default();
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
+    apply(&api, &cm.name_any(), cm).await.map(|_| ())
+}
+
+/// `resources_by_condition` for every condition of the status to be written.
+pub fn condition_metrics(ctx: &Context, status: &TailnetStatus) {
+    for c in &status.conditions {
+        ctx.metrics
+            .resources_by_condition
+            .get_or_create(&ConditionLabels {
+                kind: "Tailnet".to_string(),
+                condition: c.type_.clone(),
+                status: c.status.clone(),
+            })
+            .set(1);
+    }
+}

@@ -1,0 +1,670 @@
+//! Decide steps of the Tailnet controller (pure). The policy sync needs Headscale's answer in
+//! the middle, so the decision comes in steps that the act step feeds:
+//! [`plan`] (from the observation: `HeadscaleReachable`, `BaseValid`, `DNSRendered`, the
+//! rendered policy, its diff and ConfigMap, the route approvals, the DNS ConfigMap), then
+//! [`after_check`] (Headscale's check: DryRun, Rejected, OwnedElsewhere, unchanged or PUT),
+//! [`after_set`] (Headscale's answer to the PUT), then [`finish`] (`PolicyApplied`, the policy
+//! status, which grants are live, `Ready`).
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+use tailnet_api::conditions::{reasons, types};
+use tailnet_api::tailnet::{PolicyMode, TailnetStatus};
+use tailnet_api::{Tailnet, validate};
+use tailnet_policy::{BasePolicy, PolicyInputs, RenderedPolicy, RouteApproval};
+
+use super::super::context::OperatorConfig;
+use super::super::status::{ConditionSet, Problem};
+use super::effective;
+use super::gather::TailnetObservation;
+
+/// Key of the base policy in its ConfigMap (and of the document in the rendered-policy one).
+pub const BASE_POLICY_KEY: &str = "policy.hujson";
+
+/// Conditions that must hold for `Ready`, in the order of their dependencies.
+pub const REQUIRED: [&str; 4] = [
+    types::HEADSCALE_REACHABLE,
+    types::BASE_VALID,
+    types::POLICY_APPLIED,
+    types::DNS_RENDERED,
+];
+
+/// Upper bound for the rendered-policy ConfigMap's data: the apiserver refuses a ConfigMap
+/// whose data exceeds 1 MiB (1,048,576 bytes); some room is left for the key names.
+const RENDERED_POLICY_BUDGET: usize = 1_000_000;
+
+/// Name of the ConfigMap holding the rendered document, its diff and a summary.
+pub fn rendered_policy_config_map(tailnet: &str) -> String {
+    format!("{tailnet}-rendered-policy")
+}
+
+/// Installation identity written into this Tailnet's policy marker.
+pub fn installation_id(config: &OperatorConfig, tailnet: &str) -> String {
+    format!("{}/{tailnet}", config.installation_id)
+}
+
+pub fn sha256(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A condition's value, decided before it is set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    True(&'static str, String),
+    False(Problem),
+    Unknown(Problem),
+}
+
+impl Verdict {
+    pub fn set(self, c: &mut ConditionSet, type_: &str) {
+        match self {
+            Verdict::True(reason, message) => c.ok(type_, reason, message),
+            Verdict::False(problem) => c.fail(type_, problem),
+            Verdict::Unknown(problem) => c.unknown(type_, problem),
+        }
+    }
+}
+
+/// Headscale's answer to a policy check or PUT, as plain data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Headscale answered with an error: it refuses the document (its message says why).
+    Rejected(String),
+    /// The call failed otherwise (transport, key, unexpected answer).
+    Failed(Problem),
+}
+
+pub type Answer = Result<(), Refusal>;
+
+/// An Event to publish about the Tailnet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyEvent {
+    pub type_: EventType,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+}
+
+/// What the act step does for one Tailnet, decided from the observation.
+#[derive(Clone, Debug)]
+pub struct TailnetPlan {
+    /// `HeadscaleReachable`, `BaseValid`, `DNSRendered`, and `PolicyApplied` when it does not
+    /// depend on Headscale's answer.
+    pub conditions: ConditionSet,
+    /// The status without conditions (they are added by [`finish`]).
+    pub status: TailnetStatus,
+    pub rendered: Option<RenderedPolicy>,
+    /// `Some` when the rendered policy can be compared with the live one: then the act step
+    /// publishes the rendered-policy ConfigMap and asks Headscale to check the document.
+    pub sync: Option<PolicySync>,
+    /// The live policy as observed.
+    pub live_policy: Option<String>,
+    /// Route approvals to send (Apply mode, route approval on, nodes known).
+    pub approvals: Vec<RouteApproval>,
+    /// The DNS ConfigMap to apply, when our keys in it changed.
+    pub dns: Option<ConfigMap>,
+}
+
+/// The rendered document against the live one.
+#[derive(Clone, Debug)]
+pub struct PolicySync {
+    pub mode: PolicyMode,
+    pub document: String,
+    pub live: String,
+    pub diff: String,
+    pub added: usize,
+    pub removed: usize,
+    /// The render summary (long form).
+    pub summary: String,
+    /// The rendered-policy ConfigMap (document, diff, summary).
+    pub config_map: ConfigMap,
+}
+
+/// What the policy sync came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyOutcome {
+    /// `PolicyApplied`.
+    pub verdict: Verdict,
+    /// `policy_syncs` result label.
+    pub metric: Option<&'static str>,
+    pub event: Option<PolicyEvent>,
+    /// The rendered document is live (`status.policy.appliedHash` follows it).
+    pub applied: bool,
+    /// The rendered document was just written (it is the live one now).
+    pub written: bool,
+}
+
+/// The step after Headscale's check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicyStep {
+    Done(PolicyOutcome),
+    /// PUT the document; on success, publish `event`.
+    Put {
+        event: PolicyEvent,
+    },
+}
+
+/// The status written for a spec that fails validation (the schema already checks; this
+/// catches what slipped past, e.g. objects stored before a schema change). `None`: valid.
+pub fn refuse_invalid(tailnet: &Tailnet, now: Timestamp) -> Option<TailnetStatus> {
+    let errors = validate::tailnet(&tailnet.spec);
+    if errors.is_empty() {
+        return None;
+    }
+    let previous = tailnet.status.clone().unwrap_or_default();
+    let mut c = ConditionSet::new(&previous.conditions, tailnet.metadata.generation, now);
+    c.fail(
+        types::READY,
+        Problem::new(reasons::INVALID_SPEC, validate::summarize(&errors)),
+    );
+    Some(TailnetStatus {
+        observed_generation: tailnet.metadata.generation,
+        conditions: c.into_list(),
+        ..previous
+    })
+}
+
+/// Everything that follows from the observation alone.
+pub fn plan(
+    tailnet: &Tailnet,
+    observed: &TailnetObservation,
+    config: &OperatorConfig,
+    now: Timestamp,
+) -> TailnetPlan {
+    let previous = tailnet.status.clone().unwrap_or_default();
+    let mut c = ConditionSet::new(&previous.conditions, tailnet.metadata.generation, now);
+    let mut status = TailnetStatus {
+        observed_generation: tailnet.metadata.generation,
+        conditions: Vec::new(),
+        ..previous.clone()
+    };
+    match &observed.headscale {
+        Ok(version) => {
+            status.headscale_version = Some(version.clone());
+            c.ok(
+                types::HEADSCALE_REACHABLE,
+                reasons::REACHABLE,
+                format!(
+                    "Headscale {version} at {} accepts the API key",
+                    tailnet.spec.server
+                ),
+            );
+        }
+        Err(problem) => c.fail(types::HEADSCALE_REACHABLE, problem.clone()),
+    }
+
+    let inputs = policy_inputs(tailnet, observed, config);
+    let rendered =
+        base_policy(tailnet, config, &observed.base).and_then(|base| render(&base, &inputs));
+    match &rendered {
+        Ok(_) => c.ok(types::BASE_VALID, reasons::VALID, "the base policy parses"),
+        Err(problem) => c.fail(types::BASE_VALID, problem.clone()),
+    }
+    let rendered = rendered.ok();
+
+    let mut policy = previous.policy.clone().unwrap_or_default();
+    policy.rendered_hash = rendered.as_ref().map(|r| sha256(&r.document));
+    if let Some(rendered) = &rendered {
+        policy.summary = Some(short_summary(rendered));
+    }
+    status.policy = Some(policy);
+
+    let live = observed
+        .live_policy
+        .as_ref()
+        .filter(|_| observed.headscale.is_ok());
+    let sync = match (&rendered, live) {
+        (Some(rendered), Some(live)) => Some(policy_sync(tailnet, config, rendered, live)),
+        (None, _) => {
+            c.fail(
+                types::POLICY_APPLIED,
+                Problem::new(
+                    reasons::BASE_INVALID,
+                    "the policy cannot be rendered until the base policy is fixed (see BaseValid)",
+                ),
+            );
+            None
+        }
+        (Some(_), None) => {
+            c.unknown(types::POLICY_APPLIED, headscale_unreachable());
+            None
+        }
+    };
+
+    // Route approval catch-up: autoApprovers only fire when a route changes.
+    let approvals = if tailnet.spec.policy.mode == PolicyMode::Apply
+        && config.approve_routes
+        && observed.headscale.is_ok()
+        && observed.nodes.is_some()
+    {
+        tailnet_policy::routes_needing_approval(&inputs)
+    } else {
+        Vec::new()
+    };
+    let dns = super::dns::decide(tailnet, observed, config, &mut c);
+    TailnetPlan {
+        conditions: c,
+        status,
+        rendered,
+        sync,
+        live_policy: observed.live_policy.clone(),
+        approvals,
+        dns,
+    }
+}
+
+fn headscale_unreachable() -> Problem {
+    Problem::new(
+        reasons::HEADSCALE_UNREACHABLE,
+        "the live policy cannot be compared until Headscale is reachable (see HeadscaleReachable)",
+    )
+}
+
+/// The renderer's inputs: this Tailnet's egresses and ingresses, and Headscale's nodes.
+pub fn policy_inputs(
+    tailnet: &Tailnet,
+    observed: &TailnetObservation,
+    config: &OperatorConfig,
+) -> PolicyInputs {
+    // The same function as `tailnet-operator render`; with route approval off, route
+    // approval is left to the Headscale admin and no autoApprovers are rendered either.
+    tailnet_render::desired::policy(
+        tailnet,
+        &installation_id(config, &tailnet.name_any()),
+        &config.operator_namespace,
+        &observed.egresses,
+        &observed.ingresses,
+        observed.nodes.as_deref().unwrap_or(&[]),
+        config.approve_routes,
+    )
+}
+
+/// The base policy parsed, or why `BaseValid` is False.
+fn base_policy(
+    tailnet: &Tailnet,
+    config: &OperatorConfig,
+    text: &Result<Option<String>, Problem>,
+) -> Result<BasePolicy, Problem> {
+    match text {
+        Err(problem) => Err(problem.clone()),
+        Ok(None) => tailnet_policy::parse_base("{}")
+            .map_err(|e| Problem::new(reasons::INVALID_BASE, e.to_string())),
+        Ok(Some(text)) => tailnet_policy::parse_base(text).map_err(|e| {
+            let ns = &config.operator_namespace;
+            let name = tailnet
+                .spec
+                .policy
+                .base_config_map
+                .as_deref()
+                .unwrap_or_default();
+            Problem::new(
+                reasons::SYNTAX_ERROR,
+                format!(
+                    "ConfigMap {ns}/{name} key {BASE_POLICY_KEY}: line {}, column {}: {}",
+                    e.line, e.column, e.message
+                ),
+            )
+        }),
+    }
+}
+
+fn render(base: &BasePolicy, inputs: &PolicyInputs) -> Result<RenderedPolicy, Problem> {
+    tailnet_policy::render(base, inputs)
+        .map_err(|e| Problem::new(reasons::INVALID_BASE, e.to_string()))
+}
+
+fn policy_sync(
+    tailnet: &Tailnet,
+    config: &OperatorConfig,
+    rendered: &RenderedPolicy,
+    live: &str,
+) -> PolicySync {
+    let diff = tailnet_policy::diff(live, &rendered.document);
+    let (added, removed) = diff_stats(&diff);
+    let summary = format!(
+        "{} (+{added}/-{removed} lines against the live policy)",
+        rendered.summary
+    );
+    let config_map = rendered_policy_object(tailnet, config, &rendered.document, &diff, &summary);
+    PolicySync {
+        mode: tailnet.spec.policy.mode,
+        document: rendered.document.clone(),
+        live: live.to_string(),
+        diff,
+        added,
+        removed,
+        summary: rendered.summary.to_string(),
+        config_map,
+    }
+}
+
+/// After Headscale checked the rendered document: the outcome, or a PUT.
+pub fn after_check(sync: &PolicySync, check: Answer, previous: &TailnetStatus) -> PolicyStep {
+    match (check, sync.mode) {
+        (Err(Refusal::Rejected(message)), _) => {
+            let previous_reason =
+                tailnet_api::conditions::find(&previous.conditions, types::POLICY_APPLIED)
+                    .map(|c| c.reason.as_str());
+            let event = (previous_reason != Some(reasons::REJECTED)).then(|| PolicyEvent {
+                type_: EventType::Warning,
+                reason: reasons::REJECTED,
+                action: "CheckPolicy",
+                note: format!("Headscale rejected the rendered policy: {message}"),
+            });
+            PolicyStep::Done(PolicyOutcome {
+                event,
+                ..rejected(sync, &message)
+            })
+        }
+        (Err(Refusal::Failed(problem)), _) => PolicyStep::Done(unknown(
+            problem.reason,
+            format!("checking the policy failed: {}", problem.message),
+        )),
+        (Ok(()), PolicyMode::DryRun) => {
+            let change = if sync.diff.is_empty() {
+                "no change to the live policy".to_string()
+            } else {
+                format!(
+                    "would change the live policy by +{}/-{} lines",
+                    sync.added, sync.removed
+                )
+            };
+            PolicyStep::Done(PolicyOutcome {
+                verdict: Verdict::False(Problem::new(
+                    reasons::DRY_RUN,
+                    format!(
+                        "DryRun: {change}; {}; review ConfigMap {}, then set spec.policy.mode: Apply",
+                        sync.summary,
+                        sync.config_map.name_any()
+                    ),
+                )),
+                metric: Some("dry_run"),
+                event: None,
+                applied: false,
+                written: false,
+            })
+        }
+        (Ok(()), PolicyMode::Apply) => apply_step(sync, previous),
+    }
+}
+
+/// Apply mode, the document passed the check: refuse another installation's policy, keep an
+/// up-to-date one, otherwise PUT (and say what the PUT replaces).
+fn apply_step(sync: &PolicySync, previous: &TailnetStatus) -> PolicyStep {
+    let ours = tailnet_policy::ownership_marker(&sync.document);
+    let theirs = tailnet_policy::ownership_marker(&sync.live);
+    if let Some(owner) = theirs.as_ref().filter(|t| Some(*t) != ours.as_ref()) {
+        return PolicyStep::Done(PolicyOutcome {
+            verdict: Verdict::False(Problem::new(
+                reasons::OWNED_ELSEWHERE,
+                format!(
+                    "the live policy is owned by installation {owner:?}; refusing to overwrite it (only one installation per Headscale server may write)"
+                ),
+            )),
+            metric: Some("owned_elsewhere"),
+            event: None,
+            applied: false,
+            written: false,
+        });
+    }
+    if tailnet_policy::up_to_date(&sync.live, &sync.document).unwrap_or(false) {
+        return PolicyStep::Done(PolicyOutcome {
+            metric: Some("unchanged"),
+            written: false,
+            ..applied(sync)
+        });
+    }
+    let live_hash = sha256(&sync.live);
+    let applied_hash = previous
+        .policy
+        .as_ref()
+        .and_then(|p| p.applied_hash.as_deref());
+    let manual_edit = theirs.is_some() && applied_hash.is_some_and(|h| h != live_hash);
+    let event = if manual_edit {
+        PolicyEvent {
+            type_: EventType::Warning,
+            reason: "ManualEditOverwritten",
+            action: "SetPolicy",
+            note: format!(
+                "the live policy had been edited outside the operator; overwritten. Lost: {}",
+                lost_lines(&sync.diff, 10)
+            ),
+        }
+    } else if theirs.is_none() && !sync.live.trim().is_empty() {
+        PolicyEvent {
+            type_: EventType::Normal,
+            reason: "PolicyTakenOver",
+            action: "SetPolicy",
+            note: format!(
+                "the operator now owns the policy; replaced: {}",
+                lost_lines(&sync.diff, 10)
+            ),
+        }
+    } else {
+        PolicyEvent {
+            type_: EventType::Normal,
+            reason: "PolicyApplied",
+            action: "SetPolicy",
+            note: format!("+{}/-{} lines; {}", sync.added, sync.removed, sync.summary),
+        }
+    };
+    PolicyStep::Put { event }
+}
+
+/// After Headscale answered the PUT; `event` is the one [`after_check`] chose for success.
+pub fn after_set(sync: &PolicySync, event: PolicyEvent, set: Answer) -> PolicyOutcome {
+    match set {
+        Ok(()) => PolicyOutcome {
+            event: Some(event),
+            ..applied(sync)
+        },
+        Err(Refusal::Rejected(message)) => PolicyOutcome {
+            event: Some(PolicyEvent {
+                type_: EventType::Warning,
+                reason: reasons::REJECTED,
+                action: "SetPolicy",
+                note: format!("Headscale rejected the policy: {message}"),
+            }),
+            ..rejected(sync, &message)
+        },
+        Err(Refusal::Failed(problem)) => unknown(
+            problem.reason,
+            format!("writing the policy failed: {}", problem.message),
+        ),
+    }
+}
+
+fn applied(sync: &PolicySync) -> PolicyOutcome {
+    PolicyOutcome {
+        verdict: Verdict::True(reasons::APPLIED, format!("live: {}", sync.summary)),
+        metric: Some("applied"),
+        event: None,
+        applied: true,
+        written: true,
+    }
+}
+
+fn rejected(sync: &PolicySync, message: &str) -> PolicyOutcome {
+    PolicyOutcome {
+        verdict: Verdict::False(Problem::new(
+            reasons::REJECTED,
+            format!(
+                "Headscale rejected the rendered policy (the previous one stays live): {message}; see ConfigMap {}",
+                sync.config_map.name_any()
+            ),
+        )),
+        metric: Some("rejected"),
+        event: None,
+        applied: false,
+        written: false,
+    }
+}
+
+fn unknown(reason: &'static str, message: String) -> PolicyOutcome {
+    PolicyOutcome {
+        verdict: Verdict::Unknown(Problem::new(reason, message)),
+        metric: None,
+        event: None,
+        applied: false,
+        written: false,
+    }
+}
+
+/// The status to write: `PolicyApplied` from the sync's outcome (when there was a sync), the
+/// policy status, which resources' grants are live, and `Ready`.
+pub fn finish(plan: TailnetPlan, outcome: Option<&PolicyOutcome>) -> TailnetStatus {
+    let TailnetPlan {
+        mut conditions,
+        mut status,
+        rendered,
+        sync,
+        live_policy,
+        ..
+    } = plan;
+    let mut policy = status.policy.take().unwrap_or_default();
+    let mut live = live_policy;
+    match (outcome, &sync) {
+        (Some(outcome), Some(sync)) => {
+            outcome
+                .verdict
+                .clone()
+                .set(&mut conditions, types::POLICY_APPLIED);
+            if outcome.applied {
+                policy.applied_hash = Some(sha256(&sync.document));
+            }
+            if outcome.written {
+                live = Some(sync.document.clone());
+            }
+        }
+        // A sync without an answer: the act step had no client.
+        (None, Some(_)) => conditions.unknown(types::POLICY_APPLIED, headscale_unreachable()),
+        _ => {}
+    }
+    if let (Some(rendered), Some(live)) = (&rendered, &live) {
+        policy.effective_for = effective::effective_resources(live, &rendered.resources);
+    }
+    status.policy = Some(policy);
+    status.conditions = conditions.finish(&REQUIRED, &[]);
+    status
+}
+
+/// The rendered-policy ConfigMap (operator namespace, owned by the Tailnet).
+fn rendered_policy_object(
+    tailnet: &Tailnet,
+    config: &OperatorConfig,
+    document: &str,
+    diff: &str,
+    summary: &str,
+) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(rendered_policy_config_map(&tailnet.name_any())),
+            namespace: Some(config.operator_namespace.clone()),
+            labels: Some(BTreeMap::from([
+                (
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "tailnet-operator".to_string(),
+                ),
+                (
+                    tailnet_api::naming::labels::TAILNET.to_string(),
+                    tailnet.name_any(),
+                ),
+            ])),
+            owner_references: tailnet.controller_owner_ref(&()).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        data: Some(rendered_policy_data(document, diff, summary)),
+        ..ConfigMap::default()
+    }
+}
+
+/// The rendered-policy ConfigMap's data: the document, its diff against the live policy and a
+/// summary. At about 1,000 resources document + diff passed the apiserver's limit and the
+/// refused write stopped the whole policy sync (benchmark 4): when they do not fit, the diff
+/// is left out, then the document, each replaced by a line that says so.
+pub fn rendered_policy_data(document: &str, diff: &str, summary: &str) -> BTreeMap<String, String> {
+    let omitted = |what: &str, bytes: usize| {
+        format!(
+            "omitted: the {what} is {bytes} bytes; the ConfigMap would exceed the apiserver's 1 MiB limit (the policy itself is synced regardless)\n"
+        )
+    };
+    let mut document_value = document.to_string();
+    let mut diff_value = diff.to_string();
+    if summary.len() + document.len() + diff.len() > RENDERED_POLICY_BUDGET {
+        diff_value = omitted("diff", diff.len());
+    }
+    if summary.len() + document.len() + diff_value.len() > RENDERED_POLICY_BUDGET {
+        document_value = omitted("rendered document", document.len());
+    }
+    BTreeMap::from([
+        (BASE_POLICY_KEY.to_string(), document_value),
+        ("diff".to_string(), diff_value),
+        ("summary".to_string(), summary.to_string()),
+    ])
+}
+
+/// A printer-column sized summary: `3 tags, 4 grants, 2 routes` (+ `, 1 with issues`).
+pub fn short_summary(rendered: &RenderedPolicy) -> String {
+    let s = &rendered.summary;
+    let mut text = format!(
+        "{} tags, {} grants, {} routes",
+        s.generated_tag_owners,
+        s.egress_grants + s.ingress_grants,
+        s.auto_approver_routes
+    );
+    if s.resources_with_issues > 0 {
+        text.push_str(&format!(", {} with issues", s.resources_with_issues));
+    }
+    text
+}
+
+/// `+`/`-` line counts of a unified diff.
+pub fn diff_stats(diff: &str) -> (usize, usize) {
+    let added = diff
+        .lines()
+        .filter(|l| l.starts_with('+') && !l.starts_with("+++"))
+        .count();
+    let removed = diff
+        .lines()
+        .filter(|l| l.starts_with('-') && !l.starts_with("---"))
+        .count();
+    (added, removed)
+}
+
+/// The removed lines of a diff, for an Event about a manual edit being overwritten.
+pub fn lost_lines(diff: &str, limit: usize) -> String {
+    let lost: Vec<&str> = diff
+        .lines()
+        .filter(|l| l.starts_with('-') && !l.starts_with("---"))
+        .collect();
+    let mut text = lost
+        .iter()
+        .take(limit)
+        .map(|l| l.trim_start_matches('-').trim())
+        .collect::<Vec<_>>()
+        .join(" | ");
+    if lost.len() > limit {
+        text.push_str(&format!(" | … ({} more lines)", lost.len() - limit));
+    }
+    text
+}
+
+/// The Event note for one route approval.
+pub fn routes_approved_note(approval: &RouteApproval) -> String {
+    let added: Vec<String> = approval.added.iter().map(ToString::to_string).collect();
+    format!(
+        "approved {} on node {} (id {})",
+        added.join(", "),
+        approval.node_name,
+        approval.node_id
+    )
+}

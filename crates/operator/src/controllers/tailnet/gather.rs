@@ -1,0 +1,265 @@
+//! Gather step of the Tailnet controller: everything `decide` needs, read once — Headscale
+//! (reachability, version, health, nodes, the live policy), the base policy text, the
+//! egresses and ingresses (watch caches), the egress Services' ClusterIPs and the DNS
+//! ConfigMap's current keys.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use tailnet_api::conditions::reasons;
+use tailnet_api::naming::labels;
+use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
+use tailnet_headscale::{Client as HeadscaleClient, Node};
+use tailnet_policy::ObservedNode;
+use tailnet_render::backends::ObjectKey;
+use tailnet_render::dns::{EXTRA_RECORDS_KEY, HOSTS_KEY};
+
+use super::super::access::read_api_key;
+use super::super::context::Context;
+use super::super::error::ReconcileError;
+use super::super::status::Problem;
+use super::decide::BASE_POLICY_KEY;
+use super::dns::dns_config_map_location;
+
+/// What one reconcile of a Tailnet observed (plain data: `decide` is pure).
+#[derive(Clone, Debug)]
+pub struct TailnetObservation {
+    /// Headscale's version when it answers, accepts the API key and is healthy; else why
+    /// `HeadscaleReachable` is False. When this is an error, `nodes` and `live_policy` are
+    /// `None`.
+    pub headscale: Result<String, Problem>,
+    /// Headscale's nodes; `None` when they could not be listed (then no route is approved).
+    pub nodes: Option<Vec<ObservedNode>>,
+    /// The policy Headscale enforces now; `None` when it could not be read.
+    pub live_policy: Option<String>,
+    /// The base policy text; `Ok(None)` when `spec.policy.baseConfigMap` is not set.
+    pub base: Result<Option<String>, Problem>,
+    pub egresses: Vec<TailnetEgress>,
+    pub ingresses: Vec<TailnetIngress>,
+    /// Egress Services (operator namespace) → ClusterIP (read only when DNS is configured).
+    pub egress_cluster_ips: BTreeMap<ObjectKey, IpAddr>,
+    /// The DNS ConfigMap as it is; `None` when DNS is not configured or it does not exist.
+    pub dns_config_map: Option<CurrentDns>,
+}
+
+/// What matters of an existing DNS ConfigMap.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CurrentDns {
+    /// Our two keys (`hosts`, `extra-records.json`), where present.
+    pub keys: BTreeMap<String, String>,
+    /// The uids in its owner references.
+    pub owner_uids: Vec<String>,
+}
+
+/// Reads everything; the Headscale client (when Headscale is reachable) is returned beside
+/// the observation, for the act step.
+pub async fn gather(
+    ctx: &Context,
+    tailnet: &Tailnet,
+) -> Result<(TailnetObservation, Option<HeadscaleClient>), ReconcileError> {
+    let headscale = observe_headscale(ctx, tailnet).await;
+    let base = read_base(ctx, tailnet).await;
+    let egresses: Vec<_> = ctx.egresses.state().iter().map(|e| (**e).clone()).collect();
+    let ingresses: Vec<_> = ctx
+        .ingresses
+        .state()
+        .iter()
+        .map(|i| (**i).clone())
+        .collect();
+    let (egress_cluster_ips, dns_config_map) = match dns_config_map_location(tailnet, &ctx.config) {
+        Some((namespace, name)) => (
+            egress_cluster_ips(ctx, tailnet).await?,
+            current_dns(ctx, &namespace, &name).await?,
+        ),
+        None => (BTreeMap::new(), None),
+    };
+    let observation = TailnetObservation {
+        headscale: headscale.version,
+        nodes: headscale.nodes,
+        live_policy: headscale.live_policy,
+        base,
+        egresses,
+        ingresses,
+        egress_cluster_ips,
+        dns_config_map,
+    };
+    Ok((observation, headscale.client))
+}
+
+struct HeadscaleState {
+    client: Option<HeadscaleClient>,
+    version: Result<String, Problem>,
+    nodes: Option<Vec<ObservedNode>>,
+    live_policy: Option<String>,
+}
+
+/// API key, client, version, health; then nodes and the live policy.
+async fn observe_headscale(ctx: &Context, tailnet: &Tailnet) -> HeadscaleState {
+    let failed = |problem: Problem| HeadscaleState {
+        client: None,
+        version: Err(problem),
+        nodes: None,
+        live_policy: None,
+    };
+    let key = match read_api_key(ctx, tailnet).await {
+        Ok(key) => key,
+        Err(problem) => return failed(problem),
+    };
+    let client = match ctx.headscale(&tailnet.spec.server, &key) {
+        Ok(client) => client,
+        Err(e) => return failed(Problem::headscale(&e, format!("{e}; fix spec.server"))),
+    };
+    let version = match client.version().await {
+        Ok(v) => v.version,
+        Err(e) => {
+            let message = format!("Headscale at {} is not reachable: {e}", tailnet.spec.server);
+            return failed(Problem::headscale(&e, message));
+        }
+    };
+    if let Err(e) = client.health().await {
+        return failed(Problem::headscale(&e, e.to_string()));
+    }
+    let nodes = match client.list_nodes().await {
+        Ok(nodes) => Some(nodes.iter().map(observed_node).collect()),
+        Err(e) => {
+            tracing::warn!(tailnet = %tailnet.spec.server, error = %e, "listing nodes failed");
+            None
+        }
+    };
+    let live_policy = match client.get_policy().await {
+        Ok(policy) => Some(policy.policy),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the live policy failed");
+            None
+        }
+    };
+    HeadscaleState {
+        client: Some(client),
+        version: Ok(version),
+        nodes,
+        live_policy,
+    }
+}
+
+/// Converts a Headscale node into the policy renderer's plain data, skipping unparsable
+/// addresses/routes (a newer Headscale may add formats we do not know).
+pub fn observed_node(node: &Node) -> ObservedNode {
+    let parse_ips = |v: &[String]| {
+        v.iter()
+            .filter_map(|s| s.parse::<IpAddr>().ok())
+            .collect::<Vec<_>>()
+    };
+    let parse_nets = |v: &[String]| {
+        v.iter()
+            .filter_map(|s| s.parse::<IpNet>().ok())
+            .collect::<Vec<_>>()
+    };
+    ObservedNode {
+        id: node.id,
+        name: if node.given_name.is_empty() {
+            node.name.clone()
+        } else {
+            node.given_name.clone()
+        },
+        tags: node.tags.clone(),
+        ip_addresses: parse_ips(&node.ip_addresses),
+        available_routes: parse_nets(&node.available_routes),
+        approved_routes: parse_nets(&node.approved_routes),
+        online: node.online,
+    }
+}
+
+/// The base policy text from `spec.policy.baseConfigMap` (operator namespace), or why not.
+async fn read_base(ctx: &Context, tailnet: &Tailnet) -> Result<Option<String>, Problem> {
+    let Some(name) = &tailnet.spec.policy.base_config_map else {
+        return Ok(None);
+    };
+    let ns = &ctx.config.operator_namespace;
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    let cm = match api.get_opt(name).await {
+        Ok(Some(cm)) => cm,
+        Ok(None) => {
+            return Err(Problem::new(
+                reasons::CONFIG_MAP_NOT_FOUND,
+                format!(
+                    "ConfigMap {ns}/{name} (spec.policy.baseConfigMap) does not exist; create it with the base policy under key {BASE_POLICY_KEY:?}"
+                ),
+            ));
+        }
+        Err(e) => {
+            return Err(Problem::new(
+                reasons::CONFIG_MAP_UNREADABLE,
+                format!("reading ConfigMap {ns}/{name}: {e}"),
+            ));
+        }
+    };
+    match cm.data.as_ref().and_then(|d| d.get(BASE_POLICY_KEY)) {
+        Some(text) => Ok(Some(text.clone())),
+        None => Err(Problem::new(
+            reasons::KEY_MISSING,
+            format!("ConfigMap {ns}/{name} has no key {BASE_POLICY_KEY:?}"),
+        )),
+    }
+}
+
+/// ClusterIPs of this Tailnet's egress Services (operator namespace); unparsable ones are left
+/// out (their aliases stay pending).
+async fn egress_cluster_ips(
+    ctx: &Context,
+    tailnet: &Tailnet,
+) -> Result<BTreeMap<ObjectKey, IpAddr>, ReconcileError> {
+    let ns = &ctx.config.operator_namespace;
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    let selector = format!(
+        "{}=TailnetEgress,{}={}",
+        labels::OWNER_KIND,
+        labels::TAILNET,
+        tailnet.name_any()
+    );
+    let listed = services
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(ReconcileError::kube("list egress Services"))?;
+    Ok(listed
+        .items
+        .iter()
+        .filter_map(|s| {
+            let ip = s.spec.as_ref()?.cluster_ip.as_deref()?.parse().ok()?;
+            Some((ObjectKey::new(ns, s.name_any()), ip))
+        })
+        .collect())
+}
+
+/// Our keys and the owners of the DNS ConfigMap, `None` when it does not exist.
+async fn current_dns(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<CurrentDns>, ReconcileError> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
+    let current = api
+        .get_opt(name)
+        .await
+        .map_err(ReconcileError::kube(format!(
+            "get ConfigMap {namespace}/{name}"
+        )))?;
+    Ok(current.map(|cm| CurrentDns {
+        keys: cm
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(k, _)| k == HOSTS_KEY || k == EXTRA_RECORDS_KEY)
+            .collect(),
+        owner_uids: cm
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .into_iter()
+            .map(|o| o.uid)
+            .collect(),
+    }))
+}

@@ -1,0 +1,953 @@
+//! The Tailnet controller's decision table: hand-made observations and scripted Headscale
+//! answers through the pure steps (`plan` → `after_check` → `after_set` → `finish`), every
+//! reason they can produce. No environment; milliseconds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use kube::runtime::events::EventType;
+use tailnet_api::conditions::{self, Status, reasons, types};
+use tailnet_api::tailnet::{PolicyMode, PolicyStatus, TailnetStatus};
+use tailnet_api::{Tailnet, TailnetEgress};
+use tailnet_policy::ObservedNode;
+
+use super::super::context::OperatorConfig;
+use super::super::reason_coverage::assert_every_reason_has_a_case;
+use super::super::status::Problem;
+use super::decide::{
+    self, Answer, BASE_POLICY_KEY, PolicyOutcome, PolicyStep, Refusal, TailnetPlan,
+    rendered_policy_data,
+};
+use super::gather::{CurrentDns, TailnetObservation};
+use tailnet_render::backends::ObjectKey;
+
+const BASE: &str = r#"{
+  // human-owned
+  "groups": {"group:platform": ["alice@"]},
+  "grants": []
+}"#;
+
+fn now() -> Timestamp {
+    "2026-06-01T12:00:00Z".parse().expect("timestamp")
+}
+
+fn config() -> OperatorConfig {
+    OperatorConfig {
+        operator_namespace: "tailnet-system".to_string(),
+        installation_id: "test-installation".to_string(),
+        headscale_poll: Duration::from_secs(10),
+        headscale_timeout: Duration::from_secs(5),
+        images: tailnet_render::images::Images::default(),
+        cluster_domain: "cluster.local".to_string(),
+        approve_routes: true,
+        reapply_interval: Duration::from_secs(600),
+        max_concurrent_reconciles: 16,
+    }
+}
+
+fn tailnet() -> Tailnet {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1",
+        "kind": "Tailnet",
+        "metadata": {"name": "demo", "uid": "tailnet-uid", "generation": 3},
+        "spec": {
+            "server": "https://headscale.example.net",
+            "apiSecretRef": {"name": "headscale-api", "key": "apiKey"},
+            "dns": {
+                "hostsConfigMap": "tailnet-hosts",
+                "ingressNameTemplate": "{name}.{namespace}.lab.example.net"
+            },
+            "policy": {
+                "baseConfigMap": "tailnet-policy",
+                "mode": "Apply",
+                "tagOwners": ["group:platform"],
+                "routeApprovers": ["tag:router"],
+                "ingressSourceAllowlist": ["group:platform"]
+            }
+        }
+    }))
+    .expect("tailnet fixture")
+}
+
+fn egress() -> TailnetEgress {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1",
+        "kind": "TailnetEgress",
+        "metadata": {"name": "team-a", "namespace": "tailnet-system", "uid": "egress-uid"},
+        "spec": {
+            "tailnetRef": {"name": "demo"},
+            "consumerNamespaces": ["team-a"],
+            "targets": [
+                {"name": "remote-db", "address": "192.0.2.10", "port": 5432, "aliases": ["db.site.example.net"]},
+                {"name": "remote-api", "address": "198.51.100.20", "port": 443, "aliases": ["api.site.example.net"]}
+            ]
+        }
+    }))
+    .expect("egress fixture")
+}
+
+/// A subnet router advertising (not approving) the route of `remote-db`.
+fn router() -> ObservedNode {
+    ObservedNode {
+        id: 7,
+        name: "site-router".to_string(),
+        tags: vec!["tag:router".to_string()],
+        ip_addresses: vec!["100.64.0.7".parse().expect("ip")],
+        available_routes: vec!["192.0.2.0/24".parse().expect("net")],
+        approved_routes: vec![],
+        online: true,
+    }
+}
+
+/// Headscale reachable, an empty live policy, the base valid, no resources.
+fn observation() -> TailnetObservation {
+    TailnetObservation {
+        headscale: Ok("v0.29.0".to_string()),
+        nodes: Some(vec![]),
+        live_policy: Some(String::new()),
+        base: Ok(Some(BASE.to_string())),
+        egresses: vec![],
+        ingresses: vec![],
+        egress_cluster_ips: BTreeMap::new(),
+        dns_config_map: None,
+    }
+}
+
+fn unreachable(reason: &'static str) -> TailnetObservation {
+    TailnetObservation {
+        headscale: Err(Problem::new(reason, "Headscale cannot be used")),
+        nodes: None,
+        live_policy: None,
+        ..observation()
+    }
+}
+
+fn with_base(base: Result<Option<&str>, Problem>) -> TailnetObservation {
+    TailnetObservation {
+        base: base.map(|b| b.map(str::to_string)),
+        ..observation()
+    }
+}
+
+fn with_mode(mode: PolicyMode) -> Tailnet {
+    let mut t = tailnet();
+    t.spec.policy.mode = mode;
+    t
+}
+
+fn with_previous(mut t: Tailnet, status: TailnetStatus) -> Tailnet {
+    t.status = Some(status);
+    t
+}
+
+/// The document this installation renders for `t` and `o` (against an empty live policy).
+fn document_of(t: &Tailnet, o: &TailnetObservation, config: &OperatorConfig) -> String {
+    decide::plan(t, o, config, now())
+        .sync
+        .expect("a sync against the empty live policy")
+        .document
+}
+
+fn live(document: String) -> TailnetObservation {
+    TailnetObservation {
+        live_policy: Some(document),
+        ..observation()
+    }
+}
+
+/// A previous status saying PolicyApplied was `reason`, with `applied_hash`.
+fn previous_status(reason: &str, applied_hash: Option<String>) -> TailnetStatus {
+    let mut list = Vec::new();
+    conditions::upsert(
+        &mut list,
+        conditions::condition(
+            types::POLICY_APPLIED,
+            Status::False,
+            reason,
+            "before",
+            Some(2),
+        ),
+        &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()),
+    );
+    TailnetStatus {
+        conditions: list,
+        policy: Some(PolicyStatus {
+            applied_hash,
+            ..PolicyStatus::default()
+        }),
+        ..TailnetStatus::default()
+    }
+}
+
+/// One reconcile through the pure steps, Headscale answering `check` and `set`.
+struct Run {
+    plan: TailnetPlan,
+    outcome: Option<PolicyOutcome>,
+    puts: usize,
+    status: TailnetStatus,
+}
+
+fn drive(
+    t: &Tailnet,
+    o: &TailnetObservation,
+    config: &OperatorConfig,
+    check: Answer,
+    set: Answer,
+) -> Run {
+    let previous = t.status.clone().unwrap_or_default();
+    let plan = decide::plan(t, o, config, now());
+    let mut puts = 0;
+    let outcome =
+        plan.sync
+            .as_ref()
+            .map(|sync| match decide::after_check(sync, check, &previous) {
+                PolicyStep::Done(outcome) => outcome,
+                PolicyStep::Put { event } => {
+                    puts += 1;
+                    decide::after_set(sync, event, set)
+                }
+            });
+    let status = decide::finish(plan.clone(), outcome.as_ref());
+    Run {
+        plan,
+        outcome,
+        puts,
+        status,
+    }
+}
+
+fn rejected(message: &str) -> Answer {
+    Err(Refusal::Rejected(message.to_string()))
+}
+
+fn failed(reason: &'static str) -> Answer {
+    Err(Refusal::Failed(Problem::new(reason, "timed out")))
+}
+
+type Check = fn(&Run);
+
+struct Case {
+    name: &'static str,
+    tailnet: Tailnet,
+    observed: TailnetObservation,
+    config: OperatorConfig,
+    check: Answer,
+    set: Answer,
+    /// (condition, status, reason) that must hold.
+    expect: Vec<(&'static str, &'static str, &'static str)>,
+    more: Check,
+}
+
+fn case(
+    name: &'static str,
+    observed: TailnetObservation,
+    expect: Vec<(&'static str, &'static str, &'static str)>,
+) -> Case {
+    Case {
+        name,
+        tailnet: tailnet(),
+        observed,
+        config: config(),
+        check: Ok(()),
+        set: Ok(()),
+        expect,
+        more: |_| {},
+    }
+}
+
+fn event_reason(run: &Run) -> Option<&'static str> {
+    run.outcome.as_ref()?.event.as_ref().map(|e| e.reason)
+}
+
+fn headscale_cases() -> Vec<Case> {
+    let not_reachable = |reason| {
+        vec![
+            (types::HEADSCALE_REACHABLE, "False", reason),
+            (types::BASE_VALID, "True", reasons::VALID),
+            (
+                types::POLICY_APPLIED,
+                "Unknown",
+                reasons::HEADSCALE_UNREACHABLE,
+            ),
+            (types::READY, "False", reason),
+        ]
+    };
+    let mut cases: Vec<Case> = [
+        reasons::SECRET_MISSING,
+        reasons::SECRET_UNREADABLE,
+        reasons::SECRET_KEY_MISSING,
+        reasons::headscale::UNAUTHORIZED,
+        reasons::headscale::CONNECTION_FAILED,
+    ]
+    .into_iter()
+    .map(|reason| Case {
+        more: |run| {
+            assert!(run.plan.sync.is_none() && run.plan.approvals.is_empty());
+            assert_eq!(run.status.headscale_version, None);
+        },
+        ..case(
+            "Headscale not usable",
+            unreachable(reason),
+            not_reachable(reason),
+        )
+    })
+    .collect();
+    cases.push(Case {
+        more: |run| {
+            assert_eq!(run.status.headscale_version.as_deref(), Some("v0.29.0"));
+            assert!(
+                run.plan.sync.is_none(),
+                "no live policy: nothing to compare"
+            );
+        },
+        ..case(
+            "reachable, but the live policy could not be read",
+            TailnetObservation {
+                live_policy: None,
+                ..observation()
+            },
+            vec![
+                (types::HEADSCALE_REACHABLE, "True", reasons::REACHABLE),
+                (
+                    types::POLICY_APPLIED,
+                    "Unknown",
+                    reasons::HEADSCALE_UNREACHABLE,
+                ),
+                (types::READY, "False", reasons::HEADSCALE_UNREACHABLE),
+            ],
+        )
+    });
+    cases
+}
+
+fn base_cases() -> Vec<Case> {
+    let invalid = |reason| {
+        vec![
+            (types::HEADSCALE_REACHABLE, "True", reasons::REACHABLE),
+            (types::BASE_VALID, "False", reason),
+            (types::POLICY_APPLIED, "False", reasons::BASE_INVALID),
+            (types::READY, "False", reason),
+        ]
+    };
+    let mut cases: Vec<Case> = [
+        reasons::CONFIG_MAP_NOT_FOUND,
+        reasons::CONFIG_MAP_UNREADABLE,
+        reasons::KEY_MISSING,
+    ]
+    .into_iter()
+    .map(|reason| {
+        case(
+            "base not readable",
+            with_base(Err(Problem::new(reason, "no base"))),
+            invalid(reason),
+        )
+    })
+    .collect();
+    cases.push(Case {
+        more: |run| {
+            let c = conditions::find(&run.status.conditions, types::BASE_VALID).expect("BaseValid");
+            assert!(
+                c.message
+                    .contains("tailnet-system/tailnet-policy key policy.hujson: line"),
+                "{}",
+                c.message
+            );
+            assert!(
+                run.plan.rendered.is_none()
+                    && run
+                        .status
+                        .policy
+                        .as_ref()
+                        .is_some_and(|p| p.rendered_hash.is_none())
+            );
+        },
+        ..case(
+            "base does not parse",
+            with_base(Ok(Some("{ \"grants\": [ "))),
+            invalid(reasons::SYNTAX_ERROR),
+        )
+    });
+    cases.push(case(
+        "base parses but cannot be rendered",
+        with_base(Ok(Some(r#"{"grants": {}}"#))),
+        invalid(reasons::INVALID_BASE),
+    ));
+    cases.push(Case {
+        more: |run| assert_eq!(run.puts, 1),
+        ..case(
+            "no baseConfigMap: the empty base",
+            with_base(Ok(None)),
+            vec![
+                (types::BASE_VALID, "True", reasons::VALID),
+                (types::POLICY_APPLIED, "True", reasons::APPLIED),
+            ],
+        )
+    });
+    cases
+}
+
+fn policy_cases() -> Vec<Case> {
+    let t = tailnet();
+    let ours = document_of(&t, &observation(), &config());
+    let applied = vec![
+        (types::POLICY_APPLIED, "True", reasons::APPLIED),
+        (types::READY, "True", reasons::READY),
+    ];
+    let rejected_status = vec![
+        (types::POLICY_APPLIED, "False", reasons::REJECTED),
+        (types::READY, "False", reasons::REJECTED),
+    ];
+    vec![
+        Case {
+            more: |run| {
+                assert_eq!(run.puts, 1);
+                assert_eq!(event_reason(run), Some("PolicyApplied"));
+                let o = run.outcome.as_ref().expect("outcome");
+                assert_eq!(o.metric, Some("applied"));
+                let policy = run.status.policy.clone().unwrap_or_default();
+                assert!(
+                    policy.applied_hash.is_some() && policy.applied_hash == policy.rendered_hash
+                );
+                assert_eq!(
+                    policy.summary.as_deref(),
+                    Some("0 tags, 0 grants, 0 routes")
+                );
+            },
+            ..case(
+                "Apply, empty live policy: PUT",
+                observation(),
+                applied.clone(),
+            )
+        },
+        Case {
+            more: |run| {
+                assert_eq!(run.puts, 0, "up to date: no PUT");
+                assert_eq!(
+                    run.outcome.as_ref().and_then(|o| o.metric),
+                    Some("unchanged")
+                );
+                assert_eq!(event_reason(run), None);
+                assert!(
+                    run.status
+                        .policy
+                        .as_ref()
+                        .is_some_and(|p| p.applied_hash.is_some())
+                );
+            },
+            ..case(
+                "Apply, live is the rendered document",
+                live(ours.clone()),
+                applied.clone(),
+            )
+        },
+        Case {
+            tailnet: with_mode(PolicyMode::DryRun),
+            more: |run| {
+                assert_eq!(run.puts, 0, "DryRun never writes");
+                assert!(run.plan.approvals.is_empty());
+                let sync = run
+                    .plan
+                    .sync
+                    .as_ref()
+                    .expect("the rendered policy is published");
+                assert_eq!(
+                    sync.config_map.metadata.name.as_deref(),
+                    Some("demo-rendered-policy")
+                );
+                assert!(
+                    sync.config_map
+                        .data
+                        .as_ref()
+                        .is_some_and(|d| d.contains_key(BASE_POLICY_KEY))
+                );
+                assert_eq!(run.outcome.as_ref().and_then(|o| o.metric), Some("dry_run"));
+                assert!(
+                    run.status
+                        .policy
+                        .as_ref()
+                        .is_some_and(|p| p.applied_hash.is_none())
+                );
+            },
+            ..case(
+                "DryRun",
+                observation(),
+                vec![
+                    (types::POLICY_APPLIED, "False", reasons::DRY_RUN),
+                    (types::READY, "False", reasons::DRY_RUN),
+                ],
+            )
+        },
+        Case {
+            check: rejected("grant 1: unknown group"),
+            more: |run| {
+                assert_eq!(run.puts, 0);
+                let e = run
+                    .outcome
+                    .as_ref()
+                    .and_then(|o| o.event.clone())
+                    .expect("event");
+                assert_eq!(
+                    (e.type_, e.reason, e.action),
+                    (EventType::Warning, reasons::REJECTED, "CheckPolicy")
+                );
+            },
+            ..case(
+                "the check rejects the document",
+                observation(),
+                rejected_status.clone(),
+            )
+        },
+        Case {
+            tailnet: with_previous(tailnet(), previous_status(reasons::REJECTED, None)),
+            check: rejected("grant 1: unknown group"),
+            more: |run| {
+                assert_eq!(
+                    event_reason(run),
+                    None,
+                    "no repeated Event while still rejected"
+                )
+            },
+            ..case("still rejected", observation(), rejected_status.clone())
+        },
+        Case {
+            set: rejected("write refused"),
+            more: |run| {
+                assert_eq!(run.puts, 1);
+                let e = run
+                    .outcome
+                    .as_ref()
+                    .and_then(|o| o.event.clone())
+                    .expect("event");
+                assert_eq!((e.reason, e.action), (reasons::REJECTED, "SetPolicy"));
+                assert!(
+                    run.status
+                        .policy
+                        .as_ref()
+                        .is_some_and(|p| p.applied_hash.is_none())
+                );
+            },
+            ..case("the PUT is rejected", observation(), rejected_status)
+        },
+    ]
+}
+
+/// Ownership, manual edits, takeover and failed calls.
+fn ownership_cases() -> Vec<Case> {
+    let t = tailnet();
+    let other_installation = document_of(
+        &t,
+        &observation(),
+        &OperatorConfig {
+            installation_id: "elsewhere".to_string(),
+            ..config()
+        },
+    );
+    // Our marker, other content: what we wrote before someone edited it.
+    let edited = document_of(
+        &t,
+        &TailnetObservation {
+            egresses: vec![egress()],
+            ..observation()
+        },
+        &config(),
+    );
+    let applied = vec![
+        (types::POLICY_APPLIED, "True", reasons::APPLIED),
+        (types::READY, "True", reasons::READY),
+    ];
+    vec![
+        Case {
+            more: |run| {
+                assert_eq!(
+                    run.puts, 0,
+                    "another installation's policy is never overwritten"
+                );
+                assert_eq!(
+                    run.outcome.as_ref().and_then(|o| o.metric),
+                    Some("owned_elsewhere")
+                );
+            },
+            ..case(
+                "the live policy belongs to another installation",
+                live(other_installation),
+                vec![(types::POLICY_APPLIED, "False", reasons::OWNED_ELSEWHERE)],
+            )
+        },
+        Case {
+            tailnet: with_previous(
+                tailnet(),
+                previous_status(reasons::APPLIED, Some(decide::sha256("what we wrote"))),
+            ),
+            more: |run| {
+                assert_eq!(run.puts, 1);
+                let e = run
+                    .outcome
+                    .as_ref()
+                    .and_then(|o| o.event.clone())
+                    .expect("event");
+                assert_eq!(
+                    (e.type_, e.reason),
+                    (EventType::Warning, "ManualEditOverwritten")
+                );
+                assert!(e.note.contains("Lost: "), "{}", e.note);
+            },
+            ..case(
+                "a manual edit is overwritten",
+                live(edited),
+                applied.clone(),
+            )
+        },
+        Case {
+            more: |run| {
+                assert_eq!(run.puts, 1);
+                assert_eq!(event_reason(run), Some("PolicyTakenOver"));
+            },
+            ..case(
+                "a policy without marker is taken over",
+                live(r#"{"grants": []}"#.to_string()),
+                applied,
+            )
+        },
+        Case {
+            check: failed(reasons::headscale::TIMEOUT),
+            more: |run| {
+                assert_eq!(run.puts, 0);
+                assert_eq!(run.outcome.as_ref().and_then(|o| o.metric), None);
+            },
+            ..case(
+                "the check fails",
+                observation(),
+                vec![
+                    (
+                        types::POLICY_APPLIED,
+                        "Unknown",
+                        reasons::headscale::TIMEOUT,
+                    ),
+                    (types::READY, "False", reasons::headscale::TIMEOUT),
+                ],
+            )
+        },
+        Case {
+            set: failed(reasons::headscale::CONNECTION_FAILED),
+            more: |run| {
+                let c = conditions::find(&run.status.conditions, types::POLICY_APPLIED)
+                    .expect("PolicyApplied");
+                assert!(
+                    c.message.starts_with("writing the policy failed"),
+                    "{}",
+                    c.message
+                );
+            },
+            ..case(
+                "the PUT fails",
+                observation(),
+                vec![(
+                    types::POLICY_APPLIED,
+                    "Unknown",
+                    reasons::headscale::CONNECTION_FAILED,
+                )],
+            )
+        },
+    ]
+}
+
+fn dns_cases() -> Vec<Case> {
+    let mut no_dns = tailnet();
+    no_dns.spec.dns = None;
+    let with_egress = TailnetObservation {
+        egresses: vec![egress()],
+        egress_cluster_ips: BTreeMap::from([(
+            ObjectKey::new("tailnet-system", "remote-db"),
+            "10.96.0.20".parse().expect("ip"),
+        )]),
+        ..observation()
+    };
+    vec![
+        Case {
+            tailnet: no_dns,
+            more: |run| assert!(run.plan.dns.is_none()),
+            ..case(
+                "DNS not configured",
+                observation(),
+                vec![
+                    (types::DNS_RENDERED, "True", reasons::NOT_CONFIGURED),
+                    (types::READY, "True", reasons::READY),
+                ],
+            )
+        },
+        Case {
+            more: |run| {
+                let cm = run
+                    .plan
+                    .dns
+                    .as_ref()
+                    .expect("a new DNS ConfigMap is written");
+                let hosts = cm
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("hosts"))
+                    .cloned()
+                    .unwrap_or_default();
+                assert!(hosts.contains("10.96.0.20 db.site.example.net"), "{hosts}");
+                assert!(
+                    cm.metadata
+                        .owner_references
+                        .as_ref()
+                        .is_some_and(|o| o[0].uid == "tailnet-uid"),
+                    "created by us: owned"
+                );
+                let c = conditions::find(&run.status.conditions, types::DNS_RENDERED)
+                    .expect("DNSRendered");
+                assert!(
+                    c.message.contains("1 pending: api.site.example.net"),
+                    "{}",
+                    c.message
+                );
+            },
+            ..case(
+                "DNS rendered",
+                with_egress.clone(),
+                vec![(types::DNS_RENDERED, "True", reasons::RENDERED)],
+            )
+        },
+    ]
+}
+
+#[test]
+fn decision_table() {
+    let started = std::time::Instant::now();
+    let mut seen = BTreeSet::new();
+    let cases: Vec<Case> = [
+        headscale_cases(),
+        base_cases(),
+        policy_cases(),
+        ownership_cases(),
+        dns_cases(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    for case in cases {
+        let run = drive(
+            &case.tailnet,
+            &case.observed,
+            &case.config,
+            case.check,
+            case.set,
+        );
+        for (type_, status, reason) in &case.expect {
+            let c = conditions::find(&run.status.conditions, type_).unwrap_or_else(|| {
+                panic!("{}: no {type_} in {:?}", case.name, run.status.conditions)
+            });
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                (*status, *reason),
+                "{}: {type_}: {}",
+                case.name,
+                c.message
+            );
+            assert_eq!(c.observed_generation, Some(3), "{}", case.name);
+        }
+        (case.more)(&run);
+        seen.extend(run.status.conditions.iter().map(|c| c.reason.clone()));
+    }
+    // InvalidSpec: only Ready, nothing else decided.
+    let mut invalid = tailnet();
+    invalid.spec.server = "ftp://headscale".to_string();
+    let status = decide::refuse_invalid(&invalid, now()).expect("invalid spec");
+    let ready = conditions::find(&status.conditions, types::READY).expect("Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", reasons::INVALID_SPEC)
+    );
+    assert!(ready.message.contains("spec.server"), "{}", ready.message);
+    assert!(decide::refuse_invalid(&tailnet(), now()).is_none());
+    seen.insert(ready.reason.clone());
+
+    assert_every_reason_has_a_case(
+        &seen,
+        &[
+            include_str!("decide.rs"),
+            include_str!("dns.rs"),
+            include_str!("gather.rs"),
+        ],
+    );
+    eprintln!("tailnet decision table: {:?}", started.elapsed());
+}
+
+#[test]
+fn ready_follows_the_required_order() {
+    // Headscale and the base both broken: Ready names Headscale first.
+    let o = TailnetObservation {
+        base: Err(Problem::new(reasons::CONFIG_MAP_NOT_FOUND, "no base")),
+        ..unreachable(reasons::SECRET_MISSING)
+    };
+    let run = drive(&tailnet(), &o, &config(), Ok(()), Ok(()));
+    let ready = conditions::find(&run.status.conditions, types::READY).expect("Ready");
+    assert_eq!(ready.reason, reasons::SECRET_MISSING);
+    assert!(
+        ready.message.starts_with("HeadscaleReachable: "),
+        "{}",
+        ready.message
+    );
+    // The base broken, DryRun: BaseValid before PolicyApplied.
+    let o = with_base(Err(Problem::new(reasons::KEY_MISSING, "no key")));
+    let run = drive(
+        &with_mode(PolicyMode::DryRun),
+        &o,
+        &config(),
+        Ok(()),
+        Ok(()),
+    );
+    let ready = conditions::find(&run.status.conditions, types::READY).expect("Ready");
+    assert_eq!(ready.reason, reasons::KEY_MISSING);
+}
+
+#[test]
+fn transition_times_stay_while_the_status_stays() {
+    let first = drive(&tailnet(), &observation(), &config(), Ok(()), Ok(()));
+    let later: Timestamp = "2026-06-01T13:00:00Z".parse().expect("timestamp");
+    let t = with_previous(tailnet(), first.status.clone());
+    let plan = decide::plan(&t, &observation(), &config(), later);
+    let sync = plan.sync.clone().expect("sync");
+    let outcome = match decide::after_check(&sync, Ok(()), &first.status) {
+        PolicyStep::Put { event } => decide::after_set(&sync, event, Ok(())),
+        PolicyStep::Done(o) => o,
+    };
+    let status = decide::finish(plan, Some(&outcome));
+    for c in &status.conditions {
+        assert_eq!(c.last_transition_time.0, now(), "{} moved", c.type_);
+    }
+}
+
+#[test]
+fn route_approvals_only_in_apply_with_approval_on_and_nodes_known() {
+    let o = TailnetObservation {
+        egresses: vec![egress()],
+        nodes: Some(vec![router()]),
+        ..observation()
+    };
+    let approvals = |t: &Tailnet, o: &TailnetObservation, config: &OperatorConfig| {
+        decide::plan(t, o, config, now()).approvals
+    };
+    let apply = approvals(&tailnet(), &o, &config());
+    assert_eq!(apply.len(), 1, "{apply:?}");
+    assert_eq!(apply[0].node_id, 7);
+    assert_eq!(
+        decide::routes_approved_note(&apply[0]),
+        "approved 192.0.2.0/24 on node site-router (id 7)"
+    );
+    assert!(approvals(&with_mode(PolicyMode::DryRun), &o, &config()).is_empty());
+    let off = OperatorConfig {
+        approve_routes: false,
+        ..config()
+    };
+    assert!(approvals(&tailnet(), &o, &off).is_empty());
+    // Approval off: no autoApprovers in the document either.
+    let document = decide::plan(&tailnet(), &o, &off, now())
+        .sync
+        .expect("sync")
+        .document;
+    assert!(!document.contains("192.0.2.0/24"), "{document}");
+    let unknown_nodes = TailnetObservation {
+        nodes: None,
+        ..o.clone()
+    };
+    assert!(approvals(&tailnet(), &unknown_nodes, &config()).is_empty());
+}
+
+#[test]
+fn dns_config_map_written_only_on_change_and_owned_only_if_ours() {
+    let o = TailnetObservation {
+        egresses: vec![egress()],
+        egress_cluster_ips: BTreeMap::from([(
+            ObjectKey::new("tailnet-system", "remote-db"),
+            "10.96.0.20".parse().expect("ip"),
+        )]),
+        ..observation()
+    };
+    let written = decide::plan(&tailnet(), &o, &config(), now())
+        .dns
+        .expect("new ConfigMap");
+    let keys = written.data.clone().unwrap_or_default();
+    // Same keys already there: nothing to write.
+    let same = TailnetObservation {
+        dns_config_map: Some(CurrentDns {
+            keys: keys.clone(),
+            owner_uids: vec![],
+        }),
+        ..o.clone()
+    };
+    assert!(
+        decide::plan(&tailnet(), &same, &config(), now())
+            .dns
+            .is_none()
+    );
+    // Someone else's ConfigMap with stale keys: written, but not owned by the Tailnet.
+    let shared = TailnetObservation {
+        dns_config_map: Some(CurrentDns {
+            keys: BTreeMap::from([("hosts".to_string(), "stale".to_string())]),
+            owner_uids: vec!["someone-else".to_string()],
+        }),
+        ..o.clone()
+    };
+    let cm = decide::plan(&tailnet(), &shared, &config(), now())
+        .dns
+        .expect("changed");
+    assert!(cm.metadata.owner_references.is_none());
+    assert_eq!(
+        cm.data.as_ref().map(BTreeMap::len),
+        Some(2),
+        "only our two keys are applied"
+    );
+    // Ours with stale keys: written and owned.
+    let ours = TailnetObservation {
+        dns_config_map: Some(CurrentDns {
+            keys: BTreeMap::new(),
+            owner_uids: vec!["tailnet-uid".to_string()],
+        }),
+        ..o
+    };
+    let cm = decide::plan(&tailnet(), &ours, &config(), now())
+        .dns
+        .expect("changed");
+    assert!(cm.metadata.owner_references.is_some());
+}
+
+#[test]
+fn rendered_policy_data_fits_the_configmap_limit() {
+    let small = rendered_policy_data("{}", "+a\n", "1 grant");
+    assert_eq!(small.get("diff").map(String::as_str), Some("+a\n"));
+    assert_eq!(small.get(BASE_POLICY_KEY).map(String::as_str), Some("{}"));
+    // Document and diff together too big: the diff goes, the document stays.
+    let document = "x".repeat(600_000);
+    let diff = "+".repeat(500_000);
+    let data = rendered_policy_data(&document, &diff, "s");
+    assert_eq!(data.get(BASE_POLICY_KEY), Some(&document));
+    let diff_value = data.get("diff").cloned().unwrap_or_default();
+    assert!(
+        diff_value.starts_with("omitted: the diff is 500000 bytes"),
+        "{diff_value}"
+    );
+    // The document alone too big: both go, the summary stays.
+    let huge = "x".repeat(1_200_000);
+    let data = rendered_policy_data(&huge, "", "s");
+    let document_value = data.get(BASE_POLICY_KEY).cloned().unwrap_or_default();
+    assert!(
+        document_value.starts_with("omitted: the rendered document is 1200000 bytes"),
+        "{document_value}"
+    );
+    assert_eq!(data.get("summary").map(String::as_str), Some("s"));
+    let total: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
+    assert!(total <= 1_048_576);
+}
+
+#[test]
+fn diff_helpers() {
+    let diff = "--- live\n+++ rendered\n@@ -1,2 +1,2 @@\n-old line\n+new line\n context\n";
+    assert_eq!(decide::diff_stats(diff), (1, 1));
+    assert_eq!(decide::lost_lines(diff, 10), "old line");
+    let many: String = (0..15).map(|i| format!("-line {i}\n")).collect();
+    assert!(decide::lost_lines(&many, 3).ends_with("… (12 more lines)"));
+}
