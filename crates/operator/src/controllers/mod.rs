@@ -30,8 +30,3 @@ pub mod status;
 pub mod tailnet;
 #[cfg(test)]
 pub mod test_fixtures;
-
-// TEMPORARY while the controllers move to the new modules.
-pub use error::ReconcileError;
-pub use instrument::{backoff_on_error, instrumented};
-pub use kube_io::{Watched, apply, apply_cached, from_cache_or_get, get_opt_cached};
