@@ -116,8 +116,36 @@ pub fn has_conflicting_host(headers: &HeaderMap) -> bool {
     headers.get_all(header::HOST).iter().nth(1).is_some()
 }
 
+/// Client-address headers that other proxies, load balancers and CDNs set and that backends
+/// (frameworks' "real IP" middlewares, rate limiters, audit logs) commonly trust. The agent
+/// sets none of them, so a client's own value is always a forgery.
+const CLIENT_ADDRESS_HEADERS: [&str; 20] = [
+    "forwarded",
+    "forwarded-for",
+    "x-real-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "cf-connecting-ipv6",
+    "x-client-ip",
+    "x-cluster-client-ip",
+    "fastly-client-ip",
+    "x-original-forwarded-for",
+    "x-originating-ip",
+    "x-remote-ip",
+    "x-remote-addr",
+    "client-ip",
+    "x-proxyuser-ip",
+    "wl-proxy-client-ip",
+    "proxy-client-ip",
+    "x-envoy-external-address",
+    "akamai-client-ip",
+    "x-appengine-user-ip",
+];
+
 /// Removes every header a client could use to impersonate a tailnet identity or another
-/// client address: all `Tailscale-*`, `X-Forwarded-*` and `Forwarded`.
+/// client address: all `Tailscale-*`, `X-Forwarded-*`, `Forwarded`, the client-IP headers of
+/// common proxies and CDNs ([`CLIENT_ADDRESS_HEADERS`]) and any other `*-client-ip`/
+/// `*-clientip` header.
 pub fn strip_client_identity(headers: &mut HeaderMap) {
     let spoofable: Vec<HeaderName> = headers
         .keys()
@@ -125,7 +153,9 @@ pub fn strip_client_identity(headers: &mut HeaderMap) {
             let name = name.as_str();
             name.starts_with("tailscale-")
                 || name.starts_with("x-forwarded-")
-                || name == "forwarded"
+                || name.ends_with("-client-ip")
+                || name.ends_with("-clientip")
+                || CLIENT_ADDRESS_HEADERS.contains(&name)
         })
         .cloned()
         .collect();
@@ -330,6 +360,41 @@ mod tests {
         assert_eq!(get("tailscale-anything"), "<none>");
         assert_eq!(get("forwarded"), "<none>");
         assert_eq!(get("accept"), "*/*");
+    }
+
+    #[test]
+    fn client_ip_headers_of_other_proxies_and_cdns_are_stripped() {
+        let spoofed = [
+            "X-Real-IP",
+            "True-Client-IP",
+            "CF-Connecting-IP",
+            "CF-Connecting-IPv6",
+            "X-Client-IP",
+            "X-Cluster-Client-IP",
+            "Fastly-Client-IP",
+            "Forwarded",
+            "Forwarded-For",
+            "X-Original-Forwarded-For",
+            "X-Originating-IP",
+            "X-Remote-IP",
+            "X-Remote-Addr",
+            "Client-IP",
+            "X-ProxyUser-IP",
+            "WL-Proxy-Client-IP",
+            "Proxy-Client-IP",
+            "X-Envoy-External-Address",
+            "Akamai-Client-IP",
+            "X-Azure-ClientIP",
+            "X-Appengine-User-IP",
+        ];
+        let mut pairs: Vec<(&str, &str)> = spoofed.iter().map(|name| (*name, "10.0.0.1")).collect();
+        pairs.push(("x-request-id", "abc"));
+        pairs.push(("accept", "*/*"));
+        let mut headers = map(&pairs);
+        strip_client_identity(&mut headers);
+        let mut left: Vec<&str> = headers.keys().map(|name| name.as_str()).collect();
+        left.sort();
+        assert_eq!(left, ["accept", "x-request-id"]);
     }
 
     #[test]

@@ -1205,3 +1205,74 @@ fn memory_and_fds_stay_bounded_under_hostile_load() {
     });
     assert!(agent.exit_status().is_none(), "the agent is still running");
 }
+
+/// Client-address and identity headers a client sends are never passed on: the backend sees
+/// only the agent's own `X-Forwarded-For` (the client's address as the agent saw it).
+#[test]
+fn spoofed_client_address_headers_never_reach_the_backend() {
+    const SPOOFED: [&str; 16] = [
+        "X-Real-IP",
+        "True-Client-IP",
+        "CF-Connecting-IP",
+        "X-Client-IP",
+        "X-Cluster-Client-IP",
+        "Fastly-Client-IP",
+        "Forwarded",
+        "X-Forwarded-For",
+        "X-Forwarded-Host",
+        "X-Original-Forwarded-For",
+        "X-Originating-IP",
+        "X-Remote-Addr",
+        "Client-IP",
+        "Akamai-Client-IP",
+        "Tailscale-User-Login",
+        "Tailscale-Node-Name",
+    ];
+    let (agent, pki) = start_agent("spoof");
+    agent.run(move || async move {
+        let recorder = Recorder::default();
+        recorder
+            .spawn(SocketAddr::from((Ipv4Addr::LOCALHOST, RECORDER_PORT)))
+            .await;
+        wait_for_listener().await;
+        let mut request = format!("GET /spoof HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n");
+        for name in SPOOFED {
+            let value = if name == "Forwarded" {
+                "for=203.0.113.7".to_string()
+            } else if name.starts_with("Tailscale-") {
+                "admin@example.com".to_string()
+            } else {
+                "203.0.113.7".to_string()
+            };
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("X-Request-Id: keep-me\r\n\r\n");
+        let (status, body, _) =
+            raw_over_tls(&pki, request.as_bytes(), Duration::from_secs(20)).await;
+        assert_eq!(status, 200, "{body}");
+        let seen = recorder.settle().await;
+        let request = seen
+            .iter()
+            .find(|s| s.target == "/spoof")
+            .unwrap_or_else(|| panic!("request not forwarded: {seen:?}"));
+        let leaked: Vec<&(String, String)> = request
+            .headers
+            .iter()
+            .filter(|(_, value)| value.contains("203.0.113.7") || value.contains("admin@"))
+            .collect();
+        row(
+            &format!("{} spoofed client-address/identity headers", SPOOFED.len()),
+            "none reaches the backend; X-Forwarded-For is the agent's",
+            &format!(
+                "leaked {leaked:?}; x-forwarded-for {:?}",
+                request.header("x-forwarded-for")
+            ),
+        );
+        assert!(
+            leaked.is_empty(),
+            "spoofed headers reached the backend: {leaked:?}"
+        );
+        assert_eq!(request.header("x-forwarded-for"), ["127.0.0.1"]);
+        assert_eq!(request.header("x-request-id"), ["keep-me"]);
+    });
+}

@@ -5,15 +5,22 @@
 //! (`TS_KUBE_SECRET`), login once with a pre-auth key; container `tailnet-agent` talks to
 //! tailscaled only through the LocalAPI socket in a shared emptyDir. No NET_ADMIN, no
 //! `/dev/net/tun`, non-root, read-only root filesystem.
+//!
+//! Least privilege: the pod does not automount a ServiceAccount token. Only the tailscale
+//! container (containerboot reads and writes its state Secret) gets one, through a projected
+//! volume at the default path; the agent container, which parses tailnet traffic, has no
+//! Kubernetes credentials at all.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
-    Probe, ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext,
-    ServiceAccount, Sysctl, Volume, VolumeMount,
+    Capabilities, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
+    DownwardAPIProjection, DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecurityContext, ServiceAccount, ServiceAccountTokenProjection, Sysctl, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -106,6 +113,62 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
+/// Where a container finds its ServiceAccount credentials (client-go's and containerboot's
+/// in-cluster config).
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The projected token volume, mounted into the tailscale container only.
+pub const SERVICE_ACCOUNT_VOLUME: &str = "kube-api-access";
+/// Lifetime the kubelet requests for the token (it refreshes it at 80 %); what the
+/// admission-injected volume uses.
+const TOKEN_EXPIRATION_SECONDS: i64 = 3607;
+
+/// The volume the ServiceAccount admission would inject with `automountServiceAccountToken`
+/// (token, cluster CA, namespace), made explicit so it can go to one container.
+fn service_account_volume() -> Volume {
+    Volume {
+        name: SERVICE_ACCOUNT_VOLUME.to_string(),
+        projected: Some(ProjectedVolumeSource {
+            default_mode: Some(0o444),
+            sources: Some(vec![
+                VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        path: "token".to_string(),
+                        expiration_seconds: Some(TOKEN_EXPIRATION_SECONDS),
+                        audience: None,
+                    }),
+                    ..VolumeProjection::default()
+                },
+                VolumeProjection {
+                    config_map: Some(ConfigMapProjection {
+                        name: "kube-root-ca.crt".to_string(),
+                        items: Some(vec![KeyToPath {
+                            key: "ca.crt".to_string(),
+                            path: "ca.crt".to_string(),
+                            mode: None,
+                        }]),
+                        optional: None,
+                    }),
+                    ..VolumeProjection::default()
+                },
+                VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: "namespace".to_string(),
+                            field_ref: Some(ObjectFieldSelector {
+                                api_version: Some("v1".to_string()),
+                                field_path: "metadata.namespace".to_string(),
+                            }),
+                            ..DownwardAPIVolumeFile::default()
+                        }]),
+                    }),
+                    ..VolumeProjection::default()
+                },
+            ]),
+        }),
+        ..Volume::default()
+    }
+}
+
 fn empty_dir(name: &str) -> Volume {
     Volume {
         name: name.to_string(),
@@ -156,6 +219,8 @@ fn tailscale_container(owner: &Owner, ctx: &RenderContext) -> Container {
         volume_mounts: Some(vec![
             mount("tailscale-socket", SOCKET_DIR, false),
             mount("tailscale-tmp", "/tmp", false),
+            // containerboot keeps the node state in its Secret (`TS_KUBE_SECRET`).
+            mount(SERVICE_ACCOUNT_VOLUME, SERVICE_ACCOUNT_DIR, true),
         ]),
         security_context: Some(restricted_container_security()),
         resources: Some(
@@ -236,6 +301,7 @@ pub fn deployment(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Deplo
         },
         empty_dir("tailscale-socket"),
         empty_dir("tailscale-tmp"),
+        service_account_volume(),
     ];
     volumes.extend(parts.agent_volumes.iter().map(|(v, _)| v.clone()));
     let sysctls = parts.unprivileged_port_start.map(|start| {
@@ -268,7 +334,8 @@ pub fn deployment(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Deplo
                 }),
                 spec: Some(PodSpec {
                     service_account_name: Some(names.base.clone()),
-                    automount_service_account_token: Some(true),
+                    // Only the tailscale container gets the token (`service_account_volume`).
+                    automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     termination_grace_period_seconds: Some(30),
                     security_context: Some(PodSecurityContext {
