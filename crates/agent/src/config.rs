@@ -79,6 +79,20 @@ pub fn validate(config: &AgentConfig) -> Result<(), ConfigError> {
     if config.admin_port == 0 {
         return Err(invalid("adminPort", "must be 1-65535"));
     }
+    // A limit of 0 would refuse every connection; one above the ceiling defeats the memory
+    // bound the limits are for.
+    let ceiling = tailnet_api::agent_config::MAX_CONNECTIONS_CEILING;
+    for (field, value) in [
+        ("limits.maxConnections", config.limits.max_connections),
+        (
+            "limits.maxConnectionsPerListener",
+            config.limits.max_connections_per_listener,
+        ),
+    ] {
+        if !(1..=ceiling).contains(&value) {
+            return Err(invalid(field, format!("must be 1-{ceiling}")));
+        }
+    }
     // Admin and egress listeners share the pod IP; ingress listeners share 127.0.0.1.
     let mut pod_ip_ports = BTreeMap::from([(config.admin_port, "adminPort".to_string())]);
     let mut names = BTreeSet::new();
@@ -313,6 +327,20 @@ mod tests {
                 "egress port = admin port",
                 Box::new(|c| c["egress"][0]["listenPort"] = json!(9180)),
                 "egress[0].listenPort",
+            ),
+            (
+                "zero connection limit",
+                Box::new(|c| {
+                    c["limits"] = json!({"maxConnections": 0, "maxConnectionsPerListener": 1})
+                }),
+                "limits.maxConnections",
+            ),
+            (
+                "per-listener limit above the ceiling",
+                Box::new(|c| {
+                    c["limits"] = json!({"maxConnections": 1, "maxConnectionsPerListener": 100000})
+                }),
+                "limits.maxConnectionsPerListener",
             ),
             (
                 "zero probe interval",

@@ -4,6 +4,7 @@
 //! [`tailnet_api::agent_config::AgentConfig`].
 //!
 //! - egress: pod IP:port → LocalAPI dial through the tailnet ([`dial`], [`listeners`]);
+//! - per-listener and per-agent connection limits ([`limits`]);
 //! - ingress `tcp`: 127.0.0.1:port → backend ([`listeners`]);
 //! - ingress `http`: TLS termination, virtual hosts, reverse proxy ([`proxy`]);
 //! - admin: `/metrics`, `/livez`, `/readyz`, `/status` on the pod IP ([`admin`]).
@@ -13,6 +14,7 @@ pub mod backend;
 pub mod config;
 pub mod dial;
 pub mod headers;
+pub mod limits;
 pub mod listeners;
 pub mod localapi;
 pub mod metrics;

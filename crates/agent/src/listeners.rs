@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::dial::{TailnetDialer, error_chain};
+use crate::limits::{self, Admission, Gate};
 use crate::metrics::{ActiveConnection, Direction, Metrics};
 use crate::proxy::{HttpSite, ProxyContext, serve_connection};
 use crate::relay::{HalfClose, Tally, relay, tune_tcp};
@@ -30,6 +31,8 @@ pub struct Shared {
     pub proxy: ProxyContext,
     /// Connection tasks, so shutdown can wait for them.
     pub connections: TaskTracker,
+    /// All listeners' connections together (`limits.maxConnections`).
+    pub agent_gate: Arc<Gate>,
     /// Cancelled at shutdown: HTTP connections finish their requests and close.
     pub draining: CancellationToken,
     pub backend_connect_timeout: Duration,
@@ -45,20 +48,31 @@ pub struct TcpForward {
     pub backend: BackendAddress,
 }
 
-/// Accepts until `stop`; returning drops (closes) the listening socket.
+/// Accepts until `stop`; returning drops (closes) the listening socket. A connection beyond
+/// the listener's or the agent's limit is reset at once (and counted); the others go to
+/// `on_accept` with their slots, which they hold until they end.
 async fn accept_loop<F>(
     listener: TcpListener,
     name: String,
+    gate: Arc<Gate>,
+    shared: &Shared,
     stop: CancellationToken,
     mut on_accept: F,
 ) where
-    F: FnMut(TcpStream, SocketAddr),
+    F: FnMut(TcpStream, SocketAddr, Admission),
 {
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => on_accept(stream, peer),
+                Ok((stream, peer)) => match limits::admit(&gate, &shared.agent_gate) {
+                    Ok(admission) => on_accept(stream, peer, admission),
+                    Err(refusal) => {
+                        shared.metrics.count_refused(&name, refusal.label());
+                        debug!(listener = %name, %peer, reason = refusal.label(), "connection limit reached; resetting the connection");
+                        limits::refuse(stream);
+                    }
+                },
                 Err(error) => {
                     warn!(listener = %name, %error, "accept failed");
                     tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
@@ -72,17 +86,29 @@ async fn accept_loop<F>(
 pub async fn run_egress(
     listener: TcpListener,
     settings: watch::Receiver<EgressListener>,
+    gate: Arc<Gate>,
     stop: CancellationToken,
     shared: Shared,
 ) {
     let name = settings.borrow().name.clone();
-    accept_loop(listener, name, stop, |stream, peer| {
-        let spec = settings.borrow().clone();
-        let shared_for_task = shared.clone();
-        shared
-            .connections
-            .spawn(handle_egress(stream, peer, spec, shared_for_task));
-    })
+    accept_loop(
+        listener,
+        name,
+        gate,
+        &shared,
+        stop,
+        |stream, peer, admission| {
+            let spec = settings.borrow().clone();
+            let shared_for_task = shared.clone();
+            shared.connections.spawn(handle_egress(
+                stream,
+                peer,
+                spec,
+                shared_for_task,
+                admission,
+            ));
+        },
+    )
     .await;
 }
 
@@ -91,6 +117,7 @@ async fn handle_egress(
     peer: SocketAddr,
     spec: EgressListener,
     shared: Shared,
+    _admission: Admission,
 ) {
     let _active = ActiveConnection::open(&shared.metrics, &spec.name);
     tune_tcp(&stream);
@@ -142,21 +169,35 @@ async fn handle_egress(
 pub async fn run_tcp(
     listener: TcpListener,
     settings: watch::Receiver<TcpForward>,
+    gate: Arc<Gate>,
     stop: CancellationToken,
     shared: Shared,
 ) {
     let name = settings.borrow().name.clone();
-    accept_loop(listener, name, stop, |stream, peer| {
-        let spec = settings.borrow().clone();
-        let shared_for_task = shared.clone();
-        shared
-            .connections
-            .spawn(handle_tcp(stream, peer, spec, shared_for_task));
-    })
+    accept_loop(
+        listener,
+        name,
+        gate,
+        &shared,
+        stop,
+        |stream, peer, admission| {
+            let spec = settings.borrow().clone();
+            let shared_for_task = shared.clone();
+            shared
+                .connections
+                .spawn(handle_tcp(stream, peer, spec, shared_for_task, admission));
+        },
+    )
     .await;
 }
 
-async fn handle_tcp(mut stream: TcpStream, peer: SocketAddr, spec: TcpForward, shared: Shared) {
+async fn handle_tcp(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    spec: TcpForward,
+    shared: Shared,
+    _admission: Admission,
+) {
     let _active = ActiveConnection::open(&shared.metrics, &spec.name);
     tune_tcp(&stream);
     let address = format!("{}:{}", spec.backend.host, spec.backend.port);
@@ -193,17 +234,25 @@ async fn handle_tcp(mut stream: TcpStream, peer: SocketAddr, spec: TcpForward, s
 pub async fn run_http(
     listener: TcpListener,
     site: watch::Receiver<Arc<HttpSite>>,
+    gate: Arc<Gate>,
     stop: CancellationToken,
     shared: Shared,
 ) {
     let name = site.borrow().listener.clone();
     info!(listener = %name, "serving HTTPS");
-    accept_loop(listener, name, stop, |stream, peer| {
-        let site = site.borrow().clone();
-        let (context, draining) = (shared.proxy.clone(), shared.draining.clone());
-        shared
-            .connections
-            .spawn(serve_connection(site, context, stream, peer, draining));
-    })
+    accept_loop(
+        listener,
+        name,
+        gate,
+        &shared,
+        stop,
+        |stream, peer, admission| {
+            let site = site.borrow().clone();
+            let (context, draining) = (shared.proxy.clone(), shared.draining.clone());
+            shared.connections.spawn(serve_connection(
+                site, context, stream, peer, draining, admission,
+            ));
+        },
+    )
     .await;
 }

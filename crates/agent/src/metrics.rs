@@ -46,6 +46,13 @@ pub struct DialFailureLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub listener: String,
+    /// `limit` (the listener's) or `agent_limit` (all listeners together).
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProbeLabels {
     /// `target` (egress, through the tailnet) or `backend` (ingress, from the pod).
     pub kind: String,
@@ -95,6 +102,7 @@ pub struct TailnetStateLabels {
 pub struct Metrics {
     pub connections: Family<ListenerLabels, Counter>,
     pub active_connections: Family<ListenerLabels, Gauge>,
+    pub connections_refused: Family<RefusedLabels, Counter>,
     pub bytes: Family<BytesLabels, Counter>,
     pub dial_failures: Family<DialFailureLabels, Counter>,
     pub probes: Family<ProbeLabels, Counter>,
@@ -125,6 +133,7 @@ impl Metrics {
         let metrics = Metrics {
             connections: Family::default(),
             active_connections: Family::default(),
+            connections_refused: Family::default(),
             bytes: Family::default(),
             dial_failures: Family::default(),
             probes: Family::default(),
@@ -154,6 +163,11 @@ impl Metrics {
             "active_connections",
             "Connections open now, by listener",
             metrics.active_connections.clone(),
+        );
+        registry.register(
+            "connections_refused",
+            "Connections reset at accept because a connection limit was reached, by listener and reason (limit = the listener's, agent_limit = the agent's)",
+            metrics.connections_refused.clone(),
         );
         registry.register(
             "bytes",
@@ -261,6 +275,15 @@ impl Metrics {
                 direction,
             })
             .clone()
+    }
+
+    pub fn count_refused(&self, listener: &str, reason: &str) {
+        self.connections_refused
+            .get_or_create(&RefusedLabels {
+                listener: listener.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     pub fn count_dial_failure(&self, listener: &str, reason: &str) {

@@ -43,6 +43,7 @@ use crate::headers::{
     ForwardedHeaders, PeerIdentity, has_conflicting_host, is_websocket_upgrade, remove_hop_by_hop,
     strip_client_identity,
 };
+use crate::limits::Admission;
 use crate::localapi::LocalApi;
 use crate::metrics::{ActiveConnection, Direction, HttpDurationLabels, HttpRequestLabels, Metrics};
 use crate::relay::{HalfClose, Tally, relay, tune_tcp};
@@ -158,6 +159,9 @@ pub struct ProxyContext {
 }
 
 struct ConnectionInfo {
+    /// The connection's slots under the connection limits; an upgraded (WebSocket) tunnel
+    /// keeps a clone, so it counts until it ends.
+    admission: Arc<Admission>,
     sni: Option<String>,
     /// X-Forwarded-For and the identity headers, encoded once for all requests.
     forwarded: ForwardedHeaders,
@@ -244,6 +248,7 @@ pub async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,
     shutdown: CancellationToken,
+    admission: Admission,
 ) {
     let _active = ActiveConnection::open(&context.metrics, &site.listener);
     tune_tcp(&tcp);
@@ -278,6 +283,7 @@ pub async fn serve_connection(
         .and_then(|identity| identity.tailnet_ip)
         .unwrap_or_else(|| peer.ip());
     let connection = Arc::new(ConnectionInfo {
+        admission: Arc::new(admission),
         sni,
         forwarded: ForwardedHeaders::new(client_ip, identity.as_ref()),
         client: identity
@@ -546,7 +552,9 @@ async fn proxy_request(
         let backend_upgrade = hyper::upgrade::on(&mut response);
         let (inbound, outbound) = (exchange.inbound.clone(), exchange.outbound.clone());
         let route = backend.name.clone();
+        let admission = connection.admission.clone();
         context.tunnels.spawn(async move {
+            let _admission = admission;
             match tokio::try_join!(client_upgrade, backend_upgrade) {
                 Ok((client, backend)) => {
                     let result = relay(

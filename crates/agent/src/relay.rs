@@ -12,9 +12,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-/// Per direction; two per connection. 256 KiB measured no better than this on loopback
-/// (the copies and wake-ups in the kernel dominate, docs/benchmarks.md).
-const RELAY_BUFFER_BYTES: usize = 64 * 1024;
+/// Per direction; two per connection. 256 KiB measured no better than 64 KiB on loopback
+/// (the copies and wake-ups in the kernel dominate, docs/benchmarks.md); 32 KiB keeps the
+/// default connection limit (1024, `agent_config::DEFAULT_MAX_CONNECTIONS`) at 64 MiB of
+/// buffers, a quarter of the agent container's 256 Mi limit.
+pub const RELAY_BUFFER_BYTES: usize = 32 * 1024;
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
 const KEEPALIVE_PROBES: u32 = 4;

@@ -22,6 +22,7 @@ use tracing::{error, info, warn};
 use crate::admin::{self, Admin};
 use crate::config::{self, ConfigError};
 use crate::dial::{TailnetDialer, error_chain};
+use crate::limits::Gate;
 use crate::listeners::{self, Shared, TcpForward};
 use crate::localapi::LocalApi;
 use crate::metrics::{Metrics, TailnetStateLabels};
@@ -121,6 +122,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
             tunnels: TaskTracker::new(),
         },
         connections: TaskTracker::new(),
+        agent_gate: Gate::new(config.limits.max_connections),
         draining: CancellationToken::new(),
         backend_connect_timeout: options.backend_connect_timeout,
         half_closed_idle: options.half_closed_idle,
@@ -140,6 +142,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         raw,
         rejected_raw: None,
         running: BTreeMap::new(),
+        gates: BTreeMap::new(),
         certificate: None,
         certificate_message: String::new(),
         prober: Prober::default(),
@@ -290,6 +293,9 @@ struct Supervisor {
     raw: Vec<u8>,
     rejected_raw: Option<Vec<u8>>,
     running: BTreeMap<String, Running>,
+    /// Connection gates by listener key; they outlive a listener's restart (its open
+    /// connections keep their slots) and go when the listener leaves the config.
+    gates: BTreeMap<String, Arc<Gate>>,
     certificate: Option<Arc<CertStore>>,
     certificate_message: String,
     prober: Prober,
@@ -508,6 +514,18 @@ impl Supervisor {
                 self.state.remove_listener(&key);
             }
         }
+        self.gates
+            .retain(|key, _| desired.iter().any(|d| &d.key == key));
+        let limits = self.config.limits;
+        self.shared.agent_gate.set_limit(limits.max_connections);
+        for wanted in &desired {
+            let gate = self
+                .gates
+                .entry(wanted.key.clone())
+                .or_insert_with(|| Gate::new(limits.max_connections_per_listener));
+            gate.set_limit(limits.max_connections_per_listener);
+            self.state.set_listener_gate(&wanted.key, gate.clone());
+        }
 
         let defaults = self.proxy_defaults();
         for wanted in desired {
@@ -517,6 +535,9 @@ impl Supervisor {
                 address: wanted.address.to_string(),
                 up,
                 message,
+                max_connections: limits.max_connections_per_listener,
+                active_connections: 0,
+                refused_connections: 0,
             };
             if let (Payload::Http(_), Err(reason)) = (&wanted.payload, &certificate) {
                 self.set_listener(&wanted.key, view(false, reason.clone()));
@@ -634,6 +655,11 @@ impl Supervisor {
             .map_err(|error| format!("cannot bind {}: {error}", wanted.address))?;
         let stop = CancellationToken::new();
         let shared = self.shared.clone();
+        let gate = self
+            .gates
+            .get(&wanted.key)
+            .cloned()
+            .unwrap_or_else(|| Gate::new(self.config.limits.max_connections_per_listener));
         let (task, update) = match (&wanted.payload, site) {
             (Payload::Egress(egress), _) => {
                 let (sender, receiver) = watch::channel(egress.clone());
@@ -641,6 +667,7 @@ impl Supervisor {
                     tokio::spawn(listeners::run_egress(
                         listener,
                         receiver,
+                        gate,
                         stop.clone(),
                         shared,
                     )),
@@ -650,7 +677,13 @@ impl Supervisor {
             (Payload::Tcp(forward), _) => {
                 let (sender, receiver) = watch::channel(forward.clone());
                 (
-                    tokio::spawn(listeners::run_tcp(listener, receiver, stop.clone(), shared)),
+                    tokio::spawn(listeners::run_tcp(
+                        listener,
+                        receiver,
+                        gate,
+                        stop.clone(),
+                        shared,
+                    )),
                     Update::Tcp(sender),
                 )
             }
@@ -660,6 +693,7 @@ impl Supervisor {
                     tokio::spawn(listeners::run_http(
                         listener,
                         receiver,
+                        gate,
                         stop.clone(),
                         shared,
                     )),

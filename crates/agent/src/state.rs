@@ -6,8 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::limits::Gate;
 use crate::localapi::{self, DialFailureReason};
 
 pub use tailnet_api::agent_status::{
@@ -35,6 +36,8 @@ pub enum ProbeKind {
 pub struct AgentState {
     tailnet: RwLock<TailnetView>,
     listeners: RwLock<BTreeMap<String, ListenerView>>,
+    /// The connection gates of the listeners, by key: `/status` reads their live counts.
+    gates: RwLock<BTreeMap<String, Arc<Gate>>>,
     probes: RwLock<BTreeMap<(ProbeKind, String), ProbeView>>,
     certificate: RwLock<CertificateView>,
     config: RwLock<ConfigView>,
@@ -120,10 +123,28 @@ impl AgentState {
 
     pub fn remove_listener(&self, key: &str) {
         write(&self.listeners).remove(key);
+        write(&self.gates).remove(key);
+    }
+
+    /// The gate whose limit and counts `/status` shows for the listener `key`.
+    pub fn set_listener_gate(&self, key: &str, gate: Arc<Gate>) {
+        write(&self.gates).insert(key.to_owned(), gate);
     }
 
     pub fn listeners(&self) -> Vec<ListenerView> {
-        read(&self.listeners).values().cloned().collect()
+        let gates = read(&self.gates);
+        read(&self.listeners)
+            .iter()
+            .map(|(key, view)| {
+                let mut view = view.clone();
+                if let Some(gate) = gates.get(key) {
+                    view.max_connections = gate.limit();
+                    view.active_connections = gate.active();
+                    view.refused_connections = gate.refused();
+                }
+                view
+            })
+            .collect()
     }
 
     /// Registers a probed target/backend (state `Unknown`) or updates its address, keeping
@@ -272,6 +293,9 @@ mod tests {
             } else {
                 "bind failed".into()
             },
+            max_connections: 0,
+            active_connections: 0,
+            refused_connections: 0,
         }
     }
 

@@ -74,6 +74,15 @@ pub struct ListenerView {
     pub address: String,
     pub up: bool,
     pub message: String,
+    /// Concurrent connections this listener serves at most (0: unknown, an older agent).
+    #[serde(default)]
+    pub max_connections: u32,
+    /// Connections open now.
+    #[serde(default)]
+    pub active_connections: u64,
+    /// Connections reset at accept since the agent started because a limit was reached.
+    #[serde(default)]
+    pub refused_connections: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

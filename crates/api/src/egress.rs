@@ -39,6 +39,65 @@ pub struct TailnetEgressSpec {
     #[schemars(length(min = 1, max = 64))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     pub targets: Vec<EgressTarget>,
+    /// Concurrent connection limits of the agent (defaults: 1024 per agent, 512 per target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<AgentLimits>,
+}
+
+/// Concurrent connections one agent serves. A connection beyond a limit is reset at once
+/// (the client sees a prompt connection reset, not a hang) and counted in the agent's
+/// `tailnet_agent_connections_refused_total`; the defaults keep the agent far below its
+/// memory limit.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentLimits {
+    /// Across all listeners of the agent (default 1024, at most 2048).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2048))]
+    pub max_connections: Option<i32>,
+    /// Per listener: an egress target, a tcp expose or an https port (default 512, at most
+    /// 2048; never more than `maxConnections`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2048))]
+    pub max_connections_per_listener: Option<i32>,
+}
+
+/// `spec.limits` checked and resolved against the defaults. The per-listener limit is capped
+/// at the per-agent one.
+pub fn resolve_limits(
+    limits: Option<&AgentLimits>,
+    errors: &mut Vec<crate::validate::FieldError>,
+) -> crate::agent_config::ConnectionLimits {
+    use crate::agent_config::{ConnectionLimits, MAX_CONNECTIONS_CEILING};
+    let defaults = ConnectionLimits::default();
+    let mut check = |field: &str, value: Option<i32>, default: u32| match value {
+        None => default,
+        Some(value) => match u32::try_from(value) {
+            Ok(value) if (1..=MAX_CONNECTIONS_CEILING).contains(&value) => value,
+            _ => {
+                errors.push(crate::validate::FieldError::new(
+                    format!("spec.limits.{field}"),
+                    format!("must be between 1 and {MAX_CONNECTIONS_CEILING}"),
+                ));
+                default
+            }
+        },
+    };
+    let limits = limits.cloned().unwrap_or_default();
+    let max_connections = check(
+        "maxConnections",
+        limits.max_connections,
+        defaults.max_connections,
+    );
+    let per_listener = check(
+        "maxConnectionsPerListener",
+        limits.max_connections_per_listener,
+        defaults.max_connections_per_listener,
+    );
+    ConnectionLimits {
+        max_connections,
+        max_connections_per_listener: per_listener.min(max_connections),
+    }
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

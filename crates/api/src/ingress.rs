@@ -48,6 +48,10 @@ pub struct TailnetIngressSpec {
     #[x_kube(validation = Rule::new("self.all(a, self.all(b, a.port != b.port || (a.mode == 'http' && b.mode == 'http') || a.name == b.name))").message("a tcp expose needs a port of its own; only http exposes may share a port"))]
     #[x_kube(validation = Rule::new("self.all(a, self.all(b, a.name == b.name || a.dnsLabel != b.dnsLabel || a.port != b.port))").message("dnsLabel and port must be unique together"))]
     pub exposes: Vec<Expose>,
+    /// Concurrent connection limits of the agent (defaults: 1024 per agent, 512 per
+    /// listener, i.e. per tcp expose or https port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<crate::egress::AgentLimits>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]

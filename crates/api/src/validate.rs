@@ -475,9 +475,11 @@ pub fn valid_egress(spec: &TailnetEgressSpec) -> Result<ValidEgress, Vec<FieldEr
             });
         }
     }
+    let limits = crate::egress::resolve_limits(spec.limits.as_ref(), &mut errors);
     finish(errors, || ValidEgress {
         consumer_namespaces: spec.consumer_namespaces.clone(),
         targets,
+        limits,
     })
 }
 
@@ -660,10 +662,12 @@ pub fn valid_ingress(spec: &TailnetIngressSpec) -> Result<ValidIngress, Vec<Fiel
             });
         }
     }
+    let limits = crate::egress::resolve_limits(spec.limits.as_ref(), &mut errors);
     finish(errors, || ValidIngress {
         allow_from: spec.allow_from.clone(),
         tls_secret_name: secret_name,
         exposes,
+        limits,
     })
 }
 

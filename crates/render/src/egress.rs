@@ -108,6 +108,7 @@ pub fn render_valid(
         egress: listeners,
         ingress: Vec::new(),
         tls: None,
+        limits: egress.limits,
     };
     let config_json =
         serde_json::to_string_pretty(&config).map_err(|e| RenderError::Config(e.to_string()))?;

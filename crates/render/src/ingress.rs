@@ -199,6 +199,7 @@ pub fn render_valid(
             cert_file: format!("{TLS_DIR}/tls.crt"),
             key_file: format!("{TLS_DIR}/tls.key"),
         }),
+        limits: spec.limits,
     };
     let config_json =
         serde_json::to_string_pretty(&config).map_err(|e| RenderError::Config(e.to_string()))?;

@@ -431,3 +431,172 @@ fn objects_without_uid_are_refused() {
     let err = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect_err("no uid");
     assert!(err.to_string().contains("no metadata.uid"));
 }
+
+/// Least privilege: only the tailscale container (containerboot keeps the node state in a
+/// Secret, `TS_KUBE_SECRET`) holds a Kubernetes token; the agent container, which parses
+/// tailnet traffic, holds none.
+#[test]
+fn only_the_tailscale_container_holds_a_kubernetes_token() {
+    const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let tailnet: Tailnet = load("10-tailnet.yaml");
+    let egress: TailnetEgress = load("20-egress.yaml");
+    let egress_objects = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    let ingress_cr: TailnetIngress = load("30-ingress.yaml");
+    let ingress_objects = ingress::render(
+        &ingress_cr,
+        &ctx(&tailnet),
+        &ingress_inputs(&tailnet, &ingress_cr, true),
+    )
+    .expect("render");
+    for deployment in [&egress_objects.deployment, &ingress_objects.deployment] {
+        let pod = pod(deployment);
+        assert_eq!(
+            pod.automount_service_account_token,
+            Some(false),
+            "no token for every container"
+        );
+        let agent = container(pod, "tailnet-agent");
+        assert!(
+            agent
+                .volume_mounts
+                .iter()
+                .flatten()
+                .all(|m| !m.mount_path.starts_with("/var/run/secrets")),
+            "agent container mounts a token: {:?}",
+            agent.volume_mounts
+        );
+        let tailscale = container(pod, "tailscale");
+        let token_mount = tailscale
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == TOKEN_DIR)
+            .expect("tailscale container has the token mount");
+        assert_eq!(token_mount.read_only, Some(true));
+        let volume = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == token_mount.name)
+            .expect("token volume");
+        let sources = volume
+            .projected
+            .as_ref()
+            .and_then(|p| p.sources.as_ref())
+            .expect("projected token volume");
+        let token = sources
+            .iter()
+            .find_map(|s| s.service_account_token.as_ref())
+            .expect("serviceAccountToken source");
+        assert_eq!(token.path, "token");
+        assert!(
+            token.expiration_seconds.is_some_and(|s| s <= 3607),
+            "short-lived token: {token:?}"
+        );
+        let ca = sources
+            .iter()
+            .find_map(|s| s.config_map.as_ref())
+            .expect("configMap source");
+        assert_eq!(ca.name, "kube-root-ca.crt");
+        assert_eq!(
+            ca.items
+                .as_ref()
+                .map(|i| (i[0].key.as_str(), i[0].path.as_str())),
+            Some(("ca.crt", "ca.crt"))
+        );
+        let namespace = sources
+            .iter()
+            .find_map(|s| s.downward_api.as_ref())
+            .and_then(|d| d.items.as_ref())
+            .and_then(|items| items.first())
+            .expect("downwardAPI source");
+        assert_eq!(namespace.path, "namespace");
+        assert_eq!(
+            namespace.field_ref.as_ref().map(|f| f.field_path.as_str()),
+            Some("metadata.namespace")
+        );
+        // No other container than tailscale mounts it.
+        for other in pod.containers.iter().filter(|c| c.name != "tailscale") {
+            assert!(
+                other
+                    .volume_mounts
+                    .iter()
+                    .flatten()
+                    .all(|m| m.name != token_mount.name),
+                "{} mounts the token",
+                other.name
+            );
+        }
+    }
+}
+
+/// `spec.limits` reaches the agent's config; without it the agent's defaults apply (and the
+/// config leaves them out).
+#[test]
+fn connection_limits_reach_the_agent_config() {
+    use tailnet_api::agent_config::{
+        ConnectionLimits, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_LISTENER,
+    };
+    use tailnet_api::egress::AgentLimits;
+    let tailnet: Tailnet = load("10-tailnet.yaml");
+    let mut egress: TailnetEgress = load("20-egress.yaml");
+    let objects = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    assert_eq!(
+        objects.config.limits,
+        ConnectionLimits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_listener: DEFAULT_MAX_CONNECTIONS_PER_LISTENER,
+        }
+    );
+    egress.spec.limits = Some(AgentLimits {
+        max_connections: Some(300),
+        max_connections_per_listener: Some(1000),
+    });
+    let objects = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    // The per-listener limit never exceeds the agent's.
+    assert_eq!(
+        objects.config.limits,
+        ConnectionLimits {
+            max_connections: 300,
+            max_connections_per_listener: 300,
+        }
+    );
+    let json = objects
+        .config_map
+        .data
+        .as_ref()
+        .and_then(|d| d.get("config.json"))
+        .expect("config.json");
+    assert!(
+        json.contains("\"maxConnectionsPerListener\": 300"),
+        "{json}"
+    );
+    egress.spec.limits = Some(AgentLimits {
+        max_connections: Some(0),
+        max_connections_per_listener: None,
+    });
+    let Err(error) = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()) else {
+        panic!("a limit of 0 is refused");
+    };
+    assert!(
+        error.to_string().contains("spec.limits.maxConnections"),
+        "{error}"
+    );
+
+    let mut ingress_cr: TailnetIngress = load("30-ingress.yaml");
+    ingress_cr.spec.limits = Some(AgentLimits {
+        max_connections: None,
+        max_connections_per_listener: Some(64),
+    });
+    let objects = ingress::render(
+        &ingress_cr,
+        &ctx(&tailnet),
+        &ingress_inputs(&tailnet, &ingress_cr, true),
+    )
+    .expect("render");
+    assert_eq!(objects.config.limits.max_connections_per_listener, 64);
+    assert_eq!(
+        objects.config.limits.max_connections,
+        DEFAULT_MAX_CONNECTIONS
+    );
+}

@@ -40,6 +40,8 @@ pub struct ValidEgress {
     pub consumer_namespaces: Vec<String>,
     /// In declaration order.
     pub targets: Vec<ValidTarget>,
+    /// `spec.limits` resolved against the defaults.
+    pub limits: crate::agent_config::ConnectionLimits,
 }
 
 /// One checked egress target.
@@ -62,6 +64,8 @@ pub struct ValidIngress {
     pub tls_secret_name: Option<String>,
     /// In declaration order.
     pub exposes: Vec<ValidExpose>,
+    /// `spec.limits` resolved against the defaults.
+    pub limits: crate::agent_config::ConnectionLimits,
 }
 
 /// One checked expose.
