@@ -7,15 +7,19 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPort,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use support::agent::{agent_metrics, metric_sum, ready_pod_ip};
 use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
 use support::lab_operator::start_operator;
 use support::objects::{agent_pods, apply, apply_egress, pod_uids, tailnet_name};
@@ -144,6 +148,176 @@ fn parse_bulk_line(log: &str, bytes: usize) -> Option<f64> {
     field("mib_per_s")?.parse().ok()
 }
 
+/// What is wrong with an egress agent's NetworkPolicy: it must select the agent pod, restrict
+/// ingress, give every rule numbered ports (no ports opens every port; a named port or a range
+/// cannot be checked against the listeners), open ports to any peer (no or empty `from`) only
+/// for the admin port (metrics), and open the listener ports only to `consumers` (by namespace
+/// name) — each listener port to all of them.
+fn network_policy_problems(
+    policy: &NetworkPolicy,
+    consumers: &[String],
+    listener_ports: &[i32],
+    agent_labels: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let admin = i32::from(tailnet_api::agent_config::ADMIN_PORT);
+    let mut problems = Vec::new();
+    let Some(spec) = policy.spec.as_ref() else {
+        return vec!["no spec".into()];
+    };
+    let selector = spec
+        .pod_selector
+        .as_ref()
+        .and_then(|s| s.match_labels.clone())
+        .unwrap_or_default();
+    if selector.is_empty() || selector.iter().any(|(k, v)| agent_labels.get(k) != Some(v)) {
+        problems.push(format!(
+            "podSelector {selector:?} does not select the agent pod {agent_labels:?}"
+        ));
+    }
+    if !spec.policy_types.iter().flatten().any(|t| t == "Ingress") {
+        problems.push(format!(
+            "policyTypes {:?} without Ingress",
+            spec.policy_types
+        ));
+    }
+    let mut covered: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+    for (index, rule) in spec.ingress.iter().flatten().enumerate() {
+        let ports = rule.ports.clone().unwrap_or_default();
+        if ports.is_empty() {
+            problems.push(format!(
+                "rule {index} has no ports: every port is open to its peers"
+            ));
+        }
+        let mut numbers = Vec::new();
+        for port in &ports {
+            match (&port.port, port.end_port) {
+                (Some(IntOrString::Int(number)), None) => numbers.push(*number),
+                (Some(IntOrString::Int(number)), Some(end)) => {
+                    problems.push(format!("rule {index} opens the range {number}-{end}"))
+                }
+                (Some(IntOrString::String(name)), _) => {
+                    problems.push(format!("rule {index} opens the named port {name:?}"))
+                }
+                (None, _) => {
+                    problems.push(format!("rule {index} opens every {:?} port", port.protocol))
+                }
+            }
+        }
+        let peers = rule.from.clone().unwrap_or_default();
+        if peers.is_empty() {
+            // Open to every pod and address: only the admin port may be.
+            if ports.is_empty()
+                || numbers.iter().any(|p| *p != admin)
+                || numbers.len() != ports.len()
+            {
+                problems.push(format!(
+                    "rule {index} opens {:?} to any peer (only the admin port {admin} may be)",
+                    rule.ports
+                ));
+            }
+            continue;
+        }
+        let mut namespaces = Vec::new();
+        for peer in &peers {
+            let by_name = peer.namespace_selector.as_ref().map(|s| {
+                let expressions = s.match_expressions.clone().unwrap_or_default();
+                let only_names = s.match_labels.as_ref().is_none_or(|l| l.is_empty())
+                    && !expressions.is_empty()
+                    && expressions
+                        .iter()
+                        .all(|e| e.key == "kubernetes.io/metadata.name" && e.operator == "In");
+                (
+                    only_names,
+                    expressions
+                        .iter()
+                        .flat_map(|e| e.values.clone().unwrap_or_default())
+                        .collect::<Vec<_>>(),
+                )
+            });
+            match by_name {
+                Some((true, names)) if peer.ip_block.is_none() && peer.pod_selector.is_none() => {
+                    namespaces.extend(names)
+                }
+                _ => problems.push(format!(
+                    "rule {index} has a peer other than consumer namespaces by name: {peer:?}"
+                )),
+            }
+        }
+        if let Some(outsider) = namespaces.iter().find(|n| !consumers.contains(n)) {
+            problems.push(format!(
+                "rule {index} admits namespace {outsider} (consumers: {consumers:?})"
+            ));
+        }
+        for number in numbers {
+            covered
+                .entry(number)
+                .or_default()
+                .extend(namespaces.clone());
+        }
+    }
+    for port in listener_ports {
+        let admitted = covered.get(port).cloned().unwrap_or_default();
+        if consumers.iter().any(|c| !admitted.contains(c)) {
+            problems.push(format!(
+                "listener port {port} open to {admitted:?}, not to every consumer {consumers:?}"
+            ));
+        }
+    }
+    problems
+}
+
+/// Copies of a good egress NetworkPolicy with one hole each, to show that
+/// [`network_policy_problems`] finds them.
+fn broken_policies(
+    good: &NetworkPolicy,
+    listener_ports: &[i32],
+) -> Vec<(&'static str, NetworkPolicy)> {
+    let mut broken = Vec::new();
+    fn rules(policy: &mut NetworkPolicy) -> &mut Vec<NetworkPolicyIngressRule> {
+        policy
+            .spec
+            .as_mut()
+            .and_then(|s| s.ingress.as_mut())
+            .expect("rules")
+    }
+    let is_listener_rule = |rule: &NetworkPolicyIngressRule| {
+        rule.ports
+            .iter()
+            .flatten()
+            .any(|p| matches!(&p.port, Some(IntOrString::Int(n)) if listener_ports.contains(n)))
+    };
+    let mut all_ports = good.clone();
+    for rule in rules(&mut all_ports)
+        .iter_mut()
+        .filter(|r| is_listener_rule(r))
+    {
+        rule.ports = None;
+    }
+    broken.push(("a consumer rule without ports (all ports)", all_ports));
+    let mut any_peer = good.clone();
+    for rule in rules(&mut any_peer)
+        .iter_mut()
+        .filter(|r| is_listener_rule(r))
+    {
+        rule.from = Some(Vec::new());
+    }
+    broken.push(("the listener ports open to any peer (empty from)", any_peer));
+    let mut extra = good.clone();
+    rules(&mut extra).push(NetworkPolicyIngressRule {
+        from: None,
+        ports: Some(vec![NetworkPolicyPort {
+            port: Some(IntOrString::String("main".into())),
+            protocol: Some("TCP".into()),
+            end_port: None,
+        }]),
+    });
+    broken.push(("a named port open to any peer (no from)", extra));
+    let mut everything = good.clone();
+    rules(&mut everything).push(NetworkPolicyIngressRule::default());
+    broken.push(("a rule with neither ports nor peers", everything));
+    broken
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egress_reaches_the_remote_site_through_the_tailnet() {
     let env = E2eEnv::shared()
@@ -198,6 +372,35 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         dry.condition("Ready").map(|c| c.status.as_str()),
         Some("False")
     );
+    // The failure must be the agent's refusal, not a missing listener: first its pod is Ready
+    // (a Service endpoint) with the remote-db listener up; then its metrics count the client's
+    // connections as accepted, each with a failed tailnet dial.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let listener = ["listener=\"remote-db\""];
+    let (agent_ip, dry_metrics) = wait_for(
+        "the DryRun egress agent Ready with its remote-db listener up",
+        WAIT,
+        || async {
+            let found = agent_pods(&pods, "tailnet-egress-site")
+                .await
+                .map_err(|e| e.to_string())?;
+            let ip = found
+                .iter()
+                .find_map(|p| ready_pod_ip(p).ok())
+                .ok_or_else(|| {
+                    let why: Vec<_> = found.iter().filter_map(|p| ready_pod_ip(p).err()).collect();
+                    format!("no Ready agent pod: {why:?}")
+                })?;
+            let metrics = agent_metrics(&env, &ip).await?;
+            match metric_sum(&metrics, "tailnet_agent_listener_up", &listener) {
+                1.0 => Ok((ip, metrics)),
+                up => Err(format!("listener_up {{listener=\"remote-db\"}} = {up}")),
+            }
+        },
+    )
+    .await;
+    let accepted_before = metric_sum(&dry_metrics, "tailnet_agent_connections_total", &listener);
+    let failed_before = metric_sum(&dry_metrics, "tailnet_agent_dial_failures_total", &listener);
     let target = format!("remote-db.{ns}.svc.cluster.local:5432");
     let run = ops
         .tcp_check("client-dry", &target, 3)
@@ -206,6 +409,24 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     assert!(
         !run.succeeded(),
         "DryRun must not let traffic through:\n{run}"
+    );
+    let dry_after = agent_metrics(&env, &agent_ip)
+        .await
+        .expect("agent metrics after the DryRun client");
+    let accepted =
+        metric_sum(&dry_after, "tailnet_agent_connections_total", &listener) - accepted_before;
+    let failed =
+        metric_sum(&dry_after, "tailnet_agent_dial_failures_total", &listener) - failed_before;
+    let reasons: Vec<&str> = dry_after
+        .lines()
+        .filter(|l| l.starts_with("tailnet_agent_dial_failures_total") && l.contains(listener[0]))
+        .collect();
+    eprintln!(
+        "DryRun client: agent accepted {accepted} connections, {failed} tailnet dials failed: {reasons:?}"
+    );
+    assert!(
+        accepted >= 1.0 && failed == accepted,
+        "in DryRun the agent must accept the client's connections and fail their tailnet dials: {accepted} accepted, {failed} dials failed\n{run}"
     );
 
     // Apply: nothing is restarted; the grant and route approval make it work.
@@ -376,59 +597,38 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     eprintln!("alias: {}", run.log("client").trim());
 
     // Only the consumer namespaces may reach the listeners (enforced by a CNI; the test env
-    // has none, so the applied object is what is checked).
+    // has none, so the applied object is what is checked): every rule names numbered ports, a
+    // rule open to any peer opens only the admin port, and the listener ports are open to
+    // exactly the consumer namespaces.
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
     let policy = policies
         .get("tailnet-egress-site")
         .await
         .expect("the egress NetworkPolicy");
-    let rules = policy
-        .spec
-        .as_ref()
-        .and_then(|s| s.ingress.clone())
-        .unwrap_or_default();
     let listener_ports: Vec<i32> = status.targets.iter().map(|t| t.agent_port).collect();
-    let mut consumer_rule_seen = false;
-    for rule in &rules {
-        let ports: Vec<i32> = rule
-            .ports
-            .iter()
-            .flatten()
-            .filter_map(|p| match &p.port {
-                Some(IntOrString::Int(port)) => Some(*port),
-                _ => None,
-            })
-            .collect();
-        if ports.iter().any(|p| listener_ports.contains(p)) {
-            consumer_rule_seen = true;
-            let peers = rule.from.clone().unwrap_or_default();
-            let namespaces: Vec<String> = peers
-                .iter()
-                .flat_map(|peer| {
-                    peer.namespace_selector
-                        .iter()
-                        .flat_map(|s| s.match_expressions.iter().flatten())
-                        .filter(|e| e.key == "kubernetes.io/metadata.name" && e.operator == "In")
-                        .flat_map(|e| e.values.clone().unwrap_or_default())
-                })
-                .collect();
-            assert_eq!(
-                namespaces,
-                vec![ns.clone()],
-                "listener ports open only to consumerNamespaces: {rule:?}"
-            );
-            assert!(
-                peers
-                    .iter()
-                    .all(|p| p.ip_block.is_none() && p.pod_selector.is_none()),
-                "no other peers may reach the listeners: {rule:?}"
-            );
-        }
-    }
+    let agent_labels = agent_pods(&pods, "tailnet-egress-site")
+        .await
+        .expect("agent pods")
+        .into_iter()
+        .find_map(|p| p.metadata.labels)
+        .expect("agent pod labels");
+    let consumers = vec![ns.clone()];
+    let problems = network_policy_problems(&policy, &consumers, &listener_ports, &agent_labels);
     assert!(
-        consumer_rule_seen,
-        "no rule covers the listener ports: {rules:?}"
+        problems.is_empty(),
+        "egress NetworkPolicy: {problems:?}\n{:?}",
+        policy.spec
     );
+    // The check catches what it is for: the same object with all ports, any peer, or a named
+    // port open to any peer is refused.
+    for (what, broken) in broken_policies(&policy, &listener_ports) {
+        let found = network_policy_problems(&broken, &consumers, &listener_ports, &agent_labels);
+        assert!(
+            !found.is_empty(),
+            "the NetworkPolicy check misses {what}: {:?}",
+            broken.spec
+        );
+    }
 
     // Steady state: the egress is reconciled every 2 s (the poll interval), and those
     // resyncs send nothing: no server-side apply of unchanged children, no status write.
@@ -506,7 +706,6 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
 
     // A new target is picked up by the running agent: its Service works, and the pod (with
     // its connections and node) is not replaced.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let agent = "tailnet-egress-site";
     let before = pod_uids(&agent_pods(&pods, agent).await.expect("pods"));
     apply_egress(

@@ -757,20 +757,41 @@ async fn operator_killed(fx: &mut Fixture) -> Outcome {
         json!([{"name": "crash-db", "address": "192.0.2.10", "port": DB_PORT}]),
     )
     .await?;
-    // Kill the leader while it works on the new agent (mint, Secret, Deployment, policy).
-    let _ = eventually(
-        "the leader to start on the new agent",
+    // Kill the leader while it works on the new agent (mint, Secret, Deployment, policy): once
+    // it has written the new egress's first status. Without that the kill would not be
+    // mid-apply, so the phase fails, saying what the egress showed.
+    let started_on = eventually(
+        "the leader to start on the new agent (a status on the crash egress)",
         Duration::from_secs(20),
         || async {
             let e = fx.egress("crash").await?;
             if e.status.is_some() {
-                Ok(())
+                Ok(e)
             } else {
-                Err("no status yet".to_string())
+                Err(format!(
+                    "no status yet (generation {:?}, finalizers {:?}); leader log: {}",
+                    e.metadata.generation,
+                    e.metadata.finalizers,
+                    fx.operators[leader].log_tail(5)
+                ))
             }
         },
     )
     .await;
+    let at_kill = match started_on {
+        Ok(e) => e
+            .conditions()
+            .iter()
+            .map(|c| format!("{}={}/{}", c.type_, c.status, c.reason))
+            .collect::<Vec<_>>()
+            .join(", "),
+        Err(e) => {
+            let _ = fx.egresses.delete("crash", &DeleteParams::default()).await;
+            return Err(format!(
+                "the leader did not start on the new agent, nothing to kill it in: {e}"
+            ));
+        }
+    };
     fx.operators[leader].kill();
     let killed_at = Instant::now();
     let takeover = eventually("the standby to take the Lease", LEASE * 3, || async {
@@ -810,11 +831,12 @@ async fn operator_killed(fx: &mut Fixture) -> Outcome {
     .await;
     let nodes = fx.tagged_nodes(&crash_tag).await?;
     let observed = format!(
-        "orphaned key injected: {}; standby took over {} after SIGKILL (Lease {}); new agent online, policy applied and effective {} after the kill: {}; nodes with the tag: {}; valid keys of the tag afterwards: {}",
+        "orphaned key injected: {}; killed with the crash egress at [{}]; standby took over {} after SIGKILL (Lease {}); new agent online, policy applied and effective {} after the kill: {}; nodes with the tag: {}; valid keys of the tag afterwards: {}",
         match &orphan {
             Ok(id) => format!("id {id}"),
             Err(e) => format!("no ({e})"),
         },
+        at_kill,
         secs(takeover),
         secs(LEASE),
         secs(finished),

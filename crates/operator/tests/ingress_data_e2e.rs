@@ -12,6 +12,8 @@
 
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -25,6 +27,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use support::agent::{agent_metrics, metric_sum, ready_pod_ip};
 use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
 use support::lab_operator::start_operator;
 use support::objects::{
@@ -38,7 +41,7 @@ use tailnet_api::conditions::{reasons, types};
 use tno_testenv::{E2eEnv, OperatorArgs};
 use tno_testenv_kube::http_backend::{gzip_of_pattern, pattern_chunk, pattern_sha256};
 use tno_testenv_tailnet::LocalApi;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
 
 const GZIP_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
@@ -133,41 +136,19 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// Scrapes the agent's `/metrics` (admin port on the pod IP) from the lab network.
-async fn agent_metrics(env: &E2eEnv, pod_ip: &str) -> Result<String, String> {
-    use std::io::{Read, Write};
-    let addr: std::net::SocketAddr = format!("{pod_ip}:{}", tailnet_api::agent_config::ADMIN_PORT)
-        .parse()
-        .map_err(|e| format!("{e}"))?;
-    let lab = env.lab().clone();
-    tokio::task::spawn_blocking(move || {
-        let mut stream = lab
-            .netns()
-            .connect_tcp(addr, Duration::from_secs(5))
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .map_err(|e| e.to_string())?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n")
-            .map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        stream
-            .read_to_string(&mut text)
-            .map_err(|e| e.to_string())?;
-        Ok(text)
-    })
-    .await
-    .map_err(|e| e.to_string())?
-}
-
-/// Sum of the samples of `metric` whose line contains every fragment of `labels`.
-fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(metric) && labels.iter().all(|f| l.contains(f)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+/// Whether `bytes` hold a whole HTTP/1.1 response: the head and `Content-Length` body bytes
+/// (a response without one is complete with its head).
+fn http1_response_complete(bytes: &[u8]) -> bool {
+    let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&bytes[..end]).to_lowercase();
+    let length = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    bytes.len() >= end + 4 + length
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -572,38 +553,95 @@ async fn ingress_data_plane_through_the_operator() {
     .expect("slow backend answer");
     assert_eq!(code, 504, "{}", String::from_utf8_lossy(&body));
 
-    // An upload slower than `request` (3 s) is cut off: no 200, the backend never gets it all.
+    // An upload slower than `request` (3 s): the agent answers 408 while the body is still
+    // arriving, so the backend never gets all of it (it would answer 200 with the byte count),
+    // and counts the 408. Raw HTTP/1.1 over TLS, so the answer is read while the client is
+    // still writing (an HTTP client may give up on its write error before reading it).
     {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let agent_ip = agent_pods(&pods, "tailnet-ingress-portal")
+            .await
+            .expect("agent pods")
+            .iter()
+            .find_map(|p| ready_pod_ip(p).ok())
+            .expect("a Ready ingress agent pod");
+        let host_label = format!("host=\"{slow}\"");
+        let counted_408 = |metrics: &str| {
+            metric_sum(
+                metrics,
+                "tailnet_agent_http_requests_total",
+                &[host_label.as_str(), "status=\"408\""],
+            )
+        };
+        let before = counted_408(&agent_metrics(&env, &agent_ip).await.expect("agent metrics"));
         let tls = tls_connect(&laptop, &resolved, 443, &slow, &cluster_ca.pem)
             .await
             .expect("TLS");
-        let body = StreamBody::new(futures_util::stream::unfold(0u32, |sent| async move {
-            if sent >= 40 {
-                return None;
+        let (mut reader, mut writer) = tokio::io::split(tls);
+        let sent = Arc::new(AtomicUsize::new(0));
+        let head = format!("POST /upload HTTP/1.1\r\nHost: {slow}\r\nContent-Length: 40\r\n\r\n");
+        let started = Instant::now();
+        let uploader = {
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                writer.write_all(head.as_bytes()).await?;
+                writer.flush().await?;
+                for _ in 0..40 {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    writer.write_all(b"x").await?;
+                    writer.flush().await?;
+                    sent.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok::<_, std::io::Error>(())
+            })
+        };
+        let mut answer = Vec::new();
+        let mut first_byte = None;
+        let mut buffer = [0u8; 4096];
+        let read_deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !http1_response_complete(&answer) {
+            match tokio::time::timeout_at(read_deadline, reader.read(&mut buffer)).await {
+                Ok(Ok(read)) if read > 0 => {
+                    first_byte.get_or_insert((started.elapsed(), sent.load(Ordering::SeqCst)));
+                    answer.extend_from_slice(&buffer[..read]);
+                }
+                _ => break,
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            Some((
-                Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"x"))),
-                sent + 1,
-            ))
-        }));
-        let mut sender = http1::<_, StreamBody<_>>(tls).await.expect("HTTP");
-        let request = http::Request::post("/upload")
-            .header("host", &slow)
-            .header("content-length", "40")
-            .body(body)
-            .expect("request");
-        let outcome = tokio::time::timeout(Duration::from_secs(30), sender.send_request(request))
-            .await
-            .expect("the slow upload was never ended");
-        match outcome {
-            Ok(response) => {
-                let code = response.status().as_u16();
-                assert!(code == 408 || code == 504, "slow upload answered {code}");
-                eprintln!("slow upload: {code}");
-            }
-            Err(error) => eprintln!("slow upload: connection ended ({error})"),
         }
+        uploader.abort();
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        let (answered_after, body_bytes_sent) =
+            first_byte.unwrap_or_else(|| panic!("the slow upload got no answer: {text:?}"));
+        eprintln!(
+            "slow upload: {:?} after {answered_after:?}, {body_bytes_sent} of 40 body bytes sent",
+            text.lines().next().unwrap_or_default()
+        );
+        assert!(
+            text.starts_with("HTTP/1.1 408"),
+            "the slow upload must get 408 from the agent: {text:?}"
+        );
+        assert!(
+            body_bytes_sent < 40,
+            "the 408 must come while the upload is still running ({body_bytes_sent} of 40 bytes sent)"
+        );
+        assert!(
+            answered_after >= Duration::from_millis(2500),
+            "408 after {answered_after:?}, before the 3 s request timeout"
+        );
+        wait_for(
+            "the agent to count the 408",
+            Duration::from_secs(20),
+            || async {
+                let metrics = agent_metrics(&env, &agent_ip).await?;
+                let now = counted_408(&metrics);
+                if now >= before + 1.0 {
+                    Ok(())
+                } else {
+                    Err(format!("408s for {slow}: {before} → {now}"))
+                }
+            },
+        )
+        .await;
     }
 
     // HTTPS backend verified against its CA; with the wrong CA: 502, counted as TLS failure.

@@ -16,7 +16,7 @@ use support::objects::{
     agent_pods, apply, bootstrap_applied_tailnet, ingress_object, join_client_node, pod_uids,
     service_object, tailnet_ipv4, tailnet_with_default_issuer, test_server_deployment, tls_secret,
 };
-use support::tailnet::{https_get_hello, ok_200, self_signed, tcp_echo};
+use support::tailnet::{https_get_hello, ok_200, port_refused, self_signed, tcp_echo};
 use support::wait::{WAIT, wait_for};
 use tailnet_api::TailnetIngress;
 use tno_testenv::{E2eEnv, OperatorArgs};
@@ -122,10 +122,24 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
     })
     .await;
     let (cert_pem, key_pem) = self_signed(std::slice::from_ref(&portal));
-    let refused = https_get_hello(&laptop, &ip, &portal, &cert_pem, &[FORGED_LOGIN]).await;
+    // Port 443 is closed, not merely silent: the laptop's dial reaches the node (its tcp
+    // expose just echoed) and is refused, so neither TLS nor a plaintext answer can come back.
+    let refused = port_refused(&laptop, &ip, 443, &portal, WAIT).await;
     assert!(
-        refused.is_err(),
+        refused.is_ok(),
         "http must not be served without a certificate: {refused:?}"
+    );
+    eprintln!(
+        "without a certificate, 443: {}",
+        refused.unwrap_or_default()
+    );
+    // The same probe tells a listener apart: the tcp expose accepts (and echoes the request).
+    let listening = port_refused(&laptop, &ip, 5432, &portal, WAIT).await;
+    assert!(
+        listening
+            .as_ref()
+            .is_err_and(|e| e.contains("accepted a connection")),
+        "the probe must see the tcp expose's listener: {listening:?}"
     );
 
     // With a certificate covering the name: served, identity added, forged header dropped.
@@ -277,15 +291,14 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
     })
     .await;
     let (issued_cert, issued_key) = self_signed(std::slice::from_ref(&issued_name));
-    let unserved = https_get_hello(
-        &laptop,
-        &issued,
-        &issued_name,
-        &issued_cert,
-        &[FORGED_LOGIN],
-    )
-    .await;
-    assert!(unserved.is_err(), "no answer while Issuing: {unserved:?}");
+    // A closed port (the dial reaches the node and is refused), told apart from a dropped dial
+    // (grant not live yet: polled through) and from any listener answering, plaintext or not.
+    let unserved = port_refused(&laptop, &issued, 443, &issued_name, WAIT).await;
+    assert!(
+        unserved.is_ok(),
+        "no listener on 443 while Issuing: {unserved:?}"
+    );
+    eprintln!("while Issuing, 443: {}", unserved.unwrap_or_default());
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let agent = "tailnet-ingress-issued";
     let before = pod_uids(&agent_pods(&pods, agent).await.expect("agent pods"));

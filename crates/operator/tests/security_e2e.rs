@@ -492,38 +492,55 @@ async fn run() {
         .as_ref()
         .and_then(|s| s.pod_ip.clone())
         .expect("pod IP");
-    let listeners = agent_listeners(&pod_ip);
+    // The kubelet runs the pods on this host: not finding the agent process is a failure,
+    // not a reason to skip the check. Its socket table must show the declared loopback
+    // listeners (443 once the certificate is loaded, 5432), so it is the agent's.
+    let declared = ["127.0.0.1:443", "127.0.0.1:5432"];
+    let listeners = wait_for(
+        "the ingress agent's socket table with its declared listeners",
+        WAIT,
+        || async {
+            let listeners = agent_listeners(&pod_ip)?;
+            if declared
+                .iter()
+                .all(|d| listeners.iter().any(|(a, _)| a == d))
+            {
+                Ok(listeners)
+            } else {
+                Err(format!("declared {declared:?}, listening {listeners:?}"))
+            }
+        },
+    )
+    .await;
     row(
         "TCP listeners in the ingress agent pod (/proc/<agent>/net/tcp)",
-        "admin 9180 on the pod IP only; no proxy ports",
+        "admin 9180 on the pod IP only; loopback 443/5432 only; no proxy ports",
         &format!("{listeners:?}"),
     );
-    if let Some(listeners) = &listeners {
-        let addresses: Vec<&str> = listeners.iter().map(|(a, _)| a.as_str()).collect();
-        assert!(
-            addresses.contains(&format!("{pod_ip}:9180").as_str()),
-            "{listeners:?}"
-        );
-        assert!(
-            !addresses
-                .iter()
-                .any(|a| a.ends_with(":9180") && !a.starts_with(&pod_ip)),
-            "admin port bound beyond the pod IP: {listeners:?}"
-        );
-        assert!(
-            !addresses
-                .iter()
-                .any(|a| a.ends_with(":1055") || a.ends_with(":1080") || a.ends_with(":3128")),
-            "a proxy port listens: {listeners:?}"
-        );
-        // Loopback is where tailscaled forwards tailnet connections: only the declared ports.
-        for address in &addresses {
-            if address.starts_with("127.0.0.1:") {
-                assert!(
-                    *address == "127.0.0.1:443" || *address == "127.0.0.1:5432",
-                    "undeclared loopback listener {address}: {listeners:?}"
-                );
-            }
+    let addresses: Vec<&str> = listeners.iter().map(|(a, _)| a.as_str()).collect();
+    assert!(
+        addresses.contains(&format!("{pod_ip}:9180").as_str()),
+        "{listeners:?}"
+    );
+    assert!(
+        !addresses
+            .iter()
+            .any(|a| a.ends_with(":9180") && !a.starts_with(&pod_ip)),
+        "admin port bound beyond the pod IP: {listeners:?}"
+    );
+    assert!(
+        !addresses
+            .iter()
+            .any(|a| a.ends_with(":1055") || a.ends_with(":1080") || a.ends_with(":3128")),
+        "a proxy port listens: {listeners:?}"
+    );
+    // Loopback is where tailscaled forwards tailnet connections: only the declared ports.
+    for address in &addresses {
+        if address.starts_with("127.0.0.1:") {
+            assert!(
+                declared.contains(address),
+                "undeclared loopback listener {address}: {listeners:?}"
+            );
         }
     }
 
@@ -653,11 +670,12 @@ async fn run() {
     let _ = egress.name_any();
 }
 
-/// TCP listeners (`ip:port`, owning process) in the network namespace of the tailnet-agent process whose `POD_IP` is `pod_ip`, from
-/// `/proc/<pid>/net/tcp` (the socket table of its network namespace). `None` when no such
-/// process is visible (e.g. the kubelet runs elsewhere).
-fn agent_listeners(pod_ip: &str) -> Option<Vec<(String, String)>> {
-    let entries = std::fs::read_dir("/proc").ok()?;
+/// TCP listeners (`ip:port`, owning process) in the network namespace of the tailnet-agent
+/// process whose `POD_IP` is `pod_ip`, from `/proc/<pid>/net/tcp` (the socket table of its
+/// network namespace). An error when no such process is found or its table cannot be read.
+fn agent_listeners(pod_ip: &str) -> Result<Vec<(String, String)>, String> {
+    let entries = std::fs::read_dir("/proc").map_err(|e| format!("/proc: {e}"))?;
+    let mut agents_seen = 0;
     for entry in entries.flatten() {
         let path = entry.path();
         let Ok(cmdline) = std::fs::read(path.join("cmdline")) else {
@@ -666,6 +684,7 @@ fn agent_listeners(pod_ip: &str) -> Option<Vec<(String, String)>> {
         if !String::from_utf8_lossy(&cmdline).contains("tailnet-agent") {
             continue;
         }
+        agents_seen += 1;
         let Ok(environ) = std::fs::read(path.join("environ")) else {
             continue;
         };
@@ -673,7 +692,8 @@ fn agent_listeners(pod_ip: &str) -> Option<Vec<(String, String)>> {
         if !environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes()) {
             continue;
         }
-        let table = std::fs::read_to_string(path.join("net/tcp")).ok()?;
+        let table = std::fs::read_to_string(path.join("net/tcp"))
+            .map_err(|e| format!("{}/net/tcp: {e}", path.display()))?;
         let owners = socket_owners(&path);
         let listeners = table
             .lines()
@@ -696,9 +716,11 @@ fn agent_listeners(pod_ip: &str) -> Option<Vec<(String, String)>> {
                 ))
             })
             .collect();
-        return Some(listeners);
+        return Ok(listeners);
     }
-    None
+    Err(format!(
+        "no tailnet-agent process with POD_IP={pod_ip} ({agents_seen} tailnet-agent processes seen)"
+    ))
 }
 
 /// Socket inode → process name, for every process in the network namespace of `process`.

@@ -115,6 +115,27 @@ async fn wait_condition(
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Waits until `operator` has counted `count` more policy syncs with `result` for `tailnet`:
+/// a "nothing was written" window that provably held reconciles.
+async fn more_policy_syncs(operator: &LocalOperator, tailnet: &str, result: &str, count: f64) {
+    let sample =
+        format!("tailnet_operator_policy_syncs_total{{tailnet=\"{tailnet}\",result=\"{result}\"}}");
+    let before = operator.metric(&sample).await.unwrap_or(0.0);
+    wait_for(
+        &format!("{count} more {result} policy syncs"),
+        WAIT,
+        || async {
+            let now = operator.metric(&sample).await.unwrap_or(0.0);
+            if now >= before + count {
+                Ok(())
+            } else {
+                Err(format!("{sample}: {before} → {now}"))
+            }
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tailnet_controller_scenario() {
     let kube = tno_testenv_kube::shared()
@@ -262,7 +283,8 @@ async fn scenario(
         !data.get("diff").cloned().unwrap_or_default().is_empty(),
         "DryRun publishes a diff"
     );
-    tokio::time::sleep(Duration::from_secs(5)).await; // a few polls
+    // A few polls: the window holds two more DryRun syncs (rendered, checked, not written).
+    more_policy_syncs(&first, &tailnet_name, "dry_run", 2.0).await;
     let during = hs.get_policy().await.expect("live policy during DryRun");
     assert_eq!(
         during.policy, before.policy,
@@ -331,7 +353,7 @@ async fn scenario(
     );
     // No write on unchanged reconciles.
     let updated = hs.get_policy().await.expect("policy").updated_at;
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    more_policy_syncs(&first, &tailnet_name, "unchanged", 2.0).await;
     assert_eq!(
         hs.get_policy().await.expect("policy").updated_at,
         updated,
@@ -390,7 +412,7 @@ async fn scenario(
     let foreign = "// tailnet-operator-installation: another-cluster/demo\n{\"groups\": {\"group:team-a\": [\"alice@\"]}, \"tagOwners\": {\"tag:router\": [\"admin@\"], \"tag:client\": [\"admin@\"], \"tag:server\": [\"admin@\"]}}";
     hs.set_policy(foreign).await.expect("foreign policy");
     tailnet_becomes("PolicyApplied", "False", "OwnedElsewhere").await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    more_policy_syncs(&first, &tailnet_name, "owned_elsewhere", 2.0).await;
     assert_eq!(
         hs.get_policy().await.expect("policy").policy,
         foreign,
@@ -500,12 +522,43 @@ async fn scenario(
             .ok_or("no metrics yet".to_string())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(
-        second.metric("tailnet_operator_leader").await,
-        Some(0.0),
-        "standby must not lead"
-    );
+    // The standby tried and found the lease held (its log) while the leader renewed it twice;
+    // its leader gauge stays 0 throughout.
+    let renew_time = || async {
+        leases
+            .get(&lease)
+            .await
+            .ok()
+            .and_then(|l| l.spec)
+            .and_then(|s| s.renew_time)
+            .map(|t| t.0)
+    };
+    let window = std::time::Instant::now();
+    let mut last_renewal = renew_time().await;
+    let mut renewals = 0;
+    loop {
+        assert_eq!(
+            second.metric("tailnet_operator_leader").await,
+            Some(0.0),
+            "standby must not lead"
+        );
+        let renewed = renew_time().await;
+        if renewed != last_renewal {
+            renewals += 1;
+            last_renewal = renewed;
+        }
+        let standing_by = second
+            .log_text()
+            .contains("standing by: lease held by another replica");
+        if renewals >= 2 && standing_by {
+            break;
+        }
+        assert!(
+            window.elapsed() < WAIT,
+            "no window of two lease renewals with the standby standing by: {renewals} renewals, standby log says standing by: {standing_by}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     assert_eq!(first.metric("tailnet_operator_leader").await, Some(1.0));
     let holder = leases
         .get(&lease)

@@ -123,3 +123,82 @@ pub fn self_signed(names: &[String]) -> (String, String) {
         .expect("cert");
     (cert.pem(), key.serialize_pem())
 }
+
+/// What a node's tailnet port does with a connection and a plaintext HTTP request.
+#[derive(Debug)]
+pub enum PortAnswer {
+    /// The node refused the connection (its tailscaled reset it): nothing listens there.
+    Refused(String),
+    /// No connection and no refusal (e.g. the ACL drops the packets, or the grant is not live
+    /// yet): says nothing about the port.
+    NoConnection(String),
+    /// A connection opened; these bytes came back to `GET / HTTP/1.1` (empty: none).
+    Connected(Vec<u8>),
+}
+
+/// Dials `ip:port` from `node` and, if a connection opens, sends a plaintext `GET /` for
+/// `host` and collects what comes back within a few seconds.
+pub async fn plaintext_probe(node: &LocalApi, ip: &str, port: u16, host: &str) -> PortAnswer {
+    let mut stream = match dial(node, ip, port, ECHO_TIMEOUT).await {
+        Ok(stream) => stream,
+        Err(e) if e.to_lowercase().contains("refused") => return PortAnswer::Refused(e),
+        Err(e) => return PortAnswer::NoConnection(e),
+    };
+    let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let _ = stream.write_all(request.as_bytes()).await;
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    // Up to 5 s for a first byte, then until the answer pauses for half a second.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let until = if answer.is_empty() {
+            deadline
+        } else {
+            deadline.min(tokio::time::Instant::now() + Duration::from_millis(500))
+        };
+        match tokio::time::timeout_at(until, stream.read(&mut buffer)).await {
+            Ok(Ok(read)) if read > 0 => answer.extend_from_slice(&buffer[..read]),
+            _ => break,
+        }
+    }
+    PortAnswer::Connected(answer)
+}
+
+/// Waits (up to `timeout`) until `node`'s dial of `ip:port` is refused, i.e. reaches the node
+/// and finds no listener: a closed port, told apart from a dropped dial (which proves nothing)
+/// and from a listener that answers (plaintext or not), which fails at once with what came
+/// back. Returns the refusal.
+pub async fn port_refused(
+    node: &LocalApi,
+    ip: &str,
+    port: u16,
+    host: &str,
+    timeout: Duration,
+) -> Result<String, String> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match plaintext_probe(node, ip, port, host).await {
+            PortAnswer::Refused(message) => return Ok(message),
+            PortAnswer::Connected(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                return Err(format!(
+                    "{ip}:{port} accepted a connection; a plaintext GET got {} ({:?})",
+                    if text.starts_with("HTTP/") {
+                        "an HTTP answer"
+                    } else if bytes.is_empty() {
+                        "no bytes"
+                    } else {
+                        "non-HTTP bytes"
+                    },
+                    text.chars().take(200).collect::<String>()
+                ));
+            }
+            PortAnswer::NoConnection(message) if std::time::Instant::now() > deadline => {
+                return Err(format!(
+                    "{ip}:{port} was neither refused nor connected within {timeout:?}: {message}"
+                ));
+            }
+            PortAnswer::NoConnection(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
