@@ -512,6 +512,14 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
     ),
     (
         "cluster",
+        "apps",
+        "replicasets",
+        "list",
+        "",
+        "/status is read only from pods whose ReplicaSet the agent Deployment owns (forged pods copy labels)",
+    ),
+    (
+        "cluster",
         "",
         "serviceaccounts",
         "create",

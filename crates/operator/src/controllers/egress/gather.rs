@@ -79,7 +79,7 @@ pub async fn gather(
     )
     .await
     .map_err(ReconcileError::kube("get Deployment"))?;
-    let report = agent_status(ctx, &owner).await;
+    let report = agent_status(ctx, &owner, deployment.as_ref()).await;
     Ok(EgressObservation {
         access,
         foreign_services,

@@ -29,6 +29,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Impersonates an agent's admin port (hostile-input tests): answers `GET /status` with
+    /// `body` (a forged report), or with `huge_bytes` of an endless JSON string when set (no
+    /// Content-Length, the connection closes at the end).
+    ForgedStatus {
+        #[arg(long, default_value = "0.0.0.0:9090")]
+        listen: SocketAddr,
+        #[arg(long, default_value = "")]
+        body: String,
+        #[arg(long)]
+        huge_bytes: Option<u64>,
+    },
     /// Echoes every byte back.
     TcpEcho {
         #[arg(long, default_value = "0.0.0.0:8080")]
@@ -129,6 +140,17 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::ForgedStatus {
+            listen,
+            body,
+            huge_bytes,
+        } => {
+            let body = Arc::new(body);
+            serve(listen, move |stream| {
+                forged_status(stream, body.clone(), huge_bytes)
+            })
+            .await
+        }
         Command::TcpEcho { listen } => {
             serve(listen, |stream| async move {
                 let (mut reader, mut writer) = tokio::io::split(stream);
@@ -513,5 +535,38 @@ async fn tcp_bulk(
     }
     let mib_per_s = bytes as f64 / (1024.0 * 1024.0) / seconds.max(1e-9);
     println!("bulk: ok bytes={bytes} seconds={seconds:.3} mib_per_s={mib_per_s:.1} identical=true");
+    Ok(())
+}
+
+/// One forged `/status` answer (see `Command::ForgedStatus`).
+async fn forged_status(
+    mut stream: TcpStream,
+    body: Arc<String>,
+    huge_bytes: Option<u64>,
+) -> anyhow::Result<()> {
+    let mut request = [0u8; 4096];
+    let _ = stream.read(&mut request).await?;
+    match huge_bytes {
+        None => {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(body.as_bytes()).await?;
+        }
+        Some(total) => {
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{\"ready\":true,\"reasons\":[\"")
+                .await?;
+            let chunk = vec![b'a'; 64 * 1024];
+            let mut sent = 0u64;
+            while sent < total {
+                stream.write_all(&chunk).await?;
+                sent += chunk.len() as u64;
+            }
+        }
+    }
+    stream.shutdown().await?;
     Ok(())
 }
