@@ -409,7 +409,13 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
             .run(ingress::reconcile, ingress::error_policy, ctx.clone())
             .for_each(log_result)
     };
-    futures::join!(tailnet_controller, egress_controller, ingress_controller);
+    // Lost leadership: drop the controllers at once instead of letting in-flight reconciles
+    // finish (a graceful shutdown would wait for them, and one blocked on a hung apiserver
+    // connection could still write to Headscale after a standby took over).
+    tokio::select! {
+        _ = async { futures::join!(tailnet_controller, egress_controller, ingress_controller) } => {}
+        _ = lost.cancelled() => {}
+    }
     metrics.leader.set(0);
     if lost.is_cancelled() && !shutdown.is_cancelled() {
         return Err(RunError::LostLeadership);
