@@ -148,6 +148,13 @@ fn headscale_client_reasons_are_mirrored() {
     assert!(missing.is_empty(), "undocumented: {missing:?}");
 }
 
+/// Modules compiled only for unit tests (decision tables and their fixtures), which may spell
+/// reasons and field values out.
+fn test_only(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    matches!(name, "tests.rs" | "test_fixtures.rs" | "reason_coverage.rs")
+}
+
 /// A reason written as a string literal in a controller would bypass the constants. Every
 /// CamelCase literal there must be documented (condition reasons, Event reasons, reconcile
 /// error reasons) or be one of the few non-reason words below.
@@ -159,6 +166,8 @@ fn controllers_use_only_documented_reasons() {
         "TailnetEgress",
         "TailnetIngress",
         "Certificate",
+        "Deployment",
+        "ReplicaSet",
         // Event actions.
         "Reconcile",
         "CheckPolicy",
@@ -182,7 +191,7 @@ fn controllers_use_only_documented_reasons() {
             let path = entry.expect("dir entry").path();
             if path.is_dir() {
                 pending.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
+            } else if path.extension().is_some_and(|e| e == "rs") && !test_only(&path) {
                 files.push(path);
             }
         }

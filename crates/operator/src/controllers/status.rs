@@ -68,14 +68,6 @@ impl ConditionSet {
         self.set(type_, Status::Unknown, problem.reason, problem.message);
     }
 
-    /// `Ok` sets the condition `True` with `reason`, `Err` sets it `False`.
-    pub fn from_result(&mut self, type_: &str, reason: &str, result: Result<String, Problem>) {
-        match result {
-            Ok(message) => self.ok(type_, reason, message),
-            Err(problem) => self.fail(type_, problem),
-        }
-    }
-
     pub fn remove(&mut self, type_: &str) {
         self.list.retain(|c| c.type_ != type_);
     }
@@ -84,9 +76,6 @@ impl ConditionSet {
         conditions::find(&self.list, type_)
     }
 
-    pub fn now(&self) -> Timestamp {
-        self.now.0
-    }
 
     /// The list as it is, without deriving `Ready` (for objects the controller does not
     /// honour, whose `Ready` was set directly).

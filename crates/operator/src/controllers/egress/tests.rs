@@ -468,7 +468,7 @@ fn route_states() {
     let approvers = vec!["tag:router".to_string()];
     let approved = fx::router(&["192.0.2.0/24", "0.0.0.0/0"], &["192.0.2.0/24"]);
     assert_eq!(
-        decide::route_state(&ip, &approvers, &[approved.clone()]).state,
+        decide::route_state(&ip, &approvers, std::slice::from_ref(&approved)).state,
         reasons::READY
     );
     let unapproved = fx::router(&["192.0.2.0/24"], &[]);
@@ -477,7 +477,7 @@ fn route_states() {
         reasons::ROUTE_NOT_APPROVED
     );
     let other = "198.51.100.20".parse().expect("ip");
-    let state = decide::route_state(&other, &approvers, &[approved.clone()]);
+    let state = decide::route_state(&other, &approvers, std::slice::from_ref(&approved));
     assert_eq!(
         (state.route, state.state),
         (None, reasons::ROUTE_NOT_ADVERTISED)
