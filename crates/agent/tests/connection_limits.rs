@@ -261,3 +261,64 @@ fn default_limits_bound_memory_under_a_connection_flood() {
         .await;
     });
 }
+
+#[test]
+fn the_agent_limit_holds_across_listeners() {
+    // Two listeners of 100 each under an agent limit of 150: the second listener gets only
+    // what the first left, and its refusals say `agent_limit`.
+    const SECOND: u16 = 6544;
+    let (run, netns, dir) = Agent::netns("agent-total");
+    let mut config = config(
+        &dir,
+        Some(json!({"maxConnections": 150, "maxConnectionsPerListener": 100})),
+    );
+    config["ingress"]
+        .as_array_mut()
+        .unwrap_or_else(|| panic!("ingress"))
+        .push(json!({"mode": "tcp", "name": "second", "port": SECOND,
+                     "backend": {"host": "127.0.0.1", "port": BACKEND}}));
+    let agent = Agent::start_in(run, netns, dir, &config, &[]);
+    agent.run(move || async move {
+        spawn_echo_backend().await;
+        listener_up().await;
+        let (first_held, first_refused) = open_many(100).await;
+        let mut second_held = Vec::new();
+        let mut second_refused = 0;
+        for _ in 0..100 {
+            // The reset can beat the client's own view of the handshake on loopback.
+            let mut stream = match TcpStream::connect(local(SECOND)).await {
+                Ok(stream) => stream,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    second_refused += 1;
+                    continue;
+                }
+                Err(e) => panic!("connect: {e}"),
+            };
+            let mut byte = [0u8; 1];
+            let _ = stream.write_all(b"x").await;
+            match tokio::time::timeout(ECHO_BOUND, stream.read(&mut byte)).await {
+                Ok(Ok(1)) => second_held.push(stream),
+                Ok(_) => second_refused += 1,
+                Err(_) => panic!("hang on the second listener"),
+            }
+        }
+        let by_agent = metric(
+            "tailnet_agent_connections_refused_total",
+            &[("listener", "second"), ("reason", "agent_limit")],
+        )
+        .await;
+        row(
+            "100 + 100 connections on two listeners, 100 each, 150 per agent",
+            "100 + 50 served, 50 reset as agent_limit",
+            &format!(
+                "{} + {} served, {} + {second_refused} refused; agent_limit counted {by_agent}",
+                first_held.len(),
+                second_held.len(),
+                first_refused.len()
+            ),
+        );
+        assert_eq!((first_held.len(), first_refused.len()), (100, 0));
+        assert_eq!((second_held.len(), second_refused), (50, 50));
+        assert_eq!(by_agent as usize, 50);
+    });
+}
