@@ -83,10 +83,10 @@ pub fn ingress_names(
 /// Hostnames of `ingress` that an older ingress of the same Tailnet already claims: the
 /// first owner keeps a name (ordered by creation time, then namespace/name). `others` may
 /// include `ingress` itself and ingresses of other Tailnets; both are skipped.
-pub fn claimed_elsewhere(
+pub fn claimed_elsewhere<'a>(
     ingress: &TailnetIngress,
     names: &[ExposeNames],
-    others: &[TailnetIngress],
+    others: impl IntoIterator<Item = &'a TailnetIngress>,
     ctx: &RenderContext,
 ) -> BTreeMap<String, String> {
     let ours: BTreeSet<&str> = names

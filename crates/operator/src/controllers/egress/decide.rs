@@ -13,12 +13,12 @@ use tailnet_api::agent_status::ProbeState;
 use tailnet_api::conditions::{reasons, types};
 use tailnet_api::egress::{EgressTargetStatus, TailnetEgressStatus};
 use tailnet_api::naming::{AgentKind, egress_tag};
-use tailnet_api::validate::{self, TargetAddress};
+use tailnet_api::validate::{self, TargetAddress, ValidEgress};
 use tailnet_headscale::Node;
 use tailnet_render::egress::EgressObjects;
 use tailnet_render::images::Images;
 use tailnet_render::meta::Owner;
-use tailnet_render::{RenderContext, RenderError};
+use tailnet_render::{RenderContext, RenderError, desired};
 
 use super::super::agent_conditions::{self as shared, NodeList, nodes_unobservable};
 use super::super::context::OperatorConfig;
@@ -81,13 +81,13 @@ pub fn wrong_namespace(
     })
 }
 
-/// An invalid spec: keep what runs (the last good config), say what to fix. `None` when the
-/// spec is valid.
-pub fn refuse_invalid(egress: &TailnetEgress, now: Timestamp) -> Option<EgressDecision> {
-    let errors = validate::egress(&egress.spec);
-    if errors.is_empty() {
-        return None;
-    }
+/// The typed, validated spec; an invalid one is refused with a decision that only says what
+/// to fix (nothing is applied: the last good configuration stays).
+pub fn validated(egress: &TailnetEgress, now: Timestamp) -> Result<ValidEgress, EgressDecision> {
+    let errors = match validate::valid_egress(&egress.spec) {
+        Ok(valid) => return Ok(valid),
+        Err(errors) => errors,
+    };
     let previous = egress.status.clone().unwrap_or_default();
     let mut c = ConditionSet::new(&previous.conditions, egress.metadata.generation, now);
     c.fail(
@@ -100,7 +100,7 @@ pub fn refuse_invalid(egress: &TailnetEgress, now: Timestamp) -> Option<EgressDe
             ),
         ),
     );
-    Some(EgressDecision {
+    Err(EgressDecision {
         status: TailnetEgressStatus {
             observed_generation: egress.metadata.generation,
             conditions: c.finish(&[types::SPEC_VALID], &[]),
@@ -110,9 +110,10 @@ pub fn refuse_invalid(egress: &TailnetEgress, now: Timestamp) -> Option<EgressDe
     })
 }
 
-/// Decides a valid egress (see [`refuse_invalid`] first).
+/// Decides a valid egress (see [`validated`]).
 pub fn decide(
     egress: &TailnetEgress,
+    valid: &ValidEgress,
     observed: &EgressObservation,
     config: &OperatorConfig,
     now: Timestamp,
@@ -156,7 +157,7 @@ pub fn decide(
         images: Images::resolve(&config.images, tailnet.spec.agent.as_ref()),
         cluster_domain: &config.cluster_domain,
     };
-    let objects = tailnet_render::egress::render(egress, &render_ctx, &previous_ports)?;
+    let objects = desired::egress(&egress.metadata, valid, &render_ctx, &previous_ports)?;
     let conflicts = &observed.foreign_services;
     let services: Vec<Service> = objects
         .services
@@ -195,7 +196,7 @@ pub fn decide(
 
     // Routes per IP target; DNS-name targets must be granted by the base.
     status.targets = target_status(
-        egress,
+        valid,
         &objects,
         observed,
         &tailnet.spec.policy.route_approvers,
@@ -294,14 +295,13 @@ fn services_ready(
 
 /// Per-target status: its Service, agent port and route (or why not).
 fn target_status(
-    egress: &TailnetEgress,
+    valid: &ValidEgress,
     objects: &EgressObjects,
     observed: &EgressObservation,
     approvers: &[String],
 ) -> Vec<EgressTargetStatus> {
     let nodes: &[Node] = observed.nodes.as_ref().map(|n| n.as_slice()).unwrap_or(&[]);
-    egress
-        .spec
+    valid
         .targets
         .iter()
         .map(|target| {
@@ -310,7 +310,7 @@ fn target_status(
                 name: target.name.clone(),
                 service: service.map(|s| s.name_any()),
                 cluster_ip: service.and_then(|s| s.spec.as_ref()?.cluster_ip.clone()),
-                port: target.port,
+                port: i32::from(target.port),
                 agent_port: objects
                     .ports
                     .get(&target.name)
@@ -324,9 +324,9 @@ fn target_status(
                 entry.message = Some(format!("Service belongs to {holder}"));
                 return entry;
             }
-            match TargetAddress::parse("", &target.address) {
-                Ok(TargetAddress::Ip(ip)) => {
-                    let route = route_state(&ip, approvers, nodes);
+            match &target.address {
+                TargetAddress::Ip(ip) => {
+                    let route = route_state(ip, approvers, nodes);
                     entry.route = route.route;
                     entry.state = Some(route.state.to_string());
                     entry.message = Some(route.message);

@@ -80,11 +80,12 @@ async fn reconcile_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Actio
         Api::namespaced(ctx.client.clone(), &egress.namespace().unwrap_or_default());
     let previous = egress.status.clone().unwrap_or_default();
     let poll = Action::requeue(ctx.config.headscale_poll);
-    let decision = match decide::refuse_invalid(egress, Timestamp::now()) {
-        Some(decision) => decision,
-        None => {
+    let decision = match decide::validated(egress, Timestamp::now()) {
+        Err(refused) => refused,
+        Ok(valid) => {
             let observed = gather::gather(ctx, egress).await?;
-            let decision = decide::decide(egress, &observed, &ctx.config, Timestamp::now())?;
+            let decision =
+                decide::decide(egress, &valid, &observed, &ctx.config, Timestamp::now())?;
             if let Some(plan) = &decision.agent {
                 act::act(ctx, egress, &observed, plan).await?;
             }

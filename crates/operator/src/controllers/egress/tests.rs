@@ -73,7 +73,8 @@ fn healthy() -> EgressObservation {
 }
 
 fn run(egress: &TailnetEgress, observed: &EgressObservation) -> EgressDecision {
-    decide::decide(egress, observed, &fx::config(), fx::now()).expect("decide")
+    let valid = decide::validated(egress, fx::now()).expect("a valid egress");
+    decide::decide(egress, &valid, observed, &fx::config(), fx::now()).expect("decide")
 }
 
 /// A case: its name, the decision's status, and the expected (type, status, reason) checks.
@@ -374,14 +375,14 @@ fn decision_table() {
     assert!(decide::wrong_namespace(&ip_egress(), OPERATOR_NAMESPACE, fx::now()).is_none());
     let invalid =
         egress(serde_json::json!([{"name": "Bad_Name", "address": "192.0.2.10", "port": 0}]));
-    let refused = decide::refuse_invalid(&invalid, fx::now()).expect("invalid");
+    let refused = decide::validated(&invalid, fx::now()).expect_err("invalid");
     assert_eq!(
         fx::condition(&refused.status.conditions, types::SPEC_VALID),
         ("False", reasons::INVALID_SPEC)
     );
     assert!(refused.agent.is_none(), "an invalid spec applies nothing");
     seen.extend(reasons_of(&refused.status));
-    assert!(decide::refuse_invalid(&ip_egress(), fx::now()).is_none());
+    assert!(decide::validated(&ip_egress(), fx::now()).is_ok());
     assert_every_reason_has_a_case(
         &seen,
         &[

@@ -5,15 +5,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use tailnet_api::conditions::{self, reasons, types};
 use tailnet_api::ingress::{ExposeMode, ExposeStatus, TailnetIngressStatus};
 use tailnet_api::naming::{AgentKind, ingress_tag};
-use tailnet_api::validate::{self, ExposeNames, FieldError};
+use tailnet_api::validate::{self, ExposeNames, FieldError, ValidIngress};
 use tailnet_api::{Tailnet, TailnetIngress};
+use tailnet_render::desired::{self, IngressError};
 use tailnet_render::images::Images;
-use tailnet_render::ingress::{self as render_ingress, IngressInputs, IngressObjects};
+use tailnet_render::ingress::IngressObjects;
 use tailnet_render::meta::Owner;
 use tailnet_render::{RenderContext, RenderError};
 
@@ -57,13 +57,16 @@ pub struct AgentPlan {
     pub key: KeyAction,
 }
 
-/// An invalid spec: keep what runs (the last good config), say what to fix. `None` when the
-/// spec is valid.
-pub fn refuse_invalid(ingress: &TailnetIngress, now: Timestamp) -> Option<IngressDecision> {
-    let errors = validate::ingress(&ingress.spec);
-    if errors.is_empty() {
-        return None;
-    }
+/// The typed, validated spec; an invalid one is refused with a decision that only says what
+/// to fix (nothing is applied: the last good configuration stays).
+pub fn validated(
+    ingress: &TailnetIngress,
+    now: Timestamp,
+) -> Result<ValidIngress, IngressDecision> {
+    let errors = match validate::valid_ingress(&ingress.spec) {
+        Ok(valid) => return Ok(valid),
+        Err(errors) => errors,
+    };
     let previous = ingress.status.clone().unwrap_or_default();
     let mut c = ConditionSet::new(&previous.conditions, ingress.metadata.generation, now);
     c.fail(
@@ -76,7 +79,7 @@ pub fn refuse_invalid(ingress: &TailnetIngress, now: Timestamp) -> Option<Ingres
             ),
         ),
     );
-    Some(IngressDecision {
+    Err(IngressDecision {
         status: TailnetIngressStatus {
             observed_generation: ingress.metadata.generation,
             conditions: c.finish(&[types::SPEC_VALID], &[]),
@@ -86,9 +89,10 @@ pub fn refuse_invalid(ingress: &TailnetIngress, now: Timestamp) -> Option<Ingres
     })
 }
 
-/// Decides a valid ingress (see [`refuse_invalid`] first).
+/// Decides a valid ingress (see [`validated`]).
 pub fn decide(
     ingress: &TailnetIngress,
+    valid: &ValidIngress,
     observed: &IngressObservation,
     config: &OperatorConfig,
     now: Timestamp,
@@ -118,31 +122,50 @@ pub fn decide(
     status.tag = Some(tag.clone());
     shared::tailnet_ready(&mut c, access);
 
-    // Context rules: cross-namespace backends, templates, a certificate source.
-    let mut names = match validate::ingress_in_context(
-        &namespace,
-        &config.operator_namespace,
-        &ingress.spec,
-        &tailnet_name,
-        &tailnet.spec,
-    ) {
+    let render_ctx = RenderContext {
+        operator_namespace: &config.operator_namespace,
+        tailnet_name: &tailnet_name,
+        tailnet: &tailnet.spec,
+        images: Images::resolve(&config.images, tailnet.spec.agent.as_ref()),
+        cluster_domain: &config.cluster_domain,
+    };
+    // Context rules (cross-namespace backends, templates, a certificate source), then the
+    // hostnames an older ingress keeps (first claim wins).
+    let unclaimed = match desired::ingress_names(&namespace, valid, &render_ctx, &BTreeMap::new()) {
         Ok(names) => names,
-        Err(errors) => {
-            c.fail(types::BACKENDS_RESOLVED, out_of_context(&errors));
-            status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
-            return Ok(IngressDecision {
-                status,
-                agent: None,
-            });
-        }
+        Err(errors) => return Ok(out_of_context(c, status, &errors)),
     };
     let not_allowed = sources_allowed(&mut c, ingress, tailnet);
-    let claimed = claimed_elsewhere(ingress, &observed.others, tailnet, config, &names);
-    hostnames_unique(&mut c, &claimed, &mut names);
-    let (backend_ports, problems) = resolve_backends(ingress, &namespace, observed);
-    backends_resolved(&mut c, &problems);
+    let others = observed.others.iter().map(|o| &**o);
+    let claimed = desired::claimed_elsewhere(ingress, &unclaimed.names, others, &render_ctx);
+    hostnames_unique(&mut c, &claimed);
+    let names = match desired::ingress_names(&namespace, valid, &render_ctx, &claimed) {
+        Ok(names) => names,
+        Err(errors) => return Ok(out_of_context(c, status, &errors)),
+    };
     let owner = Owner::from_meta(AgentKind::Ingress, &ingress.metadata, &tailnet_name)?;
-    let serve_http = certificate_ready(&mut c, ingress, &owner, &names, observed, now);
+    let serve_http = certificate_ready(
+        &mut c,
+        ingress,
+        &owner,
+        &names.http_hostnames,
+        observed,
+        now,
+    );
+    // Backends resolved and the agent rendered by the pipeline `tailnet-operator render`
+    // uses too; nothing is rendered (the last good config stays) while a backend is missing.
+    let wanted = desired::IngressObserved {
+        backends: &observed.backends,
+        claimed: &claimed,
+        certificate_ready: serve_http,
+    };
+    let desired = match desired::ingress(&ingress.metadata, valid, &render_ctx, &wanted) {
+        Ok(desired) => desired,
+        Err(IngressError::Context(errors)) => return Ok(out_of_context(c, status, &errors)),
+        Err(IngressError::Render(e)) => return Err(e),
+    };
+    let problems: Vec<String> = desired.problems.iter().map(ToString::to_string).collect();
+    backends_resolved(&mut c, &problems);
 
     // The agent is only deployed (and so a pre-auth key only minted) without problems.
     let deployable = problems.is_empty();
@@ -162,28 +185,11 @@ pub fn decide(
         status.node_id = Some(n.id.to_string());
         status.tailnet_ips = n.ip_addresses.clone();
     }
-
-    // Render the agent only when every backend resolved: the last good config stays
-    // applied otherwise.
-    let objects = if deployable {
-        let render_ctx = RenderContext {
-            operator_namespace: &config.operator_namespace,
-            tailnet_name: &tailnet_name,
-            tailnet: &tailnet.spec,
-            images: Images::resolve(&config.images, tailnet.spec.agent.as_ref()),
-            cluster_domain: &config.cluster_domain,
-        };
-        let inputs = IngressInputs {
-            names: names.clone(),
-            backend_ports,
-            serve_http,
-        };
-        let objects = render_ingress::render(ingress, &render_ctx, &inputs)?;
+    if let Some(objects) = &desired.objects {
         status.hostnames = objects.hostnames.clone();
-        Some(objects)
-    } else {
-        None
-    };
+    }
+    let objects = desired.objects;
+    let names = names.names;
     shared::agent_ready(&mut c, observed.deployment.as_ref());
     status.exposes = expose_status(&names, serve_http);
     status.urls = urls(&names);
@@ -243,8 +249,13 @@ pub fn certificate_not_created(
     }
 }
 
-/// Why the spec does not hold in the Tailnet's context (`BackendsResolved=False`).
-fn out_of_context(errors: &[FieldError]) -> Problem {
+/// The spec does not hold in the Tailnet's context: `BackendsResolved=False`, nothing is
+/// applied.
+fn out_of_context(
+    mut c: ConditionSet,
+    mut status: TailnetIngressStatus,
+    errors: &[FieldError],
+) -> IngressDecision {
     let cross = errors
         .iter()
         .any(|e| e.field.ends_with(".backend.namespace"));
@@ -253,7 +264,15 @@ fn out_of_context(errors: &[FieldError]) -> Problem {
     } else {
         reasons::INVALID_SPEC
     };
-    Problem::new(reason, validate::summarize(errors))
+    c.fail(
+        types::BACKENDS_RESOLVED,
+        Problem::new(reason, validate::summarize(errors)),
+    );
+    status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
+    IngressDecision {
+        status,
+        agent: None,
+    }
 }
 
 /// `SourcesAllowed`: `allowFrom` within the allowlist (else those get no grant). Returns the
@@ -290,60 +309,8 @@ fn sources_allowed(
     not_allowed
 }
 
-/// Hostnames another (older) TailnetIngress of the Tailnet already claims, with who keeps
-/// them: the first owner keeps a name (ordered by creation time, then namespace/name).
-pub fn claimed_elsewhere(
-    ingress: &TailnetIngress,
-    others: &[std::sync::Arc<TailnetIngress>],
-    tailnet: &Tailnet,
-    config: &OperatorConfig,
-    names: &[ExposeNames],
-) -> BTreeMap<String, String> {
-    let ours: BTreeSet<&str> = names
-        .iter()
-        .flat_map(|n| n.hostnames.iter().map(String::as_str))
-        .collect();
-    let rank = |i: &TailnetIngress| {
-        (
-            i.creation_timestamp().map(|t| t.0),
-            i.namespace().unwrap_or_default(),
-            i.name_any(),
-        )
-    };
-    let my_rank = rank(ingress);
-    let mut claimed = BTreeMap::new();
-    for other in others {
-        if other.uid() == ingress.uid()
-            || other.spec.tailnet_ref.name != tailnet.name_any()
-            || rank(other) >= my_rank
-        {
-            continue;
-        }
-        let ns = other.namespace().unwrap_or_default();
-        let Ok(other_names) = validate::ingress_in_context(
-            &ns,
-            &config.operator_namespace,
-            &other.spec,
-            &tailnet.name_any(),
-            &tailnet.spec,
-        ) else {
-            continue;
-        };
-        for hostname in other_names.iter().flat_map(|n| n.hostnames.iter()) {
-            if ours.contains(hostname.as_str()) {
-                claimed.insert(hostname.clone(), format!("{ns}/{}", other.name_any()));
-            }
-        }
-    }
-    claimed
-}
-
-/// `HostnamesUnique`; names kept by another ingress are taken out of `names`.
-fn hostnames_unique(
-    c: &mut ConditionSet,
-    claimed: &BTreeMap<String, String>,
-    names: &mut [ExposeNames],
-) {
+/// `HostnamesUnique`: which of our names an older ingress keeps (they are not served here).
+fn hostnames_unique(c: &mut ConditionSet, claimed: &BTreeMap<String, String>) {
     if claimed.is_empty() {
         c.ok(
             types::HOSTNAMES_UNIQUE,
@@ -366,66 +333,6 @@ fn hostnames_unique(
             ),
         ),
     );
-    for n in names {
-        n.hostnames.retain(|h| !claimed.contains_key(h));
-    }
-}
-
-/// Each expose's backend port resolved against its Service, and what is missing.
-pub fn resolve_backends(
-    ingress: &TailnetIngress,
-    namespace: &str,
-    observed: &IngressObservation,
-) -> (BTreeMap<String, u16>, Vec<String>) {
-    let mut ports = BTreeMap::new();
-    let mut problems = Vec::new();
-    for expose in &ingress.spec.exposes {
-        let backend = &expose.backend;
-        let ns = backend.namespace.as_deref().unwrap_or(namespace);
-        let key = (ns.to_string(), backend.service.clone());
-        let Some(service_ports) = observed.services.get(&key) else {
-            problems.push(format!(
-                "exposes[{}]: Service {ns}/{} does not exist",
-                expose.name, backend.service
-            ));
-            continue;
-        };
-        let found = match &backend.port {
-            IntOrString::Int(n) => service_ports.iter().find(|p| p.port == *n).map(|p| p.port),
-            IntOrString::String(name) => service_ports
-                .iter()
-                .find(|p| p.name.as_deref() == Some(name.as_str()))
-                .map(|p| p.port),
-        };
-        match found.and_then(|p| u16::try_from(p).ok()) {
-            Some(port) => {
-                ports.insert(expose.name.clone(), port);
-            }
-            None => problems.push(format!(
-                "exposes[{}]: Service {ns}/{} has no port {}",
-                expose.name,
-                backend.service,
-                match &backend.port {
-                    IntOrString::Int(n) => n.to_string(),
-                    IntOrString::String(s) => format!("named {s:?}"),
-                }
-            )),
-        }
-        if let Some(tls) = &backend.tls {
-            let reference = &tls.ca_config_map_ref;
-            let has_key = observed
-                .ca_config_maps
-                .get(&reference.name)
-                .is_some_and(|keys| keys.contains(&reference.key));
-            if !has_key {
-                problems.push(format!(
-                    "exposes[{}]: ConfigMap {namespace}/{} with key {:?} (backend.tls.caConfigMapRef) does not exist",
-                    expose.name, reference.name, reference.key
-                ));
-            }
-        }
-    }
-    (ports, problems)
 }
 
 fn backends_resolved(c: &mut ConditionSet, problems: &[String]) {
@@ -449,7 +356,7 @@ fn certificate_ready(
     c: &mut ConditionSet,
     ingress: &TailnetIngress,
     owner: &Owner,
-    names: &[ExposeNames],
+    http_names: &[String],
     observed: &IngressObservation,
     now: Timestamp,
 ) -> bool {
@@ -466,17 +373,10 @@ fn certificate_ready(
         );
         return false;
     }
-    let http_names: Vec<String> = names
-        .iter()
-        .filter(|n| n.mode == ExposeMode::Http)
-        .flat_map(|n| n.hostnames.clone())
-        .collect::<BTreeSet<String>>()
-        .into_iter()
-        .collect();
     let verdict = observed
         .tls_certificate
         .as_deref()
-        .map(|pem| certificates::check(pem, &http_names, now.as_second()));
+        .map(|pem| certificates::check(pem, http_names, now.as_second()));
     let secret = Secret {
         name: tls_secret_name(ingress, owner),
         namespace: &owner.namespace,
@@ -487,7 +387,7 @@ fn certificate_ready(
             .and_then(|t| t.secret_name.as_ref())
             .is_none(),
     };
-    match certificate_state(verdict, &secret, &http_names) {
+    match certificate_state(verdict, &secret, http_names) {
         Ok(message) => {
             c.ok(types::CERTIFICATE_READY, reasons::READY, message);
             true

@@ -1,16 +1,17 @@
 //! Gather step of the TailnetIngress controller: everything `decide` needs, read once.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service, ServicePort};
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tailnet_api::TailnetIngress;
 use tailnet_api::agent_status::StatusReport;
 use tailnet_api::ingress::ExposeMode;
 use tailnet_api::naming::AgentKind;
+use tailnet_api::validate::ValidIngress;
+use tailnet_render::backends::{self, ObservedBackends};
 use tailnet_render::meta::Owner;
 
 use super::super::access::{TailnetAccess, tailnet_access};
@@ -31,13 +32,10 @@ pub struct IngressObservation {
     /// The other TailnetIngresses of the same Tailnet (watch cache): the first to claim a
     /// hostname keeps it.
     pub others: Vec<Arc<TailnetIngress>>,
-    /// Backend Services that exist, by (namespace, name): their ports. A backend in another
-    /// namespace is only read for an ingress in the operator namespace (elsewhere it is
-    /// rejected before it matters).
-    pub services: BTreeMap<(String, String), Vec<ServicePort>>,
-    /// CA ConfigMaps of `backend.tls.caConfigMapRef` (ingress namespace) that exist, by name:
-    /// their `data` keys.
-    pub ca_config_maps: BTreeMap<String, BTreeSet<String>>,
+    /// Backend Services that exist (their ports) and the CA ConfigMaps of
+    /// `backend.tls.caConfigMapRef` (their keys). A backend in another namespace is only read
+    /// for an ingress in the operator namespace (elsewhere it is rejected before it matters).
+    pub backends: ObservedBackends,
     /// `tls.crt` of the TLS Secret (read only when there is an http expose); `None` when the
     /// Secret or the key does not exist.
     pub tls_certificate: Option<Vec<u8>>,
@@ -55,8 +53,7 @@ impl IngressObservation {
         IngressObservation {
             access,
             others: Vec::new(),
-            services: BTreeMap::new(),
-            ca_config_maps: BTreeMap::new(),
+            backends: ObservedBackends::default(),
             tls_certificate: None,
             nodes: Err(nodes_unobservable()),
             auth_secret: AuthSecret::Absent,
@@ -69,6 +66,7 @@ impl IngressObservation {
 pub async fn gather(
     ctx: &Context,
     ingress: &TailnetIngress,
+    valid: &ValidIngress,
 ) -> Result<IngressObservation, ReconcileError> {
     let namespace = ingress.namespace().unwrap_or_default();
     let access = tailnet_access(ctx, &ingress.spec.tailnet_ref.name).await;
@@ -82,7 +80,7 @@ pub async fn gather(
         .into_iter()
         .filter(|other| other.uid() != ingress.uid() && other.spec.tailnet_ref.name == tailnet_name)
         .collect();
-    let (services, ca_config_maps) = backends(ctx, ingress, &namespace).await?;
+    let backends = backends(ctx, valid, &namespace).await?;
     let owner = Owner::from_meta(AgentKind::Ingress, &ingress.metadata, &tailnet_name)?;
     let tls_certificate = tls_certificate(ctx, ingress, &owner).await?;
     let nodes = match &tailnet_access.headscale {
@@ -105,8 +103,7 @@ pub async fn gather(
     Ok(IngressObservation {
         access,
         others,
-        services,
-        ca_config_maps,
+        backends,
         tls_certificate,
         nodes,
         auth_secret,
@@ -115,48 +112,37 @@ pub async fn gather(
     })
 }
 
-type Backends = (
-    BTreeMap<(String, String), Vec<ServicePort>>,
-    BTreeMap<String, BTreeSet<String>>,
-);
-
-/// Each expose's backend Service (its ports) and backend CA ConfigMap (its keys).
+/// The backend Services and CA ConfigMaps the exposes reference, as they exist.
 async fn backends(
     ctx: &Context,
-    ingress: &TailnetIngress,
+    valid: &ValidIngress,
     namespace: &str,
-) -> Result<Backends, ReconcileError> {
+) -> Result<ObservedBackends, ReconcileError> {
     let administrative = namespace == ctx.config.operator_namespace;
-    let mut services = BTreeMap::new();
-    let mut config_maps = BTreeMap::new();
-    for expose in &ingress.spec.exposes {
-        let backend = &expose.backend;
-        let ns = backend.namespace.as_deref().unwrap_or(namespace);
-        let key = (ns.to_string(), backend.service.clone());
-        if (ns == namespace || administrative) && !services.contains_key(&key) {
-            let api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-            if let Some(service) = get_opt_cached(&api, &backend.service)
-                .await
-                .map_err(ReconcileError::kube("get backend Service"))?
-            {
-                let ports = service.spec.and_then(|s| s.ports).unwrap_or_default();
-                services.insert(key, ports);
-            }
+    let wanted = backends::referenced(namespace, &valid.exposes);
+    let mut observed = ObservedBackends::default();
+    for key in &wanted.services {
+        if key.namespace != namespace && !administrative {
+            continue;
         }
-        if let Some(tls) = &backend.tls
-            && !config_maps.contains_key(&tls.ca_config_map_ref.name)
+        let api: Api<Service> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        if let Some(service) = get_opt_cached(&api, &key.name)
+            .await
+            .map_err(ReconcileError::kube("get backend Service"))?
         {
-            let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
-            if let Some(cm) = get_opt_cached(&api, &tls.ca_config_map_ref.name)
-                .await
-                .map_err(ReconcileError::kube("get CA ConfigMap"))?
-            {
-                let keys = cm.data.unwrap_or_default().into_keys().collect();
-                config_maps.insert(tls.ca_config_map_ref.name.clone(), keys);
-            }
+            observed.add_service(&service);
         }
     }
-    Ok((services, config_maps))
+    for key in &wanted.config_maps {
+        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        if let Some(cm) = get_opt_cached(&api, &key.name)
+            .await
+            .map_err(ReconcileError::kube("get CA ConfigMap"))?
+        {
+            observed.add_config_map(&cm);
+        }
+    }
+    Ok(observed)
 }
 
 /// The name of the Secret the agent reads its certificate from: `spec.tls.secretName`, else

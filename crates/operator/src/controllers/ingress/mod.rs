@@ -80,12 +80,12 @@ async fn reconcile_ingress(
         Api::namespaced(ctx.client.clone(), &ingress.namespace().unwrap_or_default());
     let previous = ingress.status.clone().unwrap_or_default();
     let poll = Action::requeue(ctx.config.headscale_poll);
-    let status = match decide::refuse_invalid(ingress, Timestamp::now()) {
-        Some(decision) => decision.status,
-        None => {
-            let observed = gather::gather(ctx, ingress).await?;
+    let status = match decide::validated(ingress, Timestamp::now()) {
+        Err(refused) => refused.status,
+        Ok(valid) => {
+            let observed = gather::gather(ctx, ingress, &valid).await?;
             let now = Timestamp::now();
-            let decision = decide::decide(ingress, &observed, &ctx.config, now)?;
+            let decision = decide::decide(ingress, &valid, &observed, &ctx.config, now)?;
             match &decision.agent {
                 Some(plan) => {
                     let acted = act::act(ctx, ingress, &observed, plan).await?;

@@ -4,13 +4,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::ServicePort;
 use tailnet_api::TailnetIngress;
 use tailnet_api::agent_status::ProbeState;
 use tailnet_api::conditions::{self, reasons, types};
 use tailnet_api::ingress::TailnetIngressStatus;
 use tailnet_api::naming::ingress_tag;
 use tailnet_headscale::Node;
+use tailnet_render::backends::{ObjectKey, ObservedBackends, ServicePortInfo};
 
 use super::super::agent_conditions::nodes_unobservable;
 use super::super::identity::{AuthSecret, KeyAction};
@@ -92,11 +92,10 @@ fn valid_cert() -> Vec<u8> {
     cert(&[PORTAL, ALIAS], (2026, 1, 1), (2027, 1, 1))
 }
 
-fn port(name: &str, number: i32) -> ServicePort {
-    ServicePort {
+fn port(name: &str, number: i32) -> ServicePortInfo {
+    ServicePortInfo {
         name: Some(name.to_string()),
         port: number,
-        ..ServicePort::default()
     }
 }
 
@@ -116,17 +115,19 @@ fn healthy() -> IngressObservation {
     IngressObservation {
         access: Ok(fx::access(fx::tailnet(&[RESOURCE]))),
         others: Vec::new(),
-        services: BTreeMap::from([
-            (
-                (NAMESPACE.into(), "frontend".into()),
-                vec![port("http", 8080)],
-            ),
-            (
-                (NAMESPACE.into(), "db".into()),
-                vec![port("postgres", 5432)],
-            ),
-        ]),
-        ca_config_maps: BTreeMap::new(),
+        backends: ObservedBackends {
+            services: BTreeMap::from([
+                (
+                    ObjectKey::new(NAMESPACE, "frontend"),
+                    vec![port("http", 8080)],
+                ),
+                (
+                    ObjectKey::new(NAMESPACE, "db"),
+                    vec![port("postgres", 5432)],
+                ),
+            ]),
+            config_maps: BTreeMap::new(),
+        },
         tls_certificate: Some(valid_cert()),
         nodes: Ok(Arc::new(vec![agent_node(true)])),
         auth_secret: AuthSecret::RemovedByUs,
@@ -152,7 +153,8 @@ fn tailnet_with(tailnet: tailnet_api::Tailnet) -> IngressObservation {
 }
 
 fn run(ingress: &TailnetIngress, observed: &IngressObservation) -> IngressDecision {
-    decide::decide(ingress, observed, &fx::config(), fx::now()).expect("decide")
+    let valid = decide::validated(ingress, fx::now()).expect("a valid ingress");
+    decide::decide(ingress, &valid, observed, &fx::config(), fx::now()).expect("decide")
 }
 
 /// A case: its name, the decision's status, and the expected (type, status, reason) checks.
@@ -327,8 +329,7 @@ fn spec_and_backend_cases() -> Vec<Case> {
             "backend Service missing",
             &i,
             with(|o| {
-                o.services
-                    .remove(&(NAMESPACE.to_string(), "db".to_string()));
+                o.backends.services.remove(&ObjectKey::new(NAMESPACE, "db"));
                 o.nodes = Ok(Arc::new(vec![]));
                 o.auth_secret = AuthSecret::Absent;
             }),
@@ -346,8 +347,9 @@ fn spec_and_backend_cases() -> Vec<Case> {
             "backend port missing",
             &i,
             with(|o| {
-                o.services
-                    .insert((NAMESPACE.into(), "db".into()), vec![port("other", 5433)]);
+                o.backends
+                    .services
+                    .insert(ObjectKey::new(NAMESPACE, "db"), vec![port("other", 5433)]);
             }),
             vec![(
                 types::BACKENDS_RESOLVED,
@@ -359,8 +361,8 @@ fn spec_and_backend_cases() -> Vec<Case> {
             "backend CA ConfigMap without the key",
             &verified,
             with(|o| {
-                o.ca_config_maps.insert(
-                    "backend-ca".into(),
+                o.backends.config_maps.insert(
+                    ObjectKey::new(NAMESPACE, "backend-ca"),
                     BTreeSet::from(["other.crt".to_string()]),
                 );
             }),
@@ -374,8 +376,10 @@ fn spec_and_backend_cases() -> Vec<Case> {
             "backend CA ConfigMap present",
             &verified,
             with(|o| {
-                o.ca_config_maps
-                    .insert("backend-ca".into(), BTreeSet::from(["ca.crt".to_string()]));
+                o.backends.config_maps.insert(
+                    ObjectKey::new(NAMESPACE, "backend-ca"),
+                    BTreeSet::from(["ca.crt".to_string()]),
+                );
             }),
             vec![(types::BACKENDS_RESOLVED, "True", reasons::READY)],
         ),
@@ -613,7 +617,7 @@ fn decision_table() {
             "backend": {"service": "frontend", "port": 8080}}]),
         serde_json::json!({}),
     );
-    let refused = decide::refuse_invalid(&invalid, fx::now()).expect("invalid");
+    let refused = decide::validated(&invalid, fx::now()).expect_err("invalid");
     assert_eq!(
         fx::condition(&refused.status.conditions, types::SPEC_VALID),
         ("False", reasons::INVALID_SPEC)
@@ -624,7 +628,7 @@ fn decision_table() {
     );
     assert!(refused.agent.is_none(), "an invalid spec applies nothing");
     seen.extend(reasons_of(&refused.status));
-    assert!(decide::refuse_invalid(&ingress(), fx::now()).is_none());
+    assert!(decide::validated(&ingress(), fx::now()).is_ok());
     let decided = run(&ingress(), &healthy()).status;
     let status = decide::certificate_not_created(
         &ingress(),
@@ -662,7 +666,7 @@ fn ready_names_the_first_missing_precondition_in_dependency_order() {
     let mut outsider = own_secret();
     outsider.spec.allow_from.push("group:evil".into());
     let broken = |o: &mut IngressObservation| {
-        o.services.clear();
+        o.backends.services.clear();
         o.tls_certificate = None;
         o.deployment = Some(fx::deployment(0));
         o.nodes = Ok(Arc::new(vec![agent_node(false)]));
@@ -685,7 +689,7 @@ fn ready_names_the_first_missing_precondition_in_dependency_order() {
     );
     let step = |o: &mut IngressObservation| {
         broken(o);
-        o.services = healthy().services;
+        o.backends = healthy().backends;
     };
     assert_eq!(ready(&own, with(step)), failing(reasons::SECRET_MISSING));
     let step = |o: &mut IngressObservation| {
@@ -824,7 +828,7 @@ fn what_is_applied_and_minted() {
         ..Default::default()
     });
     let missing = |o: &mut IngressObservation| {
-        o.services.clear();
+        o.backends.services.clear();
         o.nodes = Ok(Arc::new(vec![]));
         o.auth_secret = AuthSecret::Absent;
     };
@@ -840,7 +844,7 @@ fn what_is_applied_and_minted() {
     let plan = run(
         &ingress(),
         &with(|o| {
-            o.services.clear();
+            o.backends.services.clear();
             o.auth_secret = AuthSecret::Present {
                 key_id: Some(4),
                 expires: None,
