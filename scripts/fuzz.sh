@@ -49,10 +49,21 @@ for target in "${targets[@]}"; do
   echo "==> fuzz $target for ${seconds}s"
   parallel=()
   [ "$jobs" -gt 1 ] && parallel=(-jobs="$jobs" -workers="$jobs")
+  # The whole output goes to a log; the summary lines are shown. libFuzzer's exit status is
+  # the verdict (non-zero on a crash, an OOM, a timeout, or when it cannot run at all, e.g.
+  # a seed directory it cannot read); new artifacts fail the run as well.
+  log="../target/fuzz/$target.log"
+  mkdir -p ../target/fuzz
+  status=0
   cargo +nightly fuzz run "${flags[@]}" "$target" "${inputs[@]}" -- \
-    -max_total_time="$seconds" "${parallel[@]}" -print_final_stats=1 -max_len=65536 2>&1 \
-    | grep -E '^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|thread|SUMMARY)|panicked' || true
-  # libFuzzer exits non-zero on a crash; with the pipe, check for new artifacts instead.
+    -max_total_time="$seconds" "${parallel[@]}" -print_final_stats=1 -max_len=65536 \
+    >"$log" 2>&1 || status=$?
+  grep -E '^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|thread|SUMMARY)|panicked' "$log" || true
+  if [ "$status" -ne 0 ]; then
+    echo "fuzz: $target: cargo fuzz run exited with status $status; last lines of $log:" >&2
+    tail -n 30 "$log" >&2
+    exit 1
+  fi
   if compgen -G "artifacts/$target/crash-*" >/dev/null || compgen -G "artifacts/$target/oom-*" >/dev/null \
      || compgen -G "artifacts/$target/timeout-*" >/dev/null; then
     echo "fuzz: $target found a failing input:" artifacts/"$target"/* >&2

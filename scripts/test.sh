@@ -23,11 +23,54 @@ step "static checks: rustfmt, clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "dependencies: cargo deny (licenses, bans, sources; advisories need GitHub, see deny.toml)"
+step "dependencies: cargo deny (advisories offline against ../shared/advisory-db, licenses, bans, sources)"
 command -v cargo-deny >/dev/null || cargo install cargo-deny --locked
-cargo deny check licenses bans sources
+# The RustSec database is a plain snapshot (CI's checkout has shared/ beside the project;
+# TNO_ADVISORY_DB points elsewhere). cargo-deny wants a git clone in a folder named after its
+# URL: copy it into a temporary one, committed with the snapshot's date (cargo-deny takes
+# HEAD's time as the fetch time and fails when it is older than maximum-db-staleness).
+advisory_src=${TNO_ADVISORY_DB:-../shared/advisory-db}
+if [ ! -d "$advisory_src/crates" ]; then
+  echo "RustSec advisory database not found at $advisory_src (set TNO_ADVISORY_DB)" >&2
+  exit 1
+fi
+advisory_root=$(mktemp -d -t tno-advisory-dbs.XXXXXX)
+advisory_db="$advisory_root/advisory-db-3157b0e258782691"
+cp -R "$advisory_src" "$advisory_db"
+chmod -R u+w "$advisory_db"
+snapshot_date=$(sed -n 's/.* of \([0-9]\{4\}-[0-9]\{2\}-[0-9]\{2\}\).*/\1/p' "$advisory_db/SNAPSHOT.md" 2>/dev/null | head -n 1)
+if [ -z "$snapshot_date" ]; then
+  echo "no snapshot date in $advisory_src/SNAPSHOT.md: taking the files' modification time" >&2
+  snapshot_date=$(date -u -r "$advisory_src/crates" +%Y-%m-%d)
+fi
+git -C "$advisory_db" init -q -b main
+git -C "$advisory_db" add -A
+GIT_COMMITTER_DATE="${snapshot_date}T00:00:00Z" git -C "$advisory_db" -c user.name=tno -c user.email=tno@localhost \
+  -c commit.gpgsign=false commit -q --no-verify --date "${snapshot_date}T00:00:00Z" -m "RustSec snapshot of $snapshot_date"
+deny_status=0
+TNO_ADVISORY_DB_ROOT="$advisory_root" cargo deny --offline check advisories licenses bans sources || deny_status=$?
+rm -rf "$advisory_root"
+(( deny_status == 0 )) || exit "$deny_status"
 
 step "fuzzing: 20 s per cargo-fuzz target (scripts/fuzz.sh --long for long runs)"
+# First the script's own verdict: with a stand-in cargo whose `fuzz run` fails like libFuzzer
+# on a crash (exit 77, no artifact written), scripts/fuzz.sh must fail.
+fuzz_stub=$(mktemp -d -t tno-fuzz-stub.XXXXXX)
+cat >"$fuzz_stub/cargo" <<'STUB'
+#!/usr/bin/env bash
+case "$*" in
+  *"fuzz run"*) echo "==1== ERROR: libFuzzer: deadly signal"; exit 77 ;;
+  *) exit 0 ;;
+esac
+STUB
+cp "$fuzz_stub/cargo" "$fuzz_stub/cargo-fuzz"
+chmod +x "$fuzz_stub/cargo" "$fuzz_stub/cargo-fuzz"
+if PATH="$fuzz_stub:$PATH" bash scripts/fuzz.sh --seconds 1 >"$fuzz_stub/out" 2>&1; then
+  cat "$fuzz_stub/out"
+  echo "scripts/fuzz.sh passed although libFuzzer exited non-zero" >&2
+  exit 1
+fi
+rm -rf "$fuzz_stub"
 bash scripts/fuzz.sh
 
 step "Helm chart and monitoring rules (helm lint, promtool check/test rules)"
@@ -50,10 +93,11 @@ cargo test --workspace --locked --no-run
 # probes, timeouts), so one group of them runs beside all the others: about half the wall time
 # on two cores. Each test binary starts its own environment (own netns, ports, Headscale), so
 # the two groups do not share anything. Same feature set as the build above (--workspace).
-side_tests=(faults_e2e ingress_data_e2e egress_routes_e2e helm_rbac_e2e local_lab forged_agent_e2e)
+side_tests=(faults_e2e ingress_data_e2e egress_routes_e2e helm_rbac_e2e local_lab forged_agent_e2e leadership_e2e)
 side_names=(faults_keep_the_data_plane_and_lose_nothing ingress_data_plane_through_the_operator
   unapproved_route_fails_closed_until_approved operator_with_the_charts_rbac_serves_egress_and_ingress
-  the_local_lab_demo_runs_once forged_agent_pods_neither_lie_nor_exhaust_the_operator)
+  the_local_lab_demo_runs_once forged_agent_pods_neither_lie_nor_exhaust_the_operator
+  a_leader_with_a_hung_apiserver_connection_steps_down_before_the_takeover)
 side_log=$(mktemp -t tno-side-tests.XXXXXX)
 side_targets=()
 for t in "${side_tests[@]}"; do side_targets+=(--test "$t"); done

@@ -17,6 +17,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use futures::{SinkExt, StreamExt};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -317,16 +319,12 @@ fn tls_acceptor(cert: &PathBuf, key: &PathBuf) -> anyhow::Result<tokio_rustls::T
 }
 
 fn server_config(cert: &PathBuf, key: &PathBuf) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    let certs = rustls_pemfile::certs(&mut std::io::BufReader::new(
-        std::fs::File::open(cert).with_context(|| format!("opening {}", cert.display()))?,
-    ))
-    .collect::<Result<Vec<_>, _>>()
-    .context("reading the certificate chain")?;
-    let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(
-        std::fs::File::open(key).with_context(|| format!("opening {}", key.display()))?,
-    ))
-    .context("reading the private key")?
-    .context("no private key in the key file")?;
+    let certs = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("opening {}", cert.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .context("reading the certificate chain")?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("reading the private key {}", key.display()))?;
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -362,7 +360,7 @@ async fn tls_check(
     attempts: u32,
 ) -> anyhow::Result<()> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(cert.context("parsing --ca-pem")?)?;
     }
     if roots.is_empty() {
