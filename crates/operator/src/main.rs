@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
 mod cli;
 mod controllers;
 mod metrics;
+#[cfg(test)]
+mod pipeline_equivalence;
 mod runtime;
 
 #[derive(Parser)]

@@ -1,0 +1,334 @@
+//! One desired-state pipeline (issue 13): `tailnet-operator render` and the controllers'
+//! decide steps, given the same declarations and the same observed state, produce the same
+//! agent objects, the same policy document and the same DNS entries, byte for byte. Run over
+//! `examples/` and a richer set (IPv6 and DNS-name targets, a disabled probe, a 3-expose
+//! ingress with tcp + http + verified HTTPS backend, an administrative cross-namespace
+//! ingress) in `tests/fixtures/rich/`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::Parser;
+use jiff::Timestamp;
+use kube::ResourceExt;
+use serde_json::Value;
+use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
+use tailnet_render::backends::{ObjectKey, ObservedBackends};
+
+use crate::cli::manifests::Manifests;
+use crate::cli::render::{Observed, PREVIEW_UID, RenderArgs, render};
+use crate::controllers::access::TailnetAccess;
+use crate::controllers::context::OperatorConfig;
+use crate::controllers::identity::AuthSecret;
+use crate::controllers::status::Problem;
+use crate::controllers::tailnet::gather::TailnetObservation;
+use crate::controllers::{egress, ingress, tailnet};
+
+const OPERATOR_NAMESPACE: &str = "tailnet-system";
+/// The decisions' clock (inside the test certificate's validity).
+const NOW: &str = "2026-06-01T12:00:00Z";
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    render: RenderArgs,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn config() -> OperatorConfig {
+    OperatorConfig {
+        operator_namespace: OPERATOR_NAMESPACE.to_string(),
+        installation_id: "preview".to_string(),
+        headscale_poll: std::time::Duration::from_secs(10),
+        headscale_timeout: std::time::Duration::from_secs(5),
+        images: tailnet_render::images::Images::default(),
+        cluster_domain: "cluster.local".to_string(),
+        approve_routes: true,
+        reapply_interval: std::time::Duration::from_secs(600),
+        max_concurrent_reconciles: 16,
+    }
+}
+
+/// One part of the CLI's output (`--only <part>`).
+fn cli_part(inputs: &[PathBuf], observed: &Path, only: &str, installation_id: &str) -> String {
+    let mut argv: Vec<String> = vec!["render".into()];
+    argv.extend(inputs.iter().map(|p| p.display().to_string()));
+    argv.extend(
+        [
+            "--observed",
+            &observed.display().to_string(),
+            "--only",
+            only,
+            "--operator-namespace",
+            OPERATOR_NAMESPACE,
+            "--installation-id",
+            installation_id,
+        ]
+        .map(String::from),
+    );
+    let cli = Cli::try_parse_from(argv).expect("render arguments");
+    render(&cli.render).expect("render")
+}
+
+/// YAML documents as JSON values.
+fn yaml_documents(text: &str) -> Vec<Value> {
+    text.split("\n---")
+        .map(|d| d.trim_start_matches("---"))
+        .filter(|d| {
+            d.lines()
+                .any(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        })
+        .map(|d| serde_yaml::from_str::<Value>(d).expect("a YAML document"))
+        .collect()
+}
+
+/// `Kind namespace/name` → the object as canonical JSON text (keys sorted).
+fn keyed(objects: Vec<Value>) -> BTreeMap<String, String> {
+    objects
+        .into_iter()
+        .map(|o| {
+            let key = format!(
+                "{} {}/{}",
+                o["kind"].as_str().unwrap_or_default(),
+                o["metadata"]["namespace"].as_str().unwrap_or_default(),
+                o["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            (key, serde_json::to_string(&o).expect("json"))
+        })
+        .collect()
+}
+
+/// A k8s-openapi object as the CLI prints it: with apiVersion and kind.
+fn typed<T: serde::Serialize + kube::Resource<DynamicType = ()>>(object: &T) -> Value {
+    let mut value = serde_json::to_value(object).expect("object");
+    if let Some(map) = value.as_object_mut() {
+        map.insert("apiVersion".into(), T::api_version(&()).into());
+        map.insert("kind".into(), T::kind(&()).into());
+    }
+    value
+}
+
+fn with_uid<K: kube::Resource>(mut object: K) -> K {
+    object
+        .meta_mut()
+        .uid
+        .get_or_insert_with(|| PREVIEW_UID.to_string());
+    object
+}
+
+/// A certificate for every name under these wildcard domains, valid at [`NOW`].
+fn certificate(domains: &[String]) -> Vec<u8> {
+    let mut params =
+        rcgen::CertificateParams::new(domains.iter().map(|d| format!("*.{d}")).collect::<Vec<_>>())
+            .expect("params");
+    params.not_before = rcgen::date_time_ymd(2026, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2027, 1, 1);
+    let key = rcgen::KeyPair::generate().expect("key");
+    params.self_signed(&key).expect("cert").pem().into_bytes()
+}
+
+/// What the controllers decide for the inputs, as the CLI prints it: (objects, policy, DNS).
+fn controllers_output(
+    manifests: &Manifests,
+    observed: &Observed,
+) -> (BTreeMap<String, String>, String, Option<Value>) {
+    let config = config();
+    let now: Timestamp = NOW.parse().expect("timestamp");
+    assert_eq!(manifests.tailnets.len(), 1, "one Tailnet per input set");
+    let tailnet: Tailnet = with_uid(manifests.tailnets[0].object.clone());
+    let egresses: Vec<TailnetEgress> = manifests
+        .egresses
+        .iter()
+        .map(|e| with_uid(e.object.clone()))
+        .collect();
+    let ingresses: Vec<TailnetIngress> = manifests
+        .ingresses
+        .iter()
+        .map(|i| with_uid(i.object.clone()))
+        .collect();
+    let access = TailnetAccess {
+        tailnet: tailnet.clone(),
+        headscale: Err(Problem::new("Unknown", "not asked")),
+    };
+    let mut objects = Vec::new();
+    for e in &egresses {
+        let valid = egress::decide::validated(e, now).expect("valid egress");
+        let observation = egress::gather::EgressObservation {
+            access: Ok(access.clone()),
+            foreign_services: BTreeMap::new(),
+            own_services: BTreeMap::new(),
+            nodes: Err(Problem::new("Unknown", "not asked")),
+            auth_secret: AuthSecret::Absent,
+            deployment: None,
+            report: None,
+        };
+        let plan = egress::decide::decide(e, &valid, &observation, &config, now)
+            .expect("egress decision")
+            .agent
+            .expect("egress plan");
+        let o = &plan.objects;
+        objects.extend([
+            typed(&o.service_account),
+            typed(&o.role),
+            typed(&o.role_binding),
+            typed(&o.state_secret),
+            typed(&o.config_map),
+            typed(&o.deployment),
+            typed(&o.network_policy),
+        ]);
+        objects.extend(plan.services.iter().map(typed));
+    }
+    let mut backends = ObservedBackends::default();
+    for (key, ports) in &observed.services {
+        let (ns, name) = key.split_once('/').expect("namespace/name");
+        backends
+            .services
+            .insert(ObjectKey::new(ns, name), ports.clone());
+    }
+    for (key, keys) in &observed.config_maps {
+        let (ns, name) = key.split_once('/').expect("namespace/name");
+        backends
+            .config_maps
+            .insert(ObjectKey::new(ns, name), keys.clone());
+    }
+    manifests
+        .services
+        .iter()
+        .for_each(|s| backends.add_service(&s.object));
+    manifests
+        .config_maps
+        .iter()
+        .for_each(|c| backends.add_config_map(&c.object));
+    let mut domains: Vec<String> = ingresses
+        .iter()
+        .map(|i| format!("{}.lab.example.net", i.namespace().unwrap_or_default()))
+        .collect();
+    domains.push("lab.example.net".into());
+    let pem = certificate(&domains);
+    let others: Vec<Arc<TailnetIngress>> = ingresses.iter().cloned().map(Arc::new).collect();
+    for i in &ingresses {
+        let valid = ingress::decide::validated(i, now).expect("valid ingress");
+        let mut observation = ingress::gather::IngressObservation::only_access(Ok(access.clone()));
+        observation.others = others.clone();
+        observation.backends = backends.clone();
+        observation.tls_certificate = Some(pem.clone());
+        let decision =
+            ingress::decide::decide(i, &valid, &observation, &config, now).expect("decision");
+        let plan = decision.agent.expect("ingress plan");
+        let o = plan
+            .objects
+            .expect("ingress objects (every backend resolves)");
+        objects.extend([
+            typed(&o.service_account),
+            typed(&o.role),
+            typed(&o.role_binding),
+            typed(&o.state_secret),
+            typed(&o.config_map),
+            typed(&o.deployment),
+            typed(&o.network_policy),
+        ]);
+        if let Some(cert) = &o.certificate {
+            objects.push(serde_json::to_value(cert).expect("certificate"));
+        }
+    }
+    // The Tailnet: policy and DNS from the observed nodes and ClusterIPs.
+    let base = manifests
+        .config_maps
+        .iter()
+        .find(|c| Some(c.object.name_any()) == tailnet.spec.policy.base_config_map)
+        .and_then(|c| {
+            c.object
+                .data
+                .clone()?
+                .get(tailnet::decide::BASE_POLICY_KEY)
+                .cloned()
+        });
+    let observation = TailnetObservation {
+        headscale: Ok("v0.29.2".into()),
+        nodes: Some(observed.nodes.clone()),
+        live_policy: None,
+        base: Ok(base),
+        egresses,
+        ingresses,
+        egress_cluster_ips: observed
+            .service_cluster_ips
+            .iter()
+            .map(|(k, ip)| {
+                let (ns, name) = k.split_once('/').expect("namespace/name");
+                (ObjectKey::new(ns, name), *ip)
+            })
+            .collect(),
+        dns_config_map: None,
+    };
+    let plan = tailnet::decide::plan(&tailnet, &observation, &config, now);
+    let policy = plan.rendered.expect("rendered policy").document;
+    let dns = plan.dns.map(|cm| {
+        let mut value = typed(&cm);
+        // The controller's copy is owned by the Tailnet (garbage-collected with it).
+        if let Some(meta) = value["metadata"].as_object_mut() {
+            meta.remove("ownerReferences");
+        }
+        value
+    });
+    (keyed(objects), policy, dns)
+}
+
+fn assert_same_output(inputs: &[PathBuf], observed_path: &Path) {
+    let manifests = Manifests::load(inputs, OPERATOR_NAMESPACE).expect("manifests");
+    let observed: Observed =
+        serde_json::from_str(&std::fs::read_to_string(observed_path).expect("observed file"))
+            .expect("observed state");
+    let (objects, policy, dns) = controllers_output(&manifests, &observed);
+    let tailnet = manifests.tailnets[0].object.name_any();
+    let marker = tailnet::decide::installation_id(&config(), &tailnet);
+    let cli_objects = keyed(yaml_documents(&cli_part(
+        inputs,
+        observed_path,
+        "objects",
+        &marker,
+    )));
+    assert!(
+        objects.len() >= 10,
+        "only {} objects: {:?}",
+        objects.len(),
+        objects.keys()
+    );
+    assert_eq!(
+        cli_objects.keys().collect::<Vec<_>>(),
+        objects.keys().collect::<Vec<_>>(),
+        "the same objects"
+    );
+    for (key, controller) in &objects {
+        pretty_assertions::assert_eq!(&cli_objects[key], controller, "{key}");
+    }
+    let cli_policy = cli_part(inputs, observed_path, "policy", &marker);
+    pretty_assertions::assert_eq!(cli_policy.trim_end(), policy.trim_end(), "policy document");
+    let cli_dns = yaml_documents(&cli_part(inputs, observed_path, "dns", &marker));
+    pretty_assertions::assert_eq!(cli_dns.first(), dns.as_ref(), "DNS ConfigMap");
+    assert!(dns.is_some(), "both sets configure DNS");
+}
+
+#[test]
+fn examples_render_the_same_through_the_cli_and_the_controllers() {
+    let examples = repo().join("examples");
+    let inputs: Vec<PathBuf> = [
+        "10-tailnet.yaml",
+        "11-base-policy.yaml",
+        "20-egress.yaml",
+        "30-ingress.yaml",
+    ]
+    .iter()
+    .map(|f| examples.join(f))
+    .collect();
+    assert_same_output(&inputs, &examples.join("observed/headscale-state.json"));
+}
+
+#[test]
+fn the_rich_set_renders_the_same_through_the_cli_and_the_controllers() {
+    let rich = repo().join("crates/operator/tests/fixtures/rich");
+    assert_same_output(&[rich.join("manifests.yaml")], &rich.join("observed.json"));
+}
