@@ -244,7 +244,7 @@ fn controllers_output(
             c.object
                 .data
                 .clone()?
-                .get(tailnet::decide::BASE_POLICY_KEY)
+                .get(tailnet::locations::BASE_POLICY_KEY)
                 .cloned()
         });
     let observation = TailnetObservation {

@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use tailnet_api::TailnetEgress;
-use tailnet_api::agent_status::ProbeState;
+use tailnet_api::agent_status::{ProbeState, ProbeView};
 use tailnet_api::conditions::{reasons, types};
 use tailnet_api::egress::{EgressTargetStatus, TailnetEgressStatus};
 use tailnet_api::naming::{AgentKind, egress_tag};
@@ -222,6 +222,25 @@ pub fn decide(
         types::TARGETS_REACHABLE,
         observed.report.as_ref().map(|r| r.targets.as_slice()),
     );
+    overlay_probes(&mut status, &probes);
+    status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
+    let owner = Owner::from_meta(AgentKind::Egress, &egress.metadata, &tailnet_name)?;
+    Ok(EgressDecision {
+        status,
+        agent: Some(AgentPlan {
+            owner,
+            tag,
+            objects,
+            services,
+            delete_services,
+            key,
+        }),
+    })
+}
+
+/// A target whose route is fine but whose probe fails shows the probe's state; the summary
+/// counts the targets that work (or need nothing from the operator).
+fn overlay_probes(status: &mut TailnetEgressStatus, probes: &BTreeMap<String, ProbeView>) {
     for entry in &mut status.targets {
         if entry.state.as_deref() != Some(reasons::READY) {
             continue;
@@ -248,19 +267,6 @@ pub fn decide(
         })
         .count();
     status.summary = Some(format!("{ready_targets}/{} targets", status.targets.len()));
-    status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
-    let owner = Owner::from_meta(AgentKind::Egress, &egress.metadata, &tailnet_name)?;
-    Ok(EgressDecision {
-        status,
-        agent: Some(AgentPlan {
-            owner,
-            tag,
-            objects,
-            services,
-            delete_services,
-            key,
-        }),
-    })
 }
 
 fn services_ready(

@@ -217,6 +217,15 @@ fn cases() -> Vec<Case> {
             with(|o| o.deployment = None),
             vec![(types::AGENT_READY, "False", reasons::AGENT_NOT_READY)],
         ),
+    ];
+    v.extend(route_policy_and_probe_cases(&ip, &dns_only));
+    v
+}
+
+/// Routes, grants and the agent's probes.
+fn route_policy_and_probe_cases(ip: &TailnetEgress, dns_only: &TailnetEgress) -> Vec<Case> {
+    let (ip, dns_only) = (ip.clone(), dns_only.clone());
+    let mut v = vec![
         case(
             "route not approved",
             &ip,

@@ -23,9 +23,7 @@ use super::super::context::OperatorConfig;
 use super::super::status::{ConditionSet, Problem};
 use super::effective;
 use super::gather::TailnetObservation;
-
-/// Key of the base policy in its ConfigMap (and of the document in the rendered-policy one).
-pub const BASE_POLICY_KEY: &str = "policy.hujson";
+use super::locations::BASE_POLICY_KEY;
 
 /// Conditions that must hold for `Ready`, in the order of their dependencies.
 pub const REQUIRED: [&str; 4] = [

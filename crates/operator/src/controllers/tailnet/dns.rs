@@ -11,20 +11,7 @@ use tailnet_render::dns::{self, RenderedDns};
 use super::super::context::OperatorConfig;
 use super::super::status::ConditionSet;
 use super::gather::TailnetObservation;
-
-/// Namespace and name of the DNS ConfigMap; `None` when `spec.dns.hostsConfigMap` is not set.
-pub fn dns_config_map_location(
-    tailnet: &Tailnet,
-    config: &OperatorConfig,
-) -> Option<(String, String)> {
-    let dns = tailnet.spec.dns.as_ref()?;
-    let name = dns.hosts_config_map.clone()?;
-    let namespace = dns
-        .hosts_config_map_namespace
-        .clone()
-        .unwrap_or_else(|| config.operator_namespace.clone());
-    Some((namespace, name))
-}
+use super::locations::dns_config_map_location;
 
 /// Sets `DNSRendered` and returns the DNS ConfigMap to apply, if our keys in it changed.
 /// The inputs and the ConfigMap come from the same functions as `tailnet-operator render`.

@@ -22,8 +22,7 @@ use super::super::access::read_api_key;
 use super::super::context::Context;
 use super::super::error::ReconcileError;
 use super::super::status::Problem;
-use super::decide::BASE_POLICY_KEY;
-use super::dns::dns_config_map_location;
+use super::locations::{BASE_POLICY_KEY, dns_config_map_location};
 
 /// What one reconcile of a Tailnet observed (plain data: `decide` is pure).
 #[derive(Clone, Debug)]

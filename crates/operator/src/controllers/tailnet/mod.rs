@@ -9,6 +9,7 @@ pub mod decide;
 pub mod dns;
 pub mod effective;
 pub mod gather;
+pub mod locations;
 #[cfg(test)]
 mod tests;
 

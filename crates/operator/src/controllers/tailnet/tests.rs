@@ -16,10 +16,10 @@ use super::super::context::OperatorConfig;
 use super::super::reason_coverage::assert_every_reason_has_a_case;
 use super::super::status::Problem;
 use super::decide::{
-    self, Answer, BASE_POLICY_KEY, PolicyOutcome, PolicyStep, Refusal, TailnetPlan,
-    rendered_policy_data,
+    self, Answer, PolicyOutcome, PolicyStep, Refusal, TailnetPlan, rendered_policy_data,
 };
 use super::gather::{CurrentDns, TailnetObservation};
+use super::locations::BASE_POLICY_KEY;
 use tailnet_render::backends::ObjectKey;
 
 const BASE: &str = r#"{
