@@ -11,6 +11,7 @@
 #
 # Components: kubernetes etcd headscale tailscale coredns cert-manager
 #             helm prometheus caddy   (chart and monitoring-rule checks, benchmarks)
+#             kube-router   (NetworkPolicy enforcer of the lab, network_policy_e2e)
 # Layout:     ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>
 #             .../cert-manager-<version>/crds/cert-manager.crds.yaml
 # Env:        TNO_DEPS_DIR   cache root
@@ -21,7 +22,7 @@ set -euo pipefail
 
 DEPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE_ROOT=${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}
-COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager helm prometheus caddy)
+COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager helm prometheus caddy kube-router)
 
 log() { printf '[deps] %s\n' "$*" >&2; }
 die() { printf '[deps] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -52,6 +53,7 @@ binaries_of() {
     helm) echo helm ;;
     prometheus) echo promtool ;;
     caddy) echo caddy ;;
+    kube-router) echo kube-router ;;
     *) die "unknown component '$1' (known: ${COMPONENTS[*]})" ;;
   esac
 }
@@ -68,6 +70,7 @@ main_module_of() {
     helm) echo helm.sh/helm/v4 ;;
     prometheus) echo github.com/prometheus/prometheus ;;
     caddy) echo github.com/caddyserver/caddy/v2 ;;
+    kube-router) echo github.com/cloudnativelabs/kube-router/v2 ;;
   esac
 }
 
@@ -94,6 +97,8 @@ packages_of() {
       echo promtool=github.com/prometheus/prometheus/cmd/promtool ;;
     caddy)
       echo caddy=github.com/caddyserver/caddy/v2/cmd/caddy ;;
+    kube-router)
+      echo kube-router=github.com/cloudnativelabs/kube-router/v2/cmd/kube-router ;;
   esac
 }
 
@@ -173,6 +178,9 @@ ldflags_of() {
     caddy)  # caddy.Version() looks for caddy among the build's *dependencies*;
       # built by package path it is the main module, so set its documented override
       f+=("-X" "github.com/caddyserver/caddy/v2.CustomVersion=$ver") ;;
+    kube-router)  # as its Makefile (Version = the git tag there)
+      f+=("-X" "github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$ver"
+        "-X" "github.com/cloudnativelabs/kube-router/v2/pkg/version.BuildDate=${time:-1970-01-01T00:00:00Z}") ;;
   esac
   printf '%s\n' "${f[*]}"
 }
@@ -201,6 +209,7 @@ recipe_of() {
     echo "tags=$(tags_of "$c") cgo=0 trimpath=1"
     [[ $c != headscale ]] || echo "method=go-install"
     [[ $c != caddy ]] || echo "ldflags=CustomVersion"
+    [[ $c != kube-router ]] || echo "ldflags=version.Version"
     [[ ! -f $dir/go.mod ]] || cat "$dir/go.mod" "$dir/go.sum"
   } | sha256sum | cut -d' ' -f1
 }
@@ -523,6 +532,8 @@ check_component() {
       expect "promtool, version $rel" "$d/promtool" --version || return 1 ;;
     caddy)
       expect "$ver" "$d/caddy" version || return 1 ;;
+    kube-router)
+      expect "version $ver" "$d/kube-router" --version || return 1 ;;
     cert-manager)
       local f
       f=$(crds_path)
