@@ -226,6 +226,7 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
     // namespace and name join to the same string; both get an identity of their own and work,
     // and deleting the later one leaves the earlier one's node.
     lab_pair_gets_two_identities(&env, &client, &ns, &tailnet_name, &laptop).await;
+    forced_re_mint_leaves_exactly_one_valid_key(&env, &client, &ns, &tailnet_name).await;
 
     // Without tls.secretName: a cert-manager Certificate for every http name, and http stays
     // unserved (Issuing) until it is issued.
@@ -457,4 +458,139 @@ async fn lab_pair_gets_two_identities(
         .await
         .expect("delete <ns>/dev-api");
     let _ = namespaces.delete(&other_ns, &Default::default()).await;
+}
+
+/// An ingress whose agent can never log in (its namespace allows no pods): the operator mints
+/// a key into the auth Secret; the Secret is deleted, the operator mints again. Afterwards
+/// exactly one valid key of the tag exists, the one in the Secret, and it stays one.
+async fn forced_re_mint_leaves_exactly_one_valid_key(
+    env: &E2eEnv,
+    client: &kube::Client,
+    ns: &str,
+    tailnet_name: &str,
+) {
+    let quota_ns = format!("{ns}-q");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut namespace = Namespace::default();
+    namespace.metadata.name = Some(quota_ns.clone());
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("namespace <ns>-q");
+    let quota: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "no-pods", "namespace": quota_ns},
+        "spec": {"hard": {"pods": "0"}}
+    }))
+    .expect("quota");
+    Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), &quota_ns)
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("ResourceQuota pods=0");
+    apply(
+        &Api::<Service>::namespaced(client.clone(), &quota_ns),
+        "db",
+        service_object(&quota_ns, "db", 5432),
+    )
+    .await
+    .expect("backend Service in <ns>-q");
+    let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &quota_ns);
+    apply(
+        &ingresses,
+        "keyed",
+        ingress_object(
+            &quota_ns,
+            "keyed",
+            tailnet_name,
+            None,
+            json!([{"name": "db", "dnsLabel": "keyed", "mode": "tcp", "port": 6000, "backend": {"service": "db", "port": 5432}}]),
+        ),
+    )
+    .await
+    .expect("ingress <ns>-q/keyed");
+    let headscale = tailnet_headscale::Client::new(
+        &env.tailnet().headscale.root_url(),
+        tailnet_headscale::Secret::new(env.tailnet().headscale.api_key()),
+        Default::default(),
+    )
+    .expect("headscale client");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &quota_ns);
+    let key_in_secret = || async {
+        let s = secrets
+            .get_opt("tailnet-ingress-keyed-auth")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no auth Secret")?;
+        s.annotations()
+            .get("tailnet-operator.dev/pre-auth-key-id")
+            .and_then(|id| id.parse::<u64>().ok())
+            .ok_or("no key id".to_string())
+    };
+    let tag = wait_for("the ingress's tag", WAIT, || async {
+        let i = ingresses.get("keyed").await.map_err(|e| e.to_string())?;
+        i.status
+            .and_then(|s| s.tag)
+            .ok_or("no tag in the status".to_string())
+    })
+    .await;
+    let valid_keys = || async {
+        let now = jiff::Timestamp::now();
+        Ok::<Vec<u64>, String>(
+            headscale
+                .list_pre_auth_keys()
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|k| k.acl_tags.contains(&tag))
+                .filter(|k| !k.used && k.expiration.is_some_and(|e| e > now))
+                .map(|k| k.id)
+                .collect(),
+        )
+    };
+    let first = wait_for("a key in the auth Secret", WAIT, key_in_secret).await;
+    secrets
+        .delete("tailnet-ingress-keyed-auth", &Default::default())
+        .await
+        .expect("delete the auth Secret");
+    let second = wait_for("a new key in the auth Secret", WAIT, || async {
+        match key_in_secret().await {
+            Ok(id) if id != first => Ok(id),
+            Ok(id) => Err(format!("still key {id}")),
+            Err(e) => Err(e),
+        }
+    })
+    .await;
+    wait_for("exactly one valid key of the tag", WAIT, || async {
+        let valid = valid_keys().await?;
+        if valid == vec![second] {
+            Ok(())
+        } else {
+            Err(format!("valid keys {valid:?}, the Secret holds {second}"))
+        }
+    })
+    .await;
+    // A few polls later: still the one (no mint from a stale read).
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    assert_eq!(valid_keys().await.expect("keys"), vec![second]);
+    assert_eq!(key_in_secret().await.expect("key"), second);
+    eprintln!("forced re-mint: key {first} → {second}, valid keys of {tag}: [{second}]");
+    ingresses
+        .delete("keyed", &Default::default())
+        .await
+        .expect("delete keyed");
+    wait_for("<ns>-q/keyed to be gone", WAIT, || async {
+        match ingresses
+            .get_opt("keyed")
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            None => Ok(()),
+            Some(_) => Err("still there (finalizer)".to_string()),
+        }
+    })
+    .await;
+    assert!(
+        valid_keys().await.expect("keys").is_empty(),
+        "deletion expires the key"
+    );
+    let _ = namespaces.delete(&quota_ns, &Default::default()).await;
 }
