@@ -159,7 +159,10 @@ impl PlatformImage {
 
     /// Compressed size of the image (layers + config + manifest), as a registry stores it.
     pub fn compressed_size(&self) -> u64 {
-        self.blobs().iter().map(|blob| blob.bytes.len() as u64).sum()
+        self.blobs()
+            .iter()
+            .map(|blob| blob.bytes.len() as u64)
+            .sum()
     }
 
     /// Uncompressed size of its layers.

@@ -206,7 +206,13 @@ mod tests {
         layer.dir("tmp", 0o1777, 0, 0).expect("dir");
         assert_eq!(
             layer.paths(),
-            ["tmp/", "usr/", "usr/local/", "usr/local/bin/", "usr/local/bin/x"]
+            [
+                "tmp/",
+                "usr/",
+                "usr/local/",
+                "usr/local/bin/",
+                "usr/local/bin/x"
+            ]
         );
         assert!(layer.file("../x", 0o644, 0, 0, Vec::new()).is_err());
     }

@@ -222,7 +222,10 @@ impl Client {
         reference: &str,
         blob: &Blob,
     ) -> Result<()> {
-        let url = format!("{}/v2/{repository}/manifests/{reference}", Self::base(registry));
+        let url = format!(
+            "{}/v2/{repository}/manifests/{reference}",
+            Self::base(registry)
+        );
         let response = self
             .send(
                 "PUT",
@@ -319,8 +322,7 @@ impl Client {
                 .iter()
                 .find(|entry| {
                     entry.platform().as_ref().is_some_and(|p| {
-                        *p.architecture() == wanted
-                            && *p.os() == oci_spec::image::Os::Linux
+                        *p.architecture() == wanted && *p.os() == oci_spec::image::Os::Linux
                     })
                 })
                 .ok_or_else(|| {
@@ -456,9 +458,8 @@ mod tests {
     #[test]
     fn references_parse_with_port_tag_and_digest() {
         let digest = format!("sha256:{}", "a".repeat(64));
-        let reference =
-            Reference::parse(&format!("127.0.0.1:5000/tno/tailnet-agent:v1@{digest}"))
-                .expect("parses");
+        let reference = Reference::parse(&format!("127.0.0.1:5000/tno/tailnet-agent:v1@{digest}"))
+            .expect("parses");
         assert_eq!(reference.registry, "127.0.0.1:5000");
         assert_eq!(reference.repository, "tno/tailnet-agent");
         assert_eq!(reference.tag.as_deref(), Some("v1"));
