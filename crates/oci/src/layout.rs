@@ -76,23 +76,21 @@ impl Layout {
             .annotations()
             .as_ref()
             .and_then(|annotations| annotations.get(REF_NAME).cloned());
-        let index = read_blob(dir, MediaType::ImageIndex, &descriptor.digest().to_string())?;
+        let index = read_blob(dir, MediaType::ImageIndex, descriptor.digest().as_ref())?;
         let parsed: ImageIndex = serde_json::from_slice(&index.bytes)?;
         let mut manifests = Vec::new();
         for entry in parsed.manifests() {
-            let manifest = read_blob(dir, MediaType::ImageManifest, &entry.digest().to_string())?;
+            let manifest = read_blob(dir, MediaType::ImageManifest, entry.digest().as_ref())?;
             let parsed: ImageManifest = serde_json::from_slice(&manifest.bytes)?;
             let config = read_blob(
                 dir,
                 MediaType::ImageConfig,
-                &parsed.config().digest().to_string(),
+                parsed.config().digest().as_ref(),
             )?;
             let layers = parsed
                 .layers()
                 .iter()
-                .map(|layer| {
-                    read_blob(dir, layer.media_type().clone(), &layer.digest().to_string())
-                })
+                .map(|layer| read_blob(dir, layer.media_type().clone(), layer.digest().as_ref()))
                 .collect::<Result<Vec<_>>>()?;
             manifests.push((manifest, config, layers));
         }

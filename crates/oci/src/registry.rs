@@ -340,7 +340,7 @@ impl Client {
         };
         let manifest: ImageManifest = serde_json::from_slice(&manifest_bytes)?;
         let config_bytes = self
-            .get_blob(reference, &manifest.config().digest().to_string())
+            .get_blob(reference, manifest.config().digest().as_ref())
             .await?;
         let config: ImageConfiguration = serde_json::from_slice(&config_bytes)?;
         let mut layers = Vec::new();
