@@ -83,8 +83,9 @@ fn generate() -> Result<(), String> {
     let dir = root().join("deploy/crds");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let files = tailnet_api::crd::yaml_files().map_err(|e| e.to_string())?;
-    // The Helm chart ships the same CRDs (the drift test compares both).
-    let chart_dir = root().join("charts/tailnet-operator/crds");
+    // The Helm chart ships the same CRDs as templates of the release (templates/crds.yaml;
+    // the drift test compares both).
+    let chart_dir = root().join("charts/tailnet-operator/files/crds");
     for (file, yaml) in files {
         for dir in [&dir, &chart_dir] {
             let path = dir.join(file);

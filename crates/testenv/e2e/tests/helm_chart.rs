@@ -120,14 +120,14 @@ fn chart_crds_are_the_generated_crds() {
             .collect()
     };
     let deploy = root().join("deploy/crds");
-    let chart = chart_dir().join("crds");
+    let chart = chart_dir().join("files/crds");
     assert_eq!(names(deploy.clone()), names(chart.clone()));
     for file in names(deploy.clone()) {
         let want = std::fs::read_to_string(deploy.join(&file)).expect("deploy CRD");
         let got = std::fs::read_to_string(chart.join(&file)).expect("chart CRD");
         assert!(
             want == got,
-            "charts/tailnet-operator/crds/{file} differs from deploy/crds/{file}: run `cargo xtask generate`"
+            "charts/tailnet-operator/files/crds/{file} differs from deploy/crds/{file}: run `cargo xtask generate`"
         );
     }
 }
