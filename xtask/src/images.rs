@@ -485,6 +485,26 @@ pub fn fill_image_values(
     Ok(out.join("\n") + "\n")
 }
 
+/// `cargo xtask package-chart --image tailnet-operator=<repository>@<digest> --image
+/// tailnet-agent=<repository>@<digest>`: the chart with those images in its values, packaged
+/// under `<out>/chart/` (the release workflow pushes it with `helm push`). Prints its path.
+pub fn package_chart_with(root: &Path, out: &Path, images: &[String]) -> Result<(), String> {
+    let mut pushed = BTreeMap::new();
+    for image in images {
+        let (name, reference) = image
+            .split_once('=')
+            .ok_or_else(|| format!("--image {image:?}: expected <name>=<repository>@<digest>"))?;
+        let (repository, digest) = reference
+            .split_once('@')
+            .ok_or_else(|| format!("--image {image:?}: no @sha256:<digest>"))?;
+        pushed.insert(
+            name.to_string(),
+            (repository.to_string(), digest.to_string()),
+        );
+    }
+    package_chart(root, out, &pushed).map(|_| ())
+}
+
 /// Copies the chart, fills the pushed images into its values and `helm package`s it.
 fn package_chart(
     root: &Path,

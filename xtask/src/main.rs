@@ -4,6 +4,7 @@
 //! - `deps`: build the third-party binaries the tests need (delegates to `deps/build.sh`).
 //! - `images`: build the OCI images without a daemon (reproducible; `--push`, `--chart`), or
 //!   with `--dockerfile` from `images/*.Dockerfile` (docker, podman or buildah).
+//! - `package-chart`: the chart with images by digest in its values, packaged (release).
 //! - `bench`: run the benchmarks (crates/bench, docs/benchmarks.md).
 
 mod bench;
@@ -67,6 +68,15 @@ enum Task {
         /// With --dockerfile: docker, podman or buildah (default: the first that works).
         #[arg(long)]
         builder: Option<String>,
+    },
+    /// Package the Helm chart with the given images (by digest) filled into its values.
+    PackageChart {
+        /// <name>=<repository>@sha256:<digest>, for tailnet-operator and tailnet-agent.
+        #[arg(long = "image", required = true)]
+        images: Vec<String>,
+        /// Output directory (the package goes to <out>/chart/; default: target/images).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Run the benchmarks (`--smoke`: briefly, to check they still work); see docs/benchmarks.md.
     Bench {
@@ -174,6 +184,11 @@ fn main() -> ExitCode {
                     .and_then(|options| images::images(&root(), &options))
             }
         }
+        Task::PackageChart { images, out } => images::package_chart_with(
+            &root(),
+            &out.unwrap_or_else(|| root().join("target/images")),
+            &images,
+        ),
         Task::Bench { args } => bench::bench(&args, &root()),
     };
     match result {
