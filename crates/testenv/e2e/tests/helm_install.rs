@@ -284,9 +284,10 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
         "--wait",
         "--timeout",
         "4m",
-        // The lab's CRDs are installed with the environment (deploy/crds).
-        "--set",
-        "crds.install=false",
+        // The CRDs are templates of the release (crds.install, crds.keep). The lab installed
+        // the same CRDs from deploy/crds when it started: the release adopts them, as it would
+        // adopt CRDs applied by hand before a first `helm install`.
+        "--take-ownership",
         "--set",
         "replicaCount=2",
         "--set",
@@ -528,6 +529,24 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
             .then_some(())
     })
     .await;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(admin.clone());
+    for name in [
+        "tailnets.tailnet-operator.dev",
+        "tailnetegresses.tailnet-operator.dev",
+        "tailnetingresses.tailnet-operator.dev",
+    ] {
+        let crd = crds.get(name).await.expect("the CRDs stay (crds.keep)");
+        assert_eq!(
+            crd.metadata
+                .annotations
+                .unwrap_or_default()
+                .get("helm.sh/resource-policy")
+                .map(String::as_str),
+            Some("keep"),
+            "{name}"
+        );
+    }
     assert!(egresses.get_opt("site").await.expect("get").is_some());
     assert!(ingresses.get_opt("portal").await.expect("get").is_some());
     let remaining_agents: BTreeSet<String> = Api::<Pod>::namespaced(admin.clone(), &ns)
