@@ -92,7 +92,7 @@ impl Helm {
     }
 }
 
-async fn poll<T, F, Fut>(what: &str, mut check: F) -> T
+async fn poll<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
