@@ -2,8 +2,9 @@
 //! `target/images/`) are pushed by digest to the lab's OCI registry (`crane registry serve` on
 //! loopback), the chart is packaged and pushed there as an OCI artifact (`helm push`), and
 //! `helm install oci://…/tailnet-operator --version <chart version>` installs it with the images
-//! by digest. The test kubelet pulls the operator's image (and the agents') from the registry
-//! and runs it from its own root file system: two replicas, one leader. Through that install
+//! by digest. The test kubelet pulls the operator's image (and the agents', and the lab's build
+//! of the tailscale image from deps/) from the registry and runs each from its own root file
+//! system: two replicas, one leader. Through that install
 //! an egress carries bytes to the remote site and an ingress serves HTTPS to the laptop; then
 //! `helm upgrade` with a changed value rolls the operator pods while the agents keep their
 //! Headscale nodes and keep serving, and `helm uninstall` removes the operator's own objects
@@ -224,6 +225,7 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
     }
     let (operator_repo, operator_digest) = pushed[0].clone();
     let (agent_repo, agent_digest) = pushed[1].clone();
+    let (tailscale_repo, tailscale_digest) = push_lab_tailscale_image(&env, &registry).await;
 
     let mut helm = Helm {
         binary: helm_binary(),
@@ -271,6 +273,9 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
         format!("image.digest={operator_digest}"),
         format!("agent.image.repository={agent_repo}"),
         format!("agent.image.digest={agent_digest}"),
+        format!("agent.tailscaleImage.repository={tailscale_repo}"),
+        format!("agent.tailscaleImage.tag={}", tailscale_version()),
+        format!("agent.tailscaleImage.digest={tailscale_digest}"),
     ];
     let mut install = vec![
         "install",
@@ -446,6 +451,13 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
             "agent pod {:?} runs the pushed agent image: {statuses:?}",
             pod.metadata.name
         );
+        assert!(
+            statuses
+                .iter()
+                .any(|s| s.image_id == format!("{tailscale_repo}@{tailscale_digest}")),
+            "agent pod {:?} runs the lab's tailscale image: {statuses:?}",
+            pod.metadata.name
+        );
     }
     let agent_uids: BTreeSet<String> = agent_pods
         .iter()
@@ -580,6 +592,97 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
     drop(apps);
     drop(ops);
     drop(registry);
+}
+
+fn tailscale_version() -> String {
+    std::fs::read_to_string(root().join("deps/versions.env"))
+        .expect("versions")
+        .lines()
+        .find_map(|line| line.strip_prefix("TAILSCALE_VERSION=").map(str::to_string))
+        .expect("TAILSCALE_VERSION")
+}
+
+/// The lab's build of the tailscale image (not the official one): `containerboot`,
+/// `tailscaled` and `tailscale` from deps/ (tailscale.com at the pinned version) at the
+/// official image's paths (`/usr/local/bin/`) with its entrypoint (`containerboot`), on the
+/// same empty base as our images, plus the two settings the lab needs (no log uploads: no
+/// Internet; the test Headscale's DERP speaks plain HTTP). Pushed as `lab/tailscale-lab-build`.
+async fn push_lab_tailscale_image(env: &E2eEnv, registry: &LabRegistry) -> (String, String) {
+    use std::collections::BTreeMap;
+    use tno_oci::layer::LayerSpec;
+    let binaries = env.kube().binaries();
+    let mut base = LayerSpec::new();
+    base.host_file(
+        "etc/passwd",
+        0o644,
+        &root().join("images/rootfs/etc/passwd"),
+    )
+    .expect("passwd");
+    base.host_file("etc/group", 0o644, &root().join("images/rootfs/etc/group"))
+        .expect("group");
+    base.host_file(
+        "etc/ssl/certs/ca-certificates.crt",
+        0o644,
+        std::path::Path::new("/etc/ssl/certs/ca-certificates.crt"),
+    )
+    .expect("CA bundle");
+    base.dir("tmp", 0o1777, 0, 0).expect("tmp");
+    let mut programs = LayerSpec::new();
+    for (name, path) in [
+        ("containerboot", &binaries.containerboot),
+        ("tailscaled", &binaries.tailscaled),
+        ("tailscale", &binaries.tailscale),
+    ] {
+        programs
+            .host_file(&format!("usr/local/bin/{name}"), 0o755, path)
+            .expect("tailscale binary");
+    }
+    let version = tailscale_version();
+    let labels = BTreeMap::from([(
+        "org.opencontainers.image.title".to_string(),
+        format!(
+            "tailscale {version}: the tailnet-operator lab's build (deps/), not the official image"
+        ),
+    )]);
+    let platform = tno_oci::Platform::host().expect("amd64 or arm64");
+    let image = tno_oci::image::PlatformImage::build(
+        platform,
+        vec![
+            (base.build(0).expect("base"), "base".into()),
+            (
+                programs.build(0).expect("programs"),
+                "tailscale.com binaries".into(),
+            ),
+        ],
+        &tno_oci::image::RunConfig {
+            entrypoint: vec!["/usr/local/bin/containerboot".into()],
+            cmd: Vec::new(),
+            env: vec![
+                "PATH=/usr/local/bin:/usr/bin:/bin".into(),
+                "TS_NO_LOGS_NO_SUPPORT=true".into(),
+                "TS_DEBUG_USE_DERP_HTTP=1".into(),
+            ],
+            user: String::new(),
+            working_dir: "/".into(),
+            labels: labels.clone(),
+        },
+        "1970-01-01T00:00:00Z",
+        &labels,
+    )
+    .expect("image");
+    let index = tno_oci::image::index(std::slice::from_ref(&image), &labels).expect("index");
+    let dir = env.dir().join("lab-tailscale-image");
+    tno_oci::layout::write(&dir, &index, std::slice::from_ref(&image), &version).expect("layout");
+    let layout = tno_oci::layout::Layout::read(&dir).expect("layout");
+    let reference = tno_oci::registry::Client::new()
+        .push_layout(&layout, registry.host(), "lab/tailscale-lab-build", None)
+        .await
+        .expect("push the lab tailscale image");
+    eprintln!("pushed {reference}");
+    (
+        format!("{}/lab/tailscale-lab-build", registry.host()),
+        layout.digest().to_string(),
+    )
 }
 
 fn chart_version() -> String {
