@@ -11,6 +11,7 @@
 #
 # Components: kubernetes etcd headscale tailscale coredns cert-manager
 #             helm prometheus caddy   (chart and monitoring-rule checks, benchmarks)
+#             crane actionlint        (the lab's OCI registry and image pushes; workflow lint)
 # Layout:     ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>
 #             .../cert-manager-<version>/crds/cert-manager.crds.yaml
 # Env:        TNO_DEPS_DIR   cache root
@@ -21,7 +22,7 @@ set -euo pipefail
 
 DEPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE_ROOT=${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}
-COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager helm prometheus caddy)
+COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager helm prometheus caddy crane actionlint)
 
 log() { printf '[deps] %s\n' "$*" >&2; }
 die() { printf '[deps] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -52,6 +53,8 @@ binaries_of() {
     helm) echo helm ;;
     prometheus) echo promtool ;;
     caddy) echo caddy ;;
+    crane) echo crane ;;
+    actionlint) echo actionlint ;;
     *) die "unknown component '$1' (known: ${COMPONENTS[*]})" ;;
   esac
 }
@@ -68,6 +71,8 @@ main_module_of() {
     helm) echo helm.sh/helm/v4 ;;
     prometheus) echo github.com/prometheus/prometheus ;;
     caddy) echo github.com/caddyserver/caddy/v2 ;;
+    crane) echo github.com/google/go-containerregistry ;;
+    actionlint) echo github.com/rhysd/actionlint ;;
   esac
 }
 
@@ -94,6 +99,10 @@ packages_of() {
       echo promtool=github.com/prometheus/prometheus/cmd/promtool ;;
     caddy)
       echo caddy=github.com/caddyserver/caddy/v2/cmd/caddy ;;
+    crane)
+      echo crane=github.com/google/go-containerregistry/cmd/crane ;;
+    actionlint)
+      echo actionlint=github.com/rhysd/actionlint/cmd/actionlint ;;
   esac
 }
 
@@ -523,6 +532,10 @@ check_component() {
       expect "promtool, version $rel" "$d/promtool" --version || return 1 ;;
     caddy)
       expect "$ver" "$d/caddy" version || return 1 ;;
+    crane)
+      expect "$ver" "$d/crane" version || return 1 ;;
+    actionlint)
+      expect "$ver" "$d/actionlint" -version || return 1 ;;
     cert-manager)
       local f
       f=$(crds_path)

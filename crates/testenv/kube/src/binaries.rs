@@ -18,6 +18,8 @@ pub struct Binaries {
     pub tailscale: PathBuf,
     /// Directory holding cert-manager's CRD YAMLs.
     pub cert_manager_crds: PathBuf,
+    /// `crane` (go-containerregistry): `crane registry serve` is the lab's OCI registry.
+    pub crane: PathBuf,
 }
 
 /// The repository root (this crate lives in `crates/testenv/kube`); `TNO_WORKSPACE` overrides.
@@ -101,6 +103,7 @@ impl Binaries {
             tailscaled: binary("tailscale", "tailscaled")?,
             tailscale: binary("tailscale", "tailscale")?,
             cert_manager_crds: component_dir("cert-manager")?.join("crds"),
+            crane: binary("crane", "crane")?,
         })
     }
 }
