@@ -44,7 +44,7 @@ pub struct EgressDecision {
     pub status: TailnetEgressStatus,
     /// `None`: nothing is applied (the Tailnet is missing, or the spec is invalid: the last
     /// valid configuration stays applied).
-    pub agent: Option<AgentPlan>,
+    pub agent: Option<Box<AgentPlan>>,
 }
 
 #[derive(Clone, Debug)]
@@ -83,7 +83,7 @@ pub fn wrong_namespace(
 
 /// The typed, validated spec; an invalid one is refused with a decision that only says what
 /// to fix (nothing is applied: the last good configuration stays).
-pub fn validated(egress: &TailnetEgress, now: Timestamp) -> Result<ValidEgress, EgressDecision> {
+pub fn validated(egress: &TailnetEgress, now: Timestamp) -> Result<ValidEgress, Box<EgressDecision>> {
     let errors = match validate::valid_egress(&egress.spec) {
         Ok(valid) => return Ok(valid),
         Err(errors) => errors,
@@ -100,14 +100,14 @@ pub fn validated(egress: &TailnetEgress, now: Timestamp) -> Result<ValidEgress, 
             ),
         ),
     );
-    Err(EgressDecision {
+    Err(Box::new(EgressDecision {
         status: TailnetEgressStatus {
             observed_generation: egress.metadata.generation,
             conditions: c.finish(&[types::SPEC_VALID], &[]),
             ..previous
         },
         agent: None,
-    })
+    }))
 }
 
 /// Decides a valid egress (see [`validated`]).
@@ -227,14 +227,14 @@ pub fn decide(
     let owner = Owner::from_meta(AgentKind::Egress, &egress.metadata, &tailnet_name)?;
     Ok(EgressDecision {
         status,
-        agent: Some(AgentPlan {
+        agent: Some(Box::new(AgentPlan {
             owner,
             tag,
             objects,
             services,
             delete_services,
             key,
-        }),
+        })),
     })
 }
 

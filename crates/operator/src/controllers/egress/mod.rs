@@ -81,7 +81,7 @@ async fn reconcile_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Actio
     let previous = egress.status.clone().unwrap_or_default();
     let poll = Action::requeue(ctx.config.headscale_poll);
     let decision = match decide::validated(egress, Timestamp::now()) {
-        Err(refused) => refused,
+        Err(refused) => *refused,
         Ok(valid) => {
             let observed = gather::gather(ctx, egress).await?;
             let decision =

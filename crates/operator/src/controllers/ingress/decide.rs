@@ -44,7 +44,7 @@ pub struct IngressDecision {
     pub status: TailnetIngressStatus,
     /// `None`: nothing is done (the Tailnet is missing, or the spec is invalid in itself or
     /// in the Tailnet's context: the last valid configuration stays applied).
-    pub agent: Option<AgentPlan>,
+    pub agent: Option<Box<AgentPlan>>,
 }
 
 #[derive(Clone, Debug)]
@@ -62,7 +62,7 @@ pub struct AgentPlan {
 pub fn validated(
     ingress: &TailnetIngress,
     now: Timestamp,
-) -> Result<ValidIngress, IngressDecision> {
+) -> Result<ValidIngress, Box<IngressDecision>> {
     let errors = match validate::valid_ingress(&ingress.spec) {
         Ok(valid) => return Ok(valid),
         Err(errors) => errors,
@@ -79,14 +79,14 @@ pub fn validated(
             ),
         ),
     );
-    Err(IngressDecision {
+    Err(Box::new(IngressDecision {
         status: TailnetIngressStatus {
             observed_generation: ingress.metadata.generation,
             conditions: c.finish(&[types::SPEC_VALID], &[]),
             ..previous
         },
         agent: None,
-    })
+    }))
 }
 
 /// Decides a valid ingress (see [`validated`]).
@@ -203,12 +203,12 @@ pub fn decide(
     status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
     Ok(IngressDecision {
         status,
-        agent: Some(AgentPlan {
+        agent: Some(Box::new(AgentPlan {
             owner,
             tag,
             objects,
             key,
-        }),
+        })),
     })
 }
 
