@@ -151,7 +151,10 @@ fn headscale_client_reasons_are_mirrored() {
 /// Modules compiled only for unit tests (decision tables and their fixtures), which may spell
 /// reasons and field values out.
 fn test_only(path: &Path) -> bool {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
     matches!(name, "tests.rs" | "test_fixtures.rs" | "reason_coverage.rs")
 }
 

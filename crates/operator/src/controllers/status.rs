@@ -76,7 +76,6 @@ impl ConditionSet {
         conditions::find(&self.list, type_)
     }
 
-
     /// The list as it is, without deriving `Ready` (for objects the controller does not
     /// honour, whose `Ready` was set directly).
     pub fn into_list(self) -> Vec<Condition> {

@@ -4,7 +4,6 @@
 pub mod admin;
 pub mod leader;
 
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -105,9 +104,9 @@ async fn log_result<T: std::fmt::Debug, E: std::fmt::Display>(result: Result<T, 
         tracing::debug!(error = %e, "controller event");
     }
 }
+use crate::metrics::Metrics;
 use admin::Health;
 use leader::{LeaderElector, LeaseConfig};
-use crate::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {

@@ -83,7 +83,10 @@ pub fn wrong_namespace(
 
 /// The typed, validated spec; an invalid one is refused with a decision that only says what
 /// to fix (nothing is applied: the last good configuration stays).
-pub fn validated(egress: &TailnetEgress, now: Timestamp) -> Result<ValidEgress, Box<EgressDecision>> {
+pub fn validated(
+    egress: &TailnetEgress,
+    now: Timestamp,
+) -> Result<ValidEgress, Box<EgressDecision>> {
     let errors = match validate::valid_egress(&egress.spec) {
         Ok(valid) => return Ok(valid),
         Err(errors) => errors,
