@@ -12,6 +12,7 @@
 # Components: kubernetes etcd headscale tailscale coredns cert-manager
 #             helm prometheus caddy   (chart and monitoring-rule checks, benchmarks)
 #             crane actionlint        (the lab's OCI registry and image pushes; workflow lint)
+#             kube-router   (NetworkPolicy enforcer of the lab, network_policy_e2e)
 # Layout:     ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>
 #             .../cert-manager-<version>/crds/cert-manager.crds.yaml
 # Env:        TNO_DEPS_DIR   cache root
@@ -22,7 +23,7 @@ set -euo pipefail
 
 DEPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE_ROOT=${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}
-COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager helm prometheus caddy crane actionlint)
+COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager helm prometheus caddy crane actionlint kube-router)
 
 log() { printf '[deps] %s\n' "$*" >&2; }
 die() { printf '[deps] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -55,6 +56,7 @@ binaries_of() {
     caddy) echo caddy ;;
     crane) echo crane ;;
     actionlint) echo actionlint ;;
+    kube-router) echo kube-router ;;
     *) die "unknown component '$1' (known: ${COMPONENTS[*]})" ;;
   esac
 }
@@ -73,6 +75,7 @@ main_module_of() {
     caddy) echo github.com/caddyserver/caddy/v2 ;;
     crane) echo github.com/google/go-containerregistry ;;
     actionlint) echo github.com/rhysd/actionlint ;;
+    kube-router) echo github.com/cloudnativelabs/kube-router/v2 ;;
   esac
 }
 
@@ -103,6 +106,8 @@ packages_of() {
       echo crane=github.com/google/go-containerregistry/cmd/crane ;;
     actionlint)
       echo actionlint=github.com/rhysd/actionlint/cmd/actionlint ;;
+    kube-router)
+      echo kube-router=github.com/cloudnativelabs/kube-router/v2/cmd/kube-router ;;
   esac
 }
 
@@ -182,6 +187,9 @@ ldflags_of() {
     caddy)  # caddy.Version() looks for caddy among the build's *dependencies*;
       # built by package path it is the main module, so set its documented override
       f+=("-X" "github.com/caddyserver/caddy/v2.CustomVersion=$ver") ;;
+    kube-router)  # as its Makefile (Version = the git tag there)
+      f+=("-X" "github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$ver"
+        "-X" "github.com/cloudnativelabs/kube-router/v2/pkg/version.BuildDate=${time:-1970-01-01T00:00:00Z}") ;;
   esac
   printf '%s\n' "${f[*]}"
 }
@@ -210,6 +218,7 @@ recipe_of() {
     echo "tags=$(tags_of "$c") cgo=0 trimpath=1"
     [[ $c != headscale ]] || echo "method=go-install"
     [[ $c != caddy ]] || echo "ldflags=CustomVersion"
+    [[ $c != kube-router ]] || echo "ldflags=version.Version"
     [[ ! -f $dir/go.mod ]] || cat "$dir/go.mod" "$dir/go.sum"
   } | sha256sum | cut -d' ' -f1
 }
@@ -536,6 +545,8 @@ check_component() {
       expect "$ver" "$d/crane" version || return 1 ;;
     actionlint)
       expect "$ver" "$d/actionlint" -version || return 1 ;;
+    kube-router)
+      expect "version $ver" "$d/kube-router" --version || return 1 ;;
     cert-manager)
       local f
       f=$(crds_path)

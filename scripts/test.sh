@@ -18,6 +18,7 @@ bash scripts/install-system-packages.sh
 
 step "third-party binaries (deps/build.sh; cached in ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps})"
 bash deps/build.sh all
+command -v ipset >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ipset; } # kube-router (network_policy_e2e)
 
 step "static checks: rustfmt, clippy"
 cargo fmt --all -- --check
@@ -104,12 +105,13 @@ cargo test --workspace --locked --no-run
 # on two cores. Each test binary starts its own environment (own netns, ports, Headscale), so
 # the two groups do not share anything. Same feature set as the build above (--workspace).
 side_tests=(faults_e2e ingress_data_e2e egress_routes_e2e helm_rbac_e2e local_lab forged_agent_e2e leadership_e2e
-  helm_install)
+  helm_install network_policy_e2e)
 side_names=(faults_keep_the_data_plane_and_lose_nothing ingress_data_plane_through_the_operator
   unapproved_route_fails_closed_until_approved operator_with_the_charts_rbac_serves_egress_and_ingress
   the_local_lab_demo_runs_once forged_agent_pods_neither_lie_nor_exhaust_the_operator
   a_leader_with_a_hung_apiserver_connection_steps_down_before_the_takeover
-  chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_upgrades_and_uninstalls)
+  chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_upgrades_and_uninstalls
+  network_policies_are_enforced_by_kube_router_in_the_lab)
 side_log=$(mktemp -t tno-side-tests.XXXXXX)
 side_targets=()
 for t in "${side_tests[@]}"; do side_targets+=(--test "$t"); done

@@ -99,6 +99,8 @@ pub mod reasons {
     pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";
     pub const CROSS_NAMESPACE_BACKEND: &str = "CrossNamespaceBackendNotAllowed";
     pub const HOSTNAME_CONFLICT: &str = "HostnameConflict";
+    /// AgentReady: the ingress's tag is held by another resource (no key, no node of its own).
+    pub const TAG_CONFLICT: &str = "TagConflict";
     pub const ISSUING: &str = "Issuing";
     pub const NAMES_NOT_COVERED: &str = "NamesNotCovered";
     pub const EXPIRED: &str = "Expired";

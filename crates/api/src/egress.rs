@@ -143,7 +143,9 @@ pub struct Probe {
     /// for it); default `true`.
     #[serde(default = "default_true")]
     pub enabled: bool,
-    /// Interval between probes, e.g. `30s` (default `30s`).
+    /// Interval between probes (default `30s`): a duration as in Gateway API (GEP-2257), e.g.
+    /// `30s`, `1m30s`, `500ms`; Go forms such as `1.5m` are accepted too. More than 0, at
+    /// most `168h`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(max = 32),

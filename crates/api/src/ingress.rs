@@ -116,7 +116,10 @@ pub struct Backend {
         regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
     )]
     pub service: String,
-    /// Namespace of the Service; only allowed for TailnetIngress objects in the operator namespace.
+    /// Namespace of the Service (default: this TailnetIngress's namespace). Another namespace
+    /// is only allowed for TailnetIngress objects in the operator namespace: elsewhere the
+    /// chart's ValidatingAdmissionPolicy refuses it at apply time, and the operator reports
+    /// `CrossNamespaceBackendNotAllowed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 63),
@@ -146,15 +149,18 @@ pub struct BackendTls {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Timeouts {
-    /// Bounds the whole exchange including the upload (e.g. `600s`). WebSockets are exempt once
-    /// established.
+    /// Bounds the whole exchange including the upload, e.g. `600s` or `10m`; a duration as in
+    /// HTTPRoute's timeouts (GEP-2257: `1h30m`, `500ms`; Go forms such as `1.5h` are accepted
+    /// too). More than 0 (omit the field for no bound), at most `168h`. WebSockets are exempt
+    /// once established.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(max = 32),
         regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
     )]
     pub request: Option<String>,
-    /// Bounds the wait for the backend's response headers (e.g. `60s`).
+    /// Bounds the wait for the backend's response headers, e.g. `60s` (default `60s`); same
+    /// format and limits as `request`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(max = 32),

@@ -43,6 +43,81 @@ pub fn ingress_tag(prefix: &str, namespace: &str, name: &str) -> String {
     )
 }
 
+/// The tag of an ingress that must not take [`ingress_tag`]: the dash-joined form is
+/// ambiguous (`team-a/dev-api` and `team-a-dev/api` both join to `team-a-dev-api`), so this
+/// form appends `-` + 10 hex digits of the SHA-256 of the unambiguous tuple
+/// (`ingress`, prefix, namespace, name, NUL-separated), shortening the readable part so the
+/// whole stays ≤ 63 characters. Distinct tuples give distinct tags (up to a 40-bit hash
+/// collision, which [`assign_ingress_tags`] still detects and reports).
+pub fn ingress_tag_discriminated(prefix: &str, namespace: &str, name: &str) -> String {
+    let digest = Sha256::digest(format!("ingress\0{prefix}\0{namespace}\0{name}").as_bytes());
+    let suffix: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
+    let readable = format!("{prefix}-ingress-{namespace}-{name}").to_lowercase();
+    let keep = MAX_NAME - suffix.len() - 1;
+    let readable = readable[..readable.len().min(keep)].trim_end_matches('-');
+    format!("tag:{readable}-{suffix}")
+}
+
+/// One ingress asking for a tag, for [`assign_ingress_tags`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TagClaim {
+    pub namespace: String,
+    pub name: String,
+    /// The tag its status records (what its node carries today), if any.
+    pub current: Option<String>,
+}
+
+/// The tag of every ingress of one Tailnet, injective over (namespace, name). `claims` come in
+/// first-claim order (creation time, then namespace/name). Upgrade-safe: an ingress keeps the
+/// tag its status records when that is one of its own two forms and nobody earlier took it;
+/// otherwise it gets today's [`ingress_tag`] unless an earlier claim holds that string, then
+/// the [`ingress_tag_discriminated`] form. `Err(holder)`: even that is taken (a hash
+/// collision), `holder` is `namespace/name` of the ingress that has it; the later one gets no
+/// tag and must touch nothing.
+pub fn assign_ingress_tags(
+    prefix: &str,
+    claims: &[TagClaim],
+) -> std::collections::BTreeMap<(String, String), Result<String, String>> {
+    use std::collections::BTreeMap;
+    let mut taken: BTreeMap<String, String> = BTreeMap::new();
+    let mut out: BTreeMap<(String, String), Result<String, String>> = BTreeMap::new();
+    let key = |c: &TagClaim| (c.namespace.clone(), c.name.clone());
+    let holder = |c: &TagClaim| format!("{}/{}", c.namespace, c.name);
+    // Recorded tags first: the nodes that exist keep their identity.
+    for c in claims {
+        let own = [
+            ingress_tag(prefix, &c.namespace, &c.name),
+            ingress_tag_discriminated(prefix, &c.namespace, &c.name),
+        ];
+        if let Some(current) = c.current.as_ref().filter(|t| own.contains(t))
+            && !taken.contains_key(current)
+            && !out.contains_key(&key(c))
+        {
+            taken.insert(current.clone(), holder(c));
+            out.insert(key(c), Ok(current.clone()));
+        }
+    }
+    for c in claims {
+        if out.contains_key(&key(c)) {
+            continue;
+        }
+        let legacy = ingress_tag(prefix, &c.namespace, &c.name);
+        let discriminated = ingress_tag_discriminated(prefix, &c.namespace, &c.name);
+        let result = if !taken.contains_key(&legacy) {
+            Ok(legacy)
+        } else if !taken.contains_key(&discriminated) {
+            Ok(discriminated)
+        } else {
+            Err(taken[&discriminated].clone())
+        };
+        if let Ok(tag) = &result {
+            taken.insert(tag.clone(), holder(c));
+        }
+        out.insert(key(c), result);
+    }
+    out
+}
+
 /// Which kind of agent a set of objects belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AgentKind {
@@ -151,6 +226,161 @@ mod tests {
         let short = shorten(&name, 63);
         assert!(short.len() <= 63);
         assert!(!short.contains("--"));
+    }
+
+    /// A small deterministic generator (no external crate): dash-heavy DNS labels.
+    struct Labels(u64);
+
+    impl Labels {
+        fn next(&mut self) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            self.0 >> 33
+        }
+
+        fn label(&mut self, max: usize) -> String {
+            let alphabet = b"ab-";
+            let len = 1 + (self.next() as usize) % max;
+            let mut s: String = (0..len)
+                .map(|_| alphabet[(self.next() as usize) % alphabet.len()] as char)
+                .collect();
+            // DNS label: starts and ends alphanumeric.
+            s.replace_range(0..1, "a");
+            if s.ends_with('-') {
+                s.pop();
+                s.push('b');
+            }
+            s
+        }
+    }
+
+    /// Property: whatever the lengths and dashes, distinct (namespace, name) pairs of one
+    /// Tailnet get distinct tags (every tag ≤ 63 chars in Headscale's charset) and distinct
+    /// agent objects; the first claim of a dash-joined string keeps today's tag.
+    #[test]
+    fn tags_and_agent_names_are_injective_over_namespace_and_name() {
+        let mut g = Labels(0x5eed);
+        for round in 0..400 {
+            let mut seen = std::collections::BTreeSet::new();
+            let mut claims = Vec::new();
+            let size = 2 + (g.next() as usize) % 30;
+            while claims.len() < size {
+                // Short labels make the dash-joined forms collide often; long ones hash.
+                let max = if round % 4 == 0 { 63 } else { 5 };
+                let (ns, name) = (g.label(max), g.label(max));
+                if seen.insert((ns.clone(), name.clone())) {
+                    claims.push(TagClaim {
+                        namespace: ns,
+                        name,
+                        current: None,
+                    });
+                }
+            }
+            let tags = assign_ingress_tags("tno", &claims);
+            let mut distinct = std::collections::BTreeMap::new();
+            for c in &claims {
+                let tag = tags[&(c.namespace.clone(), c.name.clone())]
+                    .clone()
+                    .expect("a tag for every claim");
+                let body = tag.strip_prefix("tag:").expect("tag:");
+                assert!(body.len() <= MAX_NAME, "{tag}");
+                assert!(
+                    body.chars()
+                        .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-'),
+                    "{tag}"
+                );
+                assert!(!body.ends_with('-') && !body.starts_with('-'), "{tag}");
+                if let Some(other) = distinct.insert(tag.clone(), c.clone()) {
+                    panic!("{other:?} and {c:?} share {tag}");
+                }
+                // Agent objects live in the resource's namespace: (namespace, base) is the
+                // object identity, and base is injective over the name.
+                let names = AgentNames::new(AgentKind::Ingress, &c.name);
+                assert!(names.base.len() <= MAX_AGENT_NAME);
+            }
+            // The first claim of each joined string keeps today's tag.
+            let mut first = std::collections::BTreeSet::new();
+            for c in &claims {
+                let legacy = ingress_tag("tno", &c.namespace, &c.name);
+                let got = tags[&(c.namespace.clone(), c.name.clone())]
+                    .clone()
+                    .expect("tag");
+                if first.insert(legacy.clone()) {
+                    assert_eq!(got, legacy, "the first claim keeps today's tag");
+                } else {
+                    assert_eq!(got, ingress_tag_discriminated("tno", &c.namespace, &c.name));
+                }
+            }
+        }
+        // Agent base names: injective over the name (per kind), long ones hashed.
+        let mut g = Labels(7);
+        let mut bases = std::collections::BTreeMap::new();
+        for _ in 0..5000 {
+            let name = g.label(63);
+            let base = AgentNames::new(AgentKind::Ingress, &name).base;
+            if let Some(other) = bases.insert(base.clone(), name.clone()) {
+                assert_eq!(other, name, "two names share the agent name {base}");
+            }
+        }
+    }
+
+    /// The lab's pair: `team-x/dev-api` first, then `team-x-dev/api`. The first keeps today's
+    /// tag; the second gets its own; recorded tags survive (an upgrade keeps the node).
+    #[test]
+    fn the_lab_pair_gets_two_identities_and_recorded_tags_stay() {
+        let claim = |ns: &str, name: &str, current: Option<&str>| TagClaim {
+            namespace: ns.into(),
+            name: name.into(),
+            current: current.map(str::to_string),
+        };
+        let first = ingress_tag("tno", "team-x", "dev-api");
+        assert_eq!(
+            first,
+            ingress_tag("tno", "team-x-dev", "api"),
+            "the old collision"
+        );
+        let tags = assign_ingress_tags(
+            "tno",
+            &[
+                claim("team-x", "dev-api", None),
+                claim("team-x-dev", "api", None),
+            ],
+        );
+        let of = |ns: &str, n: &str| tags[&(ns.to_string(), n.to_string())].clone().expect("tag");
+        assert_eq!(of("team-x", "dev-api"), first);
+        let second = of("team-x-dev", "api");
+        assert_ne!(second, first);
+        assert!(
+            second.starts_with("tag:tno-ingress-team-x-dev-api-"),
+            "{second}"
+        );
+        // Both recorded the old tag before the upgrade: the older keeps it.
+        let tags = assign_ingress_tags(
+            "tno",
+            &[
+                claim("team-x", "dev-api", Some(&first)),
+                claim("team-x-dev", "api", Some(&first)),
+            ],
+        );
+        assert_eq!(
+            tags[&("team-x".into(), "dev-api".into())],
+            Ok(first.clone())
+        );
+        assert_eq!(
+            tags[&("team-x-dev".into(), "api".into())],
+            Ok(second.clone())
+        );
+        // The older one is deleted: the newer keeps its recorded (discriminated) tag.
+        let tags = assign_ingress_tags("tno", &[claim("team-x-dev", "api", Some(&second))]);
+        assert_eq!(tags[&("team-x-dev".into(), "api".into())], Ok(second));
+        // A recorded tag that is not one of its own forms is ignored.
+        let tags = assign_ingress_tags("tno", &[claim("team-a", "portal", Some("tag:other"))]);
+        assert_eq!(
+            tags[&("team-a".into(), "portal".into())],
+            Ok("tag:tno-ingress-team-a-portal".to_string())
+        );
     }
 
     #[test]

@@ -198,11 +198,14 @@ pub enum PolicyMode {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentOverrides {
-    /// Image of the tailnet-agent container (default pinned by digest in the operator).
+    /// Image of the tailnet-agent container. Default: the operator's `--agent-image` (chart
+    /// value `agent.image`), else `ghcr.io/tailnet-operator/tailnet-agent:v<operator version>`,
+    /// a tag, not a digest; pin a digest here (`repo@sha256:...`) if you need one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
-    /// Image of the tailscale container (official image; default pinned by digest).
+    /// Image of the tailscale container. Default: the operator's `--tailscale-image`, else the
+    /// official `ghcr.io/tailscale/tailscale` image pinned by version and digest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub tailscale_image: Option<String>,
@@ -265,4 +268,13 @@ pub struct PolicyStatus {
     /// Resources (`Kind/namespace/name`) whose grants are live in Headscale.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub effective_for: Vec<String>,
+}
+
+/// The installation id written into a Tailnet's policy ownership marker
+/// (`// tailnet-operator-installation: <this>`): `<installation id>/<tailnet name>`. The
+/// operator's installation id defaults to the uid of namespace kube-system
+/// (`kubectl get ns kube-system -o jsonpath='{.metadata.uid}'`); `tailnet-operator render
+/// --installation-id` takes the same value, so preview and operator write the same line.
+pub fn marker_installation_id(installation_id: &str, tailnet: &str) -> String {
+    format!("{installation_id}/{tailnet}")
 }

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod cli;
 mod controllers;
@@ -28,23 +28,131 @@ enum Command {
     /// Print the CustomResourceDefinitions as YAML (or write them into a directory).
     Crd(cli::crd::CrdArgs),
     /// Run the operator (controllers, leader election, admin server).
+    #[command(after_help = cli::run::AFTER_HELP)]
     Run(cli::run::RunArgs),
     /// Offline preview: render the policy, DNS entries and Kubernetes objects from manifests.
+    #[command(after_help = cli::render::AFTER_HELP)]
     Render(cli::render::RenderArgs),
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let result = match args.command {
-        Command::Crd(a) => cli::crd::run(&a),
-        Command::Render(a) => cli::render::run(&a),
-        Command::Run(a) => cli::run::run(a),
+    // Usage errors exit 2 (clap), `--help`/`--version` 0.
+    let (command, env_warnings) =
+        cli::run::with_deprecated_env(Args::command(), |name| std::env::var_os(name));
+    let args = match Args::from_arg_matches(&command.get_matches()) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    };
+    let result: Result<(), (u8, String)> = match args.command {
+        Command::Crd(a) => cli::crd::run(&a).map_err(|e| (1, e.to_string())),
+        Command::Render(a) => cli::render::run(&a).map_err(|e| (e.exit_code(), e.to_string())),
+        Command::Run(a) => {
+            for warning in &env_warnings {
+                eprintln!("warning: {warning}");
+            }
+            cli::run::run(a).map_err(|e| (1, e.to_string()))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
+        Err((code, message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every flag and argument of every subcommand says what it does (`--help`).
+    #[test]
+    fn every_flag_has_help_text() {
+        let command = Args::command();
+        for sub in command.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                assert!(
+                    arg.get_help()
+                        .is_some_and(|h| !h.to_string().trim().is_empty()),
+                    "{} --{id} has no help text",
+                    sub.get_name()
+                );
+            }
+        }
+        command.debug_assert();
+    }
+
+    fn run_args(env: &[(&str, &str)]) -> (cli::run::RunArgs, Vec<String>) {
+        let lookup = |name: &str| {
+            env.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| std::ffi::OsString::from(v))
+        };
+        let (command, warnings) = cli::run::with_deprecated_env(Args::command(), lookup);
+        let matches = command
+            .try_get_matches_from(["tailnet-operator", "run"])
+            .expect("parse");
+        match Args::from_arg_matches(&matches).expect("args").command {
+            Command::Run(args) => (args, warnings),
+            _ => unreachable!(),
+        }
+    }
+
+    /// The old unprefixed names are read (with a warning) only when the new one is unset.
+    /// (Only the mapping is decided here; clap itself reads the process environment, so the
+    /// values are checked through the real binary's environment in the e2e setup.)
+    #[test]
+    fn old_environment_names_are_deprecated_not_dropped() {
+        let (_, warnings) = run_args(&[]);
+        assert!(warnings.is_empty());
+        let (_, warnings) = run_args(&[("OPERATOR_NAMESPACE", "ops")]);
+        assert_eq!(
+            warnings,
+            [
+                "environment variable OPERATOR_NAMESPACE is deprecated and will be ignored in the next release; set TAILNET_OPERATOR_OPERATOR_NAMESPACE instead"
+            ]
+        );
+        let (_, warnings) = run_args(&[
+            ("OPERATOR_NAMESPACE", "ops"),
+            ("TAILNET_OPERATOR_OPERATOR_NAMESPACE", "new"),
+        ]);
+        assert!(warnings.is_empty(), "the new name wins: {warnings:?}");
+        for (id, old, new) in cli::run::DEPRECATED_ENV {
+            assert_eq!(*new, format!("TAILNET_OPERATOR_{old}"));
+            let run = Args::command();
+            let run = run.find_subcommand("run").expect("run").clone();
+            let arg = run
+                .get_arguments()
+                .find(|a| a.get_id().as_str() == *id)
+                .unwrap_or_else(|| panic!("{id} is a flag of run"));
+            assert_eq!(
+                arg.get_env().map(|e| e.to_string_lossy().into_owned()),
+                Some(new.to_string()),
+                "{id}"
+            );
+        }
+        // Every env-settable flag of run is in the table.
+        let run = Args::command();
+        let run = run.find_subcommand("run").expect("run").clone();
+        let with_env = run
+            .get_arguments()
+            .filter(|a| a.get_env().is_some())
+            .count();
+        assert_eq!(with_env, cli::run::DEPRECATED_ENV.len());
+    }
+
+    /// Preview and operator write the same ownership marker for the same installation id.
+    #[test]
+    fn render_and_the_operator_write_the_same_marker() {
+        let config = controllers::test_fixtures::config();
+        assert_eq!(
+            tailnet_api::tailnet::marker_installation_id(&config.installation_id, "demo"),
+            controllers::tailnet::decide::installation_id(&config, "demo")
+        );
     }
 }

@@ -284,7 +284,9 @@ fn assert_same_output(inputs: &[PathBuf], observed_path: &Path) {
             .expect("observed state");
     let (objects, policy, dns) = controllers_output(&manifests, &observed);
     let tailnet = manifests.tailnets[0].object.name_any();
-    let marker = tailnet::decide::installation_id(&config(), &tailnet);
+    // `render --installation-id` takes the operator's installation id (what `run
+    // --installation-id` takes); both write `<id>/<tailnet>` into the marker.
+    let marker = config().installation_id;
     let cli_objects = keyed(yaml_documents(&cli_part(
         inputs,
         observed_path,
@@ -307,6 +309,17 @@ fn assert_same_output(inputs: &[PathBuf], observed_path: &Path) {
     }
     let cli_policy = cli_part(inputs, observed_path, "policy", &marker);
     pretty_assertions::assert_eq!(cli_policy.trim_end(), policy.trim_end(), "policy document");
+    assert_eq!(
+        cli_policy.lines().next(),
+        Some(
+            format!(
+                "// tailnet-operator-installation: {}",
+                tailnet::decide::installation_id(&config(), &tailnet)
+            )
+            .as_str()
+        ),
+        "the operator's ownership marker"
+    );
     let cli_dns = yaml_documents(&cli_part(inputs, observed_path, "dns", &marker));
     pretty_assertions::assert_eq!(cli_dns.first(), dns.as_ref(), "DNS ConfigMap");
     assert!(dns.is_some(), "both sets configure DNS");

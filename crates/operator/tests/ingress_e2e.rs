@@ -6,7 +6,7 @@
 mod support;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -222,6 +222,11 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
         .expect("laptop still allowed");
     assert_eq!(ready.name_any(), "portal");
 
+    // Tenant safety (issue 14, the lab's pattern): `<ns>/dev-api`, then `<ns>-dev/api`. Their
+    // namespace and name join to the same string; both get an identity of their own and work,
+    // and deleting the later one leaves the earlier one's node.
+    lab_pair_gets_two_identities(&env, &client, &ns, &tailnet_name, &laptop).await;
+
     // Without tls.secretName: a cert-manager Certificate for every http name, and http stays
     // unserved (Issuing) until it is issued.
     apply(
@@ -328,4 +333,128 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
     let after = pod_uids(&agent_pods(&pods, agent).await.expect("agent pods"));
     assert_eq!(before, after, "served without restarting the agent pod");
     operator.terminate().await.expect("operator stops cleanly");
+}
+
+/// `<ns>/dev-api` (first) and `<ns>-dev/api` (second): distinct tags and nodes, both forward
+/// tcp for the laptop; deleting the second deletes only its own node.
+async fn lab_pair_gets_two_identities(
+    env: &E2eEnv,
+    client: &kube::Client,
+    ns: &str,
+    tailnet_name: &str,
+    laptop: &tno_testenv_tailnet::LocalApi,
+) {
+    let other_ns = format!("{ns}-dev");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut namespace = Namespace::default();
+    namespace.metadata.name = Some(other_ns.clone());
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("namespace <ns>-dev");
+    apply(
+        &Api::<Deployment>::namespaced(client.clone(), &other_ns),
+        "db",
+        test_server_deployment(
+            &other_ns,
+            "db",
+            json!(["tcp-echo", "--listen", "0.0.0.0:5432"]),
+        ),
+    )
+    .await
+    .expect("backend Deployment in <ns>-dev");
+    apply(
+        &Api::<Service>::namespaced(client.clone(), &other_ns),
+        "db",
+        service_object(&other_ns, "db", 5432),
+    )
+    .await
+    .expect("backend Service in <ns>-dev");
+    let expose = |label: &str| json!([{"name": "db", "dnsLabel": label, "mode": "tcp", "port": 6000, "backend": {"service": "db", "port": 5432}}]);
+    let first: Api<TailnetIngress> = Api::namespaced(client.clone(), ns);
+    let second: Api<TailnetIngress> = Api::namespaced(client.clone(), &other_ns);
+    apply(
+        &first,
+        "dev-api",
+        ingress_object(ns, "dev-api", tailnet_name, None, expose("devapi")),
+    )
+    .await
+    .expect("ingress <ns>/dev-api");
+    let online = |api: Api<TailnetIngress>, name: &'static str| async move {
+        wait_for(&format!("{name} online with its grant"), WAIT, || async {
+            let i = api.get(name).await.map_err(|e| e.to_string())?;
+            let status = i.status.clone().unwrap_or_default();
+            match (
+                tailnet_ipv4(&status.tailnet_ips),
+                status.tag.clone(),
+                status.node_id.clone(),
+            ) {
+                (Some(ip), Some(tag), Some(node))
+                    if ConditionIs::new("NodeOnline", "True").holds_for(&i)
+                        && ConditionIs::new("PolicyEffective", "True").holds_for(&i) =>
+                {
+                    Ok((ip, tag, node))
+                }
+                _ => Err(i.describe()),
+            }
+        })
+        .await
+    };
+    let (first_ip, first_tag, first_node) = online(first.clone(), "dev-api").await;
+    assert_eq!(
+        first_tag,
+        format!("tag:tno-ingress-{ns}-dev-api"),
+        "the first keeps today's tag"
+    );
+    apply(
+        &second,
+        "api",
+        ingress_object(&other_ns, "api", tailnet_name, None, expose("api")),
+    )
+    .await
+    .expect("ingress <ns>-dev/api");
+    let (second_ip, second_tag, second_node) = online(second.clone(), "api").await;
+    eprintln!("lab pair: {first_tag} (node {first_node}) and {second_tag} (node {second_node})");
+    assert_ne!(second_tag, first_tag, "distinct tags");
+    assert!(
+        second_tag.starts_with(&format!("{first_tag}-")),
+        "{second_tag}"
+    );
+    assert_ne!(second_node, first_node, "distinct nodes");
+    assert_ne!(second_ip, first_ip);
+    for ip in [&first_ip, &second_ip] {
+        wait_for("the tcp expose to echo for the laptop", WAIT, || async {
+            tcp_echo(laptop, ip, 6000).await
+        })
+        .await;
+    }
+    second
+        .delete("api", &Default::default())
+        .await
+        .expect("delete <ns>-dev/api");
+    wait_for("<ns>-dev/api to be gone", WAIT, || async {
+        match second.get_opt("api").await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there (finalizer)".to_string()),
+        }
+    })
+    .await;
+    let nodes = env.headscale_api().list_nodes().await.expect("nodes");
+    let ids: Vec<String> = nodes.iter().map(|n| n.id.to_string()).collect();
+    assert!(
+        ids.contains(&first_node),
+        "the first one's node survives: {ids:?}"
+    );
+    assert!(
+        !ids.contains(&second_node),
+        "the second one's node is gone: {ids:?}"
+    );
+    tcp_echo(laptop, &first_ip, 6000)
+        .await
+        .expect("the first still forwards");
+    first
+        .delete("dev-api", &Default::default())
+        .await
+        .expect("delete <ns>/dev-api");
+    let _ = namespaces.delete(&other_ns, &Default::default()).await;
 }

@@ -266,3 +266,386 @@ fn missing_inputs_are_named() {
     assert!(!ok);
     assert!(stderr.contains("does-not-exist"), "{stderr}");
 }
+
+/// Runs the real binary: exit code, stdout, stderr. `stdin` is piped when given; `env` is
+/// added to a cleared environment (render must not depend on it).
+fn run_cli(
+    args: &[&str],
+    stdin: Option<&str>,
+    env: &[(&str, &str)],
+) -> (Option<i32>, String, String) {
+    use std::io::Write;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tailnet-operator"));
+    command
+        .args(args)
+        .current_dir(root())
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdin(if stdin.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().expect("run tailnet-operator");
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("write stdin");
+    }
+    let output = child.wait_with_output().expect("wait");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The documented exit codes (docs/cli.md), each from the real binary.
+#[test]
+fn exit_codes_are_documented_and_distinct() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for entry in std::fs::read_dir(root().join("examples")).expect("examples") {
+        let path = entry.expect("entry").path();
+        if path.is_file() {
+            std::fs::copy(&path, dir.path().join(path.file_name().expect("name"))).expect("copy");
+        }
+    }
+    let issues = dir.path().join("issues");
+    std::fs::create_dir(&issues).expect("mkdir");
+    for entry in std::fs::read_dir(dir.path()).expect("dir") {
+        let path = entry.expect("entry").path();
+        if path.is_file() {
+            let text = std::fs::read_to_string(&path).expect("read");
+            let text = text.replace(
+                "allowFrom: [\"group:team-a\"]",
+                "allowFrom: [\"group:team-a\", \"group:everyone\"]",
+            );
+            std::fs::write(issues.join(path.file_name().expect("name")), text).expect("write");
+        }
+    }
+    let invalid = dir.path().join("invalid.yaml");
+    std::fs::write(
+        &invalid,
+        "apiVersion: tailnet-operator.dev/v1alpha1\nkind: TailnetEgress\nmetadata: {name: x}\nspec: {tailnetRef: {name: demo}, consumerNamespaces: [a], targets: [{name: db, address: 192.0.2.1, port: 70000}]}\n",
+    )
+    .expect("write");
+    let not_a_dir = dir.path().join("file");
+    std::fs::write(&not_a_dir, "").expect("write");
+    let issues = issues.to_str().expect("utf-8");
+    let invalid = invalid.to_str().expect("utf-8");
+    let out_file = format!("{}/sub", not_a_dir.display());
+    let table: Vec<(Vec<&str>, i32, &str)> = vec![
+        (vec!["render", "examples/", "--observed", OBSERVED], 0, ""),
+        (vec!["render", "--help"], 0, "Exit codes: 0 rendered"),
+        (
+            vec!["render", "examples/", "--no-such-flag"],
+            2,
+            "unexpected argument",
+        ),
+        (
+            vec!["render", "examples/", "-o", "xml"],
+            2,
+            "invalid value 'xml'",
+        ),
+        (vec!["render"], 2, "required"),
+        (vec!["render", "does-not-exist/"], 1, "does-not-exist"),
+        (
+            vec!["render", "examples/", "--observed", "no-such-file.json"],
+            1,
+            "no-such-file.json",
+        ),
+        (
+            vec![
+                "render",
+                "examples/",
+                "--observed",
+                OBSERVED,
+                "--output-dir",
+                &out_file,
+            ],
+            1,
+            "writing",
+        ),
+        (
+            vec!["render", "examples/", invalid, "--observed", OBSERVED],
+            3,
+            "spec.targets[db].port: port 70000 is out of range",
+        ),
+        (
+            vec!["render", "examples/"],
+            3,
+            "does not exist among the inputs",
+        ),
+        (
+            vec![
+                "render",
+                "examples/",
+                "--observed",
+                OBSERVED,
+                "--tailnet",
+                "nope",
+            ],
+            3,
+            "--tailnet nope",
+        ),
+        (
+            vec!["render", issues, "--observed", OBSERVED],
+            4,
+            "policy issues (use --allow-issues to print anyway)",
+        ),
+        (
+            vec![
+                "render",
+                issues,
+                "--observed",
+                OBSERVED,
+                "--allow-issues",
+                "-o",
+                "json",
+            ],
+            0,
+            "policy issue: Tailnet demo",
+        ),
+    ];
+    for (args, code, stderr_has) in table {
+        let (got, _, stderr) = run_cli(&args, None, &[]);
+        assert_eq!(got, Some(code), "{args:?}: {stderr}");
+        let all = format!("{stderr}{}", run_cli(&args, None, &[]).1);
+        assert!(
+            all.contains(stderr_has),
+            "{args:?}: {stderr_has:?} not in {all}"
+        );
+    }
+}
+
+/// `-o yaml` and `-o json` are one parseable stream each: a v1 List of the Kubernetes
+/// objects plus the policy and the DNS as ConfigMap-shaped data, every item annotated with
+/// its Tailnet; the policy data is exactly `--only policy`.
+#[test]
+fn yaml_and_json_output_parse_as_one_list() {
+    let (code, yaml, stderr) = run_cli(
+        &["render", "-o", "yaml", "examples/", "--observed", OBSERVED],
+        None,
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let list: serde_json::Value = serde_yaml::from_str(&yaml).expect("one YAML document");
+    let (code, json, _) = run_cli(
+        &["render", "-o", "json", "examples/", "--observed", OBSERVED],
+        None,
+        &[],
+    );
+    assert_eq!(code, Some(0));
+    let from_json: serde_json::Value = serde_json::from_str(&json).expect("one JSON document");
+    assert_eq!(list, from_json, "YAML and JSON carry the same List");
+    assert_eq!(list["apiVersion"], "v1");
+    assert_eq!(list["kind"], "List");
+    let items = list["items"].as_array().expect("items");
+    for item in items {
+        let annotations = &item["metadata"]["annotations"];
+        assert_eq!(
+            annotations["render.tailnet-operator.dev/tailnet"], "demo",
+            "{item}"
+        );
+    }
+    let part = |p: &str| -> Vec<&serde_json::Value> {
+        items
+            .iter()
+            .filter(|i| i["metadata"]["annotations"]["render.tailnet-operator.dev/part"] == p)
+            .collect()
+    };
+    let policy = part("policy");
+    assert_eq!(policy.len(), 1);
+    assert_eq!(policy[0]["kind"], "ConfigMap");
+    assert_eq!(policy[0]["metadata"]["name"], "demo-rendered-policy");
+    let (_, only_policy, _) = run_cli(
+        &[
+            "render",
+            "examples/",
+            "--observed",
+            OBSERVED,
+            "--only",
+            "policy",
+            "-o",
+            "yaml",
+        ],
+        None,
+        &[],
+    );
+    assert_eq!(policy[0]["data"]["policy.hujson"], only_policy.as_str());
+    assert!(only_policy.starts_with("// tailnet-operator-installation: "));
+    let dns = part("dns");
+    assert_eq!(dns.len(), 1);
+    assert!(
+        dns[0]["data"]["hosts"]
+            .as_str()
+            .expect("hosts")
+            .contains("10.96.0.20 api.site.example.net")
+    );
+    let kinds: Vec<&str> = part("object")
+        .iter()
+        .map(|o| o["kind"].as_str().expect("kind"))
+        .collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "Deployment").count(), 2);
+    assert!(kinds.contains(&"Certificate"));
+    assert_eq!(items.len(), 2 + kinds.len());
+}
+
+/// `-` reads standard input; `--output-dir` writes one file per object.
+#[test]
+fn stdin_and_output_dir() {
+    let mut stream = String::new();
+    let mut files: Vec<_> = std::fs::read_dir(root().join("examples"))
+        .expect("examples")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    for path in files {
+        stream.push_str("---\n");
+        stream.push_str(&std::fs::read_to_string(path).expect("read"));
+    }
+    let args = ["render", "-o", "yaml", "--observed", OBSERVED];
+    let (code, from_stdin, stderr) = run_cli(&[&args[..], &["-"]].concat(), Some(&stream), &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (_, from_dir, _) = run_cli(&[&args[..], &["examples/"]].concat(), None, &[]);
+    assert_eq!(from_stdin, from_dir);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out");
+    let (code, stdout, stderr) = run_cli(
+        &[
+            &args[..],
+            &["examples/", "--output-dir", out.to_str().expect("utf-8")],
+        ]
+        .concat(),
+        None,
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.is_empty());
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .expect("out")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let list: serde_json::Value = serde_yaml::from_str(&from_dir).expect("list");
+    let items = list["items"].as_array().expect("items");
+    assert_eq!(names.len(), items.len() + 1, "{names:?}");
+    assert!(names.contains(&"demo.policy.hujson".to_string()));
+    assert!(names.contains(&"01-configmap-tailnet-system-demo-rendered-policy.yaml".to_string()));
+    for (name, item) in names.iter().filter(|n| n.ends_with(".yaml")).zip(items) {
+        let text = std::fs::read_to_string(out.join(name)).expect("read");
+        let value: serde_json::Value = serde_yaml::from_str(&text).expect("one object");
+        assert_eq!(&value, item, "{name}");
+    }
+}
+
+/// What render cannot know offline is named: on stderr, as comments in text mode (also with
+/// `--only dns`), in an annotation and in the policy object's data with `-o yaml`.
+#[test]
+fn names_unknown_offline_are_pending_not_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The backends, but no ClusterIPs and no Headscale nodes.
+    let backends = dir.path().join("backends.yaml");
+    std::fs::write(
+        &backends,
+        "apiVersion: v1\nkind: Service\nmetadata: {name: frontend, namespace: team-a}\nspec: {ports: [{name: http, port: 8080}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: admin, namespace: team-a}\nspec: {ports: [{port: 8443}]}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: backend-ca, namespace: team-a}\ndata: {ca.crt: placeholder}\n",
+    )
+    .expect("write");
+    let backends = backends.to_str().expect("utf-8");
+    let (code, dns, stderr) = run_cli(
+        &["render", "examples/", backends, "--only", "dns"],
+        None,
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    for expected in [
+        "DNS name api.site.example.net (TailnetEgress/tailnet-system/team-a) is pending, not rendered: Service tailnet-system/remote-api has no ClusterIP yet",
+        "DNS name portal.team-a.lab.example.net (TailnetIngress/team-a/portal) is pending",
+    ] {
+        assert!(stderr.contains(expected), "{expected:?} not in {stderr}");
+    }
+    assert!(
+        dns.contains("# pending (not in data above): api.site.example.net (TailnetEgress/tailnet-system/team-a): Service tailnet-system/remote-api has no ClusterIP yet"),
+        "{dns}"
+    );
+    let _: serde_json::Value = serde_yaml::from_str(&dns).expect("still one YAML document");
+    let (_, yaml, _) = run_cli(&["render", "examples/", backends, "-o", "yaml"], None, &[]);
+    let list: serde_json::Value = serde_yaml::from_str(&yaml).expect("list");
+    let items = list["items"].as_array().expect("items");
+    let dns_cm = items
+        .iter()
+        .find(|i| i["metadata"]["annotations"]["render.tailnet-operator.dev/part"] == "dns")
+        .expect("dns");
+    let pending = dns_cm["metadata"]["annotations"]["render.tailnet-operator.dev/pending"]
+        .as_str()
+        .expect("pending annotation");
+    assert!(pending.contains("api.site.example.net (TailnetEgress/tailnet-system/team-a)"));
+    assert_eq!(items[0]["data"]["pending"].as_str(), Some(pending));
+}
+
+/// render reads no environment variables: the operator's (old and new names) change nothing;
+/// the installation id comes from the flag and is written as the operator writes it.
+#[test]
+fn render_reads_no_environment_and_marks_like_the_operator() {
+    let args = [
+        "render",
+        "examples/",
+        "--observed",
+        OBSERVED,
+        "--only",
+        "policy",
+    ];
+    let (_, plain, stderr) = run_cli(&args, None, &[]);
+    assert!(
+        stderr.contains("--installation-id not given")
+            && stderr.contains("kubectl get ns kube-system -o jsonpath='{.metadata.uid}'"),
+        "{stderr}"
+    );
+    let mut with_env = Vec::new();
+    for (old, value) in [
+        ("OPERATOR_NAMESPACE", "elsewhere"),
+        ("INSTALLATION_ID", "from-env"),
+        ("ROUTE_APPROVAL", "false"),
+        ("CLUSTER_DOMAIN", "example.internal"),
+    ] {
+        with_env.push((old.to_string(), value));
+        with_env.push((format!("TAILNET_OPERATOR_{old}"), value));
+    }
+    let env: Vec<(&str, &str)> = with_env.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let (_, changed, _) = run_cli(&args, None, &env);
+    assert_eq!(plain, changed, "render must not read environment variables");
+    let uid = "6f1c2a3b-0000-4000-8000-000000000001";
+    let (code, policy, stderr) = run_cli(
+        &[&args[..], &["--installation-id", uid]].concat(),
+        None,
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        policy.lines().next(),
+        Some(format!("// tailnet-operator-installation: {uid}/demo").as_str())
+    );
+    assert!(!stderr.contains("--installation-id not given"));
+}
+
+#[test]
+fn help_has_examples_for_render_and_run() {
+    for (sub, expected) in [
+        ("render", "tailnet-operator render -o yaml"),
+        ("run", "TAILNET_OPERATOR_OPERATOR_NAMESPACE"),
+    ] {
+        let (code, help, _) = run_cli(&[sub, "--help"], None, &[]);
+        assert_eq!(code, Some(0));
+        assert!(
+            help.contains("Examples:") && help.contains(expected),
+            "{help}"
+        );
+    }
+}

@@ -136,6 +136,130 @@ async fn more_policy_syncs(operator: &LocalOperator, tailnet: &str, result: &str
     .await;
 }
 
+/// A TCP proxy in front of Headscale that, once armed, edits the live policy (through
+/// Headscale directly) as soon as a request carrying `trigger` passes through it, before
+/// forwarding that request: an edit that lands between the operator's read of the live
+/// policy and its PUT.
+struct EditingProxy {
+    url: String,
+    state: std::sync::Arc<std::sync::Mutex<ProxyState>>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    /// (trigger, from, to) while armed.
+    armed: Option<(String, String, String)>,
+    edited: bool,
+}
+
+impl EditingProxy {
+    async fn start(upstream: &str, api_key: &str) -> EditingProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("proxy listener");
+        let url = format!("http://{}", listener.local_addr().expect("proxy address"));
+        let upstream_addr = upstream
+            .strip_prefix("http://")
+            .expect("plain http Headscale")
+            .trim_end_matches('/')
+            .to_string();
+        let state = std::sync::Arc::new(std::sync::Mutex::new(ProxyState::default()));
+        let hs = tailnet_headscale::Client::new(
+            upstream,
+            tailnet_headscale::Secret::new(api_key),
+            Default::default(),
+        )
+        .expect("headscale client");
+        let shared = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let (state, hs, upstream_addr) =
+                    (shared.clone(), hs.clone(), upstream_addr.clone());
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(&upstream_addr).await else {
+                        return;
+                    };
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let down = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                    });
+                    let mut buffer = vec![0u8; 64 * 1024];
+                    let mut tail = String::new();
+                    loop {
+                        let n = match client_read.read(&mut buffer).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let seen = format!("{tail}{}", String::from_utf8_lossy(&buffer[..n]));
+                        let edit = {
+                            let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+                            match &s.armed {
+                                Some((trigger, _, _)) if seen.contains(trigger.as_str()) => {
+                                    s.armed.take()
+                                }
+                                _ => None,
+                            }
+                        };
+                        if let Some((_, from, to)) = edit {
+                            let live = hs.get_policy().await.expect("proxy: live policy");
+                            let edited = live.policy.replace(&from, &to);
+                            assert_ne!(edited, live.policy, "proxy: nothing to edit");
+                            hs.set_policy(&edited).await.expect("proxy: edit");
+                            state.lock().unwrap_or_else(|p| p.into_inner()).edited = true;
+                        }
+                        tail = seen
+                            .chars()
+                            .rev()
+                            .take(64)
+                            .collect::<Vec<_>>()
+                            .into_iter()
+                            .rev()
+                            .collect();
+                        if server_write.write_all(&buffer[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    down.abort();
+                });
+            }
+        });
+        EditingProxy { url, state }
+    }
+
+    fn arm(&self, trigger: &str, from: &str, to: &str) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.armed = Some((trigger.to_string(), from.to_string(), to.to_string()));
+        s.edited = false;
+    }
+
+    fn edited(&self) -> bool {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).edited
+    }
+}
+
+/// How often the operator reported an overwritten manual edit of `tailnet`'s policy (an
+/// Event's series count; 1 without a series).
+async fn manual_edit_reports(events: &Api<Event>, tailnet: &str) -> Result<i32, String> {
+    let list = events
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("ManualEditOverwritten")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(tailnet)
+        })
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tailnet_controller_scenario() {
     let kube = tno_testenv_kube::shared()
@@ -404,6 +528,115 @@ async fn scenario(
             Some(e) if e.note.clone().unwrap_or_default().contains("5433") => Ok(()),
             Some(e) => Err(format!("note without the lost line: {:?}", e.note)),
             None => Err("no event yet".to_string()),
+        }
+    })
+    .await;
+
+    // An edit made while the operator checks its document (between its read of the live
+    // policy and its PUT) is reported, not silently overwritten. A proxy in front of
+    // Headscale makes the window observable: when the check of the new document passes
+    // through it, it edits the live policy first.
+    let proxy = EditingProxy::start(&env.headscale.root_url(), env.headscale.api_key()).await;
+    apply(
+        &tailnets,
+        &tailnet_name,
+        tailnet_object(&tailnet_name, &proxy.url, "Apply", own_hosts_config_map()),
+    )
+    .await
+    .expect("Tailnet through the proxy");
+    wait_for("the operator to talk through the proxy", WAIT, || async {
+        let t = tailnets
+            .get(&tailnet_name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let message = t.condition_message("HeadscaleReachable");
+        if message.contains(&proxy.url) {
+            Ok(())
+        } else {
+            Err(message)
+        }
+    })
+    .await;
+    // Events with the same reason are one Event with a series (the note is the first one's):
+    // count the reports.
+    let reported_before = manual_edit_reports(&events, &tailnet_name)
+        .await
+        .expect("events");
+    proxy.arm("group:race", "\"tcp:5432\"", "\"tcp:5434\"");
+    set_base_policy(
+        &cms,
+        ns,
+        &base_policy("").replace(
+            "\"group:team-a\": [\"alice@\"],",
+            "\"group:team-a\": [\"alice@\"],\n    \"group:race\": [\"bob@\"],",
+        ),
+    )
+    .await
+    .expect("base with a new group");
+    wait_for(
+        "the proxy to edit the live policy during the check",
+        WAIT,
+        || async {
+            if proxy.edited() {
+                Ok(())
+            } else {
+                Err("no check of the new document yet".to_string())
+            }
+        },
+    )
+    .await;
+    wait_for(
+        "the edit made during the check to be reported",
+        WAIT,
+        || async {
+            let now = hs.get_policy().await.map_err(|e| e.to_string())?;
+            let reported = manual_edit_reports(&events, &tailnet_name).await?;
+            if now.policy.contains("group:race")
+                && !now.policy.contains("5434")
+                && reported > reported_before
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "ManualEditOverwritten reported {reported} times (before: {reported_before}); live has group:race: {}, 5434: {}",
+                    now.policy.contains("group:race"),
+                    now.policy.contains("5434")
+                ))
+            }
+        },
+    )
+    .await;
+    // The write that overwrote the edit was not announced as a plain PolicyApplied.
+    let plain = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("PolicyApplied")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                    == Some(tailnet_name.as_str())
+        })
+        .map(|e| e.note.unwrap_or_default())
+        .collect::<Vec<_>>();
+    assert!(plain.is_empty(), "the overwrite was reported as {plain:?}");
+    set_base_policy(&cms, ns, &base_policy(""))
+        .await
+        .expect("base back");
+    apply(
+        &tailnets,
+        &tailnet_name,
+        tailnet_object(&tailnet_name, &server, "Apply", own_hosts_config_map()),
+    )
+    .await
+    .expect("Tailnet back to Headscale directly");
+    wait_for("the base without group:race to be live", WAIT, || async {
+        let now = hs.get_policy().await.map_err(|e| e.to_string())?;
+        if now.policy.contains("group:race") {
+            Err("still the race base".to_string())
+        } else {
+            Ok(())
         }
     })
     .await;

@@ -10,13 +10,13 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
 use tailnet_api::ingress::ExposeMode;
-use tailnet_api::naming::{ingress_tag, labels};
+use tailnet_api::naming::{TagClaim, assign_ingress_tags, labels};
 use tailnet_api::validate::{self, ExposeNames, FieldError, ValidEgress, ValidIngress};
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tailnet_policy::{ObservedNode, PolicyInputs};
 
 use crate::backends::{self, BackendProblem, ObjectKey, ObservedBackends};
-use crate::dns::{self, DnsEntry, DnsInputs, PendingName, RenderedDns};
+use crate::dns::{self, ClaimRank, DnsEntry, DnsInputs, PendingName, RenderedDns};
 use crate::egress::{self, EgressObjects};
 use crate::ingress::{self, IngressInputs, IngressObjects};
 use crate::{RenderContext, RenderError, policy_inputs};
@@ -93,18 +93,11 @@ pub fn claimed_elsewhere<'a>(
         .iter()
         .flat_map(|n| n.hostnames.iter().map(String::as_str))
         .collect();
-    let rank = |i: &TailnetIngress| {
-        (
-            i.creation_timestamp().map(|t| t.0),
-            i.namespace().unwrap_or_default(),
-            i.name_any(),
-        )
-    };
-    let my_rank = rank(ingress);
+    let my_rank = claim_rank(ingress);
     let mut claimed = BTreeMap::new();
     for other in others {
         // `>=` also skips `ingress` itself.
-        if other.spec.tailnet_ref.name != ctx.tailnet_name || rank(other) >= my_rank {
+        if other.spec.tailnet_ref.name != ctx.tailnet_name || claim_rank(other) >= my_rank {
             continue;
         }
         let ns = other.namespace().unwrap_or_default();
@@ -124,6 +117,42 @@ pub fn claimed_elsewhere<'a>(
         }
     }
     claimed
+}
+
+/// The order of claims on a hostname, the same for the ingress names ([`claimed_elsewhere`])
+/// and the DNS entries ([`dns::render`]): creation time, then namespace, then name.
+pub fn claim_rank(object: &impl ResourceExt) -> ClaimRank {
+    ClaimRank::new(
+        object.creation_timestamp().map(|t| t.0),
+        &object.namespace().unwrap_or_default(),
+        &object.name_any(),
+    )
+}
+
+/// The tag of every ingress of `tailnet` among `ingresses` (others' are skipped), injective
+/// over (namespace, name): [`tailnet_api::naming::assign_ingress_tags`] in first-claim order
+/// ([`claim_rank`]), each keeping the tag its status records. `Err(holder)`: no tag (a
+/// collision even with the discriminated form), held by `holder`.
+pub fn ingress_tags<'a>(
+    tailnet_name: &str,
+    prefix: &str,
+    ingresses: impl IntoIterator<Item = &'a TailnetIngress>,
+) -> BTreeMap<(String, String), Result<String, String>> {
+    let mut ours: Vec<&TailnetIngress> = ingresses
+        .into_iter()
+        .filter(|i| i.spec.tailnet_ref.name == tailnet_name)
+        .collect();
+    ours.sort_by_key(|i| claim_rank(*i));
+    ours.dedup_by_key(|i| (i.namespace(), i.name_any()));
+    let claims: Vec<TagClaim> = ours
+        .iter()
+        .map(|i| TagClaim {
+            namespace: i.namespace().unwrap_or_default(),
+            name: i.name_any(),
+            current: i.status.as_ref().and_then(|s| s.tag.clone()),
+        })
+        .collect();
+    assign_ingress_tags(prefix, &claims)
 }
 
 /// What only the cluster knows about one ingress.
@@ -228,6 +257,7 @@ pub fn dns_inputs(
     nodes: &[ObservedNode],
 ) -> DnsInputs {
     let name = tailnet.name_any();
+    let tags = ingress_tags(&name, &tailnet.spec.policy.tag_prefix, ingresses);
     let mut inputs = DnsInputs::default();
     for egress in egresses {
         if egress.spec.tailnet_ref.name != name
@@ -244,6 +274,7 @@ pub fn dns_inputs(
                         hostname: alias.clone(),
                         address: *address,
                         owner: owner.clone(),
+                        rank: claim_rank(egress),
                     }),
                     None => inputs.pending.push(PendingName {
                         hostname: alias.clone(),
@@ -269,14 +300,13 @@ pub fn dns_inputs(
             continue;
         };
         let owner = format!("TailnetIngress/{namespace}/{}", ingress.name_any());
-        let tag = ingress_tag(
-            &tailnet.spec.policy.tag_prefix,
-            &namespace,
-            &ingress.name_any(),
-        );
+        // No tag of its own (a collision): none of its names points anywhere.
+        let Some(Ok(tag)) = tags.get(&(namespace.clone(), ingress.name_any())) else {
+            continue;
+        };
         let ips: Vec<IpAddr> = nodes
             .iter()
-            .filter(|n| n.tags.contains(&tag))
+            .filter(|n| n.tags.contains(tag))
             .flat_map(|n| n.ip_addresses.iter().copied())
             .collect();
         for hostname in names.iter().flat_map(|n| n.hostnames.iter()) {
@@ -292,6 +322,7 @@ pub fn dns_inputs(
                     hostname: hostname.clone(),
                     address: *address,
                     owner: owner.clone(),
+                    rank: claim_rank(ingress),
                 });
             }
         }

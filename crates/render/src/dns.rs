@@ -9,12 +9,34 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
 /// Key of the hosts file in the DNS ConfigMap.
 pub const HOSTS_KEY: &str = "hosts";
 /// Key of the Headscale extra records in the DNS ConfigMap.
 pub const EXTRA_RECORDS_KEY: &str = "extra-records.json";
+
+/// Who claimed a name first: ordered by creation time (`None`, objects not read from a
+/// cluster, sorts first), then namespace, then name. The one rule for a contested
+/// hostname everywhere (`desired::claimed_elsewhere` serves the ingress with the same order):
+/// the first claim wins, whatever the addresses.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ClaimRank {
+    pub created: Option<Timestamp>,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ClaimRank {
+    pub fn new(created: Option<Timestamp>, namespace: &str, name: &str) -> Self {
+        ClaimRank {
+            created,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }
+    }
+}
 
 /// One name → address, with the resource it comes from (for conflicts and status).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -23,6 +45,8 @@ pub struct DnsEntry {
     pub address: IpAddr,
     /// `Kind/namespace/name` of the resource that declared it.
     pub owner: String,
+    /// Who claimed the name first (decides a conflict, never the address).
+    pub rank: ClaimRank,
 }
 
 /// Names that cannot be rendered yet (no ClusterIP / no tailnet IP observed).
@@ -47,7 +71,8 @@ pub struct DnsInputs {
 pub struct RenderedDns {
     pub hosts: String,
     pub extra_records_json: String,
-    /// Names claimed by more than one resource: the first owner (sorted by owner) keeps it.
+    /// Names claimed by more than one resource: the first claim (see [`ClaimRank`]) keeps it;
+    /// here the hostname with the owners that lost it.
     pub conflicts: Vec<(String, Vec<String>)>,
     pub pending: Vec<PendingName>,
 }
@@ -60,8 +85,8 @@ struct ExtraRecord<'a> {
     value: String,
 }
 
-/// Resolves conflicts (a hostname owned by two resources: the lexically first owner keeps
-/// it, which for the controllers means the older name-sorted claim) and renders both formats.
+/// Resolves conflicts (a hostname claimed by two resources: the first claim keeps it, by
+/// [`ClaimRank`], not by address or owner name) and renders both formats.
 pub fn render(inputs: &DnsInputs) -> RenderedDns {
     let mut all: Vec<&DnsEntry> = inputs
         .egress_aliases
@@ -69,10 +94,18 @@ pub fn render(inputs: &DnsInputs) -> RenderedDns {
         .chain(inputs.ingress_names.iter())
         .collect();
     all.sort();
+    let mut by_claim = all.clone();
+    by_claim.sort_by(|a, b| {
+        (a.hostname.as_str(), &a.rank, a.owner.as_str()).cmp(&(
+            b.hostname.as_str(),
+            &b.rank,
+            b.owner.as_str(),
+        ))
+    });
     let mut winner: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
     let mut losers: std::collections::BTreeMap<String, BTreeSet<String>> =
         std::collections::BTreeMap::new();
-    for entry in &all {
+    for entry in &by_claim {
         let owner = *winner
             .entry(entry.hostname.as_str())
             .or_insert(entry.owner.as_str());
@@ -129,11 +162,103 @@ mod tests {
     use pretty_assertions::assert_eq;
 
     fn entry(hostname: &str, address: &str, owner: &str) -> DnsEntry {
+        let mut parts = owner.rsplitn(3, '/');
+        let name = parts.next().unwrap_or_default();
+        let namespace = parts.next().unwrap_or_default();
         DnsEntry {
             hostname: hostname.into(),
             address: address.parse().expect("ip"),
             owner: owner.into(),
+            rank: ClaimRank::new(None, namespace, name),
         }
+    }
+
+    fn created(mut e: DnsEntry, at: &str) -> DnsEntry {
+        e.rank.created = Some(at.parse().expect("timestamp"));
+        e
+    }
+
+    /// The lab's case: the newer ingress's node got the lower address. The older claim keeps
+    /// the name in both files, and the newer one is the loser.
+    #[test]
+    fn the_first_claim_wins_even_when_the_newer_node_has_the_lower_address() {
+        let older = created(
+            entry(
+                "portal.example.net",
+                "100.64.0.9",
+                "TailnetIngress/team-b/portal",
+            ),
+            "2026-01-01T00:00:00Z",
+        );
+        let older6 = created(
+            entry(
+                "portal.example.net",
+                "fd7a:115c:a1e0::9",
+                "TailnetIngress/team-b/portal",
+            ),
+            "2026-01-01T00:00:00Z",
+        );
+        let newer = created(
+            entry(
+                "portal.example.net",
+                "100.64.0.2",
+                "TailnetIngress/team-a/portal",
+            ),
+            "2026-01-02T00:00:00Z",
+        );
+        for inputs in [
+            vec![older.clone(), older6.clone(), newer.clone()],
+            vec![newer.clone(), older6.clone(), older.clone()],
+        ] {
+            let out = render(&DnsInputs {
+                ingress_names: inputs,
+                ..Default::default()
+            });
+            assert!(
+                out.hosts.contains("100.64.0.9 portal.example.net"),
+                "{}",
+                out.hosts
+            );
+            assert!(out.hosts.contains("fd7a:115c:a1e0::9 portal.example.net"));
+            assert!(!out.hosts.contains("100.64.0.2"), "{}", out.hosts);
+            assert!(out.extra_records_json.contains("100.64.0.9"));
+            assert!(!out.extra_records_json.contains("100.64.0.2"));
+            assert_eq!(
+                out.conflicts,
+                vec![(
+                    "portal.example.net".to_string(),
+                    vec!["TailnetIngress/team-a/portal".to_string()]
+                )]
+            );
+        }
+    }
+
+    /// Same creation time: namespace, then name decide (as in `claimed_elsewhere`), not the
+    /// owner string (`team-a-dev/x` sorts before `team-a/x` as a string).
+    #[test]
+    fn equal_creation_times_fall_back_to_namespace_then_name() {
+        let at = "2026-01-01T00:00:00Z";
+        let a = created(
+            entry("x.example.net", "100.64.0.9", "TailnetIngress/team-a/x"),
+            at,
+        );
+        let b = created(
+            entry("x.example.net", "100.64.0.1", "TailnetIngress/team-a-dev/x"),
+            at,
+        );
+        let out = render(&DnsInputs {
+            ingress_names: vec![b, a],
+            ..Default::default()
+        });
+        assert!(
+            out.hosts.contains("100.64.0.9 x.example.net"),
+            "{}",
+            out.hosts
+        );
+        assert_eq!(
+            out.conflicts[0].1,
+            vec!["TailnetIngress/team-a-dev/x".to_string()]
+        );
     }
 
     #[test]

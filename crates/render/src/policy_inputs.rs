@@ -1,7 +1,7 @@
 //! From declarations to the plain inputs of the policy renderer (`tailnet-policy`).
 
 use kube::ResourceExt;
-use tailnet_api::naming::{egress_tag, ingress_tag};
+use tailnet_api::naming::egress_tag;
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress, validate};
 use tailnet_policy::{
     EgressPolicy, EgressTarget, IngressPolicy, ObservedNode, PolicyInputs, TargetAddress,
@@ -52,7 +52,13 @@ pub fn egress_policy(
     })
 }
 
-pub fn ingress_policy(tailnet: &Tailnet, ingress: &TailnetIngress) -> Option<IngressPolicy> {
+/// `tag`: the ingress's tag from [`crate::desired::ingress_tags`] (injective over the
+/// Tailnet's ingresses).
+pub fn ingress_policy(
+    tailnet: &Tailnet,
+    ingress: &TailnetIngress,
+    tag: &str,
+) -> Option<IngressPolicy> {
     if !references(tailnet, &ingress.spec.tailnet_ref.name)
         || !validate::ingress(&ingress.spec).is_empty()
     {
@@ -72,11 +78,7 @@ pub fn ingress_policy(tailnet: &Tailnet, ingress: &TailnetIngress) -> Option<Ing
     allow_from.dedup();
     Some(IngressPolicy {
         owner: owner_key(&namespace, &ingress.name_any()),
-        tag: ingress_tag(
-            &tailnet.spec.policy.tag_prefix,
-            &namespace,
-            &ingress.name_any(),
-        ),
+        tag: tag.to_string(),
         allow_from,
         ports,
     })
@@ -101,10 +103,21 @@ pub fn policy_inputs(
             .iter()
             .filter_map(|e| egress_policy(tailnet, e, operator_namespace))
             .collect(),
-        ingresses: ingresses
-            .iter()
-            .filter_map(|i| ingress_policy(tailnet, i))
-            .collect(),
+        ingresses: {
+            let tags =
+                crate::desired::ingress_tags(&tailnet.name_any(), &policy.tag_prefix, ingresses);
+            ingresses
+                .iter()
+                .filter_map(|i| {
+                    let key = (i.namespace().unwrap_or_default(), i.name_any());
+                    // No tag of its own (a collision): no grants to someone else's node.
+                    let Some(Ok(tag)) = tags.get(&key) else {
+                        return None;
+                    };
+                    ingress_policy(tailnet, i, tag)
+                })
+                .collect()
+        },
         nodes: nodes.to_vec(),
     }
 }

@@ -11,7 +11,7 @@ use tailnet_policy::ObservedNode;
 use tailnet_render::RenderContext;
 use tailnet_render::backends::{BackendProblem, ObjectKey, ObservedBackends, ServicePortInfo};
 use tailnet_render::desired::{self, IngressError, IngressObserved};
-use tailnet_render::dns::{DnsEntry, PendingName};
+use tailnet_render::dns::{ClaimRank, DnsEntry, PendingName};
 use tailnet_render::images::Images;
 
 fn load<T: serde::de::DeserializeOwned>(
@@ -104,6 +104,10 @@ fn dns_inputs_point_aliases_at_cluster_ips_and_names_at_the_agent_node() {
         hostname: hostname.into(),
         address: ip(address),
         owner: owner.into(),
+        rank: {
+            let parts: Vec<&str> = owner.split('/').collect();
+            ClaimRank::new(None, parts[1], parts[2])
+        },
     };
     assert_eq!(
         inputs.egress_aliases,
@@ -429,4 +433,76 @@ fn dns_config_map_lives_where_the_tailnet_says() {
     let mut unset = tailnet;
     unset.spec.dns = None;
     assert!(desired::dns_config_map(&unset, "tailnet-system", &rendered, None).is_none());
+}
+
+/// A contested name (the `portal.lab.example.net` alias of two `portal` ingresses) goes to the
+/// first claim in the hosts file and the extra records, as the ingress names do
+/// (`claimed_elsewhere`), although the newer ingress's node has the lower address.
+#[test]
+fn a_contested_name_points_at_the_first_claim_not_the_lowest_address() {
+    let tailnet = tailnet();
+    let at = |t: &str| serde_json::Value::from(t);
+    let older: TailnetIngress = load("30-ingress.yaml", |v| {
+        v["metadata"]["namespace"] = "team-b".into();
+        v["metadata"]["creationTimestamp"] = at("2026-01-01T00:00:00Z");
+    });
+    let newer: TailnetIngress = load("30-ingress.yaml", |v| {
+        v["metadata"]["creationTimestamp"] = at("2026-01-02T00:00:00Z");
+    });
+    let prefix = &tailnet.spec.policy.tag_prefix;
+    let older_tag = tailnet_api::naming::ingress_tag(prefix, "team-b", "portal");
+    let newer_tag = tailnet_api::naming::ingress_tag(prefix, "team-a", "portal");
+    let mut older_node = node(&older_tag, &["100.64.0.9"]);
+    older_node.id = 9;
+    let newer_node = node(&newer_tag, &["100.64.0.2"]);
+    for ingresses in [
+        vec![older.clone(), newer.clone()],
+        vec![newer.clone(), older.clone()],
+    ] {
+        let inputs = desired::dns_inputs(
+            &tailnet,
+            "tailnet-system",
+            &[],
+            &ingresses,
+            &BTreeMap::new(),
+            &[newer_node.clone(), older_node.clone()],
+        );
+        let rendered = tailnet_render::dns::render(&inputs);
+        assert!(
+            rendered.hosts.contains("100.64.0.9 portal.lab.example.net"),
+            "{}",
+            rendered.hosts
+        );
+        assert!(
+            !rendered.hosts.contains("100.64.0.2 portal.lab.example.net"),
+            "{}",
+            rendered.hosts
+        );
+        let records: serde_json::Value =
+            serde_json::from_str(&rendered.extra_records_json).expect("json");
+        let alias: Vec<&serde_json::Value> = records
+            .as_array()
+            .expect("array")
+            .iter()
+            .filter(|r| r["name"] == "portal.lab.example.net")
+            .collect();
+        assert_eq!(alias.len(), 1, "{records}");
+        assert_eq!(alias[0]["value"], "100.64.0.9");
+        assert_eq!(
+            rendered.conflicts,
+            vec![(
+                "portal.lab.example.net".to_string(),
+                vec!["TailnetIngress/team-a/portal".to_string()]
+            )]
+        );
+    }
+    // The ingress side agrees: the newer one is told the older holds the name.
+    let valid = valid_ingress(&newer.spec).expect("valid");
+    let ctx = ctx(&tailnet);
+    let names = desired::ingress_names("team-a", &valid, &ctx, &BTreeMap::new()).expect("names");
+    let claimed = desired::claimed_elsewhere(&newer, &names.names, [&older, &newer], &ctx);
+    assert_eq!(
+        claimed.get("portal.lab.example.net").map(String::as_str),
+        Some("team-b/portal")
+    );
 }

@@ -353,6 +353,7 @@ fn built_in_patterns_compile() {
         patterns::DNS_SUBDOMAIN,
         patterns::HOSTNAME,
         patterns::DURATION,
+        patterns::GEP_2257_DURATION,
         patterns::PRINCIPAL,
         patterns::NAME_TEMPLATE,
         patterns::SERVER_URL,
@@ -573,4 +574,47 @@ fn ingress_names_of_a_validated_spec_equal_the_raw_ones() {
             "spec.tls.secretName: http exposes need a certificate: set spec.tls.secretName or spec.defaults.tls.issuerRef on Tailnet demo"
         ]
     );
+}
+
+/// Every Gateway API (GEP-2257) duration is accepted by the schema pattern and parses to its
+/// GEP meaning, within our bounds (more than 0, at most 168h); the Go forms stored by earlier
+/// releases still parse.
+#[test]
+fn gep_2257_durations_are_accepted() {
+    use std::time::Duration;
+    let gep = Regex::new(patterns::GEP_2257_DURATION).expect("GEP pattern");
+    let ours = Regex::new(patterns::DURATION).expect("our pattern");
+    for (text, expected) in [
+        ("1h", Duration::from_secs(3600)),
+        ("1h30m", Duration::from_secs(5400)),
+        ("30m", Duration::from_secs(1800)),
+        ("10s", Duration::from_secs(10)),
+        ("500ms", Duration::from_millis(500)),
+        ("10s500ms", Duration::from_millis(10_500)),
+        ("1h2m3s4ms", Duration::new(3723, 4_000_000)),
+        ("2h0m", Duration::from_secs(7200)),
+        ("90m", Duration::from_secs(5400)),
+        ("00001s", Duration::from_secs(1)),
+        ("99999ms", Duration::from_millis(99_999)),
+        ("168h", Duration::from_secs(168 * 3600)),
+    ] {
+        assert!(gep.is_match(text), "{text} is GEP-2257");
+        assert!(ours.is_match(text), "{text} must match the CRD pattern");
+        assert_eq!(parse_duration("f", text), Ok(expected), "{text}");
+    }
+    // GEP-2257 strings outside our bounds are refused with a message, not misread.
+    for text in ["0s", "0h0m0s", "99999h"] {
+        assert!(gep.is_match(text), "{text}");
+        assert!(parse_duration("f", text).is_err(), "{text}");
+    }
+    // Formats accepted before (Go durations) keep parsing: stored objects stay valid.
+    for (text, expected) in [
+        ("1.5h", Duration::from_secs(5400)),
+        ("600s", Duration::from_secs(600)),
+        ("250us", Duration::from_micros(250)),
+        ("1m30s", Duration::from_secs(90)),
+    ] {
+        assert!(ours.is_match(text), "{text}");
+        assert_eq!(parse_duration("f", text), Ok(expected), "{text}");
+    }
 }

@@ -70,7 +70,16 @@ pub enum ManifestError {
     Empty(PathBuf),
 }
 
+/// The path argument that means standard input.
+pub const STDIN: &str = "-";
+/// How standard input is named in messages.
+pub const STDIN_NAME: &str = "<stdin>";
+
 fn collect_files(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), ManifestError> {
+    if path == Path::new(STDIN) {
+        out.push(path.to_path_buf());
+        return Ok(());
+    }
     let meta = std::fs::metadata(path).map_err(|source| ManifestError::Read {
         path: path.to_path_buf(),
         source,
@@ -130,7 +139,7 @@ fn describe(value: &serde_json::Value) -> String {
 }
 
 impl Manifests {
-    /// Loads every manifest under `paths`; `default_namespace` is given to namespaced objects
+    /// Loads every manifest under `paths` (`-`: standard input); `default_namespace` is given to namespaced objects
     /// without one (as `kubectl apply -n` would).
     pub fn load(paths: &[PathBuf], default_namespace: &str) -> Result<Manifests, ManifestError> {
         let mut files = Vec::new();
@@ -142,11 +151,29 @@ impl Manifests {
             }
         }
         let mut manifests = Manifests::default();
+        let mut stdin_read = false;
         for file in files {
-            let text = std::fs::read_to_string(&file).map_err(|source| ManifestError::Read {
-                path: file.clone(),
-                source,
-            })?;
+            let (file, text) = if file == Path::new(STDIN) {
+                if std::mem::replace(&mut stdin_read, true) {
+                    // `-` given twice: standard input is read once.
+                    continue;
+                }
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(
+                    |source| ManifestError::Read {
+                        path: PathBuf::from(STDIN_NAME),
+                        source,
+                    },
+                )?;
+                (PathBuf::from(STDIN_NAME), text)
+            } else {
+                let text =
+                    std::fs::read_to_string(&file).map_err(|source| ManifestError::Read {
+                        path: file.clone(),
+                        source,
+                    })?;
+                (file, text)
+            };
             for (index, document) in serde_yaml::Deserializer::from_str(&text).enumerate() {
                 let value: serde_json::Value =
                     serde::Deserialize::deserialize(document).map_err(|e| ManifestError::Yaml {

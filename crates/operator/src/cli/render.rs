@@ -28,37 +28,94 @@ pub const PREVIEW_UID: &str = "00000000-0000-0000-0000-000000000000";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Only {
+    /// The policy document (HuJSON) only, whatever `-o` says.
     Policy,
+    /// The DNS hosts ConfigMap.
     Dns,
+    /// The agents' Kubernetes objects.
     Objects,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// For people: the policy (HuJSON), then YAML documents, with `#` comment headers.
+    #[default]
+    Text,
+    /// One `v1` List (YAML): the objects plus the policy and DNS as ConfigMap-shaped data.
+    Yaml,
+    /// The same List as JSON.
+    Json,
+}
+
+/// Installation id used when `--installation-id` is not given: visibly not the operator's.
+pub const UNKNOWN_INSTALLATION_ID: &str = "KUBE-SYSTEM-UID";
+/// Annotation on every item of `-o yaml|json`: the Tailnet it was rendered for.
+pub const TAILNET_ANNOTATION: &str = "render.tailnet-operator.dev/tailnet";
+/// Annotation on every item of `-o yaml|json`: `policy`, `dns` or `object`.
+pub const PART_ANNOTATION: &str = "render.tailnet-operator.dev/part";
+/// Annotation on the DNS ConfigMap of `-o yaml|json`: names whose address is not known
+/// offline, one `hostname (owner): reason` per line.
+pub const PENDING_ANNOTATION: &str = "render.tailnet-operator.dev/pending";
+
+/// Exit codes of `render` besides 0 (rendered) and 2 (usage: clap's own), documented in
+/// docs/cli.md.
+pub mod exit {
+    /// Reading inputs or writing outputs failed, or an internal error.
+    pub const IO: u8 = 1;
+    /// The manifests, base policy or --observed file are invalid.
+    pub const INVALID: u8 = 3;
+    /// Resources have policy issues and --allow-issues was not given.
+    pub const ISSUES: u8 = 4;
 }
 
 #[derive(Args)]
 pub struct RenderArgs {
-    /// Manifest files or directories (multi-document YAML): Tailnet, TailnetEgress,
-    /// TailnetIngress, the base-policy ConfigMap, optionally backend Services.
-    #[arg(required = true)]
+    /// Manifest files or directories (multi-document YAML or JSON, `v1` Lists too; `-` reads
+    /// standard input): Tailnet, TailnetEgress, TailnetIngress, the base-policy ConfigMap,
+    /// optionally backend Services and CA ConfigMaps. Directories are not read recursively.
+    #[arg(required = true, value_name = "PATH|-")]
     pub paths: Vec<PathBuf>,
     /// JSON file with observed Headscale and cluster state: `{"nodes": [...],
-    /// "serviceClusterIPs": {...}, "services": {...}, "configMaps": {...}}`.
-    #[arg(long)]
+    /// "serviceClusterIPs": {...}, "services": {...}, "configMaps": {...}}`. Without it,
+    /// ClusterIPs and node IPs are unknown: those DNS names are listed as pending.
+    #[arg(long, value_name = "FILE")]
     pub observed: Option<PathBuf>,
-    /// Print only one part.
+    /// Print only one part. `policy` prints just the HuJSON document (one Tailnet: see
+    /// --tailnet).
     #[arg(long, value_enum)]
     pub only: Option<Only>,
-    /// Namespace the operator runs in.
-    #[arg(long, env = "OPERATOR_NAMESPACE", default_value = "tailnet-system")]
+    /// Output format: `text` (default; HuJSON and YAML with comment headers, for reading),
+    /// `yaml` or `json` (one parseable `v1` List).
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Text)]
+    pub output: Format,
+    /// Write one file per object into this directory (created if missing) instead of
+    /// printing: `NN-<kind>-<namespace>-<name>.yaml` (`.json` with `-o json`) and
+    /// `<tailnet>.policy.hujson`.
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// Render only this Tailnet (default: every Tailnet among the inputs).
+    #[arg(long, value_name = "NAME")]
+    pub tailnet: Option<String>,
+    /// Namespace the operator runs in (the chart's release namespace). Namespaced inputs
+    /// without a namespace are put here, as `kubectl apply -n` would.
+    #[arg(long, default_value = "tailnet-system", value_name = "NAMESPACE")]
     pub operator_namespace: String,
-    /// Identity written into the policy's ownership marker.
-    #[arg(long, env = "INSTALLATION_ID", default_value = "tailnet-operator")]
-    pub installation_id: String,
-    #[arg(long, default_value = "cluster.local")]
+    /// The operator's installation id, for the policy's ownership marker: the operator's
+    /// `--installation-id` if set, else the uid of namespace kube-system, see
+    /// `kubectl get ns kube-system -o jsonpath='{.metadata.uid}'`. Without it, the marker
+    /// says KUBE-SYSTEM-UID (and a warning says so).
+    #[arg(long, value_name = "ID")]
+    pub installation_id: Option<String>,
+    /// Cluster DNS domain, as the operator's `--cluster-domain` (backend Service names in
+    /// the agent configuration).
+    #[arg(long, default_value = "cluster.local", value_name = "DOMAIN")]
     pub cluster_domain: String,
-    /// Exit 0 even when resources have policy issues (they are still printed).
+    /// Exit 0 even when resources have policy issues (they are still printed, and listed on
+    /// stderr).
     #[arg(long)]
     pub allow_issues: bool,
     /// As the operator's `--route-approval`: `false` renders no autoApprovers.
-    #[arg(long, env = "ROUTE_APPROVAL", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub route_approval: bool,
 }
 
@@ -178,6 +235,16 @@ pub enum RenderCommandError {
     Manifest(#[from] ManifestError),
     #[error("{path}: {message}")]
     Observed { path: PathBuf, message: String },
+    #[error("{path}: {message}")]
+    ObservedRead { path: PathBuf, message: String },
+    #[error("--tailnet {0}: no Tailnet of that name among the inputs")]
+    UnknownTailnet(String),
+    #[error(
+        "--only policy prints one HuJSON document, but the inputs hold several Tailnets ({0}): pick one with --tailnet"
+    )]
+    SeveralPolicies(String),
+    #[error("{0}")]
+    Io(String),
     #[error("invalid input:\n{}", .0.join("\n"))]
     Invalid(Vec<String>),
     #[error("no Tailnet in the inputs: add the Tailnet manifest the egresses/ingresses reference")]
@@ -208,6 +275,28 @@ pub enum RenderCommandError {
     Yaml(#[from] serde_yaml::Error),
 }
 
+impl RenderCommandError {
+    /// The process exit code (see [`exit`]).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RenderCommandError::Manifest(ManifestError::Read { .. })
+            | RenderCommandError::ObservedRead { .. }
+            | RenderCommandError::Io(_)
+            | RenderCommandError::Yaml(_) => exit::IO,
+            RenderCommandError::Issues(_) => exit::ISSUES,
+            RenderCommandError::Manifest(_)
+            | RenderCommandError::Observed { .. }
+            | RenderCommandError::Invalid(_)
+            | RenderCommandError::NoTailnet
+            | RenderCommandError::UnknownTailnet(_)
+            | RenderCommandError::SeveralPolicies(_)
+            | RenderCommandError::BaseMissing { .. }
+            | RenderCommandError::BaseInvalid { .. }
+            | RenderCommandError::Policy { .. } => exit::INVALID,
+        }
+    }
+}
+
 fn field_errors(origin: &Origin, errors: Vec<FieldError>) -> Vec<String> {
     errors
         .into_iter()
@@ -226,14 +315,39 @@ struct TailnetOutput {
     notes: Vec<String>,
 }
 
-pub fn run(args: &RenderArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let output = render(args)?;
-    print!("{output}");
+/// Everything one `render` run produced, before formatting.
+pub struct Rendered {
+    tailnets: Vec<TailnetOutput>,
+    ignored: Vec<Origin>,
+    /// What the preview could not know or decide, for stderr.
+    warnings: Vec<String>,
+}
+
+pub fn run(args: &RenderArgs) -> Result<(), RenderCommandError> {
+    let rendered = render_parts(args)?;
+    for warning in &rendered.warnings {
+        eprintln!("warning: {warning}");
+    }
+    match &args.output_dir {
+        Some(dir) => {
+            let written = write_dir(args, &rendered, dir)?;
+            eprintln!("wrote {} files into {}", written, dir.display());
+        }
+        None => {
+            use std::io::Write;
+            let text = format_rendered(args, &rendered)?;
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
+                .map_err(|e| RenderCommandError::Io(format!("writing to stdout: {e}")))?;
+        }
+    }
     Ok(())
 }
 
 fn load_observed(path: &PathBuf) -> Result<Observed, RenderCommandError> {
-    let text = std::fs::read_to_string(path).map_err(|e| RenderCommandError::Observed {
+    let text = std::fs::read_to_string(path).map_err(|e| RenderCommandError::ObservedRead {
         path: path.clone(),
         message: e.to_string(),
     })?;
@@ -245,7 +359,13 @@ fn load_observed(path: &PathBuf) -> Result<Observed, RenderCommandError> {
 }
 
 /// Everything `run` prints, as one string (tested directly).
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn render(args: &RenderArgs) -> Result<String, RenderCommandError> {
+    format_rendered(args, &render_parts(args)?)
+}
+
+/// Renders every Tailnet of the inputs (or `--tailnet`).
+pub fn render_parts(args: &RenderArgs) -> Result<Rendered, RenderCommandError> {
     let manifests = Manifests::load(&args.paths, &args.operator_namespace)?;
     let observed = args
         .observed
@@ -301,9 +421,25 @@ pub fn render(args: &RenderArgs) -> Result<String, RenderCommandError> {
     }
 
     let mut tailnets: Vec<&Tailnet> = manifests.tailnets.iter().map(|t| &t.object).collect();
+    if let Some(only) = &args.tailnet {
+        tailnets.retain(|t| t.name_any() == *only);
+        if tailnets.is_empty() {
+            return Err(RenderCommandError::UnknownTailnet(only.clone()));
+        }
+    }
     tailnets.sort_by_key(|t| t.name_any());
+    if args.only == Some(Only::Policy) && tailnets.len() > 1 {
+        let names: Vec<String> = tailnets.iter().map(|t| t.name_any()).collect();
+        return Err(RenderCommandError::SeveralPolicies(names.join(", ")));
+    }
     let mut outputs = Vec::new();
     let mut issues = Vec::new();
+    let mut warnings = Vec::new();
+    if args.installation_id.is_none() {
+        warnings.push(format!(
+            "--installation-id not given: the ownership marker says {UNKNOWN_INSTALLATION_ID}; the operator writes its --installation-id, else the uid of namespace kube-system (kubectl get ns kube-system -o jsonpath='{{.metadata.uid}}')"
+        ));
+    }
     for tailnet in tailnets {
         let out = render_tailnet(args, &manifests, &cluster, tailnet)?;
         for resource in &out.policy.resources {
@@ -314,12 +450,31 @@ pub fn render(args: &RenderArgs) -> Result<String, RenderCommandError> {
                 ));
             }
         }
+        if out.dns.is_some() {
+            for p in &out.dns_pending {
+                warnings.push(format!(
+                    "Tailnet {}: DNS name {} ({}) is pending, not rendered: {}; pass its address in --observed",
+                    out.name, p.hostname, p.owner, p.reason
+                ));
+            }
+        }
+        for note in &out.notes {
+            warnings.push(format!("Tailnet {}: {note}", out.name));
+        }
         outputs.push(out);
     }
     if !issues.is_empty() && !args.allow_issues {
         return Err(RenderCommandError::Issues(issues));
     }
-    format_output(args.only, &outputs, &manifests)
+    warnings.extend(issues.into_iter().map(|i| format!("policy issue: {i}")));
+    for ignored in &manifests.ignored {
+        warnings.push(format!("ignored (not a kind render reads): {ignored}"));
+    }
+    Ok(Rendered {
+        tailnets: outputs,
+        ignored: manifests.ignored.clone(),
+        warnings,
+    })
 }
 
 fn render_tailnet(
@@ -384,9 +539,15 @@ fn render_tailnet(
         message: e.to_string(),
     })?;
     let ingress_objects: Vec<TailnetIngress> = ingresses.iter().map(|(_, i)| i.clone()).collect();
+    let marker = tailnet_api::tailnet::marker_installation_id(
+        args.installation_id
+            .as_deref()
+            .unwrap_or(UNKNOWN_INSTALLATION_ID),
+        &name,
+    );
     let inputs = desired::policy(
         tailnet,
-        &args.installation_id,
+        &marker,
         &args.operator_namespace,
         &egresses,
         &ingress_objects,
@@ -570,30 +731,218 @@ fn json<T: serde::Serialize + kube::Resource<DynamicType = ()>>(
     Ok(value)
 }
 
-fn format_output(
-    only: Option<Only>,
-    outputs: &[TailnetOutput],
-    manifests: &Manifests,
-) -> Result<String, RenderCommandError> {
+fn format_rendered(args: &RenderArgs, rendered: &Rendered) -> Result<String, RenderCommandError> {
+    if args.only == Some(Only::Policy) {
+        let mut out = String::new();
+        for t in &rendered.tailnets {
+            out.push_str(&t.policy.document);
+            if !t.policy.document.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+        return Ok(out);
+    }
+    match args.output {
+        Format::Text => format_text(args.only, rendered),
+        Format::Yaml => Ok(serde_yaml::to_string(&list(args, rendered))?),
+        Format::Json => {
+            let mut text = serde_json::to_string_pretty(&list(args, rendered))
+                .map_err(|e| RenderCommandError::Io(format!("writing JSON: {e}")))?;
+            text.push('\n');
+            Ok(text)
+        }
+    }
+}
+
+fn lines(items: impl IntoIterator<Item = String>) -> Option<String> {
+    let text: Vec<String> = items.into_iter().collect();
+    (!text.is_empty()).then(|| text.join("\n") + "\n")
+}
+
+fn pending_lines(t: &TailnetOutput) -> Option<String> {
+    lines(
+        t.dns_pending
+            .iter()
+            .map(|p| format!("{} ({}): {}", p.hostname, p.owner, p.reason)),
+    )
+}
+
+/// The policy of one Tailnet as a ConfigMap-shaped data object (named like the operator's
+/// `<tailnet>-rendered-policy`), with what the preview found beside the document.
+fn policy_object(operator_namespace: &str, t: &TailnetOutput) -> serde_json::Value {
+    let mut data = serde_json::Map::new();
+    data.insert("policy.hujson".into(), t.policy.document.clone().into());
+    data.insert("mode".into(), t.mode.clone().into());
+    data.insert("summary".into(), t.policy.summary.to_string().into());
+    let issues = lines(t.policy.resources.iter().flat_map(|r| {
+        r.issues
+            .iter()
+            .map(move |i| format!("{:?} {}: {i}", r.kind, r.owner))
+    }));
+    let notices = lines(t.policy.notices.iter().map(|n| n.to_string()));
+    let notes = lines(t.notes.iter().cloned());
+    let pending = if t.dns.is_some() {
+        pending_lines(t)
+    } else {
+        None
+    };
+    for (key, value) in [
+        ("issues", issues),
+        ("notices", notices),
+        ("notes", notes),
+        ("pending", pending),
+    ] {
+        if let Some(value) = value {
+            data.insert(key.into(), value.into());
+        }
+    }
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": format!("{}-rendered-policy", t.name),
+            "namespace": operator_namespace,
+        },
+        "data": data,
+    })
+}
+
+fn annotate(mut object: serde_json::Value, tailnet: &str, part: &str) -> serde_json::Value {
+    if let Some(meta) = object.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        let annotations = meta
+            .entry("annotations")
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        if let Some(annotations) = annotations.as_object_mut() {
+            annotations.insert(TAILNET_ANNOTATION.into(), tailnet.into());
+            annotations.insert(PART_ANNOTATION.into(), part.into());
+        }
+    }
+    object
+}
+
+/// The items of `-o yaml|json` (and of `--output-dir`), in order.
+fn items(args: &RenderArgs, rendered: &Rendered) -> Vec<serde_json::Value> {
+    let mut items = Vec::new();
+    for t in &rendered.tailnets {
+        if args.only.is_none() {
+            items.push(annotate(
+                policy_object(&args.operator_namespace, t),
+                &t.name,
+                "policy",
+            ));
+        }
+        if matches!(args.only, None | Some(Only::Dns))
+            && let Some(cm) = &t.dns
+            && let Ok(mut cm) = json(cm)
+        {
+            if let Some(pending) = pending_lines(t)
+                && let Some(meta) = cm.get_mut("metadata").and_then(|m| m.as_object_mut())
+            {
+                let annotations = meta
+                    .entry("annotations")
+                    .or_insert_with(|| serde_json::Value::Object(Default::default()));
+                if let Some(annotations) = annotations.as_object_mut() {
+                    annotations.insert(PENDING_ANNOTATION.into(), pending.into());
+                }
+            }
+            items.push(annotate(cm, &t.name, "dns"));
+        }
+        if matches!(args.only, None | Some(Only::Objects)) {
+            for object in &t.objects {
+                items.push(annotate(object.clone(), &t.name, "object"));
+            }
+        }
+    }
+    items
+}
+
+fn list(args: &RenderArgs, rendered: &Rendered) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "metadata": {},
+        "items": items(args, rendered),
+    })
+}
+
+fn file_part(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+/// `--output-dir`: one file per object; returns how many were written.
+fn write_dir(
+    args: &RenderArgs,
+    rendered: &Rendered,
+    dir: &Path,
+) -> Result<usize, RenderCommandError> {
+    let io = |path: &Path, e: std::io::Error| {
+        RenderCommandError::Io(format!("writing {}: {e}", path.display()))
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let mut written = 0;
+    if matches!(args.only, None | Some(Only::Policy)) {
+        for t in &rendered.tailnets {
+            let path = dir.join(format!("{}.policy.hujson", file_part(&t.name)));
+            std::fs::write(&path, &t.policy.document).map_err(|e| io(&path, e))?;
+            written += 1;
+        }
+    }
+    if args.only == Some(Only::Policy) {
+        return Ok(written);
+    }
+    for (index, item) in items(args, rendered).iter().enumerate() {
+        let meta = &item["metadata"];
+        let name = format!(
+            "{:02}-{}-{}-{}",
+            index + 1,
+            file_part(item["kind"].as_str().unwrap_or("object")),
+            file_part(meta["namespace"].as_str().unwrap_or("cluster")),
+            file_part(meta["name"].as_str().unwrap_or("unnamed")),
+        );
+        let (path, text) = match args.output {
+            Format::Json => (
+                dir.join(format!("{name}.json")),
+                serde_json::to_string_pretty(item)
+                    .map_err(|e| RenderCommandError::Io(format!("writing JSON: {e}")))?
+                    + "\n",
+            ),
+            Format::Text | Format::Yaml => (
+                dir.join(format!("{name}.yaml")),
+                serde_yaml::to_string(item)?,
+            ),
+        };
+        std::fs::write(&path, text).map_err(|e| io(&path, e))?;
+        written += 1;
+    }
+    Ok(written)
+}
+
+fn format_text(only: Option<Only>, rendered: &Rendered) -> Result<String, RenderCommandError> {
     let mut out = String::new();
-    for t in outputs {
-        if matches!(only, None | Some(Only::Policy)) {
-            if only.is_none() {
-                out.push_str(&format!(
-                    "# ==== Policy of Tailnet {} (mode {}): {} ====\n",
-                    t.name, t.mode, t.policy.summary
-                ));
-                for resource in &t.policy.resources {
-                    for issue in &resource.issues {
-                        out.push_str(&format!(
-                            "# ISSUE {:?} {}: {issue}\n",
-                            resource.kind, resource.owner
-                        ));
-                    }
+    for t in &rendered.tailnets {
+        if only.is_none() {
+            out.push_str(&format!(
+                "# ==== Policy of Tailnet {} (mode {}): {} ====\n",
+                t.name, t.mode, t.policy.summary
+            ));
+            for resource in &t.policy.resources {
+                for issue in &resource.issues {
+                    out.push_str(&format!(
+                        "# ISSUE {:?} {}: {issue}\n",
+                        resource.kind, resource.owner
+                    ));
                 }
-                for notice in &t.policy.notices {
-                    out.push_str(&format!("# note: {notice}\n"));
-                }
+            }
+            for notice in &t.policy.notices {
+                out.push_str(&format!("# note: {notice}\n"));
             }
             out.push_str(&t.policy.document);
             if !t.policy.document.ends_with('\n') {
@@ -603,17 +952,19 @@ fn format_output(
         if matches!(only, None | Some(Only::Dns)) {
             if only.is_none() {
                 out.push_str(&format!("# ==== DNS of Tailnet {} ====\n", t.name));
-                for p in &t.dns_pending {
-                    out.push_str(&format!(
-                        "# pending: {} ({}): {}\n",
-                        p.hostname, p.owner, p.reason
-                    ));
-                }
             }
             match &t.dns {
                 Some(cm) => {
                     out.push_str("---\n");
                     out.push_str(&serde_yaml::to_string(&json(cm)?)?);
+                    // After the document (still part of it, as comments): every name whose
+                    // address the preview does not know.
+                    for p in &t.dns_pending {
+                        out.push_str(&format!(
+                            "# pending (not in data above): {} ({}): {}\n",
+                            p.hostname, p.owner, p.reason
+                        ));
+                    }
                 }
                 None if only.is_none() => out.push_str(
                     "# spec.dns.hostsConfigMap is not set: no DNS entries are rendered\n",
@@ -638,9 +989,36 @@ fn format_output(
         }
     }
     if only.is_none() {
-        for ignored in &manifests.ignored {
+        for ignored in &rendered.ignored {
             out.push_str(&format!("# ignored: {ignored}\n"));
         }
     }
     Ok(out)
 }
+
+/// `render --help` examples.
+pub const AFTER_HELP: &str = "\
+Reads no environment variables: everything comes from the flags.
+
+Examples:
+  # Preview, for reading (policy, DNS, objects, with # comments):
+  tailnet-operator render examples/ --observed examples/observed/headscale-state.json
+
+  # CI: one parseable v1 List; the policy of the Tailnet as ConfigMap-shaped data:
+  tailnet-operator render -o yaml manifests/ | yq '.items[].kind'
+  tailnet-operator render -o json manifests/ \\
+      | jq -r '.items[] | select(.metadata.annotations[\"render.tailnet-operator.dev/part\"] == \"policy\") | .data[\"policy.hujson\"]'
+
+  # Just the HuJSON policy document, with the operator's ownership marker:
+  tailnet-operator render --only policy --installation-id \"$(kubectl get ns kube-system -o jsonpath='{.metadata.uid}')\" manifests/
+
+  # From standard input; one file per object:
+  kustomize build overlays/prod | tailnet-operator render - --output-dir out/
+
+Exit codes: 0 rendered; 1 reading or writing failed; 2 usage (bad flag); 3 invalid input
+(manifest, base policy, --observed file); 4 policy issues (print anyway: --allow-issues).
+Names whose address is not known offline (egress aliases without a ClusterIP, ingress names
+without a Headscale node) are listed as pending: on stderr, in text mode as comments after
+the DNS ConfigMap, with -o yaml|json in the annotation render.tailnet-operator.dev/pending
+of the DNS ConfigMap and in data.pending of the policy object.
+";

@@ -11,8 +11,108 @@ use crate::runtime::{self, RunSettings};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum LogFormat {
+    /// Human-readable lines.
     Text,
+    /// One JSON object per line.
     Json,
+}
+
+/// `run --help` examples.
+pub const AFTER_HELP: &str = "\
+Every flag can also be set by its environment variable, TAILNET_OPERATOR_<FLAG> (e.g.
+TAILNET_OPERATOR_OPERATOR_NAMESPACE); a flag on the command line wins. The unprefixed names of
+earlier releases (OPERATOR_NAMESPACE, INSTALLATION_ID, POD_NAME, ...) are still read, with a
+deprecation warning, when the prefixed one is unset; they go away in the next release.
+
+Examples:
+  # In the cluster (what the Helm chart runs):
+  tailnet-operator run --operator-namespace tailnet-system
+
+  # Outside the cluster, against the current kubeconfig context, JSON logs:
+  RUST_LOG=tailnet_operator=debug tailnet-operator run \\
+      --operator-namespace tailnet-system --log-format json --admin-address 127.0.0.1:8080
+";
+
+/// Flag id, the environment variable of earlier releases, its `TAILNET_OPERATOR_` name.
+pub const DEPRECATED_ENV: &[(&str, &str, &str)] = &[
+    (
+        "operator_namespace",
+        "OPERATOR_NAMESPACE",
+        "TAILNET_OPERATOR_OPERATOR_NAMESPACE",
+    ),
+    (
+        "installation_id",
+        "INSTALLATION_ID",
+        "TAILNET_OPERATOR_INSTALLATION_ID",
+    ),
+    (
+        "admin_address",
+        "ADMIN_ADDRESS",
+        "TAILNET_OPERATOR_ADMIN_ADDRESS",
+    ),
+    (
+        "headscale_poll_interval",
+        "HEADSCALE_POLL_INTERVAL",
+        "TAILNET_OPERATOR_HEADSCALE_POLL_INTERVAL",
+    ),
+    (
+        "reapply_interval",
+        "REAPPLY_INTERVAL",
+        "TAILNET_OPERATOR_REAPPLY_INTERVAL",
+    ),
+    (
+        "max_concurrent_reconciles",
+        "MAX_CONCURRENT_RECONCILES",
+        "TAILNET_OPERATOR_MAX_CONCURRENT_RECONCILES",
+    ),
+    (
+        "headscale_timeout",
+        "HEADSCALE_TIMEOUT",
+        "TAILNET_OPERATOR_HEADSCALE_TIMEOUT",
+    ),
+    ("lease_name", "LEASE_NAME", "TAILNET_OPERATOR_LEASE_NAME"),
+    (
+        "lease_duration",
+        "LEASE_DURATION",
+        "TAILNET_OPERATOR_LEASE_DURATION",
+    ),
+    ("identity", "POD_NAME", "TAILNET_OPERATOR_POD_NAME"),
+    ("log_format", "LOG_FORMAT", "TAILNET_OPERATOR_LOG_FORMAT"),
+    ("agent_image", "AGENT_IMAGE", "TAILNET_OPERATOR_AGENT_IMAGE"),
+    (
+        "tailscale_image",
+        "TAILSCALE_IMAGE",
+        "TAILNET_OPERATOR_TAILSCALE_IMAGE",
+    ),
+    (
+        "route_approval",
+        "ROUTE_APPROVAL",
+        "TAILNET_OPERATOR_ROUTE_APPROVAL",
+    ),
+    (
+        "cluster_domain",
+        "CLUSTER_DOMAIN",
+        "TAILNET_OPERATOR_CLUSTER_DOMAIN",
+    ),
+];
+
+/// For one release: when a flag's `TAILNET_OPERATOR_*` variable is unset but its old
+/// unprefixed name is set, `run` reads the old name (clap cannot alias environment names, so
+/// the flag's `env` is switched to it). Returns the deprecation warnings to print.
+pub fn with_deprecated_env(
+    mut command: clap::Command,
+    lookup: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> (clap::Command, Vec<String>) {
+    let mut warnings = Vec::new();
+    for (id, old, new) in DEPRECATED_ENV {
+        if lookup(new).is_none() && lookup(old).is_some() {
+            warnings.push(format!(
+                "environment variable {old} is deprecated and will be ignored in the next release; set {new} instead"
+            ));
+            command = command.mut_subcommand("run", |run| run.mut_arg(*id, |arg| arg.env(*old)));
+        }
+    }
+    (command, warnings)
 }
 
 fn duration(value: &str) -> Result<Duration, String> {
@@ -21,51 +121,81 @@ fn duration(value: &str) -> Result<Duration, String> {
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Namespace the operator runs in (egresses, Secrets and ConfigMaps live here).
-    #[arg(long, env = "OPERATOR_NAMESPACE", default_value = "tailnet-system")]
+    /// Namespace the operator runs in (egresses, Secrets and ConfigMaps live here; the chart
+    /// passes its release namespace).
+    #[arg(
+        long,
+        env = "TAILNET_OPERATOR_OPERATOR_NAMESPACE",
+        default_value = "tailnet-system"
+    )]
     pub operator_namespace: String,
-    /// Ownership marker identity; default: the uid of namespace kube-system.
-    #[arg(long, env = "INSTALLATION_ID")]
+    /// Identity of this installation in the policy's ownership marker (written as
+    /// `<id>/<tailnet>`); default: the uid of namespace kube-system
+    /// (`kubectl get ns kube-system -o jsonpath='{.metadata.uid}'`). Pass the same value to
+    /// `render --installation-id` to preview the same marker.
+    #[arg(long, env = "TAILNET_OPERATOR_INSTALLATION_ID")]
     pub installation_id: Option<String>,
     /// Address of /metrics, /livez, /readyz.
-    #[arg(long, env = "ADMIN_ADDRESS", default_value = "0.0.0.0:8080")]
+    #[arg(
+        long,
+        env = "TAILNET_OPERATOR_ADMIN_ADDRESS",
+        default_value = "0.0.0.0:8080"
+    )]
     pub admin_address: SocketAddr,
     /// How often Headscale's state (nodes, routes, live policy) is re-read.
-    #[arg(long, env = "HEADSCALE_POLL_INTERVAL", default_value = "30s", value_parser = duration)]
+    #[arg(long, env = "TAILNET_OPERATOR_HEADSCALE_POLL_INTERVAL", default_value = "30s", value_parser = duration)]
     pub headscale_poll_interval: Duration,
     /// An unchanged child object (Deployment, Service, ConfigMap, ...) is server-side applied
     /// again after this long at the latest; in between, resyncs send nothing unless the
     /// object changed (drift of watched kinds is repaired at once, of the others within this).
-    #[arg(long, env = "REAPPLY_INTERVAL", default_value = "10m", value_parser = duration)]
+    #[arg(long, env = "TAILNET_OPERATOR_REAPPLY_INTERVAL", default_value = "10m", value_parser = duration)]
     pub reapply_interval: Duration,
     /// How many TailnetEgress (and, separately, TailnetIngress) reconciles may run at once.
-    #[arg(long, env = "MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, env = "TAILNET_OPERATOR_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_reconciles: u16,
     /// Timeout of one Headscale API call.
-    #[arg(long, env = "HEADSCALE_TIMEOUT", default_value = "10s", value_parser = duration)]
+    #[arg(long, env = "TAILNET_OPERATOR_HEADSCALE_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub headscale_timeout: Duration,
-    #[arg(long, env = "LEASE_NAME", default_value = "tailnet-operator-leader")]
+    /// Name of the coordination.k8s.io Lease (in the operator namespace) that elects the one
+    /// active replica.
+    #[arg(
+        long,
+        env = "TAILNET_OPERATOR_LEASE_NAME",
+        default_value = "tailnet-operator-leader"
+    )]
     pub lease_name: String,
-    #[arg(long, env = "LEASE_DURATION", default_value = "15s", value_parser = duration)]
+    /// How long a leader's Lease holds without renewal: a standby takes over after this; the
+    /// leader renews every third of it and steps down when it cannot renew within two thirds.
+    #[arg(long, env = "TAILNET_OPERATOR_LEASE_DURATION", default_value = "15s", value_parser = duration)]
     pub lease_duration: Duration,
-    /// This replica's identity in the Lease (default: POD_NAME, else hostname and pid).
-    #[arg(long, env = "POD_NAME")]
+    /// This replica's identity in the Lease (default: the pod name, else hostname and pid).
+    #[arg(long, env = "TAILNET_OPERATOR_POD_NAME")]
     pub identity: Option<String>,
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
+    /// Log format on stderr (`RUST_LOG` sets the filter, default `info`).
+    #[arg(
+        long,
+        env = "TAILNET_OPERATOR_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
     pub log_format: LogFormat,
     /// Default image of the tailnet-agent container (a Tailnet's spec.agent.image overrides it).
-    #[arg(long, env = "AGENT_IMAGE", default_value = tailnet_render::images::DEFAULT_AGENT_IMAGE)]
+    #[arg(long, env = "TAILNET_OPERATOR_AGENT_IMAGE", default_value = tailnet_render::images::DEFAULT_AGENT_IMAGE)]
     pub agent_image: String,
     /// Default image of the tailscale container (spec.agent.tailscaleImage overrides it).
-    #[arg(long, env = "TAILSCALE_IMAGE", default_value = tailnet_render::images::DEFAULT_TAILSCALE_IMAGE)]
+    #[arg(long, env = "TAILNET_OPERATOR_TAILSCALE_IMAGE", default_value = tailnet_render::images::DEFAULT_TAILSCALE_IMAGE)]
     pub tailscale_image: String,
     /// Approve routes that cover IP egress targets: render `autoApprovers` for them and approve
     /// what approver nodes already advertise (Apply mode). `false` leaves route approval to
     /// the Headscale admin.
-    #[arg(long, env = "ROUTE_APPROVAL", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "TAILNET_OPERATOR_ROUTE_APPROVAL", default_value_t = true, action = clap::ArgAction::Set)]
     pub route_approval: bool,
     /// Cluster DNS domain (backend Service names).
-    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    #[arg(
+        long,
+        env = "TAILNET_OPERATOR_CLUSTER_DOMAIN",
+        default_value = "cluster.local"
+    )]
     pub cluster_domain: String,
 }
 

@@ -128,6 +128,36 @@ fn auth_child(owner: &Owner) -> ChildRef {
     }
 }
 
+/// What an auth Secret says about its key (`None`: it does not exist).
+pub fn auth_secret_of(secret: Option<&K8sSecret>) -> AuthSecret {
+    match secret {
+        None => AuthSecret::Absent,
+        Some(secret) => {
+            let annotation = |key: &str| secret.annotations().get(key).cloned();
+            AuthSecret::Present {
+                key_id: annotation(KEY_ID_ANNOTATION).and_then(|id| id.parse().ok()),
+                expires: annotation(KEY_EXPIRES_ANNOTATION).and_then(|e| e.parse().ok()),
+            }
+        }
+    }
+}
+
+/// A planned mint checked against the auth Secret as read strongly right before it: a valid
+/// key already there (minted by a reconcile the cached read did not see yet) means no second
+/// key; otherwise mint, holding on to the key the fresh read names. Other actions stand.
+pub fn confirm_mint(planned: &KeyAction, fresh: &AuthSecret, now: Timestamp) -> KeyAction {
+    let KeyAction::Mint { expires, .. } = planned else {
+        return planned.clone();
+    };
+    match decide_key(false, true, fresh, now).0 {
+        KeyAction::Mint { held, .. } => KeyAction::Mint {
+            held,
+            expires: *expires,
+        },
+        _ => KeyAction::Keep,
+    }
+}
+
 /// Reads the agent's auth Secret, unless this process removed it recently (nothing to read
 /// on every poll; checked again after the re-apply interval).
 pub async fn gather_auth_secret(
@@ -143,21 +173,12 @@ pub async fn gather_auth_secret(
     }
     let name = owner.names().auth_secret;
     let secret = read_secret(ctx, &owner.namespace, &name).await?;
-    Ok(match secret {
-        None => AuthSecret::Absent,
-        Some(secret) => {
-            let annotation = |key: &str| secret.annotations().get(key).cloned();
-            AuthSecret::Present {
-                key_id: annotation(KEY_ID_ANNOTATION).and_then(|id| id.parse().ok()),
-                expires: annotation(KEY_EXPIRES_ANNOTATION).and_then(|e| e.parse().ok()),
-            }
-        }
-    })
+    Ok(auth_secret_of(secret.as_ref()))
 }
 
 /// A Secret: from the watch cache of the operator namespace when it is there, otherwise a
-/// GET served from the apiserver's watch cache (no etcd read per poll). A stale answer costs
-/// at most one superfluous key: the orphan sweep expires the other.
+/// GET served from the apiserver's watch cache (no etcd read per poll). Good enough for the
+/// decision; a mint is confirmed by a quorum read first ([`confirm_mint`]).
 pub async fn read_secret(
     ctx: &Context,
     namespace: &str,
@@ -209,10 +230,24 @@ pub async fn act_on_key(
             ctx.applied.record(child, ABSENT, None);
             Ok(false)
         }
-        KeyAction::Mint { held, expires } => {
+        KeyAction::Mint { .. } => {
             ctx.applied.forget(&child);
+            // The gather step read the Secret from a watch cache: a key minted by the
+            // previous reconcile may not be in it yet. Read it strongly (quorum GET) right
+            // before minting, and decide again on that.
+            let fresh = secrets
+                .get_opt(&name)
+                .await
+                .map_err(ReconcileError::kube(format!("get Secret {name}")))?;
+            let KeyAction::Mint { held, expires } =
+                confirm_mint(action, &auth_secret_of(fresh.as_ref()), Timestamp::now())
+            else {
+                return Ok(false);
+            };
+            let (held, expires) = (&held, &expires);
             // A list up to a second old is enough here: keys of this tag are only minted by
-            // this resource's reconciles, which never run concurrently.
+            // this resource's reconciles, which never run concurrently, and the list is
+            // dropped after every mint (below), so it always holds this resource's last key.
             let keys = ctx
                 .pre_auth_keys
                 .get(headscale.server(), || headscale.list_pre_auth_keys())
@@ -227,15 +262,17 @@ pub async fn act_on_key(
                     )))?;
                 tracing::info!(key_id = id, %tag, "expired a pre-auth key that no Secret holds");
             }
-            let key = headscale
+            let minted = headscale
                 .create_pre_auth_key(&CreatePreAuthKey::single_use_tagged(
                     vec![tag.to_string()],
                     *expires,
                 ))
-                .await
-                .map_err(ReconcileError::headscale(format!(
-                    "mint pre-auth key for {tag}"
-                )))?;
+                .await;
+            // The list no longer holds every key of the tag (nor the expired orphans' state).
+            ctx.pre_auth_keys.invalidate(headscale.server());
+            let key = minted.map_err(ReconcileError::headscale(format!(
+                "mint pre-auth key for {tag}"
+            )))?;
             let mut secret = tailnet_render::pod::auth_secret(owner, key.key.expose());
             secret.metadata.annotations = Some(BTreeMap::from([
                 (KEY_ID_ANNOTATION.to_string(), key.id.to_string()),
@@ -354,6 +391,49 @@ mod tests {
         let nodes = vec![node(1, "tag:a", false), node(2, "tag:a", false)];
         assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(2));
         assert!(find_node(&nodes, "tag:c").is_none());
+    }
+
+    /// The gather step's cached read saw no Secret (or an old one), but the previous
+    /// reconcile already wrote a valid key: the strong read before minting stops a second
+    /// valid key; a fresh read that also shows nothing usable mints, holding the key it names.
+    #[test]
+    fn a_mint_is_confirmed_against_a_strong_read() {
+        let now = now();
+        let planned = KeyAction::Mint {
+            held: None,
+            expires: now + PRE_AUTH_KEY_LIFETIME,
+        };
+        let secret = |id, expires| {
+            let mut s = K8sSecret::default();
+            s.metadata.annotations = Some(BTreeMap::from([
+                (KEY_ID_ANNOTATION.to_string(), format!("{id}")),
+                (KEY_EXPIRES_ANNOTATION.to_string(), format!("{expires}")),
+            ]));
+            s
+        };
+        let valid = secret(8, now + SignedDuration::from_mins(59));
+        assert_eq!(
+            confirm_mint(&planned, &auth_secret_of(Some(&valid)), now),
+            KeyAction::Keep,
+            "a valid key minted meanwhile: no second key"
+        );
+        let nearly = secret(8, now + SignedDuration::from_mins(1));
+        assert_eq!(
+            confirm_mint(&planned, &auth_secret_of(Some(&nearly)), now),
+            KeyAction::Mint {
+                held: Some(8),
+                expires: now + PRE_AUTH_KEY_LIFETIME
+            }
+        );
+        assert_eq!(
+            confirm_mint(&planned, &auth_secret_of(None), now),
+            planned,
+            "still absent: mint"
+        );
+        assert_eq!(
+            confirm_mint(&KeyAction::Keep, &AuthSecret::Absent, now),
+            KeyAction::Keep
+        );
     }
 
     #[test]

@@ -75,7 +75,7 @@ pub async fn cleanup<K>(
     object: &K,
     kind: AgentKind,
     tailnet_name: &str,
-    tag_of: impl FnOnce(&Tailnet) -> String,
+    tag_of: impl FnOnce(&Tailnet) -> Option<String>,
 ) -> Result<Action, ReconcileError>
 where
     K: kube::Resource<DynamicType = ()>,
@@ -87,7 +87,12 @@ where
             return Ok(Action::await_change());
         }
     };
-    let tag = tag_of(&access.tailnet);
+    // `None`: the resource never had a tag of its own (its tag is another resource's):
+    // nothing in Headscale is ours to delete.
+    let Some(tag) = tag_of(&access.tailnet) else {
+        tracing::warn!(object = %object.meta().name.clone().unwrap_or_default(), "no tag of its own: leaving Headscale alone");
+        return Ok(Action::await_change());
+    };
     let headscale = match &access.headscale {
         Ok(headscale) => headscale,
         Err(problem) => {

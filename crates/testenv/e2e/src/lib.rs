@@ -16,6 +16,8 @@
 //! - Client pods: [`E2eEnv::run_pod`] and [`E2eEnv::tcp_check`] (the test-servers image's
 //!   `tcp-check`, e.g. against `remote-db.<ns>.svc.cluster.local:5432`).
 //!
+//! - [`E2eEnv::start_network_policy_enforcer`]: kube-router's firewall controller in the lab
+//!   netns, so NetworkPolicies are enforced for the test that starts it ([`NetworkPolicyEnforcer`]).
 //! - Lab plumbing: [`LabIssuer`] (cert-manager stand-in signing Certificates with a [`LabCa`])
 //!   and [`sync_extra_records`] (the ConfigMap volume Headscale would mount).
 //!
@@ -25,6 +27,7 @@
 mod apiserver_metrics;
 mod env;
 mod error;
+mod network_policy;
 mod operator;
 mod pods;
 mod stand_ins;
@@ -36,6 +39,7 @@ pub use env::{
     HOSTS_CONFIG_MAP, PLATFORM_GROUP,
 };
 pub use error::{E2eError, Result};
+pub use network_policy::NetworkPolicyEnforcer;
 pub use operator::{
     E2E_AGENT_IMAGE, E2E_TAILSCALE_IMAGE, OperatorArgs, OperatorProcess, workspace_operator_binary,
 };

@@ -16,6 +16,9 @@ pub struct Binaries {
     pub containerboot: PathBuf,
     pub tailscaled: PathBuf,
     pub tailscale: PathBuf,
+    /// kube-router, run only as the lab's NetworkPolicy enforcer (its firewall controller) by
+    /// the tests that start one (`tno_testenv::E2eEnv::start_network_policy_enforcer`).
+    pub kube_router: PathBuf,
     /// Directory holding cert-manager's CRD YAMLs.
     pub cert_manager_crds: PathBuf,
     /// `crane` (go-containerregistry): `crane registry serve` is the lab's OCI registry.
@@ -102,6 +105,7 @@ impl Binaries {
             containerboot: binary("tailscale", "containerboot")?,
             tailscaled: binary("tailscale", "tailscaled")?,
             tailscale: binary("tailscale", "tailscale")?,
+            kube_router: binary("kube-router", "kube-router")?,
             cert_manager_crds: component_dir("cert-manager")?.join("crds"),
             crane: binary("crane", "crane")?,
         })

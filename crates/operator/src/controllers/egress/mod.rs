@@ -65,7 +65,7 @@ async fn run(egress: Arc<TailnetEgress>, ctx: &Context) -> Result<Action, Reconc
             finalizer::Event::Cleanup(e) => {
                 let name = e.name_any();
                 cleanup(ctx, &*e, AgentKind::Egress, &e.spec.tailnet_ref.name, |t| {
-                    egress_tag(&t.spec.policy.tag_prefix, &name)
+                    Some(egress_tag(&t.spec.policy.tag_prefix, &name))
                 })
                 .await
             }

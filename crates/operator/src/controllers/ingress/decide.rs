@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 use tailnet_api::conditions::{self, reasons, types};
 use tailnet_api::ingress::{ExposeMode, ExposeStatus, TailnetIngressStatus};
-use tailnet_api::naming::{AgentKind, ingress_tag};
+use tailnet_api::naming::AgentKind;
 use tailnet_api::validate::{self, ExposeNames, FieldError, ValidIngress};
 use tailnet_api::{Tailnet, TailnetIngress};
 use tailnet_render::desired::{self, IngressError};
@@ -118,9 +118,37 @@ pub fn decide(
     let tailnet = &access.tailnet;
     let tailnet_name = tailnet.name_any();
     let (namespace, name) = (ingress.namespace().unwrap_or_default(), ingress.name_any());
-    let tag = ingress_tag(&tailnet.spec.policy.tag_prefix, &namespace, &name);
-    status.tag = Some(tag.clone());
     shared::tailnet_ready(&mut c, access);
+    // Its own tag, or nothing of anyone else's is touched: no key, no agent, no grant.
+    let assigned = observed.tag.clone().unwrap_or_else(|| {
+        super::gather::ingress_tag(
+            ingress,
+            &tailnet_name,
+            &tailnet.spec.policy.tag_prefix,
+            &observed.others,
+        )
+    });
+    let tag = match &assigned {
+        Ok(tag) => tag.clone(),
+        Err(holder) => {
+            status.tag = None;
+            c.fail(
+                types::AGENT_READY,
+                Problem::new(
+                    reasons::TAG_CONFLICT,
+                    format!(
+                        "no tag of its own for {namespace}/{name}: the tag it would get is held by {holder}; rename this ingress (or its namespace)"
+                    ),
+                ),
+            );
+            status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
+            return Ok(IngressDecision {
+                status,
+                agent: None,
+            });
+        }
+    };
+    status.tag = Some(tag.clone());
 
     let render_ctx = RenderContext {
         operator_namespace: &config.operator_namespace,

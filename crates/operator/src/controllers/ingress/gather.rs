@@ -32,6 +32,11 @@ pub struct IngressObservation {
     /// The other TailnetIngresses of the same Tailnet (watch cache): the first to claim a
     /// hostname keeps it.
     pub others: Vec<Arc<TailnetIngress>>,
+    /// This ingress's tag from the assignment over the Tailnet's ingresses
+    /// (`desired::ingress_tags`: injective, first claim keeps today's form, recorded tags
+    /// stay); `Err(holder)`: no tag of its own (`namespace/name` of the ingress holding it).
+    /// `None`: not gathered; `decide` assigns it from `others` (the same function).
+    pub tag: Option<Result<String, String>>,
     /// Backend Services that exist (their ports) and the CA ConfigMaps of
     /// `backend.tls.caConfigMapRef` (their keys). A backend in another namespace is only read
     /// for an ingress in the operator namespace (elsewhere it is rejected before it matters).
@@ -53,6 +58,7 @@ impl IngressObservation {
         IngressObservation {
             access,
             others: Vec::new(),
+            tag: None,
             backends: ObservedBackends::default(),
             tls_certificate: None,
             nodes: Err(nodes_unobservable()),
@@ -74,12 +80,18 @@ pub async fn gather(
         return Ok(IngressObservation::only_access(access));
     };
     let tailnet_name = tailnet_access.tailnet.name_any();
-    let others = ctx
+    let others: Vec<Arc<TailnetIngress>> = ctx
         .ingresses
         .state()
         .into_iter()
         .filter(|other| other.uid() != ingress.uid() && other.spec.tailnet_ref.name == tailnet_name)
         .collect();
+    let tag = Some(ingress_tag(
+        ingress,
+        &tailnet_name,
+        &tailnet_access.tailnet.spec.policy.tag_prefix,
+        &others,
+    ));
     let backends = backends(ctx, valid, &namespace).await?;
     let owner = Owner::from_meta(AgentKind::Ingress, &ingress.metadata, &tailnet_name)?;
     let tls_certificate = tls_certificate(ctx, ingress, &owner).await?;
@@ -103,6 +115,7 @@ pub async fn gather(
     Ok(IngressObservation {
         access,
         others,
+        tag,
         backends,
         tls_certificate,
         nodes,
@@ -110,6 +123,23 @@ pub async fn gather(
         deployment,
         report,
     })
+}
+
+/// The tag of `ingress` among `others` of its Tailnet (see `IngressObservation::tag`).
+pub fn ingress_tag(
+    ingress: &TailnetIngress,
+    tailnet_name: &str,
+    prefix: &str,
+    others: &[Arc<TailnetIngress>],
+) -> Result<String, String> {
+    let key = (ingress.namespace().unwrap_or_default(), ingress.name_any());
+    tailnet_render::desired::ingress_tags(
+        tailnet_name,
+        prefix,
+        others.iter().map(|o| &**o).chain(std::iter::once(ingress)),
+    )
+    .remove(&key)
+    .unwrap_or_else(|| Err(String::new()))
 }
 
 /// The backend Services and CA ConfigMaps the exposes reference, as they exist.

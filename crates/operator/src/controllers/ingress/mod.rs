@@ -16,7 +16,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, finalizer};
 use kube::{Api, ResourceExt};
 use tailnet_api::TailnetIngress;
-use tailnet_api::naming::{AgentKind, ingress_tag};
+use tailnet_api::naming::AgentKind;
 
 use super::context::Context;
 use super::error::ReconcileError;
@@ -56,13 +56,13 @@ async fn run(ingress: Arc<TailnetIngress>, ctx: &Context) -> Result<Action, Reco
         match event {
             finalizer::Event::Apply(i) => reconcile_ingress(&i, ctx).await,
             finalizer::Event::Cleanup(i) => {
-                let (namespace, name) = (i.namespace().unwrap_or_default(), i.name_any());
+                let all: Vec<_> = ctx.ingresses.state();
                 cleanup(
                     ctx,
                     &*i,
                     AgentKind::Ingress,
                     &i.spec.tailnet_ref.name,
-                    |t| ingress_tag(&t.spec.policy.tag_prefix, &namespace, &name),
+                    |t| own_tag(t, &i, all.iter().map(|o| &**o)),
                 )
                 .await
             }
@@ -70,6 +70,24 @@ async fn run(ingress: Arc<TailnetIngress>, ctx: &Context) -> Result<Action, Reco
     })
     .await
     .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
+}
+
+/// The tag whose nodes and keys are this ingress's to delete: the one its status records when
+/// that is one of its own forms, else the one the assignment gives it; `None` when it has
+/// none of its own (then nothing in Headscale is deleted on its behalf).
+fn own_tag<'a>(
+    tailnet: &tailnet_api::Tailnet,
+    ingress: &'a TailnetIngress,
+    all: impl Iterator<Item = &'a TailnetIngress>,
+) -> Option<String> {
+    let prefix = &tailnet.spec.policy.tag_prefix;
+    let (namespace, name) = (ingress.namespace().unwrap_or_default(), ingress.name_any());
+    let tags = tailnet_render::desired::ingress_tags(
+        &tailnet.name_any(),
+        prefix,
+        all.chain(std::iter::once(ingress)),
+    );
+    tags.get(&(namespace, name)).cloned().and_then(Result::ok)
 }
 
 async fn reconcile_ingress(

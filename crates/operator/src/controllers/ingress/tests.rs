@@ -115,6 +115,7 @@ fn healthy() -> IngressObservation {
     IngressObservation {
         access: Ok(fx::access(fx::tailnet(&[RESOURCE]))),
         others: Vec::new(),
+        tag: Some(Ok(tag())),
         backends: ObservedBackends {
             services: BTreeMap::from([
                 (
@@ -414,7 +415,41 @@ fn spec_and_backend_cases() -> Vec<Case> {
                 (types::READY, "False", reasons::HOSTNAME_CONFLICT),
             ],
         ),
+        case(
+            "its tag is held by another ingress",
+            &i,
+            with(|o| o.tag = Some(Err("team-x/dev-api".to_string()))),
+            vec![(types::AGENT_READY, "False", reasons::TAG_CONFLICT)],
+        ),
     ]
+}
+
+/// The lab pair through the gather-side assignment: `team-x/dev-api` (older) keeps today's
+/// tag, `team-x-dev/api` gets a tag of its own, whichever reconciles first.
+#[test]
+fn the_lab_pair_gets_two_tags_whichever_reconciles_first() {
+    let at = |ns: &str, name: &str, created: &str| {
+        let mut i = ingress();
+        i.metadata.namespace = Some(ns.to_string());
+        i.metadata.name = Some(name.to_string());
+        i.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            created.parse().expect("timestamp"),
+        ));
+        std::sync::Arc::new(i)
+    };
+    let older = at("team-x", "dev-api", "2026-01-01T00:00:00Z");
+    let newer = at("team-x-dev", "api", "2026-01-02T00:00:00Z");
+    let t = fx::tailnet(&[]);
+    let name = kube::ResourceExt::name_any(&t);
+    let prefix = t.spec.policy.tag_prefix.clone();
+    let older_tag =
+        super::gather::ingress_tag(&older, &name, &prefix, std::slice::from_ref(&newer));
+    let newer_tag =
+        super::gather::ingress_tag(&newer, &name, &prefix, std::slice::from_ref(&older));
+    assert_eq!(older_tag, Ok(ingress_tag(&prefix, "team-x", "dev-api")));
+    let newer_tag = newer_tag.expect("a tag of its own");
+    assert_ne!(Ok(newer_tag.clone()), older_tag);
+    assert!(newer_tag.len() <= 63 + 4, "{newer_tag}");
 }
 
 fn certificate_cases() -> Vec<Case> {

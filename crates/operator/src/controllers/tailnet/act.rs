@@ -21,10 +21,20 @@ use crate::metrics::{ConditionLabels, TailnetLabels};
 
 /// A Headscale call's result as the pure steps take it.
 fn answer<T>(result: Result<T, tailnet_headscale::Error>) -> Answer {
-    match result {
-        Ok(_) => Ok(()),
-        Err(tailnet_headscale::Error::Api { message, .. }) => Err(Refusal::Rejected(message)),
-        Err(e) => Err(Refusal::Failed(Problem::headscale(&e, e.to_string()))),
+    result.map(|_| ()).map_err(refusal)
+}
+
+fn refusal(error: tailnet_headscale::Error) -> Refusal {
+    match error {
+        tailnet_headscale::Error::Api { message, .. } => Refusal::Rejected(message),
+        e => Refusal::Failed(Problem::headscale(&e, e.to_string())),
+    }
+}
+
+/// The Events `plan` decided from the observation alone.
+pub async fn plan_events(ctx: &Context, tailnet: &Tailnet, plan: &TailnetPlan) {
+    for e in &plan.events {
+        event(ctx, tailnet, e.type_, e.reason, e.action, e.note.clone()).await;
     }
 }
 
@@ -74,8 +84,20 @@ pub async fn sync_policy(
     let outcome = match decide::after_check(sync, check, previous) {
         PolicyStep::Done(outcome) => outcome,
         PolicyStep::Put { event } => {
-            let set = answer(client.set_policy(&sync.document).await);
-            decide::after_set(sync, event, set)
+            // The check took a while: an edit made since gather must not be overwritten
+            // unreported. Read the live document again right before writing.
+            let fresh = match client.get_policy().await {
+                Ok(policy) => Ok(policy.policy),
+                Err(e) => Err(refusal(e)),
+            };
+            let (sync, step) = decide::before_put(sync, event, fresh, previous);
+            match step {
+                PolicyStep::Done(outcome) => outcome,
+                PolicyStep::Put { event } => {
+                    let set = answer(client.set_policy(&sync.document).await);
+                    decide::after_set(&sync, event, set)
+                }
+            }
         }
     };
     if let Some(result) = outcome.metric {

@@ -110,6 +110,61 @@ pub struct TailnetPlan {
     pub approvals: Vec<RouteApproval>,
     /// The DNS ConfigMap to apply, when our keys in it changed.
     pub dns: Option<ConfigMap>,
+    /// Events that follow from the observation alone (e.g. [`INSECURE_SERVER_EVENT`]).
+    pub events: Vec<PolicyEvent>,
+}
+
+/// Event reason: `spec.server` is plain `http://` to a host outside the machine and the
+/// cluster, so the admin API key crosses the network in clear.
+pub const INSECURE_SERVER_EVENT: &str = "InsecureServer";
+/// Appended to `HeadscaleReachable`'s message while the server is insecure; its presence in
+/// the previous status is what makes the Warning Event fire once, not on every poll.
+pub const INSECURE_SERVER_NOTE: &str = "warning: spec.server is plain http:// to a host outside this machine and the cluster, so the Headscale API key travels in clear; use https://";
+
+/// Plain `http://` to a host that is neither loopback nor cluster-internal (the API key would
+/// travel in clear over a network). Loopback: 127.0.0.0/8, ::1, `localhost`; cluster-internal:
+/// `*.svc`, `*.svc.cluster.local`, `*.cluster.local` (and a bare in-namespace Service name is
+/// not a URL host the schema accepts without a dot, so it is judged like any other host).
+pub fn insecure_server(server: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(server) else {
+        return false;
+    };
+    if url.scheme() != "http" {
+        return false;
+    }
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return !ip.is_loopback();
+    }
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let local = host == "localhost"
+        || host.ends_with(".localhost")
+        || host.ends_with(".svc")
+        || host.ends_with(".svc.cluster.local")
+        || host.ends_with(".cluster.local");
+    !local
+}
+
+/// The Warning Event about an insecure `spec.server`, once: not when the previous status
+/// already carried [`INSECURE_SERVER_NOTE`].
+fn insecure_server_event(tailnet: &Tailnet, previous: &TailnetStatus) -> Option<PolicyEvent> {
+    if !insecure_server(&tailnet.spec.server) {
+        return None;
+    }
+    let warned = tailnet_api::conditions::find(&previous.conditions, types::HEADSCALE_REACHABLE)
+        .is_some_and(|c| c.message.contains(INSECURE_SERVER_NOTE));
+    (!warned).then(|| PolicyEvent {
+        type_: EventType::Warning,
+        reason: INSECURE_SERVER_EVENT,
+        action: "Reconcile",
+        note: format!(
+            "spec.server {} is plain http:// to a host outside this machine and the cluster: the Headscale admin API key travels in clear; use https:// (or an in-cluster Service address)",
+            tailnet.spec.server
+        ),
+    })
 }
 
 /// The rendered document against the live one.
@@ -185,20 +240,35 @@ pub fn plan(
         conditions: Vec::new(),
         ..previous.clone()
     };
+    let insecure = insecure_server(&tailnet.spec.server);
+    let with_note = |message: String| {
+        if insecure {
+            format!("{message}; {INSECURE_SERVER_NOTE}")
+        } else {
+            message
+        }
+    };
     match &observed.headscale {
         Ok(version) => {
             status.headscale_version = Some(version.clone());
             c.ok(
                 types::HEADSCALE_REACHABLE,
                 reasons::REACHABLE,
-                format!(
+                with_note(format!(
                     "Headscale {version} at {} accepts the API key",
                     tailnet.spec.server
-                ),
+                )),
             );
         }
-        Err(problem) => c.fail(types::HEADSCALE_REACHABLE, problem.clone()),
+        Err(problem) => {
+            let mut problem = problem.clone();
+            problem.message = with_note(problem.message);
+            c.fail(types::HEADSCALE_REACHABLE, problem)
+        }
     }
+    let events = insecure_server_event(tailnet, &previous)
+        .into_iter()
+        .collect();
 
     let inputs = policy_inputs(tailnet, observed, config);
     let rendered =
@@ -257,6 +327,7 @@ pub fn plan(
         live_policy: observed.live_policy.clone(),
         approvals,
         dns,
+        events,
     }
 }
 
@@ -428,15 +499,7 @@ fn apply_step(sync: &PolicySync, previous: &TailnetStatus) -> PolicyStep {
         .and_then(|p| p.applied_hash.as_deref());
     let manual_edit = theirs.is_some() && applied_hash.is_some_and(|h| h != live_hash);
     let event = if manual_edit {
-        PolicyEvent {
-            type_: EventType::Warning,
-            reason: "ManualEditOverwritten",
-            action: "SetPolicy",
-            note: format!(
-                "the live policy had been edited outside the operator; overwritten. Lost: {}",
-                lost_lines(&sync.diff, 10)
-            ),
-        }
+        manual_edit_event(&sync.diff)
     } else if theirs.is_none() && !sync.live.trim().is_empty() {
         PolicyEvent {
             type_: EventType::Normal,
@@ -456,6 +519,84 @@ fn apply_step(sync: &PolicySync, previous: &TailnetStatus) -> PolicyStep {
         }
     };
     PolicyStep::Put { event }
+}
+
+/// Event reason of a live policy edited outside the operator and overwritten.
+pub const MANUAL_EDIT_EVENT: &str = "ManualEditOverwritten";
+
+/// `sync` against a live document read later (diff and counts recomputed; the document and
+/// the published ConfigMap stay).
+pub fn with_live(sync: &PolicySync, live: &str) -> PolicySync {
+    let diff = tailnet_policy::diff(live, &sync.document);
+    let (added, removed) = diff_stats(&diff);
+    PolicySync {
+        live: live.to_string(),
+        diff,
+        added,
+        removed,
+        ..sync.clone()
+    }
+}
+
+/// Right before the PUT: the live policy read again (`fresh`), because the check takes
+/// seconds and an edit made meanwhile would otherwise be overwritten unreported. Unchanged
+/// since gather: PUT as decided. Changed: decide again against the fresh document (another
+/// installation's marker now refuses, a copy of ours needs no write), and a PUT reports the
+/// edit as [`MANUAL_EDIT_EVENT`] with what it loses. Unreadable: no PUT this time (the next
+/// poll retries); the PUT never goes out blind. Returns the sync the PUT must use.
+pub fn before_put(
+    sync: &PolicySync,
+    event: PolicyEvent,
+    fresh: Result<String, Refusal>,
+    previous: &TailnetStatus,
+) -> (PolicySync, PolicyStep) {
+    let fresh = match fresh {
+        Ok(fresh) => fresh,
+        Err(Refusal::Rejected(message)) => {
+            return (
+                sync.clone(),
+                PolicyStep::Done(unknown(
+                    reasons::HEADSCALE_UNREACHABLE,
+                    format!("re-reading the live policy before writing failed: {message}"),
+                )),
+            );
+        }
+        Err(Refusal::Failed(problem)) => {
+            return (
+                sync.clone(),
+                PolicyStep::Done(unknown(
+                    problem.reason,
+                    format!(
+                        "re-reading the live policy before writing failed: {}",
+                        problem.message
+                    ),
+                )),
+            );
+        }
+    };
+    if fresh == sync.live {
+        return (sync.clone(), PolicyStep::Put { event });
+    }
+    let fresh_sync = with_live(sync, &fresh);
+    let step = match apply_step(&fresh_sync, previous) {
+        PolicyStep::Put { event } if event.reason != MANUAL_EDIT_EVENT => PolicyStep::Put {
+            event: manual_edit_event(&fresh_sync.diff),
+        },
+        step => step,
+    };
+    (fresh_sync, step)
+}
+
+fn manual_edit_event(diff: &str) -> PolicyEvent {
+    PolicyEvent {
+        type_: EventType::Warning,
+        reason: MANUAL_EDIT_EVENT,
+        action: "SetPolicy",
+        note: format!(
+            "the live policy had been edited outside the operator; overwritten. Lost: {}",
+            lost_lines(diff, 10)
+        ),
+    }
 }
 
 /// After Headscale answered the PUT; `event` is the one [`after_check`] chose for success.

@@ -56,6 +56,7 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
     let (observed, client) = gather::gather(ctx, tailnet).await?;
     let plan = decide::plan(tailnet, &observed, &ctx.config, Timestamp::now());
     act::plan_metrics(ctx, tailnet, &observed, &plan);
+    act::plan_events(ctx, tailnet, &plan).await;
     let outcome = act::sync_policy(ctx, tailnet, client.as_ref(), &plan, &previous).await;
     act::approve_routes(ctx, tailnet, client.as_ref(), &plan.approvals).await;
     act::write_dns(ctx, &plan).await?;

@@ -188,12 +188,15 @@ struct Run {
     status: TailnetStatus,
 }
 
-fn drive(
+/// `fresh`: the live policy as read again right before the PUT (`None`: unchanged since
+/// gather).
+fn drive_with(
     t: &Tailnet,
     o: &TailnetObservation,
     config: &OperatorConfig,
     check: Answer,
     set: Answer,
+    fresh: Option<Result<String, Refusal>>,
 ) -> Run {
     let previous = t.status.clone().unwrap_or_default();
     let plan = decide::plan(t, o, config, now());
@@ -204,8 +207,14 @@ fn drive(
             .map(|sync| match decide::after_check(sync, check, &previous) {
                 PolicyStep::Done(outcome) => outcome,
                 PolicyStep::Put { event } => {
-                    puts += 1;
-                    decide::after_set(sync, event, set)
+                    let fresh = fresh.unwrap_or_else(|| Ok(sync.live.clone()));
+                    match decide::before_put(sync, event, fresh, &previous) {
+                        (_, PolicyStep::Done(outcome)) => outcome,
+                        (sync, PolicyStep::Put { event }) => {
+                            puts += 1;
+                            decide::after_set(&sync, event, set)
+                        }
+                    }
                 }
             });
     let status = decide::finish(plan.clone(), outcome.as_ref());
@@ -215,6 +224,16 @@ fn drive(
         puts,
         status,
     }
+}
+
+fn drive(
+    t: &Tailnet,
+    o: &TailnetObservation,
+    config: &OperatorConfig,
+    check: Answer,
+    set: Answer,
+) -> Run {
+    drive_with(t, o, config, check, set, None)
 }
 
 fn rejected(message: &str) -> Answer {
@@ -234,6 +253,8 @@ struct Case {
     config: OperatorConfig,
     check: Answer,
     set: Answer,
+    /// The live policy re-read right before the PUT (`None`: unchanged since gather).
+    fresh: Option<Result<String, Refusal>>,
     /// (condition, status, reason) that must hold.
     expect: Vec<(&'static str, &'static str, &'static str)>,
     more: Check,
@@ -251,6 +272,7 @@ fn case(
         config: config(),
         check: Ok(()),
         set: Ok(()),
+        fresh: None,
         expect,
         more: |_| {},
     }
@@ -293,6 +315,51 @@ fn headscale_cases() -> Vec<Case> {
         )
     })
     .collect();
+    let mut plain_http = tailnet();
+    plain_http.spec.server = "http://headscale.example.net:8080".to_string();
+    cases.push(Case {
+        tailnet: plain_http.clone(),
+        more: |run| {
+            let events: Vec<_> = run
+                .plan
+                .events
+                .iter()
+                .map(|e| (e.type_, e.reason))
+                .collect();
+            assert_eq!(
+                events,
+                vec![(EventType::Warning, decide::INSECURE_SERVER_EVENT)],
+                "plain http to a remote host: warned"
+            );
+            assert!(run.plan.events[0].note.contains("travels in clear"));
+            let c = conditions::find(&run.status.conditions, types::HEADSCALE_REACHABLE)
+                .expect("HeadscaleReachable");
+            assert!(
+                c.message.contains(decide::INSECURE_SERVER_NOTE),
+                "{}",
+                c.message
+            );
+            // The next reconcile (that status as the previous one): no second Event.
+            let mut again = tailnet();
+            again.spec.server = "http://headscale.example.net:8080".to_string();
+            again.status = Some(run.status.clone());
+            let next = decide::plan(&again, &observation(), &config(), now());
+            assert!(next.events.is_empty(), "warned once: {:?}", next.events);
+        },
+        ..case(
+            "plain http:// to a remote Headscale: a Warning Event, once",
+            observation(),
+            vec![(types::HEADSCALE_REACHABLE, "True", reasons::REACHABLE)],
+        )
+    });
+    cases.push(Case {
+        more: |run| assert!(run.plan.events.is_empty(), "https: no warning"),
+        ..case(
+            "https:// Headscale: no warning",
+            observation(),
+            vec![(types::HEADSCALE_REACHABLE, "True", reasons::REACHABLE)],
+        )
+    });
     cases.push(Case {
         more: |run| {
             assert_eq!(run.status.headscale_version.as_deref(), Some("v0.29.0"));
@@ -556,7 +623,94 @@ fn ownership_cases() -> Vec<Case> {
         (types::POLICY_APPLIED, "True", reasons::APPLIED),
         (types::READY, "True", reasons::READY),
     ];
-    vec![
+    // What we wrote last time (our marker, the egress's grant), as gathered; the check then
+    // takes seconds, and meanwhile someone edits the live document.
+    let ours_before = edited.clone();
+    let edited_during_check = ours_before.replace("tcp:5432", "tcp:5433");
+    assert_ne!(
+        edited_during_check, ours_before,
+        "the fixture has a 5432 grant"
+    );
+    let applied_before = with_previous(
+        tailnet(),
+        previous_status(reasons::APPLIED, Some(decide::sha256(&ours_before))),
+    );
+    let race_cases = vec![
+        Case {
+            tailnet: applied_before.clone(),
+            fresh: Some(Ok(edited_during_check.clone())),
+            more: |run| {
+                assert_eq!(run.puts, 1);
+                let e = run
+                    .outcome
+                    .as_ref()
+                    .and_then(|o| o.event.clone())
+                    .expect("event");
+                assert_eq!(
+                    (e.type_, e.reason),
+                    (EventType::Warning, decide::MANUAL_EDIT_EVENT)
+                );
+                assert!(e.note.contains("tcp:5433"), "the lost line: {}", e.note);
+            },
+            ..case(
+                "an edit between the check and the PUT is reported",
+                live(ours_before.clone()),
+                applied.clone(),
+            )
+        },
+        Case {
+            tailnet: applied_before.clone(),
+            more: |run| {
+                assert_eq!(run.puts, 1);
+                assert_eq!(event_reason(run), Some("PolicyApplied"));
+            },
+            ..case(
+                "no edit between the check and the PUT: a plain write",
+                live(ours_before.clone()),
+                applied.clone(),
+            )
+        },
+        Case {
+            fresh: Some(Ok("// edited by hand\n{\"grants\": []}".to_string())),
+            more: |run| {
+                assert_eq!(run.puts, 1);
+                assert_eq!(event_reason(run), Some(decide::MANUAL_EDIT_EVENT));
+            },
+            ..case(
+                "an edit during the first check (no marker yet) is reported too",
+                observation(),
+                applied.clone(),
+            )
+        },
+        Case {
+            tailnet: applied_before.clone(),
+            fresh: Some(Ok(other_installation.clone())),
+            more: |run| assert_eq!(run.puts, 0, "taken over meanwhile: no PUT"),
+            ..case(
+                "another installation wrote between the check and the PUT",
+                live(ours_before.clone()),
+                vec![(types::POLICY_APPLIED, "False", reasons::OWNED_ELSEWHERE)],
+            )
+        },
+        Case {
+            tailnet: applied_before,
+            fresh: Some(Err(Refusal::Failed(Problem::new(
+                reasons::headscale::TIMEOUT,
+                "timed out",
+            )))),
+            more: |run| assert_eq!(run.puts, 0, "never a blind PUT"),
+            ..case(
+                "the live policy cannot be re-read before the PUT",
+                live(ours_before),
+                vec![(
+                    types::POLICY_APPLIED,
+                    "Unknown",
+                    reasons::headscale::TIMEOUT,
+                )],
+            )
+        },
+    ];
+    let mut cases = vec![
         Case {
             more: |run| {
                 assert_eq!(
@@ -649,7 +803,9 @@ fn ownership_cases() -> Vec<Case> {
                 )],
             )
         },
-    ]
+    ];
+    cases.extend(race_cases);
+    cases
 }
 
 fn dns_cases() -> Vec<Case> {
@@ -729,12 +885,13 @@ fn decision_table() {
     .flatten()
     .collect();
     for case in cases {
-        let run = drive(
+        let run = drive_with(
             &case.tailnet,
             &case.observed,
             &case.config,
             case.check,
             case.set,
+            case.fresh,
         );
         for (type_, status, reason) in &case.expect {
             let c = conditions::find(&run.status.conditions, type_).unwrap_or_else(|| {
@@ -950,4 +1107,100 @@ fn diff_helpers() {
     assert_eq!(decide::lost_lines(diff, 10), "old line");
     let many: String = (0..15).map(|i| format!("-line {i}\n")).collect();
     assert!(decide::lost_lines(&many, 3).ends_with("… (12 more lines)"));
+}
+
+/// The controller path of a contested DNS name: the `{name}` alias of two `portal` ingresses.
+/// The older ingress keeps it in the hosts ConfigMap (as it keeps it in the agent's names),
+/// although the newer ingress's node got the lower tailnet address.
+#[test]
+fn a_contested_dns_name_goes_to_the_first_claim_not_the_lowest_address() {
+    let mut t = tailnet();
+    if let Some(dns) = t.spec.dns.as_mut() {
+        dns.ingress_alias_template = Some("{name}.lab.example.net".to_string());
+    }
+    let ingress = |namespace: &str, created: &str| -> tailnet_api::TailnetIngress {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1",
+            "kind": "TailnetIngress",
+            "metadata": {"name": "portal", "namespace": namespace, "uid": format!("{namespace}-uid"),
+                         "creationTimestamp": created},
+            "spec": {
+                "tailnetRef": {"name": "demo"},
+                "allowFrom": ["group:platform"],
+                "exposes": [{"name": "web", "dnsLabel": "portal", "alias": true, "mode": "tcp",
+                             "port": 443, "backend": {"service": "frontend", "port": 8080}}]
+            }
+        }))
+        .expect("ingress fixture")
+    };
+    let older = ingress("team-b", "2026-01-01T00:00:00Z");
+    let newer = ingress("team-a", "2026-01-02T00:00:00Z");
+    let prefix = &t.spec.policy.tag_prefix;
+    let node = |id, namespace: &str, ip: &str| ObservedNode {
+        id,
+        name: format!("agent-{namespace}"),
+        tags: vec![tailnet_api::naming::ingress_tag(
+            prefix, namespace, "portal",
+        )],
+        ip_addresses: vec![ip.parse().expect("ip")],
+        available_routes: vec![],
+        approved_routes: vec![],
+        online: true,
+    };
+    let observed = TailnetObservation {
+        ingresses: vec![newer, older],
+        nodes: Some(vec![
+            node(2, "team-a", "100.64.0.2"),
+            node(9, "team-b", "100.64.0.9"),
+        ]),
+        ..observation()
+    };
+    let plan = decide::plan(&t, &observed, &config(), now());
+    let hosts = plan
+        .dns
+        .as_ref()
+        .and_then(|cm| cm.data.as_ref())
+        .and_then(|d| d.get("hosts"))
+        .cloned()
+        .expect("hosts");
+    assert!(
+        hosts.contains("100.64.0.9 portal.lab.example.net"),
+        "{hosts}"
+    );
+    assert!(
+        !hosts.contains("100.64.0.2 portal.lab.example.net"),
+        "{hosts}"
+    );
+    let c = plan.conditions.clone().finish(&decide::REQUIRED, &[]);
+    let dns = conditions::find(&c, types::DNS_RENDERED).expect("DNSRendered");
+    assert!(
+        dns.message
+            .contains("kept by their first owner: portal.lab.example.net"),
+        "{}",
+        dns.message
+    );
+}
+
+#[test]
+fn insecure_server_is_plain_http_outside_loopback_and_the_cluster() {
+    for (server, insecure) in [
+        ("http://headscale.example.net", true),
+        ("http://headscale.example.net:8080/", true),
+        ("http://10.0.0.5:8080", true),
+        ("http://[fd00::5]:8080", true),
+        ("http://headscale.svc.example.net", true),
+        ("http://cluster.local.example.net", true),
+        ("https://headscale.example.net", false),
+        ("http://127.0.0.1:8080", false),
+        ("http://127.1.2.3", false),
+        ("http://[::1]:8080", false),
+        ("http://localhost:8080", false),
+        ("http://LOCALHOST", false),
+        ("http://headscale.headscale.svc", false),
+        ("http://headscale.headscale.svc:8080", false),
+        ("http://headscale.headscale.svc.cluster.local:8080", false),
+        ("http://headscale.headscale.cluster.local", false),
+    ] {
+        assert_eq!(decide::insecure_server(server), insecure, "{server}");
+    }
 }
