@@ -11,6 +11,7 @@
 #
 # Components: kubernetes etcd headscale tailscale coredns cert-manager
 #             helm prometheus caddy   (chart and monitoring-rule checks, benchmarks)
+#             crane actionlint        (the lab's OCI registry and image pushes; workflow lint)
 #             kube-router   (NetworkPolicy enforcer of the lab, network_policy_e2e)
 # Layout:     ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>
 #             .../cert-manager-<version>/crds/cert-manager.crds.yaml
@@ -22,7 +23,7 @@ set -euo pipefail
 
 DEPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE_ROOT=${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}
-COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager helm prometheus caddy kube-router)
+COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager helm prometheus caddy crane actionlint kube-router)
 
 log() { printf '[deps] %s\n' "$*" >&2; }
 die() { printf '[deps] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -53,6 +54,8 @@ binaries_of() {
     helm) echo helm ;;
     prometheus) echo promtool ;;
     caddy) echo caddy ;;
+    crane) echo crane ;;
+    actionlint) echo actionlint ;;
     kube-router) echo kube-router ;;
     *) die "unknown component '$1' (known: ${COMPONENTS[*]})" ;;
   esac
@@ -70,6 +73,8 @@ main_module_of() {
     helm) echo helm.sh/helm/v4 ;;
     prometheus) echo github.com/prometheus/prometheus ;;
     caddy) echo github.com/caddyserver/caddy/v2 ;;
+    crane) echo github.com/google/go-containerregistry ;;
+    actionlint) echo github.com/rhysd/actionlint ;;
     kube-router) echo github.com/cloudnativelabs/kube-router/v2 ;;
   esac
 }
@@ -97,6 +102,10 @@ packages_of() {
       echo promtool=github.com/prometheus/prometheus/cmd/promtool ;;
     caddy)
       echo caddy=github.com/caddyserver/caddy/v2/cmd/caddy ;;
+    crane)
+      echo crane=github.com/google/go-containerregistry/cmd/crane ;;
+    actionlint)
+      echo actionlint=github.com/rhysd/actionlint/cmd/actionlint ;;
     kube-router)
       echo kube-router=github.com/cloudnativelabs/kube-router/v2/cmd/kube-router ;;
   esac
@@ -532,6 +541,10 @@ check_component() {
       expect "promtool, version $rel" "$d/promtool" --version || return 1 ;;
     caddy)
       expect "$ver" "$d/caddy" version || return 1 ;;
+    crane)
+      expect "$ver" "$d/crane" version || return 1 ;;
+    actionlint)
+      expect "$ver" "$d/actionlint" -version || return 1 ;;
     kube-router)
       expect "version $ver" "$d/kube-router" --version || return 1 ;;
     cert-manager)

@@ -1,10 +1,18 @@
 # syntax=docker/dockerfile:1
-# tailnet-operator image: built with `cargo xtask images` (context: the repository root).
+# tailnet-operator image for users with a container daemon: `cargo xtask images --dockerfile`
+# (context: the repository root). CI and releases build the same image without a daemon
+# (`cargo xtask images`: reproducible, by digest); both lay out the same file system with
+# images/rootfs.sh (xtask's test dockerfile_layout_matches_the_daemonless_image compares them).
+#
 # Stage 1 compiles a static musl binary with --locked and the workspace release profile
-# (full LTO, codegen-units=1, stripped); stage 2 is distroless/static: no shell, no libc,
-# no package manager, running as the non-root user 65532.
+# (full LTO, codegen-units=1, stripped). Stage 2 is FROM scratch: no base image, no shell, no
+# libc, no package manager; /etc/passwd and /etc/group (root, nonroot 65532), the build
+# stage's CA bundle, /home/nonroot, /tmp and the binary. Non-root user 65532.
+#
+# The build stage is pinned by tag only: this repository's CI has no access to Docker Hub to
+# resolve its digest. Pin it when you build, e.g.
+#   --build-arg RUST_IMAGE=docker.io/library/rust:1.95-alpine@sha256:<digest of `crane digest`>
 ARG RUST_IMAGE=docker.io/library/rust:1.95-alpine
-ARG BASE_IMAGE=gcr.io/distroless/static-debian12:nonroot
 
 FROM ${RUST_IMAGE} AS build
 # ring's C/assembly parts need a C compiler and the musl headers.
@@ -14,9 +22,12 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --locked --release -p tailnet-operator --bin tailnet-operator \
- && install -D -m 0755 target/release/tailnet-operator /out/tailnet-operator
+ && sh images/rootfs.sh target/release/tailnet-operator /etc/ssl/certs/ca-certificates.crt /rootfs
 
-FROM ${BASE_IMAGE}
-COPY --from=build /out/tailnet-operator /usr/local/bin/tailnet-operator
+FROM scratch
+COPY --from=build /rootfs/ /
+ENV PATH=/usr/local/bin
+ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 USER 65532:65532
+WORKDIR /
 ENTRYPOINT ["/usr/local/bin/tailnet-operator"]

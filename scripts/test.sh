@@ -83,8 +83,18 @@ PROMTOOL=$(sed -n 's/^TNO_BIN_PROMTOOL=//p' <<<"$DEPS_ENV")
 "$PROMTOOL" test rules charts/tailnet-operator/tests/prometheus-rules.test.yaml
 # helm template + server-side dry-run + RBAC table: crates/testenv/e2e/tests/helm_chart.rs
 
+step "release workflow lint (actionlint)"
+ACTIONLINT=$(sed -n 's/^TNO_BIN_ACTIONLINT=//p' <<<"$DEPS_ENV")
+"$ACTIONLINT" .github/workflows/*.yaml
+
 step "build binaries (the test kubelet runs the freshly built tailnet-agent)"
 cargo build --workspace --bins --locked
+
+step "images: cargo xtask images (daemonless, static musl release binaries; assembled twice, digests compared)"
+# The same command the release workflow runs; helm_install (side group) pushes the layouts of
+# target/images to the lab's registry and installs the chart from there.
+rustup target list --installed | grep -qx x86_64-unknown-linux-musl || rustup target add x86_64-unknown-linux-musl
+cargo xtask images --verify-reproducible
 
 step "tests: unit, CLI, generated files, real apiserver/Headscale/tailscale"
 # The real-environment tests must not skip themselves when binaries are missing.
@@ -94,11 +104,13 @@ cargo test --workspace --locked --no-run
 # probes, timeouts), so one group of them runs beside all the others: about half the wall time
 # on two cores. Each test binary starts its own environment (own netns, ports, Headscale), so
 # the two groups do not share anything. Same feature set as the build above (--workspace).
-side_tests=(faults_e2e ingress_data_e2e egress_routes_e2e helm_rbac_e2e local_lab forged_agent_e2e leadership_e2e network_policy_e2e)
+side_tests=(faults_e2e ingress_data_e2e egress_routes_e2e helm_rbac_e2e local_lab forged_agent_e2e leadership_e2e
+  helm_install network_policy_e2e)
 side_names=(faults_keep_the_data_plane_and_lose_nothing ingress_data_plane_through_the_operator
   unapproved_route_fails_closed_until_approved operator_with_the_charts_rbac_serves_egress_and_ingress
   the_local_lab_demo_runs_once forged_agent_pods_neither_lie_nor_exhaust_the_operator
   a_leader_with_a_hung_apiserver_connection_steps_down_before_the_takeover
+  chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_upgrades_and_uninstalls
   network_policies_are_enforced_by_kube_router_in_the_lab)
 side_log=$(mktemp -t tno-side-tests.XXXXXX)
 side_targets=()

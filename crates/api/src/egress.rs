@@ -11,6 +11,7 @@ use crate::common::TailnetRef;
 /// Only honoured in the operator namespace.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
+    doc = "Targets in the tailnet (an IP behind a subnet router, or a tailnet DNS name), each published as a Service in the operator namespace for the listed consumer namespaces, through one agent pod with its own tailnet identity. Only honoured in the operator namespace.",
     group = "tailnet-operator.dev",
     version = "v1alpha1",
     kind = "TailnetEgress",

@@ -11,6 +11,7 @@ use crate::common::{KeyRef, TailnetRef};
 /// Exposes Services to the tailnet through one agent (one tailnet identity, one access rule).
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
+    doc = "Exposes Services of its namespace to the tailnet (TCP, or HTTPS terminated in the agent with a certificate for your own names) through one agent pod with one tailnet identity and one access rule (allowFrom).",
     group = "tailnet-operator.dev",
     version = "v1alpha1",
     kind = "TailnetIngress",

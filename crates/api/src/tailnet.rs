@@ -1,6 +1,10 @@
 //! `Tailnet`: one Headscale server, its API credentials, DNS templates and policy ownership.
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, ResourceRequirements, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -11,6 +15,7 @@ use crate::common::KeyRef;
 /// A Headscale tailnet that egresses and ingresses of this cluster connect to.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
+    doc = "A Headscale tailnet that egresses and ingresses of this cluster connect to: the server URL, the API key Secret, DNS templates, defaults, ownership of the Headscale policy and overrides for the agent pods. Cluster-scoped.",
     group = "tailnet-operator.dev",
     version = "v1alpha1",
     kind = "Tailnet",
@@ -210,6 +215,22 @@ pub struct AgentOverrides {
     /// Resources of the tailscale container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tailscale_resources: Option<ResourceRequirements>,
+    /// Pull Secrets (in each agent's namespace) for private copies of the agent images.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Node labels the agent pods must match.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the agent pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Affinity of the agent pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// PriorityClass of the agent pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
 }
 
 /// What the operator observed; written by the operator only.

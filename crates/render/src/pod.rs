@@ -304,6 +304,7 @@ pub fn deployment(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Deplo
         service_account_volume(),
     ];
     volumes.extend(parts.agent_volumes.iter().map(|(v, _)| v.clone()));
+    let scheduling = ctx.tailnet.agent.as_ref();
     let sysctls = parts.unprivileged_port_start.map(|start| {
         vec![Sysctl {
             name: "net.ipv4.ip_unprivileged_port_start".to_string(),
@@ -352,6 +353,18 @@ pub fn deployment(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Deplo
                     }),
                     containers: vec![tailscale_container(owner, ctx), agent_container(ctx, parts)],
                     volumes: Some(volumes),
+                    // Scheduling from the Tailnet's spec.agent.
+                    image_pull_secrets: scheduling
+                        .map(|o| o.image_pull_secrets.clone())
+                        .filter(|v| !v.is_empty()),
+                    node_selector: scheduling
+                        .map(|o| o.node_selector.clone())
+                        .filter(|m| !m.is_empty()),
+                    tolerations: scheduling
+                        .map(|o| o.tolerations.clone())
+                        .filter(|v| !v.is_empty()),
+                    affinity: scheduling.and_then(|o| o.affinity.clone()),
+                    priority_class_name: scheduling.and_then(|o| o.priority_class_name.clone()),
                     ..PodSpec::default()
                 }),
             },

@@ -600,3 +600,47 @@ fn connection_limits_reach_the_agent_config() {
         DEFAULT_MAX_CONNECTIONS
     );
 }
+
+#[test]
+fn agent_pods_get_the_tailnets_scheduling() {
+    let mut tailnet: Tailnet = load("10-tailnet.yaml");
+    let egress: TailnetEgress = load("20-egress.yaml");
+    let plain = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    let plain_pod = pod(&plain.deployment);
+    assert!(plain_pod.node_selector.is_none() && plain_pod.tolerations.is_none());
+    assert!(plain_pod.image_pull_secrets.is_none() && plain_pod.priority_class_name.is_none());
+    let agent: tailnet_api::tailnet::AgentOverrides = serde_json::from_value(serde_json::json!({
+        "imagePullSecrets": [{"name": "mirror"}],
+        "nodeSelector": {"pool": "edge"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "tailnet", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+        "priorityClassName": "tailnet-agents"
+    }))
+    .expect("spec.agent");
+    tailnet.spec.agent = Some(agent);
+    let objects = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    let pod = pod(&objects.deployment);
+    assert_eq!(
+        pod.image_pull_secrets.as_ref().map(|s| s[0].name.as_str()),
+        Some("mirror")
+    );
+    assert_eq!(
+        pod.node_selector
+            .as_ref()
+            .and_then(|m| m.get("pool"))
+            .map(String::as_str),
+        Some("edge")
+    );
+    assert_eq!(
+        pod.tolerations.as_ref().and_then(|t| t[0].key.as_deref()),
+        Some("dedicated")
+    );
+    assert!(
+        pod.affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .is_some()
+    );
+    assert_eq!(pod.priority_class_name.as_deref(), Some("tailnet-agents"));
+}

@@ -120,14 +120,14 @@ fn chart_crds_are_the_generated_crds() {
             .collect()
     };
     let deploy = root().join("deploy/crds");
-    let chart = chart_dir().join("crds");
+    let chart = chart_dir().join("files/crds");
     assert_eq!(names(deploy.clone()), names(chart.clone()));
     for file in names(deploy.clone()) {
         let want = std::fs::read_to_string(deploy.join(&file)).expect("deploy CRD");
         let got = std::fs::read_to_string(chart.join(&file)).expect("chart CRD");
         assert!(
             want == got,
-            "charts/tailnet-operator/crds/{file} differs from deploy/crds/{file}: run `cargo xtask generate`"
+            "charts/tailnet-operator/files/crds/{file} differs from deploy/crds/{file}: run `cargo xtask generate`"
         );
     }
 }
@@ -240,7 +240,7 @@ fn rendered_prometheus_rule_passes_promtool() {
         &promtool,
         &["check", "rules", file.to_str().expect("UTF-8")],
     );
-    assert!(out.contains("SUCCESS: 7 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
     let alerts: Vec<&Value> = rule["spec"]["groups"][0]["rules"]
         .as_array()
         .expect("rules")
@@ -888,4 +888,134 @@ async fn templated_manifests_pass_server_side_dry_run() {
             .unwrap_or_else(|e| panic!("server-side dry-run of {kind} {name} rejected: {e}"));
         assert_eq!(applied.metadata.name.as_deref(), Some(name));
     }
+}
+
+#[test]
+fn chart_schema_pdb_overrides_podmonitor_crds_and_agent_scheduling_render_as_documented() {
+    let Some(helm) = deps_binary("helm", "helm") else {
+        return;
+    };
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("UTF-8");
+    // values.schema.json: helm lint and template reject bad values.
+    for bad in [
+        "replicaCount=-1",
+        "operator.logFormat=xml",
+        "typo=1",
+        "image.digest=latest",
+    ] {
+        let output = Command::new(&helm)
+            .args(["template", "x", chart, "--set", bad])
+            .output()
+            .expect("helm");
+        assert!(!output.status.success(), "--set {bad} was accepted");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("schema"),
+            "--set {bad}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    // One replica: no PodDisruptionBudget; CRDs templated with keep; NOTES exist.
+    let single = template(&helm, "ops", "tailnet-system", &[]);
+    assert!(single.iter().all(|d| d["kind"] != "PodDisruptionBudget"));
+    let crds: Vec<&Value> = single
+        .iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+        .collect();
+    assert_eq!(crds.len(), 3);
+    for crd in &crds {
+        assert_eq!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{}",
+            crd["metadata"]["name"]
+        );
+        assert_eq!(
+            crd["metadata"]["labels"]["app.kubernetes.io/instance"],
+            "ops"
+        );
+    }
+    let notes = run(
+        &helm,
+        &[
+            "install",
+            "ops",
+            chart,
+            "--dry-run=client",
+            "--namespace",
+            "tailnet-system",
+        ],
+    );
+    assert!(
+        notes.contains("NOTES:") && notes.contains("get lease tailnet-operator-leader"),
+        "{notes}"
+    );
+    // Two replicas: a PDB; overrides; security contexts; PodMonitor; no CRDs on request.
+    let docs = template(
+        &helm,
+        "ops",
+        "tailnet-system",
+        &[
+            "--set",
+            "replicaCount=2",
+            "--set",
+            "fullnameOverride=tno",
+            "--set",
+            "nameOverride=tnop",
+            "--set",
+            "podSecurityContext.runAsUser=1234",
+            "--set",
+            "securityContext.readOnlyRootFilesystem=true",
+            "--set",
+            "agent.podMonitor.enabled=true",
+            "--set",
+            "crds.install=false",
+        ],
+    );
+    let pdb = find(&docs, "PodDisruptionBudget");
+    assert_eq!(pdb["metadata"]["name"], "tno");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        "tnop"
+    );
+    let deployment = find(&docs, "Deployment");
+    assert_eq!(deployment["metadata"]["name"], "tno");
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"],
+        1234
+    );
+    let pod_monitor = find(&docs, "PodMonitor");
+    assert_eq!(
+        pod_monitor["spec"]["podMetricsEndpoints"][0]["port"], "admin",
+        "the agents' admin port serves /metrics"
+    );
+    assert_eq!(pod_monitor["spec"]["namespaceSelector"]["any"], true);
+    assert!(docs.iter().all(|d| d["kind"] != "CustomResourceDefinition"));
+    // Chart-level agent scheduling defaults go into the Tailnet the chart creates.
+    let docs = template(
+        &helm,
+        "ops",
+        "tailnet-system",
+        &[
+            "--set",
+            "tailnet.create=true",
+            "--set",
+            "tailnet.server=https://headscale.example.net",
+            "--set",
+            "tailnet.policy.tagOwners={group:platform}",
+            "--set",
+            "agent.scheduling.nodeSelector.pool=edge",
+            "--set",
+            "agent.scheduling.priorityClassName=tailnet-agents",
+            "--set",
+            "agent.scheduling.imagePullSecrets[0].name=mirror",
+            "--set",
+            "agent.scheduling.tolerations[0].key=dedicated",
+        ],
+    );
+    let agent = &find(&docs, "Tailnet")["spec"]["agent"];
+    assert_eq!(agent["nodeSelector"]["pool"], "edge");
+    assert_eq!(agent["priorityClassName"], "tailnet-agents");
+    assert_eq!(agent["imagePullSecrets"][0]["name"], "mirror");
+    assert_eq!(agent["tolerations"][0]["key"], "dedicated");
 }

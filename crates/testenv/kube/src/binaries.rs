@@ -21,6 +21,8 @@ pub struct Binaries {
     pub kube_router: PathBuf,
     /// Directory holding cert-manager's CRD YAMLs.
     pub cert_manager_crds: PathBuf,
+    /// `crane` (go-containerregistry): `crane registry serve` is the lab's OCI registry.
+    pub crane: PathBuf,
 }
 
 /// The repository root (this crate lives in `crates/testenv/kube`); `TNO_WORKSPACE` overrides.
@@ -105,6 +107,7 @@ impl Binaries {
             tailscale: binary("tailscale", "tailscale")?,
             kube_router: binary("kube-router", "kube-router")?,
             cert_manager_crds: component_dir("cert-manager")?.join("crds"),
+            crane: binary("crane", "crane")?,
         })
     }
 }

@@ -10,6 +10,7 @@ mod error;
 pub mod http_backend;
 pub mod kubelet;
 pub mod network;
+pub mod oci_registry;
 pub mod pki;
 pub mod process;
 

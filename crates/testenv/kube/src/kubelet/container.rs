@@ -47,6 +47,9 @@ pub struct ContainerLaunch {
     pub pod_dir: PathBuf,
     /// The image's host directories, mounted read-only at `image_dir_in_container(index)`.
     pub image_dirs: Vec<PathBuf>,
+    /// A pulled image's unpacked root file system: the overlay's lower layer instead of the
+    /// host's `/`.
+    pub root_dir: Option<PathBuf>,
     pub mounts: Vec<BindMount>,
     pub log_path: PathBuf,
 }
@@ -92,6 +95,8 @@ struct MountPlan {
     merged_dev: CString,
     merged_proc: CString,
     merged_sys: CString,
+    /// Mount points to create first in an image's root (it may lack `/dev`, `/proc`, `/sys`).
+    own_root: bool,
     pod_dir: CString,
     merged_staging: CString,
     merged_image_root: CString,
@@ -173,7 +178,12 @@ impl MountPlan {
             work: c_path(&scratch.join("work"))?,
             overlay_options: c_string(
                 format!(
-                    "lowerdir=/,upperdir={},workdir={}",
+                    "lowerdir={},upperdir={},workdir={}",
+                    launch
+                        .root_dir
+                        .as_deref()
+                        .unwrap_or(Path::new("/"))
+                        .display(),
                     scratch.join("upper").display(),
                     scratch.join("work").display()
                 ),
@@ -182,6 +192,7 @@ impl MountPlan {
             merged_dev: c_path(&merged.join("dev"))?,
             merged_proc: c_path(&merged.join("proc"))?,
             merged_sys: c_path(&merged.join("sys"))?,
+            own_root: launch.root_dir.is_some(),
             pod_dir: c_path(&launch.pod_dir)?,
             merged_staging: c_path(&merged.join(STAGING.trim_start_matches('/')))?,
             merged_image_root: c_path(&merged.join(".tno-image"))?,
@@ -244,6 +255,11 @@ impl MountPlan {
                 Some(&self.overlay_options),
             ),
         )?;
+        if self.own_root {
+            for dir in [&self.merged_dev, &self.merged_proc, &self.merged_sys] {
+                step("image root mount points", mkdir(dir))?;
+            }
+        }
         step(
             "/dev",
             mount(

@@ -8,6 +8,7 @@ mod environment;
 pub mod images;
 mod pod;
 mod probes;
+pub mod registry;
 mod volumes;
 
 use std::collections::{HashMap, HashSet};
@@ -60,6 +61,8 @@ pub(crate) struct NodeContext {
     pub config: KubeletConfig,
     /// Conditions never change while the kubelet runs: they all date from registration.
     pub registered_at: Timestamp,
+    /// Images pulled from the lab registry (unpacked under `<dir>/images/`).
+    pub image_store: registry::ImageStore,
 }
 
 impl NodeContext {
@@ -95,11 +98,13 @@ impl Kubelet {
             context: format!("creating {:?}", config.dir),
             source,
         })?;
+        let image_store = registry::ImageStore::new(config.dir.join("images"));
         let context = Arc::new(NodeContext {
             client: node_client,
             lab,
             config,
             registered_at: Timestamp::now(),
+            image_store,
         });
         register_node(&context).await?;
         let workers: Workers = Arc::default();

@@ -23,7 +23,9 @@ use crate::error::{Error, IoContext, NetlabContext, Result, error_chain};
 use crate::kubelet::NodeContext;
 use crate::kubelet::container::{BindMount, ContainerLaunch, spawn_container};
 use crate::kubelet::environment::{EnvironmentContext, container_environment, expand};
+use crate::kubelet::images::LocalImage;
 use crate::kubelet::probes::{ProbeState, run_probe};
+use crate::kubelet::registry::{ImageStore, PulledImage};
 use crate::kubelet::volumes::{VolumeContext, prepare_volumes};
 use crate::process::ManagedProcess;
 
@@ -90,6 +92,14 @@ struct PodWorker {
     start_time: Timestamp,
     last_reported: Option<serde_json::Value>,
     phase_override: Option<&'static str>,
+}
+
+/// Where a container's programs come from.
+enum ImageSource {
+    /// Host binaries of the image table.
+    Local(LocalImage),
+    /// An image pulled from the lab registry: its own root file system and config.
+    Pulled(Arc<PulledImage>),
 }
 
 /// Runs the pod until it is deleted; returns once the object is finalized.
@@ -405,14 +415,32 @@ impl PodWorker {
             .as_ref()
             .ok_or_else(|| self.pod_error("no sandbox"))?;
         let image_name = spec.image.clone().unwrap_or_default();
-        let image = self.node.config.images.lookup(&image_name).ok_or_else(|| {
-            self.pod_error(format!(
-                "image {image_name} is not in the test kubelet's image table"
-            ))
-        })?;
+        let source = if ImageStore::handles(&image_name) {
+            ImageSource::Pulled(self.node.image_store.get(&image_name).await?)
+        } else {
+            ImageSource::Local(
+                self.node
+                    .config
+                    .images
+                    .lookup(&image_name)
+                    .ok_or_else(|| {
+                        self.pod_error(format!(
+                            "image {image_name} is not in the test kubelet's image table"
+                        ))
+                    })?
+                    .clone(),
+            )
+        };
         let pod_ip = self.pod_ip();
         let host_ip = self.node.config.node_ip.to_string();
-        let path = image.path_env();
+        let path = match &source {
+            ImageSource::Local(image) => image.path_env(),
+            ImageSource::Pulled(image) => image.path_env(),
+        };
+        let image_env = match &source {
+            ImageSource::Local(image) => image.env.clone(),
+            ImageSource::Pulled(image) => image.env.clone(),
+        };
         let kubernetes_host = self.node.config.kubernetes_service.0.to_string();
         let env_context = EnvironmentContext {
             client: &self.node.client,
@@ -422,29 +450,44 @@ impl PodWorker {
             host_ip: &host_ip,
             path: &path,
             kubernetes_service: (&kubernetes_host, self.node.config.kubernetes_service.1),
-            image_env: &image.env,
+            image_env: &image_env,
         };
         let env = container_environment(&env_context, spec).await?;
-        let mut argv: Vec<String> = match &spec.command {
-            Some(command) if !command.is_empty() => command.clone(),
-            _ => image.entrypoint.clone(),
+        // As the kubelet: `command` replaces the entrypoint (and drops the image's cmd),
+        // `args` replace the cmd.
+        let mut argv: Vec<String> = match (&spec.command, &source) {
+            (Some(command), _) if !command.is_empty() => command.clone(),
+            (_, ImageSource::Local(image)) => image.entrypoint.clone(),
+            (_, ImageSource::Pulled(image)) => image.entrypoint.clone(),
         };
-        argv.extend(spec.args.iter().flatten().cloned());
+        match (&spec.args, &spec.command, &source) {
+            (Some(args), _, _) if !args.is_empty() => argv.extend(args.iter().cloned()),
+            (_, None, ImageSource::Pulled(image)) => argv.extend(image.cmd.iter().cloned()),
+            _ => {}
+        }
         let argv: Vec<String> = argv.iter().map(|arg| expand(arg, &env)).collect();
         let (program_name, args) = argv
             .split_first()
             .ok_or_else(|| self.pod_error(format!("container {} has no command", spec.name)))?;
-        let program = image.resolve_program(program_name).ok_or_else(|| {
-            self.pod_error(format!(
-                "{program_name} not found in image {image_name} ({}){}",
-                image.label,
-                image
-                    .hint
-                    .as_deref()
-                    .map(|hint| format!("; {hint}"))
-                    .unwrap_or_default()
-            ))
-        })?;
+        let program = match &source {
+            ImageSource::Local(image) => image.resolve_program(program_name).ok_or_else(|| {
+                self.pod_error(format!(
+                    "{program_name} not found in image {image_name} ({}){}",
+                    image.label,
+                    image
+                        .hint
+                        .as_deref()
+                        .map(|hint| format!("; {hint}"))
+                        .unwrap_or_default()
+                ))
+            })?,
+            ImageSource::Pulled(image) => image.resolve_program(program_name).ok_or_else(|| {
+                self.pod_error(format!(
+                    "{program_name} not found on the PATH of image {image_name} ({})",
+                    image.manifest_digest
+                ))
+            })?,
+        };
 
         let mut mounts = vec![
             BindMount {
@@ -480,6 +523,10 @@ impl PodWorker {
             .as_ref()
             .and_then(|spec| spec.security_context.clone());
         let container_security = spec.security_context.clone();
+        let image_user = match &source {
+            ImageSource::Pulled(image) => image.user,
+            ImageSource::Local(_) => None,
+        };
         let uid = container_security
             .as_ref()
             .and_then(|context| context.run_as_user)
@@ -487,7 +534,8 @@ impl PodWorker {
                 pod_security
                     .as_ref()
                     .and_then(|context| context.run_as_user)
-            });
+            })
+            .or(image_user.map(|(uid, _)| i64::from(uid)));
         let gid = container_security
             .as_ref()
             .and_then(|context| context.run_as_group)
@@ -495,7 +543,8 @@ impl PodWorker {
                 pod_security
                     .as_ref()
                     .and_then(|context| context.run_as_group)
-            });
+            })
+            .or(image_user.map(|(_, gid)| i64::from(gid)));
         let run_as_non_root = container_security
             .as_ref()
             .and_then(|context| context.run_as_non_root)
@@ -506,7 +555,7 @@ impl PodWorker {
             })
             .unwrap_or(false);
         // The mapped images have no USER, so like the kubelet with a root image we refuse to
-        // guess: runAsNonRoot needs an explicit non-zero runAsUser.
+        // guess: runAsNonRoot needs an explicit non-zero runAsUser (or a pulled image's USER).
         if run_as_non_root && uid.is_none_or(|uid| uid == 0) {
             return Err(self.pod_error(format!(
                 "container {} has runAsNonRoot and image will run as root",
@@ -524,7 +573,10 @@ impl PodWorker {
             program,
             args: args.to_vec(),
             env,
-            working_dir: spec.working_dir.clone(),
+            working_dir: spec.working_dir.clone().or_else(|| match &source {
+                ImageSource::Pulled(image) => image.working_dir.clone(),
+                ImageSource::Local(_) => None,
+            }),
             hostname: self
                 .pod
                 .spec
@@ -535,7 +587,14 @@ impl PodWorker {
             read_only_root,
             scratch_dir: self.dir.join("containers").join(&spec.name),
             pod_dir: self.dir.clone(),
-            image_dirs: image.path_dirs.clone(),
+            image_dirs: match &source {
+                ImageSource::Local(image) => image.path_dirs.clone(),
+                ImageSource::Pulled(_) => Vec::new(),
+            },
+            root_dir: match &source {
+                ImageSource::Pulled(image) => Some(image.root.clone()),
+                ImageSource::Local(_) => None,
+            },
             mounts,
             log_path: self.logs_dir.join(format!("{}.log", spec.name)),
         };
@@ -742,7 +801,11 @@ impl PodWorker {
                 ContainerStatus {
                     name: container.spec.name.clone(),
                     image: container.spec.image.clone().unwrap_or_default(),
-                    image_id: String::new(),
+                    image_id: self
+                        .node
+                        .image_store
+                        .image_id(container.spec.image.as_deref().unwrap_or_default())
+                        .unwrap_or_default(),
                     container_id: container
                         .started_at
                         .map(|_| format!("tno://{}/{}", self.uid, container.spec.name)),
