@@ -19,6 +19,28 @@ use super::status::{ConditionSet, Problem};
 /// Headscale's node list as the gather step saw it (shared with other reconciles).
 pub type NodeList = Result<Arc<Vec<Node>>, Problem>;
 
+/// The conditions of a spec that does not validate: `SpecValid=False` naming every field,
+/// and `Ready` from it alone (nothing else is decided; the last good configuration stays).
+pub fn invalid_spec(
+    previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    generation: Option<i64>,
+    errors: &[tailnet_api::validate::FieldError],
+    now: jiff::Timestamp,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let mut c = ConditionSet::new(previous, generation, now);
+    c.fail(
+        types::SPEC_VALID,
+        Problem::new(
+            reasons::INVALID_SPEC,
+            format!(
+                "{}; the last valid configuration stays applied",
+                tailnet_api::validate::summarize(errors)
+            ),
+        ),
+    );
+    c.finish(&[types::SPEC_VALID], &[])
+}
+
 /// The problem to report when Headscale cannot be asked for nodes.
 pub fn nodes_unobservable() -> Problem {
     Problem::new(

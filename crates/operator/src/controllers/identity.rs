@@ -12,10 +12,13 @@ use kube::{Api, ResourceExt};
 use tailnet_headscale::{Client as HeadscaleClient, CreatePreAuthKey, Node, PreAuthKey};
 use tailnet_render::meta::Owner;
 
+use super::access::TailnetAccess;
 use super::applied::{ABSENT, ChildRef, Decision, Live};
 use super::context::Context;
 use super::error::ReconcileError;
 use super::kube_io::{apply, get_opt_cached};
+use super::publish::event;
+use super::status::Problem;
 
 /// Annotations on the auth Secret: which key is in it and until when it is valid (the key
 /// itself is never logged or put anywhere else).
@@ -286,6 +289,41 @@ pub async fn act_on_key(
             Ok(true)
         }
     }
+}
+
+/// Carries out a key decision for an agent of `object` when Headscale is usable, and
+/// publishes `PreAuthKeyMinted` when a key was minted.
+pub async fn act_on_agent_key<K>(
+    ctx: &Context,
+    object: &K,
+    access: &Result<TailnetAccess, Problem>,
+    owner: &Owner,
+    tag: &str,
+    action: &KeyAction,
+) -> Result<(), ReconcileError>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let (Ok(access), false) = (access, *action == KeyAction::Keep) else {
+        return Ok(());
+    };
+    let Ok(headscale) = &access.headscale else {
+        return Ok(());
+    };
+    if act_on_key(ctx, headscale, owner, tag, action).await?
+        && let KeyAction::Mint { expires, .. } = action
+    {
+        event(
+            ctx,
+            object,
+            kube::runtime::events::EventType::Normal,
+            "PreAuthKeyMinted",
+            "Reconcile",
+            format!("minted a single-use pre-auth key for {tag}, valid until {expires}"),
+        )
+        .await;
+    }
+    Ok(())
 }
 
 /// Keys of `tag` that could still register a node (unused, unexpired) other than `held`,

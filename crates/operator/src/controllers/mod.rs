@@ -11,6 +11,7 @@
 
 pub mod access;
 pub mod agent_conditions;
+pub mod agent_gather;
 pub mod agent_report;
 pub mod applied;
 pub mod certificates;

@@ -4,14 +4,12 @@
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use kube::api::DeleteParams;
-use kube::runtime::events::EventType;
 use tailnet_api::TailnetEgress;
 
 use super::super::context::Context;
 use super::super::error::ReconcileError;
-use super::super::identity::{KeyAction, act_on_key};
+use super::super::identity::act_on_agent_key;
 use super::super::kube_io::{AgentBasics, Watched, apply_basics, apply_cached, apply_deployment};
-use super::super::publish::event;
 use super::decide::AgentPlan;
 use super::gather::EgressObservation;
 
@@ -58,23 +56,14 @@ pub async fn act(
     // The key before the Deployment: a pod started before its auth Secret exists finds no key
     // (TS_AUTHKEY is optional, the Secret goes once the node exists) and waits for an
     // interactive login for a minute (fault e2e test: leader killed mid-apply).
-    if let (Ok(access), false) = (&observed.access, plan.key == KeyAction::Keep)
-        && let Ok(headscale) = &access.headscale
-        && act_on_key(ctx, headscale, &plan.owner, &plan.tag, &plan.key).await?
-        && let KeyAction::Mint { expires, .. } = &plan.key
-    {
-        event(
-            ctx,
-            egress,
-            EventType::Normal,
-            "PreAuthKeyMinted",
-            "Reconcile",
-            format!(
-                "minted a single-use pre-auth key for {}, valid until {expires}",
-                plan.tag
-            ),
-        )
-        .await;
-    }
+    act_on_agent_key(
+        ctx,
+        egress,
+        &observed.access,
+        &plan.owner,
+        &plan.tag,
+        &plan.key,
+    )
+    .await?;
     apply_deployment(ctx, namespace, &objects.deployment).await
 }

@@ -92,21 +92,16 @@ pub fn validated(
         Err(errors) => errors,
     };
     let previous = egress.status.clone().unwrap_or_default();
-    let mut c = ConditionSet::new(&previous.conditions, egress.metadata.generation, now);
-    c.fail(
-        types::SPEC_VALID,
-        Problem::new(
-            reasons::INVALID_SPEC,
-            format!(
-                "{}; the last valid configuration stays applied",
-                validate::summarize(&errors)
-            ),
-        ),
+    let conditions = shared::invalid_spec(
+        &previous.conditions,
+        egress.metadata.generation,
+        &errors,
+        now,
     );
     Err(Box::new(EgressDecision {
         status: TailnetEgressStatus {
             observed_generation: egress.metadata.generation,
-            conditions: c.finish(&[types::SPEC_VALID], &[]),
+            conditions,
             ..previous
         },
         agent: None,

@@ -2,7 +2,6 @@
 //! never starts a pod before what it mounts exists.
 
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
-use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use tailnet_api::{FIELD_MANAGER, TailnetIngress};
 use tailnet_render::certificate::Certificate;
@@ -10,9 +9,8 @@ use tailnet_render::certificate::Certificate;
 use super::super::applied::{self, ChildRef, Decision, Live};
 use super::super::context::Context;
 use super::super::error::ReconcileError;
-use super::super::identity::{KeyAction, act_on_key};
+use super::super::identity::act_on_agent_key;
 use super::super::kube_io::{AgentBasics, apply_basics, apply_deployment};
-use super::super::publish::event;
 use super::decide::AgentPlan;
 use super::gather::IngressObservation;
 
@@ -53,24 +51,15 @@ pub async fn act(
     // The key before the Deployment: a pod started before its auth Secret exists finds no key
     // and waits for an interactive login for a minute (see the egress controller). Also while
     // nothing is deployed: a spent key is retired once the node exists.
-    if let (Ok(access), false) = (&observed.access, plan.key == KeyAction::Keep)
-        && let Ok(headscale) = &access.headscale
-        && act_on_key(ctx, headscale, &plan.owner, &plan.tag, &plan.key).await?
-        && let KeyAction::Mint { expires, .. } = &plan.key
-    {
-        event(
-            ctx,
-            ingress,
-            EventType::Normal,
-            "PreAuthKeyMinted",
-            "Reconcile",
-            format!(
-                "minted a single-use pre-auth key for {}, valid until {expires}",
-                plan.tag
-            ),
-        )
-        .await;
-    }
+    act_on_agent_key(
+        ctx,
+        ingress,
+        &observed.access,
+        &plan.owner,
+        &plan.tag,
+        &plan.key,
+    )
+    .await?;
     if let Some(objects) = &plan.objects {
         apply_deployment(ctx, namespace, &objects.deployment).await?;
     }

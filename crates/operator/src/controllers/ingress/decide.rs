@@ -68,21 +68,16 @@ pub fn validated(
         Err(errors) => errors,
     };
     let previous = ingress.status.clone().unwrap_or_default();
-    let mut c = ConditionSet::new(&previous.conditions, ingress.metadata.generation, now);
-    c.fail(
-        types::SPEC_VALID,
-        Problem::new(
-            reasons::INVALID_SPEC,
-            format!(
-                "{}; the last valid configuration stays applied",
-                validate::summarize(&errors)
-            ),
-        ),
+    let conditions = shared::invalid_spec(
+        &previous.conditions,
+        ingress.metadata.generation,
+        &errors,
+        now,
     );
     Err(Box::new(IngressDecision {
         status: TailnetIngressStatus {
             observed_generation: ingress.metadata.generation,
-            conditions: c.finish(&[types::SPEC_VALID], &[]),
+            conditions,
             ..previous
         },
         agent: None,

@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tailnet_api::TailnetIngress;
 use tailnet_api::agent_status::StatusReport;
@@ -16,11 +15,11 @@ use tailnet_render::meta::Owner;
 
 use super::super::access::{TailnetAccess, tailnet_access};
 use super::super::agent_conditions::{NodeList, nodes_unobservable};
-use super::super::agent_report::agent_status;
+use super::super::agent_gather::{AgentObserved, gather_agent};
 use super::super::context::Context;
 use super::super::error::ReconcileError;
-use super::super::identity::{AuthSecret, gather_auth_secret, read_secret};
-use super::super::kube_io::{from_cache_or_get, get_opt_cached};
+use super::super::identity::{AuthSecret, read_secret};
+use super::super::kube_io::get_opt_cached;
 use super::super::status::Problem;
 
 /// What one reconcile of an ingress observed.
@@ -95,23 +94,12 @@ pub async fn gather(
     let backends = backends(ctx, valid, &namespace).await?;
     let owner = Owner::from_meta(AgentKind::Ingress, &ingress.metadata, &tailnet_name)?;
     let tls_certificate = tls_certificate(ctx, ingress, &owner).await?;
-    let nodes = match &tailnet_access.headscale {
-        Ok(headscale) => ctx
-            .nodes
-            .get(headscale.server(), || headscale.list_nodes())
-            .await
-            .map_err(|e| Problem::headscale(&e, format!("listing Headscale nodes failed: {e}"))),
-        Err(_) => Err(nodes_unobservable()),
-    };
-    let auth_secret = gather_auth_secret(ctx, &owner).await?;
-    let deployment = from_cache_or_get(
-        &ctx.caches.deployments,
-        &Api::<Deployment>::namespaced(ctx.client.clone(), &namespace),
-        &ObjectRef::new(&owner.names().base).within(&namespace),
-    )
-    .await
-    .map_err(ReconcileError::kube("get Deployment"))?;
-    let report = agent_status(ctx, &owner, deployment.as_ref()).await;
+    let AgentObserved {
+        nodes,
+        auth_secret,
+        deployment,
+        report,
+    } = gather_agent(ctx, tailnet_access, &owner).await?;
     Ok(IngressObservation {
         access,
         others,
