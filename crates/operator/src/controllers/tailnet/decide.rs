@@ -44,7 +44,7 @@ pub fn rendered_policy_config_map(tailnet: &str) -> String {
 
 /// Installation identity written into this Tailnet's policy marker.
 pub fn installation_id(config: &OperatorConfig, tailnet: &str) -> String {
-    format!("{}/{tailnet}", config.installation_id)
+    tailnet_api::tailnet::marker_installation_id(&config.installation_id, tailnet)
 }
 
 pub fn sha256(text: &str) -> String {
