@@ -307,7 +307,12 @@ fn cargo_build(root: &Path, platform: Platform) -> Result<PathBuf, String> {
              `rustup target add {target}`; ring needs a C compiler for it, e.g. musl-tools)"
         ));
     }
-    Ok(root.join("target").join(target).join("release"))
+    // Where cargo put them: `CARGO_TARGET_DIR` when set (relative to the workspace root).
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|dir| if dir.is_absolute() { dir } else { root.join(dir) })
+        .unwrap_or_else(|| root.join("target"));
+    Ok(target_dir.join(target).join("release"))
 }
 
 /// `cargo xtask images`.
