@@ -310,7 +310,13 @@ fn cargo_build(root: &Path, platform: Platform) -> Result<PathBuf, String> {
     // Where cargo put them: `CARGO_TARGET_DIR` when set (relative to the workspace root).
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .map(|dir| if dir.is_absolute() { dir } else { root.join(dir) })
+        .map(|dir| {
+            if dir.is_absolute() {
+                dir
+            } else {
+                root.join(dir)
+            }
+        })
         .unwrap_or_else(|| root.join("target"));
     Ok(target_dir.join(target).join("release"))
 }
