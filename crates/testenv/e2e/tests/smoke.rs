@@ -298,6 +298,10 @@ async fn headscale_accepts_the_policy_rendered_for_the_examples() {
     let output = tokio::process::Command::new(&binary)
         .arg("render")
         .arg(&examples)
+        // The backends' Services and the nodes are not among the manifests: render needs the
+        // observed state for them (as the controller reads them from the cluster).
+        .arg("--observed")
+        .arg(examples.join("observed/headscale-state.json"))
         .args(["--only", "policy"])
         .output()
         .await
