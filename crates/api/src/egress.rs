@@ -63,44 +63,6 @@ pub struct AgentLimits {
     pub max_connections_per_listener: Option<i32>,
 }
 
-/// `spec.limits` checked and resolved against the defaults. The per-listener limit is capped
-/// at the per-agent one.
-pub fn resolve_limits(
-    limits: Option<&AgentLimits>,
-    errors: &mut Vec<crate::validate::FieldError>,
-) -> crate::agent_config::ConnectionLimits {
-    use crate::agent_config::{ConnectionLimits, MAX_CONNECTIONS_CEILING};
-    let defaults = ConnectionLimits::default();
-    let mut check = |field: &str, value: Option<i32>, default: u32| match value {
-        None => default,
-        Some(value) => match u32::try_from(value) {
-            Ok(value) if (1..=MAX_CONNECTIONS_CEILING).contains(&value) => value,
-            _ => {
-                errors.push(crate::validate::FieldError::new(
-                    format!("spec.limits.{field}"),
-                    format!("must be between 1 and {MAX_CONNECTIONS_CEILING}"),
-                ));
-                default
-            }
-        },
-    };
-    let limits = limits.cloned().unwrap_or_default();
-    let max_connections = check(
-        "maxConnections",
-        limits.max_connections,
-        defaults.max_connections,
-    );
-    let per_listener = check(
-        "maxConnectionsPerListener",
-        limits.max_connections_per_listener,
-        defaults.max_connections_per_listener,
-    );
-    ConnectionLimits {
-        max_connections,
-        max_connections_per_listener: per_listener.min(max_connections),
-    }
-}
-
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressTarget {

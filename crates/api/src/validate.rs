@@ -475,7 +475,7 @@ pub fn valid_egress(spec: &TailnetEgressSpec) -> Result<ValidEgress, Vec<FieldEr
             });
         }
     }
-    let limits = crate::egress::resolve_limits(spec.limits.as_ref(), &mut errors);
+    let limits = resolve_limits(spec.limits.as_ref(), &mut errors);
     finish(errors, || ValidEgress {
         consumer_namespaces: spec.consumer_namespaces.clone(),
         targets,
@@ -662,7 +662,7 @@ pub fn valid_ingress(spec: &TailnetIngressSpec) -> Result<ValidIngress, Vec<Fiel
             });
         }
     }
-    let limits = crate::egress::resolve_limits(spec.limits.as_ref(), &mut errors);
+    let limits = resolve_limits(spec.limits.as_ref(), &mut errors);
     finish(errors, || ValidIngress {
         allow_from: spec.allow_from.clone(),
         tls_secret_name: secret_name,
@@ -863,3 +863,41 @@ fn names_in_context(
 
 #[cfg(test)]
 mod tests;
+
+/// `spec.limits` checked and resolved against the defaults. The per-listener limit is capped
+/// at the per-agent one.
+fn resolve_limits(
+    limits: Option<&crate::egress::AgentLimits>,
+    errors: &mut Vec<FieldError>,
+) -> crate::agent_config::ConnectionLimits {
+    use crate::agent_config::{ConnectionLimits, MAX_CONNECTIONS_CEILING};
+    let defaults = ConnectionLimits::default();
+    let mut check = |field: &str, value: Option<i32>, default: u32| match value {
+        None => default,
+        Some(value) => match u32::try_from(value) {
+            Ok(value) if (1..=MAX_CONNECTIONS_CEILING).contains(&value) => value,
+            _ => {
+                errors.push(FieldError::new(
+                    format!("spec.limits.{field}"),
+                    format!("must be between 1 and {MAX_CONNECTIONS_CEILING}"),
+                ));
+                default
+            }
+        },
+    };
+    let limits = limits.cloned().unwrap_or_default();
+    let max_connections = check(
+        "maxConnections",
+        limits.max_connections,
+        defaults.max_connections,
+    );
+    let per_listener = check(
+        "maxConnectionsPerListener",
+        limits.max_connections_per_listener,
+        defaults.max_connections_per_listener,
+    );
+    ConnectionLimits {
+        max_connections,
+        max_connections_per_listener: per_listener.min(max_connections),
+    }
+}

@@ -4,6 +4,7 @@
 
 pub mod backends;
 pub mod certificate;
+pub mod claims;
 pub mod desired;
 pub mod dns;
 pub mod egress;

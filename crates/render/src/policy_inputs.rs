@@ -52,7 +52,7 @@ pub fn egress_policy(
     })
 }
 
-/// `tag`: the ingress's tag from [`crate::desired::ingress_tags`] (injective over the
+/// `tag`: the ingress's tag from [`crate::claims::ingress_tags`] (injective over the
 /// Tailnet's ingresses).
 pub fn ingress_policy(
     tailnet: &Tailnet,
@@ -105,7 +105,7 @@ pub fn policy_inputs(
             .collect(),
         ingresses: {
             let tags =
-                crate::desired::ingress_tags(&tailnet.name_any(), &policy.tag_prefix, ingresses);
+                crate::claims::ingress_tags(&tailnet.name_any(), &policy.tag_prefix, ingresses);
             ingresses
                 .iter()
                 .filter_map(|i| {
