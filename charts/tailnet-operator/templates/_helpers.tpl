@@ -40,3 +40,73 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .image.repository $tag -}}
 {{- end -}}
 {{- end -}}
+
+{{- /*
+RBAC rules, split by where they are granted. Every rule is what crates/operator/src really
+calls; each is listed with its reason in crates/testenv/e2e/tests/helm_chart.rs (which fails on
+anything not listed).
+*/ -}}
+
+{{- /* Cluster-wide in every mode: Tailnets are cluster-scoped; kube-system's uid is the default installation id. */ -}}
+{{- define "tailnet-operator.clusterRules" -}}
+- apiGroups: [tailnet-operator.dev]
+  resources: [tailnets]
+  verbs: [get, list, watch]
+- apiGroups: [tailnet-operator.dev]
+  resources: [tailnets/status]
+  verbs: [patch]
+- apiGroups: [""]
+  resources: [namespaces]
+  resourceNames: [kube-system]
+  verbs: [get]
+{{- end -}}
+
+{{- /* Where TailnetIngresses and their agents live: the ClusterRole (whole cluster) or a Role in each watched namespace. */ -}}
+{{- define "tailnet-operator.workloadRules" -}}
+- apiGroups: [tailnet-operator.dev]
+  resources: [tailnetegresses, tailnetingresses]
+  verbs: [get, list, watch, patch]
+- apiGroups: [tailnet-operator.dev]
+  resources: [tailnetegresses/status, tailnetingresses/status]
+  verbs: [patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, patch, update, delete]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
+- apiGroups: [apps]
+  resources: [replicasets]
+  verbs: [list]
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [create, patch]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [create, patch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [list, watch, create, patch]
+- apiGroups: [cert-manager.io]
+  resources: [certificates]
+  verbs: [create, patch]
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}
+
+{{- /* The watched namespaces (release namespace included, sorted), or empty for the whole cluster. */ -}}
+{{- define "tailnet-operator.watchNamespaces" -}}
+{{- if .Values.watchNamespaces -}}
+{{- append .Values.watchNamespaces .Release.Namespace | uniq | sortAlpha | join "," -}}
+{{- end -}}
+{{- end -}}

@@ -98,6 +98,8 @@ pub mod reasons {
     pub const SOURCE_NOT_ALLOWED: &str = "SourceNotAllowed";
     pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";
     pub const CROSS_NAMESPACE_BACKEND: &str = "CrossNamespaceBackendNotAllowed";
+    /// BackendsResolved: a backend in a namespace a namespace-scoped operator does not watch.
+    pub const BACKEND_NAMESPACE_NOT_WATCHED: &str = "BackendNamespaceNotWatched";
     pub const HOSTNAME_CONFLICT: &str = "HostnameConflict";
     /// AgentReady: the ingress's tag is held by another resource (no key, no node of its own).
     pub const TAG_CONFLICT: &str = "TagConflict";

@@ -11,6 +11,7 @@ mod metrics;
 #[cfg(test)]
 mod pipeline_equivalence;
 mod runtime;
+mod scope;
 
 #[derive(Parser)]
 #[command(
@@ -142,6 +143,7 @@ mod tests {
         let with_env = run
             .get_arguments()
             .filter(|a| a.get_env().is_some())
+            .filter(|a| !cli::run::ENV_WITHOUT_OLD_NAME.contains(&a.get_id().as_str()))
             .count();
         assert_eq!(with_env, cli::run::DEPRECATED_ENV.len());
     }

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
+
+use crate::scope::ScopedStore;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
@@ -70,8 +72,8 @@ pub struct ResourceConditionLabels {
 /// The watch caches the condition metric is read from (set once the controllers run).
 struct ConditionSources {
     tailnets: Store<tailnet_api::Tailnet>,
-    egresses: Store<tailnet_api::TailnetEgress>,
-    ingresses: Store<tailnet_api::TailnetIngress>,
+    egresses: ScopedStore<tailnet_api::TailnetEgress>,
+    ingresses: ScopedStore<tailnet_api::TailnetIngress>,
 }
 
 /// Emits, at scrape time, one `resource_condition` sample (value 1) per condition of every
@@ -287,8 +289,8 @@ impl Metrics {
     pub fn watch_conditions(
         &self,
         tailnets: Store<tailnet_api::Tailnet>,
-        egresses: Store<tailnet_api::TailnetEgress>,
-        ingresses: Store<tailnet_api::TailnetIngress>,
+        egresses: ScopedStore<tailnet_api::TailnetEgress>,
+        ingresses: ScopedStore<tailnet_api::TailnetIngress>,
     ) {
         let _ = self.condition_sources.set(ConditionSources {
             tailnets,
@@ -363,7 +365,11 @@ mod tests {
             ..Default::default()
         });
         egress_writer.apply_watcher_event(&Event::Apply(egress));
-        metrics.watch_conditions(tailnets, egresses, ingresses);
+        metrics.watch_conditions(
+            tailnets,
+            ScopedStore::cluster(egresses),
+            ScopedStore::cluster(ingresses),
+        );
         let sample = r#"tailnet_operator_resource_condition{kind="TailnetEgress",namespace="tailnet-system",name="site",condition="RoutesReady",status="False",reason="RouteNotApproved"} 1"#;
         assert!(
             !metrics.encode().contains(sample),

@@ -50,6 +50,7 @@ fn config() -> OperatorConfig {
         approve_routes: true,
         reapply_interval: std::time::Duration::from_secs(600),
         max_concurrent_reconciles: 16,
+        scope: crate::scope::WatchScope::Cluster,
     }
 }
 

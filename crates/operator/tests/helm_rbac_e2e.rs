@@ -66,8 +66,9 @@ fn helm() -> Option<PathBuf> {
     None
 }
 
-/// The chart's ServiceAccount and RBAC for release `release` in `namespace`.
-fn chart_rbac(helm: &Path, release: &str, namespace: &str) -> Vec<Value> {
+/// The chart's ServiceAccount and RBAC for release `release` in `namespace` (`extra`: more
+/// `helm template` arguments, e.g. `--set watchNamespaces={a}`).
+fn chart_rbac(helm: &Path, release: &str, namespace: &str, extra: &[String]) -> Vec<Value> {
     let chart = root().join("charts/tailnet-operator");
     let output = std::process::Command::new(helm)
         .args(["template", release])
@@ -76,6 +77,13 @@ fn chart_rbac(helm: &Path, release: &str, namespace: &str) -> Vec<Value> {
         .args(["--show-only", "templates/serviceaccount.yaml"])
         .args(["--show-only", "templates/clusterrole.yaml"])
         .args(["--show-only", "templates/role.yaml"])
+        // Renders nothing (and --show-only fails) without watchNamespaces.
+        .args(if extra.is_empty() {
+            &[][..]
+        } else {
+            &["--show-only", "templates/namespace-roles.yaml"][..]
+        })
+        .args(extra)
         .output()
         .expect("helm");
     assert!(
@@ -115,25 +123,25 @@ async fn apply_dynamic(client: &kube::Client, namespace: &str, doc: &Value) -> (
     (kind.to_owned(), name)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
-    let Some(helm) = helm() else {
-        return;
-    };
-    let env = E2eEnv::shared()
-        .await
-        .unwrap_or_else(|e| panic!("e2e environment: {e}"));
-    let ops = env.namespace("rbac").await.expect("operator namespace");
-    let apps = env.namespace("rbac-app").await.expect("app namespace");
-    let admin = ops.client().clone();
-    let ns = ops.name().to_string();
-    let app_ns = apps.name().to_string();
-
-    // The chart's RBAC, for real, with the release named after the namespace.
+/// Applies the chart's RBAC for `release` in `ns` (with `extra` helm arguments) and writes a
+/// kubeconfig whose only credential is a token of the chart's ServiceAccount. Returns it and
+/// the cluster-scoped objects to delete afterwards.
+async fn operator_with_chart_rbac(
+    env: &E2eEnv,
+    admin: &kube::Client,
+    helm: &Path,
+    release: &str,
+    ns: &str,
+    extra: &[String],
+) -> (PathBuf, Vec<(String, String)>) {
     let mut cluster_objects = Vec::new();
     let mut service_account = None;
-    for doc in chart_rbac(&helm, &ns, &ns) {
-        let (kind, name) = apply_dynamic(&admin, &ns, &doc).await;
+    for doc in chart_rbac(helm, release, ns, extra) {
+        let namespace = doc["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or(ns)
+            .to_owned();
+        let (kind, name) = apply_dynamic(admin, &namespace, &doc).await;
         match kind.as_str() {
             "ClusterRole" | "ClusterRoleBinding" => cluster_objects.push((kind, name)),
             "ServiceAccount" => service_account = Some(name),
@@ -141,7 +149,7 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
         }
     }
     let service_account = service_account.expect("the chart renders a ServiceAccount");
-    let token = Api::<ServiceAccount>::namespaced(admin.clone(), &ns)
+    let token = Api::<ServiceAccount>::namespaced(admin.clone(), ns)
         .create_token_request(
             &service_account,
             &PostParams::default(),
@@ -167,8 +175,41 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     for context in kubeconfig["contexts"].as_array_mut().expect("contexts") {
         context["context"]["user"] = json!("operator");
     }
-    let kubeconfig_path = env.dir().join(format!("{ns}-operator.kubeconfig"));
+    let kubeconfig_path = env.dir().join(format!("{release}-operator.kubeconfig"));
     std::fs::write(&kubeconfig_path, kubeconfig.to_string()).expect("write kubeconfig");
+    (kubeconfig_path, cluster_objects)
+}
+
+/// No line of the operator's log mentions a refused request.
+fn assert_nothing_forbidden(log: &str, what: &str) {
+    let forbidden: Vec<&str> = log
+        .lines()
+        .filter(|l| l.to_lowercase().contains("forbidden"))
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "{what}: the chart's RBAC refused requests:\n{}",
+        forbidden.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
+    let Some(helm) = helm() else {
+        return;
+    };
+    let env = E2eEnv::shared()
+        .await
+        .unwrap_or_else(|e| panic!("e2e environment: {e}"));
+    let ops = env.namespace("rbac").await.expect("operator namespace");
+    let apps = env.namespace("rbac-app").await.expect("app namespace");
+    let admin = ops.client().clone();
+    let ns = ops.name().to_string();
+    let app_ns = apps.name().to_string();
+
+    // The chart's RBAC, for real, with the release named after the namespace.
+    let (kubeconfig_path, mut cluster_objects) =
+        operator_with_chart_rbac(&env, &admin, &helm, &ns, &ns, &[]).await;
 
     // Inputs, as an admin would create them.
     let tailnet_name = bootstrap_applied_tailnet(&env, &ops).await;
@@ -321,18 +362,150 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     assert_eq!(certificate.data["spec"]["dnsNames"], json!([portal]));
 
     // Nothing the operator asked for was refused along the way.
-    let log = operator.log_text();
-    let forbidden: Vec<&str> = log
-        .lines()
-        .filter(|l| l.to_lowercase().contains("forbidden"))
-        .collect();
-    assert!(
-        forbidden.is_empty(),
-        "the chart's RBAC refused requests:\n{}",
-        forbidden.join("\n")
-    );
-
+    assert_nothing_forbidden(&operator.log_text(), "cluster-wide install");
     operator.terminate().await.expect("operator exits");
+
+    // The same operator namespace, now namespace-scoped: the chart with watchNamespaces (a
+    // ServiceAccount of another release, so none of the ClusterRole above applies). The old
+    // ingress's namespace is not listed: its next generation must stay unreconciled while an
+    // ingress in the listed namespace becomes Ready and serves.
+    let scoped_apps = env
+        .namespace("rbac-scoped")
+        .await
+        .expect("scoped app namespace");
+    let scoped_ns = scoped_apps.name().to_string();
+    let (scoped_kubeconfig, scoped_objects) = operator_with_chart_rbac(
+        &env,
+        &admin,
+        &helm,
+        &format!("{ns}-scoped"),
+        &ns,
+        &[
+            "--set".to_string(),
+            format!("watchNamespaces={{{scoped_ns}}}"),
+        ],
+    )
+    .await;
+    cluster_objects.extend(scoped_objects);
+    let unwatched_generation = {
+        let mut old = ingresses.get("portal").await.expect("old ingress");
+        old.spec.allow_from.push("group:platform".to_string());
+        old.metadata.managed_fields = None;
+        let patched = ingresses
+            .patch(
+                "portal",
+                &PatchParams::apply("helm-rbac-test").force(),
+                &Patch::Apply(serde_json::to_value(&old).expect("ingress JSON")),
+            )
+            .await
+            .expect("new generation of the unwatched ingress");
+        patched.metadata.generation
+    };
+    let mut args = OperatorArgs::new(&ns).to_args();
+    if let Some(at) = args.iter().position(|a| a == "--installation-id") {
+        args.drain(at..at + 2);
+    }
+    args.extend(["--watch-namespaces".to_string(), scoped_ns.clone()]);
+    let mut operator = start_operator(&env, &args, Some(&scoped_kubeconfig))
+        .await
+        .expect("namespace-scoped operator");
+    // The egress in the operator namespace keeps working.
+    wait_for_condition(
+        &egresses,
+        "site",
+        ConditionIs::new("Ready", "True"),
+        Some(&operator),
+    )
+    .await;
+    let run = ops
+        .tcp_check(
+            "client-scoped",
+            &format!("remote-db.{ns}.svc.cluster.local:5432"),
+            30,
+        )
+        .await
+        .expect("client pod");
+    assert!(
+        run.succeeded(),
+        "echo through the egress (namespace-scoped operator) failed:\n{run}\n{}",
+        env.diagnostics(Some(&ns))
+    );
+    // An ingress in the watched namespace: Ready, and https from the laptop reaches it.
+    apply(
+        &Api::<Deployment>::namespaced(admin.clone(), &scoped_ns),
+        "frontend",
+        test_server_deployment(
+            &scoped_ns,
+            "frontend",
+            json!([
+                "http-echo",
+                "--listen",
+                "0.0.0.0:8080",
+                "--name",
+                "scoped-frontend"
+            ]),
+        ),
+    )
+    .await
+    .expect("backend Deployment");
+    apply(
+        &Api::<Service>::namespaced(admin.clone(), &scoped_ns),
+        "frontend",
+        service_object(&scoped_ns, "frontend", 8080),
+    )
+    .await
+    .expect("backend Service");
+    let scoped_portal = format!("portal.{scoped_ns}.lab.example.net");
+    let (scoped_cert, scoped_key) = self_signed(std::slice::from_ref(&scoped_portal));
+    Api::<Secret>::namespaced(admin.clone(), &scoped_ns)
+        .create(
+            &PostParams::default(),
+            &tls_secret("portal-tls", &scoped_cert, &scoped_key),
+        )
+        .await
+        .expect("TLS Secret");
+    let scoped_ingresses: Api<TailnetIngress> = Api::namespaced(admin.clone(), &scoped_ns);
+    let scoped_web = json!([{"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443,
+                             "backend": {"service": "frontend", "port": "main"}}]);
+    apply(
+        &scoped_ingresses,
+        "portal",
+        ingress_object(
+            &scoped_ns,
+            "portal",
+            &tailnet_name,
+            Some("portal-tls"),
+            scoped_web,
+        ),
+    )
+    .await
+    .expect("ingress in the watched namespace");
+    let scoped = wait_for_condition(
+        &scoped_ingresses,
+        "portal",
+        ConditionIs::new("Ready", "True"),
+        Some(&operator),
+    )
+    .await;
+    let scoped_ip =
+        tailnet_ipv4(&scoped.status.clone().unwrap_or_default().tailnet_ips).expect("tailnet IPv4");
+    let response = wait_for("https through the scoped ingress", WAIT, || async {
+        https_get_hello(&laptop, &scoped_ip, &scoped_portal, &scoped_cert, &[])
+            .await
+            .and_then(ok_200)
+    })
+    .await;
+    assert!(response.contains("scoped-frontend"), "{response}");
+    // Meanwhile the ingress outside the watched namespaces was not reconciled.
+    let old = ingresses.get("portal").await.expect("old ingress");
+    let observed = old.status.as_ref().and_then(|s| s.observed_generation);
+    assert!(
+        observed < unwatched_generation,
+        "the namespace-scoped operator reconciled {app_ns}/portal (observed generation {observed:?}, generation {unwatched_generation:?})"
+    );
+    assert_nothing_forbidden(&operator.log_text(), "namespace-scoped install");
+    operator.terminate().await.expect("operator exits");
+
     for (kind, name) in cluster_objects {
         let result = match kind.as_str() {
             "ClusterRole" => Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(admin.clone())

@@ -33,6 +33,10 @@ Examples:
       --operator-namespace tailnet-system --log-format json --admin-address 127.0.0.1:8080
 ";
 
+/// Flags added after the environment names got the `TAILNET_OPERATOR_` prefix (no old name).
+#[cfg(test)]
+pub const ENV_WITHOUT_OLD_NAME: &[&str] = &["watch_namespaces"];
+
 /// Flag id, the environment variable of earlier releases, its `TAILNET_OPERATOR_` name.
 pub const DEPRECATED_ENV: &[(&str, &str, &str)] = &[
     (
@@ -153,6 +157,12 @@ pub struct RunArgs {
     /// How many TailnetEgress (and, separately, TailnetIngress) reconciles may run at once.
     #[arg(long, env = "TAILNET_OPERATOR_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_reconciles: u16,
+    /// Work only in these namespaces (comma-separated; the operator namespace is always
+    /// included): TailnetIngresses (and egresses) elsewhere are not watched, and the operator
+    /// needs the namespaced verbs only there (chart value `watchNamespaces` renders a Role per
+    /// namespace). Empty: the whole cluster.
+    #[arg(long, env = "TAILNET_OPERATOR_WATCH_NAMESPACES", value_delimiter = ',')]
+    pub watch_namespaces: Vec<String>,
     /// Timeout of one Headscale API call.
     #[arg(long, env = "TAILNET_OPERATOR_HEADSCALE_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub headscale_timeout: Duration,
@@ -231,6 +241,7 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
             approve_routes: args.route_approval,
             reapply_interval: args.reapply_interval,
             max_concurrent_reconciles: args.max_concurrent_reconciles,
+            scope: crate::scope::WatchScope::new(&args.operator_namespace, &args.watch_namespaces),
         },
         installation_id: args.installation_id.clone(),
         admin_address: args.admin_address,

@@ -15,6 +15,7 @@ use tailnet_headscale::{Client as HeadscaleClient, ClientOptions, Node, PreAuthK
 use super::applied::AppliedObjects;
 use super::shared_list::SharedList;
 use crate::metrics::Metrics;
+use crate::scope::{ScopedStore, WatchScope};
 
 /// How long a Headscale node or key list serves every reconcile that asks (see shared_list).
 const HEADSCALE_LIST_TTL: Duration = Duration::from_secs(1);
@@ -41,6 +42,8 @@ pub struct OperatorConfig {
     pub reapply_interval: Duration,
     /// Reconciles of one kind (egress, ingress) running at the same time.
     pub max_concurrent_reconciles: u16,
+    /// The namespaces watched and acted in (`--watch-namespaces`).
+    pub scope: WatchScope,
 }
 
 /// Watch caches of what the operator reads on every reconcile (reads from here instead of
@@ -49,14 +52,14 @@ pub struct OperatorConfig {
 #[derive(Clone)]
 pub struct Caches {
     pub tailnets: Store<Tailnet>,
-    /// Agent Deployments, cluster-wide (label-selected).
-    pub deployments: Store<Deployment>,
+    /// Agent Deployments in the watched namespaces (label-selected).
+    pub deployments: ScopedStore<Deployment>,
     /// Agent Services in the operator namespace (label-selected).
     pub services: Store<Service>,
-    /// Agent NetworkPolicies, cluster-wide (label-selected): a security control, so a
+    /// Agent NetworkPolicies in the watched namespaces (label-selected): a security control, so a
     /// deleted or edited one is re-applied on the next poll, not only after the re-apply
     /// interval.
-    pub network_policies: Store<NetworkPolicy>,
+    pub network_policies: ScopedStore<NetworkPolicy>,
     /// Secrets in the operator namespace (API keys, agent auth Secrets).
     pub operator_secrets: Store<K8sSecret>,
 }
@@ -66,8 +69,8 @@ pub struct Context {
     pub config: OperatorConfig,
     pub metrics: Metrics,
     pub recorder: Recorder,
-    pub egresses: Store<TailnetEgress>,
-    pub ingresses: Store<TailnetIngress>,
+    pub egresses: ScopedStore<TailnetEgress>,
+    pub ingresses: ScopedStore<TailnetIngress>,
     /// For reading agents' `/status` (short timeouts: an agent that does not answer only
     /// leaves reachability unobserved).
     pub agent_http: reqwest::Client,
@@ -87,8 +90,8 @@ impl Context {
         config: OperatorConfig,
         metrics: Metrics,
         recorder: Recorder,
-        egresses: Store<TailnetEgress>,
-        ingresses: Store<TailnetIngress>,
+        egresses: ScopedStore<TailnetEgress>,
+        ingresses: ScopedStore<TailnetIngress>,
         caches: Caches,
     ) -> Self {
         let reapply_interval = config.reapply_interval;

@@ -6,7 +6,7 @@ use std::fmt::Debug;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -16,6 +16,7 @@ use super::applied;
 use super::context::Context;
 use super::error::ReconcileError;
 use crate::metrics::ApplyLabels;
+use crate::scope::CacheRead;
 /// Server-side applies `object` with the operator's field manager.
 pub async fn apply<K>(api: &Api<K>, name: &str, object: &K) -> Result<K, ReconcileError>
 where
@@ -37,7 +38,7 @@ where
 /// Where the live object of a cached apply can be looked up.
 pub enum Watched<'a, K: Resource<DynamicType = ()> + 'static> {
     /// In this watch cache (edits and deletes by others are seen).
-    In(&'a Store<K>),
+    In(&'a dyn CacheRead<K>),
     /// Nowhere: only the age of the last apply bounds the skip.
     No,
 }
@@ -65,7 +66,7 @@ where
     // An object that cannot be serialised cannot be applied either: let apply report it.
     let fingerprint = applied::fingerprint(object).ok();
     let live = match &watched {
-        Watched::In(store) => store.get(&ObjectRef::new(&name).within(namespace)),
+        Watched::In(store) => store.cached(&ObjectRef::new(&name).within(namespace)),
         Watched::No => None,
     };
     let live_version = live.as_deref().map(|l| watched_version(l.meta()));
@@ -128,14 +129,14 @@ where
 /// An object from a watch cache, or, on a miss, from a GET: a cache that is still filling (or
 /// one that holds only labelled objects) is never taken to mean "absent".
 pub async fn from_cache_or_get<K>(
-    store: &Store<K>,
+    store: &dyn CacheRead<K>,
     api: &Api<K>,
     reference: &ObjectRef<K>,
 ) -> Result<Option<K>, kube::Error>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + 'static,
 {
-    match store.get(reference) {
+    match store.cached(reference) {
         Some(object) => Ok(Some((*object).clone())),
         None => api.get_opt(&reference.name).await,
     }

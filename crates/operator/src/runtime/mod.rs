@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controllers::context::{Caches, Context, OperatorConfig};
 use crate::controllers::{egress, ingress, tailnet};
+use crate::scope::{ScopedStore, WatchScope};
 
 /// Selects the objects the operator creates for agents (owned-object watches).
 const AGENT_SELECTOR: &str =
@@ -60,6 +61,54 @@ where
         .for_each(|_| async {}),
     );
     store
+}
+
+/// The watch parts of a scope: `[None]` (the whole cluster) or one per namespace.
+fn scope_parts(scope: &WatchScope) -> Vec<Option<String>> {
+    match scope.namespaces() {
+        None => vec![None],
+        Some(namespaces) => namespaces.iter().cloned().map(Some).collect(),
+    }
+}
+
+/// The Api of a namespaced kind in `namespace`, or cluster-wide for `None`.
+fn api_in<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// [`cache_of`] over the scope: one cluster-wide watch, or one per watched namespace.
+fn scoped_cache_of<K>(
+    client: &kube::Client,
+    scope: &WatchScope,
+    config: watcher::Config,
+    trim: impl Fn(&mut K) + Clone + Send + 'static,
+) -> ScopedStore<K>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    match scope.namespaces() {
+        None => ScopedStore::cluster(cache_of(Api::all(client.clone()), config, trim)),
+        Some(namespaces) => ScopedStore::namespaced(namespaces.iter().map(|namespace| {
+            let store = cache_of(
+                Api::namespaced(client.clone(), namespace),
+                config.clone(),
+                trim.clone(),
+            );
+            (namespace.clone(), store)
+        })),
+    }
 }
 
 /// Backoff of the watch streams: 0.5 s doubling to at most 5 s, back to 0.5 s after any
@@ -167,7 +216,7 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
             .uid()
             .unwrap_or_default(),
     };
-    tracing::info!(installation = %settings.operator.installation_id, namespace = %settings.operator.operator_namespace, "starting");
+    tracing::info!(installation = %settings.operator.installation_id, namespace = %settings.operator.operator_namespace, scope = %settings.operator.scope.describe(), "starting");
 
     let shutdown = CancellationToken::new();
     shutdown_on_signal(shutdown.clone());
@@ -188,16 +237,18 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
 
     // Caches of the resources that feed the Tailnet's policy (kept on every replica, so a
     // standby is warm when it takes over).
+    let scope = settings.operator.scope.clone();
     let egresses =
-        cache_of::<TailnetEgress>(Api::all(client.clone()), watcher::Config::default(), |_| {});
+        scoped_cache_of::<TailnetEgress>(&client, &scope, watcher::Config::default(), |_| {});
     let ingresses =
-        cache_of::<TailnetIngress>(Api::all(client.clone()), watcher::Config::default(), |_| {});
+        scoped_cache_of::<TailnetIngress>(&client, &scope, watcher::Config::default(), |_| {});
     // Watch caches of the agents' children and the operator namespace's Secrets, read by
     // every reconcile instead of GETs (and used to skip applies that would change nothing).
     // Only what is read is kept: of Deployments the metadata and status (readiness), of
     // NetworkPolicies the metadata (operator RSS at 1,000 resources, benchmark 4).
-    let deployments = cache_of::<Deployment>(
-        Api::all(client.clone()),
+    let deployments = scoped_cache_of::<Deployment>(
+        &client,
+        &scope,
         watcher::Config::default().labels(AGENT_SELECTOR),
         |d| d.spec = None,
     );
@@ -206,8 +257,9 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
         watcher::Config::default().labels(AGENT_SELECTOR),
         |_| {},
     );
-    let network_policies = cache_of::<NetworkPolicy>(
-        Api::all(client.clone()),
+    let network_policies = scoped_cache_of::<NetworkPolicy>(
+        &client,
+        &scope,
         watcher::Config::default().labels(AGENT_SELECTOR),
         |p| p.spec = None,
     );
@@ -243,11 +295,6 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
     .with_config(kube::runtime::controller::Config::default().debounce(TAILNET_DEBOUNCE))
     .trigger_backoff(WatchBackoff::default());
     let tailnets = controller.store();
-    // At most this many egress (and as many ingress) reconciles at once: every resource comes
-    // due on each poll, and unbounded they all ran at once (memory and Headscale load in
-    // bursts of N).
-    let agent_controller_config = kube::runtime::controller::Config::default()
-        .concurrency(settings.operator.max_concurrent_reconciles);
     let ctx = Arc::new(Context::new(
         client.clone(),
         settings.operator.clone(),
@@ -330,89 +377,111 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
                     .get(tailnet_api::naming::labels::TAILNET)
                     .map(|t| ObjectRef::new(t))
             },
-        )
-        .watches(
-            Api::<TailnetEgress>::all(client.clone()),
-            watcher::Config::default(),
-            |e: TailnetEgress| Some(ObjectRef::<Tailnet>::new(&e.spec.tailnet_ref.name)),
-        )
-        .watches(
-            Api::<TailnetIngress>::all(client.clone()),
-            watcher::Config::default(),
-            |i: TailnetIngress| Some(ObjectRef::<Tailnet>::new(&i.spec.tailnet_ref.name)),
-        )
+        );
+    let mut tailnet_controller = tailnet_controller;
+    for namespace in scope_parts(&scope) {
+        tailnet_controller = tailnet_controller
+            .watches(
+                api_in::<TailnetEgress>(&client, namespace.as_deref()),
+                watcher::Config::default(),
+                |e: TailnetEgress| Some(ObjectRef::<Tailnet>::new(&e.spec.tailnet_ref.name)),
+            )
+            .watches(
+                api_in::<TailnetIngress>(&client, namespace.as_deref()),
+                watcher::Config::default(),
+                |i: TailnetIngress| Some(ObjectRef::<Tailnet>::new(&i.spec.tailnet_ref.name)),
+            );
+    }
+    let tailnet_controller = tailnet_controller
         .graceful_shutdown_on(stop.clone())
         .run(tailnet::reconcile, tailnet::error_policy, ctx.clone())
         .for_each(log_result);
-    let egress_controller = {
+    // One egress and one ingress controller per watched namespace (one for the whole cluster
+    // by default). At most `max_concurrent_reconciles` egress (and as many ingress) reconciles
+    // at once, shared out among the namespaces: every resource comes due on each poll, and
+    // unbounded they all ran at once (memory and Headscale load in bursts of N).
+    let parts = scope_parts(&scope);
+    let per_part = kube::runtime::controller::Config::default().concurrency(
+        (settings.operator.max_concurrent_reconciles / parts.len().max(1) as u16).max(1),
+    );
+    let mut agent_controllers = Vec::new();
+    for namespace in &parts {
+        let namespace = namespace.as_deref();
         let egresses = Controller::new(
-            Api::<TailnetEgress>::all(client.clone()),
+            api_in::<TailnetEgress>(&client, namespace),
             watcher::Config::default(),
         )
-        .with_config(agent_controller_config.clone())
+        .with_config(per_part.clone())
         .trigger_backoff(WatchBackoff::default());
         let store = egresses.store();
-        egresses
-            .owns(
-                Api::<Deployment>::all(client.clone()),
-                watcher::Config::default().labels(AGENT_SELECTOR),
-            )
-            .owns(
+        let mut egresses = egresses.owns(
+            api_in::<Deployment>(&client, namespace),
+            watcher::Config::default().labels(AGENT_SELECTOR),
+        );
+        // Egress Services live in the operator namespace.
+        if namespace.is_none_or(|n| n == ns) {
+            egresses = egresses.owns(
                 Api::<Service>::namespaced(client.clone(), &ns),
                 watcher::Config::default().labels(AGENT_SELECTOR),
-            )
-            .watches(
-                Api::<Tailnet>::all(client.clone()),
-                watcher::Config::default(),
-                move |t: Tailnet| {
-                    let name = t.name_any();
-                    store
-                        .state()
-                        .iter()
-                        .filter(|e| e.spec.tailnet_ref.name == name)
-                        .map(|e| ObjectRef::from_obj(&**e))
-                        .collect::<Vec<_>>()
-                },
-            )
-            .graceful_shutdown_on(stop.clone())
-            .run(egress::reconcile, egress::error_policy, ctx.clone())
-            .for_each(log_result)
-    };
-    let ingress_controller = {
+            );
+        }
+        agent_controllers.push(
+            egresses
+                .watches(
+                    Api::<Tailnet>::all(client.clone()),
+                    watcher::Config::default(),
+                    move |t: Tailnet| {
+                        let name = t.name_any();
+                        store
+                            .state()
+                            .iter()
+                            .filter(|e| e.spec.tailnet_ref.name == name)
+                            .map(|e| ObjectRef::from_obj(&**e))
+                            .collect::<Vec<_>>()
+                    },
+                )
+                .graceful_shutdown_on(stop.clone())
+                .run(egress::reconcile, egress::error_policy, ctx.clone())
+                .for_each(log_result)
+                .boxed(),
+        );
         let ingresses = Controller::new(
-            Api::<TailnetIngress>::all(client.clone()),
+            api_in::<TailnetIngress>(&client, namespace),
             watcher::Config::default(),
         )
-        .with_config(agent_controller_config.clone())
+        .with_config(per_part.clone())
         .trigger_backoff(WatchBackoff::default());
         let store = ingresses.store();
-        ingresses
-            .owns(
-                Api::<Deployment>::all(client.clone()),
-                watcher::Config::default().labels(AGENT_SELECTOR),
-            )
-            .watches(
-                Api::<Tailnet>::all(client.clone()),
-                watcher::Config::default(),
-                move |t: Tailnet| {
-                    let name = t.name_any();
-                    store
-                        .state()
-                        .iter()
-                        .filter(|i| i.spec.tailnet_ref.name == name)
-                        .map(|i| ObjectRef::from_obj(&**i))
-                        .collect::<Vec<_>>()
-                },
-            )
-            .graceful_shutdown_on(stop.clone())
-            .run(ingress::reconcile, ingress::error_policy, ctx.clone())
-            .for_each(log_result)
-    };
+        agent_controllers.push(
+            ingresses
+                .owns(
+                    api_in::<Deployment>(&client, namespace),
+                    watcher::Config::default().labels(AGENT_SELECTOR),
+                )
+                .watches(
+                    Api::<Tailnet>::all(client.clone()),
+                    watcher::Config::default(),
+                    move |t: Tailnet| {
+                        let name = t.name_any();
+                        store
+                            .state()
+                            .iter()
+                            .filter(|i| i.spec.tailnet_ref.name == name)
+                            .map(|i| ObjectRef::from_obj(&**i))
+                            .collect::<Vec<_>>()
+                    },
+                )
+                .graceful_shutdown_on(stop.clone())
+                .run(ingress::reconcile, ingress::error_policy, ctx.clone())
+                .for_each(log_result)
+                .boxed(),
+        );
+    }
     // Lost leadership: drop the controllers at once instead of letting in-flight reconciles
     // finish (a graceful shutdown would wait for them, and one blocked on a hung apiserver
     // connection could still write to Headscale after a standby took over).
     tokio::select! {
-        _ = async { futures::join!(tailnet_controller, egress_controller, ingress_controller) } => {}
+        _ = async { futures::join!(tailnet_controller, futures::future::join_all(agent_controllers)) } => {}
         _ = lost.cancelled() => {}
     }
     metrics.leader.set(0);

@@ -274,8 +274,10 @@ fn rendered_prometheus_rule_passes_promtool() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Every permission the chart grants, with the reason the operator needs it
-/// (`scope`: `cluster` = ClusterRole, `namespace` = Role in the operator namespace).
+/// Every permission the chart grants, with the reason the operator needs it (`scope`:
+/// `cluster` = ClusterRole in every mode; `workload` = where TailnetIngresses and agents live:
+/// the ClusterRole by default, a Role in each watched namespace with `watchNamespaces`;
+/// `namespace` = Role in the operator namespace).
 /// `(scope, apiGroup, resource, verb, resourceName or "", reason)`.
 const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
     (
@@ -303,7 +305,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "Tailnet controller and watches (runtime/mod.rs)",
     ),
     (
-        "cluster",
+        "workload",
         "tailnet-operator.dev",
         "tailnetegresses",
         "get",
@@ -311,7 +313,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "finalizer helper re-reads the object",
     ),
     (
-        "cluster",
+        "workload",
         "tailnet-operator.dev",
         "tailnetegresses",
         "list",
@@ -319,7 +321,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "egress controller and reflector (runtime/mod.rs)",
     ),
     (
-        "cluster",
+        "workload",
         "tailnet-operator.dev",
         "tailnetegresses",
         "watch",
@@ -327,7 +329,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "egress controller and reflector (runtime/mod.rs)",
     ),
     (
-        "cluster",
+        "workload",
         "tailnet-operator.dev",
         "tailnetegresses",
         "patch",
@@ -335,7 +337,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "finalizer add/remove (kube finalizer, JSON patch)",
     ),
     (
-        "cluster",
+        "workload",
         "tailnet-operator.dev",
         "tailnetingresses",
         "get",
@@ -343,7 +345,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "finalizer helper re-reads the object",
     ),
     (
-        "cluster",
+        "workload",
         "tailnet-operator.dev",
         "tailnetingresses",
         "list",
@@ -351,7 +353,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "ingress controller and reflector (runtime/mod.rs)",
     ),
     (
-        "cluster",
+        "workload",
         "tailnet-operator.dev",
         "tailnetingresses",
         "watch",
@@ -359,7 +361,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "ingress controller and reflector (runtime/mod.rs)",
     ),
     (
-        "cluster",
+        "workload",
         "tailnet-operator.dev",
         "tailnetingresses",
         "patch",
@@ -375,7 +377,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "status (server-side apply, tailnet/mod.rs)",
     ),
     (
-        "cluster",
+        "workload",
         "tailnet-operator.dev",
         "tailnetegresses/status",
         "patch",
@@ -383,7 +385,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "status (server-side apply, agent::patch_status)",
     ),
     (
-        "cluster",
+        "workload",
         "tailnet-operator.dev",
         "tailnetingresses/status",
         "patch",
@@ -391,7 +393,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "status (server-side apply, agent::patch_status)",
     ),
     (
-        "cluster",
+        "workload",
         "apps",
         "deployments",
         "get",
@@ -399,7 +401,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "ingress reads its agent Deployment while a backend is unresolved",
     ),
     (
-        "cluster",
+        "workload",
         "apps",
         "deployments",
         "list",
@@ -407,7 +409,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "controllers own agent Deployments (label-selected watch)",
     ),
     (
-        "cluster",
+        "workload",
         "apps",
         "deployments",
         "watch",
@@ -415,7 +417,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "controllers own agent Deployments (label-selected watch)",
     ),
     (
-        "cluster",
+        "workload",
         "apps",
         "deployments",
         "create",
@@ -423,7 +425,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "server-side apply of a new agent Deployment needs create",
     ),
     (
-        "cluster",
+        "workload",
         "apps",
         "deployments",
         "patch",
@@ -431,7 +433,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "agent Deployment (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "",
         "secrets",
         "get",
@@ -439,7 +441,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "auth Secret of an agent, TLS Secret of an ingress (any namespace)",
     ),
     (
-        "cluster",
+        "workload",
         "",
         "secrets",
         "create",
@@ -447,7 +449,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "auth and state Secrets of new agents (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "",
         "secrets",
         "patch",
@@ -455,7 +457,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "auth and state Secrets of agents (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "",
         "secrets",
         "update",
@@ -463,7 +465,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "held so the agent Role (get/update/patch on its state Secret) can be created without `escalate`",
     ),
     (
-        "cluster",
+        "workload",
         "",
         "secrets",
         "delete",
@@ -471,7 +473,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "a used single-use pre-auth key Secret is deleted (agent.rs)",
     ),
     (
-        "cluster",
+        "workload",
         "",
         "configmaps",
         "get",
@@ -479,7 +481,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "base policy, DNS hosts ConfigMap (may live in kube-system), ingress CA ConfigMap",
     ),
     (
-        "cluster",
+        "workload",
         "",
         "configmaps",
         "create",
@@ -487,7 +489,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "agent config, rendered policy, DNS hosts ConfigMaps (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "",
         "configmaps",
         "patch",
@@ -495,7 +497,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "agent config, rendered policy, DNS hosts ConfigMaps (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "",
         "services",
         "get",
@@ -503,7 +505,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "ingress backend Services in the ingress namespace",
     ),
     (
-        "cluster",
+        "workload",
         "",
         "pods",
         "list",
@@ -511,7 +513,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "agent pods' /status is read (their addresses)",
     ),
     (
-        "cluster",
+        "workload",
         "apps",
         "replicasets",
         "list",
@@ -519,7 +521,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "/status is read only from pods whose ReplicaSet the agent Deployment owns (forged pods copy labels)",
     ),
     (
-        "cluster",
+        "workload",
         "",
         "serviceaccounts",
         "create",
@@ -527,7 +529,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "agent ServiceAccount (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "",
         "serviceaccounts",
         "patch",
@@ -535,7 +537,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "agent ServiceAccount (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "rbac.authorization.k8s.io",
         "roles",
         "create",
@@ -543,7 +545,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "agent Role: its state Secret only (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "rbac.authorization.k8s.io",
         "roles",
         "patch",
@@ -551,7 +553,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "agent Role (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "rbac.authorization.k8s.io",
         "rolebindings",
         "create",
@@ -559,7 +561,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "agent RoleBinding (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "rbac.authorization.k8s.io",
         "rolebindings",
         "patch",
@@ -567,7 +569,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "agent RoleBinding (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "networking.k8s.io",
         "networkpolicies",
         "list",
@@ -575,7 +577,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "watch cache of agent NetworkPolicies: a deleted or edited one is re-applied on the next poll",
     ),
     (
-        "cluster",
+        "workload",
         "networking.k8s.io",
         "networkpolicies",
         "watch",
@@ -583,7 +585,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "watch cache of agent NetworkPolicies: a deleted or edited one is re-applied on the next poll",
     ),
     (
-        "cluster",
+        "workload",
         "networking.k8s.io",
         "networkpolicies",
         "create",
@@ -591,7 +593,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "agent NetworkPolicy (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "networking.k8s.io",
         "networkpolicies",
         "patch",
@@ -599,7 +601,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "agent NetworkPolicy (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "cert-manager.io",
         "certificates",
         "create",
@@ -607,7 +609,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "Certificate for an ingress without tls.secretName",
     ),
     (
-        "cluster",
+        "workload",
         "cert-manager.io",
         "certificates",
         "patch",
@@ -615,7 +617,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "Certificate (server-side apply)",
     ),
     (
-        "cluster",
+        "workload",
         "events.k8s.io",
         "events",
         "create",
@@ -623,7 +625,7 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "events on Tailnets, egresses, ingresses (kube Recorder)",
     ),
     (
-        "cluster",
+        "workload",
         "events.k8s.io",
         "events",
         "patch",
@@ -774,50 +776,171 @@ fn expand(scope: &str, role: &Value) -> BTreeSet<(String, String, String, String
     out
 }
 
+type Grant = (String, String, String, String, String);
+
+/// The table's rows of `scope`, as granted under `as_scope`.
+fn table_rows(scope: &str, as_scope: &str) -> BTreeSet<Grant> {
+    GRANTS
+        .iter()
+        .filter(|row| row.0 == scope)
+        .map(|(_, group, resource, verb, name, _)| {
+            (
+                as_scope.to_string(),
+                group.to_string(),
+                resource.to_string(),
+                verb.to_string(),
+                name.to_string(),
+            )
+        })
+        .collect()
+}
+
+fn assert_same_grants(what: &str, granted: &BTreeSet<Grant>, expected: &BTreeSet<Grant>) {
+    for (scope, group, resource, verb, _) in granted {
+        assert!(
+            !["*"].contains(&verb.as_str()) && resource != "*" && group != "*",
+            "{what}: wildcards are never granted: {scope} {group}/{resource} {verb}"
+        );
+    }
+    let unexplained: Vec<_> = granted.difference(expected).collect();
+    assert!(
+        unexplained.is_empty(),
+        "{what}: the chart grants rules without a reason in GRANTS: {unexplained:#?}"
+    );
+    let stale: Vec<_> = expected.difference(granted).collect();
+    assert!(
+        stale.is_empty(),
+        "{what}: GRANTS lists rules the chart does not grant: {stale:#?}"
+    );
+}
+
+/// The rendered object of `kind` named `name` in `namespace` (`""`: cluster-scoped).
+fn find_named<'a>(docs: &'a [Value], kind: &str, namespace: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| {
+            d["kind"] == kind
+                && d["metadata"]["name"] == name
+                && d["metadata"]["namespace"].as_str().unwrap_or_default() == namespace
+        })
+        .unwrap_or_else(|| panic!("no {kind} {namespace}/{name} rendered"))
+}
+
 #[test]
 fn chart_rbac_grants_exactly_the_reasoned_table() {
     let Some(helm) = deps_binary("helm", "helm") else {
         return;
     };
+    assert!(
+        GRANTS
+            .iter()
+            .all(|row| ["cluster", "workload", "namespace"].contains(&row.0)),
+        "unknown scope in GRANTS"
+    );
+    // Default: the whole cluster through the ClusterRole.
     let docs = template(&helm, "ops", "tailnet-system", &[]);
     let mut granted = expand("cluster", find(&docs, "ClusterRole"));
     granted.extend(expand("namespace", find(&docs, "Role")));
-    for (scope, group, resource, verb, _) in &granted {
-        assert!(
-            !["*"].contains(&verb.as_str()) && resource != "*" && group != "*",
-            "wildcards are never granted: {scope} {group}/{resource} {verb}"
-        );
-    }
-    let table: BTreeMap<_, _> = GRANTS
-        .iter()
-        .map(|(scope, group, resource, verb, name, reason)| {
-            (
-                (
-                    scope.to_string(),
-                    group.to_string(),
-                    resource.to_string(),
-                    verb.to_string(),
-                    name.to_string(),
-                ),
-                *reason,
-            )
-        })
-        .collect();
-    let unexplained: Vec<_> = granted.iter().filter(|g| !table.contains_key(*g)).collect();
-    assert!(
-        unexplained.is_empty(),
-        "the chart grants rules without a reason in GRANTS: {unexplained:#?}"
-    );
-    let stale: Vec<_> = table.keys().filter(|k| !granted.contains(*k)).collect();
-    assert!(
-        stale.is_empty(),
-        "GRANTS lists rules the chart no longer grants: {stale:#?}"
+    let mut expected = table_rows("cluster", "cluster");
+    expected.extend(table_rows("workload", "cluster"));
+    expected.extend(table_rows("namespace", "namespace"));
+    assert_same_grants("cluster-wide install", &granted, &expected);
+    assert_eq!(
+        docs.iter().filter(|d| d["kind"] == "Role").count(),
+        1,
+        "cluster-wide: only the operator namespace's Role"
     );
     // The ServiceAccount is bound to both.
     let sa = find(&docs, "ServiceAccount")["metadata"]["name"].clone();
     for binding in ["ClusterRoleBinding", "RoleBinding"] {
         assert_eq!(find(&docs, binding)["subjects"][0]["name"], sa, "{binding}");
     }
+    let args =
+        find(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(!args.contains("--watch-namespaces"), "{args}");
+
+    // Namespace-scoped: the ClusterRole keeps only the cluster rows; the workload rows are a
+    // Role in each watched namespace (the release namespace included); Events about Tailnets
+    // in `default`.
+    let docs = template(
+        &helm,
+        "ops",
+        "tailnet-system",
+        &["--set", "watchNamespaces={team-b,team-a}"],
+    );
+    assert_same_grants(
+        "namespace-scoped install: ClusterRole",
+        &expand("cluster", find(&docs, "ClusterRole")),
+        &table_rows("cluster", "cluster"),
+    );
+    assert_same_grants(
+        "namespace-scoped install: operator namespace Role",
+        &expand(
+            "namespace",
+            find_named(&docs, "Role", "tailnet-system", "ops-tailnet-operator"),
+        ),
+        &table_rows("namespace", "namespace"),
+    );
+    for namespace in ["tailnet-system", "team-a", "team-b"] {
+        assert_same_grants(
+            &format!("namespace-scoped install: Role in {namespace}"),
+            &expand(
+                "workload",
+                find_named(&docs, "Role", namespace, "ops-tailnet-operator-workloads"),
+            ),
+            &table_rows("workload", "workload"),
+        );
+        let binding = find_named(
+            &docs,
+            "RoleBinding",
+            namespace,
+            "ops-tailnet-operator-workloads",
+        );
+        assert_eq!(
+            binding["subjects"][0]["name"], sa,
+            "RoleBinding in {namespace}"
+        );
+        assert_eq!(binding["subjects"][0]["namespace"], "tailnet-system");
+    }
+    let events = expand(
+        "workload",
+        find_named(
+            &docs,
+            "Role",
+            "default",
+            "ops-tailnet-operator-tailnet-events",
+        ),
+    );
+    let event_rows: BTreeSet<Grant> = table_rows("workload", "workload")
+        .into_iter()
+        .filter(|(_, _, resource, _, _)| resource == "events")
+        .collect();
+    assert_same_grants(
+        "namespace-scoped install: Events in default",
+        &events,
+        &event_rows,
+    );
+    let roles: Vec<String> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Role")
+        .map(|d| {
+            format!(
+                "{}/{}",
+                d["metadata"]["namespace"].as_str().unwrap_or_default(),
+                d["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    assert_eq!(
+        roles.len(),
+        5,
+        "operator Role, three workload Roles, the events Role: {roles:?}"
+    );
+    let args =
+        find(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(
+        args.contains("--watch-namespaces=tailnet-system,team-a,team-b"),
+        "{args}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -187,8 +187,14 @@ pub fn decide(
         Err(IngressError::Context(errors)) => return Ok(out_of_context(c, status, &errors)),
         Err(IngressError::Render(e)) => return Err(e),
     };
-    let problems: Vec<String> = desired.problems.iter().map(ToString::to_string).collect();
-    backends_resolved(&mut c, &problems);
+    let unwatched = unwatched_backends(&ingress.metadata, valid, config);
+    let problems: Vec<String> = desired
+        .problems
+        .iter()
+        .map(ToString::to_string)
+        .chain(unwatched.iter().cloned())
+        .collect();
+    backends_resolved(&mut c, &problems, !unwatched.is_empty());
 
     // The agent is only deployed (and so a pre-auth key only minted) without problems.
     let deployable = problems.is_empty();
@@ -211,7 +217,8 @@ pub fn decide(
     if let Some(objects) = &desired.objects {
         status.hostnames = objects.hostnames.clone();
     }
-    let objects = desired.objects;
+    // Nothing is rendered for backends the operator cannot read (as for missing ones).
+    let objects = desired.objects.filter(|_| unwatched.is_empty());
     let names = names.names;
     shared::agent_ready(&mut c, observed.deployment.as_ref());
     status.exposes = expose_status(&names, serve_http);
@@ -358,8 +365,37 @@ fn hostnames_unique(c: &mut ConditionSet, claimed: &BTreeMap<String, String>) {
     );
 }
 
-fn backends_resolved(c: &mut ConditionSet, problems: &[String]) {
-    if problems.is_empty() {
+/// Backends in namespaces a namespace-scoped operator does not watch (it cannot read them;
+/// only an ingress in the operator namespace may name another namespace at all).
+fn unwatched_backends(
+    meta: &kube::api::ObjectMeta,
+    valid: &ValidIngress,
+    config: &OperatorConfig,
+) -> Vec<String> {
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let wanted = tailnet_render::backends::referenced(&namespace, &valid.exposes);
+    let keys = wanted.services.iter().map(|k| ("Service", k));
+    let keys = keys.chain(wanted.config_maps.iter().map(|k| ("ConfigMap", k)));
+    keys.filter(|(_, key)| !config.scope.contains(&key.namespace))
+        .map(|(kind, key)| {
+            format!(
+                "{kind} {}/{} is in a namespace this operator does not watch ({}): add {} to the chart's watchNamespaces (--watch-namespaces)",
+                key.namespace,
+                key.name,
+                config.scope.describe(),
+                key.namespace
+            )
+        })
+        .collect()
+}
+
+fn backends_resolved(c: &mut ConditionSet, problems: &[String], unwatched: bool) {
+    if unwatched {
+        c.fail(
+            types::BACKENDS_RESOLVED,
+            Problem::new(reasons::BACKEND_NAMESPACE_NOT_WATCHED, problems.join("; ")),
+        );
+    } else if problems.is_empty() {
         c.ok(
             types::BACKENDS_RESOLVED,
             reasons::READY,

@@ -140,7 +140,11 @@ async fn backends(
     let wanted = backends::referenced(namespace, &valid.exposes);
     let mut observed = ObservedBackends::default();
     for key in &wanted.services {
-        if key.namespace != namespace && !administrative {
+        // Elsewhere rejected before it matters; out of a namespace-scoped operator's reach
+        // (`decide` names it): not read.
+        if (key.namespace != namespace && !administrative)
+            || !ctx.config.scope.contains(&key.namespace)
+        {
             continue;
         }
         let api: Api<Service> = Api::namespaced(ctx.client.clone(), &key.namespace);
@@ -152,6 +156,9 @@ async fn backends(
         }
     }
     for key in &wanted.config_maps {
+        if !ctx.config.scope.contains(&key.namespace) {
+            continue;
+        }
         let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &key.namespace);
         if let Some(cm) = get_opt_cached(&api, &key.name)
             .await

@@ -663,6 +663,8 @@ fn decision_table() {
     );
     assert!(refused.agent.is_none(), "an invalid spec applies nothing");
     seen.extend(reasons_of(&refused.status));
+    // Decided with another operator config (see the namespace-scoped test).
+    seen.extend(reasons_of(&scoped_elsewhere().status));
     assert!(decide::validated(&ingress(), fx::now()).is_ok());
     let decided = run(&ingress(), &healthy()).status;
     let status = decide::certificate_not_created(
@@ -972,4 +974,57 @@ fn a_refused_certificate_keeps_ready_transition_times() {
         "{}",
         ready.message
     );
+}
+
+/// The healthy ingress decided by an operator that watches only namespace `elsewhere`.
+fn scoped_elsewhere() -> IngressDecision {
+    let ingress = ingress();
+    let valid = decide::validated(&ingress, fx::now()).expect("a valid ingress");
+    let mut config = fx::config();
+    config.scope = crate::scope::WatchScope::new(&config.operator_namespace, &["elsewhere".into()]);
+    decide::decide(&ingress, &valid, &healthy(), &config, fx::now()).expect("decide")
+}
+
+#[test]
+fn a_namespace_scoped_operator_names_a_backend_outside_its_namespaces_and_renders_nothing() {
+    let ingress = ingress();
+    let valid = decide::validated(&ingress, fx::now()).expect("a valid ingress");
+    let mut config = fx::config();
+    // The ingress's own namespace (and so its backends) is watched: nothing changes.
+    config.scope =
+        crate::scope::WatchScope::new(&config.operator_namespace, &[NAMESPACE.to_string()]);
+    let watched = decide::decide(&ingress, &valid, &healthy(), &config, fx::now()).expect("decide");
+    assert!(
+        reasons_of(&watched.status).all(|r| r != reasons::BACKEND_NAMESPACE_NOT_WATCHED),
+        "{:?}",
+        watched.status.conditions
+    );
+    // Backends in an unwatched namespace: named, and no agent objects (nor key) planned.
+    let decision = scoped_elsewhere();
+    let resolved = decision
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::BACKENDS_RESOLVED)
+        .expect("BackendsResolved");
+    assert_eq!(
+        (resolved.status.as_str(), resolved.reason.as_str()),
+        ("False", reasons::BACKEND_NAMESPACE_NOT_WATCHED)
+    );
+    assert!(
+        resolved.message.contains("Service team-a/frontend")
+            && resolved
+                .message
+                .contains("add team-a to the chart's watchNamespaces"),
+        "{}",
+        resolved.message
+    );
+    let ready = decision
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::READY)
+        .expect("Ready");
+    assert_eq!(ready.reason, reasons::BACKEND_NAMESPACE_NOT_WATCHED);
+    assert!(decision.agent.is_none_or(|a| a.objects.is_none()));
 }

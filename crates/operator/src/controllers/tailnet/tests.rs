@@ -43,6 +43,7 @@ fn config() -> OperatorConfig {
         approve_routes: true,
         reapply_interval: Duration::from_secs(600),
         max_concurrent_reconciles: 16,
+        scope: crate::scope::WatchScope::Cluster,
     }
 }
 
