@@ -58,6 +58,13 @@ pub fn ingress_tag_discriminated(prefix: &str, namespace: &str, name: &str) -> S
     format!("tag:{readable}-{suffix}")
 }
 
+/// The tailnet hostname of the node that carries `tag`: the tag's name (`tag:` removed). Tags
+/// are lowercase letters, digits and dashes of at most 63 characters, so this is a valid DNS
+/// label, and it is unique wherever the tag is.
+pub fn tag_hostname(tag: &str) -> String {
+    tag.strip_prefix("tag:").unwrap_or(tag).to_string()
+}
+
 /// One ingress asking for a tag, for [`assign_ingress_tags`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TagClaim {

@@ -453,10 +453,80 @@ async fn lab_pair_gets_two_identities(
     tcp_echo(laptop, &first_ip, 6000)
         .await
         .expect("the first still forwards");
+
+    // A device tagged by hand with the first one's tag (another hostname): named on the
+    // ingress, not taken for its node, and left alone when the ingress is deleted (before:
+    // the device, online and newer, became the ingress's node, and the delete removed it).
+    let hostname = format!("hand-tagged-{}", &ns[ns.len() - 5..]);
+    let device = env
+        .tailnet()
+        .join_node(
+            &hostname,
+            tno_testenv_tailnet::JoinOptions {
+                tags: vec![first_tag.clone()],
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a device carrying the ingress's tag");
+    let device_id = env
+        .tailnet()
+        .node_id(&hostname)
+        .await
+        .expect("nodes")
+        .expect("the device is registered")
+        .to_string();
+    let conflicted = wait_for_condition(
+        &first,
+        "dev-api",
+        ConditionIs::new("AgentReady", "False").reason("TagConflict"),
+        None,
+    )
+    .await;
+    let message = conflicted
+        .condition("AgentReady")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains(&format!("id {device_id}")) && message.contains(&hostname),
+        "{message}"
+    );
+    assert_eq!(
+        conflicted.status.clone().unwrap_or_default().node_id,
+        Some(first_node.clone()),
+        "the ingress keeps its own node"
+    );
+    tcp_echo(laptop, &first_ip, 6000)
+        .await
+        .expect("the first still forwards beside the device");
     first
         .delete("dev-api", &Default::default())
         .await
         .expect("delete <ns>/dev-api");
+    wait_for("<ns>/dev-api to be gone", WAIT, || async {
+        match first.get_opt("dev-api").await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there (finalizer)".to_string()),
+        }
+    })
+    .await;
+    let ids: Vec<String> = env
+        .headscale_api()
+        .list_nodes()
+        .await
+        .expect("nodes")
+        .iter()
+        .map(|n| n.id.to_string())
+        .collect();
+    assert!(
+        ids.contains(&device_id),
+        "the hand-tagged device survives the ingress: {ids:?}"
+    );
+    assert!(
+        !ids.contains(&first_node),
+        "the ingress's node is gone: {ids:?}"
+    );
+    drop(device);
     let _ = namespaces.delete(&other_ns, &Default::default()).await;
 }
 

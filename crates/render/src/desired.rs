@@ -129,6 +129,8 @@ pub struct IngressObserved<'a> {
     pub claimed: &'a BTreeMap<String, String>,
     /// A certificate covering every http hostname is ready; without it http is not served.
     pub certificate_ready: bool,
+    /// The ingress's tag (from [`ingress_tags`]); its name is the node's hostname.
+    pub tag: &'a str,
 }
 
 /// Everything decided for one ingress.
@@ -170,6 +172,7 @@ pub fn ingress(
             names: names.names.clone(),
             backend_ports: resolved.ports.clone(),
             serve_http: observed.certificate_ready,
+            node_hostname: tailnet_api::naming::tag_hostname(observed.tag),
         };
         Some(ingress::render_valid(metadata, valid, ctx, &inputs)?)
     } else {

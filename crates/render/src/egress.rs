@@ -117,6 +117,8 @@ pub fn render_valid(
     // node stays). So neither the config nor per-target container ports are in the template;
     // the Services target the listener ports by number.
     let parts = PodParts {
+        // Egresses live only in the operator namespace: the name is unique.
+        hostname: owner.names().base,
         agent_ports: Vec::new(),
         agent_volumes: Vec::new(),
         unprivileged_port_start: None,

@@ -59,6 +59,10 @@ pub struct IngressInputs {
     /// Serve http exposes: only when a certificate covering every name is ready. Never a
     /// plaintext fallback: without it, http listeners are left out of the config entirely.
     pub serve_http: bool,
+    /// The node's tailnet hostname: its tag's name ([`tailnet_api::naming::tag_hostname`]), unique like
+    /// the tag (`tailnet-ingress-<name>` was the same for an ingress of that name in every
+    /// namespace).
+    pub node_hostname: String,
 }
 
 /// Renders the agent of `ingress`, validating its spec first (the first error is returned);
@@ -255,6 +259,7 @@ pub fn render_valid(
     }
     let lowest = spec.exposes.iter().map(|e| e.port).min();
     let parts = PodParts {
+        hostname: inputs.node_hostname.clone(),
         agent_ports: Vec::new(),
         agent_volumes: volumes,
         // Ingress listeners bind loopback as non-root; ports below 1024 need this safe sysctl.

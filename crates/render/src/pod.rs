@@ -42,6 +42,8 @@ pub const RUN_AS: i64 = 65532;
 /// Agent-specific parts of the pod.
 #[derive(Clone, Debug, Default)]
 pub struct PodParts {
+    /// The node's tailnet hostname (`TS_HOSTNAME`).
+    pub hostname: String,
     /// Ports the agent container listens on besides the admin port.
     pub agent_ports: Vec<ContainerPort>,
     /// Extra volumes with their mount in the agent container.
@@ -177,7 +179,7 @@ fn empty_dir(name: &str) -> Volume {
     }
 }
 
-fn tailscale_container(owner: &Owner, ctx: &RenderContext) -> Container {
+fn tailscale_container(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Container {
     let names = owner.names();
     let mut extra_args = format!("--login-server={}", ctx.tailnet.server);
     if owner.kind == AgentKind::Egress {
@@ -193,7 +195,7 @@ fn tailscale_container(owner: &Owner, ctx: &RenderContext) -> Container {
             env("TS_AUTH_ONCE", "true"),
             env("TS_USERSPACE", "true"),
             env("TS_SOCKET", LOCALAPI_SOCKET),
-            env("TS_HOSTNAME", &names.base),
+            env("TS_HOSTNAME", &parts.hostname),
             env("TS_EXTRA_ARGS", extra_args),
             env("TS_ACCEPT_DNS", "false"),
             // Self-hosted control: never upload logs to a third party.
@@ -351,7 +353,10 @@ pub fn deployment(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Deplo
                         sysctls,
                         ..PodSecurityContext::default()
                     }),
-                    containers: vec![tailscale_container(owner, ctx), agent_container(ctx, parts)],
+                    containers: vec![
+                        tailscale_container(owner, ctx, parts),
+                        agent_container(ctx, parts),
+                    ],
                     volumes: Some(volumes),
                     // Scheduling from the Tailnet's spec.agent.
                     image_pull_secrets: scheduling

@@ -89,6 +89,7 @@ fn egress_agent_follows_the_pod_contract() {
     let tailscale = container(pod, "tailscale");
     let ts_env = env(tailscale);
     assert_eq!(ts_env["TS_KUBE_SECRET"], "tailnet-egress-team-a-state");
+    assert_eq!(ts_env["TS_HOSTNAME"], "tailnet-egress-team-a");
     assert_eq!(ts_env["TS_AUTH_ONCE"], "true");
     assert_eq!(ts_env["TS_USERSPACE"], "true");
     assert_eq!(
@@ -275,6 +276,7 @@ fn ingress_inputs(tailnet: &Tailnet, ingress: &TailnetIngress, serve_http: bool)
         names,
         backend_ports: BTreeMap::from([("web".to_string(), 8080), ("admin".to_string(), 8443)]),
         serve_http,
+        node_hostname: "tno-ingress-team-a-portal".to_string(),
     }
 }
 
@@ -304,6 +306,11 @@ fn ingress_agent_serves_vhosts_with_one_certificate() {
     assert_eq!(cert.spec.dns_names, objects.http_hostnames);
     assert_eq!(cert.spec.issuer_ref.kind, "ClusterIssuer");
     assert_eq!(cert.spec.secret_name, "tailnet-ingress-portal-tls");
+    // The node's hostname is its tag's name (unique like the tag), not the object name.
+    assert_eq!(
+        env(container(pod(&objects.deployment), "tailscale"))["TS_HOSTNAME"],
+        "tno-ingress-team-a-portal"
+    );
 
     // Both exposes are virtual hosts on one listener on port 443.
     assert_eq!(objects.config.ingress.len(), 1);
@@ -385,6 +392,7 @@ fn without_a_ready_certificate_http_is_not_served_but_tcp_is() {
             ("kube".to_string(), 443),
         ]),
         serve_http: false,
+        node_hostname: "tno-ingress-team-a-portal".to_string(),
     };
     let objects = ingress::render(&ingress, &ctx(&tailnet), &inputs).expect("render");
     assert_eq!(objects.config.ingress.len(), 1, "only the tcp listener");

@@ -254,6 +254,7 @@ fn decide(
             backends,
             claimed,
             certificate_ready,
+            tag: "tag:tno-ingress-team-a-portal",
         },
     )
 }
@@ -351,6 +352,7 @@ fn ingress_context_errors_stop_the_decision() {
             backends: &backends,
             claimed: &claimed,
             certificate_ready: true,
+            tag: "tag:tno-ingress-team-a-portal",
         },
     )
     .expect_err("cross-namespace backend");

@@ -539,6 +539,8 @@ fn render_tailnet(
         message: e.to_string(),
     })?;
     let ingress_objects: Vec<TailnetIngress> = ingresses.iter().map(|(_, i)| i.clone()).collect();
+    // The same tag assignment as the policy's and the controller's.
+    let tags = desired::ingress_tags(&name, &tailnet.spec.policy.tag_prefix, &ingress_objects);
     let marker = tailnet_api::tailnet::marker_installation_id(
         args.installation_id
             .as_deref()
@@ -613,7 +615,13 @@ fn render_tailnet(
             }
         };
         let claimed = desired::claimed_elsewhere(i, &names.names, &ingress_objects, &ctx);
+        let tag = match tags.get(&(namespace.clone(), i.name_any())) {
+            Some(Ok(tag)) => tag.clone(),
+            // The policy's issues name the conflict; nothing of this ingress is rendered.
+            _ => continue,
+        };
         let observed = desired::IngressObserved {
+            tag: &tag,
             backends: &cluster.backends,
             claimed: &claimed,
             // Offline, the certificate is assumed ready (see the README).

@@ -18,7 +18,9 @@ use super::context::Context;
 use super::error::ReconcileError;
 use super::kube_io::{apply, get_opt_cached};
 use super::publish::event;
-use super::status::Problem;
+use super::status::{ConditionSet, Problem};
+use tailnet_api::conditions::{reasons, types};
+use tailnet_api::naming::{AgentKind, AgentNames};
 
 /// Annotations on the auth Secret: which key is in it and until when it is valid (the key
 /// itself is never logged or put anywhere else).
@@ -30,13 +32,63 @@ pub const PRE_AUTH_KEY_LIFETIME: SignedDuration = SignedDuration::from_mins(60);
 /// A pending key that expires sooner than this is replaced rather than waited for.
 const PENDING_KEY_MARGIN: SignedDuration = SignedDuration::from_mins(2);
 
-/// The node carrying `tag` (an agent's identity). Several can exist after a lost state
-/// Secret: prefer online, then the newest.
-pub fn find_node<'a>(nodes: &'a [Node], tag: &str) -> Option<&'a Node> {
+/// The tailnet hostnames an agent's node may have, the current one first: an ingress's node
+/// is named after its tag ([`tailnet_api::naming::tag_hostname`]; releases before it used the
+/// object name, `tailnet-ingress-<name>`, which a node keeps until its pod restarts), an
+/// egress's after its objects. An agent's identity is its tag **and** one of these: a node that
+/// carries the tag under another hostname (a device tagged by hand, another installation's
+/// agent) is never taken for the agent's, nor deleted with it.
+pub fn agent_hostnames(kind: AgentKind, names: &AgentNames, tag: &str) -> Vec<String> {
+    match kind {
+        AgentKind::Egress => vec![names.base.clone()],
+        AgentKind::Ingress => vec![tailnet_api::naming::tag_hostname(tag), names.base.clone()],
+    }
+}
+
+fn carries(node: &Node, tag: &str) -> bool {
+    node.tags.iter().any(|t| t == tag)
+}
+
+/// The agent's node: carrying `tag` under one of `hostnames`. Several can exist after a lost
+/// state Secret: prefer online, then the newest.
+pub fn find_node<'a>(nodes: &'a [Node], tag: &str, hostnames: &[String]) -> Option<&'a Node> {
     nodes
         .iter()
-        .filter(|n| n.tags.iter().any(|t| t == tag))
+        .filter(|n| carries(n, tag) && hostnames.contains(&n.name))
         .max_by_key(|n| (n.online, n.id))
+}
+
+/// Nodes that carry `tag` but are not the agent's (another hostname).
+pub fn foreign_nodes<'a>(nodes: &'a [Node], tag: &str, hostnames: &[String]) -> Vec<&'a Node> {
+    nodes
+        .iter()
+        .filter(|n| carries(n, tag) && !hostnames.contains(&n.name))
+        .collect()
+}
+
+/// `AgentReady=False/TagConflict` when nodes that are not the agent's carry its tag: they
+/// would receive the resource's grants too. Nothing of them is touched, and without a node of
+/// its own the agent gets no pre-auth key (returns whether minting is allowed).
+pub fn tag_shared(c: &mut ConditionSet, tag: &str, foreign: &[&Node], own: bool) -> bool {
+    if foreign.is_empty() {
+        return true;
+    }
+    let list: Vec<String> = foreign
+        .iter()
+        .map(|n| format!("{} (id {}, hostname {:?})", n.given_name, n.id, n.name))
+        .collect();
+    c.fail(
+        types::AGENT_READY,
+        Problem::new(
+            reasons::TAG_CONFLICT,
+            format!(
+                "{tag} is also carried by {}, which is not this agent's node (a device tagged by hand or another installation's agent): this resource's grants reach it too. The operator leaves it alone{}; remove the tag from it (headscale nodes tag -i <id> -t <its other tags>) or rename this resource",
+                list.join(", "),
+                if own { "" } else { " and mints no key for this agent" }
+            ),
+        ),
+    );
+    false
 }
 
 /// What the gather step knows of the agent's auth Secret.
@@ -342,8 +394,13 @@ pub fn orphaned_keys(
         .collect()
 }
 
-/// Removes the agent's identity from Headscale: its nodes and any unexpired keys of its tag.
-pub async fn forget_identity(headscale: &HeadscaleClient, tag: &str) -> Result<(), ReconcileError> {
+/// Removes the agent's identity from Headscale: its nodes (the tag under one of `hostnames`,
+/// see [`agent_hostnames`]) and any unexpired keys of its tag.
+pub async fn forget_identity(
+    headscale: &HeadscaleClient,
+    tag: &str,
+    hostnames: &[String],
+) -> Result<(), ReconcileError> {
     // Keys first: once none is valid, no agent can register a node any more, so the node list
     // read afterwards is complete. (Nodes first left a window in which an agent that was
     // still starting registered after the list and stayed behind as an orphan.)
@@ -368,7 +425,10 @@ pub async fn forget_identity(headscale: &HeadscaleClient, tag: &str) -> Result<(
         .list_nodes()
         .await
         .map_err(ReconcileError::headscale("list nodes"))?;
-    for node in nodes.iter().filter(|n| n.tags.iter().any(|t| t == tag)) {
+    for node in nodes
+        .iter()
+        .filter(|n| carries(n, tag) && hostnames.contains(&n.name))
+    {
         headscale
             .delete_node(node.id)
             .await
@@ -387,6 +447,7 @@ mod tests {
     fn node(id: u64, tag: &str, online: bool) -> Node {
         Node {
             id,
+            name: "agent".to_string(),
             tags: vec![tag.to_string()],
             online,
             ..Node::default()
@@ -425,10 +486,45 @@ mod tests {
             node(2, "tag:a", false),
             node(3, "tag:b", true),
         ];
-        assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(1));
+        let agent = ["agent".to_string()];
+        assert_eq!(find_node(&nodes, "tag:a", &agent).map(|n| n.id), Some(1));
         let nodes = vec![node(1, "tag:a", false), node(2, "tag:a", false)];
-        assert_eq!(find_node(&nodes, "tag:a").map(|n| n.id), Some(2));
-        assert!(find_node(&nodes, "tag:c").is_none());
+        assert_eq!(find_node(&nodes, "tag:a", &agent).map(|n| n.id), Some(2));
+        assert!(find_node(&nodes, "tag:c", &agent).is_none());
+    }
+
+    #[test]
+    fn a_node_with_the_tag_under_another_hostname_is_foreign() {
+        let device = Node {
+            name: "nas".to_string(),
+            ..node(7, "tag:a", true)
+        };
+        let nodes = vec![device, node(2, "tag:a", false), node(3, "tag:b", true)];
+        let agent = ["agent".to_string()];
+        assert_eq!(find_node(&nodes, "tag:a", &agent).map(|n| n.id), Some(2));
+        let foreign: Vec<u64> = foreign_nodes(&nodes, "tag:a", &agent)
+            .iter()
+            .map(|n| n.id)
+            .collect();
+        assert_eq!(foreign, vec![7]);
+        assert!(foreign_nodes(&nodes, "tag:b", &agent).is_empty());
+        // Ingress: today's hostname (the tag's name) and the one of earlier releases.
+        let names = AgentNames::new(AgentKind::Ingress, "api");
+        assert_eq!(
+            agent_hostnames(AgentKind::Ingress, &names, "tag:tno-ingress-team-a-api"),
+            vec![
+                "tno-ingress-team-a-api".to_string(),
+                "tailnet-ingress-api".to_string()
+            ]
+        );
+        assert_eq!(
+            agent_hostnames(
+                AgentKind::Egress,
+                &AgentNames::new(AgentKind::Egress, "site"),
+                "tag:x"
+            ),
+            vec!["tailnet-egress-site".to_string()]
+        );
     }
 
     /// The gather step's cached read saw no Secret (or an old one), but the previous

@@ -17,7 +17,7 @@ use super::access::tailnet_access;
 use super::agent_report::agent_pod_selector;
 use super::context::Context;
 use super::error::ReconcileError;
-use super::identity::forget_identity;
+use super::identity::{agent_hostnames, forget_identity};
 use super::publish::event;
 
 /// Finalizer that removes the agent's Headscale node and keys before the object goes.
@@ -108,9 +108,10 @@ where
     // test). Garbage collection would only stop it after the finalizer is gone: too late.
     let owner = Owner::from_meta(kind, object.meta(), &access.tailnet.name_any())?;
     stop_agent(ctx, &owner).await?;
-    forget_identity(headscale, &tag).await?;
+    let hostnames = agent_hostnames(kind, &owner.names(), &tag);
+    forget_identity(headscale, &tag, &hostnames).await?;
     tokio::time::sleep(SECOND_PASS_DELAY).await;
-    forget_identity(headscale, &tag).await?;
+    forget_identity(headscale, &tag, &hostnames).await?;
     ctx.nodes.invalidate(headscale.server());
     ctx.pre_auth_keys.invalidate(headscale.server());
     // Garbage collection removes the children; a new resource of the same name must not be

@@ -105,6 +105,8 @@ pub fn access(tailnet: Tailnet) -> TailnetAccess {
 pub fn node(id: u64, given_name: &str, tag: &str, online: bool, ips: &[&str]) -> Node {
     Node {
         id,
+        // The hostname the node logged in with; Headscale's given name starts out the same.
+        name: given_name.to_string(),
         given_name: given_name.to_string(),
         tags: vec![tag.to_string()],
         online,

@@ -6,7 +6,7 @@
 //!
 //! helm and promtool missing: the tests skip (pass with a note) unless TNO_REQUIRE_REAL_ENV=1.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

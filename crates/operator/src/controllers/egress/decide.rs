@@ -22,9 +22,12 @@ use tailnet_render::{RenderContext, RenderError, desired};
 
 use super::super::agent_conditions::{self as shared, NodeList, nodes_unobservable};
 use super::super::context::OperatorConfig;
-use super::super::identity::{KeyAction, decide_key, find_node};
+use super::super::identity::{
+    KeyAction, agent_hostnames, decide_key, find_node, foreign_nodes, tag_shared,
+};
 use super::super::status::{ConditionSet, Problem};
 use super::gather::EgressObservation;
+use tailnet_api::naming::AgentNames;
 
 /// Conditions that must hold for `Ready`, in the order of their dependencies.
 pub const REQUIRED: [&str; 6] = [
@@ -172,14 +175,21 @@ pub fn decide(
     services_ready(&mut c, &namespace, services.len(), conflicts);
 
     // Identity: the node of the tag and the key it needs (an egress is always deployable).
-    let node = observed
-        .nodes
-        .as_ref()
-        .ok()
-        .and_then(|nodes| find_node(nodes, &tag))
-        .cloned();
+    let hostnames = agent_hostnames(
+        AgentKind::Egress,
+        &AgentNames::new(AgentKind::Egress, &name),
+        &tag,
+    );
+    let nodes: &[tailnet_headscale::Node] = observed.nodes.as_deref().map_or(&[], |n| n);
+    let node = find_node(nodes, &tag, &hostnames).cloned();
+    let foreign = foreign_nodes(nodes, &tag, &hostnames);
     let (key, key_state) = match &observed.nodes {
-        Ok(_) => decide_key(node.is_some(), true, &observed.auth_secret, now),
+        Ok(_) => decide_key(
+            node.is_some(),
+            foreign.is_empty(),
+            &observed.auth_secret,
+            now,
+        ),
         Err(_) => (
             KeyAction::Keep,
             super::super::identity::KeyState::NodeExists,
@@ -191,6 +201,7 @@ pub fn decide(
         status.tailnet_ips = n.ip_addresses.clone();
     }
     shared::agent_ready(&mut c, observed.deployment.as_ref());
+    tag_shared(&mut c, &tag, &foreign, node.is_some());
 
     // Routes per IP target; DNS-name targets must be granted by the base.
     status.targets = target_status(

@@ -458,6 +458,48 @@ fn what_is_applied_and_minted() {
         "{:?}",
         plan.key
     );
+    // A device tagged by hand with the egress's tag (another hostname): not taken for the
+    // agent's node, named, and no key is minted while the agent has no node of its own.
+    let device = || Node {
+        name: "nas".to_string(),
+        ..fx::node(42, "nas", TAG, true, &["100.64.0.42"])
+    };
+    observed = with(|o| {
+        o.nodes = Ok(Arc::new(vec![device()]));
+        o.auth_secret = AuthSecret::Absent;
+    });
+    let decision = run(&ip_egress(), &observed);
+    assert_eq!(decision.agent.expect("plan").key, KeyAction::Keep);
+    assert_eq!(
+        fx::condition(&decision.status.conditions, types::AGENT_READY),
+        ("False", reasons::TAG_CONFLICT)
+    );
+    assert_eq!(
+        fx::condition(&decision.status.conditions, types::NODE_ONLINE).1,
+        reasons::NODE_NOT_REGISTERED
+    );
+    assert!(
+        decision.status.node_id.is_none(),
+        "the device is not the agent's node"
+    );
+    // With its own node as well, the agent keeps it (the conflict is still named).
+    observed = with(|o| o.nodes = Ok(Arc::new(vec![device(), agent_node(true)])));
+    let decision = run(&ip_egress(), &observed);
+    assert_eq!(decision.status.node_id.as_deref(), Some("7"));
+    let agent_ready = decision
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::AGENT_READY)
+        .expect("AgentReady");
+    assert_eq!(agent_ready.reason, reasons::TAG_CONFLICT);
+    assert!(
+        agent_ready
+            .message
+            .contains("nas (id 42, hostname \"nas\")"),
+        "{}",
+        agent_ready.message
+    );
     // Headscale unreadable: no key action at all (the node may well exist).
     observed = with(|o| {
         o.nodes = Err(Problem::new(reasons::headscale::TIMEOUT, "timeout"));

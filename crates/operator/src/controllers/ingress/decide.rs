@@ -20,7 +20,9 @@ use tailnet_render::{RenderContext, RenderError};
 use super::super::agent_conditions as shared;
 use super::super::certificates::{self, CertificateVerdict};
 use super::super::context::OperatorConfig;
-use super::super::identity::{KeyAction, KeyState, decide_key, find_node};
+use super::super::identity::{
+    KeyAction, KeyState, agent_hostnames, decide_key, find_node, foreign_nodes, tag_shared,
+};
 use super::super::status::{ConditionSet, Problem};
 use super::gather::{IngressObservation, tls_secret_name};
 
@@ -181,6 +183,7 @@ pub fn decide(
         backends: &observed.backends,
         claimed: &claimed,
         certificate_ready: serve_http,
+        tag: &tag,
     };
     let desired = match desired::ingress(&ingress.metadata, valid, &render_ctx, &wanted) {
         Ok(desired) => desired,
@@ -198,15 +201,14 @@ pub fn decide(
 
     // The agent is only deployed (and so a pre-auth key only minted) without problems.
     let deployable = problems.is_empty();
-    let node = observed
-        .nodes
-        .as_ref()
-        .ok()
-        .and_then(|nodes| find_node(nodes, &tag))
-        .cloned();
+    let hostnames = agent_hostnames(AgentKind::Ingress, &owner.names(), &tag);
+    let nodes: &[tailnet_headscale::Node] = observed.nodes.as_deref().map_or(&[], |n| n);
+    let node = find_node(nodes, &tag, &hostnames).cloned();
+    let foreign = foreign_nodes(nodes, &tag, &hostnames);
+    let mintable = deployable && foreign.is_empty();
     let (key, key_state) = match &observed.nodes {
         // Without the node list nothing is minted: the node may well exist.
-        Ok(_) => decide_key(node.is_some(), deployable, &observed.auth_secret, now),
+        Ok(_) => decide_key(node.is_some(), mintable, &observed.auth_secret, now),
         Err(_) => (KeyAction::Keep, KeyState::NodeExists),
     };
     shared::node_online(&mut c, &observed.nodes, node.as_ref(), &key_state);
@@ -221,6 +223,7 @@ pub fn decide(
     let objects = desired.objects.filter(|_| unwatched.is_empty());
     let names = names.names;
     shared::agent_ready(&mut c, observed.deployment.as_ref());
+    tag_shared(&mut c, &tag, &foreign, node.is_some());
     status.exposes = expose_status(&names, serve_http);
     status.urls = urls(&names);
     policy_effective(&mut c, ingress, tailnet, &not_allowed);
@@ -374,8 +377,11 @@ fn unwatched_backends(
 ) -> Vec<String> {
     let namespace = meta.namespace.clone().unwrap_or_default();
     let wanted = tailnet_render::backends::referenced(&namespace, &valid.exposes);
-    let keys = wanted.services.iter().map(|k| ("Service", k));
-    let keys = keys.chain(wanted.config_maps.iter().map(|k| ("ConfigMap", k)));
+    use k8s_openapi::api::core::v1::{ConfigMap, Service};
+    use kube::Resource;
+    let (service, config_map) = (Service::kind(&()), ConfigMap::kind(&()));
+    let keys = wanted.services.iter().map(|k| (service.clone(), k));
+    let keys = keys.chain(wanted.config_maps.iter().map(|k| (config_map.clone(), k)));
     keys.filter(|(_, key)| !config.scope.contains(&key.namespace))
         .map(|(kind, key)| {
             format!(

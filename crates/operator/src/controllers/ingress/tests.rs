@@ -102,7 +102,7 @@ fn port(name: &str, number: i32) -> ServicePortInfo {
 fn agent_node(online: bool) -> Node {
     fx::node(
         9,
-        "tailnet-ingress-team-a-portal",
+        &tailnet_api::naming::tag_hostname(&tag()),
         &tag(),
         online,
         &["100.64.0.9"],
