@@ -9,6 +9,7 @@ pub mod common;
 pub mod conditions;
 pub mod crd;
 pub mod egress;
+pub mod fragment;
 pub mod ingress;
 pub mod naming;
 pub mod patterns;

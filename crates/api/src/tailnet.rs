@@ -138,6 +138,8 @@ pub enum IssuerKind {
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.contributors) || self.contributors.all(c, c.tagPrefix != self.tagPrefix && !c.tagPrefix.startsWith(self.tagPrefix + '-') && !self.tagPrefix.startsWith(c.tagPrefix + '-'))").message("a contributor's tagPrefix must differ from this Tailnet's and not extend it (tags would overlap)"))]
+#[x_kube(validation = Rule::new("!has(self.contributors) || !has(self.mode) || self.mode != 'Contribute'").message("a Tailnet in mode Contribute has no contributors of its own (the owner lists them)"))]
 pub struct TailnetPolicy {
     /// ConfigMap (operator namespace) whose key `policy.hujson` holds the human-owned base policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -182,6 +184,96 @@ pub struct TailnetPolicy {
     #[serde(default = "default_tag_prefix")]
     #[schemars(regex(pattern = r"^[a-z][-a-z0-9]{0,15}$"))]
     pub tag_prefix: String,
+    /// Other installations (clusters) on the same Headscale whose policy fragments this
+    /// Tailnet merges into the one document it writes (owner only: `DryRun`/`Apply`). Each
+    /// entry is checked against the contributor's tag prefix and limits; what fails is
+    /// refused and reported in `status.contributors`. See docs/several-clusters.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.all(c, self.exists_one(d, d.name == c.name))").message("contributor names must be unique"))]
+    #[x_kube(validation = Rule::new("self.all(c, self.exists_one(d, d.tagPrefix == c.tagPrefix))").message("contributor tag prefixes must be unique"))]
+    #[x_kube(validation = Rule::new("self.all(c, self.all(d, c.name == d.name || (!c.tagPrefix.startsWith(d.tagPrefix + '-') && !d.tagPrefix.startsWith(c.tagPrefix + '-'))))").message("one contributor's tag prefix must not extend another's (tags would overlap)"))]
+    pub contributors: Vec<Contributor>,
+}
+
+/// An installation that contributes a policy fragment (its Tailnet runs `mode: Contribute`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Contributor {
+    /// Name of the contributor (a cluster, e.g. `cosmos`): used in comments and the status.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// The contributor's `policy.tagPrefix`: every tag it may contribute starts with
+    /// `tag:<prefix>-`. Must differ from this Tailnet's prefix and every other contributor's.
+    #[schemars(regex(pattern = r"^[a-z][-a-z0-9]{0,15}$"))]
+    pub tag_prefix: String,
+    /// Where the fragment is read.
+    pub source: FragmentSource,
+    /// What the contributor's entries may name beyond its own tags.
+    #[serde(default)]
+    pub limits: ContributorLimits,
+}
+
+/// Where a contributor's fragment is read: exactly one of the two.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.configMap) != has(self.kubeconfig)").message("set exactly one of configMap and kubeconfig"))]
+pub struct FragmentSource {
+    /// A ConfigMap in the operator namespace holding the fragment under key `fragment.json`
+    /// (delivered through Git, e.g. the output of `tailnet-operator render --fragment`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub config_map: Option<String>,
+    /// The contributor's cluster: a kubeconfig in a Secret of the operator namespace, with
+    /// only `get`/`watch` on the one fragment ConfigMap there (see docs/several-clusters.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<KubeconfigSource>,
+}
+
+/// A fragment ConfigMap in another cluster, read with a kubeconfig from a Secret.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeconfigSource {
+    /// Secret (operator namespace) and key holding the kubeconfig.
+    pub secret_ref: KeyRef,
+    /// Namespace of the fragment ConfigMap in the contributor's cluster (its operator namespace).
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub namespace: String,
+    /// Name of the fragment ConfigMap there: `<its tailnet>-policy-fragment`.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub config_map: String,
+}
+
+/// What a contributor's fragment may ask for besides its own tags.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContributorLimits {
+    /// Sources its ingress grants may name (exact strings, e.g. `group:team-b`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
+    pub ingress_source_allowlist: Vec<String>,
+    /// Where its egress grants may lead: CIDRs (`192.0.2.0/24`, `fd00::/64`) or host names.
+    /// Empty: no egress grant is accepted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
+    pub egress_destinations: Vec<String>,
+    /// DNS suffixes its ingress records may use (`cosmos.example.net` allows
+    /// `portal.cosmos.example.net`). Empty: no record is accepted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 253)))]
+    pub dns_suffixes: Vec<String>,
 }
 
 pub fn default_tag_prefix() -> String {
@@ -193,6 +285,10 @@ pub enum PolicyMode {
     #[default]
     DryRun,
     Apply,
+    /// Another installation owns the policy: render this installation's fragment and
+    /// publish it in ConfigMap `<tailnet>-policy-fragment` (operator namespace); never write
+    /// the policy, DNS records or route approvals to Headscale.
+    Contribute,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
@@ -251,6 +347,52 @@ pub struct TailnetStatus {
     /// `<tailnet>-rendered-policy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyStatus>,
+    /// Owner: what each listed contributor's fragment came to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub contributors: Vec<ContributorStatus>,
+    /// Contributor (`mode: Contribute`): the published fragment and how much of it is live.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fragment: Option<FragmentStatus>,
+}
+
+/// The owner's verdict on one contributor's fragment.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContributorStatus {
+    pub name: String,
+    /// `Accepted`, `PartlyRefused`, `Refused` (malformed: nothing of this version merged),
+    /// `Stale` (unreadable: the last accepted fragment stays merged), `Missing` (never read).
+    pub state: String,
+    /// SHA-256 of the fragment in the policy now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged_hash: Option<String>,
+    /// When the merged fragment was last read successfully (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_read: Option<String>,
+    /// Entries merged: tags, grants, routes, DNS records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged: Option<String>,
+    /// Refused entries with the reason (at most 20; `message` of the condition says how many).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<String>,
+    /// Why the fragment could not be read or parsed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A contributor's published fragment.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FragmentStatus {
+    /// ConfigMap (operator namespace) holding it.
+    pub config_map: String,
+    /// SHA-256 of `fragment.json`.
+    pub hash: String,
+    /// e.g. `3 tags, 4 grants, 1 route, 2 DNS records`.
+    pub summary: String,
+    /// Entries not (yet) in the live policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_live: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]

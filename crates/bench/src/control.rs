@@ -93,6 +93,7 @@ pub fn policy_inputs(egresses: usize) -> PolicyInputs {
             })
             .collect(),
         nodes: routers,
+        contributions: Vec::new(),
     }
 }
 

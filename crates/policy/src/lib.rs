@@ -129,9 +129,9 @@ use thiserror::Error;
 pub use compare::{diff, ownership_marker, semantically_equal, up_to_date};
 pub use issues::{PolicyIssue, PolicyNotice};
 pub use model::{
-    AutoApproverRoute, CoveringRoute, EgressPolicy, EgressTarget, GeneratedGrant, IngressPolicy,
-    ObservedNode, PolicyInputs, RenderSummary, RenderedPolicy, ResourceKind, ResourceOutcome,
-    RouteApproval, TagOwnerSource, TargetAddress, TargetOutcome,
+    AutoApproverRoute, ContributedGrant, Contribution, CoveringRoute, EgressPolicy, EgressTarget,
+    GeneratedGrant, IngressPolicy, ObservedNode, PolicyInputs, RenderSummary, RenderedPolicy,
+    ResourceKind, ResourceOutcome, RouteApproval, TagOwnerSource, TargetAddress, TargetOutcome,
 };
 pub use render::render;
 pub use routes::routes_needing_approval;

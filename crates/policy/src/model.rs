@@ -32,6 +32,33 @@ pub struct PolicyInputs {
     /// Nodes as Headscale reports them (`GET /api/v1/node`).
     #[serde(default)]
     pub nodes: Vec<ObservedNode>,
+    /// Other installations' entries the owner accepted (already checked against each
+    /// contributor's prefix and limits); rendered in their own marked block, after ours.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub contributions: Vec<Contribution>,
+}
+
+/// The accepted entries of one contributor's fragment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Contribution {
+    /// The contributor's name (from the owner's `policy.contributors`).
+    pub contributor: String,
+    /// Its tags, owned by the owner's `policy.tagOwners`.
+    pub tags: Vec<String>,
+    pub grants: Vec<ContributedGrant>,
+    /// Routes for `autoApprovers.routes`, approved by the owner's `routeApprovers`.
+    pub routes: Vec<IpNet>,
+}
+
+/// One accepted grant, with the contributor's resource it serves (for the comment).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContributedGrant {
+    pub owner: String,
+    pub src: Vec<String>,
+    pub dst: Vec<String>,
+    pub ip: Vec<String>,
 }
 
 /// The policy-relevant part of one `TailnetEgress`.

@@ -23,8 +23,9 @@ use crate::hujson_edit::{
 };
 use crate::issues::{PolicyIssue, PolicyNotice};
 use crate::model::{
-    AutoApproverRoute, EgressPolicy, GeneratedGrant, IngressPolicy, PolicyInputs, RenderSummary,
-    RenderedPolicy, ResourceKind, ResourceOutcome, TagOwnerSource, TargetAddress, TargetOutcome,
+    AutoApproverRoute, Contribution, EgressPolicy, GeneratedGrant, IngressPolicy, PolicyInputs,
+    RenderSummary, RenderedPolicy, ResourceKind, ResourceOutcome, TagOwnerSource, TargetAddress,
+    TargetOutcome,
 };
 use crate::routes::covering_routes;
 use crate::tags::valid_tag;
@@ -94,6 +95,20 @@ fn normalize(inputs: &PolicyInputs) -> PolicyInputs {
         egresses,
         ingresses,
         nodes,
+        contributions: {
+            let mut contributions: Vec<Contribution> = inputs
+                .contributions
+                .iter()
+                .map(|c| Contribution {
+                    contributor: c.contributor.clone(),
+                    tags: sorted_dedup(&c.tags),
+                    grants: sorted_dedup(&c.grants),
+                    routes: sorted_dedup(&c.routes),
+                })
+                .collect();
+            contributions.sort();
+            contributions
+        },
     }
 }
 
@@ -428,6 +443,20 @@ pub fn render(base: &BasePolicy, inputs: &PolicyInputs) -> Result<RenderedPolicy
         });
     }
 
+    // Contributed routes join ours (approved by this installation's routeApprovers).
+    for c in &inputs.contributions {
+        for route in &c.routes {
+            needed_routes
+                .entry(*route)
+                .or_default()
+                .insert(format!("contributor {}", c.contributor));
+            route_details
+                .entry(*route)
+                .or_default()
+                .insert(format!("contributor {}", c.contributor));
+        }
+    }
+
     // autoApprovers.routes: new keys, or a union into the base's list for the same prefix.
     let mut auto_approvers = Vec::new();
     let mut notices = BTreeSet::new();
@@ -482,6 +511,34 @@ pub fn render(base: &BasePolicy, inputs: &PolicyInputs) -> Result<RenderedPolicy
 
     plan.grants = egress_grants;
     plan.grants.extend(ingress_grants);
+    // Contributed entries: after ours, each with the contributor in its comment. A tag that
+    // the base or this installation already defines is skipped (the owner's check refuses
+    // those before; this keeps the document valid whatever the caller passes).
+    for c in &inputs.contributions {
+        for tag in &c.tags {
+            if base_tag_owners.contains_key(tag) || generated_tags.contains_key(tag) {
+                continue;
+            }
+            generated_tags
+                .entry(tag.clone())
+                .or_default()
+                .push(format!("contributor {}", c.contributor));
+            plan.tag_owners.push(Entry {
+                comment: format!("contributor {}", c.contributor),
+                json: format!("{}: {}", json_str(tag), json_list(&inputs.tag_owners)),
+            });
+        }
+        for g in &c.grants {
+            plan.grants.push(Entry {
+                comment: format!("contributor {}: {}", c.contributor, g.owner),
+                json: grant_json(&GeneratedGrant {
+                    src: g.src.clone(),
+                    dst: g.dst.clone(),
+                    ip: g.ip.clone(),
+                }),
+            });
+        }
+    }
 
     // Notices about references Headscale will reject.
     let generated_tag_set: BTreeSet<&str> = generated_tags.keys().map(String::as_str).collect();

@@ -37,6 +37,7 @@ fn inputs() -> PolicyInputs {
             ports: vec![443],
         }],
         nodes: Vec::new(),
+        contributions: Vec::new(),
     }
 }
 

@@ -62,6 +62,7 @@ fn demo_inputs() -> PolicyInputs {
             ports: vec![443],
         }],
         nodes: vec![router()],
+        contributions: Vec::new(),
     }
 }
 
@@ -902,4 +903,68 @@ fn crlf_base_stays_crlf() {
     );
     let lf = render_demo(&demo_inputs());
     assert_eq!(r.document.replace("\r\n", "\n"), lf.document);
+}
+
+#[test]
+fn contributions_are_rendered_after_ours_with_the_owners_tag_owners() {
+    let mut inputs = demo_inputs();
+    let contribution = |name: &str| Contribution {
+        contributor: name.into(),
+        tags: strs(&["tag:cos-egress-site", "tag:cos-ingress-apps-portal"]),
+        grants: vec![
+            ContributedGrant {
+                owner: "TailnetIngress/apps/portal".into(),
+                src: strs(&["group:team-a"]),
+                dst: strs(&["tag:cos-ingress-apps-portal"]),
+                ip: strs(&["tcp:443"]),
+            },
+            ContributedGrant {
+                owner: "TailnetEgress/cos/site".into(),
+                src: strs(&["tag:cos-egress-site"]),
+                dst: strs(&["192.0.2.10/32"]),
+                ip: strs(&["tcp:5432"]),
+            },
+        ],
+        routes: vec![net("192.0.2.0/24")],
+    };
+    inputs.contributions = vec![contribution("cosmos")];
+    let r = render_demo(&inputs);
+    let v = value(&r.document);
+    assert_eq!(
+        v["tagOwners"]["tag:cos-egress-site"],
+        serde_json::json!(inputs.tag_owners),
+        "the owner's tagOwners, whatever the contributor wanted"
+    );
+    let grants = v["grants"].as_array().expect("grants");
+    assert!(
+        grants
+            .iter()
+            .any(|g| g["dst"] == serde_json::json!(["192.0.2.10/32"])
+                && g["src"] == serde_json::json!(["tag:cos-egress-site"]))
+    );
+    assert!(
+        grants
+            .iter()
+            .any(|g| g["dst"] == serde_json::json!(["tag:cos-ingress-apps-portal"]))
+    );
+    assert!(
+        r.document
+            .contains("// contributor cosmos: TailnetEgress/cos/site"),
+        "{}",
+        r.document
+    );
+    // The route the contributor needs joins ours (same approvers).
+    assert!(v["autoApprovers"]["routes"]["192.0.2.0/24"].is_array());
+    // Deterministic whatever the order of the contributions' entries.
+    let mut shuffled = inputs.clone();
+    shuffled.contributions[0].grants.reverse();
+    shuffled.contributions[0].tags.reverse();
+    assert_eq!(render_demo(&shuffled).document, r.document);
+    // A contributed tag the owner already has is not defined twice.
+    let mut clash = inputs.clone();
+    clash.contributions[0]
+        .tags
+        .push("tag:tno-egress-demo".into());
+    let doc = render_demo(&clash).document;
+    assert_eq!(doc.matches("\"tag:tno-egress-team-a\":").count(), 1, "{doc}");
 }

@@ -8,6 +8,7 @@ pub mod claims;
 pub mod desired;
 pub mod dns;
 pub mod egress;
+pub mod fragment;
 pub mod images;
 pub mod ingress;
 pub mod meta;

@@ -119,5 +119,7 @@ pub fn policy_inputs(
                 .collect()
         },
         nodes: nodes.to_vec(),
+        // The owner adds accepted contributions (tailnet_render::fragment).
+        contributions: Vec::new(),
     }
 }
