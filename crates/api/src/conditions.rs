@@ -33,6 +33,10 @@ pub mod types {
     pub const BASE_VALID: &str = "BaseValid";
     pub const POLICY_APPLIED: &str = "PolicyApplied";
     pub const DNS_RENDERED: &str = "DNSRendered";
+    /// Owner with `policy.contributors`: every contributor's fragment read and accepted.
+    pub const CONTRIBUTIONS_ACCEPTED: &str = "ContributionsAccepted";
+    /// `mode: Contribute`: the whole published fragment is in the live policy.
+    pub const FRAGMENT_LIVE: &str = "FragmentLive";
     // Egress and ingress
     pub const TAILNET_READY: &str = "TailnetReady";
     pub const AGENT_READY: &str = "AgentReady";
@@ -78,6 +82,14 @@ pub mod reasons {
     pub const OWNED_ELSEWHERE: &str = "OwnedElsewhere";
     pub const BASE_INVALID: &str = "BaseInvalid";
     pub const HEADSCALE_UNREACHABLE: &str = "HeadscaleUnreachable";
+    // Tailnet: ContributionsAccepted (owner) and FragmentLive (contributor).
+    pub const ACCEPTED: &str = "Accepted";
+    pub const CONTRIBUTION_REFUSED: &str = "ContributionRefused";
+    pub const CONTRIBUTOR_STALE: &str = "ContributorStale";
+    pub const FRAGMENT_LIVE: &str = "FragmentLive";
+    pub const FRAGMENT_NOT_LIVE: &str = "FragmentNotLive";
+    /// PolicyEffective of a contributor's resources is judged on the owner's live policy.
+    pub const CONTRIBUTING: &str = "Contributing";
     // Tailnet: DNSRendered.
     pub const RENDERED: &str = "Rendered";
     pub const NOT_CONFIGURED: &str = "NotConfigured";

@@ -249,6 +249,8 @@ fn controllers_output(
                 .cloned()
         });
     let observation = TailnetObservation {
+        contributor_reads: Vec::new(),
+        contribution_store: Default::default(),
         headscale: Ok("v0.29.2".into()),
         nodes: Some(observed.nodes.clone()),
         live_policy: None,

@@ -966,5 +966,9 @@ fn contributions_are_rendered_after_ours_with_the_owners_tag_owners() {
         .tags
         .push("tag:tno-egress-demo".into());
     let doc = render_demo(&clash).document;
-    assert_eq!(doc.matches("\"tag:tno-egress-team-a\":").count(), 1, "{doc}");
+    assert_eq!(
+        doc.matches("\"tag:tno-egress-team-a\":").count(),
+        1,
+        "{doc}"
+    );
 }

@@ -188,6 +188,12 @@ pub fn policy_effective(
             reasons::DRY_RUN,
             format!("Tailnet {name} is in DryRun: grants are rendered but not written"),
         ),
+        (None, PolicyMode::Contribute, _) => Problem::new(
+            reasons::CONTRIBUTING,
+            format!(
+                "Tailnet {name} contributes its grants (ConfigMap {name}-policy-fragment) to the installation that owns the policy: they are not live there yet (see the Tailnet's FragmentLive)"
+            ),
+        ),
         (None, _, Some(a)) if a.status != "True" => Problem::new(
             passed_on_reason(&a.reason).unwrap_or(reasons::NOT_EFFECTIVE),
             format!("Tailnet {name}: {}", a.message),

@@ -329,6 +329,13 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
                             .as_ref()
                             .and_then(|d| d.hosts_config_map.as_deref())
                             == Some(name.as_str())
+                        // A contributor's fragment delivered into this cluster (also the
+                        // fragment another Tailnet of this cluster publishes).
+                        || t.spec
+                            .policy
+                            .contributors
+                            .iter()
+                            .any(|c| c.source.config_map.as_deref() == Some(name.as_str()))
                 })
                 .map(|t| ObjectRef::from_obj(&**t))
                 .collect::<Vec<_>>()

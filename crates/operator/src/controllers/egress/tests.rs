@@ -305,6 +305,14 @@ fn route_policy_and_probe_cases(ip: &TailnetEgress, dns_only: &TailnetEgress) ->
         tailnet_with(dry_run),
         vec![(types::POLICY_EFFECTIVE, "False", reasons::DRY_RUN)],
     ));
+    let mut contributing = fx::tailnet(&[]);
+    contributing.spec.policy.mode = tailnet_api::tailnet::PolicyMode::Contribute;
+    v.push(case(
+        "tailnet contributing, grants not merged by the owner yet",
+        &ip,
+        tailnet_with(contributing),
+        vec![(types::POLICY_EFFECTIVE, "False", reasons::CONTRIBUTING)],
+    ));
     for reason in [
         reasons::REJECTED,
         reasons::OWNED_ELSEWHERE,

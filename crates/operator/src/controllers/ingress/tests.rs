@@ -547,6 +547,16 @@ fn policy_and_reachability_cases() -> Vec<Case> {
             vec![(types::POLICY_EFFECTIVE, "False", reasons::DRY_RUN)],
         ),
         case(
+            "tailnet contributing, grants not merged by the owner yet",
+            &i,
+            tailnet_with({
+                let mut t = fx::tailnet(&[]);
+                t.spec.policy.mode = tailnet_api::tailnet::PolicyMode::Contribute;
+                t
+            }),
+            vec![(types::POLICY_EFFECTIVE, "False", reasons::CONTRIBUTING)],
+        ),
+        case(
             "agent report unreadable",
             &i,
             with(|o| o.report = None),

@@ -171,6 +171,23 @@ pub async fn write_dns(ctx: &Context, plan: &TailnetPlan) -> Result<(), Reconcil
     apply(&api, &cm.name_any(), cm).await.map(|_| ())
 }
 
+/// Publishes a contributor's fragment, and the owner's store of accepted fragments when it
+/// changed (both in the operator namespace, owned by the Tailnet).
+pub async fn write_contributions(ctx: &Context, plan: &TailnetPlan) -> Result<(), ReconcileError> {
+    let ns = &ctx.config.operator_namespace;
+    for cm in plan.fragment.iter().chain(plan.contribution_store.iter()) {
+        apply_cached(
+            ctx,
+            &Api::<ConfigMap>::namespaced(ctx.client.clone(), ns),
+            ns,
+            cm,
+            Watched::No,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// `resources_by_condition` for every condition of the status to be written.
 pub fn condition_metrics(ctx: &Context, status: &TailnetStatus) {
     for c in &status.conditions {

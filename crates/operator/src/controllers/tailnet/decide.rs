@@ -6,7 +6,7 @@
 //! [`after_set`] (Headscale's answer to the PUT), then [`finish`] (`PolicyApplied`, the policy
 //! status, which grants are live, `Ready`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -15,21 +15,30 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 use tailnet_api::conditions::{reasons, types};
+use tailnet_api::fragment::FragmentDnsRecord;
 use tailnet_api::tailnet::{PolicyMode, TailnetStatus};
 use tailnet_api::{Tailnet, validate};
 use tailnet_policy::{BasePolicy, PolicyInputs, RenderedPolicy, RouteApproval};
 
 use super::super::context::OperatorConfig;
 use super::super::status::{ConditionSet, Problem};
-use super::effective;
 use super::gather::TailnetObservation;
 use super::locations::BASE_POLICY_KEY;
+use super::{contributions, effective};
+use tailnet_render::desired;
 
 /// Conditions that must hold for `Ready`, in the order of their dependencies.
 pub const REQUIRED: [&str; 4] = [
     types::HEADSCALE_REACHABLE,
     types::BASE_VALID,
     types::POLICY_APPLIED,
+    types::DNS_RENDERED,
+];
+/// The same for `mode: Contribute`: the fragment live in the owner's policy instead.
+pub const REQUIRED_CONTRIBUTING: [&str; 4] = [
+    types::HEADSCALE_REACHABLE,
+    types::BASE_VALID,
+    types::FRAGMENT_LIVE,
     types::DNS_RENDERED,
 ];
 
@@ -112,6 +121,11 @@ pub struct TailnetPlan {
     pub dns: Option<ConfigMap>,
     /// Events that follow from the observation alone (e.g. [`INSECURE_SERVER_EVENT`]).
     pub events: Vec<PolicyEvent>,
+    /// `mode: Contribute`: the fragment ConfigMap to publish (nothing goes to Headscale).
+    pub fragment: Option<ConfigMap>,
+    /// Owner: the store of accepted fragments, when it changed.
+    pub contribution_store: Option<ConfigMap>,
+    pub contributing: bool,
 }
 
 /// Event reason: `spec.server` is plain `http://` to a host outside the machine and the
@@ -270,10 +284,57 @@ pub fn plan(
         .into_iter()
         .collect();
 
-    let inputs = policy_inputs(tailnet, observed, config);
-    let rendered =
-        base_policy(tailnet, config, &observed.base).and_then(|base| render(&base, &inputs));
+    let contributing = tailnet.spec.policy.mode == PolicyMode::Contribute;
+    let mut inputs = policy_inputs(tailnet, observed, config);
+    let dns_inputs = desired::dns_inputs(
+        tailnet,
+        &config.operator_namespace,
+        &observed.egresses,
+        &observed.ingresses,
+        &observed.egress_cluster_ips,
+        observed.nodes.as_deref().unwrap_or(&[]),
+    );
+    // A contributor's base is the owner's business: it renders its part alone.
+    let base = if contributing {
+        tailnet_policy::parse_base("{}")
+            .map_err(|e| Problem::new(reasons::INVALID_BASE, e.to_string()))
+    } else {
+        base_policy(tailnet, config, &observed.base)
+    };
+    let merge = match (&base, contributing) {
+        (Ok(base), false) => {
+            let base_tags: BTreeSet<String> = base.value()["tagOwners"]
+                .as_object()
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default();
+            let own_names: BTreeSet<String> = dns_inputs
+                .egress_aliases
+                .iter()
+                .chain(dns_inputs.ingress_names.iter())
+                .map(|e| e.hostname.clone())
+                .collect();
+            let merge = contributions::merge(
+                tailnet,
+                &observed.contributor_reads,
+                &observed.contribution_store,
+                &base_tags,
+                &own_names,
+                &mut c,
+                now,
+            );
+            inputs.contributions = merge.contributions.clone();
+            merge
+        }
+        _ => contributions::OwnerMerge::default(),
+    };
+    status.contributors = merge.statuses.clone();
+    let rendered = base.and_then(|base| render(&base, &inputs));
     match &rendered {
+        Ok(_) if contributing => c.ok(
+            types::BASE_VALID,
+            reasons::VALID,
+            "mode Contribute: no base policy of this installation is used (the owner's is)",
+        ),
         Ok(_) => c.ok(types::BASE_VALID, reasons::VALID, "the base policy parses"),
         Err(problem) => c.fail(types::BASE_VALID, problem.clone()),
     }
@@ -290,7 +351,29 @@ pub fn plan(
         .live_policy
         .as_ref()
         .filter(|_| observed.headscale.is_ok());
+    let mut fragment = None;
+    if contributing {
+        c.remove(types::POLICY_APPLIED);
+        if let Some(rendered) = &rendered {
+            let records = contributed_dns_records(&tailnet_render::dns::render(&dns_inputs));
+            let (config_map, fragment_status) = contributions::contribute(
+                tailnet,
+                config,
+                &installation_id(config, &tailnet.name_any()),
+                rendered,
+                &records,
+                live.map(String::as_str),
+                &mut c,
+            );
+            fragment = Some(config_map);
+            status.fragment = Some(fragment_status);
+        }
+    } else {
+        c.remove(types::FRAGMENT_LIVE);
+        status.fragment = None;
+    }
     let sync = match (&rendered, live) {
+        _ if contributing => None,
         (Some(rendered), Some(live)) => Some(policy_sync(tailnet, config, rendered, live)),
         (None, _) => {
             c.fail(
@@ -318,8 +401,15 @@ pub fn plan(
     } else {
         Vec::new()
     };
-    let dns = super::dns::decide(tailnet, observed, config, &mut c);
+    let dns = super::dns::decide(tailnet, observed, config, &merge.dns_records, &mut c);
+    let contribution_store = merge
+        .store
+        .as_ref()
+        .map(|store| contributions::store_object(tailnet, config, store));
     TailnetPlan {
+        fragment,
+        contribution_store,
+        contributing,
         conditions: c,
         status,
         rendered,
@@ -438,7 +528,8 @@ pub fn after_check(sync: &PolicySync, check: Answer, previous: &TailnetStatus) -
             problem.reason,
             format!("checking the policy failed: {}", problem.message),
         )),
-        (Ok(()), PolicyMode::DryRun) => {
+        // A contributor has no sync (see `plan`); were it to get here, nothing is written.
+        (Ok(()), PolicyMode::DryRun | PolicyMode::Contribute) => {
             let change = if sync.diff.is_empty() {
                 "no change to the live policy".to_string()
             } else {
@@ -667,6 +758,7 @@ pub fn finish(plan: TailnetPlan, outcome: Option<&PolicyOutcome>) -> TailnetStat
         rendered,
         sync,
         live_policy,
+        contributing: plan_contributing,
         ..
     } = plan;
     let mut policy = status.policy.take().unwrap_or_default();
@@ -692,8 +784,19 @@ pub fn finish(plan: TailnetPlan, outcome: Option<&PolicyOutcome>) -> TailnetStat
         policy.effective_for = effective::effective_resources(live, &rendered.resources);
     }
     status.policy = Some(policy);
-    status.conditions = conditions.finish(&REQUIRED, &[]);
+    let required: &[&str] = if plan_contributing {
+        &REQUIRED_CONTRIBUTING
+    } else {
+        &REQUIRED
+    };
+    status.conditions = conditions.finish(required, &[]);
     status
+}
+
+/// The ingress records of a contributor's DNS render (Headscale's extra-records format is the
+/// fragment's).
+fn contributed_dns_records(rendered: &tailnet_render::dns::RenderedDns) -> Vec<FragmentDnsRecord> {
+    serde_json::from_str(&rendered.extra_records_json).unwrap_or_default()
 }
 
 /// The rendered-policy ConfigMap (operator namespace, owned by the Tailnet).

@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
 use tailnet_api::Tailnet;
 use tailnet_api::conditions::{reasons, types};
+use tailnet_api::fragment::FragmentDnsRecord;
 use tailnet_render::desired;
 use tailnet_render::dns::{self, RenderedDns};
 
@@ -19,6 +20,7 @@ pub fn decide(
     tailnet: &Tailnet,
     observed: &TailnetObservation,
     config: &OperatorConfig,
+    contributed: &[(String, FragmentDnsRecord)],
     c: &mut ConditionSet,
 ) -> Option<ConfigMap> {
     let Some((cm_namespace, cm_name)) = dns_config_map_location(tailnet, config) else {
@@ -29,7 +31,7 @@ pub fn decide(
         );
         return None;
     };
-    let inputs = desired::dns_inputs(
+    let mut inputs = desired::dns_inputs(
         tailnet,
         &config.operator_namespace,
         &observed.egresses,
@@ -37,6 +39,17 @@ pub fn decide(
         &observed.egress_cluster_ips,
         observed.nodes.as_deref().unwrap_or(&[]),
     );
+    // Contributors' accepted ingress records (names nobody here claims: checked before).
+    for (contributor, record) in contributed {
+        if let Ok(address) = record.value.parse() {
+            inputs.ingress_names.push(dns::DnsEntry {
+                hostname: record.name.clone(),
+                address,
+                owner: format!("contributor {contributor}"),
+                rank: dns::ClaimRank::new(None, "", contributor),
+            });
+        }
+    }
     let rendered = dns::render(&inputs);
     c.ok(
         types::DNS_RENDERED,

@@ -104,6 +104,7 @@ mod tests {
                 ports: vec![443],
             }],
             nodes: vec![],
+            contributions: vec![],
         };
         tailnet_policy::render(&base, &inputs).expect("render")
     }

@@ -22,7 +22,10 @@ use super::super::access::read_api_key;
 use super::super::context::Context;
 use super::super::error::ReconcileError;
 use super::super::status::Problem;
+use super::contributions::{ContributorRead, StoredFragment, parse_store, store_config_map};
 use super::locations::{BASE_POLICY_KEY, dns_config_map_location};
+use tailnet_api::fragment::FRAGMENT_KEY;
+use tailnet_api::tailnet::{Contributor, PolicyMode};
 
 /// What one reconcile of a Tailnet observed (plain data: `decide` is pure).
 #[derive(Clone, Debug)]
@@ -43,6 +46,11 @@ pub struct TailnetObservation {
     pub egress_cluster_ips: BTreeMap<ObjectKey, IpAddr>,
     /// The DNS ConfigMap as it is; `None` when DNS is not configured or it does not exist.
     pub dns_config_map: Option<CurrentDns>,
+    /// Owner: each listed contributor's fragment as read now.
+    pub contributor_reads: Vec<ContributorRead>,
+    /// Owner: the last accepted fragment of each contributor (ConfigMap
+    /// `<tailnet>-contributions`).
+    pub contribution_store: BTreeMap<String, StoredFragment>,
 }
 
 /// What matters of an existing DNS ConfigMap.
@@ -76,7 +84,23 @@ pub async fn gather(
         ),
         None => (BTreeMap::new(), None),
     };
+    let (contributor_reads, contribution_store) = if tailnet.spec.policy.contributors.is_empty()
+        || tailnet.spec.policy.mode == PolicyMode::Contribute
+    {
+        (Vec::new(), BTreeMap::new())
+    } else {
+        let mut reads = Vec::new();
+        for contributor in &tailnet.spec.policy.contributors {
+            reads.push(ContributorRead {
+                name: contributor.name.clone(),
+                read: read_fragment(ctx, contributor).await,
+            });
+        }
+        (reads, read_store(ctx, tailnet).await?)
+    };
     let observation = TailnetObservation {
+        contributor_reads,
+        contribution_store,
         headscale: headscale.version,
         nodes: headscale.nodes,
         live_policy: headscale.live_policy,
@@ -203,6 +227,109 @@ async fn read_base(ctx: &Context, tailnet: &Tailnet) -> Result<Option<String>, P
             format!("ConfigMap {ns}/{name} has no key {BASE_POLICY_KEY:?}"),
         )),
     }
+}
+
+/// A contributor's `fragment.json`: from a ConfigMap of the operator namespace, or through
+/// the contributor cluster's API with the kubeconfig in a Secret (bounded in time; the
+/// kubeconfig never reaches a message).
+async fn read_fragment(ctx: &Context, contributor: &Contributor) -> Result<String, Problem> {
+    let ns = &ctx.config.operator_namespace;
+    let unreadable = |message: String| Problem::new(reasons::CONTRIBUTOR_STALE, message);
+    let (api, namespace, name): (Api<ConfigMap>, String, String) = match (
+        &contributor.source.config_map,
+        &contributor.source.kubeconfig,
+    ) {
+        (Some(name), _) => (
+            Api::namespaced(ctx.client.clone(), ns),
+            ns.clone(),
+            name.clone(),
+        ),
+        (None, Some(source)) => {
+            let secret_name = &source.secret_ref.name;
+            let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+                Api::namespaced(ctx.client.clone(), ns);
+            let secret = secrets
+                .get_opt(secret_name)
+                .await
+                .map_err(|e| unreadable(format!("reading Secret {ns}/{secret_name}: {e}")))?;
+            let bytes = secret
+                .and_then(|s| s.data)
+                .and_then(|d| d.get(&source.secret_ref.key).cloned())
+                .ok_or_else(|| {
+                    unreadable(format!(
+                        "Secret {ns}/{secret_name} has no key {:?} (the contributor's kubeconfig)",
+                        source.secret_ref.key
+                    ))
+                })?;
+            let text = String::from_utf8(bytes.0).map_err(|_| {
+                unreadable(format!(
+                    "Secret {ns}/{secret_name}: the kubeconfig is not UTF-8"
+                ))
+            })?;
+            let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).map_err(|_| {
+                unreadable(format!(
+                    "Secret {ns}/{secret_name}: the kubeconfig does not parse"
+                ))
+            })?;
+            let mut config = kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(|e| unreadable(format!("Secret {ns}/{secret_name}: kubeconfig: {e}")))?;
+            config.connect_timeout = Some(ctx.config.headscale_timeout);
+            config.read_timeout = Some(ctx.config.headscale_timeout);
+            let client = kube::Client::try_from(config)
+                .map_err(|e| unreadable(format!("a client for the contributor's cluster: {e}")))?;
+            (
+                Api::namespaced(client, &source.namespace),
+                source.namespace.clone(),
+                source.config_map.clone(),
+            )
+        }
+        (None, None) => {
+            return Err(unreadable("no source set".to_string()));
+        }
+    };
+    let read = tokio::time::timeout(ctx.config.headscale_timeout, api.get_opt(&name))
+        .await
+        .map_err(|_| {
+            unreadable(format!(
+                "reading ConfigMap {namespace}/{name} timed out after {:?}",
+                ctx.config.headscale_timeout
+            ))
+        })?
+        .map_err(|e| unreadable(format!("reading ConfigMap {namespace}/{name}: {e}")))?;
+    let Some(config_map) = read else {
+        return Err(unreadable(format!(
+            "ConfigMap {namespace}/{name} does not exist"
+        )));
+    };
+    config_map
+        .data
+        .and_then(|d| d.get(FRAGMENT_KEY).cloned())
+        .ok_or_else(|| {
+            unreadable(format!(
+                "ConfigMap {namespace}/{name} has no key {FRAGMENT_KEY:?}"
+            ))
+        })
+}
+
+/// The owner's store of accepted fragments (empty when it does not exist yet).
+async fn read_store(
+    ctx: &Context,
+    tailnet: &Tailnet,
+) -> Result<BTreeMap<String, StoredFragment>, ReconcileError> {
+    let name = store_config_map(&tailnet.name_any());
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.config.operator_namespace);
+    let current = api
+        .get_opt(&name)
+        .await
+        .map_err(ReconcileError::kube(format!("get ConfigMap {name}")))?;
+    Ok(current
+        .and_then(|cm| cm.data)
+        .map(|data| parse_store(&data))
+        .unwrap_or_default())
 }
 
 /// ClusterIPs of this Tailnet's egress Services (operator namespace); unparsable ones are left

@@ -5,6 +5,7 @@
 //! gather → decide (pure steps, fed Headscale's answers by act) → act → status.
 
 pub mod act;
+pub mod contributions;
 pub mod decide;
 pub mod dns;
 pub mod effective;
@@ -60,6 +61,7 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
     let outcome = act::sync_policy(ctx, tailnet, client.as_ref(), &plan, &previous).await;
     act::approve_routes(ctx, tailnet, client.as_ref(), &plan.approvals).await;
     act::write_dns(ctx, &plan).await?;
+    act::write_contributions(ctx, &plan).await?;
     let status = decide::finish(plan, outcome.as_ref());
     act::condition_metrics(ctx, &status);
     write_status(ctx, &api, tailnet, &previous, &status).await?;

@@ -112,6 +112,8 @@ fn observation() -> TailnetObservation {
         ingresses: vec![],
         egress_cluster_ips: BTreeMap::new(),
         dns_config_map: None,
+        contributor_reads: vec![],
+        contribution_store: BTreeMap::new(),
     }
 }
 
@@ -871,6 +873,207 @@ fn dns_cases() -> Vec<Case> {
     ]
 }
 
+/// The owner's Tailnet listing contributor `cosmos` (prefix `cos`, fragment in ConfigMap
+/// `cosmos-fragment`).
+fn owner_of_cosmos() -> Tailnet {
+    let mut t = tailnet();
+    t.spec.policy.contributors = vec![serde_json::from_value(serde_json::json!({
+        "name": "cosmos", "tagPrefix": "cos", "source": {"configMap": "cosmos-fragment"},
+        "limits": {"ingressSourceAllowlist": ["group:platform"], "egressDestinations": ["192.0.2.0/24"],
+                   "dnsSuffixes": ["cosmos.example.net"]}
+    }))
+    .expect("contributor")];
+    t
+}
+
+fn cosmos_fragment(egress_destination: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "PolicyFragment",
+        "installationId": "cosmos/main", "tagPrefix": "cos",
+        "tags": ["tag:cos-egress-site"],
+        "grants": [{"owner": "TailnetEgress/ops/site", "src": ["tag:cos-egress-site"],
+                    "dst": [egress_destination], "ip": ["tcp:5432"]}],
+        "routes": [], "dnsRecords": []
+    })
+    .to_string()
+}
+
+fn with_fragment(read: Result<String, Problem>) -> TailnetObservation {
+    TailnetObservation {
+        contributor_reads: vec![super::contributions::ContributorRead {
+            name: "cosmos".into(),
+            read,
+        }],
+        ..observation()
+    }
+}
+
+fn contribution_cases() -> Vec<Case> {
+    let owner = |name, observed, expect, more: Check| Case {
+        tailnet: owner_of_cosmos(),
+        more,
+        ..case(name, observed, expect)
+    };
+    let stored = super::contributions::StoredFragment {
+        fragment: cosmos_fragment("192.0.2.10/32"),
+        hash: "h1".into(),
+        last_read: "2026-06-01T11:00:00Z".into(),
+    };
+    let mut contributor = with_mode(PolicyMode::Contribute);
+    contributor.spec.policy.tag_prefix = "cos".into();
+    contributor.spec.policy.base_config_map = None;
+    let contributing = |name, live_policy: &str, expect| Case {
+        tailnet: contributor.clone(),
+        more: |run: &Run| {
+            assert!(
+                run.plan.sync.is_none(),
+                "a contributor never checks or writes the policy"
+            );
+            assert!(run.plan.approvals.is_empty());
+            let fragment = run
+                .plan
+                .fragment
+                .as_ref()
+                .expect("the fragment is published");
+            assert_eq!(
+                fragment.metadata.name.as_deref(),
+                Some("demo-policy-fragment")
+            );
+            assert!(conditions::find(&run.status.conditions, types::POLICY_APPLIED).is_none());
+        },
+        ..case(
+            name,
+            TailnetObservation {
+                egresses: vec![egress()],
+                nodes: Some(vec![router()]),
+                live_policy: Some(live_policy.to_string()),
+                ..observation()
+            },
+            expect,
+        )
+    };
+    vec![
+        owner(
+            "a contributor's fragment is accepted and merged",
+            with_fragment(Ok(cosmos_fragment("192.0.2.10/32"))),
+            vec![
+                (types::CONTRIBUTIONS_ACCEPTED, "True", reasons::ACCEPTED),
+                (types::READY, "True", reasons::READY),
+            ],
+            |run| {
+                let document = &run.plan.rendered.as_ref().expect("rendered").document;
+                assert!(
+                    document.contains("contributor cosmos: TailnetEgress/ops/site"),
+                    "{document}"
+                );
+                assert!(
+                    run.plan.contribution_store.is_some(),
+                    "the accepted fragment is kept"
+                );
+                assert_eq!(run.status.contributors[0].state, "Accepted");
+            },
+        ),
+        owner(
+            "an entry outside the limits is refused and left out",
+            with_fragment(Ok(cosmos_fragment("198.51.100.7/32"))),
+            vec![
+                (
+                    types::CONTRIBUTIONS_ACCEPTED,
+                    "False",
+                    reasons::CONTRIBUTION_REFUSED,
+                ),
+                (types::READY, "True", reasons::READY),
+            ],
+            |run| {
+                let document = &run.plan.rendered.as_ref().expect("rendered").document;
+                assert!(!document.contains("198.51.100.7"), "{document}");
+                assert!(
+                    document.contains("\"tag:cos-egress-site\""),
+                    "its tag stays: {document}"
+                );
+                let status = &run.status.contributors[0];
+                assert_eq!(status.state, "PartlyRefused");
+                assert!(
+                    status.refused[0].contains("limits.egressDestinations"),
+                    "{:?}",
+                    status.refused
+                );
+            },
+        ),
+        owner(
+            "an unreadable contributor keeps its last accepted fragment",
+            TailnetObservation {
+                contribution_store: BTreeMap::from([("cosmos".to_string(), stored.clone())]),
+                ..with_fragment(Err(Problem::new(
+                    reasons::CONTRIBUTOR_STALE,
+                    "connection refused",
+                )))
+            },
+            vec![(
+                types::CONTRIBUTIONS_ACCEPTED,
+                "False",
+                reasons::CONTRIBUTOR_STALE,
+            )],
+            |run| {
+                let document = &run.plan.rendered.as_ref().expect("rendered").document;
+                assert!(document.contains("192.0.2.10/32"), "{document}");
+                assert!(
+                    run.plan.contribution_store.is_none(),
+                    "the store stays as it is"
+                );
+                let status = &run.status.contributors[0];
+                assert_eq!(
+                    (status.state.as_str(), status.last_read.as_deref()),
+                    ("Stale", Some("2026-06-01T11:00:00Z"))
+                );
+            },
+        ),
+        owner(
+            "a malformed fragment is refused whole and the previous one stays",
+            TailnetObservation {
+                contribution_store: BTreeMap::from([("cosmos".to_string(), stored)]),
+                ..with_fragment(Ok("{\"apiVersion\": ".to_string()))
+            },
+            vec![(
+                types::CONTRIBUTIONS_ACCEPTED,
+                "False",
+                reasons::CONTRIBUTOR_STALE,
+            )],
+            |run| {
+                let status = &run.status.contributors[0];
+                assert!(
+                    status
+                        .error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("line 1, column")),
+                    "{status:?}"
+                );
+                let document = &run.plan.rendered.as_ref().expect("rendered").document;
+                assert!(document.contains("192.0.2.10/32"), "{document}");
+            },
+        ),
+        contributing(
+            "a contributor whose fragment is not live yet",
+            "{}",
+            vec![
+                (types::FRAGMENT_LIVE, "False", reasons::FRAGMENT_NOT_LIVE),
+                (types::READY, "False", reasons::FRAGMENT_NOT_LIVE),
+            ],
+        ),
+        contributing(
+            "a contributor whose fragment is live",
+            r#"{"tagOwners": {"tag:cos-egress-team-a": ["group:platform"]},
+                "grants": [{"src": ["tag:cos-egress-team-a"], "dst": ["192.0.2.10/32"], "ip": ["tcp:5432"]},
+                           {"src": ["tag:cos-egress-team-a"], "dst": ["198.51.100.20/32"], "ip": ["tcp:443"]}],
+                "autoApprovers": {"routes": {"192.0.2.0/24": ["tag:router"]}}}"#,
+            vec![
+                (types::FRAGMENT_LIVE, "True", reasons::FRAGMENT_LIVE),
+                (types::READY, "True", reasons::READY),
+            ],
+        ),
+    ]
+}
+
 #[test]
 fn decision_table() {
     let started = std::time::Instant::now();
@@ -881,6 +1084,7 @@ fn decision_table() {
         policy_cases(),
         ownership_cases(),
         dns_cases(),
+        contribution_cases(),
     ]
     .into_iter()
     .flatten()
@@ -929,6 +1133,7 @@ fn decision_table() {
             include_str!("decide.rs"),
             include_str!("dns.rs"),
             include_str!("gather.rs"),
+            include_str!("contributions.rs"),
         ],
     );
     eprintln!("tailnet decision table: {:?}", started.elapsed());
