@@ -355,6 +355,14 @@ pub struct TailnetStatus {
     pub fragment: Option<FragmentStatus>,
 }
 
+/// Values of `status.contributors[].state`.
+pub mod contributor_state {
+    pub const ACCEPTED: &str = "Accepted";
+    pub const PARTLY_REFUSED: &str = "PartlyRefused";
+    pub const REFUSED: &str = "Refused";
+    pub const STALE: &str = "Stale";
+}
+
 /// The owner's verdict on one contributor's fragment.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -13,7 +13,7 @@ use serde_json::Value;
 use tailnet_api::Tailnet;
 use tailnet_api::conditions::{reasons, types};
 use tailnet_api::fragment::{FRAGMENT_KEY, FragmentDnsRecord, PolicyFragment, fragment_config_map};
-use tailnet_api::tailnet::{ContributorStatus, FragmentStatus};
+use tailnet_api::tailnet::{ContributorStatus, FragmentStatus, contributor_state};
 use tailnet_policy::{Contribution, RenderedPolicy};
 use tailnet_render::fragment::{
     OwnerContext, check_fragment, fragment_of, fragment_text, parse_fragment,
@@ -133,7 +133,7 @@ pub fn merge(
                 status.error = Some(error.clone());
                 match previous {
                     Some((kept, fragment)) => {
-                        status.state = "Stale".into();
+                        status.state = contributor_state::STALE.into();
                         status.merged_hash = Some(kept.hash.clone());
                         status.last_read = Some(kept.last_read.clone());
                         stale.push(format!(
@@ -144,7 +144,7 @@ pub fn merge(
                         Some(fragment)
                     }
                     None => {
-                        status.state = "Refused".into();
+                        status.state = contributor_state::REFUSED.into();
                         problems.push(format!(
                             "{}: {error}; nothing of it is merged",
                             contributor.name
@@ -170,9 +170,9 @@ pub fn merge(
             status.merged = Some(checked.summary());
             if status.state.is_empty() {
                 status.state = if checked.refused.is_empty() {
-                    "Accepted".into()
+                    contributor_state::ACCEPTED.into()
                 } else {
-                    "PartlyRefused".into()
+                    contributor_state::PARTLY_REFUSED.into()
                 };
             }
             if !checked.refused.is_empty() {
