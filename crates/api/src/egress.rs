@@ -24,8 +24,7 @@ use crate::common::TailnetRef;
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.tailnetIPs[0]","priority":1}"#,
-    printcolumn = r#"{"name":"Kinds","type":"string","jsonPath":".status.targets[*].kind","priority":1}"#,
-    printcolumn = r#"{"name":"States","type":"string","jsonPath":".status.targets[*].state","priority":1}"#,
+    printcolumn = r#"{"name":"Kinds","type":"string","jsonPath":".status.kinds","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -138,6 +137,10 @@ pub struct TailnetEgressStatus {
     /// e.g. `2/2 ready`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
+    /// How many targets of each kind (`status.targets[].kind`), e.g.
+    /// `2 TailnetNode, 1 MagicDNS, 1 SubnetRoute`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kinds: Option<String>,
     /// The generated tag of this egress's node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,

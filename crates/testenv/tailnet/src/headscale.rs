@@ -296,7 +296,8 @@ dns:
   override_local_dns: false
   nameservers:
     global: []
-    split: {{}}
+    split:
+      {split_zone}: ["{split_server}"]
   search_domains: []
   extra_records_path: {extra_records}
 unix_socket: {socket}
@@ -309,6 +310,8 @@ logtail:
             database = path("db.sqlite"),
             extra_records = path("extra-records.json"),
             socket = path("headscale.sock"),
+            split_zone = crate::env::SITE_DNS_ZONE,
+            split_server = crate::env::SITE_DNS.ip(),
         )
     }
 }

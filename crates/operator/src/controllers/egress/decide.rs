@@ -292,6 +292,17 @@ fn overlay_probes(status: &mut TailnetEgressStatus, probes: &BTreeMap<String, Pr
         })
         .count();
     status.summary = Some(format!("{ready_targets}/{} targets", status.targets.len()));
+    let mut kinds: BTreeMap<TargetKind, usize> = BTreeMap::new();
+    for kind in status.targets.iter().filter_map(|t| t.kind) {
+        *kinds.entry(kind).or_default() += 1;
+    }
+    status.kinds = (!kinds.is_empty()).then(|| {
+        kinds
+            .iter()
+            .map(|(k, n)| format!("{n} {}", k.label()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
 }
 
 fn services_ready(

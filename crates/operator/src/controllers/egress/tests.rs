@@ -522,6 +522,10 @@ fn target_classes_and_their_nodes_in_the_status() {
             Some(TargetKind::DnsName)
         ]
     );
+    assert_eq!(
+        status.kinds.as_deref(),
+        Some("1 TailnetNode, 1 SubnetRoute, 1 MagicDNS, 1 DNSName")
+    );
     let nas = &status.targets[1];
     let node = nas.node.as_ref().expect("node");
     assert_eq!(
