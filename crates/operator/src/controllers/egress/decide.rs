@@ -622,9 +622,12 @@ fn routes_ready(
                 Some(TargetKind::TailnetNode | TargetKind::MagicDns | TargetKind::DnsName)
             ) || t.state.as_deref() == Some(reasons::NOT_APPLICABLE)
         })
-        .map(|t| match &t.node {
-            Some(node) => format!("{} (tailnet node {})", t.name, node.name),
-            None => t.name.clone(),
+        .map(|t| match (&t.node, t.kind) {
+            (Some(node), Some(TargetKind::MagicDns)) => {
+                format!("{} (MagicDNS name of {})", t.name, node.name)
+            }
+            (Some(node), _) => format!("{} (tailnet node {})", t.name, node.name),
+            (None, _) => t.name.clone(),
         })
         .collect();
     match problems.first() {
