@@ -20,6 +20,8 @@ use tailnet_render::dns::{self, ClaimRank, DnsEntry, DnsInputs};
 
 const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.7";
 const ALIAS: &str = "api.site.example.net";
+/// Added later: CoreDNS must pick it up without a restart.
+const NEW_ALIAS: &str = "wiki.site.example.net";
 const INGRESS_NAME: &str = "portal.team-a.lab.example.net";
 const INGRESS_V4: &str = "100.64.0.7";
 const INGRESS_V6: &str = "fd7a:115c:a1e0::7";
@@ -353,26 +355,28 @@ async fn default_corefiles_serve_the_rendered_server_block() {
     .expect("RBAC");
 
     // The operator's DNS ConfigMap, rendered by the code the Tailnet controller runs.
-    let rendered = dns::render(&DnsInputs {
-        egress_aliases: vec![entry(
-            ALIAS,
-            cluster_ip,
-            "TailnetEgress/tailnet-system/team-a",
-        )],
-        ingress_names: vec![
-            entry(
-                INGRESS_NAME,
-                INGRESS_V4.parse().expect("ip"),
-                "TailnetIngress/team-a/portal",
-            ),
-            entry(
-                INGRESS_NAME,
-                INGRESS_V6.parse().expect("ip"),
-                "TailnetIngress/team-a/portal",
-            ),
-        ],
-        pending: vec![],
-    });
+    let render = |aliases: &[&str]| {
+        dns::render(&DnsInputs {
+            egress_aliases: aliases
+                .iter()
+                .map(|a| entry(a, cluster_ip, "TailnetEgress/tailnet-system/team-a"))
+                .collect(),
+            ingress_names: vec![
+                entry(
+                    INGRESS_NAME,
+                    INGRESS_V4.parse().expect("ip"),
+                    "TailnetIngress/team-a/portal",
+                ),
+                entry(
+                    INGRESS_NAME,
+                    INGRESS_V6.parse().expect("ip"),
+                    "TailnetIngress/team-a/portal",
+                ),
+            ],
+            pending: vec![],
+        })
+    };
+    let rendered = render(&[ALIAS]);
     let tailnet: tailnet_api::Tailnet = serde_json::from_value(json!({
         "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet",
         "metadata": {"name": "demo"},
@@ -382,17 +386,29 @@ async fn default_corefiles_serve_the_rendered_server_block() {
                  "policy": {"tagOwners": ["group:platform"]}}
     }))
     .expect("tailnet");
-    let dns_config_map =
-        tailnet_render::desired::dns_config_map(&tailnet, &name, &rendered, None).expect("DNS");
     let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(client.clone(), &name);
-    let mut cm = serde_json::to_value(&dns_config_map).expect("json");
-    cm["apiVersion"] = json!("v1");
-    cm["kind"] = json!("ConfigMap");
-    config_maps
-        .patch("tailnet-hosts", &apply, &Patch::Apply(cm))
-        .await
-        .expect("DNS ConfigMap");
+    let write_dns = |rendered: dns::RenderedDns| {
+        let (config_maps, apply, tailnet, name) = (
+            config_maps.clone(),
+            apply.clone(),
+            tailnet.clone(),
+            name.clone(),
+        );
+        async move {
+            let dns_config_map =
+                tailnet_render::desired::dns_config_map(&tailnet, &name, &rendered, None)
+                    .expect("DNS");
+            let mut cm = serde_json::to_value(&dns_config_map).expect("json");
+            cm["apiVersion"] = json!("v1");
+            cm["kind"] = json!("ConfigMap");
+            config_maps
+                .patch("tailnet-hosts", &apply, &Patch::Apply(cm))
+                .await
+                .expect("DNS ConfigMap");
+        }
+    };
+    write_dns(rendered).await;
 
     let cases = [
         Case {
@@ -455,6 +471,7 @@ async fn default_corefiles_serve_the_rendered_server_block() {
     )];
     matrix.push("| --- | --- | --- | --- | --- | --- |".into());
     let mut failures = Vec::new();
+    let mut serving: Vec<(&str, IpAddr)> = Vec::new();
     for case in &cases {
         let pod_name = format!("coredns-{}", case.name);
         // Ready (the `ready` plugin answers), or — for the negative row — its container
@@ -545,6 +562,7 @@ async fn default_corefiles_serve_the_rendered_server_block() {
         if case.k3s && node != "10.244.0.1" {
             failures.push(format!("{}: NodeHosts answered {node}", case.name));
         }
+        serving.push((case.name, ip));
         matrix.push(format!(
             "| {} | yes | {alias} | {ingress} | {cluster} | {} |",
             case.name,
@@ -553,4 +571,34 @@ async fn default_corefiles_serve_the_rendered_server_block() {
     }
     eprintln!("CoreDNS Corefile matrix:\n{}", matrix.join("\n"));
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+
+    // A new alias: the kubelet updates the mounted file, CoreDNS's `reload` (30 s, as in
+    // every default Corefile) re-reads the imported server block. Nothing restarts.
+    let changed = Instant::now();
+    write_dns(render(&[ALIAS, NEW_ALIAS])).await;
+    let lab_netns = lab.name().to_string();
+    let seen = tokio::task::spawn_blocking(move || {
+        let lab = tno_netlab::Netns::adopt(lab_netns);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut pending: Vec<(&str, IpAddr)> = serving;
+        let mut seen = Vec::new();
+        while !pending.is_empty() && Instant::now() < deadline {
+            pending.retain(|(case, ip)| {
+                let answered = matches!(query(&lab, *ip, NEW_ALIAS, 1), Ok(a) if a == [cluster_ip]);
+                if answered {
+                    seen.push(format!("{case}: {:?}", changed.elapsed()));
+                }
+                !answered
+            });
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        (seen, pending)
+    })
+    .await
+    .expect("reload queries");
+    eprintln!(
+        "{NEW_ALIAS} added to the ConfigMap, served by: {}",
+        seen.0.join(", ")
+    );
+    assert!(seen.1.is_empty(), "not reloaded within 120 s: {:?}", seen.1);
 }

@@ -279,10 +279,28 @@ async fn egress_to_devices_names_and_ipv6_end_to_end() {
     // 4. The device switched off: named, not a timeout; connections fail.
     device.switch_off();
     let off = Instant::now();
+    // When Headscale itself notices (its own detection, ≈ 10 s after tailscaled is gone) …
+    support::wait::eventually("Headscale marks the device offline", TIMEOUT, || async {
+        match env.node(DEVICE_HOSTNAME).await {
+            Ok(n) if !n.online => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let headscale_after = off.elapsed();
+    // … the egress names it within a Headscale poll plus a probe interval (2 s + 2 s here;
+    // the bound leaves room for a loaded machine).
     let e = becomes("TargetsReachable", "False", "TargetNodeOffline")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let named_after = off.elapsed();
+    let lag = named_after.saturating_sub(headscale_after);
+    eprintln!("Headscale offline after {headscale_after:?}, the egress named it {lag:?} later");
+    assert!(
+        lag < Duration::from_secs(15),
+        "TargetNodeOffline {lag:?} after Headscale knew"
+    );
     let message = e.condition_message("TargetsReachable");
     assert!(
         message.contains("node nas") && message.contains("last seen"),
