@@ -84,7 +84,7 @@ pub async fn gather(
     } = gather_agent(ctx, tailnet_access, &owner).await?;
     let grants = match (&tailnet_access.headscale, &nodes) {
         (Ok(headscale), Ok(nodes)) => {
-            grant_checks(headscale, &tailnet_access.tailnet, egress, nodes).await
+            grant_checks(ctx, headscale, &tailnet_access.tailnet, egress, nodes).await
         }
         _ => BTreeMap::new(),
     };
@@ -105,6 +105,7 @@ pub async fn gather(
 /// (`src` = the tag, `accept` = `ip:port`) through `POST /api/v1/policy/check`, which
 /// evaluates it exactly as Headscale enforces it, without storing anything.
 async fn grant_checks(
+    ctx: &Context,
     headscale: &tailnet_headscale::Client,
     tailnet: &tailnet_api::Tailnet,
     egress: &TailnetEgress,
@@ -142,8 +143,14 @@ async fn grant_checks(
     if checks.is_empty() {
         return out;
     }
-    let live = match headscale.get_policy().await {
-        Ok(policy) => policy.policy,
+    let live = match ctx
+        .live_policies
+        .get(headscale.server(), || async {
+            headscale.get_policy().await.map(|p| vec![p.policy])
+        })
+        .await
+    {
+        Ok(policy) => policy.first().cloned().unwrap_or_default(),
         Err(e) => {
             for (name, _) in checks {
                 out.insert(
@@ -155,12 +162,33 @@ async fn grant_checks(
         }
     };
     let tag = egress_tag(&tailnet.spec.policy.tag_prefix, &egress.name_any());
+    let digest: String = {
+        use sha2::{Digest, Sha256};
+        Sha256::digest(live.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
     for (name, dst) in checks {
+        let key = format!("{}\n{digest}\n{tag}\n{dst}", headscale.server());
+        if let Some(granted) = ctx.cached_grant(&key) {
+            let check = if granted {
+                GrantCheck::Granted
+            } else {
+                GrantCheck::Missing
+            };
+            out.insert(name, check);
+            continue;
+        }
         let check = match tailnet_policy::with_tests(&live, &tag, &dst) {
             Err(e) => GrantCheck::Unknown(format!("the live policy does not parse: {e}")),
             Ok(document) => match headscale.check_policy(&document).await {
-                Ok(()) => GrantCheck::Granted,
+                Ok(()) => {
+                    ctx.remember_grant(key, true);
+                    GrantCheck::Granted
+                }
                 Err(e) if e.to_string().contains("expected ALLOWED, got DENIED") => {
+                    ctx.remember_grant(key, false);
                     GrantCheck::Missing
                 }
                 Err(e) => {
