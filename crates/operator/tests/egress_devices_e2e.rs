@@ -10,7 +10,8 @@
 //!   makes it work (TLS to the device by its MagicDNS name, certificate and SNI verified);
 //! - the device is switched off: `TargetsReachable=False/TargetNodeOffline` names it (with its
 //!   last-seen time) within one probe interval of Headscale noticing, a connection fails; the
-//!   device switched on again: everything works with nothing touched in the cluster.
+//!   device switched on again: everything works with nothing touched in the cluster;
+//! - the admin expires the device's node (`headscale nodes expire`): `TargetNodeExpired`.
 
 mod support;
 
@@ -364,5 +365,21 @@ async fn egress_to_devices_names_and_ipv6_end_to_end() {
         .await
         .expect("client pod");
     assert!(run.succeeded(), "the device is back:\n{run}");
+
+    // 6. The admin expires the device's key: named as expired, not as a timeout.
+    let id = env.node(DEVICE_HOSTNAME).await.expect("device node").id;
+    env.tailnet()
+        .headscale
+        .cli(&["nodes", "expire", "--identifier", &id.to_string()])
+        .await
+        .expect("headscale nodes expire");
+    let e = becomes("TargetsReachable", "False", "TargetNodeExpired")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "[{:?}] device expired: {}",
+        started.elapsed(),
+        e.condition_message("TargetsReachable")
+    );
     eprintln!("[{:?}] done", started.elapsed());
 }
