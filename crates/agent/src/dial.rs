@@ -6,9 +6,11 @@
 //! that is not a tailnet route to `SystemDial` — the pod's own network. A DNS name with one
 //! routed and one unrouted address could therefore leak. So the agent resolves names itself
 //! (the pod's resolver, which tailscaled would use too) and hands tailscaled only IP literals,
-//! for which classification and dial agree. Names the pod's DNS does not know (MagicDNS names,
-//! Headscale extra records) go to tailscaled by name: those resolve from the netmap to exactly
-//! one address, so there is nothing to race.
+//! for which classification and dial agree. Names the pod's DNS does not know are asked of
+//! tailscaled's own resolver (LocalAPI `dns-query`: MagicDNS, Headscale extra records and
+//! split DNS — tailscaled's dial itself would ask only the pod's resolver for a name outside
+//! the netmap, so a split-DNS name would never resolve) and dialed as literals too; a name
+//! neither knows goes to tailscaled by name (its error names the failure).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -58,15 +60,16 @@ impl TailnetDialer {
             return Err(DialFailure::new(DialFailureReason::Error, message));
         }
         let deadline = Instant::now() + self.timeout;
-        let candidates = match tokio::time::timeout(self.timeout, candidates(host, port)).await {
-            Ok(candidates) => candidates,
-            Err(_) => {
-                return Err(DialFailure::new(
-                    DialFailureReason::Timeout,
-                    format!("resolving {host} took longer than the dial timeout"),
-                ));
-            }
-        };
+        let candidates =
+            match tokio::time::timeout(self.timeout, candidates(&self.api, host, port)).await {
+                Ok(candidates) => candidates,
+                Err(_) => {
+                    return Err(DialFailure::new(
+                        DialFailureReason::Timeout,
+                        format!("resolving {host} took longer than the dial timeout"),
+                    ));
+                }
+            };
         let mut failures = Vec::new();
         for candidate in &candidates {
             let remaining = deadline.saturating_duration_since(Instant::now());
@@ -95,9 +98,9 @@ impl TailnetDialer {
 }
 
 /// Which hosts to hand tailscaled for `host`: the literal itself, the pod resolver's
-/// addresses (deduplicated, in resolver order), or the name when the pod resolver does not
-/// know it.
-async fn candidates(host: &str, port: u16) -> Vec<String> {
+/// addresses (deduplicated, in resolver order), else tailscaled's resolver's (IPv4 first),
+/// or the name when neither knows it.
+async fn candidates(api: &LocalApi, host: &str, port: u16) -> Vec<String> {
     let host = host.trim();
     let bare = host
         .strip_prefix('[')
@@ -122,12 +125,28 @@ async fn candidates(host: &str, port: u16) -> Vec<String> {
                 }
             }
             if ips.is_empty() {
-                vec![name.to_owned()]
+                tailnet_candidates(api, name).await
             } else {
                 ips.iter().map(IpAddr::to_string).collect()
             }
         }
-        Err(_) => vec![name.to_owned()],
+        Err(_) => tailnet_candidates(api, name).await,
+    }
+}
+
+/// `name` as tailscaled's resolver answers it (A, then AAAA), or the name itself.
+async fn tailnet_candidates(api: &LocalApi, name: &str) -> Vec<String> {
+    let (v4, v6) = tokio::join!(api.resolve(name, false), api.resolve(name, true));
+    let ips: Vec<String> = v4
+        .unwrap_or_default()
+        .into_iter()
+        .chain(v6.unwrap_or_default())
+        .map(|ip| ip.to_string())
+        .collect();
+    if ips.is_empty() {
+        vec![name.to_owned()]
+    } else {
+        ips
     }
 }
 
@@ -167,9 +186,21 @@ mod tests {
 
     #[tokio::test]
     async fn literals_and_short_names_are_not_resolved() {
-        assert_eq!(candidates("192.0.2.10", 5432).await, vec!["192.0.2.10"]);
-        assert_eq!(candidates("[fd7a:115c::1]", 80).await, vec!["fd7a:115c::1"]);
-        assert_eq!(candidates("nas", 445).await, vec!["nas"]);
+        let api = LocalApi::new("/nonexistent/tailscaled.sock");
+        assert_eq!(
+            candidates(&api, "192.0.2.10", 5432).await,
+            vec!["192.0.2.10"]
+        );
+        assert_eq!(
+            candidates(&api, "[fd7a:115c::1]", 80).await,
+            vec!["fd7a:115c::1"]
+        );
+        assert_eq!(candidates(&api, "nas", 445).await, vec!["nas"]);
+        // Unknown to the pod's resolver and (no tailscaled here) to the tailnet's: the name.
+        assert_eq!(
+            candidates(&api, "db.site.invalid", 5432).await,
+            vec!["db.site.invalid"]
+        );
     }
 
     #[test]

@@ -262,6 +262,34 @@ impl LocalApi {
         }
     }
 
+    /// `GET /localapi/v0/dns-query`: the addresses tailscaled's own resolver has for `name`
+    /// (MagicDNS, Headscale's extra records, and split DNS: Headscale's
+    /// `dns.nameservers.split` resolvers, asked through the tailnet). `ipv6` picks AAAA over
+    /// A. Empty when it has none (NXDOMAIN, no answer).
+    pub async fn resolve(
+        &self,
+        name: &str,
+        ipv6: bool,
+    ) -> Result<Vec<std::net::IpAddr>, LocalApiError> {
+        #[derive(Deserialize)]
+        struct DnsQueryResponse {
+            // Go encodes []byte as base64.
+            #[serde(rename = "Bytes", default)]
+            bytes: Option<String>,
+        }
+        let kind = if ipv6 { "AAAA" } else { "A" };
+        let path = format!(
+            "/localapi/v0/dns-query?name={}&type={kind}",
+            query_escape(name)
+        );
+        let response: DnsQueryResponse = self.get_json(&path).await?;
+        Ok(response
+            .bytes
+            .and_then(|b| base64_decode(&b))
+            .and_then(|message| dns_addresses(&message))
+            .unwrap_or_default())
+    }
+
     /// Asks tailscaled to connect to `host:port` through the tailnet, within `timeout`
     /// (a dial that the ACL drops hangs until then). Only a `101` yields a stream;
     /// `Dial-Self`, dial errors and timeouts come back as [`Dialed::Refused`], transport
@@ -423,6 +451,68 @@ impl LocalApi {
 }
 
 /// Percent-encodes everything but unreserved characters (for `whois?addr=`).
+/// Standard base64 (with or without padding); `None` on any other character.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in text.bytes().filter(|c| *c != b'=') {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push(u8::try_from((acc >> bits) & 0xFF).ok()?);
+        }
+    }
+    Some(out)
+}
+
+/// The A and AAAA records in the answer section of a DNS response; `None` if truncated.
+fn dns_addresses(message: &[u8]) -> Option<Vec<std::net::IpAddr>> {
+    let read_u16 = |at: usize| -> Option<u16> {
+        Some(u16::from_be_bytes([
+            *message.get(at)?,
+            *message.get(at + 1)?,
+        ]))
+    };
+    let skip_name = |mut at: usize| -> Option<usize> {
+        loop {
+            let length = *message.get(at)?;
+            match length {
+                0 => return Some(at + 1),
+                // A compression pointer ends the name.
+                _ if length & 0xC0 == 0xC0 => return Some(at + 2),
+                _ => at += 1 + usize::from(length),
+            }
+        }
+    };
+    let mut at = 12;
+    for _ in 0..read_u16(4)? {
+        at = skip_name(at)? + 4; // type, class
+    }
+    let mut addresses = Vec::new();
+    for _ in 0..read_u16(6)? {
+        at = skip_name(at)?;
+        let record_type = read_u16(at)?;
+        let data_len = usize::from(read_u16(at + 8)?); // after type, class, ttl
+        let data = message.get(at + 10..at + 10 + data_len)?;
+        match record_type {
+            1 => addresses.push(std::net::IpAddr::from(<[u8; 4]>::try_from(data).ok()?)),
+            28 => addresses.push(std::net::IpAddr::from(<[u8; 16]>::try_from(data).ok()?)),
+            _ => {}
+        }
+        at += 10 + data_len;
+    }
+    Some(addresses)
+}
+
 fn query_escape(value: &str) -> String {
     let mut escaped = String::with_capacity(value.len());
     for byte in value.bytes() {
@@ -584,5 +674,32 @@ mod tests {
     fn escapes_addresses_for_the_query_string() {
         assert_eq!(query_escape("127.0.0.1:4242"), "127.0.0.1%3A4242");
         assert_eq!(query_escape("[fd7a::1]:80"), "%5Bfd7a%3A%3A1%5D%3A80");
+    }
+}
+
+#[cfg(test)]
+mod dns_query_tests {
+    use super::*;
+
+    #[test]
+    fn base64_and_dns_answers_decode() {
+        assert_eq!(base64_decode("aGk=").as_deref(), Some(&b"hi"[..]));
+        assert_eq!(base64_decode("aGk").as_deref(), Some(&b"hi"[..]));
+        assert_eq!(base64_decode("a!"), None);
+        // One question (db.x, A) and two answers: A 192.0.2.10 and AAAA fd00::10.
+        let mut m = vec![0, 1, 0x81, 0x80, 0, 1, 0, 2, 0, 0, 0, 0];
+        m.extend_from_slice(&[2, b'd', b'b', 1, b'x', 0, 0, 1, 0, 1]);
+        m.extend_from_slice(&[0xC0, 12, 0, 1, 0, 1, 0, 0, 0, 30, 0, 4, 192, 0, 2, 10]);
+        m.extend_from_slice(&[0xC0, 12, 0, 28, 0, 1, 0, 0, 0, 30, 0, 16]);
+        m.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10]);
+        let ips = dns_addresses(&m).expect("answers");
+        assert_eq!(
+            ips,
+            vec![
+                "192.0.2.10".parse::<std::net::IpAddr>().expect("ip"),
+                "fd00::10".parse().expect("ip")
+            ]
+        );
+        assert_eq!(dns_addresses(&m[..m.len() - 1]), None);
     }
 }

@@ -106,6 +106,13 @@ pub mod reasons {
     pub const ROUTE_NOT_ADVERTISED: &str = "RouteNotAdvertised";
     pub const ROUTE_NOT_APPROVED: &str = "RouteNotApproved";
     pub const NOT_APPLICABLE: &str = "NotApplicable";
+    // Egress: TargetsReachable from Headscale's view of a target node (a tailnet node address
+    // or a MagicDNS name), and PolicyEffective for a MagicDNS target the live policy does not
+    // grant.
+    pub const TARGET_NODE_UNKNOWN: &str = "TargetNodeUnknown";
+    pub const TARGET_NODE_OFFLINE: &str = "TargetNodeOffline";
+    pub const TARGET_NODE_EXPIRED: &str = "TargetNodeExpired";
+    pub const GRANT_MISSING: &str = "GrantMissing";
     // Ingress: SourcesAllowed, BackendsResolved, HostnamesUnique, CertificateReady.
     pub const SOURCE_NOT_ALLOWED: &str = "SourceNotAllowed";
     pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";

@@ -11,7 +11,7 @@ use crate::common::TailnetRef;
 /// Only honoured in the operator namespace.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
-    doc = "Targets in the tailnet (an IP behind a subnet router, or a tailnet DNS name), each published as a Service in the operator namespace for the listed consumer namespaces, through one agent pod with its own tailnet identity. Only honoured in the operator namespace.",
+    doc = "Targets in the tailnet (a tailnet node's address, an IP behind a subnet router, a MagicDNS or other tailnet DNS name), each published as a Service in the operator namespace for the listed consumer namespaces, through one agent pod with its own tailnet identity. Only honoured in the operator namespace.",
     group = "tailnet-operator.dev",
     version = "v1alpha1",
     kind = "TailnetEgress",
@@ -24,6 +24,7 @@ use crate::common::TailnetRef;
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.tailnetIPs[0]","priority":1}"#,
+    printcolumn = r#"{"name":"Kinds","type":"string","jsonPath":".status.kinds","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -72,8 +73,10 @@ pub struct EgressTarget {
         regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
     )]
     pub name: String,
-    /// IPv4/IPv6 address or DNS name of the target in the tailnet. For IP targets the operator
-    /// generates the grant and route approval; DNS-name targets must be granted in the base policy.
+    /// IPv4/IPv6 address or DNS name of the target in the tailnet: a tailnet node's address
+    /// (grant generated, no route), an IP behind a subnet router (grant and route approval
+    /// generated), a node's MagicDNS name or another DNS name (dialed by name; must be granted
+    /// in the base policy). The class is shown in `status.targets[].kind`.
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new("isIP(self) || self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?\\\\.)*[a-z]([-a-z0-9]*[a-z0-9])?$')").message("must be an IPv4/IPv6 address or a lowercase DNS name"))]
     pub address: String,
@@ -134,6 +137,10 @@ pub struct TailnetEgressStatus {
     /// e.g. `2/2 ready`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
+    /// How many targets of each kind (`status.targets[].kind`), e.g.
+    /// `2 TailnetNode, 1 MagicDNS, 1 SubnetRoute`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kinds: Option<String>,
     /// The generated tag of this egress's node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
@@ -163,13 +170,75 @@ pub struct EgressTargetStatus {
     pub port: i32,
     /// Port the agent listens on for this target (allocated, stable).
     pub agent_port: i32,
+    /// What the address is, decided from Headscale's node list: `TailnetNode` (an address a
+    /// node holds), `SubnetRoute` (behind a `routeApprovers` router), `MagicDNS` (a node's
+    /// MagicDNS name) or `DNSName` (resolved by tailscaled through the tailnet's DNS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<TargetKind>,
+    /// The Headscale node a `TailnetNode` or `MagicDNS` target is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<TargetNode>,
+    /// The grant line to add to the base policy when the live policy does not grant this
+    /// egress's tag the target (MagicDNS targets; the operator generates no grant for names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_grant: Option<String>,
     /// Covering route (e.g. `192.0.2.0/24`) and its state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<String>,
-    /// `Ready`, `RouteNotAdvertised`, `ServiceNameConflict`, `NoRoute`, `Refused`, `Timeout`, ...
+    /// `Ready`, `RouteNotAdvertised`, `ServiceNameConflict`, `TargetNodeOffline`,
+    /// `GrantMissing`, `NoRoute`, `Refused`, `Timeout`, ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
     /// What the state means for this target and what to do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// The class of an egress target (SPEC §3).
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub enum TargetKind {
+    /// An address a Headscale node holds (e.g. 100.64.0.7, fd7a:115c:a1e0::7): the grant is
+    /// generated, no route is involved.
+    TailnetNode,
+    /// An address behind a subnet router of `routeApprovers`: grant and route approval.
+    SubnetRoute,
+    /// The MagicDNS name of a node: dialed by name; granted in the base policy.
+    #[serde(rename = "MagicDNS")]
+    MagicDns,
+    /// Any other DNS name (e.g. Headscale split DNS): dialed by name; granted in the base.
+    #[serde(rename = "DNSName")]
+    DnsName,
+}
+
+impl TargetKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            TargetKind::TailnetNode => "TailnetNode",
+            TargetKind::SubnetRoute => "SubnetRoute",
+            TargetKind::MagicDns => "MagicDNS",
+            TargetKind::DnsName => "DNSName",
+        }
+    }
+}
+
+/// A target's Headscale node as last observed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetNode {
+    /// The node's given name (its MagicDNS host name).
+    pub name: String,
+    /// Headscale node id.
+    pub id: String,
+    pub online: bool,
+    /// The node's tailnet addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "ips")]
+    pub ips: Vec<String>,
+    /// When Headscale last heard from it (RFC 3339), if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<String>,
+    /// When its key expired (RFC 3339), only when it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_at: Option<String>,
 }

@@ -89,6 +89,20 @@ pub struct TailnetDns {
     )]
     #[x_kube(validation = Rule::new("self.contains('{name}')").message("must contain the {name} placeholder"))]
     pub ingress_alias_template: Option<String>,
+    /// Headscale's MagicDNS domain (`dns.base_domain` of its config), e.g. `ts.example.net`.
+    /// With it, an egress target `<node>.<domain>` is recognised as the MagicDNS name of a
+    /// node (its status then follows that node and says whether the policy grants it);
+    /// without it only a node's short name (`nas`) is.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "magicDNSDomain"
+    )]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?\.)*[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub magic_dns_domain: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

@@ -132,11 +132,15 @@ fn certificate(domains: &[String]) -> Vec<u8> {
     params.self_signed(&key).expect("cert").pem().into_bytes()
 }
 
-/// What the controllers decide for the inputs, as the CLI prints it: (objects, policy, DNS).
+/// Per egress target: the CLI note's prefix, the class and the node the controller decided.
+type TargetKinds = Vec<(String, &'static str, Option<String>)>;
+
+/// What the controllers decide for the inputs, as the CLI prints it: (objects, policy, DNS,
+/// target classes).
 fn controllers_output(
     manifests: &Manifests,
     observed: &Observed,
-) -> (BTreeMap<String, String>, String, Option<Value>) {
+) -> (BTreeMap<String, String>, String, Option<Value>, TargetKinds) {
     let config = config();
     let now: Timestamp = NOW.parse().expect("timestamp");
     assert_eq!(manifests.tailnets.len(), 1, "one Tailnet per input set");
@@ -156,21 +160,50 @@ fn controllers_output(
         headscale: Err(Problem::new("Unknown", "not asked")),
     };
     let mut objects = Vec::new();
+    let mut target_kinds = Vec::new();
+    // The observed nodes as Headscale's API reports them.
+    let nodes: Vec<tailnet_headscale::Node> = observed
+        .nodes
+        .iter()
+        .map(|n| tailnet_headscale::Node {
+            id: n.id,
+            name: n.name.clone(),
+            given_name: n.name.clone(),
+            tags: n.tags.clone(),
+            ip_addresses: n.ip_addresses.iter().map(|ip| ip.to_string()).collect(),
+            available_routes: n.available_routes.iter().map(|r| r.to_string()).collect(),
+            approved_routes: n.approved_routes.iter().map(|r| r.to_string()).collect(),
+            online: n.online,
+            ..Default::default()
+        })
+        .collect();
     for e in &egresses {
         let valid = egress::decide::validated(e, now).expect("valid egress");
         let observation = egress::gather::EgressObservation {
             access: Ok(access.clone()),
             foreign_services: BTreeMap::new(),
             own_services: BTreeMap::new(),
-            nodes: Err(Problem::new("Unknown", "not asked")),
+            nodes: Ok(Arc::new(nodes.clone())),
             auth_secret: AuthSecret::Absent,
             deployment: None,
             report: None,
+            grants: BTreeMap::new(),
         };
-        let plan = egress::decide::decide(e, &valid, &observation, &config, now)
-            .expect("egress decision")
-            .agent
-            .expect("egress plan");
+        let decision =
+            egress::decide::decide(e, &valid, &observation, &config, now).expect("egress decision");
+        for t in &decision.status.targets {
+            target_kinds.push((
+                format!(
+                    "TailnetEgress {}/{}: target {} ",
+                    e.namespace().unwrap_or_default(),
+                    e.name_any(),
+                    t.name
+                ),
+                t.kind.expect("a kind (the nodes are observed)").label(),
+                t.node.as_ref().map(|n| n.name.clone()),
+            ));
+        }
+        let plan = decision.agent.expect("egress plan");
         let o = &plan.objects;
         objects.extend([
             typed(&o.service_account),
@@ -277,7 +310,7 @@ fn controllers_output(
         }
         value
     });
-    (keyed(objects), policy, dns)
+    (keyed(objects), policy, dns, target_kinds)
 }
 
 fn assert_same_output(inputs: &[PathBuf], observed_path: &Path) {
@@ -285,7 +318,7 @@ fn assert_same_output(inputs: &[PathBuf], observed_path: &Path) {
     let observed: Observed =
         serde_json::from_str(&std::fs::read_to_string(observed_path).expect("observed file"))
             .expect("observed state");
-    let (objects, policy, dns) = controllers_output(&manifests, &observed);
+    let (objects, policy, dns, kinds) = controllers_output(&manifests, &observed);
     let tailnet = manifests.tailnets[0].object.name_any();
     // `render --installation-id` takes the operator's installation id (what `run
     // --installation-id` takes); both write `<id>/<tailnet>` into the marker.
@@ -326,6 +359,38 @@ fn assert_same_output(inputs: &[PathBuf], observed_path: &Path) {
     let cli_dns = yaml_documents(&cli_part(inputs, observed_path, "dns", &marker));
     pretty_assertions::assert_eq!(cli_dns.first(), dns.as_ref(), "DNS ConfigMap");
     assert!(dns.is_some(), "both sets configure DNS");
+    // Every target classified alike: the CLI's note says the class (and node) the
+    // controller puts into status.targets[].kind (and .node).
+    let text = cli_text(inputs, observed_path, &marker);
+    for (prefix, kind, node) in &kinds {
+        let line = text
+            .lines()
+            .find(|l| l.contains(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no CLI note for {prefix:?} in\n{text}"));
+        assert!(line.contains(&format!(" is {kind}, ")), "{kind}: {line}");
+        if let Some(node) = node {
+            assert!(line.contains(&format!("node {node}")), "{node}: {line}");
+        }
+    }
+}
+
+/// The CLI's whole text output (notes included).
+fn cli_text(inputs: &[PathBuf], observed: &Path, installation_id: &str) -> String {
+    let mut argv: Vec<String> = vec!["render".into()];
+    argv.extend(inputs.iter().map(|p| p.display().to_string()));
+    argv.extend(
+        [
+            "--observed",
+            &observed.display().to_string(),
+            "--operator-namespace",
+            OPERATOR_NAMESPACE,
+            "--installation-id",
+            installation_id,
+        ]
+        .map(String::from),
+    );
+    let cli = Cli::try_parse_from(argv).expect("render arguments");
+    render(&cli.render).expect("render")
 }
 
 #[test]
@@ -335,6 +400,7 @@ fn examples_render_the_same_through_the_cli_and_the_controllers() {
         "10-tailnet.yaml",
         "11-base-policy.yaml",
         "20-egress.yaml",
+        "21-egress-devices.yaml",
         "30-ingress.yaml",
     ]
     .iter()
@@ -347,4 +413,34 @@ fn examples_render_the_same_through_the_cli_and_the_controllers() {
 fn the_rich_set_renders_the_same_through_the_cli_and_the_controllers() {
     let rich = repo().join("crates/operator/tests/fixtures/rich");
     assert_same_output(&[rich.join("manifests.yaml")], &rich.join("observed.json"));
+    // The device targets: classified from the observed nodes, the node addresses granted
+    // (IPv4 and IPv6, no route), the MagicDNS name left to the base.
+    let manifests =
+        Manifests::load(&[rich.join("manifests.yaml")], OPERATOR_NAMESPACE).expect("manifests");
+    let observed: Observed = serde_json::from_str(
+        &std::fs::read_to_string(rich.join("observed.json")).expect("observed"),
+    )
+    .expect("observed state");
+    let (_, policy, _, kinds) = controllers_output(&manifests, &observed);
+    let kind_of = |target: &str| {
+        kinds
+            .iter()
+            .find(|(p, _, _)| p.ends_with(&format!("target {target} ")))
+            .map(|(_, k, n)| (*k, n.clone()))
+    };
+    assert_eq!(kind_of("nas"), Some(("TailnetNode", Some("nas".into()))));
+    assert_eq!(kind_of("nas-v6"), Some(("TailnetNode", Some("nas".into()))));
+    assert_eq!(kind_of("nas-web"), Some(("MagicDNS", Some("nas".into()))));
+    assert_eq!(kind_of("site-db-v6"), Some(("SubnetRoute", None)));
+    assert_eq!(kind_of("site-wiki"), Some(("DNSName", None)));
+    for grant in [
+        r#""dst": ["100.64.0.20/32"], "ip": ["tcp:445"]"#,
+        r#""dst": ["fd7a:115c:a1e0::20/128"], "ip": ["tcp:445"]"#,
+    ] {
+        assert!(policy.contains(grant), "{grant} in\n{policy}");
+    }
+    assert!(
+        !policy.contains("tcp:443\"]}, // nas"),
+        "no grant for the name"
+    );
 }

@@ -18,7 +18,12 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
 fn examples() -> Vec<Value> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
     let mut docs = Vec::new();
-    for file in ["10-tailnet.yaml", "20-egress.yaml", "30-ingress.yaml"] {
+    for file in [
+        "10-tailnet.yaml",
+        "20-egress.yaml",
+        "21-egress-devices.yaml",
+        "30-ingress.yaml",
+    ] {
         let text = std::fs::read_to_string(dir.join(file)).expect("example");
         docs.push(serde_yaml::from_str(&text).expect("yaml"));
     }
@@ -76,9 +81,10 @@ async fn schema_and_cel_reject_bad_input_by_field() {
         .unwrap_or_else(|e| panic!("kube environment: {e}"));
     let ns = env.namespace("crd").await.expect("namespace");
     let client = ns.client();
-    let [tailnet, egress, ingress]: [Value; 3] = examples().try_into().expect("three examples");
+    let [tailnet, egress, devices, ingress]: [Value; 4] =
+        examples().try_into().expect("four examples");
 
-    for object in [&tailnet, &egress, &ingress] {
+    for object in [&tailnet, &egress, &devices, &ingress] {
         dry_run(client, ns.name(), object)
             .await
             .unwrap_or_else(|e| panic!("valid example rejected: {e}"));

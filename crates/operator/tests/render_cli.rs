@@ -82,8 +82,9 @@ fn objects_are_valid_yaml_documents() {
             value["kind"].as_str().expect("kind").to_string()
         })
         .collect();
-    assert_eq!(kinds.iter().filter(|k| *k == "Deployment").count(), 2);
-    assert_eq!(kinds.iter().filter(|k| *k == "Service").count(), 2);
+    // Agents of the egresses team-a and devices and of the ingress portal.
+    assert_eq!(kinds.iter().filter(|k| *k == "Deployment").count(), 3);
+    assert_eq!(kinds.iter().filter(|k| *k == "Service").count(), 5);
 }
 
 /// Copies `examples/` into a temp dir, applies `edit` to one file, renders it with the
@@ -491,7 +492,7 @@ fn yaml_and_json_output_parse_as_one_list() {
         .iter()
         .map(|o| o["kind"].as_str().expect("kind"))
         .collect();
-    assert_eq!(kinds.iter().filter(|k| **k == "Deployment").count(), 2);
+    assert_eq!(kinds.iter().filter(|k| **k == "Deployment").count(), 3);
     assert!(kinds.contains(&"Certificate"));
     assert_eq!(items.len(), 2 + kinds.len());
 }

@@ -256,3 +256,46 @@ pub fn parse_base(text: &str) -> Result<BasePolicy, BaseError> {
         value,
     })
 }
+
+/// The live `policy` (HuJSON) as plain JSON with its `tests` replaced by one: `src` may
+/// reach `accept` (`ip:port`) over TCP. Given to Headscale's `POST /api/v1/policy/check`, it
+/// answers whether the policy grants that, evaluated exactly as Headscale enforces it (the
+/// egress controller asks it for MagicDNS targets, which get no generated grant). An empty
+/// live policy stays empty (allow-all: the check passes).
+pub fn with_tests(policy: &str, src: &str, accept: &str) -> Result<String, BaseError> {
+    let mut value = hujson::parse_value(policy)?.unwrap_or_else(|| serde_json::json!({}));
+    let Some(object) = value.as_object_mut() else {
+        return Err(BaseError {
+            line: 1,
+            column: 1,
+            message: "the policy is not an object".into(),
+        });
+    };
+    // Headscale matches top-level names case-insensitively.
+    object.retain(|k, _| !k.eq_ignore_ascii_case("tests"));
+    object.insert(
+        "tests".into(),
+        serde_json::json!([{"src": src, "proto": "tcp", "accept": [accept]}]),
+    );
+    Ok(value.to_string())
+}
+
+#[cfg(test)]
+mod with_tests_tests {
+    #[test]
+    fn replaces_the_tests_and_keeps_the_rest() {
+        let live = "// marker\n{\"grants\": [], // c\n \"Tests\": [{\"src\": \"x\"}],}";
+        let doc = super::with_tests(live, "tag:e", "100.64.0.2:7000").expect("doc");
+        let v: serde_json::Value = serde_json::from_str(&doc).expect("json");
+        assert_eq!(v["grants"], serde_json::json!([]));
+        assert!(v.get("Tests").is_none());
+        assert_eq!(
+            v["tests"],
+            serde_json::json!([{"src": "tag:e", "proto": "tcp", "accept": ["100.64.0.2:7000"]}])
+        );
+        assert_eq!(
+            super::with_tests("", "tag:e", "a:1").map(|d| d.contains("tests")),
+            Ok(true)
+        );
+    }
+}

@@ -330,6 +330,10 @@ pub fn dns_config_map(
         data: Some(BTreeMap::from([
             (dns::HOSTS_KEY.to_string(), rendered.hosts.clone()),
             (
+                dns::SERVER_BLOCK_KEY.to_string(),
+                rendered.server_block.clone(),
+            ),
+            (
                 dns::EXTRA_RECORDS_KEY.to_string(),
                 rendered.extra_records_json.clone(),
             ),

@@ -15,6 +15,7 @@ pub mod meta;
 pub mod pod;
 pub mod policy_inputs;
 pub mod ports;
+pub mod targets;
 
 use tailnet_api::tailnet::TailnetSpec;
 

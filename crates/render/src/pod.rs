@@ -186,6 +186,15 @@ fn tailscale_container(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> 
         // Targets behind subnet routers are only dialable with accepted routes.
         extra_args.push_str(" --accept-routes");
     }
+    // An egress resolves DNS-name targets the pod's DNS does not know through tailscaled's
+    // resolver (MagicDNS, Headscale's extra records and split DNS), which only has the
+    // tailnet's DNS configuration when it accepts it. In userspace networking tailscaled never
+    // touches the pod's /etc/resolv.conf, so the pod's own resolution is unchanged.
+    let accept_dns = if owner.kind == AgentKind::Egress {
+        "true"
+    } else {
+        "false"
+    };
     let overrides = ctx.tailnet.agent.as_ref();
     Container {
         name: "tailscale".to_string(),
@@ -197,7 +206,7 @@ fn tailscale_container(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> 
             env("TS_SOCKET", LOCALAPI_SOCKET),
             env("TS_HOSTNAME", &parts.hostname),
             env("TS_EXTRA_ARGS", extra_args),
-            env("TS_ACCEPT_DNS", "false"),
+            env("TS_ACCEPT_DNS", accept_dns),
             // Self-hosted control: never upload logs to a third party.
             env("TS_NO_LOGS_NO_SUPPORT", "true"),
             EnvVar {

@@ -416,7 +416,7 @@ fn dns_config_map_lives_where_the_tailnet_says() {
     let data = cm.data.expect("data");
     assert_eq!(
         data.keys().cloned().collect::<Vec<_>>(),
-        vec!["extra-records.json", "hosts"]
+        vec!["extra-records.json", "hosts", "tailnet.server"]
     );
 
     let owner = OwnerReference {

@@ -585,6 +585,7 @@ fn render_tailnet(
         })?;
         let rendered = desired::egress(&e.metadata, &valid, &ctx, &BTreeMap::new())
             .map_err(|err| RenderCommandError::Invalid(vec![format!("{at}: {err}")]))?;
+        notes.extend(target_notes(tailnet, e, &valid, &cluster.observed.nodes));
         objects.push(json(&rendered.service_account)?);
         objects.push(json(&rendered.role)?);
         objects.push(json(&rendered.role_binding)?);
@@ -698,11 +699,6 @@ fn render_tailnet(
         ));
     }
     let dns_cm = desired::dns_config_map(tailnet, &args.operator_namespace, &rendered_dns, None);
-    for resource in &policy.resources {
-        for target in resource.dns_targets_skipped() {
-            notes.push(format!("{:?} {}: target {target} is a DNS name; grant it in the base policy (no grant or route is generated)", resource.kind, resource.owner));
-        }
-    }
     Ok(TailnetOutput {
         name,
         mode: format!("{:?}", spec.policy.mode),
@@ -712,6 +708,70 @@ fn render_tailnet(
         objects,
         notes,
     })
+}
+
+/// One note per egress target: its class (as the controller's `status.targets[].kind`
+/// says it), decided from the observed nodes, and what that means for grants and routes.
+pub(crate) fn target_notes(
+    tailnet: &Tailnet,
+    egress: &TailnetEgress,
+    valid: &validate::ValidEgress,
+    nodes: &[tailnet_policy::ObservedNode],
+) -> Vec<String> {
+    use tailnet_render::targets::{self, NodeView, TargetClass};
+    let views: Vec<NodeView> = nodes.iter().map(NodeView::from).collect();
+    let domain = tailnet
+        .spec
+        .dns
+        .as_ref()
+        .and_then(|d| d.magic_dns_domain.as_deref());
+    let owner = format!(
+        "TailnetEgress {}/{}",
+        egress.namespace().unwrap_or_default(),
+        egress.name_any()
+    );
+    let tag = tailnet_api::naming::egress_tag(&tailnet.spec.policy.tag_prefix, &egress.name_any());
+    valid
+        .targets
+        .iter()
+        .map(|t| {
+            let class = targets::classify(&t.address, &views, domain);
+            let what = match &class {
+                TargetClass::TailnetNode(n) => format!(
+                    "on tailnet node {}: the grant is generated, no route is involved",
+                    n.name
+                ),
+                TargetClass::UnknownNodeAddress => {
+                    "in the tailnet's range, but no observed node holds it".to_string()
+                }
+                TargetClass::Subnet => {
+                    "behind a subnet router: grant and route approval are generated".to_string()
+                }
+                TargetClass::MagicDns(n) => format!(
+                    "the MagicDNS name of node {}: no grant is generated for names; the base policy must grant {}",
+                    n.name,
+                    targets::grant_line(&tag, n, t.port)
+                ),
+                TargetClass::UnknownMagicDnsName => {
+                    "under the MagicDNS domain, but no observed node has that name".to_string()
+                }
+                TargetClass::DnsName => {
+                    "a DNS name: grant it in the base policy (no grant or route is generated)"
+                        .to_string()
+                }
+            };
+            let address = match &t.address {
+                validate::TargetAddress::Ip(std::net::IpAddr::V6(v6)) => format!("[{v6}]"),
+                other => other.to_string(),
+            };
+            format!(
+                "{owner}: target {} ({address}:{}) is {}, {what}",
+                t.name,
+                t.port,
+                class.kind().label()
+            )
+        })
+        .collect()
 }
 
 fn with_uid<K: kube::Resource>(mut object: K) -> K {

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret as K8sSecret, Service};
@@ -19,6 +19,10 @@ use crate::scope::{ScopedStore, WatchScope};
 
 /// How long a Headscale node or key list serves every reconcile that asks (see shared_list).
 const HEADSCALE_LIST_TTL: Duration = Duration::from_secs(1);
+/// How long Headscale's answer to a grant question (egress MagicDNS targets) is reused for
+/// the same live policy, tag and destination: Headscale's policy check compiles the whole
+/// policy, so it is not asked on every poll. Node or group changes show within this time.
+const GRANT_CHECK_TTL: Duration = Duration::from_secs(60);
 
 /// Operator-wide settings (flags/env).
 #[derive(Clone, Debug)]
@@ -80,6 +84,9 @@ pub struct Context {
     /// Node and pre-auth key lists per Headscale server, shared by concurrent reconciles.
     pub nodes: SharedList<Node>,
     pub pre_auth_keys: SharedList<PreAuthKey>,
+    /// The live policy text per Headscale server (a list of one), shared like the nodes.
+    pub live_policies: SharedList<String>,
+    grant_checks: Mutex<HashMap<String, (Instant, bool)>>,
     headscale_clients: Mutex<HashMap<(String, String), HeadscaleClient>>,
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -111,9 +118,28 @@ impl Context {
             applied: AppliedObjects::new(reapply_interval),
             nodes: SharedList::new(HEADSCALE_LIST_TTL),
             pre_auth_keys: SharedList::new(HEADSCALE_LIST_TTL),
+            live_policies: SharedList::new(HEADSCALE_LIST_TTL),
+            grant_checks: Mutex::default(),
             headscale_clients: Mutex::default(),
             failures: Mutex::default(),
         }
+    }
+
+    /// A remembered answer (granted or not) to the grant question `key` (server, policy
+    /// digest, tag, destination), younger than [`GRANT_CHECK_TTL`].
+    pub fn cached_grant(&self, key: &str) -> Option<bool> {
+        let checks = self.grant_checks.lock().unwrap_or_else(|p| p.into_inner());
+        checks
+            .get(key)
+            .filter(|(at, _)| at.elapsed() < GRANT_CHECK_TTL)
+            .map(|(_, granted)| *granted)
+    }
+
+    /// Remembers an answer to a grant question; expired entries are dropped.
+    pub fn remember_grant(&self, key: String, granted: bool) {
+        let mut checks = self.grant_checks.lock().unwrap_or_else(|p| p.into_inner());
+        checks.retain(|_, (at, _)| at.elapsed() < GRANT_CHECK_TTL);
+        checks.insert(key, (Instant::now(), granted));
     }
 
     /// A Headscale client for `server` with `key`, reused while both stay the same (the key is

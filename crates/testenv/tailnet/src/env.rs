@@ -1,7 +1,7 @@
 //! The tailnet side of the test environment: lab, Headscale, remote site with a subnet router,
 //! a laptop node, and helpers to join more nodes.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -13,7 +13,7 @@ use crate::binaries::Binaries;
 use crate::error::{Result, TailnetError};
 use crate::headscale::Headscale;
 use crate::node::{NodeConfig, TailscaleNode};
-use crate::servers::{Behaviour, TcpTestServer};
+use crate::servers::{Behaviour, DnsRecord, DnsTestServer, TcpTestServer};
 
 /// Lab address of the remote-site netns.
 pub const REMOTE_SITE_LAB_ADDR: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 10);
@@ -31,8 +31,35 @@ pub const SITE_BANNER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(198, 51, 1
 pub const SITE_BANNER_TEXT: &str = "remote-site 198.51.100.20:443\n";
 /// The name in the remote site's certificate (and the egress alias the tests use).
 pub const SITE_API_NAME: &str = "api.site.example.net";
+/// TCP echo server at the remote site on its IPv6 ULA network ([`SITE_V6_ROUTE`]).
+pub const SITE_ECHO_V6: SocketAddrV6 = SocketAddrV6::new(
+    Ipv6Addr::new(0xfd00, 0x5ee, 0, 0, 0, 0, 0, 0x10),
+    5432,
+    0,
+    0,
+);
+/// The remote site's IPv6 ULA prefix, advertised by the router besides the IPv4 ones.
+pub const SITE_V6_ROUTE: &str = "fd00:5ee::/64";
 /// Routes the subnet router advertises.
-pub const SITE_ROUTES: [&str; 2] = ["192.0.2.0/24", "198.51.100.0/24"];
+pub const SITE_ROUTES: [&str; 3] = ["192.0.2.0/24", "198.51.100.0/24", SITE_V6_ROUTE];
+/// The remote site's DNS server (UDP), authoritative for [`SITE_DNS_ZONE`]; Headscale hands
+/// it to every node as split DNS (`dns.nameservers.split`), so tailscaled resolves the zone
+/// through the tailnet (the route to it must be approved and the node granted `udp:53`).
+pub const SITE_DNS: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 53), 53);
+pub const SITE_DNS_ZONE: &str = "site.internal";
+/// A site-internal name: A 192.0.2.10 and AAAA fd00:5ee::10, both the site's echo servers.
+pub const SITE_DB_NAME: &str = "db.site.internal";
+
+/// The tailnet device ([`TailnetEnv::start_device`]): hostname (= MagicDNS given name),
+/// owner, and the ports its servers listen on (loopback IPv4 and IPv6; tailscaled's
+/// userspace networking delivers connections to its tailnet addresses there).
+pub const DEVICE_HOSTNAME: &str = "nas";
+pub const DEVICE_USER: &str = "dana";
+pub const DEVICE_ECHO_PORT: u16 = 7100;
+pub const DEVICE_TLS_PORT: u16 = 7443;
+pub const DEVICE_BANNER_TEXT: &str = "nas device\n";
+/// The device's lab address.
+pub const DEVICE_LAB_ADDR: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 12);
 
 pub const ROUTER_TAG: &str = "tag:router";
 pub const CLIENT_TAG: &str = "tag:client";
@@ -51,10 +78,57 @@ pub struct RemoteSite {
     // Field order is drop order: processes and servers before their netns.
     pub router: TailscaleNode,
     _echo: TcpTestServer,
+    _echo_v6: TcpTestServer,
     _banner: TcpTestServer,
+    _dns: DnsTestServer,
     /// PEM of the CA that issued the site's certificate (clients verify against it).
     pub ca_pem: String,
     pub netns: Netns,
+}
+
+/// A device that is itself on the tailnet (a NAS running tailscale): netns `<run>-nas` with a
+/// node owned by user [`DEVICE_USER`], named [`DEVICE_HOSTNAME`] (MagicDNS
+/// `nas.<BASE_DOMAIN>`), a TCP echo on [`DEVICE_ECHO_PORT`] and a TLS banner on
+/// [`DEVICE_TLS_PORT`] (certificate for the MagicDNS name from [`Device::ca_pem`]), both on
+/// its tailnet IPv4 and IPv6 addresses. [`Device::switch_off`] / [`Device::switch_on`] stop
+/// and restart its tailscaled (same node, no new login).
+#[derive(Debug)]
+pub struct Device {
+    pub node: TailscaleNode,
+    _servers: Vec<TcpTestServer>,
+    pub ca_pem: String,
+    pub user: User,
+    pub netns: Netns,
+}
+
+impl Device {
+    /// Stops its tailscaled: Headscale marks the node offline.
+    pub fn switch_off(&self) {
+        self.node.kill();
+    }
+
+    /// Starts its tailscaled again and waits until it is `Running`.
+    pub async fn switch_on(&self, binaries: &Binaries) -> Result<()> {
+        self.node.restart(binaries).await
+    }
+
+    /// The device's MagicDNS name.
+    pub fn magic_dns_name(&self) -> String {
+        format!("{DEVICE_HOSTNAME}.{}", crate::headscale::BASE_DOMAIN)
+    }
+
+    /// Its tailnet addresses (IPv4 first).
+    pub async fn tailnet_ips(&self) -> Result<Vec<IpAddr>> {
+        let status = self.node.local_api().status().await?;
+        let mut ips: Vec<IpAddr> = status
+            .tailscale_ips
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|ip| ip.parse().ok())
+            .collect();
+        ips.sort_by_key(|ip| ip.is_ipv6());
+        Ok(ips)
+    }
 }
 
 /// The laptop netns `<run>-laptop` with a node owned by user `alice` (member of
@@ -131,11 +205,31 @@ impl TailnetEnv {
 
         let nodes_dir = dir.join("nodes");
         let site_netns = lab.attach_netns("remote", REMOTE_SITE_LAB_ADDR)?;
-        for addr in [SITE_ECHO.ip(), SITE_BANNER.ip()] {
+        for addr in [SITE_ECHO.ip(), SITE_BANNER.ip(), SITE_DNS.ip()] {
             site_netns.ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"])?;
         }
+        site_netns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{}/128", SITE_ECHO_V6.ip()),
+            "dev",
+            "lo",
+            "nodad",
+        ])?;
         let echo = TcpTestServer::start(Some(&site_netns), SITE_ECHO.into(), Behaviour::Echo)?;
-        let site_tls = SiteTls::generate()?;
+        let echo_v6 =
+            TcpTestServer::start(Some(&site_netns), SITE_ECHO_V6.into(), Behaviour::Echo)?;
+        let dns = DnsTestServer::start(
+            &site_netns,
+            SITE_DNS.into(),
+            SITE_DNS_ZONE,
+            vec![DnsRecord {
+                name: SITE_DB_NAME.into(),
+                addresses: vec![IpAddr::V4(*SITE_ECHO.ip()), IpAddr::V6(*SITE_ECHO_V6.ip())],
+            }],
+        )?;
+        let site_tls = SiteTls::generate(&[SITE_API_NAME])?;
         std::fs::write(dir.join("site-ca.pem"), &site_tls.ca_pem)
             .map_err(|e| TailnetError::io("writing the remote site's CA", e))?;
         let banner = TcpTestServer::start(
@@ -176,7 +270,9 @@ impl TailnetEnv {
             site: RemoteSite {
                 router: router?,
                 _echo: echo,
+                _echo_v6: echo_v6,
                 _banner: banner,
+                _dns: dns,
                 ca_pem: site_tls.ca_pem,
                 netns: site_netns,
             },
@@ -273,6 +369,63 @@ impl TailnetEnv {
         })
     }
 
+    /// Starts the tailnet device ([`Device`]): user [`DEVICE_USER`] (created on first use),
+    /// netns `<run>-nas` at [`DEVICE_LAB_ADDR`], its servers, and its node logged in with a
+    /// single-use key of that user. One per environment.
+    pub async fn start_device(&self) -> Result<Device> {
+        let api = self.headscale.api();
+        let user = match api
+            .list_users()
+            .await?
+            .into_iter()
+            .find(|u| u.name == DEVICE_USER)
+        {
+            Some(user) => user,
+            None => api.create_user(DEVICE_USER).await?,
+        };
+        let netns = self.lab.attach_netns(DEVICE_HOSTNAME, DEVICE_LAB_ADDR)?;
+        let name = format!("{DEVICE_HOSTNAME}.{}", crate::headscale::BASE_DOMAIN);
+        let tls = SiteTls::generate(&[name.as_str()])?;
+        let mut servers = Vec::new();
+        for loopback in [
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ] {
+            servers.push(TcpTestServer::start(
+                Some(&netns),
+                SocketAddr::new(loopback, DEVICE_ECHO_PORT),
+                Behaviour::Echo,
+            )?);
+            servers.push(TcpTestServer::start(
+                Some(&netns),
+                SocketAddr::new(loopback, DEVICE_TLS_PORT),
+                Behaviour::TlsBanner {
+                    config: tls.server_config.clone(),
+                    text: DEVICE_BANNER_TEXT.into(),
+                },
+            )?);
+        }
+        let key = api
+            .create_preauth_key(&PreAuthKeyRequest::for_user(user.id))
+            .await?;
+        let config = NodeConfig {
+            hostname: DEVICE_HOSTNAME.into(),
+            login_server: self.headscale.lab_url(),
+            auth_key: key.key,
+            advertise_routes: Vec::new(),
+            accept_routes: false,
+        };
+        let node =
+            TailscaleNode::start(&self.binaries, &netns, &self.dir.join("nodes"), &config).await?;
+        Ok(Device {
+            node,
+            _servers: servers,
+            ca_pem: tls.ca_pem,
+            user,
+            netns,
+        })
+    }
+
     /// Headscale's id of the node with this hostname.
     pub async fn node_id(&self, hostname: &str) -> Result<Option<u64>> {
         let nodes = self.headscale.api().list_nodes().await?;
@@ -355,14 +508,15 @@ fn policy_document(extra_grants: &[Value]) -> Result<String> {
     serde_json::to_string_pretty(&policy).map_err(TailnetError::Policy)
 }
 
-/// The remote site's own PKI: a CA and a server certificate for [`SITE_API_NAME`].
+/// A CA and a server certificate for some names (the remote site's [`SITE_API_NAME`], the
+/// device's MagicDNS name).
 struct SiteTls {
     ca_pem: String,
     server_config: Arc<rustls::ServerConfig>,
 }
 
 impl SiteTls {
-    fn generate() -> Result<SiteTls> {
+    fn generate(names: &[&str]) -> Result<SiteTls> {
         use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
         let failed = |what: &str, e: &dyn std::fmt::Display| {
             TailnetError::SiteCertificate(format!("{what}: {e}"))
@@ -377,8 +531,9 @@ impl SiteTls {
             .self_signed(&ca_key)
             .map_err(|e| failed("CA certificate", &e))?;
         let server_key = KeyPair::generate().map_err(|e| failed("server key", &e))?;
-        let server_params = CertificateParams::new(vec![SITE_API_NAME.to_string()])
-            .map_err(|e| failed("server certificate parameters", &e))?;
+        let server_params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .map_err(|e| failed("server certificate parameters", &e))?;
         let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
         let server = server_params
             .signed_by(&server_key, &issuer)

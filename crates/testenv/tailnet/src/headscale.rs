@@ -136,6 +136,52 @@ impl Headscale {
         })
     }
 
+    /// Replaces the extra DNS records the way the kubelet updates a mounted ConfigMap
+    /// (`AtomicWriter`, pkg/volume/util/atomic_writer.go): the file is written into a new
+    /// timestamped directory `..<time>` beside the records path, a symlink `..data_tmp` to it is
+    /// renamed over `..data`, the records path is (made) a symlink to `..data/<file name>`, and
+    /// the previous timestamped directory is removed. What differs from the kubelet: the
+    /// directory is Headscale's own (the kubelet's holds only the volume), and the first call
+    /// turns the plain file into that symlink (rename over it).
+    pub fn write_extra_records_like_kubelet(&self, records: &[ExtraRecord]) -> Result<()> {
+        let io = |what: &str, e: std::io::Error| TailnetError::io(what.to_string(), e);
+        let text = serde_json::to_string_pretty(records).map_err(TailnetError::Policy)?;
+        let dir = self.extra_records_path.parent().unwrap_or(Path::new("."));
+        let file_name = self
+            .extra_records_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "extra-records.json".into());
+        let data = dir.join("..data");
+        let previous = std::fs::read_link(&data).ok();
+        let stamp = format!(
+            "..{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+        );
+        std::fs::create_dir(dir.join(&stamp)).map_err(|e| io("creating the data directory", e))?;
+        write_file(&dir.join(&stamp).join(&file_name), &text)?;
+        let tmp = dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&stamp, &tmp).map_err(|e| io("symlinking ..data_tmp", e))?;
+        std::fs::rename(&tmp, &data).map_err(|e| io("renaming ..data_tmp over ..data", e))?;
+        let target = Path::new("..data").join(&file_name);
+        if std::fs::read_link(&self.extra_records_path).ok().as_deref() != Some(target.as_path()) {
+            let link = dir.join(format!("{file_name}.link"));
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&target, &link).map_err(|e| io("symlinking the file", e))?;
+            std::fs::rename(&link, &self.extra_records_path)
+                .map_err(|e| io("renaming the symlink over the records path", e))?;
+        }
+        if let Some(old) = previous {
+            std::fs::remove_dir_all(dir.join(old))
+                .map_err(|e| io("removing the previous data directory", e))?;
+        }
+        Ok(())
+    }
+
     /// Runs the `headscale` CLI against this server (e.g. `["policy", "check", "--file", …]`).
     pub async fn cli(&self, args: &[&str]) -> Result<String> {
         let mut command = tokio::process::Command::new(&self.binary);
@@ -296,7 +342,8 @@ dns:
   override_local_dns: false
   nameservers:
     global: []
-    split: {{}}
+    split:
+      {split_zone}: ["{split_server}"]
   search_domains: []
   extra_records_path: {extra_records}
 unix_socket: {socket}
@@ -309,6 +356,8 @@ logtail:
             database = path("db.sqlite"),
             extra_records = path("extra-records.json"),
             socket = path("headscale.sock"),
+            split_zone = crate::env::SITE_DNS_ZONE,
+            split_server = crate::env::SITE_DNS.ip(),
         )
     }
 }

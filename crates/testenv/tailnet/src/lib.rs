@@ -9,8 +9,9 @@
 //!   state dir and LocalAPI socket, logged in with `tailscale up --authkey`. [`LocalApi`] is an
 //!   async client for `status`, `whois` and `dial` (`Upgrade: ts-dial`, answering
 //!   [`Dialed::Tailnet`] or [`Dialed::DialSelf`]).
-//! - [`TailnetEnv`]: lab + Headscale + [`RemoteSite`] (`<run>-remote`: 192.0.2.10:5432 echo,
-//!   198.51.100.20:443 TLS banner (own CA), subnet router `tag:router` advertising [`SITE_ROUTES`], routes
+//! - [`TailnetEnv`]: lab + Headscale + [`RemoteSite`] (`<run>-remote`: 192.0.2.10:5432 and
+//!   [fd00:5ee::10]:5432 echo, 198.51.100.20:443 TLS banner (own CA), DNS server 192.0.2.53
+//!   for `site.internal` (Headscale split DNS), subnet router `tag:router` advertising [`SITE_ROUTES`], routes
 //!   not approved) + [`Laptop`] (`<run>-laptop`: user `alice` in `group:team-a`), and
 //!   [`TailnetEnv::join_node`] for more tagged nodes. [`TailnetEnv::shared`] gives one per test
 //!   process, torn down at exit. [`TailnetEnv::start_in`] builds the same inside another
@@ -31,9 +32,11 @@ mod servers;
 pub use api::{ApiError, HeadscaleApi, Node, PreAuthKey, PreAuthKeyRequest, User};
 pub use binaries::Binaries;
 pub use env::{
-    ADMIN_USER, CLIENT_TAG, JoinOptions, JoinedNode, LAPTOP_LAB_ADDR, LAPTOP_USER, Laptop,
-    REMOTE_SITE_LAB_ADDR, ROUTER_TAG, RemoteSite, SERVER_PORT, SERVER_TAG, SITE_API_NAME,
-    SITE_BANNER, SITE_BANNER_TEXT, SITE_ECHO, SITE_ROUTES, TEAM_A_GROUP, TailnetEnv,
+    ADMIN_USER, CLIENT_TAG, DEVICE_BANNER_TEXT, DEVICE_ECHO_PORT, DEVICE_HOSTNAME, DEVICE_LAB_ADDR,
+    DEVICE_TLS_PORT, DEVICE_USER, Device, JoinOptions, JoinedNode, LAPTOP_LAB_ADDR, LAPTOP_USER,
+    Laptop, REMOTE_SITE_LAB_ADDR, ROUTER_TAG, RemoteSite, SERVER_PORT, SERVER_TAG, SITE_API_NAME,
+    SITE_BANNER, SITE_BANNER_TEXT, SITE_DB_NAME, SITE_DNS, SITE_DNS_ZONE, SITE_ECHO, SITE_ECHO_V6,
+    SITE_ROUTES, SITE_V6_ROUTE, TEAM_A_GROUP, TailnetEnv,
 };
 pub use error::{Result, TailnetError};
 pub use headscale::{BASE_DOMAIN, ExtraRecord, Headscale};
@@ -42,4 +45,4 @@ pub use localapi::{
     WhoIsNode,
 };
 pub use node::{NodeConfig, TailscaleNode};
-pub use servers::{Behaviour, TcpTestServer};
+pub use servers::{Behaviour, DnsRecord, DnsTestServer, TcpTestServer};

@@ -49,21 +49,7 @@ impl TailscaleNode {
         std::fs::create_dir_all(&state_dir)
             .map_err(|e| TailnetError::io(format!("creating {}", state_dir.display()), e))?;
         let socket = state_dir.join("tailscaled.sock");
-        let mut command = netns.command(&binaries.tailscaled)?;
-        command
-            .arg("--tun=userspace-networking")
-            .arg(format!("--statedir={}", state_dir.display()))
-            .arg(format!("--socket={}", socket.display()))
-            .arg("--port=0")
-            .arg("--no-logs-no-support")
-            // Headscale's embedded DERP runs without TLS.
-            .env("TS_DEBUG_USE_DERP_HTTP", "1")
-            .env("TS_NO_LOGS_NO_SUPPORT", "true");
-        let process = ChildProcess::spawn(
-            format!("tailscaled {}", config.hostname),
-            command,
-            &state_dir.join("tailscaled.log"),
-        )?;
+        let process = spawn_tailscaled(binaries, netns, &config.hostname, &state_dir)?;
         let node = TailscaleNode {
             hostname: config.hostname.clone(),
             netns_name: netns.name().to_owned(),
@@ -129,6 +115,25 @@ impl TailscaleNode {
     /// Kills tailscaled now (also happens on drop).
     pub fn kill(&self) {
         self.process().kill();
+    }
+
+    /// Starts tailscaled again (after [`TailscaleNode::kill`]) from its state directory, as a
+    /// device that is switched back on: no new login, the same node; waits until it is
+    /// `Running` with an address.
+    pub async fn restart(&self, binaries: &Binaries) -> Result<()> {
+        self.kill();
+        let netns = Netns::adopt(self.netns_name.clone());
+        let process = spawn_tailscaled(binaries, &netns, &self.hostname, &self.state_dir)?;
+        *self.process() = process;
+        self.wait_for(LOGIN_TIMEOUT, "tailscaled Running again", |status| {
+            status.backend_state == "Running"
+                && status
+                    .tailscale_ips
+                    .as_ref()
+                    .is_some_and(|ips| !ips.is_empty())
+        })
+        .await?;
+        Ok(())
     }
 
     /// Runs `tailscale set <args>` against this node, as an admin on it would (e.g.
@@ -236,4 +241,30 @@ impl TailscaleNode {
     fn process(&self) -> MutexGuard<'_, ChildProcess> {
         self.process.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// `tailscaled --tun=userspace-networking` in `netns` with its state and socket in
+/// `state_dir`, logging to `state_dir/tailscaled.log` (appended).
+fn spawn_tailscaled(
+    binaries: &Binaries,
+    netns: &Netns,
+    hostname: &str,
+    state_dir: &Path,
+) -> Result<ChildProcess> {
+    let socket = state_dir.join("tailscaled.sock");
+    let mut command = netns.command(&binaries.tailscaled)?;
+    command
+        .arg("--tun=userspace-networking")
+        .arg(format!("--statedir={}", state_dir.display()))
+        .arg(format!("--socket={}", socket.display()))
+        .arg("--port=0")
+        .arg("--no-logs-no-support")
+        // Headscale's embedded DERP runs without TLS.
+        .env("TS_DEBUG_USE_DERP_HTTP", "1")
+        .env("TS_NO_LOGS_NO_SUPPORT", "true");
+    Ok(ChildProcess::spawn(
+        format!("tailscaled {hostname}"),
+        command,
+        &state_dir.join("tailscaled.log"),
+    )?)
 }

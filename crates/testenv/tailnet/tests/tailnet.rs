@@ -1,6 +1,8 @@
 //! Real Headscale, real tailscaled, real namespaces. Needs root and `deps/build.sh` binaries.
 //! One environment per test binary ([`TailnetEnv::shared`]); only
-//! `subnet_route_needs_grant_and_approval` changes the policy and route approvals.
+//! `subnet_route_needs_grant_and_approval` changes the policy and route approvals, only
+//! `extra_records_file_reaches_the_nodes_resolver` the extra records (directly, then with the
+//! kubelet's `..data` symlink swap).
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
@@ -441,4 +443,22 @@ async fn extra_records_file_reaches_the_nodes_resolver() {
         .write_extra_records(&[])
         .expect("clear extra records");
     resolves(false).await;
+    // As from a mounted ConfigMap: the kubelet's ..data symlink swap. Headscale watches the
+    // file the symlink points at; the swap removes that file, and Headscale re-adds its watch
+    // on the path (now the new target) and reloads.
+    for (records, expected) in [
+        (vec![ExtraRecord::a(&name, address)], true),
+        (vec![], false),
+        (vec![ExtraRecord::a(&name, address)], true),
+    ] {
+        let t0 = Instant::now();
+        env.headscale
+            .write_extra_records_like_kubelet(&records)
+            .expect("kubelet-style update");
+        resolves(expected).await;
+        eprintln!(
+            "kubelet-style swap → resolves {expected} after {:?}",
+            t0.elapsed()
+        );
+    }
 }

@@ -11,13 +11,14 @@ use kube::ResourceExt;
 use tailnet_api::TailnetEgress;
 use tailnet_api::agent_status::{ProbeState, ProbeView};
 use tailnet_api::conditions::{reasons, types};
-use tailnet_api::egress::{EgressTargetStatus, TailnetEgressStatus};
+use tailnet_api::egress::{EgressTargetStatus, TailnetEgressStatus, TargetKind, TargetNode};
 use tailnet_api::naming::{AgentKind, egress_tag};
 use tailnet_api::validate::{self, TargetAddress, ValidEgress};
 use tailnet_headscale::Node;
 use tailnet_render::egress::EgressObjects;
 use tailnet_render::images::Images;
 use tailnet_render::meta::Owner;
+use tailnet_render::targets::{self, NodeProblem, NodeView, TargetClass};
 use tailnet_render::{RenderContext, RenderError, desired};
 
 use super::super::agent_conditions::{self as shared, NodeList, nodes_unobservable};
@@ -26,7 +27,7 @@ use super::super::identity::{
     KeyAction, agent_hostnames, decide_key, find_node, foreign_nodes, tag_shared,
 };
 use super::super::status::{ConditionSet, Problem};
-use super::gather::EgressObservation;
+use super::gather::{EgressObservation, GrantCheck};
 use tailnet_api::naming::AgentNames;
 
 /// Conditions that must hold for `Ready`, in the order of their dependencies.
@@ -203,12 +204,29 @@ pub fn decide(
     shared::agent_ready(&mut c, observed.deployment.as_ref());
     tag_shared(&mut c, &tag, &foreign, node.is_some());
 
-    // Routes per IP target; DNS-name targets must be granted by the base.
+    // Each target's class from Headscale's node list; routes per subnet target; node
+    // targets follow their node; names must be granted by the base.
+    let views = node_views(
+        observed.nodes.as_ref().map(|n| n.as_slice()).unwrap_or(&[]),
+        now,
+    );
+    let domain = tailnet
+        .spec
+        .dns
+        .as_ref()
+        .and_then(|d| d.magic_dns_domain.as_deref());
+    let classes: Vec<TargetClass> = valid
+        .targets
+        .iter()
+        .map(|t| targets::classify(&t.address, &views, domain))
+        .collect();
     status.targets = target_status(
         valid,
+        &classes,
         &objects,
         observed,
         &tailnet.spec.policy.route_approvers,
+        &tag,
     );
     routes_ready(
         &mut c,
@@ -217,7 +235,8 @@ pub fn decide(
         egress.spec.targets.len(),
     );
 
-    // Grants: effective only when live in Headscale.
+    // Grants: effective only when live in Headscale; a MagicDNS target needs its grant in
+    // the base, and Headscale's policy check says whether it is there.
     shared::policy_effective(
         &mut c,
         tailnet,
@@ -225,12 +244,15 @@ pub fn decide(
         "the grants are live in Headscale",
         None,
     );
-    // Reachability as the agent observes it (a TCP connect through the tailnet per target).
+    grants_for_names(&mut c, &status.targets, &observed.grants);
+    // Reachability as the agent observes it (a TCP connect through the tailnet per target),
+    // overruled by what Headscale says of a target's node (offline, expired, unknown).
     let probes = shared::reachability(
         &mut c,
         types::TARGETS_REACHABLE,
         observed.report.as_ref().map(|r| r.targets.as_slice()),
     );
+    target_nodes(&mut c, &status.targets, &observed.nodes);
     overlay_probes(&mut status, &probes);
     status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
     let owner = Owner::from_meta(AgentKind::Egress, &egress.metadata, &tailnet_name)?;
@@ -251,7 +273,12 @@ pub fn decide(
 /// counts the targets that work (or need nothing from the operator).
 fn overlay_probes(status: &mut TailnetEgressStatus, probes: &BTreeMap<String, ProbeView>) {
     for entry in &mut status.targets {
-        if entry.state.as_deref() != Some(reasons::READY) {
+        // Targets that are fine as far as the operator sees (route approved, node online,
+        // name granted) show what the probe found.
+        if !matches!(
+            entry.state.as_deref(),
+            Some(reasons::READY) | Some(reasons::NOT_APPLICABLE)
+        ) {
             continue;
         }
         if let Some(probe) = probes.get(&entry.name)
@@ -276,6 +303,17 @@ fn overlay_probes(status: &mut TailnetEgressStatus, probes: &BTreeMap<String, Pr
         })
         .count();
     status.summary = Some(format!("{ready_targets}/{} targets", status.targets.len()));
+    let mut kinds: BTreeMap<TargetKind, usize> = BTreeMap::new();
+    for kind in status.targets.iter().filter_map(|t| t.kind) {
+        *kinds.entry(kind).or_default() += 1;
+    }
+    status.kinds = (!kinds.is_empty()).then(|| {
+        kinds
+            .iter()
+            .map(|(k, n)| format!("{n} {}", k.label()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
 }
 
 fn services_ready(
@@ -308,18 +346,96 @@ fn services_ready(
     );
 }
 
-/// Per-target status: its Service, agent port and route (or why not).
+/// Headscale's nodes as the target classification sees them (`now` decides expiry).
+pub fn node_views(nodes: &[Node], now: Timestamp) -> Vec<NodeView> {
+    let rfc3339 = |t: &Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    nodes
+        .iter()
+        .map(|n| NodeView {
+            id: n.id,
+            name: if n.given_name.is_empty() {
+                n.name.clone()
+            } else {
+                n.given_name.clone()
+            },
+            user: n.user.as_ref().map(|u| u.name.clone()),
+            tags: n.tags.clone(),
+            ips: n
+                .ip_addresses
+                .iter()
+                .filter_map(|ip| ip.parse::<IpAddr>().ok())
+                .collect(),
+            online: n.online,
+            // Only while offline: an online node's last-seen time moves on every poll.
+            last_seen: n
+                .last_seen
+                .as_ref()
+                .filter(|_| !n.online)
+                .filter(|t| t.as_second() > 0)
+                .map(rfc3339),
+            // Headscale reports "no expiry" as the zero time (year 1).
+            expired_at: n
+                .expiry
+                .as_ref()
+                .filter(|t| t.as_second() > 0 && **t <= now)
+                .map(rfc3339),
+        })
+        .collect()
+}
+
+fn target_node(node: &NodeView) -> TargetNode {
+    TargetNode {
+        name: node.name.clone(),
+        id: node.id.to_string(),
+        online: node.online,
+        ips: node.ips.iter().map(IpAddr::to_string).collect(),
+        last_seen: node.last_seen.clone(),
+        expired_at: node.expired_at.clone(),
+    }
+}
+
+/// The state of a target on a node (address or MagicDNS name): `None` when the node serves.
+fn node_state(class: &TargetClass, address: &str) -> Option<(&'static str, String)> {
+    match class {
+        TargetClass::UnknownNodeAddress => Some((
+            reasons::TARGET_NODE_UNKNOWN,
+            format!(
+                "{address} is in the tailnet's address range but no Headscale node holds it; check the address (headscale nodes list) or whether the node was removed"
+            ),
+        )),
+        TargetClass::UnknownMagicDnsName => Some((
+            reasons::TARGET_NODE_UNKNOWN,
+            format!(
+                "{address} is under the MagicDNS domain but no Headscale node has that name; check the name (headscale nodes list: GIVEN NAME)"
+            ),
+        )),
+        _ => {
+            let (problem, message) = targets::node_problem(class.node()?)?;
+            let reason = match problem {
+                NodeProblem::Offline => reasons::TARGET_NODE_OFFLINE,
+                NodeProblem::Expired => reasons::TARGET_NODE_EXPIRED,
+            };
+            Some((reason, message))
+        }
+    }
+}
+
+/// Per-target status: its Service, agent port, class, node and route (or why not).
 fn target_status(
     valid: &ValidEgress,
+    classes: &[TargetClass],
     objects: &EgressObjects,
     observed: &EgressObservation,
     approvers: &[String],
+    tag: &str,
 ) -> Vec<EgressTargetStatus> {
     let nodes: &[Node] = observed.nodes.as_ref().map(|n| n.as_slice()).unwrap_or(&[]);
+    let nodes_known = observed.nodes.is_ok();
     valid
         .targets
         .iter()
-        .map(|target| {
+        .zip(classes)
+        .map(|(target, class)| {
             let service = observed.own_services.get(&target.name);
             let mut entry = EgressTargetStatus {
                 name: target.name.clone(),
@@ -332,6 +448,9 @@ fn target_status(
                     .copied()
                     .map(i32::from)
                     .unwrap_or_default(),
+                // Without the node list an IP is only known to be an IP.
+                kind: nodes_known.then(|| class.kind()),
+                node: class.node().map(target_node),
                 ..EgressTargetStatus::default()
             };
             if let Some(holder) = observed.foreign_services.get(&target.name) {
@@ -339,14 +458,70 @@ fn target_status(
                 entry.message = Some(format!("Service belongs to {holder}"));
                 return entry;
             }
-            match &target.address {
-                TargetAddress::Ip(ip) => {
+            let address = target.address.to_string();
+            if nodes_known && let Some((reason, message)) = node_state(class, &address) {
+                entry.state = Some(reason.to_string());
+                entry.message = Some(message);
+                return entry;
+            }
+            match (class, &target.address) {
+                (TargetClass::TailnetNode(node), _) => {
+                    entry.state = Some(reasons::NOT_APPLICABLE.to_string());
+                    entry.message = Some(format!(
+                        "tailnet node {} ({}): the grant is generated, no route is involved",
+                        node.name,
+                        node.ips
+                            .iter()
+                            .map(IpAddr::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                }
+                (TargetClass::MagicDns(node), _) => {
+                    let grant = targets::grant_line(tag, node, target.port);
+                    let (state, message) = match observed.grants.get(&target.name) {
+                        Some(GrantCheck::Missing) => {
+                            entry.missing_grant = Some(grant.clone());
+                            (
+                                reasons::GRANT_MISSING,
+                                format!(
+                                    "MagicDNS name of node {}: the live policy does not grant {tag} tcp:{} on it (MagicDNS cannot resolve a node outside the agent's netmap); add to the base policy's grants: {grant}",
+                                    node.name, target.port
+                                ),
+                            )
+                        }
+                        Some(GrantCheck::Granted) => (
+                            reasons::NOT_APPLICABLE,
+                            format!(
+                                "MagicDNS name of node {}: granted by the base policy (no grant or route is generated for names)",
+                                node.name
+                            ),
+                        ),
+                        Some(GrantCheck::Unknown(why)) => (
+                            reasons::NOT_APPLICABLE,
+                            format!(
+                                "MagicDNS name of node {}: whether the base grants it is unknown ({why}); it needs {grant}",
+                                node.name
+                            ),
+                        ),
+                        None => (
+                            reasons::NOT_APPLICABLE,
+                            format!(
+                                "MagicDNS name of node {}: no grant is generated for names; the base policy must grant {grant}",
+                                node.name
+                            ),
+                        ),
+                    };
+                    entry.state = Some(state.to_string());
+                    entry.message = Some(message);
+                }
+                (_, TargetAddress::Ip(ip)) => {
                     let route = route_state(ip, approvers, nodes);
                     entry.route = route.route;
                     entry.state = Some(route.state.to_string());
                     entry.message = Some(route.message);
                 }
-                _ => {
+                (_, TargetAddress::Dns(_)) => {
                     entry.state = Some(reasons::NOT_APPLICABLE.to_string());
                     entry.message = Some(
                         "DNS-name target: no route or grant is generated; grant it in the base policy"
@@ -357,6 +532,76 @@ fn target_status(
             entry
         })
         .collect()
+}
+
+/// `PolicyEffective=False/GrantMissing` when a MagicDNS target's node is not granted by the
+/// live policy (only once the generated grants are live: those problems come first).
+fn grants_for_names(
+    c: &mut ConditionSet,
+    targets: &[EgressTargetStatus],
+    checks: &BTreeMap<String, GrantCheck>,
+) {
+    if c.get(types::POLICY_EFFECTIVE)
+        .is_some_and(|p| p.status != "True")
+    {
+        return;
+    }
+    let missing: Vec<String> = targets
+        .iter()
+        .filter(|t| checks.get(&t.name) == Some(&GrantCheck::Missing))
+        .filter_map(|t| Some(format!("{}: add {}", t.name, t.missing_grant.as_ref()?)))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    c.fail(
+        types::POLICY_EFFECTIVE,
+        Problem::new(
+            reasons::GRANT_MISSING,
+            format!(
+                "the generated grants are live, but the base policy does not grant these MagicDNS targets (the operator generates no grant for names): {}",
+                missing.join("; ")
+            ),
+        ),
+    );
+}
+
+/// `TargetsReachable=False` naming the target nodes Headscale reports unknown, offline or
+/// expired: "the NAS is off", not a timeout.
+fn target_nodes(c: &mut ConditionSet, targets: &[EgressTargetStatus], nodes: &NodeList) {
+    if nodes.is_err() {
+        return;
+    }
+    let node_reasons = [
+        reasons::TARGET_NODE_UNKNOWN,
+        reasons::TARGET_NODE_OFFLINE,
+        reasons::TARGET_NODE_EXPIRED,
+    ];
+    let problems: Vec<(&'static str, String)> = targets
+        .iter()
+        .filter_map(|t| {
+            let reason = node_reasons
+                .into_iter()
+                .find(|r| t.state.as_deref() == Some(*r))?;
+            Some((
+                reason,
+                format!("{}: {}", t.name, t.message.clone().unwrap_or_default()),
+            ))
+        })
+        .collect();
+    if let Some((reason, _)) = problems.first() {
+        c.fail(
+            types::TARGETS_REACHABLE,
+            Problem::new(
+                reason,
+                problems
+                    .iter()
+                    .map(|(_, m)| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+        );
+    }
 }
 
 /// `RoutesReady` from the per-target route states.
@@ -379,10 +624,22 @@ fn routes_ready(
             ))
         })
         .collect();
-    let dns_targets: Vec<&str> = targets
+    // Targets that need no route: names, and addresses of tailnet nodes.
+    let no_route: Vec<String> = targets
         .iter()
-        .filter(|t| t.state.as_deref() == Some(reasons::NOT_APPLICABLE))
-        .map(|t| t.name.as_str())
+        .filter(|t| {
+            matches!(
+                t.kind,
+                Some(TargetKind::TailnetNode | TargetKind::MagicDns | TargetKind::DnsName)
+            ) || t.state.as_deref() == Some(reasons::NOT_APPLICABLE)
+        })
+        .map(|t| match (&t.node, t.kind) {
+            (Some(node), Some(TargetKind::MagicDns)) => {
+                format!("{} (MagicDNS name of {})", t.name, node.name)
+            }
+            (Some(node), _) => format!("{} (tailnet node {})", t.name, node.name),
+            (None, _) => t.name.clone(),
+        })
         .collect();
     match problems.first() {
         Some((reason, _)) if nodes.is_ok() => c.fail(
@@ -405,12 +662,20 @@ fn routes_ready(
             };
             c.unknown(types::ROUTES_READY, Problem::new(problem.reason, message));
         }
-        None if !dns_targets.is_empty() && dns_targets.len() == count => c.ok(
+        None if !no_route.is_empty() && no_route.len() == count => c.ok(
             types::ROUTES_READY,
             reasons::NOT_APPLICABLE,
             format!(
-                "DNS-name targets ({}) need no route from the operator; grant them in the base policy",
-                dns_targets.join(", ")
+                "no target needs a route: {} (tailnet nodes are reached directly, DNS names are granted in the base policy)",
+                no_route.join(", ")
+            ),
+        ),
+        None if !no_route.is_empty() => c.ok(
+            types::ROUTES_READY,
+            reasons::READY,
+            format!(
+                "every subnet target is covered by an approved route; {} need none",
+                no_route.join(", ")
             ),
         ),
         None => c.ok(

@@ -7,8 +7,10 @@ use k8s_openapi::api::core::v1::Service;
 use kube::{Api, ResourceExt};
 use tailnet_api::TailnetEgress;
 use tailnet_api::agent_status::StatusReport;
-use tailnet_api::naming::{AgentKind, labels};
+use tailnet_api::naming::{AgentKind, egress_tag, labels};
+use tailnet_api::validate::TargetAddress;
 use tailnet_render::meta::Owner;
+use tailnet_render::targets::{self, TargetClass};
 
 use super::super::access::{TailnetAccess, tailnet_access};
 use super::super::agent_conditions::{NodeList, nodes_unobservable};
@@ -36,6 +38,18 @@ pub struct EgressObservation {
     pub deployment: Option<Deployment>,
     /// The agent's `/status` (probe results); `None` when it could not be read.
     pub report: Option<StatusReport>,
+    /// Per MagicDNS target on a known node (by target name): whether the live policy grants
+    /// this egress's tag the node's address and port (asked of Headscale's policy check).
+    pub grants: BTreeMap<String, GrantCheck>,
+}
+
+/// Headscale's answer to "does the live policy let this egress reach that node's port?".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GrantCheck {
+    Granted,
+    Missing,
+    /// Could not be decided (e.g. the agent's node does not exist yet), and why.
+    Unknown(String),
 }
 
 pub async fn gather(
@@ -53,6 +67,7 @@ pub async fn gather(
             auth_secret: AuthSecret::Absent,
             deployment: None,
             report: None,
+            grants: BTreeMap::new(),
         });
     };
     let (own_services, foreign_services) = services(ctx, egress, &namespace).await?;
@@ -67,6 +82,12 @@ pub async fn gather(
         deployment,
         report,
     } = gather_agent(ctx, tailnet_access, &owner).await?;
+    let grants = match (&tailnet_access.headscale, &nodes) {
+        (Ok(headscale), Ok(nodes)) => {
+            grant_checks(ctx, headscale, &tailnet_access.tailnet, egress, nodes).await
+        }
+        _ => BTreeMap::new(),
+    };
     Ok(EgressObservation {
         access,
         foreign_services,
@@ -75,7 +96,109 @@ pub async fn gather(
         auth_secret,
         deployment,
         report,
+        grants,
     })
+}
+
+/// Asks Headscale, for each MagicDNS target on a known node, whether the live policy grants
+/// the egress's tag that node's address and port: the live policy with one `tests` entry
+/// (`src` = the tag, `accept` = `ip:port`) through `POST /api/v1/policy/check`, which
+/// evaluates it exactly as Headscale enforces it, without storing anything.
+async fn grant_checks(
+    ctx: &Context,
+    headscale: &tailnet_headscale::Client,
+    tailnet: &tailnet_api::Tailnet,
+    egress: &TailnetEgress,
+    nodes: &[tailnet_headscale::Node],
+) -> BTreeMap<String, GrantCheck> {
+    let domain = tailnet
+        .spec
+        .dns
+        .as_ref()
+        .and_then(|d| d.magic_dns_domain.as_deref());
+    let views = super::decide::node_views(nodes, jiff::Timestamp::now());
+    let checks: Vec<(String, String)> = egress
+        .spec
+        .targets
+        .iter()
+        .filter_map(|t| {
+            let address = TargetAddress::parse("address", &t.address).ok()?;
+            let TargetClass::MagicDns(node) = targets::classify(&address, &views, domain) else {
+                return None;
+            };
+            let ip = node
+                .ips
+                .iter()
+                .find(|ip| ip.is_ipv4())
+                .or(node.ips.first())?;
+            let port = u16::try_from(t.port).ok()?;
+            let dst = match ip {
+                std::net::IpAddr::V4(v4) => format!("{v4}:{port}"),
+                std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+            };
+            Some((t.name.clone(), dst))
+        })
+        .collect();
+    let mut out = BTreeMap::new();
+    if checks.is_empty() {
+        return out;
+    }
+    let live = match ctx
+        .live_policies
+        .get(headscale.server(), || async {
+            headscale.get_policy().await.map(|p| vec![p.policy])
+        })
+        .await
+    {
+        Ok(policy) => policy.first().cloned().unwrap_or_default(),
+        Err(e) => {
+            for (name, _) in checks {
+                out.insert(
+                    name,
+                    GrantCheck::Unknown(format!("reading the live policy failed: {e}")),
+                );
+            }
+            return out;
+        }
+    };
+    let tag = egress_tag(&tailnet.spec.policy.tag_prefix, &egress.name_any());
+    let digest: String = {
+        use sha2::{Digest, Sha256};
+        Sha256::digest(live.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    for (name, dst) in checks {
+        let key = format!("{}\n{digest}\n{tag}\n{dst}", headscale.server());
+        if let Some(granted) = ctx.cached_grant(&key) {
+            let check = if granted {
+                GrantCheck::Granted
+            } else {
+                GrantCheck::Missing
+            };
+            out.insert(name, check);
+            continue;
+        }
+        let check = match tailnet_policy::with_tests(&live, &tag, &dst) {
+            Err(e) => GrantCheck::Unknown(format!("the live policy does not parse: {e}")),
+            Ok(document) => match headscale.check_policy(&document).await {
+                Ok(()) => {
+                    ctx.remember_grant(key, true);
+                    GrantCheck::Granted
+                }
+                Err(e) if e.to_string().contains("expected ALLOWED, got DENIED") => {
+                    ctx.remember_grant(key, false);
+                    GrantCheck::Missing
+                }
+                Err(e) => {
+                    GrantCheck::Unknown(format!("Headscale's policy check of {tag} -> {dst}: {e}"))
+                }
+            },
+        };
+        out.insert(name, check);
+    }
+    out
 }
 
 /// This egress's Services and the target names whose Service belongs to someone else.

@@ -15,7 +15,7 @@ use super::super::reason_coverage::assert_every_reason_has_a_case;
 use super::super::status::Problem;
 use super::super::test_fixtures::{self as fx, OPERATOR_NAMESPACE};
 use super::decide::{self, EgressDecision};
-use super::gather::EgressObservation;
+use super::gather::{EgressObservation, GrantCheck};
 
 const RESOURCE: &str = "TailnetEgress/tailnet-system/team-a";
 const TAG: &str = "tag:tno-egress-team-a";
@@ -69,6 +69,7 @@ fn healthy() -> EgressObservation {
             )],
             vec![],
         )),
+        grants: BTreeMap::new(),
     }
 }
 
@@ -353,7 +354,233 @@ fn route_policy_and_probe_cases(ip: &TailnetEgress, dns_only: &TailnetEgress) ->
             ],
         });
     }
+    v.extend(device_cases());
     v
+}
+
+/// A user-owned device in the tailnet (a NAS): IPv4 and IPv6.
+fn device(online: bool) -> Node {
+    Node {
+        user: Some(tailnet_headscale::User {
+            name: "alice".into(),
+            ..Default::default()
+        }),
+        tags: vec![],
+        last_seen: Some("2026-06-01T11:58:00Z".parse().expect("time")),
+        ..fx::node(
+            9,
+            "nas",
+            "unused",
+            online,
+            &["100.64.0.9", "fd7a:115c:a1e0::9"],
+        )
+    }
+}
+
+fn device_observed(device: Node, probes: Vec<(&str, &str, ProbeState)>) -> EgressObservation {
+    with(|o| {
+        o.nodes = Ok(Arc::new(vec![
+            fx::router(&["192.0.2.0/24"], &["192.0.2.0/24"]),
+            agent_node(true),
+            device,
+        ]));
+        o.report = Some(fx::report(
+            probes
+                .into_iter()
+                .map(|(n, a, s)| fx::probe(n, a, s))
+                .collect(),
+            vec![],
+        ));
+    })
+}
+
+fn device_cases() -> Vec<Case> {
+    let by_ip = egress(serde_json::json!([
+        {"name": "nas-v4", "address": "100.64.0.9", "port": 7000},
+        {"name": "nas-v6", "address": "fd7a:115c:a1e0::9", "port": 7000}
+    ]));
+    let reachable = vec![
+        ("nas-v4", "100.64.0.9:7000", ProbeState::Reachable),
+        ("nas-v6", "[fd7a:115c:a1e0::9]:7000", ProbeState::Reachable),
+    ];
+    let by_name =
+        egress(serde_json::json!([{"name": "nas", "address": "nas.ts.example.net", "port": 7000}]));
+    let mut magic = fx::tailnet(&[RESOURCE]);
+    if let Some(dns) = magic.spec.dns.as_mut() {
+        dns.magic_dns_domain = Some("ts.example.net".into());
+    }
+    let named = |grant: Option<GrantCheck>| {
+        let mut o = device_observed(
+            device(true),
+            vec![("nas", "nas.ts.example.net:7000", ProbeState::Reachable)],
+        );
+        o.access = Ok(fx::access(magic.clone()));
+        if let Some(g) = grant {
+            o.grants.insert("nas".into(), g);
+        }
+        o
+    };
+    let mut expired = device(true);
+    expired.expiry = Some("2026-05-01T00:00:00Z".parse().expect("time"));
+    let unknown_ip = egress(serde_json::json!([
+        {"name": "gone", "address": "100.64.0.99", "port": 7000}
+    ]));
+    let unknown_name = egress(serde_json::json!([
+        {"name": "gone", "address": "gone.ts.example.net", "port": 7000}
+    ]));
+    let mut unknown_name_observed = named(None);
+    unknown_name_observed.report = Some(fx::report(vec![], vec![]));
+    vec![
+        case(
+            "device by tailnet IPv4 and IPv6: no route involved",
+            &by_ip,
+            device_observed(device(true), reachable.clone()),
+            vec![
+                (types::ROUTES_READY, "True", reasons::NOT_APPLICABLE),
+                (types::TARGETS_REACHABLE, "True", reasons::REACHABLE),
+                (types::READY, "True", reasons::READY),
+            ],
+        ),
+        case(
+            "device offline",
+            &by_ip,
+            device_observed(
+                device(false),
+                vec![
+                    ("nas-v4", "100.64.0.9:7000", ProbeState::Timeout),
+                    ("nas-v6", "[fd7a:115c:a1e0::9]:7000", ProbeState::Timeout),
+                ],
+            ),
+            vec![
+                (
+                    types::TARGETS_REACHABLE,
+                    "False",
+                    reasons::TARGET_NODE_OFFLINE,
+                ),
+                (types::READY, "False", reasons::TARGET_NODE_OFFLINE),
+                (types::ROUTES_READY, "True", reasons::NOT_APPLICABLE),
+            ],
+        ),
+        case(
+            "device key expired",
+            &by_ip,
+            device_observed(expired, reachable),
+            vec![(types::READY, "False", reasons::TARGET_NODE_EXPIRED)],
+        ),
+        case(
+            "tailnet address no node holds",
+            &unknown_ip,
+            device_observed(device(true), vec![]),
+            vec![(
+                types::TARGETS_REACHABLE,
+                "False",
+                reasons::TARGET_NODE_UNKNOWN,
+            )],
+        ),
+        case(
+            "MagicDNS name of no node",
+            &unknown_name,
+            unknown_name_observed,
+            vec![(types::READY, "False", reasons::TARGET_NODE_UNKNOWN)],
+        ),
+        case(
+            "MagicDNS name granted by the base",
+            &by_name,
+            named(Some(GrantCheck::Granted)),
+            vec![
+                (types::POLICY_EFFECTIVE, "True", reasons::READY),
+                (types::ROUTES_READY, "True", reasons::NOT_APPLICABLE),
+                (types::READY, "True", reasons::READY),
+            ],
+        ),
+        case(
+            "MagicDNS name without a grant",
+            &by_name,
+            named(Some(GrantCheck::Missing)),
+            vec![
+                (types::POLICY_EFFECTIVE, "False", reasons::GRANT_MISSING),
+                (types::READY, "False", reasons::GRANT_MISSING),
+            ],
+        ),
+    ]
+}
+
+#[test]
+fn target_classes_and_their_nodes_in_the_status() {
+    use tailnet_api::egress::TargetKind;
+    let mixed = egress(serde_json::json!([
+        {"name": "db", "address": "192.0.2.10", "port": 5432},
+        {"name": "nas-v6", "address": "fd7a:115c:a1e0::9", "port": 7000},
+        {"name": "nas", "address": "nas", "port": 7000},
+        {"name": "wiki", "address": "wiki.site.example.net", "port": 443}
+    ]));
+    let mut observed = device_observed(
+        device(false),
+        vec![("db", "192.0.2.10:5432", ProbeState::Reachable)],
+    );
+    observed.grants.insert("nas".into(), GrantCheck::Missing);
+    let status = run(&mixed, &observed).status;
+    let kinds: Vec<_> = status.targets.iter().map(|t| t.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            Some(TargetKind::SubnetRoute),
+            Some(TargetKind::TailnetNode),
+            Some(TargetKind::MagicDns),
+            Some(TargetKind::DnsName)
+        ]
+    );
+    assert_eq!(
+        status.kinds.as_deref(),
+        Some("1 TailnetNode, 1 SubnetRoute, 1 MagicDNS, 1 DNSName")
+    );
+    let nas = &status.targets[1];
+    let node = nas.node.as_ref().expect("node");
+    assert_eq!(
+        (node.name.as_str(), node.online, node.ips.len()),
+        ("nas", false, 2)
+    );
+    assert_eq!(node.last_seen.as_deref(), Some("2026-06-01T11:58:00Z"));
+    assert_eq!(nas.state.as_deref(), Some(reasons::TARGET_NODE_OFFLINE));
+    let message = nas.message.as_deref().unwrap_or_default();
+    assert!(
+        message.contains("offline, last seen 2026-06-01T11:58:00Z"),
+        "{message}"
+    );
+    // The offline node wins over its (missing) grant: first the node must be there.
+    assert_eq!(
+        status.targets[2].state.as_deref(),
+        Some(reasons::TARGET_NODE_OFFLINE)
+    );
+    // Routes: only the subnet target needs one.
+    let routes = fx::condition(&status.conditions, types::ROUTES_READY);
+    assert_eq!(routes, ("True", reasons::READY));
+    // Online again, the missing grant is named with the exact line to add.
+    let mut observed = device_observed(device(true), vec![]);
+    observed.grants.insert("nas".into(), GrantCheck::Missing);
+    let status = run(&mixed, &observed).status;
+    assert_eq!(
+        status.targets[2].missing_grant.as_deref(),
+        Some(
+            r#"{"src": ["tag:tno-egress-team-a"], "dst": ["100.64.0.9", "fd7a:115c:a1e0::9"], "ip": ["tcp:7000"]}"#
+        )
+    );
+    let policy = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::POLICY_EFFECTIVE)
+        .expect("PolicyEffective");
+    assert_eq!(policy.reason, reasons::GRANT_MISSING);
+    assert!(
+        policy.message.contains(r#""dst": ["100.64.0.9""#),
+        "{}",
+        policy.message
+    );
+    // Headscale unreachable: no kind is claimed for IPs (a node address looks like a subnet).
+    let mut observed = device_observed(device(true), vec![]);
+    observed.nodes = Err(Problem::new(reasons::HEADSCALE_UNREACHABLE, "down"));
+    let status = run(&mixed, &observed).status;
+    assert!(status.targets.iter().all(|t| t.kind.is_none()));
 }
 
 /// The reasons a status shows: its conditions' and its targets' states.

@@ -16,7 +16,7 @@ use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tailnet_headscale::{Client as HeadscaleClient, Node};
 use tailnet_policy::ObservedNode;
 use tailnet_render::backends::ObjectKey;
-use tailnet_render::dns::{EXTRA_RECORDS_KEY, HOSTS_KEY};
+use tailnet_render::dns::{EXTRA_RECORDS_KEY, HOSTS_KEY, SERVER_BLOCK_KEY};
 
 use super::super::access::read_api_key;
 use super::super::context::Context;
@@ -378,7 +378,7 @@ async fn current_dns(
             .data
             .unwrap_or_default()
             .into_iter()
-            .filter(|(k, _)| k == HOSTS_KEY || k == EXTRA_RECORDS_KEY)
+            .filter(|(k, _)| k == HOSTS_KEY || k == EXTRA_RECORDS_KEY || k == SERVER_BLOCK_KEY)
             .collect(),
         owner_uids: cm
             .metadata

@@ -1261,8 +1261,8 @@ fn dns_config_map_written_only_on_change_and_owned_only_if_ours() {
     assert!(cm.metadata.owner_references.is_none());
     assert_eq!(
         cm.data.as_ref().map(BTreeMap::len),
-        Some(2),
-        "only our two keys are applied"
+        Some(3),
+        "only our three keys are applied"
     );
     // Ours with stale keys: written and owned.
     let ours = TailnetObservation {

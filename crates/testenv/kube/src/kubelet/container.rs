@@ -356,18 +356,21 @@ impl MountPlan {
                     None,
                 ),
             )?;
-            if bind.read_only {
-                step(
-                    "read-only volume",
-                    mount(
-                        None,
-                        &bind.target,
-                        None,
-                        MS_REMOUNT | MS_BIND | MS_RDONLY,
-                        None,
-                    ),
-                )?;
-            }
+        }
+        // Read-only only after every mount is in place: a mount nested in a read-only volume
+        // (k3s's CoreDNS mounts coredns-custom at /etc/coredns/custom inside its read-only
+        // /etc/coredns ConfigMap volume) needs its target created first, as runc does.
+        for bind in self.binds.iter().filter(|b| b.read_only) {
+            step(
+                "read-only volume",
+                mount(
+                    None,
+                    &bind.target,
+                    None,
+                    MS_REMOUNT | MS_BIND | MS_RDONLY,
+                    None,
+                ),
+            )?;
         }
         let staging = c"/.tno-pod";
         step(

@@ -1,0 +1,604 @@
+//! The DNS wiring of docs/dns.md against the default Corefiles of real distributions, with the
+//! real CoreDNS binary (v1.14.7 from deps) run as a pod by the lab's kubelet (service-account
+//! token, in-cluster config: the `kubernetes` plugin really talks to the apiserver).
+//!
+//! For each Corefile the operator's DNS ConfigMap (rendered by `tailnet_render`, the code the
+//! Tailnet controller uses) is mounted as the docs say, and the test checks: CoreDNS starts
+//! (its `ready` plugin answers), the egress alias resolves to the target Service's ClusterIP,
+//! an ingress name to its tailnet IPv4 and IPv6, a cluster name still resolves, and on k3s the
+//! `NodeHosts` entries still resolve. The old advice (a second `hosts` plugin in k3s's server
+//! block) is the negative row: CoreDNS refuses to start. Prints the matrix.
+
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tailnet_render::dns::{self, ClaimRank, DnsEntry, DnsInputs};
+
+const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.7";
+const ALIAS: &str = "api.site.example.net";
+/// Added later: CoreDNS must pick it up without a restart.
+const NEW_ALIAS: &str = "wiki.site.example.net";
+const INGRESS_NAME: &str = "portal.team-a.lab.example.net";
+const INGRESS_V4: &str = "100.64.0.7";
+const INGRESS_V6: &str = "fd7a:115c:a1e0::7";
+const NODE_HOSTS: &str = "10.244.0.1 tno-node\n";
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// kubeadm v1.36's default (`kubeadm init`, ConfigMap kube-system/coredns), plus the one
+/// line docs/dns.md adds at the top level.
+const KUBEADM: &str = r#"import /etc/coredns-tailnet/*.server
+.:53 {
+    errors
+    health {
+       lameduck 5s
+    }
+    ready
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+       pods insecure
+       fallthrough in-addr.arpa ip6.arpa
+       ttl 30
+    }
+    prometheus :9153
+    forward . /etc/resolv.conf {
+       max_concurrent 1000
+    }
+    cache 30 {
+       disable success cluster.local
+       disable denial cluster.local
+    }
+    loop
+    reload
+    loadbalance
+}
+"#;
+
+/// k3s's default (manifests/coredns.yaml), unchanged: the operator's ConfigMap *is*
+/// `coredns-custom`, whose `*.server` keys k3s imports at the top level.
+const K3S: &str = r#".:53 {
+    errors
+    health
+    ready
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+      pods insecure
+      fallthrough in-addr.arpa ip6.arpa
+    }
+    hosts /etc/coredns/NodeHosts {
+      ttl 60
+      reload 15s
+      fallthrough
+    }
+    prometheus :9153
+    forward . /etc/resolv.conf
+    cache 30
+    loop
+    reload
+    loadbalance
+    import /etc/coredns/custom/*.override
+}
+import /etc/coredns/custom/*.server
+"#;
+
+/// What docs/dns.md used to say, applied to k3s: a second `hosts` block in `.:53`.
+const K3S_OLD_ADVICE: &str = r#".:53 {
+    errors
+    health
+    ready
+    hosts /etc/coredns/custom/hosts {
+        fallthrough
+        reload 10s
+    }
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+      pods insecure
+      fallthrough in-addr.arpa ip6.arpa
+    }
+    hosts /etc/coredns/NodeHosts {
+      ttl 60
+      reload 15s
+      fallthrough
+    }
+    prometheus :9153
+    forward . /etc/resolv.conf
+    cache 30
+    loop
+    reload
+    loadbalance
+    import /etc/coredns/custom/*.override
+}
+import /etc/coredns/custom/*.server
+"#;
+
+/// RKE2's rke2-coredns chart default, plus the top-level import (the chart's
+/// `extraConfig.import.parameters`).
+const RKE2: &str = r#".:53 {
+    errors 
+    health  {
+        lameduck 5s
+    }
+    ready 
+    kubernetes   cluster.local  cluster.local in-addr.arpa ip6.arpa {
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 30
+    }
+    prometheus   0.0.0.0:9153
+    forward   . /etc/resolv.conf
+    cache   30
+    loop 
+    reload 
+    loadbalance 
+}
+import /etc/coredns-tailnet/*.server
+"#;
+
+/// Talos's default (its CoreDNS manifest), plus the top-level import.
+const TALOS: &str = r#".:53 {
+    errors
+    health {
+        lameduck 5s
+    }
+    ready
+    log . {
+        class error
+    }
+    prometheus :9153
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 30
+    }
+    forward . /etc/resolv.conf {
+       max_concurrent 1000
+    }
+    cache 30 {
+        disable success cluster.local
+        disable denial cluster.local
+    }
+    loop
+    reload
+    loadbalance
+}
+import /etc/coredns-tailnet/*.server
+"#;
+
+struct Case {
+    name: &'static str,
+    corefile: &'static str,
+    /// k3s layout (NodeHosts beside the Corefile, the operator's keys as `coredns-custom` at
+    /// /etc/coredns/custom) or the docs' layout for the others (/etc/coredns-tailnet).
+    k3s: bool,
+    starts: bool,
+}
+
+fn entry(hostname: &str, address: IpAddr, owner: &str) -> DnsEntry {
+    DnsEntry {
+        hostname: hostname.into(),
+        address,
+        owner: owner.into(),
+        rank: ClaimRank::default(),
+    }
+}
+
+/// A DNS query for `name` (`qtype` 1 = A, 28 = AAAA) sent to `server` from the lab netns
+/// (the node); the addresses of the answer, or why not.
+fn query(
+    lab: &tno_netlab::Netns,
+    server: IpAddr,
+    name: &str,
+    qtype: u16,
+) -> Result<Vec<IpAddr>, String> {
+    let mut q = vec![0x4a, 0x11, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.split('.') {
+        q.push(u8::try_from(label.len()).map_err(|e| e.to_string())?);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.push(0);
+    q.extend_from_slice(&qtype.to_be_bytes());
+    q.extend_from_slice(&[0, 1]);
+    let answer = lab
+        .in_netns(move || -> std::io::Result<Vec<u8>> {
+            let socket = UdpSocket::bind("0.0.0.0:0")?;
+            socket.set_read_timeout(Some(Duration::from_secs(2)))?;
+            socket.send_to(&q, SocketAddr::new(server, 53))?;
+            let mut buffer = [0u8; 1500];
+            let (len, _) = socket.recv_from(&mut buffer)?;
+            Ok(buffer[..len].to_vec())
+        })
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let rcode = answer.get(3).map(|b| b & 0x0F).unwrap_or(0xFF);
+    if rcode != 0 {
+        return Err(format!("rcode {rcode}"));
+    }
+    parse_addresses(&answer).ok_or_else(|| "truncated answer".into())
+}
+
+fn parse_addresses(m: &[u8]) -> Option<Vec<IpAddr>> {
+    let u16_at = |at: usize| Some(u16::from_be_bytes([*m.get(at)?, *m.get(at + 1)?]));
+    let skip = |mut at: usize| -> Option<usize> {
+        loop {
+            let len = *m.get(at)?;
+            if len == 0 {
+                return Some(at + 1);
+            }
+            if len & 0xC0 == 0xC0 {
+                return Some(at + 2);
+            }
+            at += 1 + usize::from(len);
+        }
+    };
+    let mut at = 12;
+    for _ in 0..u16_at(4)? {
+        at = skip(at)? + 4;
+    }
+    let mut out = Vec::new();
+    for _ in 0..u16_at(6)? {
+        at = skip(at)?;
+        let rtype = u16_at(at)?;
+        let len = usize::from(u16_at(at + 8)?);
+        let data = m.get(at + 10..at + 10 + len)?;
+        match rtype {
+            1 => out.push(IpAddr::from(<[u8; 4]>::try_from(data).ok()?)),
+            28 => out.push(IpAddr::from(<[u8; 16]>::try_from(data).ok()?)),
+            _ => {}
+        }
+        at += 10 + len;
+    }
+    Some(out)
+}
+
+/// The answer for `name` once it is `expected` (CoreDNS may still be syncing with the API).
+fn resolves(lab: &tno_netlab::Netns, server: IpAddr, name: &str, qtype: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = query(lab, server, name, qtype);
+        if matches!(&got, Ok(a) if !a.is_empty()) || Instant::now() > deadline {
+            return match got {
+                Ok(a) => a
+                    .iter()
+                    .map(IpAddr::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+                Err(e) => format!("<{e}>"),
+            };
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn coredns_pod(case: &Case) -> Value {
+    let config_volume = if case.k3s {
+        json!({"name": "config-volume", "configMap": {"name": format!("{}-coredns", case.name),
+               "items": [{"key": "Corefile", "path": "Corefile"}, {"key": "NodeHosts", "path": "NodeHosts"}]}})
+    } else {
+        json!({"name": "config-volume", "configMap": {"name": format!("{}-coredns", case.name),
+               "items": [{"key": "Corefile", "path": "Corefile"}]}})
+    };
+    // The operator's ConfigMap: k3s mounts coredns-custom whole at /etc/coredns/custom; the
+    // docs mount the server block at /etc/coredns-tailnet for the others.
+    let (tailnet_volume, tailnet_mount) = if case.k3s {
+        (
+            json!({"name": "custom-config-volume", "configMap": {"name": "tailnet-hosts", "optional": true}}),
+            json!({"name": "custom-config-volume", "mountPath": "/etc/coredns/custom", "readOnly": true}),
+        )
+    } else {
+        (
+            json!({"name": "tailnet", "configMap": {"name": "tailnet-hosts", "optional": true,
+                   "items": [{"key": dns::SERVER_BLOCK_KEY, "path": dns::SERVER_BLOCK_KEY}]}}),
+            json!({"name": "tailnet", "mountPath": "/etc/coredns-tailnet", "readOnly": true}),
+        )
+    };
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("coredns-{}", case.name), "labels": {"app": "coredns-matrix"}},
+        "spec": {
+            "serviceAccountName": "coredns-matrix",
+            "dnsPolicy": "None",
+            // The node's upstream resolver; the lab has none, so this one never answers.
+            "dnsConfig": {"nameservers": ["192.0.2.1"]},
+            "containers": [{
+                "name": "coredns",
+                "image": COREDNS_IMAGE,
+                "args": ["-conf", "/etc/coredns/Corefile"],
+                "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181}, "periodSeconds": 1},
+                "volumeMounts": [
+                    {"name": "config-volume", "mountPath": "/etc/coredns", "readOnly": true},
+                    tailnet_mount,
+                ],
+            }],
+            "volumes": [config_volume, tailnet_volume],
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_corefiles_serve_the_rendered_server_block() {
+    let env = tno_testenv_kube::shared()
+        .await
+        .unwrap_or_else(|e| panic!("kube environment: {e}"));
+    let ns = env.namespace("coredns").await.expect("namespace");
+    let client = ns.client().clone();
+    let name = ns.name().to_string();
+    let apply = PatchParams::apply("test").force();
+
+    // The egress Service the alias points at, and the RBAC CoreDNS needs.
+    let services: Api<Service> = Api::namespaced(client.clone(), &name);
+    let service: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "remote-api"},
+        "spec": {"ports": [{"port": 443}]}
+    }))
+    .expect("service");
+    let service = services
+        .create(&PostParams::default(), &service)
+        .await
+        .expect("Service");
+    let cluster_ip: IpAddr = service
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .and_then(|ip| ip.parse().ok())
+        .expect("ClusterIP");
+    tno_testenv_kube::network::apply_all(
+        &client,
+        &[
+            json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": "coredns-matrix", "namespace": name}}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": format!("coredns-matrix-{name}")},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
+                   "subjects": [{"kind": "ServiceAccount", "name": "coredns-matrix", "namespace": name}]}),
+        ],
+    )
+    .await
+    .expect("RBAC");
+
+    // The operator's DNS ConfigMap, rendered by the code the Tailnet controller runs.
+    let render = |aliases: &[&str]| {
+        dns::render(&DnsInputs {
+            egress_aliases: aliases
+                .iter()
+                .map(|a| entry(a, cluster_ip, "TailnetEgress/tailnet-system/team-a"))
+                .collect(),
+            ingress_names: vec![
+                entry(
+                    INGRESS_NAME,
+                    INGRESS_V4.parse().expect("ip"),
+                    "TailnetIngress/team-a/portal",
+                ),
+                entry(
+                    INGRESS_NAME,
+                    INGRESS_V6.parse().expect("ip"),
+                    "TailnetIngress/team-a/portal",
+                ),
+            ],
+            pending: vec![],
+        })
+    };
+    let rendered = render(&[ALIAS]);
+    let tailnet: tailnet_api::Tailnet = serde_json::from_value(json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet",
+        "metadata": {"name": "demo"},
+        "spec": {"server": "https://headscale.example.net",
+                 "apiSecretRef": {"name": "s", "key": "k"},
+                 "dns": {"hostsConfigMap": "tailnet-hosts", "hostsConfigMapNamespace": name},
+                 "policy": {"tagOwners": ["group:platform"]}}
+    }))
+    .expect("tailnet");
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), &name);
+    let write_dns = |rendered: dns::RenderedDns| {
+        let (config_maps, apply, tailnet, name) = (
+            config_maps.clone(),
+            apply.clone(),
+            tailnet.clone(),
+            name.clone(),
+        );
+        async move {
+            let dns_config_map =
+                tailnet_render::desired::dns_config_map(&tailnet, &name, &rendered, None)
+                    .expect("DNS");
+            let mut cm = serde_json::to_value(&dns_config_map).expect("json");
+            cm["apiVersion"] = json!("v1");
+            cm["kind"] = json!("ConfigMap");
+            config_maps
+                .patch("tailnet-hosts", &apply, &Patch::Apply(cm))
+                .await
+                .expect("DNS ConfigMap");
+        }
+    };
+    write_dns(rendered).await;
+
+    let cases = [
+        Case {
+            name: "kubeadm",
+            corefile: KUBEADM,
+            k3s: false,
+            starts: true,
+        },
+        Case {
+            name: "k3s",
+            corefile: K3S,
+            k3s: true,
+            starts: true,
+        },
+        Case {
+            name: "rke2",
+            corefile: RKE2,
+            k3s: false,
+            starts: true,
+        },
+        Case {
+            name: "talos",
+            corefile: TALOS,
+            k3s: false,
+            starts: true,
+        },
+        Case {
+            name: "k3s-old-advice",
+            corefile: K3S_OLD_ADVICE,
+            k3s: true,
+            starts: false,
+        },
+    ];
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &name);
+    for case in &cases {
+        let mut data = json!({"Corefile": case.corefile});
+        if case.k3s {
+            data["NodeHosts"] = json!(NODE_HOSTS);
+        }
+        config_maps
+            .patch(
+                &format!("{}-coredns", case.name),
+                &apply,
+                &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": format!("{}-coredns", case.name)}, "data": data})),
+            )
+            .await
+            .expect("Corefile ConfigMap");
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(coredns_pod(case)).expect("pod"),
+        )
+        .await
+        .expect("CoreDNS pod");
+    }
+
+    let lab = env.lab().netns();
+    let mut matrix = vec![format!(
+        "| Corefile | CoreDNS starts | {ALIAS} A (ClusterIP {cluster_ip}) | {INGRESS_NAME} AAAA | kubernetes.default.svc.cluster.local A | NodeHosts tno-node |"
+    )];
+    matrix.push("| --- | --- | --- | --- | --- | --- |".into());
+    let mut failures = Vec::new();
+    let mut serving: Vec<(&str, IpAddr)> = Vec::new();
+    for case in &cases {
+        let pod_name = format!("coredns-{}", case.name);
+        // Ready (the `ready` plugin answers), or — for the negative row — its container
+        // exited (CoreDNS refused the Corefile).
+        let deadline = Instant::now() + TIMEOUT;
+        let (ready, pod_ip) = loop {
+            let pod = pods.get(&pod_name).await.expect("pod");
+            let status = pod.status.clone().unwrap_or_default();
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let exited = status.container_statuses.iter().flatten().any(|c| {
+                c.restart_count > 0
+                    || c.last_state
+                        .as_ref()
+                        .and_then(|s| s.terminated.as_ref())
+                        .is_some()
+                    || c.state
+                        .as_ref()
+                        .and_then(|s| s.terminated.as_ref())
+                        .is_some()
+            }) || ns
+                .container_log(&pod_name, "coredns")
+                .contains("can only be used once");
+            let ip: Option<IpAddr> = status.pod_ip.and_then(|ip| ip.parse().ok());
+            if ready || exited || Instant::now() > deadline {
+                break (ready, ip);
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        };
+        let log = ns.container_log(&pod_name, "coredns");
+        if ready != case.starts {
+            failures.push(format!(
+                "{}: ready={ready}, expected {}; log:\n{log}",
+                case.name, case.starts
+            ));
+        }
+        if !ready {
+            let why = log
+                .lines()
+                .find(|l| l.contains("plugin/") || l.contains("rror"))
+                .unwrap_or("not ready")
+                .to_string();
+            matrix.push(format!(
+                "| {} | no: `{}` | – | – | – | – |",
+                case.name,
+                why.trim()
+            ));
+            continue;
+        }
+        let Some(ip) = pod_ip else {
+            failures.push(format!("{}: no pod IP", case.name));
+            continue;
+        };
+        let lab_netns = lab.name().to_string();
+        let k3s = case.k3s;
+        let (alias, ingress, cluster, node) = tokio::task::spawn_blocking(move || {
+            let lab = tno_netlab::Netns::adopt(lab_netns);
+            (
+                resolves(&lab, ip, ALIAS, 1),
+                resolves(&lab, ip, INGRESS_NAME, 28),
+                resolves(&lab, ip, "kubernetes.default.svc.cluster.local", 1),
+                // Only k3s has NodeHosts (elsewhere the name is unknown: no answer).
+                if k3s {
+                    resolves(&lab, ip, "tno-node", 1)
+                } else {
+                    String::new()
+                },
+            )
+        })
+        .await
+        .expect("queries");
+        let expect = [
+            ("alias", &alias, cluster_ip.to_string()),
+            ("ingress name", &ingress, INGRESS_V6.to_string()),
+            ("cluster name", &cluster, "10.96.0.1".to_string()),
+        ];
+        for (what, got, want) in expect {
+            if *got != want {
+                failures.push(format!(
+                    "{}: {what} answered {got}, expected {want}; log:\n{log}",
+                    case.name
+                ));
+            }
+        }
+        if case.k3s && node != "10.244.0.1" {
+            failures.push(format!("{}: NodeHosts answered {node}", case.name));
+        }
+        serving.push((case.name, ip));
+        matrix.push(format!(
+            "| {} | yes | {alias} | {ingress} | {cluster} | {} |",
+            case.name,
+            if case.k3s { node.as_str() } else { "(n/a)" }
+        ));
+    }
+    eprintln!("CoreDNS Corefile matrix:\n{}", matrix.join("\n"));
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+
+    // A new alias: the kubelet updates the mounted file, CoreDNS's `reload` (30 s, as in
+    // every default Corefile) re-reads the imported server block. Nothing restarts.
+    let changed = Instant::now();
+    write_dns(render(&[ALIAS, NEW_ALIAS])).await;
+    let lab_netns = lab.name().to_string();
+    let seen = tokio::task::spawn_blocking(move || {
+        let lab = tno_netlab::Netns::adopt(lab_netns);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut pending: Vec<(&str, IpAddr)> = serving;
+        let mut seen = Vec::new();
+        while !pending.is_empty() && Instant::now() < deadline {
+            pending.retain(|(case, ip)| {
+                let answered = matches!(query(&lab, *ip, NEW_ALIAS, 1), Ok(a) if a == [cluster_ip]);
+                if answered {
+                    seen.push(format!("{case}: {:?}", changed.elapsed()));
+                }
+                !answered
+            });
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        (seen, pending)
+    })
+    .await
+    .expect("reload queries");
+    eprintln!(
+        "{NEW_ALIAS} added to the ConfigMap, served by: {}",
+        seen.0.join(", ")
+    );
+    assert!(seen.1.is_empty(), "not reloaded within 120 s: {:?}", seen.1);
+}
