@@ -105,14 +105,15 @@ cargo test --workspace --locked --no-run
 # on two cores. Each test binary starts its own environment (own netns, ports, Headscale), so
 # the two groups do not share anything. Same feature set as the build above (--workspace).
 side_tests=(faults_e2e ingress_data_e2e egress_routes_e2e helm_rbac_e2e local_lab forged_agent_e2e leadership_e2e
-  helm_install network_policy_e2e egress_devices_e2e)
+  helm_install network_policy_e2e egress_devices_e2e contributors_e2e)
 side_names=(faults_keep_the_data_plane_and_lose_nothing ingress_data_plane_through_the_operator
   unapproved_route_fails_closed_until_approved operator_with_the_charts_rbac_serves_egress_and_ingress
   the_local_lab_demo_runs_once forged_agent_pods_neither_lie_nor_exhaust_the_operator
   a_leader_with_a_hung_apiserver_connection_steps_down_before_the_takeover
   chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_upgrades_and_uninstalls
   network_policies_are_enforced_by_kube_router_in_the_lab
-  egress_to_devices_names_and_ipv6_end_to_end)
+  egress_to_devices_names_and_ipv6_end_to_end
+  a_contributing_installation_gets_what_its_limits_allow)
 side_log=$(mktemp -t tno-side-tests.XXXXXX)
 side_targets=()
 for t in "${side_tests[@]}"; do side_targets+=(--test "$t"); done

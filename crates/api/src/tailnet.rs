@@ -196,15 +196,15 @@ pub struct TailnetPolicy {
     pub ingress_source_allowlist: Vec<String>,
     /// Prefix of generated tags: `tag:<prefix>-egress-<name>`, `tag:<prefix>-ingress-<ns>-<name>`.
     #[serde(default = "default_tag_prefix")]
-    #[schemars(regex(pattern = r"^[a-z][-a-z0-9]{0,15}$"))]
+    #[schemars(length(max = 16), regex(pattern = r"^[a-z][-a-z0-9]{0,15}$"))]
     pub tag_prefix: String,
     /// Other installations (clusters) on the same Headscale whose policy fragments this
     /// Tailnet merges into the one document it writes (owner only: `DryRun`/`Apply`). Each
     /// entry is checked against the contributor's tag prefix and limits; what fails is
     /// refused and reported in `status.contributors`. See docs/several-clusters.md.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new("self.all(c, self.exists_one(d, d.name == c.name))").message("contributor names must be unique"))]
+    #[schemars(length(max = 8))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     #[x_kube(validation = Rule::new("self.all(c, self.exists_one(d, d.tagPrefix == c.tagPrefix))").message("contributor tag prefixes must be unique"))]
     #[x_kube(validation = Rule::new("self.all(c, self.all(d, c.name == d.name || (!c.tagPrefix.startsWith(d.tagPrefix + '-') && !d.tagPrefix.startsWith(c.tagPrefix + '-'))))").message("one contributor's tag prefix must not extend another's (tags would overlap)"))]
     pub contributors: Vec<Contributor>,
@@ -222,7 +222,7 @@ pub struct Contributor {
     pub name: String,
     /// The contributor's `policy.tagPrefix`: every tag it may contribute starts with
     /// `tag:<prefix>-`. Must differ from this Tailnet's prefix and every other contributor's.
-    #[schemars(regex(pattern = r"^[a-z][-a-z0-9]{0,15}$"))]
+    #[schemars(length(max = 16), regex(pattern = r"^[a-z][-a-z0-9]{0,15}$"))]
     pub tag_prefix: String,
     /// Where the fragment is read.
     pub source: FragmentSource,

@@ -207,16 +207,17 @@ pub fn merge(
     }
     if policy.contributors.is_empty() {
         c.remove(types::CONTRIBUTIONS_ACCEPTED);
-    } else if !problems.is_empty() {
-        problems.extend(stale);
-        c.fail(
-            types::CONTRIBUTIONS_ACCEPTED,
-            Problem::new(reasons::CONTRIBUTION_REFUSED, problems.join(" | ")),
-        );
     } else if !stale.is_empty() {
+        // An unreadable source first: it is what needs fixing before anything else changes.
+        stale.extend(problems);
         c.fail(
             types::CONTRIBUTIONS_ACCEPTED,
             Problem::new(reasons::CONTRIBUTOR_STALE, stale.join(" | ")),
+        );
+    } else if !problems.is_empty() {
+        c.fail(
+            types::CONTRIBUTIONS_ACCEPTED,
+            Problem::new(reasons::CONTRIBUTION_REFUSED, problems.join(" | ")),
         );
     } else {
         c.ok(

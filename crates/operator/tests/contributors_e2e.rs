@@ -1,0 +1,296 @@
+//! Several installations on one Headscale: Tailnet `t-<ns>` owns the policy (Apply) and lists
+//! contributor `cosmos`; Tailnet `t-<ns>-b` runs `mode: Contribute` (prefix `cob`), never
+//! writes to Headscale and publishes its fragment, which is delivered to the owner as a
+//! ConfigMap (the Git variant; here copied by the test). Both run under one operator against
+//! the real apiserver, Headscale and tailscale nodes (a second control plane is not part of
+//! the lab yet).
+//!
+//! Checked: the contributor's egress carries bytes to the remote site once the owner merged
+//! its grant, while the owner's own egress keeps working; an egress grant outside
+//! `egressDestinations` is refused and reported on both sides (owner: ContributionRefused,
+//! contributor: FragmentNotLive, the egress: PolicyEffective=False/Contributing); the source
+//! deleted → ContributorStale, the merged grant stays live; an owner restart meanwhile
+//! changes nothing in the live policy; the contributor removed from the list → its grant
+//! goes.
+
+mod support;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
+use support::lab_operator::start_operator;
+use support::objects::{apply, apply_egress, bootstrap_applied_tailnet, remote_db_target};
+use support::wait::{WAIT, wait_for};
+use tailnet_api::{Tailnet, TailnetEgress};
+use tno_testenv::{E2eEnv, OperatorArgs};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contributing_installation_gets_what_its_limits_allow() {
+    let env = E2eEnv::shared()
+        .await
+        .unwrap_or_else(|e| panic!("e2e environment: {e}"));
+    let ops = env.namespace("contrib").await.expect("namespace");
+    let client = ops.client().clone();
+    let ns = ops.name().to_string();
+    let owner = bootstrap_applied_tailnet(&env, &ops).await;
+    let contributor = format!("{owner}-b");
+    let tailnets: Api<Tailnet> = Api::all(client.clone());
+    let mut cosmos = env.tailnet_object(&contributor, "Contribute");
+    cosmos["spec"]["policy"]["tagPrefix"] = json!("cob");
+    if let Some(spec) = cosmos["spec"].as_object_mut() {
+        // The owner renders the DNS entries; the contributor's records go in its fragment.
+        spec.remove("dns");
+    }
+    if let Some(policy) = cosmos["spec"]["policy"].as_object_mut() {
+        policy.remove("baseConfigMap");
+    }
+    apply(&tailnets, &contributor, cosmos)
+        .await
+        .expect("contributor Tailnet");
+    let mut owner_spec = env.tailnet_object(&owner, "Apply");
+    owner_spec["spec"]["policy"]["contributors"] = json!([{
+        "name": "cosmos", "tagPrefix": "cob", "source": {"configMap": "cosmos-fragment"},
+        "limits": {"egressDestinations": ["192.0.2.0/24"]}
+    }]);
+    apply(&tailnets, &owner, owner_spec.clone())
+        .await
+        .expect("owner Tailnet with a contributor");
+
+    let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
+        .await
+        .expect("operator");
+    let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), &ns);
+    apply_egress(&egresses, &ns, "site", &owner, json!([remote_db_target()]))
+        .await
+        .expect("owner's egress");
+    apply_egress(
+        &egresses,
+        &ns,
+        "b-site",
+        &contributor,
+        json!([{"name": "b-db", "address": "192.0.2.10", "port": 5432}]),
+    )
+    .await
+    .expect("contributor's egress");
+    apply_egress(
+        &egresses,
+        &ns,
+        "b-outside",
+        &contributor,
+        json!([{"name": "b-outside", "address": "198.51.100.7", "port": 22}]),
+    )
+    .await
+    .expect("contributor's egress outside its limits");
+
+    // The contributor publishes its fragment; deliver it to the owner (Git, in real life).
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let fragment_name = format!("{contributor}-policy-fragment");
+    let fragment = wait_for(
+        "the contributor's fragment with both egresses",
+        WAIT,
+        || async {
+            let cm = config_maps
+                .get_opt(&fragment_name)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("not published yet")?;
+            let text = cm
+                .data
+                .and_then(|d| d.get("fragment.json").cloned())
+                .ok_or("no fragment.json")?;
+            if text.contains("198.51.100.7") && text.contains("192.0.2.10") {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    )
+    .await;
+    let deliver = |text: String| {
+        let config_maps = config_maps.clone();
+        async move {
+            config_maps
+                .patch(
+                    "cosmos-fragment",
+                    &PatchParams::apply("git-delivery").force(),
+                    &Patch::Apply(json!({
+                        "apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "cosmos-fragment"},
+                        "data": {"fragment.json": text}
+                    })),
+                )
+                .await
+                .expect("deliver the fragment")
+        }
+    };
+    deliver(fragment).await;
+
+    // Owner: one refused entry, named; the rest merged.
+    let owner_tailnet = wait_for(
+        "the owner to merge cosmos's fragment, partly",
+        WAIT,
+        || async {
+            let t = tailnets.get(&owner).await.map_err(|e| e.to_string())?;
+            let merged = t
+                .status
+                .as_ref()
+                .and_then(|s| s.contributors.first())
+                .is_some_and(|c| c.state == "PartlyRefused");
+            if merged
+                && ConditionIs::new("ContributionsAccepted", "False")
+                    .reason("ContributionRefused")
+                    .holds_for(&t)
+            {
+                Ok(t)
+            } else {
+                Err(t.describe())
+            }
+        },
+    )
+    .await;
+    let status = owner_tailnet.status.clone().unwrap_or_default();
+    let cosmos_status = &status.contributors[0];
+    assert_eq!(cosmos_status.state, "PartlyRefused", "{cosmos_status:?}");
+    assert!(
+        cosmos_status
+            .refused
+            .iter()
+            .any(|r| r.contains("198.51.100.7") && r.contains("limits.egressDestinations")),
+        "{cosmos_status:?}"
+    );
+    eprintln!("owner's contributors: {:?}", status.contributors);
+    // The contributor's egress inside its limits: live, and bytes reach the remote site.
+    wait_for_condition(
+        &egresses,
+        "b-site",
+        ConditionIs::new("Ready", "True"),
+        Some(&operator),
+    )
+    .await;
+    let run = ops
+        .tcp_check("client-b", &format!("b-db.{ns}.svc.cluster.local:5432"), 30)
+        .await
+        .expect("client pod");
+    assert!(
+        run.succeeded(),
+        "echo through the contributor's egress failed:\n{run}\n{}",
+        env.diagnostics(Some(&ns))
+    );
+    // The refused one: not live, named on the egress and on the contributor's Tailnet.
+    wait_for_condition(
+        &egresses,
+        "b-outside",
+        ConditionIs::new("PolicyEffective", "False").reason("Contributing"),
+        None,
+    )
+    .await;
+    let contributor_tailnet = wait_for_condition(
+        &tailnets,
+        &contributor,
+        ConditionIs::new("FragmentLive", "False").reason("FragmentNotLive"),
+        None,
+    )
+    .await;
+    let not_live = contributor_tailnet
+        .status
+        .clone()
+        .unwrap_or_default()
+        .fragment
+        .map(|f| f.not_live)
+        .unwrap_or_default();
+    assert!(
+        not_live.iter().any(|e| e.contains("198.51.100.7"))
+            && !not_live.iter().any(|e| e.contains("192.0.2.10")),
+        "{not_live:?}"
+    );
+    // The owner's own egress is unaffected.
+    wait_for_condition(&egresses, "site", ConditionIs::new("Ready", "True"), None).await;
+    let headscale = env.headscale_api();
+    let live = headscale.get_policy().await.expect("live policy");
+    assert!(
+        live.contains("contributor cosmos: TailnetEgress/"),
+        "{live}"
+    );
+    assert!(
+        !live.contains("198.51.100.7"),
+        "a refused grant is not live:\n{live}"
+    );
+
+    // The source gone: stale, the merged grant stays (also across an owner restart).
+    config_maps
+        .delete("cosmos-fragment", &DeleteParams::default())
+        .await
+        .expect("delete the delivered fragment");
+    wait_for_condition(
+        &tailnets,
+        &owner,
+        ConditionIs::new("ContributionsAccepted", "False").reason("ContributorStale"),
+        Some(&operator),
+    )
+    .await;
+    operator.terminate().await.expect("operator stops");
+    let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
+        .await
+        .expect("operator restarted");
+    // A new generation (a limit that changes nothing here) as the witness that the restarted
+    // operator judged the owner again.
+    owner_spec["spec"]["policy"]["contributors"][0]["limits"]["dnsSuffixes"] =
+        json!(["cosmos.example.net"]);
+    let generation = apply(&tailnets, &owner, owner_spec.clone())
+        .await
+        .expect("owner Tailnet, next generation")
+        .metadata
+        .generation;
+    let restarted = wait_for(
+        "the restarted owner to judge the stale contributor",
+        WAIT,
+        || async {
+            let t = tailnets.get(&owner).await.map_err(|e| e.to_string())?;
+            let judged = t.status.as_ref().and_then(|s| s.observed_generation) == generation
+                && ConditionIs::new("ContributionsAccepted", "False")
+                    .reason("ContributorStale")
+                    .holds_for(&t)
+                && ConditionIs::new("PolicyApplied", "True").holds_for(&t);
+            if judged { Ok(t) } else { Err(t.describe()) }
+        },
+    )
+    .await;
+    let stale = &restarted.status.clone().unwrap_or_default().contributors[0];
+    assert_eq!(stale.state, "Stale", "{stale:?}");
+    assert_eq!(
+        headscale.get_policy().await.expect("live policy"),
+        live,
+        "the owner's restart changed the live policy"
+    );
+    let run = ops
+        .tcp_check(
+            "client-b-stale",
+            &format!("b-db.{ns}.svc.cluster.local:5432"),
+            30,
+        )
+        .await
+        .expect("client pod");
+    assert!(
+        run.succeeded(),
+        "the stale contributor's grant must stay live:\n{run}"
+    );
+
+    // Removed from the list: its entries go, its egress says so.
+    owner_spec["spec"]["policy"]["contributors"] = json!([]);
+    apply(&tailnets, &owner, owner_spec)
+        .await
+        .expect("owner without contributors");
+    wait_for_condition(
+        &egresses,
+        "b-site",
+        ConditionIs::new("PolicyEffective", "False").reason("Contributing"),
+        Some(&operator),
+    )
+    .await;
+    let live = headscale.get_policy().await.expect("live policy");
+    assert!(!live.contains("contributor cosmos"), "{live}");
+    wait_for_condition(&egresses, "site", ConditionIs::new("Ready", "True"), None).await;
+    operator.terminate().await.expect("operator stops");
+}
