@@ -46,7 +46,12 @@ fn main() -> ExitCode {
     };
     let result: Result<(), (u8, String)> = match args.command {
         Command::Crd(a) => cli::crd::run(&a).map_err(|e| (1, e.to_string())),
-        Command::Render(a) => cli::render::run(&a).map_err(|e| (e.exit_code(), e.to_string())),
+        Command::Render(mut a) => {
+            if a.fragment {
+                a.only = Some(cli::render::Only::Fragment);
+            }
+            cli::render::run(&a).map_err(|e| (e.exit_code(), e.to_string()))
+        }
         Command::Run(a) => {
             for warning in &env_warnings {
                 eprintln!("warning: {warning}");

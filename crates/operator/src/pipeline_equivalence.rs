@@ -444,3 +444,62 @@ fn the_rich_set_renders_the_same_through_the_cli_and_the_controllers() {
         "no grant for the name"
     );
 }
+
+/// A contributor's fragment: `render --fragment` prints byte for byte what the controller
+/// publishes in `<tailnet>-policy-fragment` for the same inputs.
+#[test]
+fn a_contributors_fragment_is_the_same_through_the_cli_and_the_controller() {
+    let examples = repo().join("examples");
+    let dir = std::env::temp_dir().join(format!("tno-fragment-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let tailnet_text = std::fs::read_to_string(examples.join("10-tailnet.yaml")).expect("tailnet");
+    assert!(
+        tailnet_text.contains("mode: DryRun"),
+        "the example's mode changed"
+    );
+    let contributing = tailnet_text.replace("mode: DryRun", "mode: Contribute");
+    std::fs::write(dir.join("10-tailnet.yaml"), contributing).expect("write");
+    let inputs: Vec<PathBuf> = vec![
+        dir.join("10-tailnet.yaml"),
+        examples.join("20-egress.yaml"),
+        examples.join("30-ingress.yaml"),
+    ];
+    let observed_path = examples.join("observed/headscale-state.json");
+    let cli = cli_part(&inputs, &observed_path, "fragment", "preview");
+
+    let manifests = Manifests::load(&inputs, OPERATOR_NAMESPACE).expect("manifests");
+    let observed: Observed =
+        serde_json::from_str(&std::fs::read_to_string(&observed_path).expect("observed"))
+            .expect("observed state");
+    let tailnet: Tailnet = with_uid(manifests.tailnets[0].object.clone());
+    let observation = TailnetObservation {
+        contributor_reads: Vec::new(),
+        contribution_store: Default::default(),
+        headscale: Ok("v0.29.2".into()),
+        nodes: Some(observed.nodes.clone()),
+        live_policy: Some("{}".into()),
+        base: Ok(None),
+        egresses: manifests
+            .egresses
+            .iter()
+            .map(|e| with_uid(e.object.clone()))
+            .collect(),
+        ingresses: manifests
+            .ingresses
+            .iter()
+            .map(|i| with_uid(i.object.clone()))
+            .collect(),
+        egress_cluster_ips: BTreeMap::new(),
+        dns_config_map: None,
+    };
+    let plan = tailnet::decide::plan(&tailnet, &observation, &config(), NOW.parse().expect("now"));
+    let published = plan
+        .fragment
+        .and_then(|cm| cm.data)
+        .and_then(|d| d.get(tailnet_api::fragment::FRAGMENT_KEY).cloned())
+        .expect("the controller publishes a fragment");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(cli, published);
+    assert!(published.contains("\"grants\""), "{published}");
+    assert!(published.contains("tag:"), "{published}");
+}

@@ -34,6 +34,9 @@ pub enum Only {
     Dns,
     /// The agents' Kubernetes objects.
     Objects,
+    /// The policy fragment (JSON) a `mode: Contribute` Tailnet publishes, as the owner reads
+    /// it (`fragment.json`); one Tailnet. Same as `--fragment`.
+    Fragment,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -84,6 +87,11 @@ pub struct RenderArgs {
     /// --tailnet).
     #[arg(long, value_enum)]
     pub only: Option<Only>,
+    /// Print the policy fragment of the (one) Tailnet, as its ConfigMap
+    /// `<tailnet>-policy-fragment` would hold it: for delivering it to the owner through Git
+    /// (see docs/several-clusters.md). Same as `--only fragment`.
+    #[arg(long, conflicts_with = "only")]
+    pub fragment: bool,
     /// Output format: `text` (default; HuJSON and YAML with comment headers, for reading),
     /// `yaml` or `json` (one parseable `v1` List).
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Text)]
@@ -309,6 +317,8 @@ struct TailnetOutput {
     name: String,
     mode: String,
     policy: RenderedPolicy,
+    /// `fragment.json` of this Tailnet's part (what a contributor publishes).
+    fragment: String,
     dns: Option<ConfigMap>,
     dns_pending: Vec<PendingName>,
     objects: Vec<serde_json::Value>,
@@ -428,7 +438,7 @@ pub fn render_parts(args: &RenderArgs) -> Result<Rendered, RenderCommandError> {
         }
     }
     tailnets.sort_by_key(|t| t.name_any());
-    if args.only == Some(Only::Policy) && tailnets.len() > 1 {
+    if matches!(args.only, Some(Only::Policy | Only::Fragment)) && tailnets.len() > 1 {
         let names: Vec<String> = tailnets.iter().map(|t| t.name_any()).collect();
         return Err(RenderCommandError::SeveralPolicies(names.join(", ")));
     }
@@ -498,8 +508,11 @@ fn render_tailnet(
         .map(|i| (i.origin.clone(), with_uid(i.object.clone())))
         .collect();
 
-    // Policy.
+    // Policy. A contributor renders its part alone, as the controller does (the owner's base
+    // applies).
+    let contributing = spec.policy.mode == tailnet_api::tailnet::PolicyMode::Contribute;
     let base_text = match &spec.policy.base_config_map {
+        _ if contributing => "{}".to_string(),
         None => "{}".to_string(),
         Some(cm_name) => {
             let found = manifests.config_maps.iter().find(|c| {
@@ -699,9 +712,18 @@ fn render_tailnet(
         ));
     }
     let dns_cm = desired::dns_config_map(tailnet, &args.operator_namespace, &rendered_dns, None);
+    let records: Vec<tailnet_api::fragment::FragmentDnsRecord> =
+        serde_json::from_str(&rendered_dns.extra_records_json).unwrap_or_default();
+    let fragment = tailnet_render::fragment::fragment_text(&tailnet_render::fragment::fragment_of(
+        &marker,
+        &spec.policy.tag_prefix,
+        &policy,
+        &records,
+    ));
     Ok(TailnetOutput {
         name,
         mode: format!("{:?}", spec.policy.mode),
+        fragment,
         policy,
         dns: dns_cm,
         dns_pending: rendered_dns.pending,
@@ -800,6 +822,13 @@ fn json<T: serde::Serialize + kube::Resource<DynamicType = ()>>(
 }
 
 fn format_rendered(args: &RenderArgs, rendered: &Rendered) -> Result<String, RenderCommandError> {
+    if args.only == Some(Only::Fragment) {
+        return Ok(rendered
+            .tailnets
+            .iter()
+            .map(|t| t.fragment.clone())
+            .collect());
+    }
     if args.only == Some(Only::Policy) {
         let mut out = String::new();
         for t in &rendered.tailnets {
