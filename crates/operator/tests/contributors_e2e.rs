@@ -8,22 +8,31 @@
 //! Checked: the contributor's egress carries bytes to the remote site once the owner merged
 //! its grant, while the owner's own egress keeps working; an egress grant outside
 //! `egressDestinations` is refused and reported on both sides (owner: ContributionRefused,
-//! contributor: FragmentNotLive, the egress: PolicyEffective=False/Contributing); the source
-//! deleted → ContributorStale, the merged grant stays live; an owner restart meanwhile
+//! contributor: FragmentNotLive, the egress: PolicyEffective=False/Contributing); the owner
+//! then reads the contributor's own ConfigMap through the API with a kubeconfig whose
+//! ServiceAccount may only get/watch that ConfigMap (the documented Role); that access
+//! revoked → ContributorStale, the merged grant stays live; an owner restart meanwhile
 //! changes nothing in the live policy; the contributor removed from the list → its grant
 //! goes.
 
 mod support;
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
 use support::lab_operator::start_operator;
-use support::objects::{apply, apply_egress, bootstrap_applied_tailnet, remote_db_target};
+use support::objects::{
+    apply, apply_egress, bootstrap_applied_tailnet, ingress_object, remote_db_target,
+    service_object, tailnet_ipv4, test_server_deployment,
+};
+use support::tailnet::tcp_echo;
 use support::wait::{WAIT, wait_for};
-use tailnet_api::{Tailnet, TailnetEgress};
+use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tno_testenv::{E2eEnv, OperatorArgs};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,10 +48,9 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     let tailnets: Api<Tailnet> = Api::all(client.clone());
     let mut cosmos = env.tailnet_object(&contributor, "Contribute");
     cosmos["spec"]["policy"]["tagPrefix"] = json!("cob");
-    if let Some(spec) = cosmos["spec"].as_object_mut() {
-        // The owner renders the DNS entries; the contributor's records go in its fragment.
-        spec.remove("dns");
-    }
+    // The owner writes the DNS entries; the contributor's ingress names go in its fragment.
+    cosmos["spec"]["dns"] =
+        json!({"ingressNameTemplate": "{name}.{namespace}.cosmos.lab.example.net"});
     if let Some(policy) = cosmos["spec"]["policy"].as_object_mut() {
         policy.remove("baseConfigMap");
     }
@@ -52,7 +60,8 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     let mut owner_spec = env.tailnet_object(&owner, "Apply");
     owner_spec["spec"]["policy"]["contributors"] = json!([{
         "name": "cosmos", "tagPrefix": "cob", "source": {"configMap": "cosmos-fragment"},
-        "limits": {"egressDestinations": ["192.0.2.0/24"]}
+        "limits": {"egressDestinations": ["192.0.2.0/24"], "ingressSourceAllowlist": ["group:team-a"],
+                   "dnsSuffixes": ["cosmos.lab.example.net"]}
     }]);
     apply(&tailnets, &owner, owner_spec.clone())
         .await
@@ -218,11 +227,185 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         "a refused grant is not live:\n{live}"
     );
 
-    // The source gone: stale, the merged grant stays (also across an owner restart).
+    // The kubeconfig variant: the owner reads the contributor's own ConfigMap through the API
+    // with a ServiceAccount whose Role allows get/watch on that one ConfigMap (the documented
+    // Role). The delivered copy is deleted first, so only the kubeconfig path can serve it.
     config_maps
         .delete("cosmos-fragment", &DeleteParams::default())
         .await
         .expect("delete the delivered fragment");
+    let reader = "policy-owner-reader";
+    apply(
+        &Api::<ServiceAccount>::namespaced(client.clone(), &ns),
+        reader,
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": reader}}),
+    )
+    .await
+    .expect("reader ServiceAccount");
+    apply(
+        &Api::<Role>::namespaced(client.clone(), &ns),
+        reader,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": reader},
+               "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                          "resourceNames": [fragment_name.clone()], "verbs": ["get", "watch"]}]}),
+    )
+    .await
+    .expect("reader Role");
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &ns);
+    apply(
+        &bindings,
+        reader,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": reader},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": reader},
+               "subjects": [{"kind": "ServiceAccount", "name": reader, "namespace": ns.clone()}]}),
+    )
+    .await
+    .expect("reader RoleBinding");
+    let token = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+        .create_token_request(
+            reader,
+            &PostParams::default(),
+            &TokenRequest {
+                spec: TokenRequestSpec {
+                    audiences: vec![],
+                    expiration_seconds: Some(3600),
+                    ..TokenRequestSpec::default()
+                },
+                ..TokenRequest::default()
+            },
+        )
+        .await
+        .expect("TokenRequest")
+        .status
+        .expect("token")
+        .token;
+    let mut kubeconfig: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(env.lab_kubeconfig()).expect("kubeconfig"))
+            .expect("kubeconfig YAML");
+    kubeconfig["users"] = json!([{"name": "reader", "user": {"token": token}}]);
+    for context in kubeconfig["contexts"].as_array_mut().expect("contexts") {
+        context["context"]["user"] = json!("reader");
+    }
+    apply(
+        &Api::<Secret>::namespaced(client.clone(), &ns),
+        "cosmos-kubeconfig",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cosmos-kubeconfig"},
+               "stringData": {"kubeconfig": kubeconfig.to_string()}}),
+    )
+    .await
+    .expect("kubeconfig Secret");
+    owner_spec["spec"]["policy"]["contributors"][0]["source"] = json!({"kubeconfig": {
+        "secretRef": {"name": "cosmos-kubeconfig", "key": "kubeconfig"},
+        "namespace": ns.clone(), "configMap": fragment_name.clone()}});
+    let generation = apply(&tailnets, &owner, owner_spec.clone())
+        .await
+        .expect("owner Tailnet reading through the kubeconfig")
+        .metadata
+        .generation;
+    wait_for("the owner to read cosmos through its API", WAIT, || async {
+        let t = tailnets.get(&owner).await.map_err(|e| e.to_string())?;
+        let state = t
+            .status
+            .as_ref()
+            .and_then(|s| s.contributors.first())
+            .map(|c| (c.state.clone(), c.error.clone()));
+        let judged = t.status.as_ref().and_then(|s| s.observed_generation) == generation;
+        match state {
+            Some((state, None)) if judged && state == "PartlyRefused" => Ok(()),
+            other => Err(format!("{other:?}\n{}", t.describe())),
+        }
+    })
+    .await;
+    let log = operator.log_text();
+    assert!(
+        !log.contains(&token),
+        "the kubeconfig's token reached the operator's log"
+    );
+
+    // An ingress of the contributor: its grant and its DNS record come through the live
+    // fragment (read through the API), the laptop reaches it, the owner's extra records
+    // carry its name.
+    apply(
+        &Api::<Deployment>::namespaced(client.clone(), &ns),
+        "b-echo",
+        test_server_deployment(
+            &ns,
+            "b-echo",
+            json!(["tcp-echo", "--listen", "0.0.0.0:5432"]),
+        ),
+    )
+    .await
+    .expect("backend Deployment");
+    apply(
+        &Api::<Service>::namespaced(client.clone(), &ns),
+        "b-echo",
+        service_object(&ns, "b-echo", 5432),
+    )
+    .await
+    .expect("backend Service");
+    let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
+    apply(
+        &ingresses,
+        "b-db",
+        ingress_object(
+            &ns,
+            "b-db",
+            &contributor,
+            None,
+            json!([{"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 6000,
+                    "backend": {"service": "b-echo", "port": 5432}}]),
+        ),
+    )
+    .await
+    .expect("contributor's ingress");
+    let ingress = wait_for_condition(
+        &ingresses,
+        "b-db",
+        ConditionIs::new("Ready", "True"),
+        Some(&operator),
+    )
+    .await;
+    let ip = tailnet_ipv4(&ingress.status.clone().unwrap_or_default().tailnet_ips)
+        .expect("tailnet IPv4");
+    let laptop = env.tailnet().laptop.node.local_api();
+    wait_for(
+        "the contributor's tcp ingress to echo for the laptop",
+        WAIT,
+        || async { tcp_echo(&laptop, &ip, 6000).await },
+    )
+    .await;
+    let record = format!("db.{ns}.cosmos.lab.example.net");
+    wait_for(
+        "the owner's extra records to carry the contributor's name",
+        WAIT,
+        || async {
+            let hosts = config_maps
+                .get_opt(tno_testenv::HOSTS_CONFIG_MAP)
+                .await
+                .map_err(|e| e.to_string())?
+                .and_then(|cm| cm.data)
+                .and_then(|d| d.get("extra-records.json").cloned())
+                .unwrap_or_default();
+            if hosts.contains(&record) && hosts.contains(&ip) {
+                Ok(())
+            } else {
+                Err(hosts)
+            }
+        },
+    )
+    .await;
+
+    let live = headscale.get_policy().await.expect("live policy");
+    assert!(
+        live.contains("contributor cosmos: TailnetIngress/"),
+        "{live}"
+    );
+
+    // Access revoked: stale, the merged grant stays (also across an owner restart).
+    bindings
+        .delete(reader, &DeleteParams::default())
+        .await
+        .expect("revoke the reader");
     wait_for_condition(
         &tailnets,
         &owner,
