@@ -18,13 +18,13 @@
 mod support;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
+use support::kubeconfig::token_kubeconfig;
 use support::lab_operator::start_operator;
 use support::objects::{
     apply, apply_egress, bootstrap_applied_tailnet, ingress_object, remote_db_target,
@@ -261,31 +261,7 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     )
     .await
     .expect("reader RoleBinding");
-    let token = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
-        .create_token_request(
-            reader,
-            &PostParams::default(),
-            &TokenRequest {
-                spec: TokenRequestSpec {
-                    audiences: vec![],
-                    expiration_seconds: Some(3600),
-                    ..TokenRequestSpec::default()
-                },
-                ..TokenRequest::default()
-            },
-        )
-        .await
-        .expect("TokenRequest")
-        .status
-        .expect("token")
-        .token;
-    let mut kubeconfig: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(env.lab_kubeconfig()).expect("kubeconfig"))
-            .expect("kubeconfig YAML");
-    kubeconfig["users"] = json!([{"name": "reader", "user": {"token": token}}]);
-    for context in kubeconfig["contexts"].as_array_mut().expect("contexts") {
-        context["context"]["user"] = json!("reader");
-    }
+    let (token, kubeconfig) = token_kubeconfig(&env, &client, &ns, reader).await;
     apply(
         &Api::<Secret>::namespaced(client.clone(), &ns),
         "cosmos-kubeconfig",

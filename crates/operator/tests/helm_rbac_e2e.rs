@@ -13,13 +13,13 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::discovery::Scope;
 use serde_json::{Value, json};
 use support::conditions::{ConditionIs, wait_for_condition};
+use support::kubeconfig::token_kubeconfig;
 use support::lab_operator::start_operator;
 use support::objects::{
     apply, apply_egress, bootstrap_applied_tailnet, ingress_object, remote_db_target,
@@ -149,32 +149,7 @@ async fn operator_with_chart_rbac(
         }
     }
     let service_account = service_account.expect("the chart renders a ServiceAccount");
-    let token = Api::<ServiceAccount>::namespaced(admin.clone(), ns)
-        .create_token_request(
-            &service_account,
-            &PostParams::default(),
-            &TokenRequest {
-                spec: TokenRequestSpec {
-                    audiences: vec![],
-                    expiration_seconds: Some(3600),
-                    ..TokenRequestSpec::default()
-                },
-                ..TokenRequest::default()
-            },
-        )
-        .await
-        .expect("TokenRequest")
-        .status
-        .expect("token status")
-        .token;
-    // The lab kubeconfig (apiserver address and CA) with the token as the only credential.
-    let mut kubeconfig: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(env.lab_kubeconfig()).expect("kubeconfig"))
-            .expect("kubeconfig YAML");
-    kubeconfig["users"] = json!([{"name": "operator", "user": {"token": token}}]);
-    for context in kubeconfig["contexts"].as_array_mut().expect("contexts") {
-        context["context"]["user"] = json!("operator");
-    }
+    let (_, kubeconfig) = token_kubeconfig(env, admin, ns, &service_account).await;
     let kubeconfig_path = env.dir().join(format!("{release}-operator.kubeconfig"));
     std::fs::write(&kubeconfig_path, kubeconfig.to_string()).expect("write kubeconfig");
     (kubeconfig_path, cluster_objects)

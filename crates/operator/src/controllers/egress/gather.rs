@@ -116,7 +116,7 @@ async fn grant_checks(
         .dns
         .as_ref()
         .and_then(|d| d.magic_dns_domain.as_deref());
-    let views = super::decide::node_views(nodes, jiff::Timestamp::now());
+    let views = super::node_views::node_views(nodes, jiff::Timestamp::now());
     let checks: Vec<(String, String)> = egress
         .spec
         .targets

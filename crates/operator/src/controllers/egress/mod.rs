@@ -5,6 +5,7 @@
 pub mod act;
 pub mod decide;
 pub mod gather;
+pub mod node_views;
 #[cfg(test)]
 mod tests;
 

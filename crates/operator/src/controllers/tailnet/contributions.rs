@@ -252,7 +252,7 @@ pub fn store_object(
     store: &BTreeMap<String, StoredFragment>,
 ) -> ConfigMap {
     ConfigMap {
-        metadata: meta(tailnet, config, store_config_map(&tailnet.name_any())),
+        metadata: owned_meta(tailnet, config, store_config_map(&tailnet.name_any())),
         data: Some(
             store
                 .iter()
@@ -270,7 +270,9 @@ pub fn parse_store(data: &BTreeMap<String, String>) -> BTreeMap<String, StoredFr
         .collect()
 }
 
-fn meta(tailnet: &Tailnet, config: &OperatorConfig, name: String) -> ObjectMeta {
+/// Metadata of a ConfigMap the Tailnet controller publishes in the operator namespace: the
+/// operator's labels, owned by the Tailnet (garbage-collected with it).
+pub fn owned_meta(tailnet: &Tailnet, config: &OperatorConfig, name: String) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),
         namespace: Some(config.operator_namespace.clone()),
@@ -309,7 +311,7 @@ pub fn contribute(
     let name = fragment_config_map(&tailnet.name_any());
     let hash = sha256(&text);
     let config_map = ConfigMap {
-        metadata: meta(tailnet, config, name.clone()),
+        metadata: owned_meta(tailnet, config, name.clone()),
         data: Some(BTreeMap::from([(FRAGMENT_KEY.to_string(), text)])),
         ..ConfigMap::default()
     };

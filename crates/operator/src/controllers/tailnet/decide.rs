@@ -10,9 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 use tailnet_api::conditions::{reasons, types};
 use tailnet_api::fragment::FragmentDnsRecord;
@@ -401,7 +400,14 @@ pub fn plan(
     } else {
         Vec::new()
     };
-    let dns = super::dns::decide(tailnet, observed, config, &merge.dns_records, &mut c);
+    let dns = super::dns::decide(
+        tailnet,
+        observed,
+        config,
+        dns_inputs,
+        &merge.dns_records,
+        &mut c,
+    );
     let contribution_store = merge
         .store
         .as_ref()
@@ -808,22 +814,11 @@ fn rendered_policy_object(
     summary: &str,
 ) -> ConfigMap {
     ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(rendered_policy_config_map(&tailnet.name_any())),
-            namespace: Some(config.operator_namespace.clone()),
-            labels: Some(BTreeMap::from([
-                (
-                    "app.kubernetes.io/managed-by".to_string(),
-                    "tailnet-operator".to_string(),
-                ),
-                (
-                    tailnet_api::naming::labels::TAILNET.to_string(),
-                    tailnet.name_any(),
-                ),
-            ])),
-            owner_references: tailnet.controller_owner_ref(&()).map(|o| vec![o]),
-            ..ObjectMeta::default()
-        },
+        metadata: contributions::owned_meta(
+            tailnet,
+            config,
+            rendered_policy_config_map(&tailnet.name_any()),
+        ),
         data: Some(rendered_policy_data(document, diff, summary)),
         ..ConfigMap::default()
     }

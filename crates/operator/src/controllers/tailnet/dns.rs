@@ -20,6 +20,7 @@ pub fn decide(
     tailnet: &Tailnet,
     observed: &TailnetObservation,
     config: &OperatorConfig,
+    mut inputs: dns::DnsInputs,
     contributed: &[(String, FragmentDnsRecord)],
     c: &mut ConditionSet,
 ) -> Option<ConfigMap> {
@@ -31,14 +32,6 @@ pub fn decide(
         );
         return None;
     };
-    let mut inputs = desired::dns_inputs(
-        tailnet,
-        &config.operator_namespace,
-        &observed.egresses,
-        &observed.ingresses,
-        &observed.egress_cluster_ips,
-        observed.nodes.as_deref().unwrap_or(&[]),
-    );
     // Contributors' accepted ingress records (names nobody here claims: checked before).
     for (contributor, record) in contributed {
         if let Ok(address) = record.value.parse() {

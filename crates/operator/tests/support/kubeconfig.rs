@@ -1,0 +1,45 @@
+//! A kubeconfig for the lab's apiserver whose only credential is a ServiceAccount token
+//! (TokenRequest API): what the operator gets when it runs with exactly some RBAC.
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::{Value, json};
+use tno_testenv::E2eEnv;
+
+/// A token of `service_account` (namespace `namespace`, valid one hour) and the lab
+/// kubeconfig (apiserver address and CA) with that token as its only user.
+pub async fn token_kubeconfig(
+    env: &E2eEnv,
+    admin: &kube::Client,
+    namespace: &str,
+    service_account: &str,
+) -> (String, Value) {
+    let token = Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+        .create_token_request(
+            service_account,
+            &PostParams::default(),
+            &TokenRequest {
+                spec: TokenRequestSpec {
+                    audiences: vec![],
+                    expiration_seconds: Some(3600),
+                    ..TokenRequestSpec::default()
+                },
+                ..TokenRequest::default()
+            },
+        )
+        .await
+        .expect("TokenRequest")
+        .status
+        .expect("token status")
+        .token;
+    let mut kubeconfig: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(env.lab_kubeconfig()).expect("kubeconfig"))
+            .expect("kubeconfig YAML");
+    kubeconfig["users"] = json!([{"name": service_account, "user": {"token": token}}]);
+    for context in kubeconfig["contexts"].as_array_mut().expect("contexts") {
+        context["context"]["user"] = json!(service_account);
+    }
+    (token, kubeconfig)
+}
