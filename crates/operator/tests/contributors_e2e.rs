@@ -35,6 +35,34 @@ use support::wait::{WAIT, wait_for};
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tno_testenv::{E2eEnv, OperatorArgs};
 
+/// `kubectl <args>` against the lab (output for the log; empty when kubectl is not built).
+fn kubectl(env: &E2eEnv, args: &[&str]) -> String {
+    let versions = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deps/versions.env"),
+    )
+    .unwrap_or_default();
+    let Some(version) = versions
+        .lines()
+        .find_map(|l| l.strip_prefix("KUBERNETES_VERSION="))
+    else {
+        return String::new();
+    };
+    let cache = std::env::var_os("TNO_DEPS_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| std::path::PathBuf::from(h).join(".cache/tailnet-operator/deps"))
+        })
+        .unwrap_or_default();
+    let binary = cache.join(format!("kubernetes-{version}/bin/kubectl"));
+    std::process::Command::new(binary)
+        .arg(format!("--kubeconfig={}", env.kubeconfig().display()))
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contributing_installation_gets_what_its_limits_allow() {
     let env = E2eEnv::shared()
@@ -213,6 +241,21 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         not_live.iter().any(|e| e.contains("198.51.100.7"))
             && !not_live.iter().any(|e| e.contains("192.0.2.10")),
         "{not_live:?}"
+    );
+    eprintln!(
+        "--- kubectl get tailnet -o wide\n{}--- kubectl describe tailnet {owner} (status)\n{}--- kubectl describe tailnet {contributor} (status)\n{}",
+        kubectl(
+            &env,
+            &["get", "tailnet", &owner, &contributor, "-o", "wide"]
+        ),
+        kubectl(
+            &env,
+            &["get", "tailnet", &owner, "-o", "jsonpath={.status}"]
+        ),
+        kubectl(
+            &env,
+            &["get", "tailnet", &contributor, "-o", "jsonpath={.status}"]
+        ),
     );
     // The owner's own egress is unaffected.
     wait_for_condition(&egresses, "site", ConditionIs::new("Ready", "True"), None).await;
