@@ -87,6 +87,23 @@ pub fn routes_needing_approval(inputs: &PolicyInputs) -> Vec<RouteApproval> {
         }
     }
 
+    // Contributors' routes (accepted by the owner): approved on the approver nodes that
+    // advertise exactly them, as `autoApprovers` would on the next change.
+    for contribution in &inputs.contributions {
+        for route in &contribution.routes {
+            for node in inputs
+                .nodes
+                .iter()
+                .filter(|n| n.tags.iter().any(|t| inputs.route_approvers.contains(t)))
+                .filter(|n| {
+                    n.available_routes.contains(route) && !n.approved_routes.contains(route)
+                })
+            {
+                needed.entry(node.id).or_default().insert(*route);
+            }
+        }
+    }
+
     let mut out = Vec::new();
     for (node_id, added) in needed {
         // Several entries with one id would be a Headscale bug; take the first by sort order.

@@ -972,3 +972,35 @@ fn contributions_are_rendered_after_ours_with_the_owners_tag_owners() {
         "{doc}"
     );
 }
+
+#[test]
+fn contributed_routes_are_approved_on_approver_nodes_that_advertise_them() {
+    let mut inputs = demo_inputs();
+    inputs.egresses.clear();
+    inputs.nodes = vec![
+        ObservedNode {
+            id: 3,
+            name: "router".into(),
+            tags: strs(&["tag:router"]),
+            available_routes: vec![net("203.0.113.0/24")],
+            ..Default::default()
+        },
+        ObservedNode {
+            id: 4,
+            name: "not-a-router".into(),
+            tags: strs(&["tag:other"]),
+            available_routes: vec![net("203.0.113.0/24")],
+            ..Default::default()
+        },
+    ];
+    assert!(routes_needing_approval(&inputs).is_empty());
+    inputs.contributions = vec![Contribution {
+        contributor: "cosmos".into(),
+        routes: vec![net("203.0.113.0/24")],
+        ..Default::default()
+    }];
+    let approvals = routes_needing_approval(&inputs);
+    assert_eq!(approvals.len(), 1, "{approvals:?}");
+    assert_eq!(approvals[0].node_id, 3);
+    assert_eq!(approvals[0].added, vec![net("203.0.113.0/24")]);
+}
