@@ -33,6 +33,7 @@ fn fixed_inputs() -> PolicyInputs {
             ports: vec![443],
         }],
         nodes: Vec::new(),
+        contributions: Vec::new(),
     }
 }
 
