@@ -278,6 +278,8 @@ pub struct RenderSummary {
     pub auto_approver_routes: usize,
     pub dns_targets_skipped: usize,
     pub resources_with_issues: usize,
+    /// Grants merged from contributors' fragments.
+    pub contributed_grants: usize,
 }
 
 impl fmt::Display for RenderSummary {
@@ -295,7 +297,11 @@ impl fmt::Display for RenderSummary {
             self.auto_approver_routes,
             self.dns_targets_skipped,
             self.resources_with_issues
-        )
+        )?;
+        if self.contributed_grants > 0 {
+            write!(f, ", {} contributed grants", self.contributed_grants)?;
+        }
+        Ok(())
     }
 }
 

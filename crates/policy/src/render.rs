@@ -668,6 +668,7 @@ pub fn render(base: &BasePolicy, inputs: &PolicyInputs) -> Result<RenderedPolicy
             .map(|r| r.dns_targets_skipped().len())
             .sum(),
         resources_with_issues: resources.iter().filter(|r| !r.issues.is_empty()).count(),
+        contributed_grants: inputs.contributions.iter().map(|c| c.grants.len()).sum(),
     };
 
     Ok(RenderedPolicy {

@@ -137,6 +137,7 @@ fn example_generates_the_expected_parts() {
             auto_approver_routes: 2,
             dns_targets_skipped: 0,
             resources_with_issues: 0,
+            contributed_grants: 0,
         }
     );
     assert!(r.notices.is_empty(), "{:?}", r.notices);
@@ -952,6 +953,12 @@ fn contributions_are_rendered_after_ours_with_the_owners_tag_owners() {
             .contains("// contributor cosmos: TailnetEgress/cos/site"),
         "{}",
         r.document
+    );
+    assert_eq!(r.summary.contributed_grants, 2);
+    assert!(
+        r.summary.to_string().ends_with(", 2 contributed grants"),
+        "{}",
+        r.summary
     );
     // The route the contributor needs joins ours (same approvers).
     assert!(v["autoApprovers"]["routes"]["192.0.2.0/24"].is_array());

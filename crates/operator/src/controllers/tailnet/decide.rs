@@ -855,7 +855,7 @@ pub fn short_summary(rendered: &RenderedPolicy) -> String {
     let mut text = format!(
         "{} tags, {} grants, {} routes",
         s.generated_tag_owners,
-        s.egress_grants + s.ingress_grants,
+        s.egress_grants + s.ingress_grants + s.contributed_grants,
         s.auto_approver_routes
     );
     if s.resources_with_issues > 0 {
