@@ -5,13 +5,15 @@
 //!
 //! - egress: pod IP:port → LocalAPI dial through the tailnet ([`dial`], [`listeners`]);
 //! - per-listener and per-agent connection limits ([`limits`]);
-//! - ingress `tcp`: 127.0.0.1:port → backend ([`listeners`]);
+//! - ingress `tcp`: 127.0.0.1:port → backend ([`listeners`], zero-copy via [`splice`]);
 //! - ingress `http`: TLS termination, virtual hosts, reverse proxy ([`proxy`]);
+//! - connection threads: each connection runs on one single-threaded runtime ([`workers`]);
 //! - admin: `/metrics`, `/livez`, `/readyz`, `/status` on the pod IP ([`admin`]).
 
 pub mod admin;
 pub mod backend;
 pub mod config;
+pub mod dedicated;
 pub mod dial;
 pub mod headers;
 pub mod limits;
@@ -23,5 +25,7 @@ pub mod proxy;
 pub mod relay;
 pub mod routing;
 pub mod run;
+pub mod splice;
 pub mod state;
 pub mod tls;
+pub mod workers;

@@ -19,6 +19,7 @@ use crate::limits::{self, Admission, Gate};
 use crate::metrics::{ActiveConnection, Direction, Metrics};
 use crate::proxy::{HttpSite, ProxyContext, serve_connection};
 use crate::relay::{HalfClose, Tally, relay, tune_tcp};
+use crate::workers::ConnectionThreads;
 
 /// Back-off after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -31,6 +32,8 @@ pub struct Shared {
     pub proxy: ProxyContext,
     /// Connection tasks, so shutdown can wait for them.
     pub connections: TaskTracker,
+    /// Where connections are served (one single-threaded runtime per CPU).
+    pub threads: Arc<ConnectionThreads>,
     /// All listeners' connections together (`limits.maxConnections`).
     pub agent_gate: Arc<Gate>,
     /// Cancelled at shutdown: HTTP connections finish their requests and close.
@@ -100,13 +103,11 @@ pub async fn run_egress(
         |stream, peer, admission| {
             let spec = settings.borrow().clone();
             let shared_for_task = shared.clone();
-            shared.connections.spawn(handle_egress(
-                stream,
-                peer,
-                spec,
-                shared_for_task,
-                admission,
-            ));
+            shared
+                .threads
+                .spawn(&shared.connections, stream, move |stream| {
+                    handle_egress(stream, peer, spec, shared_for_task, admission)
+                });
         },
     )
     .await;
@@ -184,8 +185,10 @@ pub async fn run_tcp(
             let spec = settings.borrow().clone();
             let shared_for_task = shared.clone();
             shared
-                .connections
-                .spawn(handle_tcp(stream, peer, spec, shared_for_task, admission));
+                .threads
+                .spawn(&shared.connections, stream, move |stream| {
+                    handle_tcp(stream, peer, spec, shared_for_task, admission)
+                });
         },
     )
     .await;
@@ -220,7 +223,7 @@ async fn handle_tcp(
     tune_tcp(&backend);
     let inbound = Tally::new(shared.metrics.bytes_counter(&spec.name, Direction::In));
     let outbound = Tally::new(shared.metrics.bytes_counter(&spec.name, Direction::Out));
-    let result = relay(stream, backend, &inbound, &outbound, HalfClose::Propagate).await;
+    let result = crate::splice::relay_tcp(stream, backend, &inbound, &outbound).await;
     debug!(
         listener = %spec.name,
         %peer,
@@ -249,9 +252,11 @@ pub async fn run_http(
         |stream, peer, admission| {
             let site = site.borrow().clone();
             let (context, draining) = (shared.proxy.clone(), shared.draining.clone());
-            shared.connections.spawn(serve_connection(
-                site, context, stream, peer, draining, admission,
-            ));
+            shared
+                .threads
+                .spawn(&shared.connections, stream, move |stream| {
+                    serve_connection(site, context, stream, peer, draining, admission)
+                });
         },
     )
     .await;

@@ -51,6 +51,10 @@ struct Args {
     /// silence. Also how long a fully closed client keeps an idle target connection.
     #[arg(long, default_value_t = 5)]
     half_closed_idle_seconds: u64,
+    /// Threads that serve connections, each a single-threaded runtime (0: one per CPU the
+    /// process may use).
+    #[arg(long, default_value_t = 0)]
+    connection_threads: usize,
 }
 
 fn init_logging(format: LogFormat) {
@@ -83,9 +87,27 @@ async fn shutdown_signal() {
     }
 }
 
+/// The `tcp` forward holds two pipes (four descriptors) per connection next to its two
+/// sockets (src/splice.rs): at the connection limits' maximum (2048) that is beyond a soft
+/// limit of 1024. The hard limit is what the container allows; without it the relay falls
+/// back to copying when a pipe cannot be created.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                info!(%error, soft, hard, "could not raise the open files limit");
+            }
+        }
+        Ok(_) => {}
+        Err(error) => info!(%error, "could not read the open files limit"),
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(args.log_format);
+    raise_open_files_limit();
     let options = Options {
         config_path: args.config,
         pod_ip: args.pod_ip,
@@ -97,6 +119,7 @@ fn main() -> ExitCode {
         backend_connect_timeout: Duration::from_secs(args.backend_connect_timeout_seconds.max(1)),
         backend_request_timeout: Duration::from_secs(args.backend_request_timeout_seconds.max(1)),
         half_closed_idle: Duration::from_secs(args.half_closed_idle_seconds.max(1)),
+        connection_threads: args.connection_threads,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

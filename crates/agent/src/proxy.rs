@@ -38,6 +38,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::backend::{BackendConnector, BackendTls, connect_failure};
+use crate::dedicated::DedicatedBackend;
 use crate::dial::error_chain;
 use crate::headers::{
     ForwardedHeaders, PeerIdentity, has_conflicting_host, is_websocket_upgrade, remove_hop_by_hop,
@@ -84,7 +85,10 @@ pub struct HttpSite {
 struct RouteBackend {
     /// The route's name for metrics and logs (shared, not copied per request).
     name: Arc<str>,
+    /// HTTP/2 clients and WebSocket upgrades.
     client: Client<BackendConnector, ProxyBody>,
+    /// HTTP/1.1 clients: a backend connection of their own ([`crate::dedicated`]).
+    connector: BackendConnector,
     /// Parsed once: every request's URI is built from it without formatting or parsing.
     /// `None` if the configured host and port do not form one (every request then gets the
     /// 400 a failed URI always got).
@@ -118,7 +122,7 @@ impl HttpSite {
             let client = Client::builder(TokioExecutor::new())
                 .pool_timer(TokioTimer::new())
                 .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-                .build(connector);
+                .build(connector.clone());
             let host = &route.backend.host;
             let authority = if host.parse::<std::net::Ipv6Addr>().is_ok() {
                 format!("[{host}]:{}", route.backend.port)
@@ -131,6 +135,7 @@ impl HttpSite {
                 Arc::new(RouteBackend {
                     name: Arc::from(route.name.as_str()),
                     client,
+                    connector,
                     authority,
                     request_timeout: route.request_timeout_seconds.map(Duration::from_secs),
                     backend_request_timeout: route
@@ -168,6 +173,8 @@ struct ConnectionInfo {
     /// Who the access log names: the user's login, the node, or the client address.
     client: Arc<str>,
     metrics: Arc<ConnectionMetrics>,
+    /// HTTP/1.1 connections: their own backend connection, driven by this task.
+    dedicated: Option<DedicatedBackend>,
 }
 
 /// The metric handles of one connection, so a request costs no label allocation and no
@@ -278,6 +285,12 @@ pub async fn serve_connection(
     let http2 = session.alpn_protocol() == Some(b"h2".as_slice());
     // The handshake means bytes arrived, so tailscaled has the connection in its map.
     let identity = whois(&context.localapi, peer).await;
+    let (dedicated, driver) = if http2 {
+        (None, None)
+    } else {
+        let (dedicated, driver) = crate::dedicated::dedicated();
+        (Some(dedicated), Some(driver))
+    };
     let client_ip = identity
         .as_ref()
         .and_then(|identity| identity.tailnet_ip)
@@ -292,6 +305,7 @@ pub async fn serve_connection(
             .unwrap_or_else(|| client_ip.to_string())
             .into(),
         metrics: Arc::new(ConnectionMetrics::new(&context.metrics, &site.listener)),
+        dedicated,
     });
     let activity = Arc::new(Activity::new());
     let service = {
@@ -342,12 +356,24 @@ pub async fn serve_connection(
             .max_buf_size(HTTP1_MAX_HEAD_BYTES);
         let connection = builder.serve_connection(io, service).with_upgrades();
         tokio::pin!(connection);
+        // The backend connection of this client connection is polled here, in this task.
+        let driver = async move {
+            match driver {
+                Some(driver) => match driver.await {},
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::pin!(driver);
         tokio::select! {
             result = connection.as_mut() => result,
             () = shutdown.cancelled() => {
                 connection.as_mut().graceful_shutdown();
-                connection.await
+                tokio::select! {
+                    result = connection => result,
+                    () = driver.as_mut() => Ok(()),
+                }
             }
+            () = driver.as_mut() => Ok(()),
         }
     };
     if let Err(error) = result {
@@ -472,9 +498,27 @@ async fn proxy_request(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    // From its second request on, an HTTP/1.1 client's request goes to its own backend
+    // connection, which needs the origin form (the pooled client turns the absolute form into
+    // it by itself).
+    let dedicated = connection
+        .dedicated
+        .as_ref()
+        .filter(|dedicated| !websocket && dedicated.claim());
+    let Some(authority) = backend.authority.clone() else {
+        return exchange.local_answer(StatusCode::BAD_REQUEST, "bad request target\n");
+    };
     let mut uri = http::uri::Parts::default();
-    uri.scheme = Some(Scheme::HTTP);
-    uri.authority = backend.authority.clone();
+    if dedicated.is_some() {
+        if !parts.headers.contains_key(header::HOST)
+            && let Ok(host) = HeaderValue::from_str(authority.as_str())
+        {
+            parts.headers.insert(header::HOST, host);
+        }
+    } else {
+        uri.scheme = Some(Scheme::HTTP);
+        uri.authority = Some(authority);
+    }
     uri.path_and_query = Some(path_and_query);
     let uri = match Uri::from_parts(uri) {
         Ok(uri) => uri,
@@ -509,8 +553,22 @@ async fn proxy_request(
             None => std::future::pending().await,
         }
     };
+    let send = async {
+        match dedicated {
+            Some(dedicated) => {
+                dedicated
+                    .send(&backend.name, &backend.connector, backend_request)
+                    .await
+            }
+            None => backend
+                .client
+                .request(backend_request)
+                .await
+                .map_err(BoxError::from),
+        }
+    };
     let answer = tokio::select! {
-        answer = backend.client.request(backend_request) => Some(answer),
+        answer = send => Some(answer),
         () = head_wait => None,
         () = exchange_deadline => None,
     };
@@ -521,9 +579,9 @@ async fn proxy_request(
                 exchange.message = "request timeout during upload".into();
                 exchange.local_answer(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
             } else {
-                let reason = connect_failure(&error).map_or("protocol", |failure| failure.label());
+                let reason = connect_failure(&*error).map_or("protocol", |failure| failure.label());
                 context.metrics.count_backend_failure(&backend.name, reason);
-                exchange.message = format!("backend {reason} failure: {}", error_chain(&error));
+                exchange.message = format!("backend {reason} failure: {}", error_chain(&*error));
                 exchange.local_answer(StatusCode::BAD_GATEWAY, "bad gateway\n")
             };
         }

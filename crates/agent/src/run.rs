@@ -30,6 +30,7 @@ use crate::probe::{ProbeDeps, ProbeSpec, Prober};
 use crate::proxy::{HttpSite, ProxyContext, ProxyDefaults};
 use crate::state::{AgentState, CertificateView, ListenerKind, ListenerView, ProbeKind};
 use crate::tls::{CertStore, Reload};
+use crate::workers::ConnectionThreads;
 
 const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -51,6 +52,8 @@ pub struct Options {
     pub backend_request_timeout: Duration,
     /// Egress: how long after the client's EOF a silent target keeps the tunnel open.
     pub half_closed_idle: Duration,
+    /// Single-threaded runtimes that serve the connections (0: one per CPU).
+    pub connection_threads: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +125,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
             tunnels: TaskTracker::new(),
         },
         connections: TaskTracker::new(),
+        threads: Arc::new(ConnectionThreads::start(options.connection_threads)),
         agent_gate: Gate::new(config.limits.max_connections),
         draining: CancellationToken::new(),
         backend_connect_timeout: options.backend_connect_timeout,

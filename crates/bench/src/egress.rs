@@ -195,8 +195,14 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Table> {
                 Spread::of(&per_rep(&|a, d| a - d, a, "direct"))
                     .map_or("–".into(), |s| format!("+{} µs", s.show(1)))
             } else {
-                Spread::of(&per_rep(&|a, d| a / d, a, "direct"))
-                    .map_or("–".into(), |s| format!("{:.0} %", s.median * 100.0))
+                Spread::of(&per_rep(&|a, d| a / d, a, "direct")).map_or("–".into(), |s| {
+                    format!(
+                        "{:.0} % ({:.0}–{:.0} %)",
+                        s.median * 100.0,
+                        s.min * 100.0,
+                        s.max * 100.0
+                    )
+                })
             }
         };
         let mut cells = vec![label, show("direct"), show("agent")];

@@ -53,6 +53,9 @@ enum Command {
         /// Control plane: cumulative resource totals (default 10,100,400).
         #[arg(long, value_delimiter = ',')]
         scale_steps: Vec<usize>,
+        /// Through the tailnet: MiB of the bulk echo workloads (default 64).
+        #[arg(long)]
+        tailnet_bulk_mib: Option<usize>,
     },
     /// Internal: the TCP backend of the forwarding benchmark.
     ServeTcp {
@@ -78,6 +81,7 @@ fn run(
     only: Vec<Benchmark>,
     repeat: Option<usize>,
     scale_steps: Vec<usize>,
+    tailnet_bulk_mib: Option<usize>,
 ) -> Result<()> {
     let mut settings = if smoke {
         Settings::smoke(agent, caddy)
@@ -92,6 +96,9 @@ fn run(
     if let Some(repeat) = repeat {
         settings.repeat = repeat.max(1);
         settings.tailnet.repeat = repeat.max(1);
+    }
+    if let Some(mib) = tailnet_bulk_mib {
+        settings.tailnet.bulk_bytes = mib.max(1) << 20;
     }
     let bench_exe = std::env::current_exe().context("own executable")?;
     raise_open_files_limit();
@@ -164,8 +171,10 @@ fn run(
         .build()?;
     if wanted(Benchmark::Tailnet) {
         let operator = operator_binary()?;
-        let table = runtime.block_on(tailnet::run(&operator, settings.tailnet))?;
-        println!("{}", table.markdown());
+        let tables = runtime.block_on(tailnet::run(&operator, settings.tailnet))?;
+        for table in tables {
+            println!("{}", table.markdown());
+        }
     }
     if wanted(Benchmark::Policy) {
         let table = control::policy_table(&settings.policy_sizes, settings.policy_runs)?;
@@ -212,6 +221,7 @@ fn main() -> ExitCode {
             only,
             repeat,
             scale_steps,
+            tailnet_bulk_mib,
         } => run(
             agent,
             baseline_agent,
@@ -221,6 +231,7 @@ fn main() -> ExitCode {
             only,
             repeat,
             scale_steps,
+            tailnet_bulk_mib,
         ),
         Command::ServeTcp { port } => tno_bench::tcpload::serve(port),
         Command::ServeHttp {

@@ -40,6 +40,11 @@ enum Path2 {
     Agent(SocketAddr),
     /// The laptop's LocalAPI dial.
     Direct(LocalApi),
+    /// The agent's listener on its pod IP (no Service hop), for the breakdown.
+    AgentPod(SocketAddr),
+    /// The agent pod's own tailscaled, dialed through its LocalAPI socket like the agent
+    /// does (no Service, no agent), for the breakdown.
+    AgentNode(LocalApi),
 }
 
 impl Path2 {
@@ -47,18 +52,20 @@ impl Path2 {
         match self {
             Path2::Agent(_) => "agent",
             Path2::Direct(_) => "direct",
+            Path2::AgentPod(_) => "agent by pod IP",
+            Path2::AgentNode(_) => "agent pod's tailscaled",
         }
     }
 
     fn connect(&self) -> Pin<Box<dyn Future<Output = Result<BoxStream>> + Send + '_>> {
         Box::pin(async move {
             match self {
-                Path2::Agent(address) => {
+                Path2::Agent(address) | Path2::AgentPod(address) => {
                     let stream = tokio::net::TcpStream::connect(address).await?;
                     stream.set_nodelay(true)?;
                     Ok(Box::new(stream) as BoxStream)
                 }
-                Path2::Direct(api) => match api.dial(TARGET, PORT).await? {
+                Path2::Direct(api) | Path2::AgentNode(api) => match api.dial(TARGET, PORT).await? {
                     Dialed::Tailnet(stream) => Ok(Box::new(stream) as BoxStream),
                     other => bail!("the laptop's dial did not go through the tailnet: {other:?}"),
                 },
@@ -138,22 +145,44 @@ async fn ping_pong(path: &Path2, rounds: usize) -> Result<Vec<Duration>> {
     Ok(samples)
 }
 
-async fn connection_rate(path: &Path2, clients: usize, duration: Duration) -> Result<f64> {
+/// One short connection: connect, 1 byte echoed, close.
+async fn short_connection(path: &Path2) -> Result<()> {
+    let mut stream = path.connect().await?;
+    stream.write_all(b"r").await?;
+    let mut answer = [0u8; 1];
+    stream.read_exact(&mut answer).await?;
+    if &answer != b"r" {
+        bail!("short connection echoed {answer:?}");
+    }
+    Ok(())
+}
+
+/// Completed short connections per second, and how many were reset. The agent keeps a tunnel
+/// up to 5 s after its client closed (--half-closed-idle-seconds) and resets connections
+/// beyond its limit (2048 here), so above ≈ 400 connections/s sustained the agent path gets
+/// resets: they are counted, not fatal.
+async fn connection_rate(path: &Path2, clients: usize, duration: Duration) -> Result<(f64, u64)> {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
+    let reset = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..clients {
-        let (path, stop, done) = (path.clone(), stop.clone(), done.clone());
+        let (path, stop, done, reset) = (path.clone(), stop.clone(), done.clone(), reset.clone());
         tasks.spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let mut stream = path.connect().await?;
-                stream.write_all(b"r").await?;
-                let mut answer = [0u8; 1];
-                stream.read_exact(&mut answer).await?;
-                if &answer != b"r" {
-                    bail!("short connection echoed {answer:?}");
+                match short_connection(&path).await {
+                    Ok(()) => {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(error)
+                        if error
+                            .downcast_ref::<std::io::Error>()
+                            .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset) =>
+                    {
+                        reset.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(error) => return Err(error),
                 }
-                done.fetch_add(1, Ordering::Relaxed);
             }
             anyhow::Ok(())
         });
@@ -169,7 +198,114 @@ async fn connection_rate(path: &Path2, clients: usize, duration: Duration) -> Re
     if completed == 0 {
         bail!("{}: no connection completed", path.name());
     }
-    Ok(completed as f64 / elapsed.as_secs_f64())
+    Ok((
+        completed as f64 / elapsed.as_secs_f64(),
+        reset.load(Ordering::Relaxed),
+    ))
+}
+
+/// Per-connection cost, one connection at a time: connect (for a LocalAPI path: the dial
+/// until its `101`), then one byte echoed, then close. Sorted samples of the whole, and of
+/// the connect/dial step alone.
+async fn connection_costs(path: &Path2, count: usize) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let mut whole = Vec::with_capacity(count);
+    let mut setup = Vec::with_capacity(count);
+    for _ in 0..count {
+        let started = Instant::now();
+        let mut stream = path.connect().await?;
+        let connected = started.elapsed();
+        stream.write_all(b"b").await?;
+        let mut answer = [0u8; 1];
+        stream.read_exact(&mut answer).await?;
+        if &answer != b"b" {
+            bail!("{}: the connection echoed {answer:?}", path.name());
+        }
+        whole.push(started.elapsed());
+        setup.push(connected);
+    }
+    whole.sort();
+    setup.sort();
+    Ok((whole, setup))
+}
+
+/// Where the agent path's per-connection time goes: the same target through four paths,
+/// each adding one hop to the previous one, interleaved per repetition.
+async fn breakdown(paths: &[Path2], work: Workload) -> Result<Table> {
+    const CONNECTIONS: usize = 200;
+    // path → metric (connection p50, p99, setup p50, ping-pong p50) → one value per repetition
+    let mut values: Vec<[Vec<f64>; 4]> = paths.iter().map(|_| Default::default()).collect();
+    let micros = |samples: &[Duration], p| {
+        percentile(samples, p).map_or(f64::NAN, |d| d.as_secs_f64() * 1e6)
+    };
+    for repetition in 0..work.repeat {
+        let mut order: Vec<usize> = (0..paths.len()).collect();
+        order.rotate_left(repetition % paths.len());
+        for index in order {
+            let path = &paths[index];
+            let (whole, setup) = connection_costs(path, CONNECTIONS)
+                .await
+                .context(path.name())?;
+            let pongs = ping_pong(path, work.ping_pongs)
+                .await
+                .context(path.name())?;
+            let slot = &mut values[index];
+            slot[0].push(micros(&whole, 50.0));
+            slot[1].push(micros(&whole, 99.0));
+            slot[2].push(micros(&setup, 50.0));
+            slot[3].push(micros(&pongs, 50.0));
+            // The agent keeps a tunnel up to --half-closed-idle-seconds (5 s) after its
+            // client closed: let them go before the next path is measured.
+            tokio::time::sleep(Duration::from_secs(6)).await;
+        }
+    }
+    let mut table = Table::new(
+        "Through the tailnet, per connection: where the agent path's time goes (one connection \
+         at a time: connect, 1 byte echoed, close)",
+        &[
+            "path",
+            "connection p50 (µs)",
+            "connection p99 (µs)",
+            "of which connect or LocalAPI dial, p50 (µs)",
+            "added to the previous row, p50 (µs)",
+            "64 B ping-pong p50 (µs)",
+        ],
+    );
+    let labels = [
+        "laptop's tailscaled, LocalAPI dial (the direct path)",
+        "agent pod's tailscaled, LocalAPI dial (+ the other node; no agent, no Service)",
+        "agent by pod IP (+ the agent: accept, its LocalAPI dial, relay)",
+        "agent by Service ClusterIP (+ the Service hop: kube-proxy DNAT)",
+    ];
+    for (index, label) in labels.iter().enumerate().take(paths.len()) {
+        let [whole, p99, setup, pong] = &values[index];
+        let show = |v: &[f64]| Spread::of(v).map_or("–".into(), |s| s.show(0));
+        let added = if index == 0 {
+            "–".to_owned()
+        } else {
+            let previous = &values[index - 1][0];
+            let differences: Vec<f64> = whole.iter().zip(previous).map(|(a, b)| a - b).collect();
+            Spread::of(&differences).map_or("–".into(), |s| {
+                format!("{:+.0} ({:+.0}–{:+.0})", s.median, s.min, s.max)
+            })
+        };
+        table.row(vec![
+            (*label).to_owned(),
+            show(whole),
+            show(p99),
+            show(setup),
+            added,
+            show(pong),
+        ]);
+    }
+    table.note(format!(
+        "{CONNECTIONS} connections one after another per path and repetition, then {} ping-pong \
+         round trips; median (min–max) of {} repetitions, differences taken within each \
+         repetition. For the agent paths the client's connect ends at the TCP handshake with \
+         the agent (or kube-proxy's DNAT to it); the agent's own LocalAPI dial then runs while \
+         the first byte waits, so it is part of the connection time, not of the connect step.",
+        work.ping_pongs, work.repeat
+    ));
+    Ok(table)
 }
 
 /// What to run through both paths.
@@ -186,6 +322,8 @@ async fn measure(agent: Path2, direct: Path2, work: Workload) -> Result<Table> {
     // metric → [agent values, direct values]
     let metrics = ["single", "parallel", "rate", "p50", "p99"];
     let mut values: Vec<[Vec<f64>; 2]> = metrics.iter().map(|_| [vec![], vec![]]).collect();
+    // Short connections reset (by the agent's connection limit), per path, all repetitions.
+    let mut resets = [0u64; 2];
     for repetition in 0..work.repeat {
         let mut paths = [(0usize, &agent), (1usize, &direct)];
         if repetition % 2 == 1 {
@@ -202,11 +340,14 @@ async fn measure(agent: Path2, direct: Path2, work: Workload) -> Result<Table> {
                     .await
                     .context(path.name())?,
             );
-            values[2][slot].push(
-                connection_rate(path, 4, work.rate_duration)
-                    .await
-                    .context(path.name())?,
-            );
+            let (rate, reset) = connection_rate(path, 4, work.rate_duration)
+                .await
+                .context(path.name())?;
+            values[2][slot].push(rate);
+            resets[slot] += reset;
+            // The agent holds each of those tunnels up to 5 s after its client closed and is
+            // at its connection limit now: let them go, or the next connection is reset.
+            tokio::time::sleep(Duration::from_secs(6)).await;
             let samples = ping_pong(path, work.ping_pongs)
                 .await
                 .context(path.name())?;
@@ -257,13 +398,95 @@ async fn measure(agent: Path2, direct: Path2, work: Workload) -> Result<Table> {
         "Median (min–max) of {} repetitions, ratios within each. Echo workloads: every byte \
          is compared. The agent holds a tunnel open up to 5 s after its client closed \
          (--half-closed-idle-seconds), so the connection-rate run leaves that many tunnels \
-         behind.",
-        work.repeat
+         behind; beyond its connection limit (2048 here) it resets new connections. Short \
+         connections reset in all repetitions: agent {}, direct {} (not counted as completed).",
+        work.repeat, resets[0], resets[1]
     ));
     Ok(table)
 }
 
-pub async fn run(operator_binary: &Path, work: Workload) -> Result<Table> {
+/// The agent pod behind the egress Service `cluster_ip`: its listener (pod IP and target
+/// port) and its tailscaled's LocalAPI socket (the pod's `tailscale-socket` emptyDir, which
+/// the test environment's kubelet keeps under its run directory).
+async fn agent_pod(
+    client: &kube::Client,
+    ns: &str,
+    cluster_ip: &str,
+    kubelet_dir: &Path,
+) -> Result<(SocketAddr, LocalApi)> {
+    use k8s_openapi::api::core::v1::{Pod, Service};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let services = Api::<Service>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await?;
+    let service = services
+        .items
+        .iter()
+        .find(|s| s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some(cluster_ip))
+        .context("no Service with the egress ClusterIP")?;
+    let spec = service.spec.as_ref().context("Service spec")?;
+    let selector = spec
+        .selector
+        .as_ref()
+        .context("the egress Service has no selector")?
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let port = spec
+        .ports
+        .as_ref()
+        .and_then(|ports| ports.iter().find(|p| p.port == i32::from(PORT)))
+        .context("no Service port for the target")?;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await?;
+    let pod = pods
+        .items
+        .iter()
+        .find(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_some())
+        .context("no agent pod with an IP")?;
+    let pod_ip: Ipv4Addr = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .context("pod IP")?
+        .parse()?;
+    let target_port = match &port.target_port {
+        Some(IntOrString::Int(number)) => u16::try_from(*number)?,
+        Some(IntOrString::String(name)) => pod
+            .spec
+            .iter()
+            .flat_map(|spec| &spec.containers)
+            .flat_map(|c| c.ports.iter().flatten())
+            .find(|p| p.name.as_deref() == Some(name.as_str()))
+            .map(|p| u16::try_from(p.container_port))
+            .context("named target port not in the pod")??,
+        None => PORT,
+    };
+    let uid = pod.metadata.uid.as_deref().context("pod uid")?;
+    let socket = kubelet_dir
+        .join("pods")
+        .join(uid)
+        .join("volumes/tailscale-socket/tailscaled.sock");
+    if !socket.exists() {
+        bail!(
+            "the agent pod's LocalAPI socket is not at {}",
+            socket.display()
+        );
+    }
+    // A unix socket path must fit in sockaddr_un (108 bytes); the kubelet's is longer.
+    let short = std::env::temp_dir().join(format!("tno-bench-{}-ts.sock", std::process::id()));
+    let _ = std::fs::remove_file(&short);
+    std::os::unix::fs::symlink(&socket, &short)
+        .with_context(|| format!("linking {} to {}", short.display(), socket.display()))?;
+    Ok((
+        SocketAddr::from((pod_ip, target_port)),
+        LocalApi::new(short),
+    ))
+}
+
+pub async fn run(operator_binary: &Path, work: Workload) -> Result<Vec<Table>> {
     let env = E2eEnv::shared()
         .await
         .map_err(|e| anyhow::anyhow!("test environment: {e}"))?;
@@ -311,7 +534,12 @@ pub async fn run(operator_binary: &Path, work: Workload) -> Result<Table> {
                 "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
                 "metadata": {"name": "site", "namespace": ns},
                 "spec": {"tailnetRef": {"name": tailnet}, "consumerNamespaces": [ns],
-                         "targets": [{"name": "remote-db", "address": TARGET, "port": PORT}]}
+                         "targets": [{"name": "remote-db", "address": TARGET, "port": PORT}],
+                         // The agent holds a tunnel up to 5 s after its client closed
+                         // (--half-closed-idle-seconds), so the connection-rate workload
+                         // keeps rate × 5 s tunnels open: the default 512 per listener
+                         // would reset connections beyond ~100/s.
+                         "limits": {"maxConnections": 2048, "maxConnectionsPerListener": 2048}}
             })),
         )
         .await
@@ -344,6 +572,14 @@ pub async fn run(operator_binary: &Path, work: Workload) -> Result<Table> {
     let service: Ipv4Addr = cluster_ip.parse().context("ClusterIP")?;
     let agent = Path2::Agent(SocketAddr::from((service, PORT)));
     let direct = Path2::Direct(env.tailnet().laptop.node.local_api());
+    let (pod_address, agent_node) =
+        agent_pod(&client, &ns, &cluster_ip, &env.kube().dir().join("kubelet")).await?;
+    let breakdown_paths = vec![
+        direct.clone(),
+        Path2::AgentNode(agent_node),
+        Path2::AgentPod(pod_address),
+        agent.clone(),
+    ];
     let lab = env.lab().clone();
     let pod = lab.add_pod_netns("bench-client").context("client netns")?;
     let netns = pod.netns.clone();
@@ -362,7 +598,7 @@ pub async fn run(operator_binary: &Path, work: Workload) -> Result<Table> {
         runtime.block_on(async move {
             // Both paths must work before anything is measured (routes, grants, netmap).
             let warm_deadline = Instant::now() + Duration::from_secs(120);
-            for path in [&agent, &direct] {
+            for path in &breakdown_paths {
                 loop {
                     match tokio::time::timeout(Duration::from_secs(5), echo_bulk(path, 1024)).await
                     {
@@ -374,7 +610,9 @@ pub async fn run(operator_binary: &Path, work: Workload) -> Result<Table> {
                     }
                 }
             }
-            measure(agent, direct, work).await
+            let main = measure(agent, direct, work).await?;
+            let parts = breakdown(&breakdown_paths, work).await?;
+            anyhow::Ok(vec![main, parts])
         })
     });
     let measured = tokio::task::spawn_blocking(move || {

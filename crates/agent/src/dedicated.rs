@@ -1,0 +1,163 @@
+//! One backend connection per HTTP/1.1 client connection, driven by the client connection's
+//! own task.
+//!
+//! hyper-util's pooled client hands every request to the connection's dispatcher through a
+//! pool checkout and a channel to a separately spawned connection task (on a multi-threaded
+//! runtime often another worker), and back. An HTTP/1.1 client connection sends one request at
+//! a time, so it can keep one backend connection of its own: the request is written by a
+//! [`SendRequest`] whose connection future is polled by the same task as the client
+//! connection ([`Driver`], joined with the server connection in `serve_connection`), so a
+//! request and its answer cross no task or thread.
+//!
+//! A connection's first request still goes through the pool: a client that sends one request
+//! and closes (`Connection: close`, new TLS connections) then reuses a pooled backend
+//! connection instead of opening one of its own that only one request would use.
+//!
+//! Bounded: at most [`MAX_DRIVEN`] backend connections per client connection (the current
+//! one and one that is finishing after its route changed or it was replaced); the channel
+//! that hands a new connection to the driver holds one. A backend connection ends with its
+//! client connection. HTTP/2 clients (many requests at once) and WebSocket upgrades keep
+//! using the pooled client.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::sync::mpsc;
+
+use crate::backend::BackendConnector;
+use crate::proxy::{BoxError, ProxyBody};
+
+/// The current backend connection and one that is still finishing.
+const MAX_DRIVEN: usize = 2;
+
+type BackendConnection = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The per-client-connection handle the requests use.
+pub struct DedicatedBackend {
+    /// The route (by its shared name) and the sender of the connection to its backend; taken
+    /// out while a request is in flight, so a request that is dropped half-way (timeout,
+    /// client gone) also drops its connection instead of leaving it in an unknown state.
+    current: Mutex<Option<(Arc<str>, SendRequest<ProxyBody>)>>,
+    driver: mpsc::Sender<BackendConnection>,
+    /// A request came before (the first one goes through the pool).
+    seen_request: AtomicBool,
+}
+
+/// Polls the backend connections of one client connection; never finishes by itself (it is
+/// raced against the server connection and dropped with it).
+pub struct Driver {
+    incoming: mpsc::Receiver<BackendConnection>,
+    driven: Vec<BackendConnection>,
+}
+
+pub fn dedicated() -> (DedicatedBackend, Driver) {
+    let (sender, incoming) = mpsc::channel(1);
+    (
+        DedicatedBackend {
+            current: Mutex::new(None),
+            driver: sender,
+            seen_request: AtomicBool::new(false),
+        },
+        Driver {
+            incoming,
+            driven: Vec::with_capacity(MAX_DRIVEN),
+        },
+    )
+}
+
+impl Future for Driver {
+    type Output = std::convert::Infallible;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        while let Poll::Ready(Some(connection)) = this.incoming.poll_recv(cx) {
+            if this.driven.len() >= MAX_DRIVEN {
+                // The oldest one's sender was replaced; it has nothing in flight that a
+                // request still waits for (HTTP/1.1: one request at a time).
+                drop(this.driven.remove(0));
+            }
+            this.driven.push(connection);
+        }
+        this.driven
+            .retain_mut(|connection| connection.as_mut().poll(cx).is_pending());
+        Poll::Pending
+    }
+}
+
+impl DedicatedBackend {
+    /// False for the connection's first request (pooled), true from the second on.
+    pub fn claim(&self) -> bool {
+        self.seen_request.swap(true, Ordering::Relaxed)
+    }
+
+    fn take(&self, route: &Arc<str>) -> Option<SendRequest<ProxyBody>> {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        match current.take() {
+            Some((name, sender)) if Arc::ptr_eq(&name, route) && !sender.is_closed() => {
+                Some(sender)
+            }
+            // Another route's connection, or a closed one: dropping the sender lets its
+            // connection finish.
+            _ => None,
+        }
+    }
+
+    fn put_back(&self, route: &Arc<str>, sender: SendRequest<ProxyBody>) {
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((route.clone(), sender));
+    }
+
+    /// Sends `request` (origin-form URI, Host set) on this client connection's backend
+    /// connection for `route`, opening one if there is none or it was closed. A request the
+    /// old connection did not take (it closed meanwhile) goes to a fresh one.
+    pub async fn send(
+        &self,
+        route: &Arc<str>,
+        connector: &BackendConnector,
+        request: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, BoxError> {
+        let mut request = request;
+        if let Some(mut sender) = self.take(route)
+            && sender.ready().await.is_ok()
+        {
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    self.put_back(route, sender);
+                    return Ok(response);
+                }
+                Err(mut error) => match error.take_message() {
+                    Some(unsent) => request = unsent,
+                    None => return Err(error.into_error().into()),
+                },
+            }
+        }
+        let stream = connector.connect().await?;
+        let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await?;
+        let connection: BackendConnection = Box::pin(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "backend connection ended with an error");
+            }
+        });
+        if let Err(
+            mpsc::error::TrySendError::Full(connection)
+            | mpsc::error::TrySendError::Closed(connection),
+        ) = self.driver.try_send(connection)
+        {
+            // Not reached while requests are sequential; still correct, just another task.
+            tokio::spawn(connection);
+        }
+        sender.ready().await?;
+        let response = sender.send_request(request).await?;
+        self.put_back(route, sender);
+        Ok(response)
+    }
+}
