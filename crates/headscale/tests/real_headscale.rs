@@ -120,14 +120,21 @@ async fn checks(env: &TailnetEnv) {
         .expect("still listed");
     assert!(expired.expiration.expect("expiration") <= Timestamp::now());
 
-    // Nodes and routes: the router advertises both site routes, none approved; approving one
-    // (full set semantics) and then the other keeps the first.
+    // Nodes and routes: the router advertises the site's routes (two IPv4, one IPv6 ULA),
+    // none approved; approving one (full set semantics) and then another keeps the first.
     let nodes = hs.list_nodes().await.expect("list nodes");
     let router = nodes
         .iter()
         .find(|n| n.tags.contains(&"tag:router".to_string()))
         .expect("router node");
-    assert_eq!(router.available_routes.len(), 2, "{router:?}");
+    let mut advertised = router.available_routes.clone();
+    advertised.sort();
+    assert_eq!(
+        advertised,
+        vec!["192.0.2.0/24", "198.51.100.0/24", "fd00:5ee::/64"],
+        "{router:?}"
+    );
+    assert!(router.approved_routes.is_empty(), "{router:?}");
     let first: IpNet = "192.0.2.0/24".parse().expect("net");
     let second: IpNet = "198.51.100.0/24".parse().expect("net");
     let node = hs
