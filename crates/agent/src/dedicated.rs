@@ -32,7 +32,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::mpsc;
 
 use crate::backend::BackendConnector;
-use crate::proxy::{BoxError, ProxyBody};
+use crate::body::{BoxError, ProxyBody};
 
 /// The current backend connection and one that is still finishing.
 const MAX_DRIVEN: usize = 2;

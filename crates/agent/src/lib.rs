@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod backend;
+pub mod body;
 pub mod config;
 pub mod dedicated;
 pub mod dial;

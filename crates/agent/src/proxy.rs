@@ -23,7 +23,6 @@ use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -53,8 +52,7 @@ use crate::tls::{CaBundle, CertStore, TlsError, server_config};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+pub use crate::body::{BoxError, ProxyBody};
 
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);

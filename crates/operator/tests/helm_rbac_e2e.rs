@@ -155,6 +155,82 @@ async fn operator_with_chart_rbac(
     (kubeconfig_path, cluster_objects)
 }
 
+/// The https expose of ingress `portal`: port 443 to the backend Service's port `main`.
+fn portal_exposes() -> Value {
+    json!([{"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443,
+            "backend": {"service": "frontend", "port": "main"}}])
+}
+
+/// A backend answering with its `name`, a self-signed TLS Secret and ingress `portal` in
+/// `namespace`: the ingress becomes Ready and https from the laptop reaches the backend.
+async fn serve_https_portal(
+    env: &E2eEnv,
+    admin: &kube::Client,
+    namespace: &str,
+    tailnet_name: &str,
+    name: &str,
+    operator: &tno_testenv::OperatorProcess,
+) {
+    apply(
+        &Api::<Deployment>::namespaced(admin.clone(), namespace),
+        "frontend",
+        test_server_deployment(
+            namespace,
+            "frontend",
+            json!(["http-echo", "--listen", "0.0.0.0:8080", "--name", name]),
+        ),
+    )
+    .await
+    .expect("backend Deployment");
+    apply(
+        &Api::<Service>::namespaced(admin.clone(), namespace),
+        "frontend",
+        service_object(namespace, "frontend", 8080),
+    )
+    .await
+    .expect("backend Service");
+    let portal = format!("portal.{namespace}.lab.example.net");
+    let (cert_pem, key_pem) = self_signed(std::slice::from_ref(&portal));
+    Api::<Secret>::namespaced(admin.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &tls_secret("portal-tls", &cert_pem, &key_pem),
+        )
+        .await
+        .expect("TLS Secret");
+    let ingresses: Api<TailnetIngress> = Api::namespaced(admin.clone(), namespace);
+    apply(
+        &ingresses,
+        "portal",
+        ingress_object(
+            namespace,
+            "portal",
+            tailnet_name,
+            Some("portal-tls"),
+            portal_exposes(),
+        ),
+    )
+    .await
+    .expect("ingress");
+    let ingress = wait_for_condition(
+        &ingresses,
+        "portal",
+        ConditionIs::new("Ready", "True"),
+        Some(operator),
+    )
+    .await;
+    let ip = tailnet_ipv4(&ingress.status.clone().unwrap_or_default().tailnet_ips)
+        .expect("tailnet IPv4");
+    let laptop = env.tailnet().laptop.node.local_api();
+    let response = wait_for("https through the ingress", WAIT, || async {
+        https_get_hello(&laptop, &ip, &portal, &cert_pem, &[])
+            .await
+            .and_then(ok_200)
+    })
+    .await;
+    assert!(response.contains(name), "{response}");
+}
+
 /// No line of the operator's log mentions a refused request.
 fn assert_nothing_forbidden(log: &str, what: &str) {
     let forbidden: Vec<&str> = log
@@ -231,72 +307,10 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     );
 
     // Ingress in another namespace: https from the laptop (group:team-a) reaches the backend.
-    apply(
-        &Api::<Deployment>::namespaced(admin.clone(), &app_ns),
-        "frontend",
-        test_server_deployment(
-            &app_ns,
-            "frontend",
-            json!([
-                "http-echo",
-                "--listen",
-                "0.0.0.0:8080",
-                "--name",
-                "frontend"
-            ]),
-        ),
-    )
-    .await
-    .expect("backend Deployment");
-    apply(
-        &Api::<Service>::namespaced(admin.clone(), &app_ns),
-        "frontend",
-        service_object(&app_ns, "frontend", 8080),
-    )
-    .await
-    .expect("backend Service");
-    let portal = format!("portal.{app_ns}.lab.example.net");
-    let (cert_pem, key_pem) = self_signed(std::slice::from_ref(&portal));
-    Api::<Secret>::namespaced(admin.clone(), &app_ns)
-        .create(
-            &PostParams::default(),
-            &tls_secret("portal-tls", &cert_pem, &key_pem),
-        )
-        .await
-        .expect("TLS Secret");
+    serve_https_portal(&env, &admin, &app_ns, &tailnet_name, "frontend", &operator).await;
     let ingresses: Api<TailnetIngress> = Api::namespaced(admin.clone(), &app_ns);
-    let web = json!([{"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443,
-                      "backend": {"service": "frontend", "port": "main"}}]);
-    apply(
-        &ingresses,
-        "portal",
-        ingress_object(
-            &app_ns,
-            "portal",
-            &tailnet_name,
-            Some("portal-tls"),
-            web.clone(),
-        ),
-    )
-    .await
-    .expect("ingress");
-    let ingress = wait_for_condition(
-        &ingresses,
-        "portal",
-        ConditionIs::new("Ready", "True"),
-        Some(&operator),
-    )
-    .await;
-    let ip = tailnet_ipv4(&ingress.status.clone().unwrap_or_default().tailnet_ips)
-        .expect("tailnet IPv4");
-    let laptop = env.tailnet().laptop.node.local_api();
-    let response = wait_for("https through the ingress", WAIT, || async {
-        https_get_hello(&laptop, &ip, &portal, &cert_pem, &[])
-            .await
-            .and_then(ok_200)
-    })
-    .await;
-    assert!(response.contains("frontend"), "{response}");
+    let web = portal_exposes();
+    let portal = format!("portal.{app_ns}.lab.example.net");
 
     // Without tls.secretName the operator creates a cert-manager Certificate (a failure there
     // only shows as CertificateReady=False/CertificateNotCreated, so check it explicitly).
@@ -406,71 +420,15 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
         env.diagnostics(Some(&ns))
     );
     // An ingress in the watched namespace: Ready, and https from the laptop reaches it.
-    apply(
-        &Api::<Deployment>::namespaced(admin.clone(), &scoped_ns),
-        "frontend",
-        test_server_deployment(
-            &scoped_ns,
-            "frontend",
-            json!([
-                "http-echo",
-                "--listen",
-                "0.0.0.0:8080",
-                "--name",
-                "scoped-frontend"
-            ]),
-        ),
-    )
-    .await
-    .expect("backend Deployment");
-    apply(
-        &Api::<Service>::namespaced(admin.clone(), &scoped_ns),
-        "frontend",
-        service_object(&scoped_ns, "frontend", 8080),
-    )
-    .await
-    .expect("backend Service");
-    let scoped_portal = format!("portal.{scoped_ns}.lab.example.net");
-    let (scoped_cert, scoped_key) = self_signed(std::slice::from_ref(&scoped_portal));
-    Api::<Secret>::namespaced(admin.clone(), &scoped_ns)
-        .create(
-            &PostParams::default(),
-            &tls_secret("portal-tls", &scoped_cert, &scoped_key),
-        )
-        .await
-        .expect("TLS Secret");
-    let scoped_ingresses: Api<TailnetIngress> = Api::namespaced(admin.clone(), &scoped_ns);
-    let scoped_web = json!([{"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443,
-                             "backend": {"service": "frontend", "port": "main"}}]);
-    apply(
-        &scoped_ingresses,
-        "portal",
-        ingress_object(
-            &scoped_ns,
-            "portal",
-            &tailnet_name,
-            Some("portal-tls"),
-            scoped_web,
-        ),
-    )
-    .await
-    .expect("ingress in the watched namespace");
-    let scoped = wait_for_condition(
-        &scoped_ingresses,
-        "portal",
-        ConditionIs::new("Ready", "True"),
-        Some(&operator),
+    serve_https_portal(
+        &env,
+        &admin,
+        &scoped_ns,
+        &tailnet_name,
+        "scoped-frontend",
+        &operator,
     )
     .await;
-    let scoped_ip =
-        tailnet_ipv4(&scoped.status.clone().unwrap_or_default().tailnet_ips).expect("tailnet IPv4");
-    let response = wait_for("https through the scoped ingress", WAIT, || async {
-        https_get_hello(&laptop, &scoped_ip, &scoped_portal, &scoped_cert, &[])
-            .await
-            .and_then(ok_200)
-    })
-    .await;
-    assert!(response.contains("scoped-frontend"), "{response}");
     // Meanwhile the ingress outside the watched namespaces was not reconciled.
     let old = ingresses.get("portal").await.expect("old ingress");
     let observed = old.status.as_ref().and_then(|s| s.observed_generation);

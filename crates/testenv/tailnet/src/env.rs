@@ -42,11 +42,9 @@ pub const SITE_ECHO_V6: SocketAddrV6 = SocketAddrV6::new(
 pub const SITE_V6_ROUTE: &str = "fd00:5ee::/64";
 /// Routes the subnet router advertises.
 pub const SITE_ROUTES: [&str; 3] = ["192.0.2.0/24", "198.51.100.0/24", SITE_V6_ROUTE];
-/// The remote site's DNS server (UDP), authoritative for [`SITE_DNS_ZONE`]; Headscale hands
-/// it to every node as split DNS (`dns.nameservers.split`), so tailscaled resolves the zone
-/// through the tailnet (the route to it must be approved and the node granted `udp:53`).
-pub const SITE_DNS: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 53), 53);
-pub const SITE_DNS_ZONE: &str = "site.internal";
+// The remote site's DNS server and zone live beside Headscale's DNS config, which hands them
+// out as split DNS.
+pub use crate::headscale::{SITE_DNS, SITE_DNS_ZONE};
 /// A site-internal name: A 192.0.2.10 and AAAA fd00:5ee::10, both the site's echo servers.
 pub const SITE_DB_NAME: &str = "db.site.internal";
 

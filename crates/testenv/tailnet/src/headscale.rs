@@ -1,7 +1,7 @@
 //! A real Headscale server for one test run: root netns, 127.0.0.1 with free ports, exposed in
 //! the lab on the gateway address so tailscaled in any netns reaches it.
 
-use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, PoisonError};
@@ -16,6 +16,11 @@ use crate::error::{Result, TailnetError};
 
 /// MagicDNS base domain of the test tailnet.
 pub const BASE_DOMAIN: &str = "tailnet.test";
+/// The remote site's DNS server (UDP), authoritative for [`SITE_DNS_ZONE`]; Headscale hands
+/// it to every node as split DNS (`dns.nameservers.split`), so tailscaled resolves the zone
+/// through the tailnet (the route to it must be approved and the node granted `udp:53`).
+pub const SITE_DNS: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 53), 53);
+pub const SITE_DNS_ZONE: &str = "site.internal";
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A running Headscale (killed on drop) with an admin API key.
@@ -356,8 +361,8 @@ logtail:
             database = path("db.sqlite"),
             extra_records = path("extra-records.json"),
             socket = path("headscale.sock"),
-            split_zone = crate::env::SITE_DNS_ZONE,
-            split_server = crate::env::SITE_DNS.ip(),
+            split_zone = SITE_DNS_ZONE,
+            split_server = SITE_DNS.ip(),
         )
     }
 }
