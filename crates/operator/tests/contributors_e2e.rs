@@ -1,44 +1,60 @@
-//! Several installations on one Headscale: Tailnet `t-<ns>` owns the policy (Apply) and lists
-//! contributor `cosmos`; Tailnet `t-<ns>-b` runs `mode: Contribute` (prefix `cob`), never
-//! writes to Headscale and publishes its fragment, which is delivered to the owner as a
-//! ConfigMap (the Git variant; here copied by the test). Both run under one operator against
-//! the real apiserver, Headscale and tailscale nodes (a second control plane is not part of
-//! the lab yet).
+//! Two clusters, one Headscale (SPEC §4a): cluster A (the shared lab cluster) owns the policy
+//! with Tailnet `t-<ns>` (Apply) and lists contributor `cosmos`; cluster B (a second control
+//! plane: own etcd, apiserver, controller-manager, kubelet, kube-proxy, CoreDNS, pods in
+//! 10.245.0.0/16, Services in 10.97.0.0/16) runs Tailnet `cosmos` in `mode: Contribute`
+//! (prefix `cob`) under its own operator. The clusters share only Headscale and the tailnet.
 //!
-//! Checked: the contributor's egress carries bytes to the remote site once the owner merged
-//! its grant, while the owner's own egress keeps working; an egress grant outside
-//! `egressDestinations` is refused and reported on both sides (owner: ContributionRefused,
-//! contributor: FragmentNotLive, the egress: PolicyEffective=False/Contributing); the owner
-//! then reads the contributor's own ConfigMap through the API with a kubeconfig whose
-//! ServiceAccount may only get/watch that ConfigMap (the documented Role); that access
-//! revoked → ContributorStale, the merged grant stays live; an owner restart meanwhile
-//! changes nothing in the live policy; the contributor removed from the list → its grant
-//! goes.
+//! Checked, with bytes in every step:
+//! - the fragment delivered through Git (here copied by the test, with two entries added in
+//!   transit: A's own tag and a grant to it) is merged partly: B's tag claim on A's tag, its
+//!   grant to A, its egress outside `egressDestinations` and its ingress source outside the
+//!   allowlist are refused and named on the owner; B's side names the two it asked for as not
+//!   live (Tailnet `FragmentLive=False`, the resources `PolicyEffective=False/Contributing`);
+//! - B's egress reaches the remote site from a B pod; B's HTTPS ingress serves the laptop
+//!   under the MagicDNS name the owner rendered into its extra records; A's own egress and
+//!   ingress keep working;
+//! - the owner then reads the fragment through B's apiserver with a kubeconfig whose
+//!   ServiceAccount may only get/watch that ConfigMap (the documented Role);
+//! - B's apiserver stopped: the owner says `ContributorStale`, B's grants stay live (the
+//!   laptop still gets HTTPS from B), an owner restart meanwhile changes nothing in the live
+//!   policy; B's apiserver back: read again;
+//! - B removed from the list: its grants go, B's egress says so; A keeps working.
 
 mod support;
+
+use std::path::Path;
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams};
-use serde_json::json;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
 use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
 use support::kubeconfig::token_kubeconfig;
 use support::lab_operator::start_operator;
 use support::objects::{
     apply, apply_egress, bootstrap_applied_tailnet, ingress_object, remote_db_target,
-    service_object, tailnet_ipv4, test_server_deployment,
+    service_object, tailnet_ipv4, test_server_deployment, tls_secret,
 };
-use support::tailnet::tcp_echo;
+use support::tailnet::{https_get_hello, ok_200, self_signed, tcp_echo};
 use support::wait::{WAIT, wait_for};
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
-use tno_testenv::{E2eEnv, OperatorArgs};
+use tno_testenv::{E2eEnv, OperatorArgs, OperatorProcess, SecondCluster, sync_extra_records};
+use tno_testenv_tailnet::LocalApi;
 
-/// `kubectl <args>` against the lab (output for the log; empty when kubectl is not built).
-fn kubectl(env: &E2eEnv, args: &[&str]) -> String {
+/// The contributor's name on the owner, its Tailnet in cluster B, and its tag prefix.
+const CONTRIBUTOR: &str = "cosmos";
+const CONTRIBUTOR_PREFIX: &str = "cob";
+/// The names B's ingresses get (the owner's `limits.dnsSuffixes` allows them).
+const CONTRIBUTOR_DNS_SUFFIX: &str = "cosmos.lab.example.net";
+
+/// `kubectl <args>` against the cluster of `kubeconfig` (output for the log; empty when
+/// kubectl is not built).
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
     let versions = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deps/versions.env"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deps/versions.env"),
     )
     .unwrap_or_default();
     let Some(version) = versions
@@ -56,11 +72,64 @@ fn kubectl(env: &E2eEnv, args: &[&str]) -> String {
         .unwrap_or_default();
     let binary = cache.join(format!("kubernetes-{version}/bin/kubectl"));
     std::process::Command::new(binary)
-        .arg(format!("--kubeconfig={}", env.kubeconfig().display()))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .args(args)
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
+}
+
+/// The live policy's entries of the contributor: each `// contributor cosmos…` comment with
+/// the line it annotates (for the note).
+fn contributor_section(policy: &str) -> String {
+    let lines: Vec<&str> = policy.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.contains(&format!("contributor {CONTRIBUTOR}")) {
+            out.push(line.trim());
+            if let Some(next) = lines.get(i + 1) {
+                out.push(next.trim());
+            }
+        }
+    }
+    out.join("\n")
+}
+
+/// The operator binary of this crate, run in cluster B's lab with B's admin kubeconfig.
+async fn start_operator_in_b(
+    env: &E2eEnv,
+    cluster: &SecondCluster,
+    namespace: &str,
+) -> OperatorProcess {
+    let binary = Path::new(env!("CARGO_BIN_EXE_tailnet-operator"));
+    let mut operator = env
+        .start_operator_in(cluster, binary, &OperatorArgs::new(namespace).to_args())
+        .await
+        .expect("operator in cluster B");
+    operator
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .expect("cluster B's operator ready");
+    operator
+}
+
+/// HTTPS `GET /hello` from the laptop to `name` resolved by its MagicDNS resolver: Ok with the
+/// response once the name resolves to `ip` and the agent answers 200 with a certificate for it.
+async fn laptop_https_by_name(
+    laptop: &LocalApi,
+    name: &str,
+    ip: &str,
+    ca_pem: &str,
+) -> Result<String, String> {
+    let answer = laptop.resolve_ipv4(name).await.map_err(|e| e.to_string())?;
+    let resolved = answer
+        .iter()
+        .map(ToString::to_string)
+        .find(|a| a == ip)
+        .ok_or_else(|| format!("{name} -> {answer:?}, expected {ip}"))?;
+    https_get_hello(laptop, &resolved, name, ca_pem, &[])
+        .await
+        .and_then(ok_200)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,114 +137,275 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     let env = E2eEnv::shared()
         .await
         .unwrap_or_else(|e| panic!("e2e environment: {e}"));
-    let ops = env.namespace("contrib").await.expect("namespace");
+    let started = std::time::Instant::now();
+    let cosmos = env
+        .start_second_cluster()
+        .await
+        .unwrap_or_else(|e| panic!("second cluster: {e}"));
+    eprintln!(
+        "cluster B started in {:.1?} (pods {}, Services {})",
+        started.elapsed(),
+        cosmos.network().pod_cidr,
+        cosmos.network().service_cidr
+    );
+    let headscale = env.headscale_api();
+    let laptop = env.tailnet().laptop.node.local_api();
+
+    // ---- Cluster A: the owner, its own egress and ingress.
+    let ops = env.namespace("contrib").await.expect("namespace in A");
     let client = ops.client().clone();
     let ns = ops.name().to_string();
     let owner = bootstrap_applied_tailnet(&env, &ops).await;
-    let contributor = format!("{owner}-b");
     let tailnets: Api<Tailnet> = Api::all(client.clone());
-    let mut cosmos = env.tailnet_object(&contributor, "Contribute");
-    cosmos["spec"]["policy"]["tagPrefix"] = json!("cob");
-    // The owner writes the DNS entries; the contributor's ingress names go in its fragment.
-    cosmos["spec"]["dns"] =
-        json!({"ingressNameTemplate": "{name}.{namespace}.cosmos.lab.example.net"});
-    if let Some(policy) = cosmos["spec"]["policy"].as_object_mut() {
-        policy.remove("baseConfigMap");
-    }
-    apply(&tailnets, &contributor, cosmos)
-        .await
-        .expect("contributor Tailnet");
     let mut owner_spec = env.tailnet_object(&owner, "Apply");
     owner_spec["spec"]["policy"]["contributors"] = json!([{
-        "name": "cosmos", "tagPrefix": "cob", "source": {"configMap": "cosmos-fragment"},
+        "name": CONTRIBUTOR, "tagPrefix": CONTRIBUTOR_PREFIX, "source": {"configMap": "cosmos-fragment"},
         "limits": {"egressDestinations": ["192.0.2.0/24"], "ingressSourceAllowlist": ["group:team-a"],
-                   "dnsSuffixes": ["cosmos.lab.example.net"]}
+                   "dnsSuffixes": [CONTRIBUTOR_DNS_SUFFIX]}
     }]);
     apply(&tailnets, &owner, owner_spec.clone())
         .await
         .expect("owner Tailnet with a contributor");
-
+    // The owner's extra records reach Headscale as its mounted ConfigMap would.
+    let records_sync = sync_extra_records(
+        client.clone(),
+        ns.clone(),
+        tno_testenv::HOSTS_CONFIG_MAP.into(),
+        env.tailnet().headscale.extra_records_path().to_path_buf(),
+    );
     let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
         .await
-        .expect("operator");
+        .expect("operator in A");
     let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), &ns);
     apply_egress(&egresses, &ns, "site", &owner, json!([remote_db_target()]))
         .await
         .expect("owner's egress");
+    apply(
+        &Api::<Deployment>::namespaced(client.clone(), &ns),
+        "a-echo",
+        test_server_deployment(
+            &ns,
+            "a-echo",
+            json!(["tcp-echo", "--listen", "0.0.0.0:5432"]),
+        ),
+    )
+    .await
+    .expect("A's backend Deployment");
+    apply(
+        &Api::<Service>::namespaced(client.clone(), &ns),
+        "a-echo",
+        service_object(&ns, "a-echo", 5432),
+    )
+    .await
+    .expect("A's backend Service");
+    let a_ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
+    apply(
+        &a_ingresses,
+        "a-db",
+        ingress_object(
+            &ns,
+            "a-db",
+            &owner,
+            None,
+            json!([{"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 6000,
+                    "backend": {"service": "a-echo", "port": 5432}}]),
+        ),
+    )
+    .await
+    .expect("owner's ingress");
+
+    // ---- Cluster B: the contributor under its own operator.
+    let ops_b = cosmos.namespace("cosmos").await.expect("namespace in B");
+    let client_b = ops_b.client().clone();
+    let ns_b = ops_b.name().to_string();
+    env.create_bootstrap(&client_b, &ns_b, &env.base_policy().expect("base policy"))
+        .await
+        .expect("B's bootstrap (API key)");
+    let tailnets_b: Api<Tailnet> = Api::all(client_b.clone());
+    let mut contributor_spec = env.tailnet_object(CONTRIBUTOR, "Contribute");
+    contributor_spec["spec"]["policy"]["tagPrefix"] = json!(CONTRIBUTOR_PREFIX);
+    // B's own allowlist is wider than what the owner allows it: the owner's check decides.
+    contributor_spec["spec"]["policy"]["ingressSourceAllowlist"] =
+        json!(["group:team-a", "autogroup:member"]);
+    contributor_spec["spec"]["dns"] =
+        json!({"ingressNameTemplate": format!("{{name}}.{{namespace}}.{CONTRIBUTOR_DNS_SUFFIX}")});
+    if let Some(policy) = contributor_spec["spec"]["policy"].as_object_mut() {
+        policy.remove("baseConfigMap");
+    }
+    apply(&tailnets_b, CONTRIBUTOR, contributor_spec)
+        .await
+        .expect("contributor Tailnet in B");
+    let mut operator_b = start_operator_in_b(&env, &cosmos, &ns_b).await;
+    let egresses_b: Api<TailnetEgress> = Api::namespaced(client_b.clone(), &ns_b);
     apply_egress(
-        &egresses,
-        &ns,
+        &egresses_b,
+        &ns_b,
         "b-site",
-        &contributor,
+        CONTRIBUTOR,
         json!([{"name": "b-db", "address": "192.0.2.10", "port": 5432}]),
     )
     .await
-    .expect("contributor's egress");
+    .expect("B's egress");
     apply_egress(
-        &egresses,
-        &ns,
+        &egresses_b,
+        &ns_b,
         "b-outside",
-        &contributor,
+        CONTRIBUTOR,
         json!([{"name": "b-outside", "address": "198.51.100.7", "port": 22}]),
     )
     .await
-    .expect("contributor's egress outside its limits");
+    .expect("B's egress outside its limits");
+    for (name, args, port) in [
+        (
+            "b-web",
+            json!(["http-echo", "--listen", "0.0.0.0:8080", "--name", "b-web"]),
+            8080,
+        ),
+        (
+            "b-echo",
+            json!(["tcp-echo", "--listen", "0.0.0.0:5432"]),
+            5432,
+        ),
+    ] {
+        apply(
+            &Api::<Deployment>::namespaced(client_b.clone(), &ns_b),
+            name,
+            test_server_deployment(&ns_b, name, args),
+        )
+        .await
+        .expect("B's backend Deployment");
+        apply(
+            &Api::<Service>::namespaced(client_b.clone(), &ns_b),
+            name,
+            service_object(&ns_b, name, port),
+        )
+        .await
+        .expect("B's backend Service");
+    }
+    let portal = format!("portal.{ns_b}.{CONTRIBUTOR_DNS_SUFFIX}");
+    let (cert_pem, key_pem) = self_signed(std::slice::from_ref(&portal));
+    Api::<Secret>::namespaced(client_b.clone(), &ns_b)
+        .create(
+            &PostParams::default(),
+            &tls_secret("b-portal-tls", &cert_pem, &key_pem),
+        )
+        .await
+        .expect("B's TLS Secret");
+    let ingresses_b: Api<TailnetIngress> = Api::namespaced(client_b.clone(), &ns_b);
+    apply(
+        &ingresses_b,
+        "b-portal",
+        ingress_object(
+            &ns_b,
+            "b-portal",
+            CONTRIBUTOR,
+            Some("b-portal-tls"),
+            json!([{"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443,
+                    "backend": {"service": "b-web", "port": "main"}}]),
+        ),
+    )
+    .await
+    .expect("B's https ingress");
+    let mut wide = ingress_object(
+        &ns_b,
+        "b-wide",
+        CONTRIBUTOR,
+        None,
+        json!([{"name": "db", "dnsLabel": "wide", "mode": "tcp", "port": 6001,
+                "backend": {"service": "b-echo", "port": 5432}}]),
+    );
+    wide["spec"]["allowFrom"] = json!(["autogroup:member"]);
+    apply(&ingresses_b, "b-wide", wide)
+        .await
+        .expect("B's ingress for a source outside its limits");
 
-    // The contributor publishes its fragment; deliver it to the owner (Git, in real life).
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let fragment_name = format!("{contributor}-policy-fragment");
+    // ---- Git delivery: B publishes its fragment in B; the test carries it to A, and adds in
+    // transit what a hostile contributor could ask for: A's ingress tag and a grant to it.
+    let a_ingress = wait_for_condition(
+        &a_ingresses,
+        "a-db",
+        ConditionIs::new("Ready", "True"),
+        Some(&operator),
+    )
+    .await;
+    let a_tag = a_ingress
+        .status
+        .clone()
+        .unwrap_or_default()
+        .tag
+        .expect("A's ingress tag");
+    let config_maps_b: Api<ConfigMap> = Api::namespaced(client_b.clone(), &ns_b);
+    let fragment_name = tailnet_api::fragment::fragment_config_map(CONTRIBUTOR);
     let fragment = wait_for(
-        "the contributor's fragment with both egresses",
+        "B's fragment with its egresses, ingresses and DNS record",
         WAIT,
         || async {
-            let cm = config_maps
+            let cm = config_maps_b
                 .get_opt(&fragment_name)
                 .await
                 .map_err(|e| e.to_string())?
                 .ok_or("not published yet")?;
             let text = cm
                 .data
-                .and_then(|d| d.get("fragment.json").cloned())
+                .and_then(|d| d.get(tailnet_api::fragment::FRAGMENT_KEY).cloned())
                 .ok_or("no fragment.json")?;
-            if text.contains("198.51.100.7") && text.contains("192.0.2.10") {
-                Ok(text)
-            } else {
-                Err(text)
-            }
+            let complete = ["198.51.100.7", "192.0.2.10", "autogroup:member", &portal]
+                .iter()
+                .all(|needle| text.contains(needle));
+            if complete { Ok(text) } else { Err(text) }
         },
     )
     .await;
-    let deliver = |text: String| {
-        let config_maps = config_maps.clone();
-        async move {
-            config_maps
-                .patch(
-                    "cosmos-fragment",
-                    &PatchParams::apply("git-delivery").force(),
-                    &Patch::Apply(json!({
-                        "apiVersion": "v1", "kind": "ConfigMap",
-                        "metadata": {"name": "cosmos-fragment"},
-                        "data": {"fragment.json": text}
-                    })),
-                )
-                .await
-                .expect("deliver the fragment")
-        }
-    };
-    deliver(fragment).await;
+    let mut tampered: Value = serde_json::from_str(&fragment).expect("fragment JSON");
+    let own_egress_tag = tampered["tags"]
+        .as_array()
+        .and_then(|tags| {
+            tags.iter()
+                .filter_map(Value::as_str)
+                .find(|t| t.contains("egress"))
+        })
+        .map(str::to_owned)
+        .expect("B's egress tag in the fragment");
+    tampered["tags"]
+        .as_array_mut()
+        .expect("tags")
+        .push(json!(a_tag));
+    tampered["grants"]
+        .as_array_mut()
+        .expect("grants")
+        .push(json!({"owner": "TailnetEgress/forged", "src": [own_egress_tag], "dst": [a_tag], "ip": ["tcp:6000"]}));
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    config_maps
+        .patch(
+            "cosmos-fragment",
+            &PatchParams::apply("git-delivery").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "cosmos-fragment"},
+                "data": {"fragment.json": tampered.to_string()}
+            })),
+        )
+        .await
+        .expect("deliver the fragment to A");
 
-    // Owner: one refused entry, named; the rest merged.
+    // The owner: partly refused, every refused entry named, the rest merged.
+    let refused_reasons = |t: &Tailnet| -> Vec<String> {
+        t.status
+            .as_ref()
+            .and_then(|s| s.contributors.first())
+            .map(|c| c.refused.clone())
+            .unwrap_or_default()
+    };
     let owner_tailnet = wait_for(
         "the owner to merge cosmos's fragment, partly",
         WAIT,
         || async {
             let t = tailnets.get(&owner).await.map_err(|e| e.to_string())?;
-            let merged = t
-                .status
-                .as_ref()
-                .and_then(|s| s.contributors.first())
-                .is_some_and(|c| c.state == "PartlyRefused");
-            if merged
+            let refused = refused_reasons(&t);
+            let all_named = refused.iter().any(|r| r.contains(&a_tag))
+                && refused.iter().any(|r| r.contains("198.51.100.7"))
+                && refused.iter().any(|r| r.contains("autogroup:member"));
+            if all_named
                 && ConditionIs::new("ContributionsAccepted", "False")
                     .reason("ContributionRefused")
                     .holds_for(&t)
@@ -187,45 +417,66 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         },
     )
     .await;
-    let status = owner_tailnet.status.clone().unwrap_or_default();
-    let cosmos_status = &status.contributors[0];
-    assert_eq!(cosmos_status.state, "PartlyRefused", "{cosmos_status:?}");
+    let refused = refused_reasons(&owner_tailnet);
     assert!(
-        cosmos_status
-            .refused
+        refused
+            .iter()
+            .any(|r| r.contains(&format!("tag {a_tag}")) && r.contains("prefix tag:cob-")),
+        "{refused:?}"
+    );
+    assert!(
+        refused.iter().any(|r| r.contains("TailnetEgress/forged")),
+        "{refused:?}"
+    );
+    assert!(
+        refused
             .iter()
             .any(|r| r.contains("198.51.100.7") && r.contains("limits.egressDestinations")),
-        "{cosmos_status:?}"
+        "{refused:?}"
     );
-    eprintln!("owner's contributors: {:?}", status.contributors);
-    // The contributor's egress inside its limits: live, and bytes reach the remote site.
+    assert!(
+        refused
+            .iter()
+            .any(|r| r.contains("autogroup:member") && r.contains("limits.ingressSourceAllowlist")),
+        "{refused:?}"
+    );
+
+    // B: the egress inside its limits carries bytes to the remote site from a B pod.
     wait_for_condition(
-        &egresses,
+        &egresses_b,
         "b-site",
         ConditionIs::new("Ready", "True"),
-        Some(&operator),
+        Some(&operator_b),
     )
     .await;
-    let run = ops
-        .tcp_check("client-b", &format!("b-db.{ns}.svc.cluster.local:5432"), 30)
+    let b_db = format!("b-db.{ns_b}.svc.cluster.local:5432");
+    let run = cosmos
+        .tcp_check(&client_b, &ns_b, "client-b", &b_db, 30)
         .await
-        .expect("client pod");
+        .expect("client pod in B");
     assert!(
         run.succeeded(),
-        "echo through the contributor's egress failed:\n{run}\n{}",
-        env.diagnostics(Some(&ns))
+        "echo through B's egress failed:\n{run}\n{}",
+        cosmos.diagnostics(Some(&ns_b))
     );
-    // The refused one: not live, named on the egress and on the contributor's Tailnet.
+    // B: what was refused is named as not live, on the resources and the Tailnet.
     wait_for_condition(
-        &egresses,
+        &egresses_b,
         "b-outside",
         ConditionIs::new("PolicyEffective", "False").reason("Contributing"),
         None,
     )
     .await;
+    wait_for_condition(
+        &ingresses_b,
+        "b-wide",
+        ConditionIs::new("PolicyEffective", "False").reason("Contributing"),
+        None,
+    )
+    .await;
     let contributor_tailnet = wait_for_condition(
-        &tailnets,
-        &contributor,
+        &tailnets_b,
+        CONTRIBUTOR,
         ConditionIs::new("FragmentLive", "False").reason("FragmentNotLive"),
         None,
     )
@@ -239,72 +490,120 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         .unwrap_or_default();
     assert!(
         not_live.iter().any(|e| e.contains("198.51.100.7"))
+            && not_live.iter().any(|e| e.contains("autogroup:member"))
             && !not_live.iter().any(|e| e.contains("192.0.2.10")),
         "{not_live:?}"
     );
-    eprintln!(
-        "--- kubectl get tailnet -o wide\n{}--- kubectl describe tailnet {owner} (status)\n{}--- kubectl describe tailnet {contributor} (status)\n{}",
-        kubectl(
-            &env,
-            &["get", "tailnet", &owner, &contributor, "-o", "wide"]
-        ),
-        kubectl(
-            &env,
-            &["get", "tailnet", &owner, "-o", "jsonpath={.status}"]
-        ),
-        kubectl(
-            &env,
-            &["get", "tailnet", &contributor, "-o", "jsonpath={.status}"]
-        ),
+
+    // B's HTTPS ingress serves the laptop under the name the owner rendered.
+    let b_portal = wait_for_condition(
+        &ingresses_b,
+        "b-portal",
+        ConditionIs::new("Ready", "True"),
+        Some(&operator_b),
+    )
+    .await;
+    let b_ip = tailnet_ipv4(&b_portal.status.clone().unwrap_or_default().tailnet_ips)
+        .expect("B's ingress tailnet IPv4");
+    let response = wait_for(
+        &format!("https://{portal}/hello from the laptop (MagicDNS)"),
+        WAIT,
+        || async { laptop_https_by_name(&laptop, &portal, &b_ip, &cert_pem).await },
+    )
+    .await;
+    assert!(response.contains("b-web"), "{response}");
+    let hosts = config_maps
+        .get(tno_testenv::HOSTS_CONFIG_MAP)
+        .await
+        .expect("owner's hosts ConfigMap")
+        .data
+        .and_then(|d| d.get("extra-records.json").cloned())
+        .unwrap_or_default();
+    assert!(
+        hosts.contains(&portal) && hosts.contains(&b_ip),
+        "the owner renders B's name: {hosts}"
     );
-    // The owner's own egress is unaffected.
+
+    // A's own egress and ingress work beside B's.
     wait_for_condition(&egresses, "site", ConditionIs::new("Ready", "True"), None).await;
-    let headscale = env.headscale_api();
+    let run = ops
+        .tcp_check(
+            "client-a",
+            &format!("remote-db.{ns}.svc.cluster.local:5432"),
+            30,
+        )
+        .await
+        .expect("client pod in A");
+    assert!(run.succeeded(), "echo through A's egress failed:\n{run}");
+    let a_ip = tailnet_ipv4(&a_ingress.status.clone().unwrap_or_default().tailnet_ips)
+        .expect("A's ingress IPv4");
+    wait_for("A's tcp ingress to echo for the laptop", WAIT, || async {
+        tcp_echo(&laptop, &a_ip, 6000).await
+    })
+    .await;
+
     let live = headscale.get_policy().await.expect("live policy");
     assert!(
-        live.contains("contributor cosmos: TailnetEgress/"),
+        live.contains("contributor cosmos: TailnetEgress/")
+            && live.contains("contributor cosmos: TailnetIngress/"),
         "{live}"
     );
     assert!(
-        !live.contains("198.51.100.7"),
+        !live.contains("198.51.100.7") && !live.contains("autogroup:member"),
         "a refused grant is not live:\n{live}"
     );
+    eprintln!(
+        "--- cluster A: kubectl get tailnet -o wide\n{}--- cluster B: kubectl get tailnet -o wide\n{}\
+         --- cluster A: kubectl describe tailnet {owner}\n{}--- cluster B: kubectl describe tailnet {CONTRIBUTOR}\n{}\
+         --- the live policy's contributor section\n{}",
+        kubectl(env.kubeconfig(), &["get", "tailnet", "-o", "wide"]),
+        kubectl(
+            cosmos.kube().kubeconfig(),
+            &["get", "tailnet", "-o", "wide"]
+        ),
+        kubectl(env.kubeconfig(), &["describe", "tailnet", &owner]),
+        kubectl(
+            cosmos.kube().kubeconfig(),
+            &["describe", "tailnet", CONTRIBUTOR]
+        ),
+        contributor_section(&live),
+    );
 
-    // The kubeconfig variant: the owner reads the contributor's own ConfigMap through the API
-    // with a ServiceAccount whose Role allows get/watch on that one ConfigMap (the documented
-    // Role). The delivered copy is deleted first, so only the kubeconfig path can serve it.
+    // ---- Through B's API: a ServiceAccount in B that may only get/watch the fragment's
+    // ConfigMap (the documented Role). The delivered copy goes first, so only B's API can
+    // serve it; without the tampering, B's tag claim on A's tag disappears from the refusals.
     config_maps
         .delete("cosmos-fragment", &DeleteParams::default())
         .await
         .expect("delete the delivered fragment");
     let reader = "policy-owner-reader";
     apply(
-        &Api::<ServiceAccount>::namespaced(client.clone(), &ns),
+        &Api::<ServiceAccount>::namespaced(client_b.clone(), &ns_b),
         reader,
         json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": reader}}),
     )
     .await
-    .expect("reader ServiceAccount");
+    .expect("reader ServiceAccount in B");
     apply(
-        &Api::<Role>::namespaced(client.clone(), &ns),
+        &Api::<Role>::namespaced(client_b.clone(), &ns_b),
         reader,
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": reader},
                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
                           "resourceNames": [fragment_name.clone()], "verbs": ["get", "watch"]}]}),
     )
     .await
-    .expect("reader Role");
-    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &ns);
+    .expect("reader Role in B");
     apply(
-        &bindings,
+        &Api::<RoleBinding>::namespaced(client_b.clone(), &ns_b),
         reader,
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": reader},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": reader},
-               "subjects": [{"kind": "ServiceAccount", "name": reader, "namespace": ns.clone()}]}),
+               "subjects": [{"kind": "ServiceAccount", "name": reader, "namespace": ns_b.clone()}]}),
     )
     .await
-    .expect("reader RoleBinding");
-    let (token, kubeconfig) = token_kubeconfig(&env, &client, &ns, reader).await;
+    .expect("reader RoleBinding in B");
+    let (token, kubeconfig) =
+        token_kubeconfig(cosmos.lab_kubeconfig(), &client_b, &ns_b, reader).await;
     apply(
         &Api::<Secret>::namespaced(client.clone(), &ns),
         "cosmos-kubeconfig",
@@ -312,119 +611,56 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
                "stringData": {"kubeconfig": kubeconfig.to_string()}}),
     )
     .await
-    .expect("kubeconfig Secret");
+    .expect("kubeconfig Secret in A");
     owner_spec["spec"]["policy"]["contributors"][0]["source"] = json!({"kubeconfig": {
         "secretRef": {"name": "cosmos-kubeconfig", "key": "kubeconfig"},
-        "namespace": ns.clone(), "configMap": fragment_name.clone()}});
+        "namespace": ns_b.clone(), "configMap": fragment_name.clone()}});
     let generation = apply(&tailnets, &owner, owner_spec.clone())
         .await
-        .expect("owner Tailnet reading through the kubeconfig")
+        .expect("owner Tailnet reading through B's API")
         .metadata
         .generation;
-    wait_for("the owner to read cosmos through its API", WAIT, || async {
-        let t = tailnets.get(&owner).await.map_err(|e| e.to_string())?;
-        let state = t
-            .status
-            .as_ref()
-            .and_then(|s| s.contributors.first())
-            .map(|c| (c.state.clone(), c.error.clone()));
-        let judged = t.status.as_ref().and_then(|s| s.observed_generation) == generation;
-        match state {
-            Some((state, None)) if judged && state == "PartlyRefused" => Ok(()),
-            other => Err(format!("{other:?}\n{}", t.describe())),
-        }
-    })
-    .await;
-    let log = operator.log_text();
-    assert!(
-        !log.contains(&token),
-        "the kubeconfig's token reached the operator's log"
-    );
-
-    // An ingress of the contributor: its grant and its DNS record come through the live
-    // fragment (read through the API), the laptop reaches it, the owner's extra records
-    // carry its name.
-    apply(
-        &Api::<Deployment>::namespaced(client.clone(), &ns),
-        "b-echo",
-        test_server_deployment(
-            &ns,
-            "b-echo",
-            json!(["tcp-echo", "--listen", "0.0.0.0:5432"]),
-        ),
-    )
-    .await
-    .expect("backend Deployment");
-    apply(
-        &Api::<Service>::namespaced(client.clone(), &ns),
-        "b-echo",
-        service_object(&ns, "b-echo", 5432),
-    )
-    .await
-    .expect("backend Service");
-    let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
-    apply(
-        &ingresses,
-        "b-db",
-        ingress_object(
-            &ns,
-            "b-db",
-            &contributor,
-            None,
-            json!([{"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 6000,
-                    "backend": {"service": "b-echo", "port": 5432}}]),
-        ),
-    )
-    .await
-    .expect("contributor's ingress");
-    let ingress = wait_for_condition(
-        &ingresses,
-        "b-db",
-        ConditionIs::new("Ready", "True"),
-        Some(&operator),
-    )
-    .await;
-    let ip = tailnet_ipv4(&ingress.status.clone().unwrap_or_default().tailnet_ips)
-        .expect("tailnet IPv4");
-    let laptop = env.tailnet().laptop.node.local_api();
-    wait_for(
-        "the contributor's tcp ingress to echo for the laptop",
-        WAIT,
-        || async { tcp_echo(&laptop, &ip, 6000).await },
-    )
-    .await;
-    let record = format!("db.{ns}.cosmos.lab.example.net");
-    wait_for(
-        "the owner's extra records to carry the contributor's name",
-        WAIT,
-        || async {
-            let hosts = config_maps
-                .get_opt(tno_testenv::HOSTS_CONFIG_MAP)
-                .await
-                .map_err(|e| e.to_string())?
-                .and_then(|cm| cm.data)
-                .and_then(|d| d.get("extra-records.json").cloned())
-                .unwrap_or_default();
-            if hosts.contains(&record) && hosts.contains(&ip) {
-                Ok(())
-            } else {
-                Err(hosts)
+    let read_through_b = |generation: Option<i64>| {
+        let tailnets = tailnets.clone();
+        let owner = owner.clone();
+        let a_tag = a_tag.clone();
+        move || {
+            let tailnets = tailnets.clone();
+            let owner = owner.clone();
+            let a_tag = a_tag.clone();
+            async move {
+                let t = tailnets.get(&owner).await.map_err(|e| e.to_string())?;
+                let contributor = t.status.as_ref().and_then(|s| s.contributors.first());
+                let judged = generation.is_none()
+                    || t.status.as_ref().and_then(|s| s.observed_generation) == generation;
+                match contributor {
+                    Some(c)
+                        if judged
+                            && c.state == "PartlyRefused"
+                            && c.error.is_none()
+                            && !c.refused.iter().any(|r| r.contains(&a_tag)) =>
+                    {
+                        Ok(())
+                    }
+                    other => Err(format!("{other:?}\n{}", t.describe())),
+                }
             }
-        },
+        }
+    };
+    wait_for(
+        "the owner to read cosmos through B's API",
+        WAIT,
+        read_through_b(generation),
     )
     .await;
-
-    let live = headscale.get_policy().await.expect("live policy");
     assert!(
-        live.contains("contributor cosmos: TailnetIngress/"),
-        "{live}"
+        !operator.log_text().contains(&token),
+        "the kubeconfig's token reached the owner's log"
     );
 
-    // Access revoked: stale, the merged grant stays (also across an owner restart).
-    bindings
-        .delete(reader, &DeleteParams::default())
-        .await
-        .expect("revoke the reader");
+    // ---- B's apiserver stopped: stale, B's grants stay live, an owner restart changes
+    // nothing.
+    cosmos.kube().stop_apiserver(Duration::from_secs(5)).await;
     wait_for_condition(
         &tailnets,
         &owner,
@@ -432,14 +668,22 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         Some(&operator),
     )
     .await;
-    operator.terminate().await.expect("operator stops");
+    let live = headscale.get_policy().await.expect("live policy");
+    assert!(live.contains("contributor cosmos"), "{live}");
+    wait_for(
+        "B's ingress to serve the laptop while B's API is down",
+        WAIT,
+        || async { laptop_https_by_name(&laptop, &portal, &b_ip, &cert_pem).await },
+    )
+    .await;
+    operator.terminate().await.expect("owner's operator stops");
     let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
         .await
-        .expect("operator restarted");
-    // A new generation (a limit that changes nothing here) as the witness that the restarted
-    // operator judged the owner again.
+        .expect("owner's operator restarted");
+    // A new generation (one more DNS suffix, nothing of B's changes) as the witness that the
+    // restarted operator judged the owner again.
     owner_spec["spec"]["policy"]["contributors"][0]["limits"]["dnsSuffixes"] =
-        json!(["cosmos.example.net"]);
+        json!([CONTRIBUTOR_DNS_SUFFIX, "cosmos.example.net"]);
     let generation = apply(&tailnets, &owner, owner_spec.clone())
         .await
         .expect("owner Tailnet, next generation")
@@ -461,38 +705,60 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     .await;
     let stale = &restarted.status.clone().unwrap_or_default().contributors[0];
     assert_eq!(stale.state, "Stale", "{stale:?}");
+    eprintln!("owner, B's apiserver stopped: {stale:?}");
     assert_eq!(
         headscale.get_policy().await.expect("live policy"),
         live,
         "the owner's restart changed the live policy"
     );
-    let run = ops
-        .tcp_check(
-            "client-b-stale",
-            &format!("b-db.{ns}.svc.cluster.local:5432"),
-            30,
-        )
+
+    // B's apiserver back: the owner reads it again, B's pods still reach the site.
+    let downtime = cosmos
+        .kube()
+        .start_apiserver()
         .await
-        .expect("client pod");
+        .expect("B's apiserver restarts");
+    eprintln!("B's apiserver ready again after {downtime:.1?}");
+    wait_for(
+        "the owner to read cosmos again once B's API is back",
+        WAIT,
+        read_through_b(None),
+    )
+    .await;
+    if !operator_b.is_running() {
+        // It stepped down with its lease while its apiserver was gone, as a pod would exit.
+        eprintln!("B's operator exited while its apiserver was down; starting it again");
+        operator_b = start_operator_in_b(&env, &cosmos, &ns_b).await;
+    }
+    let run = cosmos
+        .tcp_check(&client_b, &ns_b, "client-b-back", &b_db, 30)
+        .await
+        .expect("client pod in B");
     assert!(
         run.succeeded(),
-        "the stale contributor's grant must stay live:\n{run}"
+        "B's egress after its apiserver came back:\n{run}"
     );
 
-    // Removed from the list: its entries go, its egress says so.
+    // ---- B removed from the list: its entries go, B's egress says so, A keeps working.
     owner_spec["spec"]["policy"]["contributors"] = json!([]);
     apply(&tailnets, &owner, owner_spec)
         .await
         .expect("owner without contributors");
     wait_for_condition(
-        &egresses,
+        &egresses_b,
         "b-site",
         ConditionIs::new("PolicyEffective", "False").reason("Contributing"),
-        Some(&operator),
+        Some(&operator_b),
     )
     .await;
     let live = headscale.get_policy().await.expect("live policy");
     assert!(!live.contains("contributor cosmos"), "{live}");
     wait_for_condition(&egresses, "site", ConditionIs::new("Ready", "True"), None).await;
-    operator.terminate().await.expect("operator stops");
+    wait_for("A's tcp ingress to echo after B left", WAIT, || async {
+        tcp_echo(&laptop, &a_ip, 6000).await
+    })
+    .await;
+    records_sync.abort();
+    operator_b.terminate().await.expect("B's operator stops");
+    operator.terminate().await.expect("owner's operator stops");
 }

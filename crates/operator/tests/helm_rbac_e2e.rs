@@ -149,7 +149,7 @@ async fn operator_with_chart_rbac(
         }
     }
     let service_account = service_account.expect("the chart renders a ServiceAccount");
-    let (_, kubeconfig) = token_kubeconfig(env, admin, ns, &service_account).await;
+    let (_, kubeconfig) = token_kubeconfig(env.lab_kubeconfig(), admin, ns, &service_account).await;
     let kubeconfig_path = env.dir().join(format!("{release}-operator.kubeconfig"));
     std::fs::write(&kubeconfig_path, kubeconfig.to_string()).expect("write kubeconfig");
     (kubeconfig_path, cluster_objects)

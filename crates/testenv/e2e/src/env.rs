@@ -362,7 +362,7 @@ impl Drop for E2eNamespace<'_> {
 
 /// Writes `<admin kubeconfig dir>/admin-lab.kubeconfig`: the admin kubeconfig with every
 /// cluster's `server` replaced by `server` (same CA and client certificate files).
-fn write_lab_kubeconfig(admin: &Path, server: &str) -> Result<PathBuf> {
+pub(crate) fn write_lab_kubeconfig(admin: &Path, server: &str) -> Result<PathBuf> {
     let text = std::fs::read_to_string(admin)
         .map_err(|e| E2eError::io(format!("reading {}", admin.display()), e))?;
     // YAML parses JSON too, whichever of the two the kube env writes.

@@ -16,6 +16,9 @@
 //! - Client pods: [`E2eEnv::run_pod`] and [`E2eEnv::tcp_check`] (the test-servers image's
 //!   `tcp-check`, e.g. against `remote-db.<ns>.svc.cluster.local:5432`).
 //!
+//! - [`E2eEnv::start_second_cluster`]: a second cluster ([`SecondCluster`]: own control plane,
+//!   kubelet, kube-proxy, CoreDNS, other pod and Service CIDRs) on the same Headscale;
+//!   [`E2eEnv::start_operator_in`] runs an operator in it.
 //! - [`E2eEnv::start_network_policy_enforcer`]: kube-router's firewall controller in the lab
 //!   netns, so NetworkPolicies are enforced for the test that starts it ([`NetworkPolicyEnforcer`]).
 //! - Lab plumbing: [`LabIssuer`] (cert-manager stand-in signing Certificates with a [`LabCa`])
@@ -30,6 +33,7 @@ mod error;
 mod network_policy;
 mod operator;
 mod pods;
+mod second_cluster;
 mod stand_ins;
 mod tailnet_client;
 
@@ -44,5 +48,6 @@ pub use operator::{
     E2E_AGENT_IMAGE, E2E_TAILSCALE_IMAGE, OperatorArgs, OperatorProcess, workspace_operator_binary,
 };
 pub use pods::{CLIENT_POD_DEADLINE, PodRun, tcp_check_pod, tls_check_pod};
+pub use second_cluster::SecondCluster;
 pub use stand_ins::{LabCa, LabIssuer, sync_extra_records};
 pub use tailnet_client::https_get;

@@ -124,32 +124,52 @@ impl E2eEnv {
         args: &[String],
         kubeconfig: &Path,
     ) -> Result<OperatorProcess> {
-        if args.iter().any(|arg| arg.starts_with("--admin-address")) {
-            return Err(E2eError::OperatorArgs(
-                "--admin-address is chosen by start_operator (the netns address)".into(),
-            ));
-        }
-        if !binary.is_file() {
-            return Err(E2eError::MissingBinary {
-                name: binary.display().to_string(),
-                hint: "build it first (cargo build -p tailnet-operator)".into(),
-            });
-        }
         let seq = self.next_operator.fetch_add(1, Ordering::Relaxed);
         let name = format!("operator-{seq}");
         let log_path = self.dir().join(format!("{name}.log"));
-        let lab = self.lab().clone();
-        let kubeconfig = kubeconfig.to_owned();
-        let binary = binary.to_owned();
-        let args = args.to_vec();
-        let task_name = name.clone();
-        // `ip` calls and fork/exec block; keep them off the test's async workers.
-        tokio::task::spawn_blocking(move || {
-            spawn_in_lab(lab, task_name, &binary, &args, &kubeconfig, &log_path)
-        })
+        spawn_operator(
+            self.lab().clone(),
+            name,
+            binary,
+            args,
+            kubeconfig,
+            &log_path,
+        )
         .await
-        .map_err(|e| E2eError::io("starting the operator", std::io::Error::other(e)))?
     }
+}
+
+/// Checks the arguments and runs the operator in a new netns on `lab` (see
+/// [`E2eEnv::start_operator`]).
+pub(crate) async fn spawn_operator(
+    lab: Arc<Lab>,
+    name: String,
+    binary: &Path,
+    args: &[String],
+    kubeconfig: &Path,
+    log_path: &Path,
+) -> Result<OperatorProcess> {
+    if args.iter().any(|arg| arg.starts_with("--admin-address")) {
+        return Err(E2eError::OperatorArgs(
+            "--admin-address is chosen by start_operator (the netns address)".into(),
+        ));
+    }
+    if !binary.is_file() {
+        return Err(E2eError::MissingBinary {
+            name: binary.display().to_string(),
+            hint: "build it first (cargo build -p tailnet-operator)".into(),
+        });
+    }
+    let kubeconfig = kubeconfig.to_owned();
+    let binary = binary.to_owned();
+    let args = args.to_vec();
+    let log_path = log_path.to_owned();
+    // `ip` calls and fork/exec block; keep them off the test's async workers.
+    tokio::task::spawn_blocking(move || {
+        spawn_in_lab(lab, name, &binary, &args, &kubeconfig, &log_path)
+    })
+    .await
+    .map_err(|e| E2eError::io("starting the operator", std::io::Error::other(e)))?
 }
 
 fn spawn_in_lab(

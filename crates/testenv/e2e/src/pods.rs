@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
+use tno_testenv_kube::KubeEnv;
 use tno_testenv_kube::env::TEST_SERVERS_IMAGE;
 
 use crate::env::{E2eEnv, E2eNamespace};
@@ -119,58 +120,7 @@ impl E2eEnv {
         pod: Value,
         deadline: Duration,
     ) -> Result<PodRun> {
-        let pod: Pod = serde_json::from_value(pod).map_err(|source| E2eError::Json {
-            what: "a client pod manifest".into(),
-            source,
-        })?;
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let containers: Vec<String> = pod
-            .spec
-            .iter()
-            .flat_map(|spec| spec.containers.iter().map(|c| c.name.clone()))
-            .collect();
-        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        pods.create(&PostParams::default(), &pod)
-            .await
-            .map_err(|e| E2eError::kube(format!("creating pod {namespace}/{name}"), e))?;
-        let logs = || {
-            containers
-                .iter()
-                .map(|container| {
-                    let log = self.kube().container_log(namespace, &name, container);
-                    (container.clone(), log)
-                })
-                .collect::<Vec<_>>()
-        };
-        let started = tokio::time::Instant::now();
-        loop {
-            let phase = match pods.get_opt(&name).await {
-                Ok(pod) => pod.and_then(|pod| pod.status?.phase),
-                Err(error) => Some(format!("(read failed: {error})")),
-            };
-            if let Some(phase) = phase.as_deref()
-                && matches!(phase, "Succeeded" | "Failed")
-            {
-                return Ok(PodRun {
-                    pod: name.clone(),
-                    phase: phase.to_owned(),
-                    logs: logs(),
-                });
-            }
-            if started.elapsed() >= deadline {
-                let run = PodRun {
-                    pod: name.clone(),
-                    phase: phase.unwrap_or_else(|| "(none)".into()),
-                    logs: logs(),
-                };
-                return Err(E2eError::Timeout {
-                    what: format!("pod {namespace}/{name} to complete"),
-                    seconds: deadline.as_secs(),
-                    last: run.to_string(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        run_pod_in(self.kube(), client, namespace, pod, deadline).await
     }
 
     /// Runs [`tcp_check_pod`] in `namespace` and returns its outcome (success = the echo came
@@ -183,13 +133,88 @@ impl E2eEnv {
         target: &str,
         attempts: u32,
     ) -> Result<PodRun> {
-        self.run_pod(
-            client,
-            namespace,
-            tcp_check_pod(pod_name, target, attempts),
-            CLIENT_POD_DEADLINE + Duration::from_secs(u64::from(attempts)),
-        )
+        tcp_check_in(self.kube(), client, namespace, pod_name, target, attempts).await
+    }
+}
+
+/// [`E2eEnv::tcp_check`] in the cluster of `kube`.
+pub(crate) async fn tcp_check_in(
+    kube: &KubeEnv,
+    client: &kube::Client,
+    namespace: &str,
+    pod_name: &str,
+    target: &str,
+    attempts: u32,
+) -> Result<PodRun> {
+    run_pod_in(
+        kube,
+        client,
+        namespace,
+        tcp_check_pod(pod_name, target, attempts),
+        CLIENT_POD_DEADLINE + Duration::from_secs(u64::from(attempts)),
+    )
+    .await
+}
+
+/// [`E2eEnv::run_pod`] in the cluster of `kube` (whose kubelet holds the container logs).
+pub(crate) async fn run_pod_in(
+    kube: &KubeEnv,
+    client: &kube::Client,
+    namespace: &str,
+    pod: Value,
+    deadline: Duration,
+) -> Result<PodRun> {
+    let pod: Pod = serde_json::from_value(pod).map_err(|source| E2eError::Json {
+        what: "a client pod manifest".into(),
+        source,
+    })?;
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let containers: Vec<String> = pod
+        .spec
+        .iter()
+        .flat_map(|spec| spec.containers.iter().map(|c| c.name.clone()))
+        .collect();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    pods.create(&PostParams::default(), &pod)
         .await
+        .map_err(|e| E2eError::kube(format!("creating pod {namespace}/{name}"), e))?;
+    let logs = || {
+        containers
+            .iter()
+            .map(|container| {
+                let log = kube.container_log(namespace, &name, container);
+                (container.clone(), log)
+            })
+            .collect::<Vec<_>>()
+    };
+    let started = tokio::time::Instant::now();
+    loop {
+        let phase = match pods.get_opt(&name).await {
+            Ok(pod) => pod.and_then(|pod| pod.status?.phase),
+            Err(error) => Some(format!("(read failed: {error})")),
+        };
+        if let Some(phase) = phase.as_deref()
+            && matches!(phase, "Succeeded" | "Failed")
+        {
+            return Ok(PodRun {
+                pod: name.clone(),
+                phase: phase.to_owned(),
+                logs: logs(),
+            });
+        }
+        if started.elapsed() >= deadline {
+            let run = PodRun {
+                pod: name.clone(),
+                phase: phase.unwrap_or_else(|| "(none)".into()),
+                logs: logs(),
+            };
+            return Err(E2eError::Timeout {
+                what: format!("pod {namespace}/{name} to complete"),
+                seconds: deadline.as_secs(),
+                last: run.to_string(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 

@@ -11,6 +11,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::binaries::Binaries;
 use crate::error::{Error, IoContext, Result};
+use crate::network::ClusterNetwork;
 use crate::pki::{self, ClusterCa};
 use crate::process::{ManagedProcess, free_port, poll_until};
 
@@ -44,7 +45,12 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts the control plane in `dir`. `advertise_address` is the address pods reach the
     /// apiserver at (the lab gateway): it becomes the `kubernetes` Service's endpoint.
-    pub async fn start(bins: &Binaries, dir: &Path, advertise_address: Ipv4Addr) -> Result<Self> {
+    pub async fn start(
+        bins: &Binaries,
+        dir: &Path,
+        advertise_address: Ipv4Addr,
+        network: &ClusterNetwork,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir).io_context(|| format!("creating {dir:?}"))?;
         let pki_dir = dir.join("pki");
         std::fs::create_dir_all(&pki_dir).io_context(|| format!("creating {pki_dir:?}"))?;
@@ -62,7 +68,7 @@ impl ControlPlane {
             &[
                 IpAddr::V4(Ipv4Addr::LOCALHOST),
                 IpAddr::V4(advertise_address),
-                IpAddr::V4(KUBERNETES_SERVICE_IP),
+                IpAddr::V4(network.kubernetes_service_ip),
             ],
         )?;
         let service_account_key = pki::generate_service_account_key(&pki_dir)?;
@@ -117,7 +123,7 @@ impl ControlPlane {
                 "--service-account-signing-key-file={}",
                 service_account_key.private.display()
             ),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={}", network.service_cidr),
             "--authorization-mode=Node,RBAC".into(),
             "--enable-admission-plugins=NodeRestriction".into(),
             "--allow-privileged=true".into(),
@@ -167,9 +173,9 @@ impl ControlPlane {
             ),
             &format!("--cluster-signing-cert-file={}", ca.files.cert.display()),
             &format!("--cluster-signing-key-file={}", ca.files.key.display()),
-            &format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-            &format!("--cluster-cidr={CLUSTER_CIDR}"),
-            "--cluster-name=tno",
+            &format!("--service-cluster-ip-range={}", network.service_cidr),
+            &format!("--cluster-cidr={}", network.pod_cidr),
+            &format!("--cluster-name={}", network.cluster_name),
         ]);
         let controller_manager = ManagedProcess::spawn(
             "kube-controller-manager",
@@ -310,6 +316,15 @@ pub async fn restart_apiserver(
     control_plane: &std::sync::Mutex<ControlPlane>,
     grace: Duration,
 ) -> Result<Duration> {
+    let started = tokio::time::Instant::now();
+    stop_apiserver(control_plane, grace).await;
+    start_apiserver(control_plane).await?;
+    Ok(started.elapsed())
+}
+
+/// Stops the apiserver of `control_plane` (SIGTERM, SIGKILL after `grace`) and returns once
+/// it has exited; etcd, the controller-manager and everything in the lab keep running.
+pub async fn stop_apiserver(control_plane: &std::sync::Mutex<ControlPlane>, grace: Duration) {
     let lock = || {
         control_plane
             .lock()
@@ -325,6 +340,17 @@ pub async fn restart_apiserver(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Starts the apiserver stopped by [`stop_apiserver`] again with the same flags (same port,
+/// certificates and etcd) and waits for `/readyz`; returns how long that took.
+pub async fn start_apiserver(control_plane: &std::sync::Mutex<ControlPlane>) -> Result<Duration> {
+    let lock = || {
+        control_plane
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    let started = tokio::time::Instant::now();
     lock().respawn_apiserver()?;
     let admin_kubeconfig = lock().admin_kubeconfig.clone();
     let admin = client_from_kubeconfig(&admin_kubeconfig).await?;

@@ -10,15 +10,15 @@ use kube::api::{DeleteParams, PostParams};
 use tno_netlab::{Lab, RunId, TcpForwarder};
 
 use crate::binaries::{Binaries, workspace_binary, workspace_root};
-use crate::control_plane::{ControlPlane, KUBERNETES_SERVICE_IP, client_from_kubeconfig};
+use crate::control_plane::{ControlPlane, client_from_kubeconfig};
 use crate::crds::{install_crds, read_crds, yaml_files};
 use crate::error::{Error, IoContext, KubeContext, NetlabContext, Result};
 use crate::kubelet::{ImageMatcher, ImageTable, Kubelet, KubeletConfig, LocalImage};
-use crate::network::{CLUSTER_DNS_IP, CLUSTER_DOMAIN, deploy_coredns, start_kube_proxy};
+use crate::network::{CLUSTER_DOMAIN, ClusterNetwork, deploy_coredns, start_kube_proxy};
 use crate::process::{ManagedProcess, log_tail, poll_until};
 
-/// The node the test kubelet registers.
-pub const NODE_NAME: &str = "tno-node";
+/// The node the test kubelet registers (in [`ClusterNetwork::PRIMARY`]).
+pub const NODE_NAME: &str = ClusterNetwork::PRIMARY.node_name;
 /// The image reference of the test servers (`tno-test-servers` binary).
 pub const TEST_SERVERS_IMAGE: &str = "tno.local/tno-test-servers:latest";
 
@@ -34,6 +34,8 @@ pub struct KubeEnvOptions {
     pub extra_images: Vec<LocalImage>,
     /// Deploy CoreDNS (and wait for it). Without it, names do not resolve in pods.
     pub cluster_dns: bool,
+    /// The cluster's node netns, node name, pod and Service CIDRs.
+    pub network: ClusterNetwork,
 }
 
 impl KubeEnvOptions {
@@ -45,6 +47,15 @@ impl KubeEnvOptions {
             ],
             extra_images: Vec::new(),
             cluster_dns: true,
+            network: ClusterNetwork::PRIMARY,
+        }
+    }
+
+    /// The same, for a second cluster of the lab ([`ClusterNetwork::SECOND`]).
+    pub fn second_cluster(binaries: &Binaries) -> Self {
+        Self {
+            network: ClusterNetwork::SECOND,
+            ..Self::from_repository(binaries)
         }
     }
 }
@@ -56,6 +67,7 @@ pub struct KubeEnv {
     binaries: Binaries,
     startup: Duration,
     installed_crds: Vec<String>,
+    network: ClusterNetwork,
     runtime: tokio::runtime::Handle,
     // Field order is drop order: pods and kube-proxy go before the lab and the control plane.
     kubelet: Kubelet,
@@ -76,10 +88,14 @@ impl KubeEnv {
         let run_id = RunId::generate().netlab_context(|| "generating a run id".into())?;
         let dir = run_id.scratch_dir().join("kube");
         std::fs::create_dir_all(&dir).io_context(|| format!("creating {dir:?}"))?;
-        let lab = Arc::new(Lab::create(&run_id).netlab_context(|| "creating the lab".into())?);
+        let network = options.network;
+        let lab = Arc::new(
+            Lab::create_named(&run_id, network.lab_name, network.pod_network)
+                .netlab_context(|| "creating the lab".into())?,
+        );
         let gateway = lab.gateway();
 
-        let control_plane = ControlPlane::start(&binaries, &dir, gateway).await?;
+        let control_plane = ControlPlane::start(&binaries, &dir, gateway, &network).await?;
         let api_forwarder = lab
             .expose_root_port(control_plane.api_port)
             .netlab_context(|| "exposing the apiserver in the lab".into())?;
@@ -96,7 +112,7 @@ impl KubeEnv {
         let lab_server = format!("https://{gateway}:{}", control_plane.api_port);
         let node_kubeconfig = control_plane.kubeconfig_for(
             "kubelet",
-            &format!("system:node:{NODE_NAME}"),
+            &format!("system:node:{}", network.node_name),
             &["system:nodes"],
         )?;
         let scheduler_kubeconfig =
@@ -120,14 +136,14 @@ impl KubeEnv {
             client_from_kubeconfig(&scheduler_kubeconfig).await?,
             lab.clone(),
             KubeletConfig {
-                node_name: NODE_NAME.into(),
+                node_name: network.node_name.into(),
                 node_ip: gateway,
-                pod_cidr: crate::control_plane::CLUSTER_CIDR.into(),
+                pod_cidr: network.pod_cidr.into(),
                 dir: dir.join("kubelet"),
                 images,
-                cluster_dns: CLUSTER_DNS_IP,
+                cluster_dns: network.cluster_dns_ip,
                 cluster_domain: CLUSTER_DOMAIN.into(),
-                kubernetes_service: (KUBERNETES_SERVICE_IP, 443),
+                kubernetes_service: (network.kubernetes_service_ip, 443),
             },
         )
         .await?;
@@ -135,7 +151,7 @@ impl KubeEnv {
             &binaries.kube_proxy,
             &lab,
             &proxy_kubeconfig,
-            NODE_NAME,
+            &network,
             &dir,
         )?;
 
@@ -145,6 +161,7 @@ impl KubeEnv {
             binaries,
             startup: Duration::ZERO,
             installed_crds,
+            network,
             runtime: tokio::runtime::Handle::current(),
             kubelet,
             kube_proxy: Mutex::new(kube_proxy),
@@ -154,7 +171,8 @@ impl KubeEnv {
             admin_kubeconfig,
         };
         if options.cluster_dns
-            && let Err(error) = deploy_coredns(&admin, NETWORK_DEADLINE).await
+            && let Err(error) =
+                deploy_coredns(&admin, network.cluster_dns_ip, NETWORK_DEADLINE).await
         {
             return Err(env.with_logs(error));
         }
@@ -212,14 +230,33 @@ impl KubeEnv {
             .server_url()
     }
 
-    /// The apiserver as pods and lab processes reach it: `https://<gateway>:<port>`.
-    pub fn api_server_url_in_lab(&self) -> String {
-        let port = self
-            .control_plane
+    /// The apiserver's port, on 127.0.0.1 and on the lab gateway.
+    pub fn api_port(&self) -> u16 {
+        self.control_plane
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .api_port;
-        format!("https://{}:{port}", self.lab.gateway())
+            .api_port
+    }
+
+    /// The apiserver as pods and lab processes reach it: `https://<gateway>:<port>`.
+    pub fn api_server_url_in_lab(&self) -> String {
+        format!("https://{}:{}", self.lab.gateway(), self.api_port())
+    }
+
+    /// The cluster's addresses (node netns, pod and Service CIDRs).
+    pub fn network(&self) -> &ClusterNetwork {
+        &self.network
+    }
+
+    /// Stops kube-apiserver (SIGTERM, SIGKILL after `grace`) until [`Self::start_apiserver`]:
+    /// the cluster's API is gone while its pods, etcd and the tailnet keep running.
+    pub async fn stop_apiserver(&self, grace: Duration) {
+        crate::control_plane::stop_apiserver(&self.control_plane, grace).await;
+    }
+
+    /// Starts the apiserver stopped by [`Self::stop_apiserver`] and waits until it is ready.
+    pub async fn start_apiserver(&self) -> Result<Duration> {
+        crate::control_plane::start_apiserver(&self.control_plane).await
     }
 
     /// Restarts kube-apiserver (SIGTERM, SIGKILL after `grace`, same flags and etcd) and waits

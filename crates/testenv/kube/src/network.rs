@@ -11,7 +11,7 @@ use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::discovery::{ApiResource, Discovery};
 use tno_netlab::Lab;
 
-use crate::control_plane::CLUSTER_CIDR;
+use crate::control_plane::{CLUSTER_CIDR, KUBERNETES_SERVICE_IP, SERVICE_CIDR};
 use crate::error::{Error, IoContext, KubeContext, NetlabContext, Result};
 use crate::process::{ManagedProcess, poll_until};
 
@@ -23,13 +23,60 @@ pub const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.7";
 
 const FIELD_MANAGER: &str = "tno-testenv";
 
+/// The addresses of one cluster of the lab: its node netns, pod and Service CIDRs. Two
+/// clusters on one machine (a Headscale shared by several installations) differ in all of
+/// them, as two real clusters would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterNetwork {
+    /// The node netns is `<run>-<lab_name>`.
+    pub lab_name: &'static str,
+    pub node_name: &'static str,
+    /// Passed to kube-controller-manager (`--cluster-name`).
+    pub cluster_name: &'static str,
+    /// `10.<pod_network>.0.0/16`; pods get `10.<pod_network>.1.1` upwards.
+    pub pod_network: u8,
+    pub pod_cidr: &'static str,
+    pub service_cidr: &'static str,
+    /// The first address of `service_cidr` (the `kubernetes` Service).
+    pub kubernetes_service_ip: Ipv4Addr,
+    /// The `kube-dns` Service.
+    pub cluster_dns_ip: Ipv4Addr,
+}
+
+impl ClusterNetwork {
+    /// The lab's first cluster (what every single-cluster test runs in).
+    pub const PRIMARY: ClusterNetwork = ClusterNetwork {
+        lab_name: "lab",
+        node_name: "tno-node",
+        cluster_name: "tno",
+        pod_network: tno_netlab::DEFAULT_POD_NETWORK,
+        pod_cidr: CLUSTER_CIDR,
+        service_cidr: SERVICE_CIDR,
+        kubernetes_service_ip: KUBERNETES_SERVICE_IP,
+        cluster_dns_ip: CLUSTER_DNS_IP,
+    };
+
+    /// A second cluster beside [`Self::PRIMARY`]: node netns `<run>-lab-b`, pods in
+    /// 10.245.0.0/16, Services in 10.97.0.0/16.
+    pub const SECOND: ClusterNetwork = ClusterNetwork {
+        lab_name: "lab-b",
+        node_name: "tno-node-b",
+        cluster_name: "tno-b",
+        pod_network: 245,
+        pod_cidr: "10.245.0.0/16",
+        service_cidr: "10.97.0.0/16",
+        kubernetes_service_ip: Ipv4Addr::new(10, 97, 0, 1),
+        cluster_dns_ip: Ipv4Addr::new(10, 97, 0, 10),
+    };
+}
+
 /// Starts kube-proxy in the lab netns. `kubeconfig` must point at the apiserver through the
 /// lab (`https://<gateway>:<port>`), since the lab cannot reach the root netns's loopback.
 pub fn start_kube_proxy(
     binary: &Path,
     lab: &Lab,
     kubeconfig: &Path,
-    node_name: &str,
+    network: &ClusterNetwork,
     dir: &Path,
 ) -> Result<ManagedProcess> {
     let config_path = dir.join("kube-proxy.yaml");
@@ -38,8 +85,8 @@ pub fn start_kube_proxy(
         "kind": "KubeProxyConfiguration",
         "clientConnection": { "kubeconfig": kubeconfig },
         "mode": "nftables",
-        "clusterCIDR": CLUSTER_CIDR,
-        "hostnameOverride": node_name,
+        "clusterCIDR": network.pod_cidr,
+        "hostnameOverride": network.node_name,
         "healthzBindAddress": "127.0.0.1:10256",
         "metricsBindAddress": "127.0.0.1:10249",
         // nf_conntrack_max is global to the machine: leave it, and the timeouts, alone.
@@ -62,8 +109,12 @@ pub fn start_kube_proxy(
 
 /// Server-side applies the CoreDNS objects (RBAC, Corefile, Deployment, `kube-dns` Service)
 /// and waits until the Deployment is available.
-pub async fn deploy_coredns(client: &kube::Client, deadline: Duration) -> Result<()> {
-    let manifests = coredns_manifests();
+pub async fn deploy_coredns(
+    client: &kube::Client,
+    cluster_dns_ip: Ipv4Addr,
+    deadline: Duration,
+) -> Result<()> {
+    let manifests = coredns_manifests(cluster_dns_ip);
     apply_all(client, &manifests).await?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kube-system");
     poll_until("CoreDNS to become available", deadline, || async {
@@ -127,7 +178,7 @@ const COREFILE: &str = r#".:53 {
 
 /// The objects a kubeadm cluster has for CoreDNS, trimmed to what the lab needs. Extra names
 /// can be served by editing the `hosts` key of the `coredns` ConfigMap (reloaded by CoreDNS).
-fn coredns_manifests() -> Vec<serde_json::Value> {
+fn coredns_manifests(cluster_dns_ip: Ipv4Addr) -> Vec<serde_json::Value> {
     use serde_json::json;
     let labels = json!({ "k8s-app": "kube-dns" });
     vec![
@@ -189,7 +240,7 @@ fn coredns_manifests() -> Vec<serde_json::Value> {
             "apiVersion": "v1", "kind": "Service",
             "metadata": { "name": "kube-dns", "namespace": "kube-system", "labels": labels },
             "spec": {
-                "clusterIP": CLUSTER_DNS_IP.to_string(),
+                "clusterIP": cluster_dns_ip.to_string(),
                 "selector": labels,
                 "ports": [
                     { "name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53 },

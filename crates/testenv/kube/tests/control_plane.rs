@@ -15,9 +15,14 @@ use tno_testenv_kube::process::poll_until;
 async fn controllers_turn_a_deployment_into_pods_and_rbac_denies_strangers() {
     let binaries = Binaries::discover().expect("deps/versions.env readable");
     let dir = tempfile::tempdir().expect("temp dir");
-    let control_plane = ControlPlane::start(&binaries, dir.path(), std::net::Ipv4Addr::LOCALHOST)
-        .await
-        .expect("control plane starts");
+    let control_plane = ControlPlane::start(
+        &binaries,
+        dir.path(),
+        std::net::Ipv4Addr::LOCALHOST,
+        &tno_testenv_kube::network::ClusterNetwork::PRIMARY,
+    )
+    .await
+    .expect("control plane starts");
     let client = control_plane.admin_client().await.expect("admin client");
 
     let deployment: Deployment = serde_json::from_value(serde_json::json!({
@@ -78,9 +83,14 @@ async fn a_restarted_apiserver_keeps_its_objects_and_serves_again() {
     use k8s_openapi::api::core::v1::ConfigMap;
     let binaries = Binaries::discover().expect("deps/versions.env readable");
     let dir = tempfile::tempdir().expect("temp dir");
-    let control_plane = ControlPlane::start(&binaries, dir.path(), std::net::Ipv4Addr::LOCALHOST)
-        .await
-        .expect("control plane starts");
+    let control_plane = ControlPlane::start(
+        &binaries,
+        dir.path(),
+        std::net::Ipv4Addr::LOCALHOST,
+        &tno_testenv_kube::network::ClusterNetwork::PRIMARY,
+    )
+    .await
+    .expect("control plane starts");
     let client = control_plane.admin_client().await.expect("admin client");
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let before: ConfigMap = serde_json::from_value(serde_json::json!({

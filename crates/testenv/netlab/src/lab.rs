@@ -15,8 +15,11 @@ use crate::run::RunId;
 pub const LAB_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
 
 /// Addresses for [`Lab::attach_netns`] are chosen by the caller from `10.244.0.2–254`; pods get
-/// `10.244.1.1` upwards.
+/// `10.<pod network>.1.1` upwards (`10.244.1.1` in the default lab).
 const FIRST_POD_OCTETS: (u8, u8) = (1, 1);
+
+/// The second octet of the default lab's pod addresses (`10.244.0.0/16`).
+pub const DEFAULT_POD_NETWORK: u8 = 244;
 
 /// The router netns `<run>-lab` and everything attached to it. Dropping the lab deletes the
 /// lab netns and every pod netns (killing their processes); netns returned by
@@ -25,6 +28,8 @@ const FIRST_POD_OCTETS: (u8, u8) = (1, 1);
 pub struct Lab {
     run_id: RunId,
     netns: Netns,
+    /// Second octet of the pod addresses: pods are `10.<pod_network>.1.1` upwards.
+    pod_network: u8,
     state: Mutex<LabState>,
 }
 
@@ -46,12 +51,21 @@ pub struct PodNet {
 impl Lab {
     /// Creates the lab netns `<run>-lab` with [`LAB_GATEWAY`] and IPv4 forwarding on.
     pub fn create(run_id: &RunId) -> Result<Lab> {
-        let netns = Netns::create(run_id.netns_name("lab"))?;
+        Self::create_named(run_id, "lab", DEFAULT_POD_NETWORK)
+    }
+
+    /// Creates another node netns `<run>-<name>` (a second cluster's node) whose pods get
+    /// `10.<pod_network>.1.1` upwards. It has [`LAB_GATEWAY`] too: each lab is a network of its
+    /// own, joined to the others only through root-netns forwarders and the tailnet, so a
+    /// server exposed at `10.244.0.1:<port>` (Headscale) has the same URL in every lab.
+    pub fn create_named(run_id: &RunId, name: &str, pod_network: u8) -> Result<Lab> {
+        let netns = Netns::create(run_id.netns_name(name))?;
         netns.ip(&["addr", "add", &format!("{LAB_GATEWAY}/32"), "dev", "lo"])?;
         netns.set_sysctl("net.ipv4.ip_forward", "1")?;
         Ok(Lab {
             run_id: run_id.clone(),
             netns,
+            pod_network,
             state: Mutex::new(LabState::default()),
         })
     }
@@ -88,7 +102,8 @@ impl Lab {
     /// routed from the lab and a default route via the gateway.
     pub fn add_pod_netns(&self, pod_uid: &str) -> Result<PodNet> {
         let mut state = self.state();
-        let ip = next_pod_ip(state.next_pod_host).ok_or(NetlabError::AddressPoolExhausted)?;
+        let ip = next_pod_ip(self.pod_network, state.next_pod_host)
+            .ok_or(NetlabError::AddressPoolExhausted)?;
         let netns = Netns::create(self.run_id.netns_name(&format!("pod-{pod_uid}")))?;
         self.link_routed(&mut state, &netns, ip)?;
         state.next_pod_host += 1;
@@ -182,14 +197,14 @@ impl Drop for Lab {
     }
 }
 
-/// The `n`th pod address: 10.244.1.1 … 10.244.255.254, skipping .0 and .255.
-fn next_pod_ip(n: u32) -> Option<Ipv4Addr> {
+/// The `n`th pod address: 10.<network>.1.1 … 10.<network>.255.254, skipping .0 and .255.
+fn next_pod_ip(network: u8, n: u32) -> Option<Ipv4Addr> {
     const HOSTS_PER_OCTET: u32 = 254;
     let third = u32::from(FIRST_POD_OCTETS.0) + n / HOSTS_PER_OCTET;
     let fourth = u32::from(FIRST_POD_OCTETS.1) + n % HOSTS_PER_OCTET;
     Some(Ipv4Addr::new(
         10,
-        244,
+        network,
         u8::try_from(third).ok()?,
         u8::try_from(fourth).ok()?,
     ))
@@ -201,9 +216,10 @@ mod tests {
 
     #[test]
     fn pod_addresses_skip_network_and_broadcast() {
-        assert_eq!(next_pod_ip(0), Some(Ipv4Addr::new(10, 244, 1, 1)));
-        assert_eq!(next_pod_ip(253), Some(Ipv4Addr::new(10, 244, 1, 254)));
-        assert_eq!(next_pod_ip(254), Some(Ipv4Addr::new(10, 244, 2, 1)));
-        assert_eq!(next_pod_ip(254 * 255), None);
+        assert_eq!(next_pod_ip(244, 0), Some(Ipv4Addr::new(10, 244, 1, 1)));
+        assert_eq!(next_pod_ip(244, 253), Some(Ipv4Addr::new(10, 244, 1, 254)));
+        assert_eq!(next_pod_ip(244, 254), Some(Ipv4Addr::new(10, 244, 2, 1)));
+        assert_eq!(next_pod_ip(244, 254 * 255), None);
+        assert_eq!(next_pod_ip(245, 0), Some(Ipv4Addr::new(10, 245, 1, 1)));
     }
 }

@@ -57,7 +57,7 @@ mod run;
 
 pub use error::{NetlabError, Result};
 pub use forward::TcpForwarder;
-pub use lab::{LAB_GATEWAY, Lab, PodNet};
+pub use lab::{DEFAULT_POD_NETWORK, LAB_GATEWAY, Lab, PodNet};
 pub use netns::{Netns, list_netns};
 pub use process::{ChildProcess, run_checked};
 pub use run::{RUN_PREFIX, RunId, StaleCleanup, cleanup_stale_runs};

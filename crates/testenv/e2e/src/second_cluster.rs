@@ -1,0 +1,155 @@
+//! A second Kubernetes cluster on the same Headscale (SPEC §4a, the seeds' hydra and cosmos):
+//! its own etcd, kube-apiserver, kube-controller-manager, test kubelet, kube-proxy and CoreDNS
+//! on its own node netns `<run>-lab-b`, with other pod and Service CIDRs
+//! ([`ClusterNetwork::SECOND`]). It shares only what two real clusters on one Headscale share:
+//! Headscale (exposed in its lab at the same `server_url`) and the tailnet. Its apiserver is
+//! also reachable from the first cluster's lab at the same lab URL, as a second cluster's API
+//! is from the first's network, so the first cluster's operator can read through it.
+//!
+//! ```text
+//!  root netns: Headscale 127.0.0.1:<h>, apiserver A 127.0.0.1:<a>, apiserver B 127.0.0.1:<b>
+//!  <run>-lab   (cluster A) 10.244.0.1:<h> → Headscale, :<a> → A, :<b> → B; pods 10.244.1.x
+//!  <run2>-lab-b (cluster B) 10.244.0.1:<h> → Headscale, :<b> → B;          pods 10.245.1.x
+//! ```
+//!
+//! Pods of the two clusters have no route to each other or to the remote site and the laptop:
+//! they meet only through the tailnet (DERP, relayed by Headscale).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use tno_netlab::TcpForwarder;
+use tno_testenv_kube::binaries::Binaries;
+use tno_testenv_kube::network::ClusterNetwork;
+use tno_testenv_kube::{KubeEnv, KubeEnvOptions, TestNamespace};
+
+use crate::env::{E2eEnv, write_lab_kubeconfig};
+use crate::error::Result;
+use crate::operator::{OperatorProcess, spawn_operator};
+use crate::pods::{PodRun, run_pod_in, tcp_check_in};
+
+/// The second cluster. Dropping it stops everything it started and removes its scratch
+/// directory (kept with `TNO_KEEP_SCRATCH=1`).
+pub struct SecondCluster {
+    // Field order is drop order: the forwarders into the labs, the cluster, then its files.
+    _headscale_in_lab: TcpForwarder,
+    _api_in_first_lab: TcpForwarder,
+    kube: KubeEnv,
+    lab_kubeconfig: PathBuf,
+    _scratch: ScratchDir,
+}
+
+/// Removes the cluster's scratch directory once everything writing there has stopped.
+struct ScratchDir(PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if std::env::var_os("TNO_KEEP_SCRATCH").is_none() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        } else {
+            eprintln!("tno-testenv: kept {}", self.0.display());
+        }
+    }
+}
+
+impl E2eEnv {
+    /// Starts a second cluster ([`ClusterNetwork::SECOND`]) beside this environment's, on the
+    /// caller's runtime (which must outlive it), with the repository's CRDs and CoreDNS, and
+    /// connects it to this environment's Headscale. Takes about as long as the first cluster's
+    /// start (~20 s).
+    pub async fn start_second_cluster(&self) -> Result<SecondCluster> {
+        let binaries = Binaries::discover()?;
+        let options = KubeEnvOptions::second_cluster(&binaries);
+        let kube = KubeEnv::start(binaries, options).await?;
+        let headscale_in_lab = kube
+            .lab()
+            .expose_root_port(self.tailnet().headscale.port())?;
+        let api_in_first_lab = self.lab().expose_root_port(kube.api_port())?;
+        let lab_kubeconfig =
+            write_lab_kubeconfig(kube.kubeconfig(), &kube.api_server_url_in_lab())?;
+        let scratch = ScratchDir(kube.run_id().scratch_dir());
+        Ok(SecondCluster {
+            _headscale_in_lab: headscale_in_lab,
+            _api_in_first_lab: api_in_first_lab,
+            kube,
+            lab_kubeconfig,
+            _scratch: scratch,
+        })
+    }
+
+    /// Runs an operator in the second cluster's lab with its admin credentials (see
+    /// [`E2eEnv::start_operator`]).
+    pub async fn start_operator_in(
+        &self,
+        cluster: &SecondCluster,
+        binary: &Path,
+        args: &[String],
+    ) -> Result<OperatorProcess> {
+        let seq = self.next_operator.fetch_add(1, Ordering::Relaxed);
+        let name = format!("operator-b-{seq}");
+        let log_path = self.dir().join(format!("{name}.log"));
+        spawn_operator(
+            cluster.kube.lab().clone(),
+            name,
+            binary,
+            args,
+            &cluster.lab_kubeconfig,
+            &log_path,
+        )
+        .await
+    }
+}
+
+impl SecondCluster {
+    pub fn kube(&self) -> &KubeEnv {
+        &self.kube
+    }
+
+    pub fn network(&self) -> &ClusterNetwork {
+        self.kube().network()
+    }
+
+    /// The admin kubeconfig with the apiserver's lab URL `https://10.244.0.1:<port>`: valid
+    /// in both labs (the first cluster's operator reads the second's API through it).
+    pub fn lab_kubeconfig(&self) -> &Path {
+        &self.lab_kubeconfig
+    }
+
+    /// A fresh cluster-admin client of this cluster (root netns).
+    pub async fn client(&self) -> Result<kube::Client> {
+        Ok(self.kube().client().await?)
+    }
+
+    /// A namespace of this cluster, deleted on drop (prints this cluster's logs on panic).
+    pub async fn namespace(&self, prefix: &str) -> Result<TestNamespace<'_>> {
+        Ok(self.kube().namespace(prefix).await?)
+    }
+
+    /// [`E2eEnv::run_pod`] in this cluster.
+    pub async fn run_pod(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        pod: serde_json::Value,
+        deadline: std::time::Duration,
+    ) -> Result<PodRun> {
+        run_pod_in(self.kube(), client, namespace, pod, deadline).await
+    }
+
+    /// [`E2eEnv::tcp_check`] from a pod of this cluster.
+    pub async fn tcp_check(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        pod_name: &str,
+        target: &str,
+        attempts: u32,
+    ) -> Result<PodRun> {
+        tcp_check_in(self.kube(), client, namespace, pod_name, target, attempts).await
+    }
+
+    /// Component and container logs of this cluster (of `namespace` only, if given).
+    pub fn diagnostics(&self, namespace: Option<&str>) -> String {
+        self.kube().diagnostics(namespace, 40)
+    }
+}
