@@ -569,6 +569,48 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         contributor_section(&live),
     );
 
+    // A malformed delivery is refused whole, with line and column; the merged entries stay.
+    config_maps
+        .patch(
+            "cosmos-fragment",
+            &PatchParams::apply("git-delivery").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "cosmos-fragment"},
+                "data": {"fragment.json": "{\n  \"kind\": \"PolicyFragment\",\n  \"tags\": [oops]\n}"}
+            })),
+        )
+        .await
+        .expect("deliver a malformed fragment");
+    let malformed = wait_for(
+        "the owner to refuse the malformed fragment and keep the merged one",
+        WAIT,
+        || async {
+            let t = tailnets.get(&owner).await.map_err(|e| e.to_string())?;
+            let contributor = t
+                .status
+                .as_ref()
+                .and_then(|s| s.contributors.first())
+                .cloned();
+            match contributor {
+                Some(c)
+                    if c.state == "Stale"
+                        && c.error.as_deref().is_some_and(|e| e.contains("line 3")) =>
+                {
+                    Ok(c)
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    eprintln!("owner, malformed delivery: {:?}", malformed.error);
+    assert_eq!(
+        headscale.get_policy().await.expect("live policy"),
+        live,
+        "a malformed fragment changed the live policy"
+    );
+
     // ---- Through B's API: a ServiceAccount in B that may only get/watch the fragment's
     // ConfigMap (the documented Role). The delivered copy goes first, so only B's API can
     // serve it; without the tampering, B's tag claim on A's tag disappears from the refusals.
