@@ -69,7 +69,13 @@ async fn accept_loop<F>(
             () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => match limits::admit(&gate, &shared.agent_gate) {
-                    Ok(admission) => on_accept(stream, peer, admission),
+                    Ok(admission) => {
+                        if admission.reclaimed() > 0 {
+                            shared.metrics.count_reclaimed(&name);
+                            debug!(listener = %name, %peer, "limit reached; ended the oldest held connection for this one");
+                        }
+                        on_accept(stream, peer, admission)
+                    }
                     Err(refusal) => {
                         shared.metrics.count_refused(&name, refusal.label());
                         debug!(listener = %name, %peer, reason = refusal.label(), "connection limit reached; resetting the connection");
@@ -118,7 +124,7 @@ async fn handle_egress(
     peer: SocketAddr,
     spec: EgressListener,
     shared: Shared,
-    _admission: Admission,
+    admission: Admission,
 ) {
     let _active = ActiveConnection::open(&shared.metrics, &spec.name);
     tune_tcp(&stream);
@@ -154,6 +160,7 @@ async fn handle_egress(
         &outbound,
         HalfClose::HoldUntilUpstreamCloses {
             idle: shared.half_closed_idle,
+            reclaim: Some(&admission),
         },
     )
     .await;

@@ -103,6 +103,7 @@ pub struct Metrics {
     pub connections: Family<ListenerLabels, Counter>,
     pub active_connections: Family<ListenerLabels, Gauge>,
     pub connections_refused: Family<RefusedLabels, Counter>,
+    pub connections_reclaimed: Family<ListenerLabels, Counter>,
     pub bytes: Family<BytesLabels, Counter>,
     pub dial_failures: Family<DialFailureLabels, Counter>,
     pub probes: Family<ProbeLabels, Counter>,
@@ -134,6 +135,7 @@ impl Metrics {
             connections: Family::default(),
             active_connections: Family::default(),
             connections_refused: Family::default(),
+            connections_reclaimed: Family::default(),
             bytes: Family::default(),
             dial_failures: Family::default(),
             probes: Family::default(),
@@ -168,6 +170,11 @@ impl Metrics {
             "connections_refused",
             "Connections reset at accept because a connection limit was reached, by listener and reason (limit = the listener's, agent_limit = the agent's)",
             metrics.connections_refused.clone(),
+        );
+        registry.register(
+            "connections_reclaimed",
+            "Held egress connections (client sent EOF, target silent) ended at accept to admit a new connection to a full listener or agent, by the new connection's listener",
+            metrics.connections_reclaimed.clone(),
         );
         registry.register(
             "bytes",
@@ -282,6 +289,14 @@ impl Metrics {
             .get_or_create(&RefusedLabels {
                 listener: listener.to_owned(),
                 reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn count_reclaimed(&self, listener: &str) {
+        self.connections_reclaimed
+            .get_or_create(&ListenerLabels {
+                listener: listener.to_owned(),
             })
             .inc();
     }

@@ -12,6 +12,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+use crate::limits::{Admission, Hold};
+
 /// Per direction; two per connection. 256 KiB measured no better than 64 KiB on loopback
 /// (the copies and wake-ups in the kernel dominate, docs/benchmarks.md); 32 KiB keeps the
 /// default connection limit (1024, `agent_config::DEFAULT_MAX_CONNECTIONS`) at 64 MiB of
@@ -22,8 +24,8 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
 const KEEPALIVE_PROBES: u32 = 4;
 
 /// What to do when the client stops sending (reads EOF) while the upstream may still answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HalfClose {
+#[derive(Clone, Copy, Debug)]
+pub enum HalfClose<'a> {
     /// Shut down the upstream's write side, keep reading its answer (plain TCP).
     Propagate,
     /// Keep the upstream fully open until it closes, or until it has sent nothing for
@@ -31,8 +33,13 @@ pub enum HalfClose {
     /// that only half-closed; this bound keeps such connections from living forever). For
     /// tailscaled's dial tunnel: its `serveDial` returns as soon as either copy direction
     /// ends and then closes both the tunnel and the target connection, so forwarding the
-    /// client's EOF would cut off the target's answer.
-    HoldUntilUpstreamCloses { idle: Duration },
+    /// client's EOF would cut off the target's answer. With `reclaim`, the held connection
+    /// offers its slots to new connections of a full listener (`limits::Admission::hold`) and
+    /// ends when one takes them.
+    HoldUntilUpstreamCloses {
+        idle: Duration,
+        reclaim: Option<&'a Admission>,
+    },
 }
 
 /// A byte count that feeds a Prometheus counter live and keeps the connection's own total.
@@ -74,7 +81,7 @@ pub async fn relay<C, U>(
     mut upstream: U,
     inbound: &Tally,
     outbound: &Tally,
-    half_close: HalfClose,
+    half_close: HalfClose<'_>,
 ) -> io::Result<()>
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -95,17 +102,28 @@ where
             })
             .await
         }
-        HalfClose::HoldUntilUpstreamCloses { idle } => {
+        HalfClose::HoldUntilUpstreamCloses { idle, reclaim } => {
             let mut upload_done = false;
             let mut seen = outbound.total();
             // Armed at the client's EOF: from then on, the relay ends after `idle` in which
-            // the upstream sent nothing.
+            // the upstream sent nothing, or when a new connection takes its slots.
             let mut silence: Option<Pin<Box<Sleep>>> = None;
+            let mut held: Option<(Hold, Pin<Box<_>>)> = None;
             std::future::poll_fn(|cx| {
                 if !upload_done && upload.poll_copy(cx, &mut client, &mut upstream)?.is_ready() {
                     upload_done = true;
                     seen = outbound.total();
                     silence = Some(Box::pin(tokio::time::sleep(idle)));
+                    held = reclaim.map(|admission| {
+                        let hold = admission.hold();
+                        let reclaimed = Box::pin(hold.reclaimed());
+                        (hold, reclaimed)
+                    });
+                }
+                if let Some((_, reclaimed)) = held.as_mut()
+                    && reclaimed.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Ok(()));
                 }
                 if download
                     .poll_copy(cx, &mut upstream, &mut client)?
@@ -277,6 +295,7 @@ mod tests {
             &outbound,
             HalfClose::HoldUntilUpstreamCloses {
                 idle: Duration::from_secs(5),
+                reclaim: None,
             },
         );
         let peers = async {
@@ -318,11 +337,58 @@ mod tests {
                 &outbound,
                 HalfClose::HoldUntilUpstreamCloses {
                     idle: Duration::from_millis(100),
+                    reclaim: None,
                 },
             ),
         )
         .await;
         assert!(matches!(ended, Ok(Ok(()))), "{ended:?}");
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn a_held_connection_ends_when_a_newcomer_takes_its_slots() {
+        let (listener, agent) = (crate::limits::Gate::new(1), crate::limits::Gate::new(10));
+        let admission = crate::limits::admit(&listener, &agent).unwrap_or_else(|r| panic!("{r:?}"));
+        let (client, mut client_peer) = duplex(1024);
+        let (upstream, mut upstream_peer) = duplex(1024);
+        let (inbound, outbound) = (tally(), tally());
+        let relay = relay(
+            client,
+            upstream,
+            &inbound,
+            &outbound,
+            HalfClose::HoldUntilUpstreamCloses {
+                idle: Duration::from_secs(30),
+                reclaim: Some(&admission),
+            },
+        );
+        let newcomer = async {
+            // Before the client's EOF the connection is active: a newcomer is refused.
+            client_peer.write_all(b"ping").await?;
+            let mut request = [0u8; 4];
+            upstream_peer.read_exact(&mut request).await?;
+            assert!(crate::limits::admit(&listener, &agent).is_err());
+            client_peer.shutdown().await?;
+            // Held now: the next newcomer takes its slots.
+            let started = std::time::Instant::now();
+            loop {
+                if let Ok(taken) = crate::limits::admit(&listener, &agent) {
+                    return io::Result::Ok((taken, started.elapsed()));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let (relayed, newcomer) = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(relay, newcomer)
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the held relay did not end for the newcomer"));
+        assert!(relayed.is_ok(), "{relayed:?}");
+        let (taken, waited) = newcomer.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(taken.reclaimed(), 1);
+        assert!(waited < Duration::from_secs(2), "{waited:?}");
+        drop(admission);
+        assert_eq!(listener.active(), 1, "only the newcomer's slot is left");
     }
 }

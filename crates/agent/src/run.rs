@@ -542,6 +542,7 @@ impl Supervisor {
                 max_connections: limits.max_connections_per_listener,
                 active_connections: 0,
                 refused_connections: 0,
+                reclaimed_connections: 0,
             };
             if let (Payload::Http(_), Err(reason)) = (&wanted.payload, &certificate) {
                 self.set_listener(&wanted.key, view(false, reason.clone()));

@@ -141,6 +141,7 @@ impl AgentState {
                     view.max_connections = gate.limit();
                     view.active_connections = gate.active();
                     view.refused_connections = gate.refused();
+                    view.reclaimed_connections = gate.reclaimed();
                 }
                 view
             })
@@ -296,6 +297,7 @@ mod tests {
             max_connections: 0,
             active_connections: 0,
             refused_connections: 0,
+            reclaimed_connections: 0,
         }
     }
 

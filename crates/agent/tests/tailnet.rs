@@ -227,6 +227,9 @@ fn agent_in_a_real_tailnet() {
         ],
         "tls": {"certFile": dir.join("tls.crt"), "keyFile": dir.join("tls.key")},
     });
+    let config_file = dir.join("config.json");
+    let mut limited_config = config.clone();
+    limited_config["limits"] = json!({"maxConnections": 1024, "maxConnectionsPerListener": 3});
     let agent = Agent::start_in(
         run,
         Netns::adopt(joined.netns.name()),
@@ -509,6 +512,86 @@ fn agent_in_a_real_tailnet() {
         })
         .await;
         assert_eq!(raw, "admin-backend");
+
+        // Under pressure, held egress tunnels (the client sent EOF and the target is silent; a
+        // client that closed looks the same) give their slots to new connections instead of
+        // the new ones being reset. With 3 slots and the 5 s hold, short connections one
+        // after another find the listener full from the fourth on.
+        let temporary = config_file.with_extension("json.new");
+        common::write_json(&temporary, &limited_config);
+        std::fs::rename(&temporary, &config_file).unwrap_or_else(|e| panic!("rename: {e}"));
+        eventually(Duration::from_secs(20), "the listener limit of 3 is loaded", || async {
+            let (_, body) = admin_get("/status").await;
+            let status: serde_json::Value = serde_json::from_str(&body).ok()?;
+            status["listeners"]
+                .as_array()?
+                .iter()
+                .any(|l| l["name"] == "remote-db" && l["maxConnections"] == 3)
+                .then_some(())
+        })
+        .await;
+        let remote_db = [("listener", "remote-db")];
+        let counts = || async {
+            (
+                metric("tailnet_agent_connections_reclaimed_total", &remote_db).await,
+                metric("tailnet_agent_connections_refused_total", &remote_db).await,
+            )
+        };
+        // Nothing of the earlier phases is held any more (5 s hold).
+        eventually(Duration::from_secs(20), "no egress connection open", || async {
+            (metric("tailnet_agent_active_connections", &remote_db).await == 0.0).then_some(())
+        })
+        .await;
+        let (reclaimed_before, refused_before) = counts().await;
+        let started = Instant::now();
+        for round in 0..12 {
+            echo_once(REMOTE_DB)
+                .await
+                .unwrap_or_else(|e| panic!("short connection {round} with 3 slots: {e}"));
+            // Lets the agent read this client's EOF before the next one arrives.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let elapsed = started.elapsed();
+        let (reclaimed, refused) = counts().await;
+        let (reclaimed, refused) = (reclaimed - reclaimed_before, refused - refused_before);
+        eprintln!("12 short connections, 3 slots: {reclaimed} held ones reclaimed, {refused} refused, in {elapsed:?}");
+        assert_eq!(refused, 0.0, "no short connection may be reset");
+        assert!(reclaimed >= 1.0, "the fourth connection found the listener full");
+        if elapsed < Duration::from_secs(4) {
+            // No hold expired on its own meanwhile: every connection from the fourth took one.
+            assert_eq!(reclaimed, 9.0);
+        }
+        // Active connections are never taken: with three open (no EOF), a fourth is reset.
+        eventually(Duration::from_secs(20), "the held connections ended", || async {
+            (metric("tailnet_agent_active_connections", &remote_db).await == 0.0).then_some(())
+        })
+        .await;
+        let mut open = Vec::new();
+        for _ in 0..3 {
+            let mut stream = TcpStream::connect(agent_port(REMOTE_DB))
+                .await
+                .unwrap_or_else(|e| panic!("connect: {e}"));
+            stream.write_all(b"hold").await.unwrap_or_else(|e| panic!("{e}"));
+            let mut answer = [0u8; 4];
+            stream.read_exact(&mut answer).await.unwrap_or_else(|e| panic!("{e}"));
+            open.push(stream);
+        }
+        let mut fourth = TcpStream::connect(agent_port(REMOTE_DB))
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e}"));
+        let mut nothing = Vec::new();
+        let reset = tokio::time::timeout(Duration::from_secs(5), fourth.read_to_end(&mut nothing))
+            .await
+            .unwrap_or_else(|_| panic!("the fourth connection was neither reset nor served"));
+        assert!(reset.is_err() || nothing.is_empty(), "the fourth connection got {nothing:?}");
+        let (_, refused_after) = counts().await;
+        assert_eq!(refused_after - refused_before, 1.0, "the fourth connection is refused");
+        for stream in &mut open {
+            stream.write_all(b"live").await.unwrap_or_else(|e| panic!("{e}"));
+            let mut answer = [0u8; 4];
+            stream.read_exact(&mut answer).await.unwrap_or_else(|e| panic!("still served: {e}"));
+            assert_eq!(&answer, b"live");
+        }
     });
     drop(agent);
     let _ = root_runtime;

@@ -83,6 +83,10 @@ pub struct ListenerView {
     /// Connections reset at accept since the agent started because a limit was reached.
     #[serde(default)]
     pub refused_connections: u64,
+    /// Held egress connections (client sent EOF, target silent) ended to admit new ones
+    /// since the agent started.
+    #[serde(default)]
+    pub reclaimed_connections: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
