@@ -7,7 +7,8 @@
 # bytes → remote-db → tailnet → 192.0.2.10:5432) and one HTTPS ingress request (the laptop node
 # → https://portal.team-a.lab.example.net via MagicDNS), then `kubectl get` of the resources.
 # Needs root. Ctrl-C stops it and cleans up. `--once` stops after the demo (exit code = result);
-# `--bare` starts only the environment.
+# `--bare` starts only the environment; `--second-cluster` also starts a second cluster on the
+# same Headscale and, with the demo, runs examples/second-cluster/ there (a contributor).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # rustup installs cargo here; a non-login shell may not have it on PATH.

@@ -26,13 +26,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
-use support::kubeconfig::token_kubeconfig;
 use support::lab_operator::start_operator;
 use support::objects::{
     apply, apply_egress, bootstrap_applied_tailnet, ingress_object, remote_db_target,
@@ -41,7 +39,9 @@ use support::objects::{
 use support::tailnet::{https_get_hello, ok_200, self_signed, tcp_echo};
 use support::wait::{WAIT, wait_for};
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
-use tno_testenv::{E2eEnv, OperatorArgs, OperatorProcess, SecondCluster, sync_extra_records};
+use tno_testenv::{
+    E2eEnv, FragmentReader, OperatorArgs, OperatorProcess, SecondCluster, sync_extra_records,
+};
 use tno_testenv_tailnet::LocalApi;
 
 /// The contributor's name on the owner, its Tailnet in cluster B, and its tag prefix.
@@ -619,33 +619,10 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         .await
         .expect("delete the delivered fragment");
     let reader = "policy-owner-reader";
-    apply(
-        &Api::<ServiceAccount>::namespaced(client_b.clone(), &ns_b),
-        reader,
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": reader}}),
-    )
-    .await
-    .expect("reader ServiceAccount in B");
-    apply(
-        &Api::<Role>::namespaced(client_b.clone(), &ns_b),
-        reader,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": reader},
-               "rules": [{"apiGroups": [""], "resources": ["configmaps"],
-                          "resourceNames": [fragment_name.clone()], "verbs": ["get", "watch"]}]}),
-    )
-    .await
-    .expect("reader Role in B");
-    apply(
-        &Api::<RoleBinding>::namespaced(client_b.clone(), &ns_b),
-        reader,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": reader},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": reader},
-               "subjects": [{"kind": "ServiceAccount", "name": reader, "namespace": ns_b.clone()}]}),
-    )
-    .await
-    .expect("reader RoleBinding in B");
-    let (token, kubeconfig) =
-        token_kubeconfig(cosmos.lab_kubeconfig(), &client_b, &ns_b, reader).await;
+    let FragmentReader { token, kubeconfig } = cosmos
+        .fragment_reader(&ns_b, &fragment_name, reader)
+        .await
+        .expect("the fragment reader's ServiceAccount, Role, RoleBinding and token in B");
     apply(
         &Api::<Secret>::namespaced(client.clone(), &ns),
         "cosmos-kubeconfig",

@@ -48,6 +48,6 @@ pub use operator::{
     E2E_AGENT_IMAGE, E2E_TAILSCALE_IMAGE, OperatorArgs, OperatorProcess, workspace_operator_binary,
 };
 pub use pods::{CLIENT_POD_DEADLINE, PodRun, tcp_check_pod, tls_check_pod};
-pub use second_cluster::SecondCluster;
+pub use second_cluster::{FragmentReader, SecondCluster};
 pub use stand_ins::{LabCa, LabIssuer, sync_extra_records};
 pub use tailnet_client::https_get;

@@ -18,13 +18,20 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
 use tno_netlab::TcpForwarder;
 use tno_testenv_kube::binaries::Binaries;
 use tno_testenv_kube::network::ClusterNetwork;
 use tno_testenv_kube::{KubeEnv, KubeEnvOptions, TestNamespace};
 
 use crate::env::{E2eEnv, write_lab_kubeconfig};
-use crate::error::Result;
+use crate::error::{E2eError, Result};
 use crate::operator::{OperatorProcess, spawn_operator};
 use crate::pods::{PodRun, run_pod_in, tcp_check_in};
 
@@ -37,6 +44,20 @@ pub struct SecondCluster {
     kube: KubeEnv,
     lab_kubeconfig: PathBuf,
     _scratch: ScratchDir,
+}
+
+/// Credentials of [`SecondCluster::fragment_reader`].
+pub struct FragmentReader {
+    /// The ServiceAccount token (to check that it never reaches a log).
+    pub token: String,
+    /// A kubeconfig with the token as its only user.
+    pub kubeconfig: Value,
+}
+
+impl std::fmt::Debug for FragmentReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FragmentReader { token: <redacted>, kubeconfig: <redacted> }")
+    }
 }
 
 /// Removes the cluster's scratch directory once everything writing there has stopped.
@@ -146,6 +167,74 @@ impl SecondCluster {
         attempts: u32,
     ) -> Result<PodRun> {
         tcp_check_in(self.kube(), client, namespace, pod_name, target, attempts).await
+    }
+
+    /// What an owner in another cluster needs to read one fragment ConfigMap of this cluster
+    /// (docs/several-clusters.md): ServiceAccount `reader` in `namespace`, a Role allowing
+    /// `get`/`watch` on ConfigMap `config_map` only, its RoleBinding (named `reader` too;
+    /// delete it to revoke), and a kubeconfig (the lab URL, valid in both labs) whose only
+    /// user is a one-hour token of that ServiceAccount. Never log the kubeconfig.
+    pub async fn fragment_reader(
+        &self,
+        namespace: &str,
+        config_map: &str,
+        reader: &str,
+    ) -> Result<FragmentReader> {
+        let client = self.client().await?;
+        let apply = PatchParams::apply("tno-testenv").force();
+        let objects = (
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": reader}}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": reader},
+                   "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": [config_map], "verbs": ["get", "watch"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": reader},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": reader},
+                   "subjects": [{"kind": "ServiceAccount", "name": reader, "namespace": namespace}]}),
+        );
+        let context =
+            |what: &str| format!("creating the fragment reader's {what} {namespace}/{reader}");
+        let service_accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+        service_accounts
+            .patch(reader, &apply, &Patch::Apply(objects.0))
+            .await
+            .map_err(|e| E2eError::kube(context("ServiceAccount"), e))?;
+        Api::<Role>::namespaced(client.clone(), namespace)
+            .patch(reader, &apply, &Patch::Apply(objects.1))
+            .await
+            .map_err(|e| E2eError::kube(context("Role"), e))?;
+        Api::<RoleBinding>::namespaced(client.clone(), namespace)
+            .patch(reader, &apply, &Patch::Apply(objects.2))
+            .await
+            .map_err(|e| E2eError::kube(context("RoleBinding"), e))?;
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![],
+                expiration_seconds: Some(3600),
+                ..TokenRequestSpec::default()
+            },
+            ..TokenRequest::default()
+        };
+        let token = service_accounts
+            .create_token_request(reader, &PostParams::default(), &request)
+            .await
+            .map_err(|e| E2eError::kube(context("token"), e))?
+            .status
+            .map(|status| status.token)
+            .unwrap_or_default();
+        let text = std::fs::read_to_string(&self.lab_kubeconfig)
+            .map_err(|e| E2eError::io(format!("reading {}", self.lab_kubeconfig.display()), e))?;
+        let mut kubeconfig: Value =
+            serde_yaml::from_str(&text).map_err(|source| E2eError::Kubeconfig {
+                path: self.lab_kubeconfig.clone(),
+                source,
+            })?;
+        kubeconfig["users"] = json!([{"name": reader, "user": {"token": token}}]);
+        if let Some(contexts) = kubeconfig["contexts"].as_array_mut() {
+            for context in contexts {
+                context["context"]["user"] = json!(reader);
+            }
+        }
+        Ok(FragmentReader { token, kubeconfig })
     }
 
     /// Component and container logs of this cluster (of `namespace` only, if given).

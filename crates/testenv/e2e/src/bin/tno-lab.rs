@@ -23,6 +23,11 @@ struct Cli {
     /// instead of staying up until Ctrl-C.
     #[arg(long)]
     once: bool,
+    /// Also start a second cluster on the same Headscale (own control plane, kubelet,
+    /// kube-proxy, CoreDNS; pods 10.245/16, Services 10.97/16). With the demo, it runs
+    /// examples/second-cluster/: a contributing installation whose egress the owner merges.
+    #[arg(long)]
+    second_cluster: bool,
 }
 
 fn main() -> ExitCode {
@@ -38,7 +43,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(up(!cli.bare, cli.once)) {
+    match runtime.block_on(up(!cli.bare, cli.once, cli.second_cluster)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("tno-lab: {error}");
@@ -47,7 +52,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn up(demo: bool, once: bool) -> tno_testenv::Result<()> {
+async fn up(demo: bool, once: bool, second_cluster: bool) -> tno_testenv::Result<()> {
     eprintln!("starting the Kubernetes environment…");
     let binaries = Binaries::discover()?;
     let options = KubeEnvOptions::from_repository(&binaries);
@@ -114,7 +119,37 @@ async fn up(demo: bool, once: bool) -> tno_testenv::Result<()> {
         "  kubectl --kubeconfig {} get pods -A",
         env.kubeconfig().display()
     );
+    let cosmos = if second_cluster {
+        eprintln!("starting the second cluster…");
+        let cosmos = env.start_second_cluster().await?;
+        println!(
+            "Second cluster is up (pods {}, Services {}, same Headscale).",
+            cosmos.network().pod_cidr,
+            cosmos.network().service_cidr
+        );
+        println!(
+            "  kubeconfig:          {} (root netns)",
+            cosmos.kube().kubeconfig().display()
+        );
+        println!(
+            "  kubeconfig in labs:  {} (valid in both labs)",
+            cosmos.lab_kubeconfig().display()
+        );
+        println!("  apiserver:           {}", cosmos.kube().api_server_url());
+        println!(
+            "  node netns:          {}",
+            cosmos.kube().lab().netns().name()
+        );
+        println!(
+            "  kubectl --kubeconfig {} get pods -A",
+            cosmos.kube().kubeconfig().display()
+        );
+        Some(cosmos)
+    } else {
+        None
+    };
     let mut demo_state = None;
+    let mut second_state = None;
     let mut demo_error = None;
     if demo {
         match run_demo(&env).await {
@@ -122,6 +157,15 @@ async fn up(demo: bool, once: bool) -> tno_testenv::Result<()> {
             Err(error) if once => demo_error = Some(error),
             Err(error) => {
                 eprintln!("tno-lab: the demo failed: {error}\n(the lab stays up for inspection)")
+            }
+        }
+        if let (Some(cosmos), true) = (&cosmos, demo_state.is_some()) {
+            match run_second_cluster_demo(&env, cosmos).await {
+                Ok(operator) => second_state = Some(operator),
+                Err(error) if once => demo_error = Some(error),
+                Err(error) => eprintln!(
+                    "tno-lab: the second cluster's demo failed: {error}\n(the lab stays up for inspection)"
+                ),
             }
         }
     }
@@ -132,6 +176,10 @@ async fn up(demo: bool, once: bool) -> tno_testenv::Result<()> {
         }
     }
     eprintln!("stopping…");
+    if let Some(mut operator) = second_state {
+        let _ = operator.terminate().await;
+    }
+    drop(cosmos);
     if let Some(DemoState { mut operator, .. }) = demo_state {
         let _ = operator.terminate().await;
     }
@@ -397,6 +445,139 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
     Ok(state)
 }
 
+/// The second cluster's demo (examples/second-cluster/): Tailnet `cosmos` in Contribute mode
+/// under its own operator, its egress to the remote site; the owner's Tailnet `demo` lists it
+/// with a kubeconfig that may only read its fragment. Then a pod in cluster B sends bytes to
+/// b-db.tailnet-system.svc.cluster.local:5432 through the grant the owner merged.
+async fn run_second_cluster_demo(
+    env: &E2eEnv,
+    cosmos: &tno_testenv::SecondCluster,
+) -> Result<tno_testenv::OperatorProcess, String> {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use kube::api::{Api, Patch, PatchParams};
+    let apply = PatchParams::apply("tno-lab").force();
+    let client_b = cosmos.client().await.map_err(|e| e.to_string())?;
+    let namespaces: Api<Namespace> = Api::all(client_b.clone());
+    for ns in [OPERATOR_NAMESPACE, "team-b"] {
+        let object =
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        namespaces
+            .patch(ns, &apply, &Patch::Apply(object))
+            .await
+            .map_err(|e| format!("namespace {ns} in B: {e}"))?;
+    }
+    // The namespaces need their default ServiceAccount before pods can start.
+    let service_accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client_b.clone(), "team-b");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while service_accounts
+        .get_opt("default")
+        .await
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        if std::time::Instant::now() > deadline {
+            return Err("team-b in B got no default ServiceAccount".into());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let base = env.base_policy().map_err(|e| e.to_string())?;
+    env.create_bootstrap(&client_b, OPERATOR_NAMESPACE, &base)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut tailnet = example("second-cluster/10-tailnet.yaml")?;
+    tailnet["spec"]["server"] = serde_json::json!(env.headscale_url());
+    let tailnets_b: Api<kube::api::DynamicObject> =
+        Api::all_with(client_b.clone(), &tailnet_resource("Tailnet", "tailnets"));
+    tailnets_b
+        .patch("cosmos", &apply, &Patch::Apply(&tailnet))
+        .await
+        .map_err(|e| format!("Tailnet cosmos in B: {e}"))?;
+    let binary = tno_testenv::workspace_operator_binary().map_err(|e| e.to_string())?;
+    let mut operator = env
+        .start_operator_in(
+            cosmos,
+            &binary,
+            &tno_testenv::OperatorArgs::new(OPERATOR_NAMESPACE).to_args(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    operator
+        .wait_ready(std::time::Duration::from_secs(60))
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "\ndemo B: Tailnet cosmos (Contribute, prefix cob) and its operator in the second cluster (log {})",
+        operator.log_path().display()
+    );
+    let egress = example("second-cluster/20-egress.yaml")?;
+    let egresses_b: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client_b.clone(),
+        OPERATOR_NAMESPACE,
+        &tailnet_resource("TailnetEgress", "tailnetegresses"),
+    );
+    egresses_b
+        .patch("site", &apply, &Patch::Apply(&egress))
+        .await
+        .map_err(|e| format!("TailnetEgress site in B: {e}"))?;
+
+    // The owner lists cosmos, reading its fragment through B's API with exactly the Role of
+    // docs/several-clusters.md.
+    let reader = cosmos
+        .fragment_reader(
+            OPERATOR_NAMESPACE,
+            "cosmos-policy-fragment",
+            "policy-owner-reader",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let client = env.kube().client().await.map_err(|e| e.to_string())?;
+    let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "cosmos-kubeconfig", "namespace": OPERATOR_NAMESPACE},
+        "stringData": {"kubeconfig": reader.kubeconfig.to_string()}});
+    Api::<Secret>::namespaced(client.clone(), OPERATOR_NAMESPACE)
+        .patch("cosmos-kubeconfig", &apply, &Patch::Apply(&secret))
+        .await
+        .map_err(|e| format!("Secret cosmos-kubeconfig: {e}"))?;
+    let contributors = example("second-cluster/owner-contributors.yaml")?;
+    let tailnets: Api<kube::api::DynamicObject> =
+        Api::all_with(client.clone(), &tailnet_resource("Tailnet", "tailnets"));
+    tailnets
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(&contributors),
+        )
+        .await
+        .map_err(|e| format!("Tailnet demo, contributors: {e}"))?;
+    println!(
+        "demo B: applied examples/second-cluster/; the owner (Tailnet demo) reads cosmos's fragment through B's API; waiting for B's egress…"
+    );
+    wait_ready(&egresses_b, "TailnetEgress", "site").await?;
+    let target = format!("b-db.{OPERATOR_NAMESPACE}.svc.cluster.local:5432");
+    println!("demo B: a pod in team-b of the second cluster connects to {target} …");
+    let run = cosmos
+        .tcp_check(&client_b, "team-b", "demo-client-b", &target, 30)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !run.succeeded() {
+        return Err(format!(
+            "the second cluster's connection through the tailnet failed:\n{run}"
+        ));
+    }
+    println!(
+        "demo B: OK — a pod of the second cluster reached 192.0.2.10:5432 through the grant the owner merged."
+    );
+    print_kubectl_with(env, env.kubeconfig(), &["get", "tailnet", "-o", "wide"]);
+    print_kubectl_with(
+        env,
+        cosmos.kube().kubeconfig(),
+        &["get", "tailnet,tailnetegress", "-A", "-o", "wide"],
+    );
+    Ok(operator)
+}
+
 /// Waits until `kind namespace/name` has Ready=True, printing each new Ready line.
 async fn wait_ready(
     api: &kube::Api<kube::api::DynamicObject>,
@@ -494,6 +675,11 @@ async fn apply_object(client: &kube::Client, object: &serde_json::Value) -> Resu
 
 /// Runs the deps-built kubectl against the lab and prints its output (a note if it is missing).
 fn print_kubectl(env: &E2eEnv, args: &[&str]) {
+    print_kubectl_with(env, env.kubeconfig(), args);
+}
+
+/// [`print_kubectl`] against the cluster of `kubeconfig`.
+fn print_kubectl_with(env: &E2eEnv, kubeconfig: &std::path::Path, args: &[&str]) {
     let kubectl = env
         .kube()
         .binaries()
@@ -502,7 +688,7 @@ fn print_kubectl(env: &E2eEnv, args: &[&str]) {
     println!("\n$ kubectl {}", args.join(" "));
     let output = std::process::Command::new(&kubectl)
         .arg("--kubeconfig")
-        .arg(env.kubeconfig())
+        .arg(kubeconfig)
         .args(args)
         .output();
     match output {
