@@ -650,3 +650,36 @@ fn help_has_examples_for_render_and_run() {
         );
     }
 }
+
+#[test]
+fn second_cluster_examples_render_a_fragment_and_patch_the_owner_validly() {
+    // The contributor's manifests give the fragment the lab's second cluster publishes.
+    let (ok, fragment, stderr) = render(&[
+        "examples/second-cluster/10-tailnet.yaml",
+        "examples/second-cluster/20-egress.yaml",
+        "--fragment",
+    ]);
+    assert!(ok, "{stderr}");
+    let fragment: serde_json::Value = serde_json::from_str(&fragment).expect("fragment JSON");
+    assert_eq!(fragment["tagPrefix"], "cob", "{fragment}");
+    assert!(
+        fragment["tags"]
+            .as_array()
+            .is_some_and(|tags| tags.iter().any(|t| t == "tag:cob-egress-site")),
+        "{fragment}"
+    );
+    assert!(fragment.to_string().contains("192.0.2.10"), "{fragment}");
+    // The owner's merge patch applied to examples/10-tailnet.yaml still renders with the
+    // other examples (schema-valid contributors entry).
+    let patch: serde_json::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("examples/second-cluster/owner-contributors.yaml"))
+            .expect("patch"),
+    )
+    .expect("patch YAML");
+    let (ok, stderr) = render_edited("10-tailnet.yaml", |text| {
+        let mut owner: serde_json::Value = serde_yaml::from_str(text).expect("owner YAML");
+        owner["spec"]["policy"]["contributors"] = patch["spec"]["policy"]["contributors"].clone();
+        serde_yaml::to_string(&owner).expect("owner YAML")
+    });
+    assert!(ok, "{stderr}");
+}
