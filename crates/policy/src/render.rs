@@ -470,7 +470,16 @@ pub fn render(base: &BasePolicy, inputs: &PolicyInputs) -> Result<RenderedPolicy
                 .get(route)
                 .map(|d| d.iter().cloned().collect())
                 .unwrap_or_default();
-            let comment = format!("{}: {}", needed_by.join(", "), detail.join(", "));
+            // A contributed route names its contributor in both lists: say it once.
+            let detail: Vec<String> = detail
+                .into_iter()
+                .filter(|d| !needed_by.contains(d))
+                .collect();
+            let comment = if detail.is_empty() {
+                needed_by.join(", ")
+            } else {
+                format!("{}: {}", needed_by.join(", "), detail.join(", "))
+            };
             match base_entry {
                 Some((key, value)) => {
                     let base_approvers =

@@ -954,6 +954,20 @@ fn contributions_are_rendered_after_ours_with_the_owners_tag_owners() {
         "{}",
         r.document
     );
+    // The contributed route's approval names the contributor once.
+    let route_comment = r
+        .document
+        .lines()
+        .zip(r.document.lines().skip(1))
+        .find(|(_, next)| next.trim_start().starts_with("\"192.0.2.0/24\""))
+        .map(|(comment, _)| comment.trim().to_string())
+        .unwrap_or_default();
+    assert!(
+        route_comment.contains("contributor cosmos")
+            && route_comment.matches("contributor cosmos").count() == 1,
+        "{route_comment:?}\n{}",
+        r.document
+    );
     assert_eq!(r.summary.contributed_grants, 2);
     assert!(
         r.summary.to_string().ends_with(", 2 contributed grants"),

@@ -16,6 +16,7 @@
 //! they meet only through the tailnet (DERP, relayed by Headscale).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -25,7 +26,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use tno_netlab::TcpForwarder;
+use tno_netlab::{Lab, TcpForwarder};
 use tno_testenv_kube::binaries::Binaries;
 use tno_testenv_kube::network::ClusterNetwork;
 use tno_testenv_kube::{KubeEnv, KubeEnvOptions, TestNamespace};
@@ -60,11 +61,16 @@ impl std::fmt::Debug for FragmentReader {
     }
 }
 
-/// Removes the cluster's scratch directory once everything writing there has stopped.
-struct ScratchDir(PathBuf);
+/// Deletes the cluster's node netns (and its pods' netns) and then its scratch directory,
+/// once everything else of the cluster is dropped. The kubelet's loops may still hold the
+/// lab, so its own drop would not delete it; and nothing at process exit knows this run.
+struct ScratchDir(PathBuf, Arc<Lab>);
 
 impl Drop for ScratchDir {
     fn drop(&mut self) {
+        if let Err(error) = self.1.delete() {
+            eprintln!("tno-testenv: deleting the second cluster's netns: {error}");
+        }
         if std::env::var_os("TNO_KEEP_SCRATCH").is_none() {
             let _ = std::fs::remove_dir_all(&self.0);
         } else {
@@ -88,7 +94,7 @@ impl E2eEnv {
         let api_in_first_lab = self.lab().expose_root_port(kube.api_port())?;
         let lab_kubeconfig =
             write_lab_kubeconfig(kube.kubeconfig(), &kube.api_server_url_in_lab())?;
-        let scratch = ScratchDir(kube.run_id().scratch_dir());
+        let scratch = ScratchDir(kube.run_id().scratch_dir(), kube.lab().clone());
         Ok(SecondCluster {
             _headscale_in_lab: headscale_in_lab,
             _api_in_first_lab: api_in_first_lab,

@@ -101,9 +101,15 @@ pub fn cleanup_stale_runs() -> Result<StaleCleanup> {
             let name = entry.file_name().to_string_lossy().into_owned();
             if RunId::owner_is_dead(&name) {
                 let path = entry.path();
-                std::fs::remove_dir_all(&path)
-                    .map_err(|e| NetlabError::io(format!("removing {}", path.display()), e))?;
-                cleaned.scratch_dirs.push(path);
+                match std::fs::remove_dir_all(&path) {
+                    Ok(()) => cleaned.scratch_dirs.push(path),
+                    // Another cleaner (a parallel test process, or the owner's own drop just
+                    // before it exited) got there first.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(NetlabError::io(format!("removing {}", path.display()), e));
+                    }
+                }
             }
         }
     }

@@ -222,19 +222,10 @@ fn example(file: &str) -> Result<serde_json::Value, String> {
 /// behind the site's subnet router, and the laptop (alice, group:team-a) opens
 /// https://portal.team-a.lab.example.net through the tailnet.
 async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
-    use k8s_openapi::api::core::v1::Namespace;
     use kube::api::{Api, Patch, PatchParams};
     let client = env.kube().client().await.map_err(|e| e.to_string())?;
     let apply = PatchParams::apply("tno-lab").force();
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    for ns in [OPERATOR_NAMESPACE, CONSUMER_NAMESPACE] {
-        let object =
-            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-        namespaces
-            .patch(ns, &apply, &Patch::Apply(object))
-            .await
-            .map_err(|e| format!("namespace {ns}: {e}"))?;
-    }
+    apply_namespaces(&client, &[OPERATOR_NAMESPACE, CONSUMER_NAMESPACE]).await?;
     // Lab plumbing a cluster would have: a CA ClusterIssuer (cert-manager stand-in) and the
     // extra-records ConfigMap mounted into Headscale.
     let ca = tno_testenv::LabCa::generate("tailnet-operator lab CA").map_err(|e| e.to_string())?;
@@ -276,18 +267,7 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
         env.headscale_url()
     );
 
-    let binary = tno_testenv::workspace_operator_binary().map_err(|e| e.to_string())?;
-    let mut operator = env
-        .start_operator(
-            &binary,
-            &tno_testenv::OperatorArgs::new(OPERATOR_NAMESPACE).to_args(),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    operator
-        .wait_ready(std::time::Duration::from_secs(60))
-        .await
-        .map_err(|e| e.to_string())?;
+    let operator = start_demo_operator(env, None).await?;
     println!(
         "demo: operator running in the lab (log {}, metrics {})",
         operator.log_path().display(),
@@ -453,19 +433,11 @@ async fn run_second_cluster_demo(
     env: &E2eEnv,
     cosmos: &tno_testenv::SecondCluster,
 ) -> Result<tno_testenv::OperatorProcess, String> {
-    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use k8s_openapi::api::core::v1::Secret;
     use kube::api::{Api, Patch, PatchParams};
     let apply = PatchParams::apply("tno-lab").force();
     let client_b = cosmos.client().await.map_err(|e| e.to_string())?;
-    let namespaces: Api<Namespace> = Api::all(client_b.clone());
-    for ns in [OPERATOR_NAMESPACE, "team-b"] {
-        let object =
-            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-        namespaces
-            .patch(ns, &apply, &Patch::Apply(object))
-            .await
-            .map_err(|e| format!("namespace {ns} in B: {e}"))?;
-    }
+    apply_namespaces(&client_b, &[OPERATOR_NAMESPACE, "team-b"]).await?;
     // The namespaces need their default ServiceAccount before pods can start.
     let service_accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
         Api::namespaced(client_b.clone(), "team-b");
@@ -494,19 +466,7 @@ async fn run_second_cluster_demo(
         .patch("cosmos", &apply, &Patch::Apply(&tailnet))
         .await
         .map_err(|e| format!("Tailnet cosmos in B: {e}"))?;
-    let binary = tno_testenv::workspace_operator_binary().map_err(|e| e.to_string())?;
-    let mut operator = env
-        .start_operator_in(
-            cosmos,
-            &binary,
-            &tno_testenv::OperatorArgs::new(OPERATOR_NAMESPACE).to_args(),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    operator
-        .wait_ready(std::time::Duration::from_secs(60))
-        .await
-        .map_err(|e| e.to_string())?;
+    let operator = start_demo_operator(env, Some(cosmos)).await?;
     println!(
         "\ndemo B: Tailnet cosmos (Contribute, prefix cob) and its operator in the second cluster (log {})",
         operator.log_path().display()
@@ -576,6 +536,45 @@ async fn run_second_cluster_demo(
         &["get", "tailnet,tailnetegress", "-A", "-o", "wide"],
     );
     Ok(operator)
+}
+
+/// The operator of `tailnet-system`, in the first cluster's lab or in `cosmos`'s, once ready.
+async fn start_demo_operator(
+    env: &E2eEnv,
+    cosmos: Option<&tno_testenv::SecondCluster>,
+) -> Result<tno_testenv::OperatorProcess, String> {
+    let binary = tno_testenv::workspace_operator_binary().map_err(|e| e.to_string())?;
+    let args = tno_testenv::OperatorArgs::new(OPERATOR_NAMESPACE).to_args();
+    let started = match cosmos {
+        Some(cosmos) => env.start_operator_in(cosmos, &binary, &args).await,
+        None => env.start_operator(&binary, &args).await,
+    };
+    let mut operator = started.map_err(|e| e.to_string())?;
+    operator
+        .wait_ready(std::time::Duration::from_secs(60))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(operator)
+}
+
+/// Server-side applies the namespaces `names`.
+async fn apply_namespaces(client: &kube::Client, names: &[&str]) -> Result<(), String> {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Api, Patch, PatchParams};
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for ns in names {
+        let object =
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        namespaces
+            .patch(
+                ns,
+                &PatchParams::apply("tno-lab").force(),
+                &Patch::Apply(object),
+            )
+            .await
+            .map_err(|e| format!("namespace {ns}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Waits until `kind namespace/name` has Ready=True, printing each new Ready line.
