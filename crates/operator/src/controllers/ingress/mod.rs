@@ -21,7 +21,7 @@ use tailnet_api::naming::AgentKind;
 use super::context::Context;
 use super::error::ReconcileError;
 use super::instrument::{backoff_on_error, instrumented};
-use super::lifecycle::{FINALIZER, cleanup};
+use super::lifecycle::{FINALIZER, cleanup, ensure_finalizer};
 use super::publish::write_status;
 
 const CONTROLLER: &str = "ingress";
@@ -52,6 +52,7 @@ pub fn error_policy(
 async fn run(ingress: Arc<TailnetIngress>, ctx: &Context) -> Result<Action, ReconcileError> {
     let api: Api<TailnetIngress> =
         Api::namespaced(ctx.client.clone(), &ingress.namespace().unwrap_or_default());
+    let ingress = ensure_finalizer(&api, ingress).await?;
     finalizer(&api, FINALIZER, ingress, |event| async move {
         match event {
             finalizer::Event::Apply(i) => reconcile_ingress(&i, ctx).await,
