@@ -345,6 +345,28 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
     }
 }
 
+/// How often freed heap memory is handed back to the kernel (glibc builds).
+const MALLOC_TRIM_INTERVAL: Duration = Duration::from_secs(10);
+
+/// glibc keeps what its per-thread arenas freed resident: at 1,000 resources the operator held
+/// 126 MB from the kernel for 59 MB in use (`malloc_stats`, benchmark 4), the rest freed
+/// memory of the burst (watch lists, policy renders, Headscale key lists). `malloc_trim`
+/// returns the free pages of every arena. The release images link musl, whose allocator
+/// returns freed memory itself; there this does nothing.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    tokio::spawn(async {
+        let mut every = tokio::time::interval(MALLOC_TRIM_INTERVAL);
+        loop {
+            every.tick().await;
+            // SAFETY: malloc_trim has no preconditions; it only gives free pages back.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
+    });
+}
+
 async fn log_result<T: std::fmt::Debug, E: std::fmt::Display>(result: Result<T, E>) {
     if let Err(e) = result {
         tracing::debug!(error = %e, "controller event");
@@ -417,6 +439,7 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
 
     let shutdown = CancellationToken::new();
     shutdown_on_signal(shutdown.clone());
+    return_freed_memory();
     let metrics = Metrics::default();
     let health = Health::default();
     let listener = admin::bind(settings.admin_address)
