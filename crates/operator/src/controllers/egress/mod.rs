@@ -81,7 +81,7 @@ async fn reconcile_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Actio
     let api: Api<TailnetEgress> =
         Api::namespaced(ctx.client.clone(), &egress.namespace().unwrap_or_default());
     let previous = egress.status.clone().unwrap_or_default();
-    let poll = Action::requeue(ctx.config.headscale_poll);
+    let poll = Action::requeue(ctx.poll_interval(ctx.egresses.state().len()));
     let decision = match decide::validated(egress, Timestamp::now()) {
         Err(refused) => *refused,
         Ok(valid) => {

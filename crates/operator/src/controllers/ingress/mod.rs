@@ -98,7 +98,7 @@ async fn reconcile_ingress(
     let api: Api<TailnetIngress> =
         Api::namespaced(ctx.client.clone(), &ingress.namespace().unwrap_or_default());
     let previous = ingress.status.clone().unwrap_or_default();
-    let poll = Action::requeue(ctx.config.headscale_poll);
+    let poll = Action::requeue(ctx.poll_interval(ctx.ingresses.state().len()));
     let status = match decide::validated(ingress, Timestamp::now()) {
         Err(refused) => refused.status,
         Ok(valid) => {
