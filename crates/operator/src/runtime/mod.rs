@@ -512,15 +512,13 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
             .iter()
             .map(|p| (p.namespace.clone(), p.deployments.clone())),
     );
-    // Agent Services of the operator namespace: only uid and resourceVersion are read (drift).
+    // Agent Services of the operator namespace (drift, and each target's cluster IP in the
+    // egress status: the spec stays).
     let (services, [service_trigger]) = shared_cache_of(
         Api::namespaced(client.clone(), &ns),
         watcher::Config::default().labels(AGENT_SELECTOR),
         &lead,
-        |s: &mut Service| {
-            s.spec = None;
-            s.status = None;
-        },
+        |s: &mut Service| s.status = None,
     );
     let mut service_trigger = Some(service_trigger);
     // Of NetworkPolicies the metadata (operator RSS at 1,000 resources, benchmark 4).
@@ -777,7 +775,7 @@ mod tests {
         let mut ingress: TailnetIngress = serde_json::from_value(serde_json::json!({
             "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetIngress",
             "metadata": {"name": name, "namespace": "apps"},
-            "spec": {"tailnetRef": {"name": "demo"}, "exposes": []}
+            "spec": {"tailnetRef": {"name": "demo"}, "allowFrom": ["group:team-a"], "exposes": []}
         }))
         .expect("ingress fixture");
         if effective {
