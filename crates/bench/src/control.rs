@@ -5,13 +5,17 @@
 //! Deployments from getting pods (kube-controller-manager's ReplicaSet controller is refused
 //! by quota admission), so only the operator's own work is measured.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tailnet_api::{TailnetEgress, TailnetIngress};
 use tailnet_policy::{
@@ -240,6 +244,210 @@ fn metric_growth(before: &str, after: &str, family: &str) -> BTreeMap<String, f6
         .collect()
 }
 
+/// When each resource was applied (just before its apply request) and first seen done by the
+/// bench's own watch, by `e/<name>` or `i/<name>`.
+type Times = Arc<Mutex<HashMap<String, Instant>>>;
+
+fn egress_done(e: &TailnetEgress) -> bool {
+    e.status.as_ref().is_some_and(|s| {
+        condition_true(&s.conditions, "ServicesReady")
+            && condition_true(&s.conditions, "PolicyEffective")
+    })
+}
+
+fn ingress_done(i: &TailnetIngress) -> bool {
+    i.status
+        .as_ref()
+        .is_some_and(|s| condition_true(&s.conditions, "PolicyEffective"))
+}
+
+/// Records in `times` the first moment the bench's watch saw each object of `api` done.
+fn watch_done<K>(
+    api: Api<K>,
+    prefix: &'static str,
+    done: fn(&K) -> bool,
+    times: Times,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + k8s_openapi::serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    tokio::spawn(async move {
+        let mut stream = Box::pin(
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects(),
+        );
+        while let Some(item) = stream.next().await {
+            let Ok(object) = item else { continue };
+            if done(&object) {
+                let now = Instant::now();
+                times
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(format!("{prefix}/{}", object.name_any()))
+                    .or_insert(now);
+            }
+        }
+    })
+}
+
+/// The `p`-th percentile (nearest rank) of sorted seconds.
+fn percentile_seconds(sorted: &[f64], p: f64) -> f64 {
+    let durations: Vec<Duration> = sorted.iter().map(|s| Duration::from_secs_f64(*s)).collect();
+    crate::stats::percentile(&durations, p).map_or(f64::NAN, |d| d.as_secs_f64())
+}
+
+/// Samples of a histogram family by label set: `(count, sum)`.
+fn histogram(text: &str, family: &str) -> BTreeMap<String, (f64, f64)> {
+    let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for (suffix, is_sum) in [("_count", false), ("_sum", true)] {
+        let prefix = format!("{family}{suffix}");
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(&prefix) else {
+                continue;
+            };
+            let Some((labels, value)) = rest.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            let entry = out.entry(labels.to_owned()).or_default();
+            if is_sum {
+                entry.1 = value;
+            } else {
+                entry.0 = value;
+            }
+        }
+    }
+    out
+}
+
+/// Growth of a histogram between two scrapes: `(calls, seconds)` by label set.
+fn histogram_growth(before: &str, after: &str, family: &str) -> BTreeMap<String, (f64, f64)> {
+    let before = histogram(before, family);
+    histogram(after, family)
+        .into_iter()
+        .filter_map(|(labels, (count, sum))| {
+            let (c0, s0) = before.get(&labels).copied().unwrap_or_default();
+            (count > c0).then_some((labels, (count - c0, sum - s0)))
+        })
+        .collect()
+}
+
+/// Requests on the agent kinds the apiserver did not answer with 2xx, by
+/// `verb resource code` (finalizer-add conflicts show here as PATCH 409/422).
+async fn apiserver_refusals(client: &kube::Client) -> BTreeMap<String, f64> {
+    let Ok(request) = http::Request::get("/metrics").body(Vec::new()) else {
+        return BTreeMap::new();
+    };
+    let Ok(text) = client.request_text(request).await else {
+        return BTreeMap::new();
+    };
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split("\",")
+                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        let resource = label("resource");
+        let code = label("code");
+        if !resource.starts_with("tailnet") || code.starts_with('2') {
+            continue;
+        }
+        let subresource = label("subresource");
+        let key = if subresource.is_empty() {
+            format!("{} {resource} {code}", label("verb"))
+        } else {
+            format!("{} {resource}/{subresource} {code}", label("verb"))
+        };
+        *out.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+    }
+    out
+}
+
+fn growth(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Vec<(String, f64)> {
+    after
+        .iter()
+        .filter_map(|(k, v)| {
+            let grown = v - before.get(k).copied().unwrap_or(0.0);
+            (grown > 0.0).then(|| (k.clone(), grown))
+        })
+        .collect()
+}
+
+/// Headscale server processes of this test environment (their command line names a file in
+/// `dir`).
+fn headscale_pids(dir: &Path) -> Vec<u32> {
+    let dir = dir.to_string_lossy().into_owned();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            comm.trim() == "headscale" && String::from_utf8_lossy(&cmdline).contains(&dir)
+        })
+        .collect()
+}
+
+/// CPU seconds (user + system) used so far by `pids`.
+fn cpu_seconds(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    pids.iter()
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let after_comm = stat.rsplit_once(") ")?.1;
+            let fields: Vec<&str> = after_comm.split(' ').collect();
+            // utime and stime are fields 14 and 15 of stat; 12 and 13 after `pid (comm)`.
+            let utime: f64 = fields.get(11)?.parse().ok()?;
+            let stime: f64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) / ticks)
+        })
+        .sum()
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split(' ').next().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+/// Headscale calls that mint keys and apply the policy (the part of a step that is
+/// Headscale's own work, subtracted for the growth target).
+const MINT: &str = "POST /api/v1/preauthkey\"";
+const POLICY_APPLY: &str = "PUT /api/v1/policy\"";
+/// At most this many reconciles (so key mints) in flight: 16 egress + 16 ingress (the
+/// operator's default `--max-concurrent-reconciles`).
+const MAX_MINTS_IN_FLIGHT: f64 = 32.0;
+
 /// One growth step's measurements.
 struct Step {
     egresses: usize,
@@ -247,7 +455,40 @@ struct Step {
     apply_seconds: f64,
     settle_seconds: f64,
     rss_kib: u64,
+    peak_rss_kib: u64,
     policy_bytes: f64,
+    /// Convergence (apply → done) of the resources added in this step, sorted, by kind.
+    egress_seconds: Vec<f64>,
+    ingress_seconds: Vec<f64>,
+    /// Headscale call histogram growth during the step: `(calls, seconds)` by labels.
+    headscale: BTreeMap<String, (f64, f64)>,
+    headscale_cpu_seconds: f64,
+    reconcile_errors: Vec<(String, f64)>,
+    refusals: Vec<(String, f64)>,
+    finalizer_failures_logged: usize,
+    load: (String, String),
+    /// Resources of the step not done when the bench gave up waiting (15 min).
+    unfinished: usize,
+}
+
+impl Step {
+    /// Headscale's own key-mint and policy-apply time: the mints' total call time over the
+    /// most that can be in flight (a lower bound of the wall time they took) plus the policy
+    /// applies (one at a time).
+    fn headscale_bound_seconds(&self) -> f64 {
+        self.headscale
+            .iter()
+            .map(|(labels, (_, seconds))| {
+                if labels.contains(MINT) {
+                    seconds / MAX_MINTS_IN_FLIGHT
+                } else if labels.contains(POLICY_APPLY) {
+                    *seconds
+                } else {
+                    0.0
+                }
+            })
+            .sum()
+    }
 }
 
 /// Runs the control-plane benchmark; `steps` are cumulative resource totals (half egress,
@@ -306,13 +547,25 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
         .await
         .map_err(|e| anyhow::anyhow!("operator ready: {e}"))?;
     let idle_rss = rss_kib(operator.pid());
+    let headscale = headscale_pids(env.dir().parent().unwrap_or(env.dir()));
 
     let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), &ns);
     let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
+    let done: Times = Arc::default();
+    let watches = [
+        watch_done(egresses.clone(), "e", egress_done, done.clone()),
+        watch_done(ingresses.clone(), "i", ingress_done, done.clone()),
+    ];
+    let applied: Times = Arc::default();
     let mut results = Vec::new();
     let mut have = 0usize;
+    let mut finalizer_logged_before = 0usize;
     for &total in steps {
         let half = total / 2;
+        let load_start = load_average();
+        let metrics_before = operator.metrics().await.unwrap_or_default();
+        let refusals_before = apiserver_refusals(&client).await;
+        let cpu_before = cpu_seconds(&headscale);
         let step_started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         let mut objects: Vec<(bool, Value)> = (have..half)
@@ -329,8 +582,12 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
             {
                 let (egresses, ingresses, apply) =
                     (egresses.clone(), ingresses.clone(), apply.clone());
+                let name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
+                applied.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                    format!("{}/{name}", if is_egress { "e" } else { "i" }),
+                    Instant::now(),
+                );
                 tasks.spawn(async move {
-                    let name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
                     if is_egress {
                         egresses
                             .patch(&name, &apply, &Patch::Apply(object))
@@ -344,22 +601,39 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
                     }
                 });
             }
-            if let Some(done) = tasks.join_next().await {
-                done.context("apply task")?.context("applying a resource")?;
+            if let Some(finished) = tasks.join_next().await {
+                finished
+                    .context("apply task")?
+                    .context("applying a resource")?;
             }
         }
         let apply_seconds = step_started.elapsed().as_secs_f64();
         let deadline = Instant::now() + Duration::from_secs(900);
+        let mut unfinished = 0usize;
+        let keys: Vec<String> = (0..half)
+            .flat_map(|i| [format!("e/egress-{i}"), format!("i/ingress-{i}")])
+            .collect();
         loop {
-            let (e, i) = count_done(&egresses, &ingresses).await?;
-            if e >= half && i >= half {
-                break;
+            let missing = {
+                let done = done.lock().unwrap_or_else(|p| p.into_inner());
+                keys.iter().filter(|k| !done.contains_key(*k)).count()
+            };
+            // The watch says all are done: confirm with a list.
+            if missing == 0 {
+                let (e, i) = count_done(&egresses, &ingresses).await?;
+                if e >= half && i >= half {
+                    break;
+                }
             }
             if Instant::now() > deadline {
-                bail!(
+                // Report what there is: the step's tables show how many never got done.
+                let (e, i) = count_done(&egresses, &ingresses).await?;
+                eprintln!(
                     "after 15 min only {e}/{half} egresses and {i}/{half} ingresses are done\n{}",
                     operator.log_tail(20)
                 );
+                unfinished = (half - e.min(half)) + (half - i.min(half));
+                break;
             }
             if !operator.is_running() {
                 bail!("the operator exited:\n{}", operator.log_tail(40));
@@ -368,15 +642,61 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
         }
         let settle_seconds = step_started.elapsed().as_secs_f64();
         let metrics = operator.metrics().await.unwrap_or_default();
+        let (egress_seconds, ingress_seconds) = {
+            let done = done.lock().unwrap_or_else(|p| p.into_inner());
+            let applied = applied.lock().unwrap_or_else(|p| p.into_inner());
+            let convergence = |prefix: &str, name: &str| -> Vec<f64> {
+                let mut seconds: Vec<f64> = (have..half)
+                    .filter_map(|i| {
+                        let key = format!("{prefix}/{name}-{i}");
+                        let end = done.get(&key)?;
+                        let start = applied.get(&key)?;
+                        Some(end.saturating_duration_since(*start).as_secs_f64())
+                    })
+                    .collect();
+                seconds.sort_by(f64::total_cmp);
+                seconds
+            };
+            (convergence("e", "egress"), convergence("i", "ingress"))
+        };
+        let log = operator.log_text();
+        let finalizer_logged = log.matches("failed to add finalizer").count();
         results.push(Step {
             egresses: half,
             ingresses: half,
             apply_seconds,
             settle_seconds,
             rss_kib: rss_kib(operator.pid()),
+            peak_rss_kib: peak_rss_kib(operator.pid()),
             policy_bytes: metric_sum(&metrics, "tailnet_operator_policy_size_bytes"),
+            egress_seconds,
+            ingress_seconds,
+            headscale: histogram_growth(
+                &metrics_before,
+                &metrics,
+                "tailnet_operator_headscale_api_call_duration_seconds",
+            ),
+            headscale_cpu_seconds: cpu_seconds(&headscale) - cpu_before,
+            reconcile_errors: metric_growth(
+                &metrics_before,
+                &metrics,
+                "tailnet_operator_reconcile_errors_total",
+            )
+            .into_iter()
+            .collect(),
+            refusals: growth(&refusals_before, &apiserver_refusals(&client).await),
+            finalizer_failures_logged: finalizer_logged.saturating_sub(finalizer_logged_before),
+            load: (load_start, load_average()),
+            unfinished,
         });
+        finalizer_logged_before = finalizer_logged;
         have = half;
+        if unfinished > 0 {
+            break;
+        }
+    }
+    for watch in watches {
+        watch.abort();
     }
 
     // Steady state: everything done; count writes over a window of resyncs.
@@ -389,15 +709,7 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
     let revision_after = etcd_revision(&client).await?;
     let operator_after = operator.metrics().await.unwrap_or_default();
     let steady_rss = rss_kib(operator.pid());
-    let peak_rss = {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", operator.pid())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let peak_rss = peak_rss_kib(operator.pid());
     let reconciles = metric_sum(&operator_after, "tailnet_operator_reconciles_total")
         - metric_sum(&operator_before, "tailnet_operator_reconciles_total");
     let policy_applied = |text: &str| {
@@ -418,33 +730,162 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
             "apply (client) s",
             "all rendered + grants live, s",
             "s per added resource",
-            "operator RSS MiB",
+            "Headscale key mint + policy apply s (lower bound)",
+            "s per added resource without Headscale's",
+            "operator RSS MiB (peak)",
             "policy bytes",
+            "load average (start → end)",
         ],
     );
     let mut previous = 0;
     for step in &results {
         let total = step.egresses + step.ingresses;
         let added = total - previous;
+        let headscale_seconds = step.headscale_bound_seconds();
         scale.row(vec![
             format!("{total} ({} + {})", step.egresses, step.ingresses),
             added.to_string(),
             format!("{:.1}", step.apply_seconds),
-            format!("{:.1}", step.settle_seconds),
+            if step.unfinished > 0 {
+                format!(
+                    "**not done**: {} still missing after {:.1}",
+                    step.unfinished, step.settle_seconds
+                )
+            } else {
+                format!("{:.1}", step.settle_seconds)
+            },
             format!("{:.3}", step.settle_seconds / added.max(1) as f64),
-            mib(step.rss_kib),
+            format!("{headscale_seconds:.1}"),
+            format!(
+                "{:.3}",
+                (step.settle_seconds - headscale_seconds).max(0.0) / added.max(1) as f64
+            ),
+            format!("{} ({})", mib(step.rss_kib), mib(step.peak_rss_kib)),
             format!("{:.0}", step.policy_bytes),
+            format!("{} → {}", step.load.0, step.load.1),
         ]);
         previous = total;
     }
     scale.note(format!(
         "Steps are cumulative (the next step adds resources to the previous ones). Operator RSS \
          idle before any resource: {} MiB; after the steady-state window {} MiB; peak (VmHWM) \
-         {} MiB. Test environment start: {env_seconds:.0} s.",
+         {} MiB. Test environment start: {env_seconds:.0} s. Headscale's key mint + policy \
+         apply: the step's total `POST /api/v1/preauthkey` call time from the operator's \
+         headscale_api_call_duration_seconds ÷ {MAX_MINTS_IN_FLIGHT} (the most in flight) plus \
+         its `PUT /api/v1/policy` time: a lower bound of the wall time they took.",
         mib(idle_rss),
         mib(steady_rss),
         mib(peak_rss)
     ));
+
+    let mut convergence = Table::new(
+        "Per-resource convergence: its apply → Ready inputs live (seen by a watch), resources added in the step",
+        &[
+            "step",
+            "kind",
+            "resources",
+            "p50 s",
+            "p90 s",
+            "p99 s",
+            "max s",
+        ],
+    );
+    let mut previous = 0;
+    for step in &results {
+        let total = step.egresses + step.ingresses;
+        for (kind, seconds) in [
+            ("TailnetEgress", &step.egress_seconds),
+            ("TailnetIngress", &step.ingress_seconds),
+        ] {
+            convergence.row(vec![
+                format!("{previous} → {total}"),
+                kind.into(),
+                seconds.len().to_string(),
+                format!("{:.1}", percentile_seconds(seconds, 50.0)),
+                format!("{:.1}", percentile_seconds(seconds, 90.0)),
+                format!("{:.1}", percentile_seconds(seconds, 99.0)),
+                format!("{:.1}", seconds.last().copied().unwrap_or(f64::NAN)),
+            ]);
+        }
+        previous = total;
+    }
+    convergence.note(
+        "Egress done = ServicesReady and PolicyEffective True; ingress done = PolicyEffective \
+         True. Measured from just before the resource's apply request to the first watch \
+         event showing it done (nearest-rank percentiles), over the resources that got done.",
+    );
+
+    let mut headscale_table = Table::new(
+        "Headscale's share per step (the operator's headscale_api_call_duration_seconds; Headscale's CPU from /proc)",
+        &[
+            "step",
+            "call {labels}",
+            "calls",
+            "total call s",
+            "mean s per call",
+        ],
+    );
+    let mut previous = 0;
+    for step in &results {
+        let total = step.egresses + step.ingresses;
+        for (labels, (calls, seconds)) in &step.headscale {
+            headscale_table.row(vec![
+                format!("{previous} → {total}"),
+                labels.clone(),
+                format!("{calls:.0}"),
+                format!("{seconds:.1}"),
+                format!("{:.3}", seconds / calls.max(1.0)),
+            ]);
+        }
+        headscale_table.row(vec![
+            format!("{previous} → {total}"),
+            "Headscale process CPU (user + system)".into(),
+            String::new(),
+            format!("{:.1}", step.headscale_cpu_seconds),
+            String::new(),
+        ]);
+        previous = total;
+    }
+    headscale_table.note(format!(
+        "Calls of concurrent reconciles overlap: the total call time is not wall time. \
+         Headscale processes found: {}.",
+        headscale.len()
+    ));
+
+    let mut errors = Table::new(
+        "Failed reconciles and refused writes per step (finalizer-conflict hypothesis)",
+        &["step", "what", "count"],
+    );
+    let mut previous = 0;
+    for step in &results {
+        let total = step.egresses + step.ingresses;
+        let label = format!("{previous} → {total}");
+        for (labels, count) in &step.reconcile_errors {
+            errors.row(vec![
+                label.clone(),
+                format!("reconcile_errors_total {labels}"),
+                format!("{count:.0}"),
+            ]);
+        }
+        for (key, count) in &step.refusals {
+            errors.row(vec![
+                label.clone(),
+                format!("apiserver {key}"),
+                format!("{count:.0}"),
+            ]);
+        }
+        errors.row(vec![
+            label,
+            "operator log: `failed to add finalizer`".into(),
+            step.finalizer_failures_logged.to_string(),
+        ]);
+        previous = total;
+    }
+    errors.note(
+        "reconcile_errors_total: the operator's failed reconciles by controller and reason \
+         (each backs the object off 5 s, 10 s, 20 s, …); apiserver: requests on the agent \
+         kinds answered with a non-2xx code (all clients), from apiserver_request_total.",
+    );
 
     let mut writes = Table::new(
         format!(
@@ -501,5 +942,12 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
          status.",
     );
     drop(operator);
-    Ok(vec![scale, writes, operator_calls])
+    Ok(vec![
+        scale,
+        convergence,
+        headscale_table,
+        errors,
+        writes,
+        operator_calls,
+    ])
 }

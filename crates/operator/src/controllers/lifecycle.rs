@@ -1,6 +1,8 @@
 //! An agent's end: the finalizer both agent kinds carry, and the deletion it guards (stop
 //! the agent, forget its identity in Headscale).
 
+use std::fmt::Debug;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -9,6 +11,8 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tailnet_api::Tailnet;
 use tailnet_api::naming::AgentKind;
 use tailnet_render::meta::Owner;
@@ -22,11 +26,52 @@ use super::publish::event;
 
 /// Finalizer that removes the agent's Headscale node and keys before the object goes.
 pub const FINALIZER: &str = "tailnet-operator.dev/cleanup";
+/// Field manager of the server-side apply that adds [`FINALIZER`].
+const FINALIZER_MANAGER: &str = "tailnet-operator-finalizer";
 /// How long deletion waits for the agent's pods to stop (it drains for up to its grace
 /// period).
 const STOP_TIMEOUT: Duration = Duration::from_secs(45);
 /// A registration already in flight when the keys were expired can land this much later.
 const SECOND_PASS_DELAY: Duration = Duration::from_secs(3);
+
+/// Adds [`FINALIZER`] to an object that is not being deleted and lacks it, and returns the
+/// object as the apiserver now has it (the object itself when there is nothing to add).
+///
+/// kube-runtime's `finalizer` helper adds it with a JSON patch whose `test` compares the
+/// finalizer list with the *cached* object's, then ends the reconcile and waits for the
+/// watch event to reconcile again. A cache that lags the helper's own earlier write makes the
+/// `test` fail (422 Invalid) and the object back off 5 s, 10 s, …; that was suspected to be
+/// the tail beyond 400 resources of benchmark 4, but the runs of issue 18 counted no such
+/// failure at 400 or 1,000 (the tail was the scheduler's, see `Context::poll_interval`). A
+/// server-side apply of only this list item (finalizers are a set) is idempotent and keeps
+/// other controllers' finalizers, so a stale cache cannot make it fail, and the reconcile
+/// goes on with the answer instead of waiting for the watch: a new resource's first
+/// reconcile does its work.
+pub async fn ensure_finalizer<K>(api: &Api<K>, object: Arc<K>) -> Result<Arc<K>, ReconcileError>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
+{
+    let meta = object.meta();
+    if meta.deletion_timestamp.is_some() || meta.finalizers.iter().flatten().any(|f| f == FINALIZER)
+    {
+        return Ok(object);
+    }
+    let name = object.name_any();
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": {"name": name, "finalizers": [FINALIZER]},
+    });
+    let updated = api
+        .patch(
+            &name,
+            &PatchParams::apply(FINALIZER_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(ReconcileError::kube(format!("add finalizer to {name}")))?;
+    Ok(Arc::new(updated))
+}
 
 /// Scales the agent's Deployment to zero and waits until its pods are gone. A missing
 /// Deployment is already stopped.

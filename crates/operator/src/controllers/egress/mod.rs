@@ -21,7 +21,7 @@ use tailnet_api::naming::{AgentKind, egress_tag};
 use super::context::Context;
 use super::error::ReconcileError;
 use super::instrument::{backoff_on_error, instrumented};
-use super::lifecycle::{FINALIZER, cleanup};
+use super::lifecycle::{FINALIZER, cleanup, ensure_finalizer};
 use super::publish::write_status;
 
 const CONTROLLER: &str = "egress";
@@ -60,6 +60,7 @@ async fn run(egress: Arc<TailnetEgress>, ctx: &Context) -> Result<Action, Reconc
         write_status(ctx, &api, &*egress, &previous, &status).await?;
         return Ok(Action::await_change());
     }
+    let egress = ensure_finalizer(&api, egress).await?;
     finalizer(&api, FINALIZER, egress, |event| async move {
         match event {
             finalizer::Event::Apply(e) => reconcile_egress(&e, ctx).await,
@@ -80,7 +81,7 @@ async fn reconcile_egress(egress: &TailnetEgress, ctx: &Context) -> Result<Actio
     let api: Api<TailnetEgress> =
         Api::namespaced(ctx.client.clone(), &egress.namespace().unwrap_or_default());
     let previous = egress.status.clone().unwrap_or_default();
-    let poll = Action::requeue(ctx.config.headscale_poll);
+    let poll = Action::requeue(ctx.poll_interval(ctx.egresses.state().len()));
     let decision = match decide::validated(egress, Timestamp::now()) {
         Err(refused) => *refused,
         Ok(valid) => {

@@ -21,7 +21,7 @@ use tailnet_api::naming::AgentKind;
 use super::context::Context;
 use super::error::ReconcileError;
 use super::instrument::{backoff_on_error, instrumented};
-use super::lifecycle::{FINALIZER, cleanup};
+use super::lifecycle::{FINALIZER, cleanup, ensure_finalizer};
 use super::publish::write_status;
 
 const CONTROLLER: &str = "ingress";
@@ -52,6 +52,7 @@ pub fn error_policy(
 async fn run(ingress: Arc<TailnetIngress>, ctx: &Context) -> Result<Action, ReconcileError> {
     let api: Api<TailnetIngress> =
         Api::namespaced(ctx.client.clone(), &ingress.namespace().unwrap_or_default());
+    let ingress = ensure_finalizer(&api, ingress).await?;
     finalizer(&api, FINALIZER, ingress, |event| async move {
         match event {
             finalizer::Event::Apply(i) => reconcile_ingress(&i, ctx).await,
@@ -97,7 +98,7 @@ async fn reconcile_ingress(
     let api: Api<TailnetIngress> =
         Api::namespaced(ctx.client.clone(), &ingress.namespace().unwrap_or_default());
     let previous = ingress.status.clone().unwrap_or_default();
-    let poll = Action::requeue(ctx.config.headscale_poll);
+    let poll = Action::requeue(ctx.poll_interval(ctx.ingresses.state().len()));
     let status = match decide::validated(ingress, Timestamp::now()) {
         Err(refused) => refused.status,
         Ok(valid) => {
