@@ -15,12 +15,8 @@ use crate::network::ClusterNetwork;
 use crate::pki::{self, ClusterCa};
 use crate::process::{ManagedProcess, free_port, poll_until};
 
-/// The Service CIDR; the apiserver takes the first address (10.96.0.1) for `kubernetes`.
-pub const SERVICE_CIDR: &str = "10.96.0.0/16";
-/// The ClusterIP of the `kubernetes` Service.
-pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
-/// The pod CIDR of the lab (see `tno_netlab::Lab`).
-pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+// The first cluster's addresses live with [`ClusterNetwork`]; kept here under their old path.
+pub use crate::network::{CLUSTER_CIDR, KUBERNETES_SERVICE_IP, SERVICE_CIDR};
 /// Issuer of service-account tokens; also what `TokenReview`s check.
 pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 

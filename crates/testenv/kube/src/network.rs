@@ -11,10 +11,15 @@ use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::discovery::{ApiResource, Discovery};
 use tno_netlab::Lab;
 
-use crate::control_plane::{CLUSTER_CIDR, KUBERNETES_SERVICE_IP, SERVICE_CIDR};
 use crate::error::{Error, IoContext, KubeContext, NetlabContext, Result};
 use crate::process::{ManagedProcess, poll_until};
 
+/// The Service CIDR; the apiserver takes the first address (10.96.0.1) for `kubernetes`.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The ClusterIP of the `kubernetes` Service.
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
+/// The pod CIDR of the lab (see `tno_netlab::Lab`).
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// The ClusterIP of the `kube-dns` Service.
 pub const CLUSTER_DNS_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
