@@ -350,32 +350,12 @@ async fn apiserver_refusals(client: &kube::Client) -> BTreeMap<String, f64> {
         return BTreeMap::new();
     };
     let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split("\",")
-                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
-                .map(|v| v.trim_end_matches('"').to_owned())
-                .unwrap_or_default()
-        };
-        let resource = label("resource");
-        let code = label("code");
-        if !resource.starts_with("tailnet") || code.starts_with('2') {
+    for sample in tno_testenv::apiserver_requests(&text) {
+        if !sample.resource.starts_with("tailnet") || sample.code.starts_with('2') {
             continue;
         }
-        let subresource = label("subresource");
-        let key = if subresource.is_empty() {
-            format!("{} {resource} {code}", label("verb"))
-        } else {
-            format!("{} {resource}/{subresource} {code}", label("verb"))
-        };
-        *out.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        let key = format!("{} {} {}", sample.verb, sample.resource, sample.code);
+        *out.entry(key).or_insert(0.0) += sample.count;
     }
     out
 }

@@ -19,7 +19,6 @@ use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParam
 use kube::discovery::Scope;
 use serde_json::{Value, json};
 use support::conditions::{ConditionIs, wait_for_condition};
-use support::kubeconfig::token_kubeconfig;
 use support::lab_operator::start_operator;
 use support::objects::{
     apply, apply_egress, bootstrap_applied_tailnet, ingress_object, remote_db_target,
@@ -149,7 +148,10 @@ async fn operator_with_chart_rbac(
         }
     }
     let service_account = service_account.expect("the chart renders a ServiceAccount");
-    let (_, kubeconfig) = token_kubeconfig(env.lab_kubeconfig(), admin, ns, &service_account).await;
+    let (_, kubeconfig) =
+        tno_testenv::token_kubeconfig(env.lab_kubeconfig(), admin, ns, &service_account)
+            .await
+            .expect("a token kubeconfig");
     let kubeconfig_path = env.dir().join(format!("{release}-operator.kubeconfig"));
     std::fs::write(&kubeconfig_path, kubeconfig.to_string()).expect("write kubeconfig");
     (kubeconfig_path, cluster_objects)

@@ -9,7 +9,6 @@
 
 pub mod agent;
 pub mod conditions;
-pub mod kubeconfig;
 pub mod lab_operator;
 pub mod local_operator;
 pub mod objects;

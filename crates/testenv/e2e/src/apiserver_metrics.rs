@@ -26,8 +26,19 @@ pub async fn apiserver_writes(client: &kube::Client) -> Result<BTreeMap<String, 
     Ok(parse_writes(&text))
 }
 
-fn parse_writes(text: &str) -> BTreeMap<String, f64> {
-    let mut writes = BTreeMap::new();
+/// One `apiserver_request_total` sample of the apiserver's `/metrics` text.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiserverRequests {
+    pub verb: String,
+    /// `resource`, or `resource/subresource`.
+    pub resource: String,
+    pub code: String,
+    pub count: f64,
+}
+
+/// Every `apiserver_request_total` sample of a `/metrics` text.
+pub fn apiserver_requests(text: &str) -> Vec<ApiserverRequests> {
+    let mut samples = Vec::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
             continue;
@@ -42,22 +53,35 @@ fn parse_writes(text: &str) -> BTreeMap<String, f64> {
                 .map(|v| v.trim_end_matches('"').to_owned())
                 .unwrap_or_default()
         };
-        let verb = label("verb");
-        if !matches!(
-            verb.as_str(),
-            "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY" | "DELETECOLLECTION"
-        ) || !label("code").starts_with('2')
-        {
-            continue;
-        }
         let subresource = label("subresource");
         let resource = if subresource.is_empty() {
             label("resource")
         } else {
             format!("{}/{subresource}", label("resource"))
         };
-        *writes.entry(format!("{verb} {resource}")).or_insert(0.0) +=
-            value.trim().parse::<f64>().unwrap_or(0.0);
+        samples.push(ApiserverRequests {
+            verb: label("verb"),
+            resource,
+            code: label("code"),
+            count: value.trim().parse::<f64>().unwrap_or(0.0),
+        });
+    }
+    samples
+}
+
+fn parse_writes(text: &str) -> BTreeMap<String, f64> {
+    let mut writes = BTreeMap::new();
+    for sample in apiserver_requests(text) {
+        if !matches!(
+            sample.verb.as_str(),
+            "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY" | "DELETECOLLECTION"
+        ) || !sample.code.starts_with('2')
+        {
+            continue;
+        }
+        *writes
+            .entry(format!("{} {}", sample.verb, sample.resource))
+            .or_insert(0.0) += sample.count;
     }
     writes
 }

@@ -37,7 +37,9 @@ mod second_cluster;
 mod stand_ins;
 mod tailnet_client;
 
-pub use apiserver_metrics::{apiserver_writes, writes_between};
+pub use apiserver_metrics::{
+    ApiserverRequests, apiserver_requests, apiserver_writes, writes_between,
+};
 pub use env::{
     API_KEY_KEY, BASE_POLICY_CONFIG_MAP, BASE_POLICY_KEY, BOOTSTRAP_SECRET, E2eEnv, E2eNamespace,
     HOSTS_CONFIG_MAP, PLATFORM_GROUP,
@@ -48,6 +50,6 @@ pub use operator::{
     E2E_AGENT_IMAGE, E2E_TAILSCALE_IMAGE, OperatorArgs, OperatorProcess, workspace_operator_binary,
 };
 pub use pods::{CLIENT_POD_DEADLINE, PodRun, tcp_check_pod, tls_check_pod};
-pub use second_cluster::{FragmentReader, SecondCluster};
+pub use second_cluster::{FragmentReader, SecondCluster, token_kubeconfig};
 pub use stand_ins::{LabCa, LabIssuer, sync_extra_records};
 pub use tailnet_client::https_get;

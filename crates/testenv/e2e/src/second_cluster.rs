@@ -212,34 +212,8 @@ impl SecondCluster {
             .patch(reader, &apply, &Patch::Apply(objects.2))
             .await
             .map_err(|e| E2eError::kube(context("RoleBinding"), e))?;
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: vec![],
-                expiration_seconds: Some(3600),
-                ..TokenRequestSpec::default()
-            },
-            ..TokenRequest::default()
-        };
-        let token = service_accounts
-            .create_token_request(reader, &PostParams::default(), &request)
-            .await
-            .map_err(|e| E2eError::kube(context("token"), e))?
-            .status
-            .map(|status| status.token)
-            .unwrap_or_default();
-        let text = std::fs::read_to_string(&self.lab_kubeconfig)
-            .map_err(|e| E2eError::io(format!("reading {}", self.lab_kubeconfig.display()), e))?;
-        let mut kubeconfig: Value =
-            serde_yaml::from_str(&text).map_err(|source| E2eError::Kubeconfig {
-                path: self.lab_kubeconfig.clone(),
-                source,
-            })?;
-        kubeconfig["users"] = json!([{"name": reader, "user": {"token": token}}]);
-        if let Some(contexts) = kubeconfig["contexts"].as_array_mut() {
-            for context in contexts {
-                context["context"]["user"] = json!(reader);
-            }
-        }
+        let (token, kubeconfig) =
+            token_kubeconfig(&self.lab_kubeconfig, &client, namespace, reader).await?;
         Ok(FragmentReader { token, kubeconfig })
     }
 
@@ -247,4 +221,45 @@ impl SecondCluster {
     pub fn diagnostics(&self, namespace: Option<&str>) -> String {
         self.kube().diagnostics(namespace, 40)
     }
+}
+
+/// A one-hour token of `service_account` (namespace `namespace`, TokenRequest API) and
+/// `lab_kubeconfig` (the apiserver's lab address and CA, e.g. [`E2eEnv::lab_kubeconfig`])
+/// with that token as its only user: what a process gets that runs with exactly that
+/// account's RBAC. `admin` is a client of the same cluster. Never log either.
+pub async fn token_kubeconfig(
+    lab_kubeconfig: &Path,
+    admin: &kube::Client,
+    namespace: &str,
+    service_account: &str,
+) -> Result<(String, Value)> {
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let token = Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+        .create_token_request(service_account, &PostParams::default(), &request)
+        .await
+        .map_err(|e| E2eError::kube(format!("a token of {namespace}/{service_account}"), e))?
+        .status
+        .map(|status| status.token)
+        .unwrap_or_default();
+    let text = std::fs::read_to_string(lab_kubeconfig)
+        .map_err(|e| E2eError::io(format!("reading {}", lab_kubeconfig.display()), e))?;
+    let mut kubeconfig: Value =
+        serde_yaml::from_str(&text).map_err(|source| E2eError::Kubeconfig {
+            path: lab_kubeconfig.to_owned(),
+            source,
+        })?;
+    kubeconfig["users"] = json!([{"name": service_account, "user": {"token": token}}]);
+    if let Some(contexts) = kubeconfig["contexts"].as_array_mut() {
+        for context in contexts {
+            context["context"]["user"] = json!(service_account);
+        }
+    }
+    Ok((token, kubeconfig))
 }
