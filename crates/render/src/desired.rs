@@ -94,11 +94,13 @@ pub fn claimed_elsewhere<'a>(
         .iter()
         .flat_map(|n| n.hostnames.iter().map(String::as_str))
         .collect();
-    let my_rank = claim_rank(ingress);
+    let my_rank = crate::claims::rank_key(ingress);
     let mut claimed = BTreeMap::new();
     for other in others {
         // `>=` also skips `ingress` itself.
-        if other.spec.tailnet_ref.name != ctx.tailnet_name || claim_rank(other) >= my_rank {
+        if other.spec.tailnet_ref.name != ctx.tailnet_name
+            || crate::claims::rank_key(other) >= my_rank
+        {
             continue;
         }
         let ns = other.namespace().unwrap_or_default();

@@ -508,3 +508,106 @@ fn a_contested_name_points_at_the_first_claim_not_the_lowest_address() {
         Some("team-b/portal")
     );
 }
+
+/// `ingress_tag_of` (one ingress, only the claims that can touch its tag) gives every ingress
+/// exactly what `ingress_tags` (all of them at once, it last) gives it, on a set built to collide:
+/// dash-joined names that meet (`team-a/dev-api`, `team-a-dev/api`), names so long that their
+/// shortened tags meet, recorded tags that are an ingress's own other form or someone else's,
+/// equal creation times, the same key twice with different status, and another Tailnet's.
+#[test]
+fn the_tag_of_one_ingress_is_its_tag_among_all() {
+    use tailnet_api::naming::{ingress_tag, ingress_tag_discriminated};
+    use tailnet_render::claims::ingress_tag_of;
+    let prefix = "tno";
+    let long = "x".repeat(60);
+    let make =
+        |namespace: &str, name: &str, second: i64, tailnet: &str, recorded: Option<String>| {
+            let mut value = serde_json::json!({
+                "apiVersion": "tailnet.example.net/v1alpha1",
+                "kind": "TailnetIngress",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "creationTimestamp": format!("2026-12-01T10:00:{second:02}Z"),
+                },
+                "spec": {"tailnetRef": {"name": tailnet}, "listeners": []},
+            });
+            if let Some(tag) = recorded {
+                value["status"] = serde_json::json!({"tag": tag});
+            }
+            let mut ingress = ingress();
+            ingress.metadata = serde_json::from_value(value["metadata"].clone()).expect("metadata");
+            ingress.spec.tailnet_ref.name = tailnet.to_string();
+            ingress.status = value
+                .get("status")
+                .map(|s| serde_json::from_value(s.clone()).expect("status"));
+            ingress
+        };
+    let all = vec![
+        make("team-a", "dev-api", 5, "demo", None),
+        make("team-a-dev", "api", 3, "demo", None),
+        // Recorded the other one's legacy form: not its own, so it is not kept.
+        make(
+            "team",
+            "a-dev-api",
+            1,
+            "demo",
+            Some(ingress_tag(prefix, "team-a", "dev-api")),
+        ),
+        // Keeps its recorded discriminated form although it is older than nobody.
+        make(
+            "team-b",
+            "portal",
+            9,
+            "demo",
+            Some(ingress_tag_discriminated(prefix, "team-b", "portal")),
+        ),
+        make("team-b-portal", "x", 2, "demo", None),
+        make("team-c", &format!("{long}-a"), 4, "demo", None),
+        make("team-c", &format!("{long}-b"), 4, "demo", None),
+        make("team-c", &format!("{long}-c"), 0, "demo", None),
+        // The same key twice (the cache's copy and the reconcile's), different status.
+        make(
+            "team-d",
+            "api",
+            6,
+            "demo",
+            Some(ingress_tag_discriminated(prefix, "team-d", "api")),
+        ),
+        make("team-d", "api", 6, "demo", None),
+        make("team-a", "dev-api-other", 7, "other", None),
+        make("team-e", "alone", 8, "demo", None),
+    ];
+    let together = desired::ingress_tags("demo", prefix, &all);
+    assert!(together.len() >= 10, "{together:#?}");
+    let discriminated = together
+        .values()
+        .filter(|tag| {
+            tag.as_ref()
+                .is_ok_and(|t| t.len() > 4 && t.rsplit('-').next().is_some_and(|h| h.len() == 10))
+        })
+        .count();
+    assert!(discriminated >= 3, "the set collides: {together:#?}");
+    for (index, ingress) in all.iter().enumerate() {
+        let others = all
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != index)
+            .map(|(_, o)| o);
+        let key = (
+            ingress.metadata.namespace.clone().unwrap_or_default(),
+            ingress.metadata.name.clone().unwrap_or_default(),
+        );
+        // The contract: what assigning all of them gives, in the same order (with the same
+        // key twice, the earlier copy's recorded tag counts).
+        let expected = desired::ingress_tags(
+            "demo",
+            prefix,
+            others.clone().chain(std::iter::once(ingress)),
+        )
+        .remove(&key)
+        .unwrap_or_else(|| Err(String::new()));
+        let alone = ingress_tag_of("demo", prefix, ingress, others);
+        assert_eq!(alone, expected, "{key:?}");
+    }
+}

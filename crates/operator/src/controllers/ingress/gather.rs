@@ -120,14 +120,12 @@ pub fn ingress_tag(
     prefix: &str,
     others: &[Arc<TailnetIngress>],
 ) -> Result<String, String> {
-    let key = (ingress.namespace().unwrap_or_default(), ingress.name_any());
-    tailnet_render::desired::ingress_tags(
+    tailnet_render::claims::ingress_tag_of(
         tailnet_name,
         prefix,
-        others.iter().map(|o| &**o).chain(std::iter::once(ingress)),
+        ingress,
+        others.iter().map(|o| &**o),
     )
-    .remove(&key)
-    .unwrap_or_else(|| Err(String::new()))
 }
 
 /// The backend Services and CA ConfigMaps the exposes reference, as they exist.

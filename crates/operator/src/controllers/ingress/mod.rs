@@ -81,14 +81,13 @@ fn own_tag<'a>(
     ingress: &'a TailnetIngress,
     all: impl Iterator<Item = &'a TailnetIngress>,
 ) -> Option<String> {
-    let prefix = &tailnet.spec.policy.tag_prefix;
-    let (namespace, name) = (ingress.namespace().unwrap_or_default(), ingress.name_any());
-    let tags = tailnet_render::desired::ingress_tags(
+    tailnet_render::claims::ingress_tag_of(
         &tailnet.name_any(),
-        prefix,
-        all.chain(std::iter::once(ingress)),
-    );
-    tags.get(&(namespace, name)).cloned().and_then(Result::ok)
+        &tailnet.spec.policy.tag_prefix,
+        ingress,
+        all,
+    )
+    .ok()
 }
 
 async fn reconcile_ingress(
