@@ -153,19 +153,17 @@ async fn handle_egress(
     };
     let inbound = Tally::new(shared.metrics.bytes_counter(&spec.name, Direction::In));
     let outbound = Tally::new(shared.metrics.bytes_counter(&spec.name, Direction::Out));
-    let half_close = HalfClose::HoldUntilUpstreamCloses {
-        idle: shared.half_closed_idle,
-        reclaim: Some(&admission),
-    };
-    // Past the upgrade the tunnel is the LocalAPI connection's own unix socket: taken out of
-    // hyper, its bulk directions are spliced like the `tcp` forward's.
-    let result = match crate::localapi::into_socket(tunnel) {
-        Ok((socket, read_ahead)) => {
-            crate::splice::relay_tunnel(stream, socket, read_ahead, &inbound, &outbound, half_close)
-                .await
-        }
-        Err(tunnel) => relay(stream, tunnel, &inbound, &outbound, half_close).await,
-    };
+    let result = relay(
+        stream,
+        tunnel,
+        &inbound,
+        &outbound,
+        HalfClose::HoldUntilUpstreamCloses {
+            idle: shared.half_closed_idle,
+            reclaim: Some(&admission),
+        },
+    )
+    .await;
     debug!(
         listener = %spec.name,
         %peer,

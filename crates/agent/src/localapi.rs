@@ -115,16 +115,6 @@ pub struct UserProfile {
 /// The raw byte stream to a target that tailscaled dialed through the tailnet.
 pub type TunnelStream = TokioIo<Upgraded>;
 
-/// The tunnel's own unix socket (the LocalAPI connection the `101` came on) and the bytes
-/// hyper had already read from it past the answer; the tunnel itself back when hyper holds
-/// another transport. The socket can then be spliced (`splice::relay_tunnel`).
-pub fn into_socket(tunnel: TunnelStream) -> Result<(UnixStream, Bytes), TunnelStream> {
-    match tunnel.into_inner().downcast::<TokioIo<UnixStream>>() {
-        Ok(parts) => Ok((parts.io.into_inner(), parts.read_buf)),
-        Err(upgraded) => Err(TokioIo::new(upgraded)),
-    }
-}
-
 /// Why a dial did not produce a stream, as counted in metrics (`reason` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DialFailureReason {
@@ -684,60 +674,6 @@ mod tests {
     fn escapes_addresses_for_the_query_string() {
         assert_eq!(query_escape("127.0.0.1:4242"), "127.0.0.1%3A4242");
         assert_eq!(query_escape("[fd7a::1]:80"), "%5Bfd7a%3A%3A1%5D%3A80");
-    }
-
-    /// A LocalAPI stand-in on a unix socket: answers the dial with `101` and a target's
-    /// greeting in the same write, then echoes.
-    #[tokio::test]
-    async fn a_dialed_tunnel_comes_apart_into_its_socket_and_the_read_ahead_bytes()
-    -> Result<(), Box<dyn std::error::Error>> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let dir = std::env::temp_dir().join(format!("tno-localapi-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let socket = dir.join("tailscaled.sock");
-        let _ = std::fs::remove_file(&socket);
-        let listener = tokio::net::UnixListener::bind(&socket)?;
-        let server = tokio::spawn(async move {
-            let (mut stream, _) = listener.accept().await?;
-            let mut request = Vec::new();
-            let mut byte = [0u8; 1];
-            while !request.ends_with(b"\r\n\r\n") {
-                stream.read_exact(&mut byte).await?;
-                request.extend_from_slice(&byte);
-            }
-            stream
-                .write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: ts-dial\r\n\r\n220 hello\r\n")
-                .await?;
-            let mut echo = [0u8; 4];
-            stream.read_exact(&mut echo).await?;
-            stream.write_all(&echo).await?;
-            std::io::Result::Ok(String::from_utf8_lossy(&request).into_owned())
-        });
-        let api = LocalApi::new(&socket);
-        let Dialed::Tunnel(tunnel) = api.dial("db", 5432, Duration::from_secs(5)).await? else {
-            panic!("the stand-in answered 101");
-        };
-        let (mut stream, read_ahead) =
-            into_socket(tunnel).map_err(|_| "the tunnel is not the unix socket")?;
-        let mut greeting = read_ahead.to_vec();
-        while greeting.len() < b"220 hello\r\n".len() {
-            let mut more = [0u8; 64];
-            let read = stream.read(&mut more).await?;
-            assert!(read > 0, "EOF before the greeting");
-            greeting.extend_from_slice(&more[..read]);
-        }
-        assert_eq!(greeting, b"220 hello\r\n");
-        stream.write_all(b"ping").await?;
-        let mut echo = [0u8; 4];
-        stream.read_exact(&mut echo).await?;
-        assert_eq!(&echo, b"ping");
-        let request = server.await??;
-        assert!(
-            request.to_ascii_lowercase().contains("dial-host: db"),
-            "{request}"
-        );
-        std::fs::remove_dir_all(&dir)?;
-        Ok(())
     }
 }
 

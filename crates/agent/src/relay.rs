@@ -89,41 +89,11 @@ where
 {
     let mut upload = Pump::new(inbound, matches!(half_close, HalfClose::Propagate));
     let mut download = Pump::new(outbound, true);
-    drive(half_close, outbound, |cx, side| match side {
-        Side::Upload => upload.poll_copy(cx, &mut client, &mut upstream),
-        Side::Download => download.poll_copy(cx, &mut upstream, &mut client),
-    })
-    .await
-}
-
-/// One direction of a relay.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Side {
-    /// Client → upstream.
-    Upload,
-    /// Upstream → client.
-    Download,
-}
-
-/// The end rule of a relay, shared by the copying and the splicing one: `pump(cx, side)`
-/// moves one direction and is ready once that direction is done (its reader's EOF reached
-/// and everything written). With [`HalfClose::Propagate`] the relay ends when both are done;
-/// with [`HalfClose::HoldUntilUpstreamCloses`] when the download is done, after the client's
-/// EOF when the upstream stayed silent for `idle`, or when a new connection reclaims the
-/// held one's slots. `outbound` is the download's tally (the silence check reads it).
-pub(crate) async fn drive<P>(
-    half_close: HalfClose<'_>,
-    outbound: &Tally,
-    mut pump: P,
-) -> io::Result<()>
-where
-    P: FnMut(&mut Context<'_>, Side) -> Poll<io::Result<()>>,
-{
     match half_close {
         HalfClose::Propagate => {
             std::future::poll_fn(|cx| {
-                let up = pump(cx, Side::Upload)?;
-                let down = pump(cx, Side::Download)?;
+                let up = upload.poll_copy(cx, &mut client, &mut upstream)?;
+                let down = download.poll_copy(cx, &mut upstream, &mut client)?;
                 if up.is_ready() && down.is_ready() {
                     Poll::Ready(Ok(()))
                 } else {
@@ -140,7 +110,7 @@ where
             let mut silence: Option<Pin<Box<Sleep>>> = None;
             let mut held: Option<(Hold, Pin<Box<_>>)> = None;
             std::future::poll_fn(|cx| {
-                if !upload_done && pump(cx, Side::Upload)?.is_ready() {
+                if !upload_done && upload.poll_copy(cx, &mut client, &mut upstream)?.is_ready() {
                     upload_done = true;
                     seen = outbound.total();
                     silence = Some(Box::pin(tokio::time::sleep(idle)));
@@ -155,7 +125,10 @@ where
                 {
                     return Poll::Ready(Ok(()));
                 }
-                if pump(cx, Side::Download)?.is_ready() {
+                if download
+                    .poll_copy(cx, &mut upstream, &mut client)?
+                    .is_ready()
+                {
                     return Poll::Ready(Ok(()));
                 }
                 if let Some(timer) = silence.as_mut() {

@@ -1,7 +1,23 @@
-//! Relays that move bulk data with `splice(2)`: socket → pipe → socket, never copied into
-//! user space. Two users: the `tcp` ingress listener (plain TCP to TCP, [`relay_tcp`]) and the
-//! egress listener, whose upstream is tailscaled's dial tunnel — after the LocalAPI upgrade a
-//! plain unix socket ([`relay_tunnel`]).
+//! Zero-copy relay for plain TCP-to-TCP connections (the `tcp` ingress listener): each
+//! direction moves bytes socket → pipe → socket with `splice(2)`, so they are never copied
+//! into user space (two copies and a user-space buffer less per direction than
+//! [`relay::relay`](crate::relay::relay)).
+//!
+//! Semantics are those of [`relay::relay`](crate::relay::relay) with
+//! [`HalfClose::Propagate`](crate::relay::HalfClose::Propagate): a reader's EOF becomes a
+//! `shutdown(SHUT_WR)` of the other socket once everything read was written, the relay ends
+//! when both directions are done, and the first I/O error ends it (dropping the streams then
+//! closes both connections). The byte tallies count live.
+//!
+//! Bounded: one pipe per direction at the kernel's default capacity (16 pages, 64 KiB on
+//! x86-64/arm64; less when the user is over `/proc/sys/fs/pipe-user-pages-soft`, which only
+//! makes the pipe smaller), and a socket is read only when its pipe is empty, so a `splice`
+//! into the pipe that finds nothing to move (`EAGAIN`) can only mean "socket not readable",
+//! never "pipe full". If no pipe can be created (e.g. out of file descriptors), the relay
+//! falls back to the copying one.
+
+//! Relay for plain TCP-to-TCP connections (the `tcp` ingress listener) that moves bulk data
+//! with `splice(2)`: socket → pipe → socket, never copied into user space.
 //!
 //! Each direction starts as the copying relay does ([`relay::relay`](crate::relay::relay):
 //! a [`RELAY_BUFFER_BYTES`] buffer, tokio's read/write). A read that fills the whole buffer
@@ -10,13 +26,11 @@
 //! bytes, ping-pong) never pay for the pipe's two descriptors and the extra `EAGAIN` a splice
 //! read ends with.
 //!
-//! Semantics are those of [`relay::relay`](crate::relay::relay), with the same end rule
-//! ([`relay::drive`](crate::relay::drive)): with
-//! [`HalfClose::Propagate`] a reader's EOF becomes a `shutdown(SHUT_WR)` of the other socket
-//! once everything read was written, and the relay ends when both directions are done; with
-//! [`HalfClose::HoldUntilUpstreamCloses`] the client's EOF is not forwarded. The first I/O
-//! error ends the relay (dropping the streams then closes both connections). The byte
-//! tallies count live.
+//! Semantics are those of [`relay::relay`](crate::relay::relay) with
+//! [`HalfClose::Propagate`](crate::relay::HalfClose::Propagate): a reader's EOF becomes a
+//! `shutdown(SHUT_WR)` of the other socket once everything read was written, the relay ends
+//! when both directions are done, and the first I/O error ends it (dropping the streams then
+//! closes both connections). The byte tallies count live.
 //!
 //! Bounded: one pipe per bulk direction at the kernel's default capacity (16 pages, 64 KiB on
 //! x86-64/arm64). A socket is spliced from only while its pipe is empty, so a splice that
@@ -25,55 +39,19 @@
 //! user is over `/proc/sys/fs/pipe-user-pages-soft`) keeps the direction copying.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
 use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags, fcntl, splice};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::TcpStream;
 
-use crate::relay::{HalfClose, RELAY_BUFFER_BYTES, Side, Tally, drive};
+use crate::relay::{RELAY_BUFFER_BYTES, Tally};
 
 /// Bytes asked for per `splice` into the pipe: the default pipe capacity. The kernel moves
 /// what fits and what the socket holds.
 const SPLICE_CHUNK: usize = 64 * 1024;
-
-/// A non-blocking socket registered with tokio that `splice(2)` can read from and write to.
-pub trait SpliceSocket: AsyncRead + AsyncWrite + AsFd + Unpin {
-    /// Runs the syscall `io` when tokio considers the socket ready for `interest`; a
-    /// `WouldBlock` from it clears that readiness.
-    fn try_io_ready<R>(
-        &self,
-        interest: Interest,
-        io: impl FnOnce() -> io::Result<R>,
-    ) -> io::Result<R>;
-    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
-    fn poll_writable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
-}
-
-macro_rules! splice_socket {
-    ($stream:ty) => {
-        impl SpliceSocket for $stream {
-            fn try_io_ready<R>(
-                &self,
-                interest: Interest,
-                io: impl FnOnce() -> io::Result<R>,
-            ) -> io::Result<R> {
-                self.try_io(interest, io)
-            }
-            fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                self.poll_read_ready(cx)
-            }
-            fn poll_writable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                self.poll_write_ready(cx)
-            }
-        }
-    };
-}
-splice_socket!(TcpStream);
-splice_socket!(UnixStream);
 
 /// Relays `client` ↔ `upstream` (both plain TCP) until both directions reached EOF, or the
 /// first error.
@@ -83,45 +61,28 @@ pub async fn relay_tcp(
     inbound: &Tally,
     outbound: &Tally,
 ) -> io::Result<()> {
-    relay_counting_splices(client, upstream, inbound, outbound, HalfClose::Propagate)
+    relay_counting_splices(client, upstream, inbound, outbound)
         .await
         .0
 }
 
-/// Relays an egress client ↔ tailscaled's dial tunnel, the LocalAPI connection's unix socket
-/// after the `101` (hyper's `Upgraded` taken apart). `read_ahead` is what hyper had already
-/// read from the socket past the answer (a server-first target's greeting); the client gets
-/// it first.
-pub async fn relay_tunnel(
+/// [`relay_tcp`], and whether each direction (upload, download) switched to splice.
+async fn relay_counting_splices(
     mut client: TcpStream,
-    tunnel: UnixStream,
-    read_ahead: Bytes,
+    mut upstream: TcpStream,
     inbound: &Tally,
     outbound: &Tally,
-    half_close: HalfClose<'_>,
-) -> io::Result<()> {
-    if !read_ahead.is_empty() {
-        client.write_all(&read_ahead).await?;
-        outbound.add(read_ahead.len());
-    }
-    relay_counting_splices(client, tunnel, inbound, outbound, half_close)
-        .await
-        .0
-}
-
-/// The splicing relay, and whether each direction (upload, download) switched to splice.
-async fn relay_counting_splices<U: SpliceSocket>(
-    mut client: TcpStream,
-    mut upstream: U,
-    inbound: &Tally,
-    outbound: &Tally,
-    half_close: HalfClose<'_>,
 ) -> (io::Result<()>, bool, bool) {
-    let mut upload = Pump::new(inbound, matches!(half_close, HalfClose::Propagate));
-    let mut download = Pump::new(outbound, true);
-    let result = drive(half_close, outbound, |cx, side| match side {
-        Side::Upload => upload.poll_copy(cx, &mut client, &mut upstream),
-        Side::Download => download.poll_copy(cx, &mut upstream, &mut client),
+    let mut upload = Pump::new(inbound);
+    let mut download = Pump::new(outbound);
+    let result = std::future::poll_fn(|cx| {
+        let up = upload.poll_copy(cx, &mut client, &mut upstream)?;
+        let down = download.poll_copy(cx, &mut upstream, &mut client)?;
+        if up.is_ready() && down.is_ready() {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
     })
     .await;
     (result, upload.spliced(), download.spliced())
@@ -168,10 +129,7 @@ struct Pump<'a> {
     /// False once a pipe could not be had: this direction keeps copying.
     may_splice: bool,
     read_done: bool,
-    /// Whether the reader's EOF is forwarded as a `shutdown(SHUT_WR)` of the writer.
-    shutdown_on_eof: bool,
-    /// The reader's EOF was reached and everything written (and forwarded): the direction
-    /// is done.
+    /// The writer's write side was shut down after the reader's EOF: the direction is done.
     finished: bool,
     tally: &'a Tally,
 }
@@ -181,7 +139,7 @@ fn flags() -> SpliceFFlags {
 }
 
 impl<'a> Pump<'a> {
-    fn new(tally: &'a Tally, shutdown_on_eof: bool) -> Self {
+    fn new(tally: &'a Tally) -> Self {
         Pump {
             buffer: vec![0u8; RELAY_BUFFER_BYTES].into_boxed_slice(),
             start: 0,
@@ -190,7 +148,6 @@ impl<'a> Pump<'a> {
             bulk: false,
             may_splice: true,
             read_done: false,
-            shutdown_on_eof,
             finished: false,
             tally,
         }
@@ -200,13 +157,13 @@ impl<'a> Pump<'a> {
         matches!(self.mode, Mode::Splice { .. })
     }
 
-    /// Ready once the reader reached EOF, everything read was written and (with
-    /// `shutdown_on_eof`) the writer was shut down; stays ready after that.
-    fn poll_copy<R: SpliceSocket, W: SpliceSocket>(
+    /// Ready once the reader reached EOF, everything read was written and the writer was shut
+    /// down; stays ready after that.
+    fn poll_copy(
         &mut self,
         cx: &mut Context<'_>,
-        reader: &mut R,
-        writer: &mut W,
+        reader: &mut TcpStream,
+        writer: &mut TcpStream,
     ) -> Poll<io::Result<()>> {
         loop {
             if self.finished {
@@ -218,10 +175,8 @@ impl<'a> Pump<'a> {
                     Mode::Splice { in_pipe, .. } => *in_pipe == 0,
                 };
             if self.read_done && drained {
-                if self.shutdown_on_eof {
-                    // The peer may already be gone; the direction is finished either way.
-                    let _ = socket2::SockRef::from(&*writer).shutdown(std::net::Shutdown::Write);
-                }
+                // The peer may already be gone; the direction is finished either way.
+                let _ = socket2::SockRef::from(&*writer).shutdown(std::net::Shutdown::Write);
                 self.finished = true;
                 return Poll::Ready(Ok(()));
             }
@@ -233,11 +188,11 @@ impl<'a> Pump<'a> {
         }
     }
 
-    fn step_copy<R: SpliceSocket, W: SpliceSocket>(
+    fn step_copy(
         &mut self,
         cx: &mut Context<'_>,
-        reader: &mut R,
-        writer: &mut W,
+        reader: &mut TcpStream,
+        writer: &mut TcpStream,
     ) -> Poll<io::Result<()>> {
         if self.start == self.end {
             let mut read = ReadBuf::new(&mut self.buffer);
@@ -272,11 +227,11 @@ impl<'a> Pump<'a> {
         Poll::Ready(Ok(()))
     }
 
-    fn step_splice<R: SpliceSocket, W: SpliceSocket>(
+    fn step_splice(
         &mut self,
         cx: &mut Context<'_>,
-        reader: &mut R,
-        writer: &mut W,
+        reader: &mut TcpStream,
+        writer: &mut TcpStream,
     ) -> Poll<io::Result<()>> {
         let Mode::Splice { pipe, in_pipe } = &mut self.mode else {
             return Poll::Ready(Ok(()));
@@ -284,7 +239,7 @@ impl<'a> Pump<'a> {
         if *in_pipe == 0 {
             // The pipe is empty, so EAGAIN here means the socket has nothing (see the module
             // docs); `try_io` then clears the socket's readiness.
-            let moved = reader.try_io_ready(Interest::READABLE, || {
+            let moved = reader.try_io(Interest::READABLE, || {
                 splice(&*reader, None, &pipe.write, None, SPLICE_CHUNK, flags())
                     .map_err(io::Error::from)
             });
@@ -295,7 +250,7 @@ impl<'a> Pump<'a> {
                 }
                 Ok(bytes) => *in_pipe = bytes,
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                    ready!(reader.poll_readable(cx))?;
+                    ready!(reader.poll_read_ready(cx))?;
                     return Poll::Ready(Ok(()));
                 }
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {
@@ -306,7 +261,7 @@ impl<'a> Pump<'a> {
         }
         while *in_pipe > 0 {
             // The pipe holds bytes, so EAGAIN here means the socket's send buffer is full.
-            let moved = writer.try_io_ready(Interest::WRITABLE, || {
+            let moved = writer.try_io(Interest::WRITABLE, || {
                 splice(&pipe.read, None, &*writer, None, *in_pipe, flags()).map_err(io::Error::from)
             });
             match moved {
@@ -318,7 +273,7 @@ impl<'a> Pump<'a> {
                     self.tally.add(bytes);
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                    ready!(writer.poll_writable(cx))?;
+                    ready!(writer.poll_write_ready(cx))?;
                 }
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 Err(error) => return Poll::Ready(Err(error)),
@@ -371,8 +326,7 @@ mod tests {
         let task = tokio::spawn(async move {
             let (inbound, outbound) = (tally(), tally());
             let (result, up, down) =
-                relay_counting_splices(client, upstream, &inbound, &outbound, HalfClose::Propagate)
-                    .await;
+                relay_counting_splices(client, upstream, &inbound, &outbound).await;
             (result, inbound.total(), outbound.total(), (up, down))
         });
         Ok((client_peer, upstream_peer, task))
@@ -544,131 +498,6 @@ mod tests {
         );
         result?;
         assert_eq!((inbound, outbound), (200 * 64, 200 * 64));
-        Ok(())
-    }
-
-    fn held(idle: Duration) -> HalfClose<'static> {
-        HalfClose::HoldUntilUpstreamCloses {
-            idle,
-            reclaim: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn a_tunnel_relay_splices_bulk_both_ways_and_holds_the_clients_eof() -> io::Result<()> {
-        const UP: usize = 12 << 20;
-        const DOWN: usize = 20 << 20;
-        let (mut client_peer, client) = socket_pair().await?;
-        let (tunnel, mut tunnel_peer) = UnixStream::pair()?;
-        let task = tokio::spawn(async move {
-            let (inbound, outbound) = (tally(), tally());
-            let (result, up, down) = relay_counting_splices(
-                client,
-                tunnel,
-                &inbound,
-                &outbound,
-                held(Duration::from_secs(5)),
-            )
-            .await;
-            (result, inbound.total(), outbound.total(), (up, down))
-        });
-        let (up, down) = (pattern(UP, 3), pattern(DOWN, 4));
-        let sent_up = up.clone();
-        let (sent, received) = tokio::join!(
-            async {
-                client_peer.write_all(&sent_up).await?;
-                client_peer.shutdown().await
-            },
-            async {
-                let mut got = vec![0u8; UP];
-                tunnel_peer.read_exact(&mut got).await.map(|_| got)
-            },
-        );
-        sent?;
-        assert!(received? == up, "upload differs");
-        // The client's EOF is not forwarded (tailscaled would close the target) …
-        let early = tokio::time::timeout(Duration::from_millis(100), tunnel_peer.read_u8()).await;
-        assert!(
-            early.is_err(),
-            "the tunnel saw {early:?} after the client's EOF"
-        );
-        // … and the target's answer still arrives in full, then the relay ends.
-        let (written, answer) = tokio::join!(
-            async {
-                tunnel_peer.write_all(&down).await?;
-                tunnel_peer.shutdown().await
-            },
-            async {
-                let mut got = Vec::new();
-                client_peer.read_to_end(&mut got).await.map(|_| got)
-            },
-        );
-        written?;
-        assert!(answer? == down, "download differs");
-        let (result, inbound, outbound, spliced) =
-            tokio::time::timeout(Duration::from_secs(10), task)
-                .await
-                .map_err(io::Error::other)?
-                .map_err(io::Error::other)?;
-        result?;
-        assert_eq!(
-            spliced,
-            (true, true),
-            "both bulk directions went through pipes"
-        );
-        assert_eq!((inbound, outbound), (UP as u64, DOWN as u64));
-        Ok(())
-    }
-
-    #[tokio::test]
-    async fn a_tunnel_relay_gives_the_client_the_read_ahead_bytes_first() -> io::Result<()> {
-        let (mut client_peer, client) = socket_pair().await?;
-        let (tunnel, mut tunnel_peer) = UnixStream::pair()?;
-        let task = tokio::spawn(async move {
-            let (inbound, outbound) = (tally(), tally());
-            let result = relay_tunnel(
-                client,
-                tunnel,
-                Bytes::from_static(b"220 greeting\r\n"),
-                &inbound,
-                &outbound,
-                held(Duration::from_secs(5)),
-            )
-            .await;
-            (result, inbound.total(), outbound.total())
-        });
-        tunnel_peer.write_all(b"more").await?;
-        tunnel_peer.shutdown().await?;
-        let mut got = Vec::new();
-        tokio::time::timeout(Duration::from_secs(10), client_peer.read_to_end(&mut got))
-            .await
-            .map_err(io::Error::other)??;
-        assert_eq!(got, b"220 greeting\r\nmore");
-        let (result, inbound, outbound) = task.await.map_err(io::Error::other)?;
-        result?;
-        assert_eq!((inbound, outbound), (0, 18));
-        Ok(())
-    }
-
-    #[tokio::test]
-    async fn a_held_tunnel_relay_ends_when_the_target_stays_silent() -> io::Result<()> {
-        let (mut client_peer, client) = socket_pair().await?;
-        let (tunnel, _tunnel_peer) = UnixStream::pair()?;
-        client_peer.shutdown().await?;
-        let (inbound, outbound) = (tally(), tally());
-        let ended = tokio::time::timeout(
-            Duration::from_secs(5),
-            relay_tunnel(
-                client,
-                tunnel,
-                Bytes::new(),
-                &inbound,
-                &outbound,
-                held(Duration::from_millis(100)),
-            ),
-        )
-        .await;
-        assert!(matches!(ended, Ok(Ok(()))), "{ended:?}");
         Ok(())
     }
 }

@@ -346,6 +346,7 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
 }
 
 /// How often freed heap memory is handed back to the kernel (glibc builds).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MALLOC_TRIM_INTERVAL: Duration = Duration::from_secs(10);
 
 /// glibc keeps what its per-thread arenas freed resident: at 1,000 resources the operator held
