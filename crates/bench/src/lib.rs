@@ -75,7 +75,7 @@ impl Settings {
             caddy,
             operator: None,
             // 400 = the 200 + 200; `--scale-steps 10,100,400,1000` for the growth to
-            // 1,000 (about 20 min, docs/benchmarks.md).
+            // 1,000 (about 6 min on two cores, docs/benchmarks.md).
             scale_steps: vec![10, 100, 400],
             steady_window: Duration::from_secs(30),
             policy_sizes: vec![10, 100, 1000],
