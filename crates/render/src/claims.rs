@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use tailnet_api::TailnetIngress;
 use tailnet_api::naming::{TagClaim, assign_ingress_tags, ingress_tag, ingress_tag_discriminated};
 
@@ -12,19 +12,16 @@ use crate::dns::ClaimRank;
 
 /// The order of claims on a hostname, the same for the ingress names ([`crate::desired::claimed_elsewhere`])
 /// and the DNS entries ([`crate::dns::render`]): creation time, then namespace, then name.
-pub fn claim_rank(object: &impl ResourceExt) -> ClaimRank {
-    ClaimRank::new(
-        object.creation_timestamp().map(|t| t.0),
-        &object.namespace().unwrap_or_default(),
-        &object.name_any(),
-    )
+pub fn claim_rank(object: &impl Resource) -> ClaimRank {
+    let (created, namespace, name) = rank_key(object);
+    ClaimRank::new(created.copied(), namespace, name)
 }
 
 /// [`claim_rank`] without copying the strings: (creation time, namespace, name), compared
 /// the same way. Sorting hundreds of ingresses by owned ranks was most of the operator's
 /// allocations at 1,000 resources (benchmark 4, heaptrack).
-pub(crate) fn rank_key(ingress: &TailnetIngress) -> (Option<&Timestamp>, &str, &str) {
-    let meta = &ingress.metadata;
+pub(crate) fn rank_key(object: &impl Resource) -> (Option<&Timestamp>, &str, &str) {
+    let meta = object.meta();
     (
         meta.creation_timestamp.as_ref().map(|t| &t.0),
         meta.namespace.as_deref().unwrap_or_default(),
@@ -48,8 +45,11 @@ pub fn ingress_tags<'a>(
         .into_iter()
         .filter(|i| i.spec.tailnet_ref.name == tailnet_name)
         .collect();
-    ours.sort_by(|a, b| rank_key(a).cmp(&rank_key(b)));
-    ours.dedup_by(|a, b| rank_key(a).1 == rank_key(b).1 && rank_key(a).2 == rank_key(b).2);
+    ours.sort_by(|a, b| rank_key(*a).cmp(&rank_key(*b)));
+    ours.dedup_by(|a, b| {
+        let ((_, a_namespace, a_name), (_, b_namespace, b_name)) = (rank_key(*a), rank_key(*b));
+        (a_namespace, a_name) == (b_namespace, b_name)
+    });
     let claims: Vec<TagClaim> = ours
         .iter()
         .map(|i| TagClaim {
@@ -77,6 +77,7 @@ pub fn ingress_tag_of<'a>(
     others: impl IntoIterator<Item = &'a TailnetIngress>,
 ) -> Result<String, String> {
     let key = (ingress.namespace().unwrap_or_default(), ingress.name_any());
+    let (_, own_namespace, own_name) = rank_key(ingress);
     let ours: Vec<&TailnetIngress> = others
         .into_iter()
         .chain(std::iter::once(ingress))
@@ -85,7 +86,7 @@ pub fn ingress_tag_of<'a>(
     let forms: Vec<[String; 2]> = ours
         .iter()
         .map(|i| {
-            let (_, namespace, name) = rank_key(i);
+            let (_, namespace, name) = rank_key(*i);
             [
                 ingress_tag(prefix, namespace, name),
                 ingress_tag_discriminated(prefix, namespace, name),
@@ -93,11 +94,11 @@ pub fn ingress_tag_of<'a>(
         })
         .collect();
     // Seeded with every entry of its own key (the caller's copy and the cache's may differ).
-    let in_group: Vec<bool> = ours
+    let mut in_group: Vec<bool> = ours
         .iter()
         .map(|i| {
-            let (_, namespace, name) = rank_key(i);
-            (namespace, name) == (key.0.as_str(), key.1.as_str())
+            let (_, namespace, name) = rank_key(*i);
+            (namespace, name) == (own_namespace, own_name)
         })
         .collect();
     if !in_group.contains(&true) {
@@ -109,7 +110,6 @@ pub fn ingress_tag_of<'a>(
         .filter(|(_, member)| **member)
         .flat_map(|(pair, _)| pair.iter().map(String::as_str))
         .collect();
-    let mut in_group = in_group;
     let mut grown = true;
     while grown {
         grown = false;

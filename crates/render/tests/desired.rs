@@ -522,25 +522,17 @@ fn the_tag_of_one_ingress_is_its_tag_among_all() {
     let long = "x".repeat(60);
     let make =
         |namespace: &str, name: &str, second: i64, tailnet: &str, recorded: Option<String>| {
-            let mut value = serde_json::json!({
-                "apiVersion": "tailnet.example.net/v1alpha1",
-                "kind": "TailnetIngress",
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "creationTimestamp": format!("2026-12-01T10:00:{second:02}Z"),
-                },
-                "spec": {"tailnetRef": {"name": tailnet}, "listeners": []},
-            });
-            if let Some(tag) = recorded {
-                value["status"] = serde_json::json!({"tag": tag});
-            }
             let mut ingress = ingress();
-            ingress.metadata = serde_json::from_value(value["metadata"].clone()).expect("metadata");
+            ingress.metadata = serde_json::from_value(serde_json::json!({
+                "name": name,
+                "namespace": namespace,
+                "creationTimestamp": format!("2026-12-01T10:00:{second:02}Z"),
+            }))
+            .expect("metadata");
             ingress.spec.tailnet_ref.name = tailnet.to_string();
-            ingress.status = value
-                .get("status")
-                .map(|s| serde_json::from_value(s.clone()).expect("status"));
+            ingress.status = recorded.map(|tag| {
+                serde_json::from_value(serde_json::json!({"tag": tag})).expect("status")
+            });
             ingress
         };
     let all = vec![
