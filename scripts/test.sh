@@ -48,6 +48,10 @@ git -C "$advisory_db" init -q -b main
 git -C "$advisory_db" add -A
 GIT_COMMITTER_DATE="${snapshot_date}T00:00:00Z" git -C "$advisory_db" -c user.name=tno -c user.email=tno@localhost \
   -c commit.gpgsign=false commit -q --no-verify --date "${snapshot_date}T00:00:00Z" -m "RustSec snapshot of $snapshot_date"
+# --offline also keeps cargo-deny's `cargo metadata` from the network: it reads every
+# platform's crates (windows-sys, ...), which a Linux build never downloads. Fetch them all
+# first (a fresh machine has only what its builds needed).
+cargo fetch --locked
 deny_status=0
 TNO_ADVISORY_DB_ROOT="$advisory_root" cargo deny --offline check advisories licenses bans sources || deny_status=$?
 rm -rf "$advisory_root"
