@@ -218,25 +218,60 @@ async fn run() {
         ("egress", AgentNames::new(AgentKind::Egress, "site")),
         ("ingress", AgentNames::new(AgentKind::Ingress, "portal")),
     ];
-    let mut auth_keys = Vec::new();
-    for (kind, names) in &agents {
-        let value = wait_for(&format!("{kind} auth Secret"), WAIT, || async {
-            let secret = secrets
+    // Both Secrets are read in every round: an agent deletes its key from the Secret once it
+    // has logged in, within seconds of starting, so waiting for one after the other can miss
+    // the second (seen in CI under load).
+    let captured = std::sync::Mutex::new(std::collections::BTreeMap::<String, String>::new());
+    wait_for("the egress and ingress auth Secrets", WAIT, || async {
+        for (kind, names) in &agents {
+            if captured
+                .lock()
+                .map_err(|e| e.to_string())?
+                .contains_key(*kind)
+            {
+                continue;
+            }
+            let key = secrets
                 .get_opt(&names.auth_secret)
                 .await
                 .map_err(|e| e.to_string())?
-                .ok_or("not yet")?;
-            secret
-                .data
-                .unwrap_or_default()
-                .get(tailnet_render::pod::AUTH_KEY)
-                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| "no authkey".to_string())
+                .and_then(|secret| {
+                    secret
+                        .data
+                        .unwrap_or_default()
+                        .get(tailnet_render::pod::AUTH_KEY)
+                        .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+                })
+                .filter(|v| !v.is_empty());
+            if let Some(key) = key {
+                captured
+                    .lock()
+                    .map_err(|e| e.to_string())?
+                    .insert((*kind).to_string(), key);
+            }
+        }
+        let captured = captured.lock().map_err(|e| e.to_string())?;
+        let missing: Vec<&str> = agents
+            .iter()
+            .map(|(kind, _)| *kind)
+            .filter(|kind| !captured.contains_key(*kind))
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("no authkey yet for {missing:?}"))
+        }
+    })
+    .await;
+    let captured = captured.into_inner().unwrap_or_default();
+    let auth_keys: Vec<(String, String)> = agents
+        .iter()
+        .filter_map(|(kind, _)| {
+            captured
+                .get(*kind)
+                .map(|key| ((*kind).to_string(), key.clone()))
         })
-        .await;
-        auth_keys.push(((*kind).to_string(), value));
-    }
+        .collect();
 
     let egress = wait_for_condition(
         &egresses,
