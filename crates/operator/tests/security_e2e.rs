@@ -222,7 +222,7 @@ async fn run() {
     // has logged in, within seconds of starting, so waiting for one after the other can miss
     // the second (seen in CI under load).
     let captured = std::sync::Mutex::new(std::collections::BTreeMap::<String, String>::new());
-    wait_for("the egress and ingress auth Secrets", WAIT, || async {
+    let auth_keys = wait_for("the egress and ingress auth Secrets", WAIT, || async {
         for (kind, names) in &agents {
             if captured
                 .lock()
@@ -256,22 +256,15 @@ async fn run() {
             .map(|(kind, _)| *kind)
             .filter(|kind| !captured.contains_key(*kind))
             .collect();
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("no authkey yet for {missing:?}"))
+        if !missing.is_empty() {
+            return Err(format!("no authkey yet for {missing:?}"));
         }
+        Ok(captured
+            .iter()
+            .map(|(kind, key)| (kind.clone(), key.clone()))
+            .collect::<Vec<_>>())
     })
     .await;
-    let captured = captured.into_inner().unwrap_or_default();
-    let auth_keys: Vec<(String, String)> = agents
-        .iter()
-        .filter_map(|(kind, _)| {
-            captured
-                .get(*kind)
-                .map(|key| ((*kind).to_string(), key.clone()))
-        })
-        .collect();
 
     let egress = wait_for_condition(
         &egresses,
