@@ -19,7 +19,7 @@ use tailnet_render::backends::{ObjectKey, ObservedBackends};
 use crate::cli::manifests::Manifests;
 use crate::cli::render::{Observed, PREVIEW_UID, RenderArgs, render};
 use crate::controllers::access::TailnetAccess;
-use crate::controllers::context::OperatorConfig;
+use crate::controllers::config::OperatorConfig;
 use crate::controllers::identity::AuthSecret;
 use crate::controllers::status::Problem;
 use crate::controllers::tailnet::gather::TailnetObservation;

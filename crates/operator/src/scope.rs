@@ -7,63 +7,12 @@
 //! watch's (re-)list replaces the whole store content, so namespace A's relist would drop B's
 //! objects. [`ScopedStore`] is the set of per-namespace stores read as one.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-/// The namespaces the operator watches and acts in.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WatchScope {
-    Cluster,
-    /// Only these (always including the operator namespace).
-    Namespaces(BTreeSet<String>),
-}
-
-impl WatchScope {
-    /// `listed` empty: the whole cluster. Otherwise the listed namespaces plus
-    /// `operator_namespace` (egresses, Secrets and the Lease live there).
-    pub fn new(operator_namespace: &str, listed: &[String]) -> Self {
-        let listed: BTreeSet<String> = listed
-            .iter()
-            .map(|n| n.trim().to_string())
-            .filter(|n| !n.is_empty())
-            .collect();
-        if listed.is_empty() {
-            return WatchScope::Cluster;
-        }
-        let mut namespaces = listed;
-        namespaces.insert(operator_namespace.to_string());
-        WatchScope::Namespaces(namespaces)
-    }
-
-    pub fn contains(&self, namespace: &str) -> bool {
-        match self {
-            WatchScope::Cluster => true,
-            WatchScope::Namespaces(namespaces) => namespaces.contains(namespace),
-        }
-    }
-
-    /// `None`: the whole cluster.
-    pub fn namespaces(&self) -> Option<&BTreeSet<String>> {
-        match self {
-            WatchScope::Cluster => None,
-            WatchScope::Namespaces(namespaces) => Some(namespaces),
-        }
-    }
-
-    /// For logs and conditions: `the whole cluster` or `namespaces a, b`.
-    pub fn describe(&self) -> String {
-        match self {
-            WatchScope::Cluster => "the whole cluster".to_string(),
-            WatchScope::Namespaces(namespaces) => format!(
-                "namespaces {}",
-                namespaces.iter().cloned().collect::<Vec<_>>().join(", ")
-            ),
-        }
-    }
-}
+pub use crate::controllers::config::WatchScope;
 
 /// Reads from a watch cache by object reference.
 pub trait CacheRead<K: Resource<DynamicType = ()> + 'static>: Send + Sync {

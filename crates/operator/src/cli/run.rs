@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::controllers::context::OperatorConfig;
+use crate::controllers::config::OperatorConfig;
 use crate::runtime::leader::LeaseConfig;
 use crate::runtime::{self, RunSettings};
 

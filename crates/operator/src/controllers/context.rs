@@ -13,9 +13,10 @@ use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tailnet_headscale::{Client as HeadscaleClient, ClientOptions, Node, PreAuthKey, Secret};
 
 use super::applied::AppliedObjects;
+pub use super::config::OperatorConfig;
 use super::shared_list::SharedList;
 use crate::metrics::Metrics;
-use crate::scope::{ScopedStore, WatchScope};
+use crate::scope::ScopedStore;
 
 /// How long a Headscale node or key list serves every reconcile that asks (see shared_list).
 const HEADSCALE_LIST_TTL: Duration = Duration::from_secs(1);
@@ -31,32 +32,6 @@ const GRANT_CHECK_TTL: Duration = Duration::from_secs(60);
 fn spread_poll(poll: Duration, resources: usize) -> Duration {
     let floor = POLL_SPACING.saturating_mul(u32::try_from(resources).unwrap_or(u32::MAX));
     poll.max(floor)
-}
-
-/// Operator-wide settings (flags/env).
-#[derive(Clone, Debug)]
-pub struct OperatorConfig {
-    pub operator_namespace: String,
-    /// Identifies this installation in the policy's ownership marker (per Tailnet:
-    /// `<installation_id>/<tailnet name>`).
-    pub installation_id: String,
-    /// How often Headscale state (nodes, routes, live policy) is re-read.
-    pub headscale_poll: Duration,
-    pub headscale_timeout: Duration,
-    /// Default agent images (a Tailnet's `spec.agent` overrides them).
-    pub images: tailnet_render::images::Images,
-    /// Cluster DNS domain, for backend Service names.
-    pub cluster_domain: String,
-    /// Approve advertised routes that cover IP egress targets (Apply mode). Off: routes are
-    /// left to the Headscale admin and egresses report `RouteNotApproved`.
-    pub approve_routes: bool,
-    /// An unchanged child object is applied again after this long at the latest (repairs drift
-    /// of kinds the operator does not watch; see applied.rs).
-    pub reapply_interval: Duration,
-    /// Reconciles of one kind (egress, ingress) running at the same time.
-    pub max_concurrent_reconciles: u16,
-    /// The namespaces watched and acted in (`--watch-namespaces`).
-    pub scope: WatchScope,
 }
 
 /// Watch caches of what the operator reads on every reconcile (reads from here instead of

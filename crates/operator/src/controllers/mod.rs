@@ -15,6 +15,7 @@ pub mod agent_gather;
 pub mod agent_report;
 pub mod applied;
 pub mod certificates;
+pub mod config;
 pub mod context;
 pub mod egress;
 pub mod error;

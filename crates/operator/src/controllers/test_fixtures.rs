@@ -12,7 +12,7 @@ use tailnet_api::conditions::{self, Status, types};
 use tailnet_headscale::{ClientOptions, Node, Secret};
 
 use super::access::TailnetAccess;
-use super::context::OperatorConfig;
+use super::config::OperatorConfig;
 use super::status::Problem;
 
 pub const OPERATOR_NAMESPACE: &str = "tailnet-system";

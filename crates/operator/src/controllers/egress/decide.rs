@@ -22,7 +22,7 @@ use tailnet_render::targets::{self, NodeProblem, NodeView, TargetClass};
 use tailnet_render::{RenderContext, RenderError, desired};
 
 use super::super::agent_conditions::{self as shared, NodeList, nodes_unobservable};
-use super::super::context::OperatorConfig;
+use super::super::config::OperatorConfig;
 use super::super::identity::{
     KeyAction, agent_hostnames, decide_key, find_node, foreign_nodes, tag_shared,
 };

@@ -19,7 +19,7 @@ use tailnet_render::{RenderContext, RenderError};
 
 use super::super::agent_conditions as shared;
 use super::super::certificates::{self, CertificateVerdict};
-use super::super::context::OperatorConfig;
+use super::super::config::OperatorConfig;
 use super::super::identity::{
     KeyAction, KeyState, agent_hostnames, decide_key, find_node, foreign_nodes, tag_shared,
 };

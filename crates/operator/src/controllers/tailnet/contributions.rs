@@ -19,7 +19,7 @@ use tailnet_render::fragment::{
     OwnerContext, check_fragment, fragment_of, fragment_text, parse_fragment,
 };
 
-use super::super::context::OperatorConfig;
+use super::super::config::OperatorConfig;
 use super::super::status::{ConditionSet, Problem};
 
 /// SHA-256 of `text`, hex (the fragment's and the stored copy's identity).

@@ -19,7 +19,7 @@ use tailnet_api::tailnet::{PolicyMode, TailnetStatus};
 use tailnet_api::{Tailnet, validate};
 use tailnet_policy::{BasePolicy, PolicyInputs, RenderedPolicy, RouteApproval};
 
-use super::super::context::OperatorConfig;
+use super::super::config::OperatorConfig;
 use super::super::status::{ConditionSet, Problem};
 use super::gather::TailnetObservation;
 use super::locations::BASE_POLICY_KEY;

@@ -9,7 +9,7 @@ use tailnet_api::fragment::FragmentDnsRecord;
 use tailnet_render::desired;
 use tailnet_render::dns::{self, RenderedDns};
 
-use super::super::context::OperatorConfig;
+use super::super::config::OperatorConfig;
 use super::super::status::ConditionSet;
 use super::gather::TailnetObservation;
 use super::locations::dns_config_map_location;

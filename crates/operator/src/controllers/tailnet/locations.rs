@@ -3,7 +3,7 @@
 
 use tailnet_api::Tailnet;
 
-use super::super::context::OperatorConfig;
+use super::super::config::OperatorConfig;
 
 /// Key of the base policy in its ConfigMap (and of the document in the rendered-policy one).
 pub const BASE_POLICY_KEY: &str = "policy.hujson";

@@ -12,7 +12,7 @@ use tailnet_api::tailnet::{PolicyMode, PolicyStatus, TailnetStatus};
 use tailnet_api::{Tailnet, TailnetEgress};
 use tailnet_policy::ObservedNode;
 
-use super::super::context::OperatorConfig;
+use super::super::config::OperatorConfig;
 use super::super::reason_coverage::assert_every_reason_has_a_case;
 use super::super::status::Problem;
 use super::decide::{
