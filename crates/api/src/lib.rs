@@ -8,6 +8,7 @@ pub mod agent_status;
 pub mod common;
 pub mod conditions;
 pub mod crd;
+pub mod digest;
 pub mod egress;
 pub mod fragment;
 pub mod ingress;

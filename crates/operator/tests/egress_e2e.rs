@@ -18,7 +18,6 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use support::agent::{agent_metrics, metric_sum, ready_pod_ip};
 use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
 use support::lab_operator::start_operator;
@@ -67,12 +66,7 @@ fn bulk_payload(seed: u64, len: usize) -> Vec<u8> {
     payload
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+use tailnet_api::digest::sha256_hex;
 
 fn mib_per_s(bytes: usize, seconds: f64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0) / seconds.max(1e-9)

@@ -26,7 +26,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use support::agent::{agent_metrics, metric_sum, ready_pod_ip};
 use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
 use support::lab_operator::start_operator;
@@ -129,12 +128,7 @@ async fn get(
     Ok((status, headers, body))
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+use tailnet_api::digest::sha256_hex;
 
 /// Whether `bytes` hold a whole HTTP/1.1 response: the head and `Content-Length` body bytes
 /// (a response without one is complete with its head).

@@ -162,13 +162,7 @@ async fn grant_checks(
         }
     };
     let tag = egress_tag(&tailnet.spec.policy.tag_prefix, &egress.name_any());
-    let digest: String = {
-        use sha2::{Digest, Sha256};
-        Sha256::digest(live.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    };
+    let digest = tailnet_api::digest::sha256_hex(&live);
     for (name, dst) in checks {
         let key = format!("{}\n{digest}\n{tag}\n{dst}", headscale.server());
         if let Some(granted) = ctx.cached_grant(&key) {

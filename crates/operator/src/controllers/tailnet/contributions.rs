@@ -23,13 +23,7 @@ use super::super::config::OperatorConfig;
 use super::super::status::{ConditionSet, Problem};
 
 /// SHA-256 of `text`, hex (the fragment's and the stored copy's identity).
-fn sha256(text: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+use tailnet_api::digest::sha256_hex as sha256;
 
 /// Refused entries listed per contributor in the status (the condition gives the count).
 const REFUSED_LISTED: usize = 20;

@@ -12,7 +12,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
-use sha2::{Digest, Sha256};
 use tailnet_api::conditions::{reasons, types};
 use tailnet_api::fragment::FragmentDnsRecord;
 use tailnet_api::tailnet::{PolicyMode, TailnetStatus};
@@ -55,12 +54,7 @@ pub fn installation_id(config: &OperatorConfig, tailnet: &str) -> String {
     tailnet_api::tailnet::marker_installation_id(&config.installation_id, tailnet)
 }
 
-pub fn sha256(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+pub use tailnet_api::digest::sha256_hex as sha256;
 
 /// A condition's value, decided before it is set.
 #[derive(Clone, Debug, PartialEq, Eq)]
