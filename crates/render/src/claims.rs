@@ -7,7 +7,6 @@ use tailnet_api::naming::{TagClaim, assign_ingress_tags, ingress_tag, ingress_ta
 
 use crate::intent::Claim;
 
-
 /// The tag of every ingress of `tailnet` among `ingresses` (others' are skipped), injective
 /// over (namespace, name): [`tailnet_api::naming::assign_ingress_tags`] in first-claim order
 /// ([`claim_rank`]), each keeping the tag its status records. `Err(holder)`: no tag (a
