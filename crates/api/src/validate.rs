@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use regex::Regex;
 
 use crate::egress::TailnetEgressSpec;
-use crate::ingress::{ExposeMode, TailnetIngressSpec};
+use crate::ingress::{Expose, ExposeMode, TailnetIngressSpec};
 use crate::patterns;
 use crate::tailnet::TailnetSpec;
 
@@ -516,158 +516,203 @@ pub fn valid_ingress(spec: &TailnetIngressSpec) -> Result<ValidIngress, Vec<Fiel
             "must list at least one expose",
         ));
     }
-    let mut names = BTreeSet::new();
-    let mut label_ports = BTreeSet::new();
-    let mut exposes = Vec::new();
-    for expose in &spec.exposes {
-        let at = format!("spec.exposes[{}]", expose.name);
-        if !names.insert(expose.name.as_str()) {
-            errors.push(FieldError::new(
-                format!("{at}.name"),
-                "duplicate expose name",
-            ));
-        }
-        check_match(
-            &mut errors,
-            &DNS_LABEL,
-            63,
-            format!("{at}.name"),
-            &expose.name,
-            "a DNS label",
-        );
-        check_match(
-            &mut errors,
-            &DNS_LABEL,
-            63,
-            format!("{at}.dnsLabel"),
-            &expose.dns_label,
-            "a DNS label",
-        );
-        let port = check_port(&mut errors, format!("{at}.port"), expose.port);
-        if !label_ports.insert((expose.dns_label.as_str(), expose.port)) {
-            errors.push(FieldError::new(
-                format!("{at}.dnsLabel"),
-                format!(
-                    "dnsLabel {:?} is already used on port {}",
-                    expose.dns_label, expose.port
-                ),
-            ));
-        }
-        if expose.mode == ExposeMode::Tcp
-            && spec
-                .exposes
-                .iter()
-                .any(|o| o.name != expose.name && o.port == expose.port)
-        {
-            errors.push(FieldError::new(
-                format!("{at}.port"),
-                format!(
-                    "port {} is shared with another expose; a tcp expose needs a port of its own",
-                    expose.port
-                ),
-            ));
-        }
-        let backend = &expose.backend;
-        check_match(
-            &mut errors,
-            &SERVICE_NAME,
-            63,
-            format!("{at}.backend.service"),
-            &backend.service,
-            "a Service name",
-        );
-        if let Some(ns) = &backend.namespace {
-            check_match(
-                &mut errors,
-                &DNS_LABEL,
-                63,
-                format!("{at}.backend.namespace"),
-                ns,
-                "a namespace name",
-            );
-        }
-        let backend_port = match &backend.port {
-            IntOrString::Int(port) => check_port(&mut errors, format!("{at}.backend.port"), *port)
-                .map(BackendPort::Number),
-            IntOrString::String(name) => check_match(
-                &mut errors,
-                &DNS_LABEL,
-                15,
-                format!("{at}.backend.port"),
-                name,
-                "a port number or port name",
-            )
-            .then(|| BackendPort::Name(name.clone())),
-        };
-        if let Some(tls) = &backend.tls {
-            if expose.mode != ExposeMode::Http {
-                errors.push(FieldError::new(
-                    format!("{at}.backend.tls"),
-                    "backend.tls requires mode: http (tcp exposes forward bytes unchanged)",
-                ));
-            }
-            check_match(
-                &mut errors,
-                &DNS_SUBDOMAIN,
-                253,
-                format!("{at}.backend.tls.serverName"),
-                &tls.server_name,
-                "a hostname",
-            );
-            check_match(
-                &mut errors,
-                &DNS_SUBDOMAIN,
-                253,
-                format!("{at}.backend.tls.caConfigMapRef.name"),
-                &tls.ca_config_map_ref.name,
-                "a ConfigMap name",
-            );
-        }
-        let timeouts = expose.timeouts.clone().unwrap_or_default();
-        if expose.timeouts.is_some() && expose.mode != ExposeMode::Http {
-            errors.push(FieldError::new(
-                format!("{at}.timeouts"),
-                "timeouts require mode: http",
-            ));
-        }
-        let request = check_duration(
-            &mut errors,
-            format!("{at}.timeouts.request"),
-            timeouts.request.as_ref(),
-        );
-        let backend_request = check_duration(
-            &mut errors,
-            format!("{at}.timeouts.backendRequest"),
-            timeouts.backend_request.as_ref(),
-        );
-        if let (Some(port), Some(backend_port), Some(request), Some(backend_request)) =
-            (port, backend_port, request, backend_request)
-        {
-            exposes.push(ValidExpose {
-                name: expose.name.clone(),
-                dns_label: expose.dns_label.clone(),
-                alias: expose.alias,
-                mode: expose.mode,
-                port,
-                backend: ValidBackend {
-                    service: backend.service.clone(),
-                    namespace: backend.namespace.clone(),
-                    port: backend_port,
-                    tls: backend.tls.clone(),
-                },
-                timeouts: ValidTimeouts {
-                    request,
-                    backend_request,
-                },
-            });
-        }
-    }
+    let mut seen = SeenExposes::default();
+    let exposes = spec
+        .exposes
+        .iter()
+        .filter_map(|expose| valid_expose(&mut errors, spec, expose, &mut seen))
+        .collect();
     let limits = resolve_limits(spec.limits.as_ref(), &mut errors);
     finish(errors, || ValidIngress {
         allow_from: spec.allow_from.clone(),
         tls_secret_name: secret_name,
         exposes,
         limits,
+    })
+}
+
+/// Expose names and (dnsLabel, port) pairs seen so far: each must be unique.
+#[derive(Default)]
+struct SeenExposes<'a> {
+    names: BTreeSet<&'a str>,
+    label_ports: BTreeSet<(&'a str, i32)>,
+}
+
+/// One expose checked (errors appended in field order); `None` when a part did not parse.
+fn valid_expose<'a>(
+    errors: &mut Vec<FieldError>,
+    spec: &TailnetIngressSpec,
+    expose: &'a Expose,
+    seen: &mut SeenExposes<'a>,
+) -> Option<ValidExpose> {
+    let at = format!("spec.exposes[{}]", expose.name);
+    let port = check_expose_names_and_port(errors, spec, expose, seen, &at);
+    let backend = valid_backend(errors, expose, &at);
+    let timeouts = valid_timeouts(errors, expose, &at);
+    Some(ValidExpose {
+        name: expose.name.clone(),
+        dns_label: expose.dns_label.clone(),
+        alias: expose.alias,
+        mode: expose.mode,
+        port: port?,
+        backend: backend?,
+        timeouts: timeouts?,
+    })
+}
+
+/// The expose's name, dnsLabel and port: each well-formed, unique where they must be.
+fn check_expose_names_and_port<'a>(
+    errors: &mut Vec<FieldError>,
+    spec: &TailnetIngressSpec,
+    expose: &'a Expose,
+    seen: &mut SeenExposes<'a>,
+    at: &str,
+) -> Option<u16> {
+    if !seen.names.insert(expose.name.as_str()) {
+        errors.push(FieldError::new(
+            format!("{at}.name"),
+            "duplicate expose name",
+        ));
+    }
+    check_match(
+        errors,
+        &DNS_LABEL,
+        63,
+        format!("{at}.name"),
+        &expose.name,
+        "a DNS label",
+    );
+    check_match(
+        errors,
+        &DNS_LABEL,
+        63,
+        format!("{at}.dnsLabel"),
+        &expose.dns_label,
+        "a DNS label",
+    );
+    let port = check_port(errors, format!("{at}.port"), expose.port);
+    if !seen
+        .label_ports
+        .insert((expose.dns_label.as_str(), expose.port))
+    {
+        errors.push(FieldError::new(
+            format!("{at}.dnsLabel"),
+            format!(
+                "dnsLabel {:?} is already used on port {}",
+                expose.dns_label, expose.port
+            ),
+        ));
+    }
+    if expose.mode == ExposeMode::Tcp
+        && spec
+            .exposes
+            .iter()
+            .any(|o| o.name != expose.name && o.port == expose.port)
+    {
+        errors.push(FieldError::new(
+            format!("{at}.port"),
+            format!(
+                "port {} is shared with another expose; a tcp expose needs a port of its own",
+                expose.port
+            ),
+        ));
+    }
+    port
+}
+
+/// The expose's backend: Service, namespace, port (number or name), verified TLS.
+fn valid_backend(errors: &mut Vec<FieldError>, expose: &Expose, at: &str) -> Option<ValidBackend> {
+    let backend = &expose.backend;
+    check_match(
+        errors,
+        &SERVICE_NAME,
+        63,
+        format!("{at}.backend.service"),
+        &backend.service,
+        "a Service name",
+    );
+    if let Some(ns) = &backend.namespace {
+        check_match(
+            errors,
+            &DNS_LABEL,
+            63,
+            format!("{at}.backend.namespace"),
+            ns,
+            "a namespace name",
+        );
+    }
+    let backend_port = match &backend.port {
+        IntOrString::Int(port) => {
+            check_port(errors, format!("{at}.backend.port"), *port).map(BackendPort::Number)
+        }
+        IntOrString::String(name) => check_match(
+            errors,
+            &DNS_LABEL,
+            15,
+            format!("{at}.backend.port"),
+            name,
+            "a port number or port name",
+        )
+        .then(|| BackendPort::Name(name.clone())),
+    };
+    if let Some(tls) = &backend.tls {
+        if expose.mode != ExposeMode::Http {
+            errors.push(FieldError::new(
+                format!("{at}.backend.tls"),
+                "backend.tls requires mode: http (tcp exposes forward bytes unchanged)",
+            ));
+        }
+        check_match(
+            errors,
+            &DNS_SUBDOMAIN,
+            253,
+            format!("{at}.backend.tls.serverName"),
+            &tls.server_name,
+            "a hostname",
+        );
+        check_match(
+            errors,
+            &DNS_SUBDOMAIN,
+            253,
+            format!("{at}.backend.tls.caConfigMapRef.name"),
+            &tls.ca_config_map_ref.name,
+            "a ConfigMap name",
+        );
+    }
+    Some(ValidBackend {
+        service: backend.service.clone(),
+        namespace: backend.namespace.clone(),
+        port: backend_port?,
+        tls: backend.tls.clone(),
+    })
+}
+
+/// The expose's timeouts (http only), parsed.
+fn valid_timeouts(
+    errors: &mut Vec<FieldError>,
+    expose: &Expose,
+    at: &str,
+) -> Option<ValidTimeouts> {
+    let timeouts = expose.timeouts.clone().unwrap_or_default();
+    if expose.timeouts.is_some() && expose.mode != ExposeMode::Http {
+        errors.push(FieldError::new(
+            format!("{at}.timeouts"),
+            "timeouts require mode: http",
+        ));
+    }
+    let request = check_duration(
+        errors,
+        format!("{at}.timeouts.request"),
+        timeouts.request.as_ref(),
+    );
+    let backend_request = check_duration(
+        errors,
+        format!("{at}.timeouts.backendRequest"),
+        timeouts.backend_request.as_ref(),
+    );
+    Some(ValidTimeouts {
+        request: request?,
+        backend_request: backend_request?,
     })
 }
 

@@ -159,10 +159,21 @@ fn controllers_output(
         tailnet: tailnet.clone(),
         headscale: Err(Problem::new("Unknown", "not asked")),
     };
-    let mut objects = Vec::new();
-    let mut target_kinds = Vec::new();
-    // The observed nodes as Headscale's API reports them.
-    let nodes: Vec<tailnet_headscale::Node> = observed
+    let (mut objects, target_kinds) =
+        egress_decisions(&egresses, &access, &headscale_nodes(observed), &config, now);
+    let backends = backends_of(manifests, observed);
+    objects.extend(ingress_decisions(
+        &ingresses, &access, &backends, &config, now,
+    ));
+    let (policy, dns) = tailnet_decision(
+        manifests, observed, &tailnet, egresses, ingresses, &config, now,
+    );
+    (keyed(objects), policy, dns, target_kinds)
+}
+
+/// The observed nodes as Headscale's API reports them.
+fn headscale_nodes(observed: &Observed) -> Vec<tailnet_headscale::Node> {
+    observed
         .nodes
         .iter()
         .map(|n| tailnet_headscale::Node {
@@ -176,21 +187,33 @@ fn controllers_output(
             online: n.online,
             ..Default::default()
         })
-        .collect();
-    for e in &egresses {
+        .collect()
+}
+
+/// The egress controller's objects and target classes for every egress.
+fn egress_decisions(
+    egresses: &[TailnetEgress],
+    access: &TailnetAccess,
+    nodes: &[tailnet_headscale::Node],
+    config: &OperatorConfig,
+    now: Timestamp,
+) -> (Vec<Value>, TargetKinds) {
+    let mut objects = Vec::new();
+    let mut target_kinds = Vec::new();
+    for e in egresses {
         let valid = egress::decide::validated(e, now).expect("valid egress");
         let observation = egress::gather::EgressObservation {
             access: Ok(access.clone()),
             foreign_services: BTreeMap::new(),
             own_services: BTreeMap::new(),
-            nodes: Ok(Arc::new(nodes.clone())),
+            nodes: Ok(Arc::new(nodes.to_vec())),
             auth_secret: AuthSecret::Absent,
             deployment: None,
             report: None,
             grants: BTreeMap::new(),
         };
         let decision =
-            egress::decide::decide(e, &valid, &observation, &config, now).expect("egress decision");
+            egress::decide::decide(e, &valid, &observation, config, now).expect("egress decision");
         for t in &decision.status.targets {
             target_kinds.push((
                 format!(
@@ -216,6 +239,11 @@ fn controllers_output(
         ]);
         objects.extend(plan.services.iter().map(typed));
     }
+    (objects, target_kinds)
+}
+
+/// The backends as the CLI sees them: the observed file plus the manifests.
+fn backends_of(manifests: &Manifests, observed: &Observed) -> ObservedBackends {
     let mut backends = ObservedBackends::default();
     for (key, ports) in &observed.services {
         let (ns, name) = key.split_once('/').expect("namespace/name");
@@ -237,6 +265,17 @@ fn controllers_output(
         .config_maps
         .iter()
         .for_each(|c| backends.add_config_map(&c.object));
+    backends
+}
+
+/// The ingress controller's objects for every ingress (each with a certificate covering it).
+fn ingress_decisions(
+    ingresses: &[TailnetIngress],
+    access: &TailnetAccess,
+    backends: &ObservedBackends,
+    config: &OperatorConfig,
+    now: Timestamp,
+) -> Vec<Value> {
     let mut domains: Vec<String> = ingresses
         .iter()
         .map(|i| format!("{}.lab.example.net", i.namespace().unwrap_or_default()))
@@ -244,14 +283,15 @@ fn controllers_output(
     domains.push("lab.example.net".into());
     let pem = certificate(&domains);
     let others: Vec<Arc<TailnetIngress>> = ingresses.iter().cloned().map(Arc::new).collect();
-    for i in &ingresses {
+    let mut objects = Vec::new();
+    for i in ingresses {
         let valid = ingress::decide::validated(i, now).expect("valid ingress");
         let mut observation = ingress::gather::IngressObservation::only_access(Ok(access.clone()));
         observation.others = others.clone();
         observation.backends = backends.clone();
         observation.tls_certificate = Some(pem.clone());
         let decision =
-            ingress::decide::decide(i, &valid, &observation, &config, now).expect("decision");
+            ingress::decide::decide(i, &valid, &observation, config, now).expect("decision");
         let plan = decision.agent.expect("ingress plan");
         let o = plan
             .objects
@@ -269,6 +309,19 @@ fn controllers_output(
             objects.push(serde_json::to_value(cert).expect("certificate"));
         }
     }
+    objects
+}
+
+/// The Tailnet controller's policy document and DNS ConfigMap (without its owner reference).
+fn tailnet_decision(
+    manifests: &Manifests,
+    observed: &Observed,
+    tailnet: &Tailnet,
+    egresses: Vec<TailnetEgress>,
+    ingresses: Vec<TailnetIngress>,
+    config: &OperatorConfig,
+    now: Timestamp,
+) -> (String, Option<Value>) {
     // The Tailnet: policy and DNS from the observed nodes and ClusterIPs.
     let base = manifests
         .config_maps
@@ -300,7 +353,7 @@ fn controllers_output(
             .collect(),
         dns_config_map: None,
     };
-    let plan = tailnet::decide::plan(&tailnet, &observation, &config, now);
+    let plan = tailnet::decide::plan(tailnet, &observation, config, now);
     let policy = plan.rendered.expect("rendered policy").document;
     let dns = plan.dns.map(|cm| {
         let mut value = typed(&cm);
@@ -310,7 +363,7 @@ fn controllers_output(
         }
         value
     });
-    (keyed(objects), policy, dns, target_kinds)
+    (policy, dns)
 }
 
 fn assert_same_output(inputs: &[PathBuf], observed_path: &Path) {

@@ -3,34 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::jiff::Timestamp;
-use kube::{Resource, ResourceExt};
-use tailnet_api::TailnetIngress;
 use tailnet_api::naming::{TagClaim, assign_ingress_tags, ingress_tag, ingress_tag_discriminated};
 
-use crate::dns::ClaimRank;
-
-/// The order of claims on a hostname, the same for the ingress names ([`crate::desired::claimed_elsewhere`])
-/// and the DNS entries ([`crate::dns::render`]): creation time, then namespace, then name.
-pub fn claim_rank(object: &impl Resource) -> ClaimRank {
-    let (created, namespace, name) = rank_key(object);
-    ClaimRank::new(created.copied(), namespace, name)
-}
-
-/// [`claim_rank`] without copying the strings: (creation time, namespace, name), compared
-/// the same way. Sorting hundreds of ingresses by owned ranks was most of the operator's
-/// allocations at 1,000 resources (benchmark 4, heaptrack).
-pub(crate) fn rank_key(object: &impl Resource) -> (Option<&Timestamp>, &str, &str) {
-    let meta = object.meta();
-    (
-        meta.creation_timestamp.as_ref().map(|t| &t.0),
-        meta.namespace.as_deref().unwrap_or_default(),
-        meta.name
-            .as_deref()
-            .or(meta.generate_name.as_deref())
-            .unwrap_or_default(),
-    )
-}
+use crate::intent::Claim;
 
 /// The tag of every ingress of `tailnet` among `ingresses` (others' are skipped), injective
 /// over (namespace, name): [`tailnet_api::naming::assign_ingress_tags`] in first-claim order
@@ -39,23 +14,23 @@ pub(crate) fn rank_key(object: &impl Resource) -> (Option<&Timestamp>, &str, &st
 pub fn ingress_tags<'a>(
     tailnet_name: &str,
     prefix: &str,
-    ingresses: impl IntoIterator<Item = &'a TailnetIngress>,
+    ingresses: impl IntoIterator<Item = &'a Claim>,
 ) -> BTreeMap<(String, String), Result<String, String>> {
-    let mut ours: Vec<&TailnetIngress> = ingresses
+    let mut ours: Vec<&Claim> = ingresses
         .into_iter()
-        .filter(|i| i.spec.tailnet_ref.name == tailnet_name)
+        .filter(|i| i.tailnet == tailnet_name)
         .collect();
-    ours.sort_by(|a, b| rank_key(*a).cmp(&rank_key(*b)));
+    ours.sort_by(|a, b| a.rank_key().cmp(&b.rank_key()));
     ours.dedup_by(|a, b| {
-        let ((_, a_namespace, a_name), (_, b_namespace, b_name)) = (rank_key(*a), rank_key(*b));
+        let ((_, a_namespace, a_name), (_, b_namespace, b_name)) = (a.rank_key(), b.rank_key());
         (a_namespace, a_name) == (b_namespace, b_name)
     });
     let claims: Vec<TagClaim> = ours
         .iter()
         .map(|i| TagClaim {
-            namespace: i.namespace().unwrap_or_default(),
-            name: i.name_any(),
-            current: i.status.as_ref().and_then(|s| s.tag.clone()),
+            namespace: i.namespace.clone(),
+            name: i.name.clone(),
+            current: i.recorded_tag.clone(),
         })
         .collect();
     assign_ingress_tags(prefix, &claims)
@@ -73,20 +48,20 @@ pub fn ingress_tags<'a>(
 pub fn ingress_tag_of<'a>(
     tailnet_name: &str,
     prefix: &str,
-    ingress: &'a TailnetIngress,
-    others: impl IntoIterator<Item = &'a TailnetIngress>,
+    ingress: &'a Claim,
+    others: impl IntoIterator<Item = &'a Claim>,
 ) -> Result<String, String> {
-    let key = (ingress.namespace().unwrap_or_default(), ingress.name_any());
-    let (_, own_namespace, own_name) = rank_key(ingress);
-    let ours: Vec<&TailnetIngress> = others
+    let key = (ingress.namespace.clone(), ingress.name.clone());
+    let (_, own_namespace, own_name) = ingress.rank_key();
+    let ours: Vec<&Claim> = others
         .into_iter()
         .chain(std::iter::once(ingress))
-        .filter(|i| i.spec.tailnet_ref.name == tailnet_name)
+        .filter(|i| i.tailnet == tailnet_name)
         .collect();
     let forms: Vec<[String; 2]> = ours
         .iter()
         .map(|i| {
-            let (_, namespace, name) = rank_key(*i);
+            let (_, namespace, name) = i.rank_key();
             [
                 ingress_tag(prefix, namespace, name),
                 ingress_tag_discriminated(prefix, namespace, name),
@@ -97,7 +72,7 @@ pub fn ingress_tag_of<'a>(
     let mut in_group: Vec<bool> = ours
         .iter()
         .map(|i| {
-            let (_, namespace, name) = rank_key(*i);
+            let (_, namespace, name) = i.rank_key();
             (namespace, name) == (own_namespace, own_name)
         })
         .collect();

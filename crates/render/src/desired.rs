@@ -11,15 +11,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::ResourceExt;
 use tailnet_api::ingress::ExposeMode;
 use tailnet_api::naming::labels;
-use tailnet_api::validate::{self, ExposeNames, FieldError, ValidEgress, ValidIngress};
-use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
+use tailnet_api::validate::{ExposeNames, FieldError, ValidEgress, ValidIngress};
+use tailnet_api::{Tailnet, TailnetIngress};
 use tailnet_policy::{ObservedNode, PolicyInputs};
 
 use crate::backends::{self, BackendProblem, ObjectKey, ObservedBackends};
-pub use crate::claims::{claim_rank, ingress_tags};
+pub use crate::claims::ingress_tags;
 use crate::dns::{self, DnsEntry, DnsInputs, PendingName, RenderedDns};
 use crate::egress::{self, EgressObjects};
 use crate::ingress::{self, IngressInputs, IngressObjects};
+use crate::intent::{Claim, EgressIntent, IngressIntent};
 use crate::{RenderContext, RenderError, policy_inputs};
 
 /// The objects of one egress agent. `previous_ports` are the listener ports recorded in its
@@ -44,21 +45,14 @@ pub struct IngressNames {
     pub http_hostnames: Vec<String>,
 }
 
-/// Names of an ingress in `namespace`; `claimed` is hostname → holder (see
-/// [`claimed_elsewhere`]). Errors are the context rules of [`validate::ingress_names`].
+/// Names of an ingress after other ingresses' claims (`claimed`: hostname → holder, see
+/// [`claimed_elsewhere`]). Errors are the context rules its intent found
+/// ([`validate::ingress_in_context`]).
 pub fn ingress_names(
-    namespace: &str,
-    valid: &ValidIngress,
-    ctx: &RenderContext,
+    intent: &IngressIntent,
     claimed: &BTreeMap<String, String>,
 ) -> Result<IngressNames, Vec<FieldError>> {
-    let mut names = validate::ingress_names(
-        namespace,
-        ctx.operator_namespace,
-        valid,
-        ctx.tailnet_name,
-        ctx.tailnet,
-    )?;
+    let mut names = intent.names.clone()?;
     let mut ours_claimed = BTreeMap::new();
     for n in &mut names {
         n.hostnames.retain(|h| match claimed.get(h) {
@@ -85,41 +79,43 @@ pub fn ingress_names(
 /// first owner keeps a name (ordered by creation time, then namespace/name). `others` may
 /// include `ingress` itself and ingresses of other Tailnets; both are skipped.
 pub fn claimed_elsewhere<'a>(
-    ingress: &TailnetIngress,
-    names: &[ExposeNames],
-    others: impl IntoIterator<Item = &'a TailnetIngress>,
-    ctx: &RenderContext,
+    ingress: &IngressIntent,
+    others: impl IntoIterator<Item = &'a IngressIntent>,
 ) -> BTreeMap<String, String> {
-    let ours: BTreeSet<&str> = names
+    let ours: BTreeSet<&str> = ingress
+        .names
         .iter()
+        .flatten()
         .flat_map(|n| n.hostnames.iter().map(String::as_str))
         .collect();
-    let my_rank = crate::claims::rank_key(ingress);
+    let my_rank = ingress.claim.rank_key();
     let mut claimed = BTreeMap::new();
     for other in others {
         // `>=` also skips `ingress` itself.
-        if other.spec.tailnet_ref.name != ctx.tailnet_name
-            || crate::claims::rank_key(other) >= my_rank
-        {
+        if other.claim.tailnet != ingress.claim.tailnet || other.claim.rank_key() >= my_rank {
             continue;
         }
-        let ns = other.namespace().unwrap_or_default();
-        let Ok(other_names) = validate::ingress_in_context(
-            &ns,
-            ctx.operator_namespace,
-            &other.spec,
-            ctx.tailnet_name,
-            ctx.tailnet,
-        ) else {
+        let Ok(other_names) = &other.names else {
             continue;
         };
         for hostname in other_names.iter().flat_map(|n| n.hostnames.iter()) {
             if ours.contains(hostname.as_str()) {
-                claimed.insert(hostname.clone(), format!("{ns}/{}", other.name_any()));
+                claimed.insert(
+                    hostname.clone(),
+                    format!("{}/{}", other.claim.namespace, other.claim.name),
+                );
             }
         }
     }
     claimed
+}
+
+/// Whether `other` could hold one of `ingress`'s hostnames: of the same Tailnet and claimed
+/// earlier. Only those need an intent of their own in [`claimed_elsewhere`] (an ingress
+/// reconcile reads every other ingress of the cache).
+pub fn may_claim_before(ingress: &Claim, other: &TailnetIngress) -> bool {
+    other.spec.tailnet_ref.name == ingress.tailnet
+        && Claim::of_ingress(other).rank_key() < ingress.rank_key()
 }
 
 /// What only the cluster knows about one ingress.
@@ -127,8 +123,6 @@ pub fn claimed_elsewhere<'a>(
 pub struct IngressObserved<'a> {
     /// Backend Services' ports and CA ConfigMaps' keys.
     pub backends: &'a ObservedBackends,
-    /// Hostname → holder, from [`claimed_elsewhere`].
-    pub claimed: &'a BTreeMap<String, String>,
     /// A certificate covering every http hostname is ready; without it http is not served.
     pub certificate_ready: bool,
     /// The ingress's tag (from [`ingress_tags`]); its name is the node's hostname.
@@ -147,27 +141,16 @@ pub struct IngressDesired {
     pub objects: Option<IngressObjects>,
 }
 
-/// Why an ingress cannot be decided at all.
-#[derive(Debug, thiserror::Error)]
-pub enum IngressError {
-    /// Context rules (cross-namespace backend, templates, certificate source).
-    #[error("{}", validate::summarize(.0))]
-    Context(Vec<FieldError>),
-    #[error(transparent)]
-    Render(#[from] RenderError),
-}
-
-/// Decides one ingress: names, backend resolution and, when every backend resolved, the
-/// agent's objects.
+/// Decides one ingress whose names were decided ([`ingress_names`]): backend resolution and,
+/// when every backend resolved, the agent's objects.
 pub fn ingress(
     metadata: &ObjectMeta,
     valid: &ValidIngress,
+    names: IngressNames,
     ctx: &RenderContext,
     observed: &IngressObserved,
-) -> Result<IngressDesired, IngressError> {
+) -> Result<IngressDesired, RenderError> {
     let namespace = metadata.namespace.clone().unwrap_or_default();
-    let names =
-        ingress_names(&namespace, valid, ctx, observed.claimed).map_err(IngressError::Context)?;
     let resolved = backends::resolve(&namespace, &valid.exposes, observed.backends);
     let objects = if resolved.problems.is_empty() {
         let inputs = IngressInputs {
@@ -194,20 +177,13 @@ pub fn ingress(
 pub fn policy(
     tailnet: &Tailnet,
     installation_id: &str,
-    operator_namespace: &str,
-    egresses: &[TailnetEgress],
-    ingresses: &[TailnetIngress],
+    egresses: &[EgressIntent],
+    ingresses: &[IngressIntent],
     nodes: &[ObservedNode],
     route_approval: bool,
 ) -> PolicyInputs {
-    let mut inputs = policy_inputs::policy_inputs(
-        tailnet,
-        installation_id,
-        operator_namespace,
-        egresses,
-        ingresses,
-        nodes,
-    );
+    let mut inputs =
+        policy_inputs::policy_inputs(tailnet, installation_id, egresses, ingresses, nodes);
     if !route_approval {
         inputs.route_approvers.clear();
     }
@@ -217,61 +193,38 @@ pub fn policy(
 /// The DNS entries of one Tailnet: egress aliases → the ClusterIP of the target's Service
 /// (`service_cluster_ips`, keyed by Service), ingress names → the tailnet IPs of the Headscale
 /// node tagged with the ingress's tag; a name without its address is pending, with the reason.
-/// Egresses outside the operator namespace and objects of other Tailnets are skipped.
+/// Egresses outside the operator namespace and intents of other Tailnets are skipped.
 pub fn dns_inputs(
     tailnet: &Tailnet,
     operator_namespace: &str,
-    egresses: &[TailnetEgress],
-    ingresses: &[TailnetIngress],
+    egresses: &[EgressIntent],
+    ingresses: &[IngressIntent],
     service_cluster_ips: &BTreeMap<ObjectKey, IpAddr>,
     nodes: &[ObservedNode],
 ) -> DnsInputs {
     let name = tailnet.name_any();
-    let tags = ingress_tags(&name, &tailnet.spec.policy.tag_prefix, ingresses);
     let mut inputs = DnsInputs::default();
     for egress in egresses {
-        if egress.spec.tailnet_ref.name != name
-            || egress.namespace().as_deref() != Some(operator_namespace)
-        {
-            continue;
-        }
-        let owner = format!("TailnetEgress/{operator_namespace}/{}", egress.name_any());
-        for target in &egress.spec.targets {
-            let service = ObjectKey::new(operator_namespace, &target.name);
-            for alias in &target.aliases {
-                match service_cluster_ips.get(&service) {
-                    Some(address) => inputs.egress_aliases.push(DnsEntry {
-                        hostname: alias.clone(),
-                        address: *address,
-                        owner: owner.clone(),
-                        rank: claim_rank(egress),
-                    }),
-                    None => inputs.pending.push(PendingName {
-                        hostname: alias.clone(),
-                        owner: owner.clone(),
-                        reason: format!("Service {service} has no ClusterIP yet"),
-                    }),
-                }
-            }
+        if egress.claim.tailnet == name && egress.namespace_error.is_none() {
+            egress_aliases(&mut inputs, operator_namespace, egress, service_cluster_ips);
         }
     }
+    let tags = ingress_tags(
+        &name,
+        &tailnet.spec.policy.tag_prefix,
+        ingresses.iter().map(|i| &i.claim),
+    );
     for ingress in ingresses {
-        if ingress.spec.tailnet_ref.name != name {
+        if ingress.claim.tailnet != name {
             continue;
         }
-        let namespace = ingress.namespace().unwrap_or_default();
-        let Ok(names) = validate::ingress_in_context(
-            &namespace,
-            operator_namespace,
-            &ingress.spec,
-            &name,
-            &tailnet.spec,
-        ) else {
+        let Ok(names) = &ingress.names else {
             continue;
         };
-        let owner = format!("TailnetIngress/{namespace}/{}", ingress.name_any());
+        let owner = ingress.claim.owner("TailnetIngress");
         // No tag of its own (a collision): none of its names points anywhere.
-        let Some(Ok(tag)) = tags.get(&(namespace.clone(), ingress.name_any())) else {
+        let key = (ingress.claim.namespace.clone(), ingress.claim.name.clone());
+        let Some(Ok(tag)) = tags.get(&key) else {
             continue;
         };
         let ips: Vec<IpAddr> = nodes
@@ -292,12 +245,42 @@ pub fn dns_inputs(
                     hostname: hostname.clone(),
                     address: *address,
                     owner: owner.clone(),
-                    rank: claim_rank(ingress),
+                    rank: ingress.claim.rank(),
                 });
             }
         }
     }
     inputs
+}
+
+/// The aliases of one egress's targets → the ClusterIP of the target's Service.
+fn egress_aliases(
+    inputs: &mut DnsInputs,
+    operator_namespace: &str,
+    egress: &EgressIntent,
+    service_cluster_ips: &BTreeMap<ObjectKey, IpAddr>,
+) {
+    // Aliases of an invalid egress still point at its Services while they exist (as they did
+    // before the spec broke), so they are read from the raw targets' names and aliases.
+    let owner = egress.claim.owner("TailnetEgress");
+    for (target, aliases) in &egress.aliases {
+        let service = ObjectKey::new(operator_namespace, target);
+        for alias in aliases {
+            match service_cluster_ips.get(&service) {
+                Some(address) => inputs.egress_aliases.push(DnsEntry {
+                    hostname: alias.clone(),
+                    address: *address,
+                    owner: owner.clone(),
+                    rank: egress.claim.rank(),
+                }),
+                None => inputs.pending.push(PendingName {
+                    hostname: alias.clone(),
+                    owner: owner.clone(),
+                    reason: format!("Service {service} has no ClusterIP yet"),
+                }),
+            }
+        }
+    }
 }
 
 /// The DNS ConfigMap of one Tailnet (only our two keys), or `None` when

@@ -86,6 +86,72 @@ pub fn render_valid(
 ) -> Result<IngressObjects, RenderError> {
     let owner = Owner::from_meta(AgentKind::Ingress, metadata, ctx.tailnet_name)?;
     let names = owner.names();
+    let Listeners {
+        listeners,
+        ca_volumes,
+        all_hostnames,
+        http_hostnames,
+    } = listeners(spec, ctx, inputs, &owner)?;
+    let (tls_secret, certificate) =
+        certificate_source(spec, ctx, &owner, &names.tls, &http_hostnames)?;
+    let config = AgentConfig {
+        localapi_socket: LOCALAPI_SOCKET.to_string(),
+        admin_port: ADMIN_PORT,
+        egress: Vec::new(),
+        ingress: listeners,
+        tls: tls_secret.as_ref().map(|_| TlsFiles {
+            cert_file: format!("{TLS_DIR}/tls.crt"),
+            key_file: format!("{TLS_DIR}/tls.key"),
+        }),
+        limits: spec.limits,
+    };
+    let config_json =
+        serde_json::to_string_pretty(&config).map_err(|e| RenderError::Config(e.to_string()))?;
+    let volumes = agent_volumes(tls_secret.as_deref(), &ca_volumes);
+    let lowest = spec.exposes.iter().map(|e| e.port).min();
+    let parts = PodParts {
+        hostname: inputs.node_hostname.clone(),
+        agent_ports: Vec::new(),
+        agent_volumes: volumes,
+        // Ingress listeners bind loopback as non-root; ports below 1024 need this safe sysctl.
+        unprivileged_port_start: lowest.filter(|p| *p < 1024),
+        // Exposes live only in the ConfigMap, which the agent re-reads (and certificates are
+        // re-read from the mounted Secret): changing them must not restart the pod.
+        config_hash: pod::config_hash(&[&ctx.tailnet.server, tls_secret.as_deref().unwrap_or("")]),
+    };
+    Ok(IngressObjects {
+        service_account: pod::service_account(&owner),
+        role: pod::role(&owner),
+        role_binding: pod::role_binding(&owner),
+        state_secret: pod::state_secret(&owner),
+        config_map: pod::config_map(&owner, &config_json),
+        deployment: pod::deployment(&owner, ctx, &parts),
+        network_policy: network_policy(&owner),
+        certificate,
+        config,
+        hostnames: all_hostnames.into_iter().collect(),
+        http_hostnames,
+        tls_secret,
+    })
+}
+
+/// The agent's listeners and what they need, from the exposes.
+struct Listeners {
+    listeners: Vec<IngressListener>,
+    /// CA ConfigMap → keys the backends' verified TLS reads.
+    ca_volumes: BTreeMap<String, BTreeSet<String>>,
+    all_hostnames: BTreeSet<String>,
+    http_hostnames: Vec<String>,
+}
+
+/// One listener per tcp expose, one per port for the http exposes (virtual hosts by name),
+/// sorted by port; http only while `inputs.serve_http`.
+fn listeners(
+    spec: &ValidIngress,
+    ctx: &RenderContext,
+    inputs: &IngressInputs,
+    owner: &Owner,
+) -> Result<Listeners, RenderError> {
     let hostnames_of: BTreeMap<&str, &ExposeNames> = inputs
         .names
         .iter()
@@ -170,10 +236,30 @@ pub fn render_valid(
         IngressListener::Tcp { port, .. } | IngressListener::Http { port, .. } => *port,
     });
 
+    Ok(Listeners {
+        listeners,
+        ca_volumes,
+        all_hostnames,
+        http_hostnames: http_hostnames.into_iter().collect(),
+    })
+}
+
+/// The Secret the agent reads its certificate from (`None` without http exposes) and the
+/// cert-manager Certificate to issue into it (`None` when the user names the Secret).
+fn certificate_source(
+    spec: &ValidIngress,
+    ctx: &RenderContext,
+    owner: &Owner,
+    issued_secret: &str,
+    http_hostnames: &[String],
+) -> Result<(Option<String>, Option<certificate::Certificate>), RenderError> {
     let has_http = spec.exposes.iter().any(|e| e.mode == ExposeMode::Http);
     let user_secret = spec.tls_secret_name.clone();
-    let tls_secret = has_http.then(|| user_secret.clone().unwrap_or_else(|| names.tls.clone()));
-    let http_hostnames: Vec<String> = http_hostnames.into_iter().collect();
+    let tls_secret = has_http.then(|| {
+        user_secret
+            .clone()
+            .unwrap_or_else(|| issued_secret.to_string())
+    });
     let certificate = match (&tls_secret, &user_secret) {
         (Some(_), None) => {
             let issuer = ctx
@@ -189,32 +275,27 @@ pub fn render_valid(
                         ctx.tailnet_name
                     ),
                 })?;
-            Some(certificate::certificate(&owner, issuer, &http_hostnames))
+            Some(certificate::certificate(owner, issuer, http_hostnames))
         }
         _ => None,
     };
 
-    let config = AgentConfig {
-        localapi_socket: LOCALAPI_SOCKET.to_string(),
-        admin_port: ADMIN_PORT,
-        egress: Vec::new(),
-        ingress: listeners,
-        tls: tls_secret.as_ref().map(|_| TlsFiles {
-            cert_file: format!("{TLS_DIR}/tls.crt"),
-            key_file: format!("{TLS_DIR}/tls.key"),
-        }),
-        limits: spec.limits,
-    };
-    let config_json =
-        serde_json::to_string_pretty(&config).map_err(|e| RenderError::Config(e.to_string()))?;
+    Ok((tls_secret, certificate))
+}
 
+/// The agent container's volumes: the TLS Secret (optional: tcp exposes work while it is
+/// issued) and one per backend CA ConfigMap.
+fn agent_volumes(
+    tls_secret: Option<&str>,
+    ca_volumes: &BTreeMap<String, BTreeSet<String>>,
+) -> Vec<(Volume, VolumeMount)> {
     let mut volumes = Vec::new();
-    if let Some(secret) = &tls_secret {
+    if let Some(secret) = tls_secret {
         volumes.push((
             Volume {
                 name: "tls".to_string(),
                 secret: Some(SecretVolumeSource {
-                    secret_name: Some(secret.clone()),
+                    secret_name: Some(secret.to_string()),
                     // The pod starts (tcp exposes work) while the certificate is issued.
                     optional: Some(true),
                     ..SecretVolumeSource::default()
@@ -257,31 +338,7 @@ pub fn render_valid(
             },
         ));
     }
-    let lowest = spec.exposes.iter().map(|e| e.port).min();
-    let parts = PodParts {
-        hostname: inputs.node_hostname.clone(),
-        agent_ports: Vec::new(),
-        agent_volumes: volumes,
-        // Ingress listeners bind loopback as non-root; ports below 1024 need this safe sysctl.
-        unprivileged_port_start: lowest.filter(|p| *p < 1024),
-        // Exposes live only in the ConfigMap, which the agent re-reads (and certificates are
-        // re-read from the mounted Secret): changing them must not restart the pod.
-        config_hash: pod::config_hash(&[&ctx.tailnet.server, tls_secret.as_deref().unwrap_or("")]),
-    };
-    Ok(IngressObjects {
-        service_account: pod::service_account(&owner),
-        role: pod::role(&owner),
-        role_binding: pod::role_binding(&owner),
-        state_secret: pod::state_secret(&owner),
-        config_map: pod::config_map(&owner, &config_json),
-        deployment: pod::deployment(&owner, ctx, &parts),
-        network_policy: network_policy(&owner),
-        certificate,
-        config,
-        hostnames: all_hostnames.into_iter().collect(),
-        http_hostnames,
-        tls_secret,
-    })
+    volumes
 }
 
 /// Ingress agents accept nothing in-cluster but the admin port: their traffic arrives through

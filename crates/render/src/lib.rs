@@ -5,12 +5,14 @@
 pub mod backends;
 pub mod certificate;
 pub mod claims;
+pub mod compose;
 pub mod desired;
 pub mod dns;
 pub mod egress;
 pub mod fragment;
 pub mod images;
 pub mod ingress;
+pub mod intent;
 pub mod meta;
 pub mod pod;
 pub mod policy_inputs;
@@ -35,7 +37,7 @@ pub struct RenderContext<'a> {
 
 /// Errors that stop rendering an agent (invalid input was validated before; these are the
 /// cases only the renderer can detect).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RenderError {
     #[error("{kind} {namespace}/{name} has no metadata.uid (it must come from the apiserver)")]
     MissingUid {

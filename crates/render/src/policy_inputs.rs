@@ -1,83 +1,67 @@
 //! From declarations to the plain inputs of the policy renderer (`tailnet-policy`).
 
 use kube::ResourceExt;
+use tailnet_api::Tailnet;
 use tailnet_api::naming::egress_tag;
-use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress, validate};
+use tailnet_api::validate;
 use tailnet_policy::{
     EgressPolicy, EgressTarget, IngressPolicy, ObservedNode, PolicyInputs, TargetAddress,
 };
+
+use crate::intent::{EgressIntent, IngressIntent};
 
 /// `namespace/name` of a namespaced object, the owner key used in policy outcomes.
 pub fn owner_key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }
 
-/// Does this egress/ingress belong to `tailnet`?
-fn references(tailnet: &Tailnet, name: &str) -> bool {
-    tailnet.name_any() == name
-}
-
-/// The egresses whose grants the policy of `tailnet` carries: those that reference it, live
-/// in the operator namespace and are valid. (An invalid one is reported on its own status;
-/// the controllers keep its last good grants through `last_good`.)
-pub fn egress_policy(
-    tailnet: &Tailnet,
-    egress: &TailnetEgress,
-    operator_namespace: &str,
-) -> Option<EgressPolicy> {
-    let namespace = egress.namespace().unwrap_or_default();
-    if !references(tailnet, &egress.spec.tailnet_ref.name)
-        || validate::egress_namespace(&namespace, operator_namespace).is_err()
-        || !validate::egress(&egress.spec).is_empty()
-    {
+/// The grants of one egress in the policy of `tailnet`: only when it references it, lives in
+/// the operator namespace and is valid. (An invalid one is reported on its own status; the
+/// controllers keep its last good grants through `last_good`.)
+pub fn egress_policy(tailnet: &Tailnet, egress: &EgressIntent) -> Option<EgressPolicy> {
+    if egress.claim.tailnet != tailnet.name_any() {
         return None;
     }
-    let mut targets: Vec<EgressTarget> = egress
-        .spec
+    let valid = egress.honoured()?;
+    let mut targets: Vec<EgressTarget> = valid
         .targets
         .iter()
-        .filter_map(|t| {
-            Some(EgressTarget {
-                name: t.name.clone(),
-                address: TargetAddress::parse(&t.address),
-                port: u16::try_from(t.port).ok()?,
-            })
+        .map(|t| EgressTarget {
+            name: t.name.clone(),
+            address: match &t.address {
+                validate::TargetAddress::Ip(ip) => TargetAddress::Ip(*ip),
+                validate::TargetAddress::Dns(name) => TargetAddress::Dns(name.clone()),
+            },
+            port: t.port,
         })
         .collect();
     targets.sort();
     Some(EgressPolicy {
-        owner: owner_key(&namespace, &egress.name_any()),
-        tag: egress_tag(&tailnet.spec.policy.tag_prefix, &egress.name_any()),
+        owner: owner_key(&egress.claim.namespace, &egress.claim.name),
+        tag: egress_tag(&tailnet.spec.policy.tag_prefix, &egress.claim.name),
         targets,
     })
 }
 
-/// `tag`: the ingress's tag from [`crate::claims::ingress_tags`] (injective over the
-/// Tailnet's ingresses).
+/// The grants of one valid ingress; `tag`: its tag from [`crate::claims::ingress_tags`]
+/// (injective over the Tailnet's ingresses).
 pub fn ingress_policy(
     tailnet: &Tailnet,
-    ingress: &TailnetIngress,
+    ingress: &IngressIntent,
     tag: &str,
 ) -> Option<IngressPolicy> {
-    if !references(tailnet, &ingress.spec.tailnet_ref.name)
-        || !validate::ingress(&ingress.spec).is_empty()
-    {
+    if ingress.claim.tailnet != tailnet.name_any() {
         return None;
     }
-    let namespace = ingress.namespace().unwrap_or_default();
-    let mut ports: Vec<u16> = ingress
-        .spec
-        .exposes
-        .iter()
-        .filter_map(|e| u16::try_from(e.port).ok())
-        .collect();
+    let valid = ingress.spec.as_ref().ok()?;
+    let mut ports: Vec<u16> = valid.exposes.iter().map(|e| e.port).collect();
     ports.sort_unstable();
     ports.dedup();
-    let mut allow_from = ingress.spec.allow_from.clone();
+    let mut allow_from = valid.allow_from.clone();
     allow_from.sort();
     allow_from.dedup();
     Some(IngressPolicy {
-        owner: owner_key(&namespace, &ingress.name_any()),
+        owner: owner_key(&ingress.claim.namespace, &ingress.claim.name),
         tag: tag.to_string(),
         allow_from,
         ports,
@@ -88,12 +72,16 @@ pub fn ingress_policy(
 pub fn policy_inputs(
     tailnet: &Tailnet,
     installation_id: &str,
-    operator_namespace: &str,
-    egresses: &[TailnetEgress],
-    ingresses: &[TailnetIngress],
+    egresses: &[EgressIntent],
+    ingresses: &[IngressIntent],
     nodes: &[ObservedNode],
 ) -> PolicyInputs {
     let policy = &tailnet.spec.policy;
+    let tags = crate::claims::ingress_tags(
+        &tailnet.name_any(),
+        &policy.tag_prefix,
+        ingresses.iter().map(|i| &i.claim),
+    );
     PolicyInputs {
         installation_id: installation_id.to_string(),
         tag_owners: policy.tag_owners.clone(),
@@ -101,23 +89,19 @@ pub fn policy_inputs(
         ingress_source_allowlist: policy.ingress_source_allowlist.clone(),
         egresses: egresses
             .iter()
-            .filter_map(|e| egress_policy(tailnet, e, operator_namespace))
+            .filter_map(|e| egress_policy(tailnet, e))
             .collect(),
-        ingresses: {
-            let tags =
-                crate::claims::ingress_tags(&tailnet.name_any(), &policy.tag_prefix, ingresses);
-            ingresses
-                .iter()
-                .filter_map(|i| {
-                    let key = (i.namespace().unwrap_or_default(), i.name_any());
-                    // No tag of its own (a collision): no grants to someone else's node.
-                    let Some(Ok(tag)) = tags.get(&key) else {
-                        return None;
-                    };
-                    ingress_policy(tailnet, i, tag)
-                })
-                .collect()
-        },
+        ingresses: ingresses
+            .iter()
+            .filter_map(|i| {
+                // No tag of its own (a collision): no grants to someone else's node.
+                let Some(Ok(tag)) = tags.get(&(i.claim.namespace.clone(), i.claim.name.clone()))
+                else {
+                    return None;
+                };
+                ingress_policy(tailnet, i, tag)
+            })
+            .collect(),
         nodes: nodes.to_vec(),
         // The owner adds accepted contributions (tailnet_render::fragment).
         contributions: Vec::new(),

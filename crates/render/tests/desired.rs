@@ -10,9 +10,10 @@ use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tailnet_policy::ObservedNode;
 use tailnet_render::RenderContext;
 use tailnet_render::backends::{BackendProblem, ObjectKey, ObservedBackends, ServicePortInfo};
-use tailnet_render::desired::{self, IngressError, IngressObserved};
+use tailnet_render::desired::{self, IngressObserved};
 use tailnet_render::dns::{ClaimRank, DnsEntry, PendingName};
 use tailnet_render::images::Images;
+use tailnet_render::intent::{Claim, EgressIntent, IngressIntent, TailnetScope};
 
 fn load<T: serde::de::DeserializeOwned>(
     file: &str,
@@ -38,6 +39,30 @@ fn egress() -> TailnetEgress {
 
 fn ingress() -> TailnetIngress {
     load("30-ingress.yaml", |_| {})
+}
+
+fn scope(tailnet: &Tailnet) -> TailnetScope<'_> {
+    TailnetScope {
+        name: "demo",
+        spec: &tailnet.spec,
+        operator_namespace: "tailnet-system",
+    }
+}
+
+/// The typed intents of egresses, as the composition builds them.
+fn egress_intents(egresses: &[TailnetEgress]) -> Vec<EgressIntent> {
+    egresses
+        .iter()
+        .map(|e| EgressIntent::new(e, "tailnet-system"))
+        .collect()
+}
+
+/// The typed intents of ingresses read in the demo Tailnet.
+fn ingress_intents(tailnet: &Tailnet, ingresses: &[TailnetIngress]) -> Vec<IngressIntent> {
+    ingresses
+        .iter()
+        .map(|i| IngressIntent::new(i, &scope(tailnet)))
+        .collect()
 }
 
 fn ctx(tailnet: &Tailnet) -> RenderContext<'_> {
@@ -95,8 +120,8 @@ fn dns_inputs_point_aliases_at_cluster_ips_and_names_at_the_agent_node() {
     let inputs = desired::dns_inputs(
         &tailnet,
         "tailnet-system",
-        &[egress()],
-        &[ingress()],
+        &egress_intents(&[egress()]),
+        &ingress_intents(&tailnet, &[ingress()]),
         &ips,
         &nodes,
     );
@@ -145,8 +170,8 @@ fn dns_inputs_say_why_a_name_is_pending_and_skip_what_is_not_ours() {
     let inputs = desired::dns_inputs(
         &tailnet,
         "tailnet-system",
-        &[egress(), other_namespace],
-        &[ingress(), other_tailnet],
+        &egress_intents(&[egress(), other_namespace]),
+        &ingress_intents(&tailnet, &[ingress(), other_tailnet]),
         &BTreeMap::new(),
         &[node("tag:someone-else", &["100.64.0.9"])],
     );
@@ -180,9 +205,8 @@ fn policy_without_route_approval_has_no_route_approvers() {
     let with = desired::policy(
         &tailnet,
         "id",
-        "tailnet-system",
-        &[egress()],
-        &[ingress()],
+        &egress_intents(&[egress()]),
+        &ingress_intents(&tailnet, &[ingress()]),
         &nodes,
         true,
     );
@@ -190,9 +214,8 @@ fn policy_without_route_approval_has_no_route_approvers() {
     let without = desired::policy(
         &tailnet,
         "id",
-        "tailnet-system",
-        &[egress()],
-        &[ingress()],
+        &egress_intents(&[egress()]),
+        &ingress_intents(&tailnet, &[ingress()]),
         &nodes,
         false,
     );
@@ -243,20 +266,24 @@ fn decide(
     backends: &ObservedBackends,
     claimed: &BTreeMap<String, String>,
     certificate_ready: bool,
-) -> Result<desired::IngressDesired, IngressError> {
+) -> Result<desired::IngressDesired, String> {
     let tailnet = tailnet();
     let valid = valid_ingress(&i.spec).expect("schema-valid");
+    let intent = IngressIntent::new(i, &scope(&tailnet));
+    let names = desired::ingress_names(&intent, claimed)
+        .map_err(|errors| tailnet_api::validate::summarize(&errors))?;
     desired::ingress(
         &i.metadata,
         &valid,
+        names,
         &ctx(&tailnet),
         &IngressObserved {
             backends,
-            claimed,
             certificate_ready,
             tag: "tag:tno-ingress-team-a-portal",
         },
     )
+    .map_err(|e| e.to_string())
 }
 
 #[test]
@@ -341,31 +368,17 @@ fn ingress_context_errors_stop_the_decision() {
     let i: TailnetIngress = load("30-ingress.yaml", |v| {
         v["spec"]["exposes"][0]["backend"]["namespace"] = "other".into();
     });
-    let valid = valid_ingress(&i.spec).expect("schema-valid");
-    let backends = backends();
-    let claimed = BTreeMap::new();
-    let error = desired::ingress(
-        &i.metadata,
-        &valid,
-        &ctx(&tailnet),
-        &IngressObserved {
-            backends: &backends,
-            claimed: &claimed,
-            certificate_ready: true,
-            tag: "tag:tno-ingress-team-a-portal",
-        },
-    )
-    .expect_err("cross-namespace backend");
-    let IngressError::Context(errors) = error else {
-        panic!("expected context errors, got {error}");
-    };
+    assert!(valid_ingress(&i.spec).is_ok(), "schema-valid");
+    // The intent carries the context errors; the names step (and so the decision) stops.
+    let intent = IngressIntent::new(&i, &scope(&tailnet));
+    let errors =
+        desired::ingress_names(&intent, &BTreeMap::new()).expect_err("cross-namespace backend");
     assert_eq!(errors[0].field, "spec.exposes[web].backend.namespace");
 }
 
 #[test]
 fn the_older_ingress_keeps_a_contested_hostname() {
     let tailnet = tailnet();
-    let ctx = ctx(&tailnet);
     let at = |v: &mut serde_json::Value, name: &str, time: &str| {
         v["metadata"]["name"] = name.into();
         v["metadata"]["creationTimestamp"] = time.into();
@@ -382,18 +395,11 @@ fn the_older_ingress_keeps_a_contested_hostname() {
         at(v, "portal-other", "2025-01-01T00:00:00Z");
         v["spec"]["tailnetRef"]["name"] = "other".into();
     });
-    let all = vec![older.clone(), younger.clone(), elsewhere];
-    let names = |i: &TailnetIngress| {
-        let valid = valid_ingress(&i.spec).expect("valid");
-        desired::ingress_names("team-a", &valid, &ctx, &BTreeMap::new())
-            .expect("names")
-            .names
-    };
-    assert_eq!(
-        desired::claimed_elsewhere(&older, &names(&older), &all, &ctx),
-        BTreeMap::new()
-    );
-    let claimed = desired::claimed_elsewhere(&younger, &names(&younger), &all, &ctx);
+    // An intent of the other Tailnet's ingress, read as if it were in this one (so only its
+    // tailnetRef keeps it out).
+    let all = ingress_intents(&tailnet, &[older.clone(), younger.clone(), elsewhere]);
+    assert_eq!(desired::claimed_elsewhere(&all[0], &all), BTreeMap::new());
+    let claimed = desired::claimed_elsewhere(&all[1], &all);
     assert_eq!(
         claimed.keys().cloned().collect::<Vec<_>>(),
         vec![
@@ -465,7 +471,7 @@ fn a_contested_name_points_at_the_first_claim_not_the_lowest_address() {
             &tailnet,
             "tailnet-system",
             &[],
-            &ingresses,
+            &ingress_intents(&tailnet, &ingresses),
             &BTreeMap::new(),
             &[newer_node.clone(), older_node.clone()],
         );
@@ -499,10 +505,8 @@ fn a_contested_name_points_at_the_first_claim_not_the_lowest_address() {
         );
     }
     // The ingress side agrees: the newer one is told the older holds the name.
-    let valid = valid_ingress(&newer.spec).expect("valid");
-    let ctx = ctx(&tailnet);
-    let names = desired::ingress_names("team-a", &valid, &ctx, &BTreeMap::new()).expect("names");
-    let claimed = desired::claimed_elsewhere(&newer, &names.names, [&older, &newer], &ctx);
+    let intents = ingress_intents(&tailnet, &[older, newer]);
+    let claimed = desired::claimed_elsewhere(&intents[1], &intents);
     assert_eq!(
         claimed.get("portal.lab.example.net").map(String::as_str),
         Some("team-b/portal")
@@ -570,6 +574,7 @@ fn the_tag_of_one_ingress_is_its_tag_among_all() {
         make("team-a", "dev-api-other", 7, "other", None),
         make("team-e", "alone", 8, "demo", None),
     ];
+    let all: Vec<Claim> = all.iter().map(Claim::of_ingress).collect();
     let together = desired::ingress_tags("demo", prefix, &all);
     assert!(together.len() >= 10, "{together:#?}");
     let discriminated = together
@@ -586,10 +591,7 @@ fn the_tag_of_one_ingress_is_its_tag_among_all() {
             .enumerate()
             .filter(|(i, _)| *i != index)
             .map(|(_, o)| o);
-        let key = (
-            ingress.metadata.namespace.clone().unwrap_or_default(),
-            ingress.metadata.name.clone().unwrap_or_default(),
-        );
+        let key = (ingress.namespace.clone(), ingress.name.clone());
         // The contract: what assigning all of them gives, in the same order (with the same
         // key twice, the earlier copy's recorded tag counts).
         let expected = desired::ingress_tags(

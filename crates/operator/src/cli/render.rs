@@ -15,7 +15,7 @@ use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tailnet_policy::{ObservedNode, RenderedPolicy};
 use tailnet_render::RenderContext;
 use tailnet_render::backends::{BackendProblem, ObjectKey, ObservedBackends, ServicePortInfo};
-use tailnet_render::desired;
+use tailnet_render::compose;
 use tailnet_render::dns::PendingName;
 use tailnet_render::images::Images;
 
@@ -507,11 +507,79 @@ fn render_tailnet(
         .filter(|i| i.object.spec.tailnet_ref.name == name)
         .map(|i| (i.origin.clone(), with_uid(i.object.clone())))
         .collect();
+    let base = base_policy(args, manifests, tailnet)?;
+    let marker = tailnet_api::tailnet::marker_installation_id(
+        args.installation_id
+            .as_deref()
+            .unwrap_or(UNKNOWN_INSTALLATION_ID),
+        &name,
+    );
+    let ingress_objects: Vec<TailnetIngress> = ingresses.iter().map(|(_, i)| i.clone()).collect();
+    let settings = compose::Settings {
+        render: RenderContext {
+            operator_namespace: &args.operator_namespace,
+            tailnet_name: &name,
+            tailnet: spec,
+            images: Images::resolve(&Images::default(), spec.agent.as_ref()),
+            cluster_domain: &args.cluster_domain,
+        },
+        marker: &marker,
+        route_approval: args.route_approval,
+    };
+    let observed = compose::Observed {
+        nodes: &cluster.observed.nodes,
+        service_cluster_ips: &cluster.service_cluster_ips,
+        backends: &cluster.backends,
+    };
+    let composed = compose::tailnet(
+        tailnet,
+        &base,
+        &egresses,
+        &ingress_objects,
+        &observed,
+        &settings,
+    )
+    .map_err(|e| RenderCommandError::Policy {
+        tailnet: name.clone(),
+        message: e.to_string(),
+    })?;
+    let mut out = Printed::default();
+    egress_output(
+        &mut out,
+        tailnet,
+        &egresses,
+        &composed,
+        &cluster.observed.nodes,
+    )?;
+    ingress_output(&mut out, &name, &ingresses, &composed)?;
+    for (hostname, losers) in &composed.dns.conflicts {
+        out.notes.push(format!(
+            "hostname {hostname} is claimed by several resources; not rendered for {}",
+            losers.join(", ")
+        ));
+    }
+    Ok(TailnetOutput {
+        name,
+        mode: format!("{:?}", spec.policy.mode),
+        fragment: composed.fragment,
+        policy: composed.policy,
+        dns: composed.dns_config_map,
+        dns_pending: composed.dns.pending,
+        objects: out.objects,
+        notes: out.notes,
+    })
+}
 
-    // Policy. A contributor renders its part alone, as the controller does (the owner's base
-    // applies).
-    let contributing = spec.policy.mode == tailnet_api::tailnet::PolicyMode::Contribute;
-    let base_text = match &spec.policy.base_config_map {
+/// The base policy of `tailnet` from the inputs. A contributor renders its part alone, as the
+/// controller does (the owner's base applies).
+fn base_policy(
+    args: &RenderArgs,
+    manifests: &Manifests,
+    tailnet: &Tailnet,
+) -> Result<tailnet_policy::BasePolicy, RenderCommandError> {
+    let name = tailnet.name_any();
+    let contributing = tailnet.spec.policy.mode == tailnet_api::tailnet::PolicyMode::Contribute;
+    let base_text = match &tailnet.spec.policy.base_config_map {
         _ if contributing => "{}".to_string(),
         None => "{}".to_string(),
         Some(cm_name) => {
@@ -547,111 +615,85 @@ fn render_tailnet(
             text
         }
     };
-    let base = tailnet_policy::parse_base(&base_text).map_err(|e| RenderCommandError::Policy {
-        tailnet: name.clone(),
+    tailnet_policy::parse_base(&base_text).map_err(|e| RenderCommandError::Policy {
+        tailnet: name,
         message: e.to_string(),
-    })?;
-    let ingress_objects: Vec<TailnetIngress> = ingresses.iter().map(|(_, i)| i.clone()).collect();
-    // The same tag assignment as the policy's and the controller's.
-    let tags = desired::ingress_tags(&name, &tailnet.spec.policy.tag_prefix, &ingress_objects);
-    let marker = tailnet_api::tailnet::marker_installation_id(
-        args.installation_id
-            .as_deref()
-            .unwrap_or(UNKNOWN_INSTALLATION_ID),
-        &name,
-    );
-    let inputs = desired::policy(
-        tailnet,
-        &marker,
-        &args.operator_namespace,
-        &egresses,
-        &ingress_objects,
-        &cluster.observed.nodes,
-        args.route_approval,
-    );
-    let policy =
-        tailnet_policy::render(&base, &inputs).map_err(|e| RenderCommandError::Policy {
-            tailnet: name.clone(),
-            message: e.to_string(),
-        })?;
+    })
+}
 
-    // Agent objects.
-    let ctx = RenderContext {
-        operator_namespace: &args.operator_namespace,
-        tailnet_name: &name,
-        tailnet: spec,
-        images: Images::resolve(&Images::default(), spec.agent.as_ref()),
-        cluster_domain: &args.cluster_domain,
-    };
-    let mut objects = Vec::new();
-    let mut notes = Vec::new();
-    let mut sorted_egresses = egresses.clone();
-    sorted_egresses.sort_by_key(|e| e.name_any());
-    for e in &sorted_egresses {
-        let at = format!(
-            "TailnetEgress {}/{}",
-            e.namespace().unwrap_or_default(),
-            e.name_any()
-        );
-        let valid = validate::valid_egress(&e.spec).map_err(|errors| {
-            RenderCommandError::Invalid(errors.iter().map(|err| format!("{at}: {err}")).collect())
-        })?;
-        let rendered = desired::egress(&e.metadata, &valid, &ctx, &BTreeMap::new())
-            .map_err(|err| RenderCommandError::Invalid(vec![format!("{at}: {err}")]))?;
-        notes.extend(target_notes(tailnet, e, &valid, &cluster.observed.nodes));
-        objects.push(json(&rendered.service_account)?);
-        objects.push(json(&rendered.role)?);
-        objects.push(json(&rendered.role_binding)?);
-        objects.push(json(&rendered.state_secret)?);
-        objects.push(json(&rendered.config_map)?);
-        objects.push(json(&rendered.deployment)?);
+/// The objects and notes printed for one Tailnet.
+#[derive(Default)]
+struct Printed {
+    objects: Vec<serde_json::Value>,
+    notes: Vec<String>,
+}
+
+/// The egresses' objects and target notes; the first invalid egress ends the command.
+fn egress_output(
+    out: &mut Printed,
+    tailnet: &Tailnet,
+    egresses: &[TailnetEgress],
+    composed: &compose::TailnetComposition,
+    nodes: &[ObservedNode],
+) -> Result<(), RenderCommandError> {
+    for e in &composed.egresses {
+        let at = format!("TailnetEgress {}/{}", e.claim.namespace, e.claim.name);
+        let (valid, rendered) = match &e.outcome {
+            Ok(done) => done,
+            Err(compose::EgressRefusal::Invalid(errors)) => {
+                return Err(RenderCommandError::Invalid(
+                    errors.iter().map(|err| format!("{at}: {err}")).collect(),
+                ));
+            }
+            Err(compose::EgressRefusal::Render(err)) => {
+                return Err(RenderCommandError::Invalid(vec![format!("{at}: {err}")]));
+            }
+        };
+        let Some(egress) = egresses.iter().find(|x| {
+            x.name_any() == e.claim.name && x.namespace() == Some(e.claim.namespace.clone())
+        }) else {
+            continue;
+        };
+        out.notes
+            .extend(target_notes(tailnet, egress, valid, nodes));
+        out.objects.push(json(&rendered.service_account)?);
+        out.objects.push(json(&rendered.role)?);
+        out.objects.push(json(&rendered.role_binding)?);
+        out.objects.push(json(&rendered.state_secret)?);
+        out.objects.push(json(&rendered.config_map)?);
+        out.objects.push(json(&rendered.deployment)?);
         for service in &rendered.services {
-            objects.push(json(service)?);
+            out.objects.push(json(service)?);
         }
-        objects.push(json(&rendered.network_policy)?);
+        out.objects.push(json(&rendered.network_policy)?);
     }
+    Ok(())
+}
+
+/// The ingresses' objects and notes; every ingress's problems are collected, and any makes
+/// the command fail (objects are only printed while none was found).
+fn ingress_output(
+    out: &mut Printed,
+    tailnet_name: &str,
+    ingresses: &[(Origin, TailnetIngress)],
+    composed: &compose::TailnetComposition,
+) -> Result<(), RenderCommandError> {
     let mut context_errors = Vec::new();
-    for (origin, i) in &ingresses {
-        let namespace = i.namespace().unwrap_or_default();
-        let valid = match validate::valid_ingress(&i.spec) {
-            Ok(valid) => valid,
-            Err(errors) => {
-                context_errors.extend(field_errors(origin, errors));
+    for ((origin, _), i) in ingresses.iter().zip(&composed.ingresses) {
+        let decided = match &i.outcome {
+            compose::IngressOutcome::Invalid(errors)
+            | compose::IngressOutcome::OutOfContext(errors) => {
+                context_errors.extend(field_errors(origin, errors.clone()));
                 continue;
             }
-        };
-        // Claims as the controller sees them: the older ingress keeps a contested name.
-        let names = match desired::ingress_names(&namespace, &valid, &ctx, &BTreeMap::new()) {
-            Ok(names) => names,
-            Err(errors) => {
-                context_errors.extend(field_errors(origin, errors));
-                continue;
-            }
-        };
-        let claimed = desired::claimed_elsewhere(i, &names.names, &ingress_objects, &ctx);
-        let tag = match tags.get(&(namespace.clone(), i.name_any())) {
-            Some(Ok(tag)) => tag.clone(),
             // The policy's issues name the conflict; nothing of this ingress is rendered.
-            _ => continue,
-        };
-        let observed = desired::IngressObserved {
-            tag: &tag,
-            backends: &cluster.backends,
-            claimed: &claimed,
-            // Offline, the certificate is assumed ready (see the README).
-            certificate_ready: true,
-        };
-        let decided = match desired::ingress(&i.metadata, &valid, &ctx, &observed) {
-            Ok(decided) => decided,
-            Err(desired::IngressError::Context(errors)) => {
-                context_errors.extend(field_errors(origin, errors));
-                continue;
-            }
-            Err(desired::IngressError::Render(err)) => {
+            compose::IngressOutcome::NoTag => continue,
+            compose::IngressOutcome::Render(err) => {
                 return Err(RenderCommandError::Invalid(vec![format!(
                     "{origin}: {err}"
                 )]));
             }
+            compose::IngressOutcome::Decided(decided) => decided,
         };
         context_errors.extend(
             decided
@@ -659,77 +701,54 @@ fn render_tailnet(
                 .iter()
                 .map(|p| offline_backend_problem(origin, p)),
         );
-        let owner = format!("TailnetIngress/{namespace}/{}", i.name_any());
+        let owner = i.claim.owner("TailnetIngress");
         for (hostname, holder) in &decided.names.claimed {
-            notes.push(format!(
+            out.notes.push(format!(
                 "{owner}: hostname {hostname} is kept by the older TailnetIngress {holder}; not served here"
             ));
         }
-        let Some(rendered) = decided.objects else {
+        let Some(rendered) = &decided.objects else {
             continue;
         };
         if context_errors.is_empty() {
-            if rendered.certificate.is_none() && rendered.tls_secret.is_some() {
-                notes.push(format!(
-                    "{owner}: http exposes use the existing Secret {} (must cover {})",
-                    rendered.tls_secret.clone().unwrap_or_default(),
-                    rendered.http_hostnames.join(", ")
-                ));
-            }
-            objects.push(json(&rendered.service_account)?);
-            objects.push(json(&rendered.role)?);
-            objects.push(json(&rendered.role_binding)?);
-            objects.push(json(&rendered.state_secret)?);
-            objects.push(json(&rendered.config_map)?);
-            objects.push(json(&rendered.deployment)?);
-            objects.push(json(&rendered.network_policy)?);
-            if let Some(cert) = &rendered.certificate {
-                objects.push(serde_json::to_value(cert).map_err(|e| {
-                    RenderCommandError::Policy {
-                        tailnet: name.clone(),
-                        message: e.to_string(),
-                    }
-                })?);
-            }
+            ingress_objects(out, tailnet_name, &owner, rendered)?;
         }
     }
     if !context_errors.is_empty() {
         return Err(RenderCommandError::Invalid(context_errors));
     }
-    let dns = desired::dns_inputs(
-        tailnet,
-        &args.operator_namespace,
-        &egresses,
-        &ingress_objects,
-        &cluster.service_cluster_ips,
-        &cluster.observed.nodes,
-    );
-    let rendered_dns = tailnet_render::dns::render(&dns);
-    for (hostname, losers) in &rendered_dns.conflicts {
-        notes.push(format!(
-            "hostname {hostname} is claimed by several resources; not rendered for {}",
-            losers.join(", ")
+    Ok(())
+}
+
+fn ingress_objects(
+    out: &mut Printed,
+    tailnet_name: &str,
+    owner: &str,
+    rendered: &tailnet_render::ingress::IngressObjects,
+) -> Result<(), RenderCommandError> {
+    if rendered.certificate.is_none() && rendered.tls_secret.is_some() {
+        out.notes.push(format!(
+            "{owner}: http exposes use the existing Secret {} (must cover {})",
+            rendered.tls_secret.clone().unwrap_or_default(),
+            rendered.http_hostnames.join(", ")
         ));
     }
-    let dns_cm = desired::dns_config_map(tailnet, &args.operator_namespace, &rendered_dns, None);
-    let records: Vec<tailnet_api::fragment::FragmentDnsRecord> =
-        serde_json::from_str(&rendered_dns.extra_records_json).unwrap_or_default();
-    let fragment = tailnet_render::fragment::fragment_text(&tailnet_render::fragment::fragment_of(
-        &marker,
-        &spec.policy.tag_prefix,
-        &policy,
-        &records,
-    ));
-    Ok(TailnetOutput {
-        name,
-        mode: format!("{:?}", spec.policy.mode),
-        fragment,
-        policy,
-        dns: dns_cm,
-        dns_pending: rendered_dns.pending,
-        objects,
-        notes,
-    })
+    out.objects.push(json(&rendered.service_account)?);
+    out.objects.push(json(&rendered.role)?);
+    out.objects.push(json(&rendered.role_binding)?);
+    out.objects.push(json(&rendered.state_secret)?);
+    out.objects.push(json(&rendered.config_map)?);
+    out.objects.push(json(&rendered.deployment)?);
+    out.objects.push(json(&rendered.network_policy)?);
+    if let Some(cert) = &rendered.certificate {
+        out.objects.push(
+            serde_json::to_value(cert).map_err(|e| RenderCommandError::Policy {
+                tailnet: tailnet_name.to_string(),
+                message: e.to_string(),
+            })?,
+        );
+    }
+    Ok(())
 }
 
 /// One note per egress target: its class (as the controller's `status.targets[].kind`

@@ -11,9 +11,11 @@ use tailnet_api::ingress::{ExposeMode, ExposeStatus, TailnetIngressStatus};
 use tailnet_api::naming::AgentKind;
 use tailnet_api::validate::{self, ExposeNames, FieldError, ValidIngress};
 use tailnet_api::{Tailnet, TailnetIngress};
-use tailnet_render::desired::{self, IngressError};
+use tailnet_render::compose;
+use tailnet_render::desired;
 use tailnet_render::images::Images;
 use tailnet_render::ingress::IngressObjects;
+use tailnet_render::intent::{IngressIntent, TailnetScope};
 use tailnet_render::meta::Owner;
 use tailnet_render::{RenderContext, RenderError};
 
@@ -155,19 +157,29 @@ pub fn decide(
         cluster_domain: &config.cluster_domain,
     };
     // Context rules (cross-namespace backends, templates, a certificate source), then the
-    // hostnames an older ingress keeps (first claim wins).
-    let unclaimed = match desired::ingress_names(&namespace, valid, &render_ctx, &BTreeMap::new()) {
-        Ok(names) => names,
-        Err(errors) => return Ok(out_of_context(c, status, &errors)),
+    // hostnames an older ingress keeps (first claim wins): the composition's step.
+    let scope = TailnetScope {
+        name: &tailnet_name,
+        spec: &tailnet.spec,
+        operator_namespace: &config.operator_namespace,
     };
+    let intent = IngressIntent::new(ingress, &scope);
+    if let Err(errors) = &intent.names {
+        return Ok(out_of_context(c, status, errors));
+    }
     let not_allowed = sources_allowed(&mut c, ingress, tailnet);
-    let others = observed.others.iter().map(|o| &**o);
-    let claimed = desired::claimed_elsewhere(ingress, &unclaimed.names, others, &render_ctx);
-    hostnames_unique(&mut c, &claimed);
-    let names = match desired::ingress_names(&namespace, valid, &render_ctx, &claimed) {
+    // Only ingresses that claimed before this one can hold its names.
+    let earlier: Vec<IngressIntent> = observed
+        .others
+        .iter()
+        .filter(|o| desired::may_claim_before(&intent.claim, o))
+        .map(|o| IngressIntent::new(o, &scope))
+        .collect();
+    let names = match compose::ingress_names_among(&intent, &earlier) {
         Ok(names) => names,
         Err(errors) => return Ok(out_of_context(c, status, &errors)),
     };
+    hostnames_unique(&mut c, &names.claimed);
     let owner = Owner::from_meta(AgentKind::Ingress, &ingress.metadata, &tailnet_name)?;
     let serve_http = certificate_ready(
         &mut c,
@@ -181,15 +193,10 @@ pub fn decide(
     // uses too; nothing is rendered (the last good config stays) while a backend is missing.
     let wanted = desired::IngressObserved {
         backends: &observed.backends,
-        claimed: &claimed,
         certificate_ready: serve_http,
         tag: &tag,
     };
-    let desired = match desired::ingress(&ingress.metadata, valid, &render_ctx, &wanted) {
-        Ok(desired) => desired,
-        Err(IngressError::Context(errors)) => return Ok(out_of_context(c, status, &errors)),
-        Err(IngressError::Render(e)) => return Err(e),
-    };
+    let desired = desired::ingress(&ingress.metadata, valid, names, &render_ctx, &wanted)?;
     let unwatched = unwatched_backends(&ingress.metadata, valid, config);
     let problems: Vec<String> = desired
         .problems
@@ -221,7 +228,7 @@ pub fn decide(
     }
     // Nothing is rendered for backends the operator cannot read (as for missing ones).
     let objects = desired.objects.filter(|_| unwatched.is_empty());
-    let names = names.names;
+    let names = desired.names.names;
     shared::agent_ready(&mut c, observed.deployment.as_ref());
     tag_shared(&mut c, &tag, &foreign, node.is_some());
     status.exposes = expose_status(&names, serve_http);

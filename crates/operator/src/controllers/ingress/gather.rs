@@ -11,6 +11,7 @@ use tailnet_api::ingress::ExposeMode;
 use tailnet_api::naming::AgentKind;
 use tailnet_api::validate::ValidIngress;
 use tailnet_render::backends::{self, ObservedBackends};
+use tailnet_render::intent::Claim;
 use tailnet_render::meta::Owner;
 
 use super::super::access::{TailnetAccess, tailnet_access};
@@ -120,11 +121,12 @@ pub fn ingress_tag(
     prefix: &str,
     others: &[Arc<TailnetIngress>],
 ) -> Result<String, String> {
+    let others: Vec<Claim> = others.iter().map(|o| Claim::of_ingress(o)).collect();
     tailnet_render::claims::ingress_tag_of(
         tailnet_name,
         prefix,
-        ingress,
-        others.iter().map(|o| &**o),
+        &Claim::of_ingress(ingress),
+        &others,
     )
 }
 

@@ -17,6 +17,7 @@ use kube::runtime::finalizer::{self, finalizer};
 use kube::{Api, ResourceExt};
 use tailnet_api::TailnetIngress;
 use tailnet_api::naming::AgentKind;
+use tailnet_render::intent::Claim;
 
 use super::context::Context;
 use super::error::ReconcileError;
@@ -81,11 +82,12 @@ fn own_tag<'a>(
     ingress: &'a TailnetIngress,
     all: impl Iterator<Item = &'a TailnetIngress>,
 ) -> Option<String> {
+    let others: Vec<Claim> = all.map(Claim::of_ingress).collect();
     tailnet_render::claims::ingress_tag_of(
         &tailnet.name_any(),
         &tailnet.spec.policy.tag_prefix,
-        ingress,
-        all,
+        &Claim::of_ingress(ingress),
+        &others,
     )
     .ok()
 }

@@ -24,6 +24,7 @@ use super::gather::TailnetObservation;
 use super::locations::BASE_POLICY_KEY;
 use super::{contributions, effective};
 use tailnet_render::desired;
+use tailnet_render::intent::{EgressIntent, IngressIntent, TailnetScope};
 
 /// Conditions that must hold for `Ready`, in the order of their dependencies.
 pub const REQUIRED: [&str; 4] = [
@@ -278,12 +279,14 @@ pub fn plan(
         .collect();
 
     let contributing = tailnet.spec.policy.mode == PolicyMode::Contribute;
-    let mut inputs = policy_inputs(tailnet, observed, config);
+    // Each egress and ingress read once, as `tailnet-operator render` reads them.
+    let (egresses, ingresses) = intents(tailnet, observed, config);
+    let mut inputs = policy_inputs(tailnet, observed, config, &egresses, &ingresses);
     let dns_inputs = desired::dns_inputs(
         tailnet,
         &config.operator_namespace,
-        &observed.egresses,
-        &observed.ingresses,
+        &egresses,
+        &ingresses,
         &observed.egress_cluster_ips,
         observed.nodes.as_deref().unwrap_or(&[]),
     );
@@ -428,20 +431,36 @@ fn headscale_unreachable() -> Problem {
     )
 }
 
+/// The typed intents of this Tailnet's egresses and ingresses (the composition's first step).
+pub fn intents(
+    tailnet: &Tailnet,
+    observed: &TailnetObservation,
+    config: &OperatorConfig,
+) -> (Vec<EgressIntent>, Vec<IngressIntent>) {
+    let name = tailnet.name_any();
+    let scope = TailnetScope {
+        name: &name,
+        spec: &tailnet.spec,
+        operator_namespace: &config.operator_namespace,
+    };
+    tailnet_render::compose::intents(&scope, &observed.egresses, &observed.ingresses)
+}
+
 /// The renderer's inputs: this Tailnet's egresses and ingresses, and Headscale's nodes.
 pub fn policy_inputs(
     tailnet: &Tailnet,
     observed: &TailnetObservation,
     config: &OperatorConfig,
+    egresses: &[EgressIntent],
+    ingresses: &[IngressIntent],
 ) -> PolicyInputs {
     // The same function as `tailnet-operator render`; with route approval off, route
     // approval is left to the Headscale admin and no autoApprovers are rendered either.
     tailnet_render::desired::policy(
         tailnet,
         &installation_id(config, &tailnet.name_any()),
-        &config.operator_namespace,
-        &observed.egresses,
-        &observed.ingresses,
+        egresses,
+        ingresses,
         observed.nodes.as_deref().unwrap_or(&[]),
         config.approve_routes,
     )
