@@ -11,6 +11,7 @@ pub mod dns;
 pub mod effective;
 pub mod gather;
 pub mod locations;
+pub mod wiring;
 #[cfg(test)]
 mod tests;
 
