@@ -359,16 +359,19 @@ mod tests {
         });
         egress_writer.apply_watcher_event(&Event::Apply(egress));
         metrics.watch_conditions(vec![
-            ConditionSource::scoped(ScopedStore::cluster(tailnets), |t: &tailnet_api::Tailnet| {
-                t.status.as_ref().map(|s| s.conditions.as_slice())
-            }),
+            ConditionSource::scoped(
+                ScopedStore::cluster(tailnets),
+                |t: &tailnet_api::Tailnet| t.status.as_ref().map(|s| s.conditions.as_slice()),
+            ),
             ConditionSource::scoped(
                 ScopedStore::cluster(egresses),
                 |e: &tailnet_api::TailnetEgress| e.status.as_ref().map(|s| s.conditions.as_slice()),
             ),
             ConditionSource::scoped(
                 ScopedStore::cluster(ingresses),
-                |i: &tailnet_api::TailnetIngress| i.status.as_ref().map(|s| s.conditions.as_slice()),
+                |i: &tailnet_api::TailnetIngress| {
+                    i.status.as_ref().map(|s| s.conditions.as_slice())
+                },
             ),
         ]);
         let sample = r#"tailnet_operator_resource_condition{kind="TailnetEgress",namespace="tailnet-system",name="site",condition="RoutesReady",status="False",reason="RouteNotApproved"} 1"#;

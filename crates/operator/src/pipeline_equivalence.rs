@@ -18,9 +18,10 @@ use tailnet_render::backends::{ObjectKey, ObservedBackends};
 
 use crate::cli::manifests::Manifests;
 use crate::cli::render::{Observed, PREVIEW_UID, RenderArgs, render};
-use crate::controllers::access::TailnetAccess;
+use crate::controllers::agent::decide as agent;
+use crate::controllers::agent::identity::AuthSecret;
+use crate::controllers::agent::observation::{AgentObserved, Observation, TailnetView};
 use crate::controllers::config::OperatorConfig;
-use crate::controllers::identity::AuthSecret;
 use crate::controllers::status::Problem;
 use crate::controllers::tailnet::gather::TailnetObservation;
 use crate::controllers::{egress, ingress, tailnet};
@@ -155,7 +156,7 @@ fn controllers_output(
         .iter()
         .map(|i| with_uid(i.object.clone()))
         .collect();
-    let access = TailnetAccess {
+    let access = TailnetView {
         tailnet: tailnet.clone(),
         headscale: Err(Problem::new("Unknown", "not asked")),
     };
@@ -178,19 +179,19 @@ fn controllers_output(
         })
         .collect();
     for e in &egresses {
-        let valid = egress::decide::validated(e, now).expect("valid egress");
-        let observation = egress::gather::EgressObservation {
+        let valid = agent::validated::<egress::Egress>(e, now).expect("valid egress");
+        let observation = Observation {
             access: Ok(access.clone()),
-            foreign_services: BTreeMap::new(),
-            own_services: BTreeMap::new(),
-            nodes: Ok(Arc::new(nodes.clone())),
-            auth_secret: AuthSecret::Absent,
-            deployment: None,
-            report: None,
-            grants: BTreeMap::new(),
+            agent: AgentObserved {
+                nodes: Ok(Arc::new(nodes.clone())),
+                auth_secret: AuthSecret::Absent,
+                deployment: None,
+                report: None,
+            },
+            kind: Default::default(),
         };
-        let decision =
-            egress::decide::decide(e, &valid, &observation, &config, now).expect("egress decision");
+        let decision = agent::decide::<egress::Egress>(e, &valid, &observation, &config, now)
+            .expect("egress decision");
         for t in &decision.status.targets {
             target_kinds.push((
                 format!(
@@ -204,7 +205,7 @@ fn controllers_output(
             ));
         }
         let plan = decision.agent.expect("egress plan");
-        let o = &plan.objects;
+        let o = plan.objects.as_ref().expect("egress objects");
         objects.extend([
             typed(&o.service_account),
             typed(&o.role),
@@ -214,7 +215,7 @@ fn controllers_output(
             typed(&o.deployment),
             typed(&o.network_policy),
         ]);
-        objects.extend(plan.services.iter().map(typed));
+        objects.extend(plan.kind.services.iter().map(typed));
     }
     let mut backends = ObservedBackends::default();
     for (key, ports) in &observed.services {
@@ -245,13 +246,14 @@ fn controllers_output(
     let pem = certificate(&domains);
     let others: Vec<Arc<TailnetIngress>> = ingresses.iter().cloned().map(Arc::new).collect();
     for i in &ingresses {
-        let valid = ingress::decide::validated(i, now).expect("valid ingress");
-        let mut observation = ingress::gather::IngressObservation::only_access(Ok(access.clone()));
-        observation.others = others.clone();
-        observation.backends = backends.clone();
-        observation.tls_certificate = Some(pem.clone());
-        let decision =
-            ingress::decide::decide(i, &valid, &observation, &config, now).expect("decision");
+        let valid = agent::validated::<ingress::Ingress>(i, now).expect("valid ingress");
+        let mut observation =
+            Observation::<ingress::observation::IngressObserved>::only_access(Ok(access.clone()));
+        observation.kind.others = others.clone();
+        observation.kind.backends = backends.clone();
+        observation.kind.tls_certificate = Some(pem.clone());
+        let decision = agent::decide::<ingress::Ingress>(i, &valid, &observation, &config, now)
+            .expect("decision");
         let plan = decision.agent.expect("ingress plan");
         let o = plan
             .objects

@@ -80,7 +80,9 @@ impl KindStores {
     where
         K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     {
-        self.store::<K>().map(ScopedStore::state).unwrap_or_default()
+        self.store::<K>()
+            .map(ScopedStore::state)
+            .unwrap_or_default()
     }
 
     pub fn count<K>(&self) -> usize

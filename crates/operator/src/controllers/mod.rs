@@ -38,8 +38,5 @@ use agent::wiring::{Registration, register};
 /// The agent-backed kinds the operator runs: one line per kind (its folder implements
 /// `agent::decide::Decide` and `agent::kind::AgentKind`).
 pub fn agent_kinds() -> Vec<Box<dyn Registration>> {
-    vec![
-        register::<egress::Egress>(),
-        register::<ingress::Ingress>(),
-    ]
+    vec![register::<egress::Egress>(), register::<ingress::Ingress>()]
 }

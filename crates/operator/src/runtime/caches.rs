@@ -171,7 +171,10 @@ where
     /// The subscription, once `lead` is cancelled, followed by every object of `store` once
     /// it is filled (what the drained events would have triggered; a controller started on
     /// its own watch reconciles everything at start as well).
-    pub async fn take(self, store: reflector::Store<K>) -> impl futures::Stream<Item = Arc<K>> + Send {
+    pub async fn take(
+        self,
+        store: reflector::Store<K>,
+    ) -> impl futures::Stream<Item = Arc<K>> + Send {
         let handle = self
             .task
             .await

@@ -51,7 +51,6 @@ fn return_freed_memory() {
     });
 }
 
-
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("connecting to Kubernetes: {0}")]
@@ -250,9 +249,10 @@ impl SharedCaches {
                 operator_secrets: children.operator_secrets.clone(),
             },
         ));
-        let tailnet_conditions = ConditionSource::scoped(ScopedStore::cluster(tailnets), |t: &Tailnet| {
-            t.status.as_ref().map(|s| s.conditions.as_slice())
-        });
+        let tailnet_conditions =
+            ConditionSource::scoped(ScopedStore::cluster(tailnets), |t: &Tailnet| {
+                t.status.as_ref().map(|s| s.conditions.as_slice())
+            });
         metrics.watch_conditions(
             std::iter::once(tailnet_conditions)
                 .chain(kinds.iter().map(|k| k.conditions()))
@@ -268,7 +268,8 @@ impl SharedCaches {
         // default), at most `max_concurrent_reconciles` reconciles of a kind at once, shared
         // out among the parts.
         let parts = scope_parts(&config.scope).len().max(1);
-        let share = (config.max_concurrent_reconciles / u16::try_from(parts).unwrap_or(u16::MAX)).max(1);
+        let share =
+            (config.max_concurrent_reconciles / u16::try_from(parts).unwrap_or(u16::MAX)).max(1);
         let mut env = RunEnv {
             ctx,
             client,
@@ -283,4 +284,3 @@ impl SharedCaches {
         controllers
     }
 }
-

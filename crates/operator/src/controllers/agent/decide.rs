@@ -30,7 +30,7 @@ use super::identity::{self, Identity, KeyAction};
 use super::observation::{AgentObserved, Observation};
 
 /// The status an agent-backed kind writes.
-pub trait AgentStatus: WithConditions + Default + Send + Sync + 'static {
+pub trait AgentStatus: WithConditions + Default + std::fmt::Debug + Send + Sync + 'static {
     /// Records the generation decided (kinds whose status has no such field ignore it; their
     /// conditions carry it).
     fn set_observed_generation(&mut self, generation: Option<i64>);
@@ -61,7 +61,7 @@ pub struct AgentObjects<'a> {
 }
 
 /// The pure half of an agent-backed kind.
-pub trait Decide: Sized + Send + Sync + 'static {
+pub trait Decide: Sized + std::fmt::Debug + Send + Sync + 'static {
     /// The resource the kind reconciles (namespaced; its own API group or another's).
     type Object: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static;
     type Status: AgentStatus;
@@ -70,10 +70,10 @@ pub trait Decide: Sized + Send + Sync + 'static {
     /// What the kind's own gather step observes (besides the agent and the Tailnet).
     type Observed: Default + Send + Sync;
     /// The agent's rendered objects (the kind's `tailnet_render` output).
-    type Objects: Send + Sync;
+    type Objects: std::fmt::Debug + Send + Sync;
     /// What the kind decided beyond the agent: its own objects for its act step, and what
     /// its [`Decide::report`] reads.
-    type Plan: Send + Sync;
+    type Plan: std::fmt::Debug + Send + Sync;
     /// What the kind's act step reports back for the status (see [`Decide::amend`]).
     type Acted: Send;
 
@@ -166,6 +166,7 @@ impl<K: Decide> Input<'_, K> {
 }
 
 /// A kind's plan for its agent.
+#[derive(Debug)]
 pub struct Planned<K: Decide> {
     pub tag: String,
     /// `None`: the agent is not (re)deployed now (the last good configuration stays applied)
@@ -175,6 +176,7 @@ pub struct Planned<K: Decide> {
 }
 
 /// What the act step does for one object, and the status to write.
+#[derive(Debug)]
 pub struct Decision<K: Decide> {
     pub status: K::Status,
     /// `None`: nothing is applied (the Tailnet is missing, or the spec is invalid in itself or
@@ -182,6 +184,7 @@ pub struct Decision<K: Decide> {
     pub agent: Option<Box<AgentPlan<K>>>,
 }
 
+#[derive(Debug)]
 pub struct AgentPlan<K: Decide> {
     pub owner: Owner,
     pub tag: String,

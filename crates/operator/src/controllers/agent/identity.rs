@@ -61,13 +61,21 @@ pub fn decide(
     now: Timestamp,
 ) -> Identity {
     let listed: &[Node] = nodes.as_deref().map_or(&[], |n| n);
-    let own: Vec<Node> = own_nodes(listed, tag, &hostnames).into_iter().cloned().collect();
+    let own: Vec<Node> = own_nodes(listed, tag, &hostnames)
+        .into_iter()
+        .cloned()
+        .collect();
     let foreign: Vec<Node> = foreign_nodes(listed, tag, &hostnames)
         .into_iter()
         .cloned()
         .collect();
     let (key, key_state) = match nodes {
-        Ok(_) => decide_key(!own.is_empty(), deployable && foreign.is_empty(), secret, now),
+        Ok(_) => decide_key(
+            !own.is_empty(),
+            deployable && foreign.is_empty(),
+            secret,
+            now,
+        ),
         Err(_) => (KeyAction::Keep, KeyState::NodeExists),
     };
     Identity {

@@ -18,8 +18,8 @@ use super::super::error::ReconcileError;
 use super::super::kube_io::{apply, get_opt_cached};
 use super::super::publish::event;
 use super::identity::{
-    AuthSecret, KEY_EXPIRES_ANNOTATION, KEY_ID_ANNOTATION, KeyAction, auth_secret_of,
-    confirm_mint, orphaned_keys, own_nodes,
+    AuthSecret, KEY_EXPIRES_ANNOTATION, KEY_ID_ANNOTATION, KeyAction, auth_secret_of, confirm_mint,
+    orphaned_keys, own_nodes,
 };
 
 fn auth_child(owner: &Owner) -> ChildRef {
@@ -248,4 +248,3 @@ pub async fn forget_identity(
     }
     Ok(())
 }
-

@@ -49,7 +49,10 @@ fn api<K: AgentKind>(ctx: &Context, object: &K::Object) -> Api<K::Object> {
     Api::namespaced(ctx.client.clone(), &object.namespace().unwrap_or_default())
 }
 
-async fn run<K: AgentKind>(object: Arc<K::Object>, ctx: &Context) -> Result<Action, ReconcileError> {
+async fn run<K: AgentKind>(
+    object: Arc<K::Object>,
+    ctx: &Context,
+) -> Result<Action, ReconcileError> {
     let api = api::<K>(ctx, &object);
     if let Admission::Refuse(status) = K::admit(&object, &ctx.config, Timestamp::now()) {
         // Not honoured here: no finalizer, no objects, just say so.

@@ -190,10 +190,11 @@ async fn part_controller<K: AgentKind>(
     let deployments = env.children.deployments.get_mut(index)?;
     let deployment_store = deployments.store.clone();
     let deployment_trigger = deployments.take()?;
-    let mut controller = Controller::for_shared_stream(trigger.take(store.clone()).await, store.clone())
-        .with_config(env.per_part.clone())
-        .trigger_backoff(WatchBackoff::default())
-        .owns_shared_stream(deployment_trigger.take(deployment_store).await);
+    let mut controller =
+        Controller::for_shared_stream(trigger.take(store.clone()).await, store.clone())
+            .with_config(env.per_part.clone())
+            .trigger_backoff(WatchBackoff::default())
+            .owns_shared_stream(deployment_trigger.take(deployment_store).await);
     // Agent Services live in the operator namespace: the part that covers it owns them.
     if K::OWNS_OPERATOR_SERVICES
         && part

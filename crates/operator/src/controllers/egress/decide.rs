@@ -23,9 +23,7 @@ use tailnet_render::targets::{self, NodeProblem, NodeView, TargetClass};
 use tailnet_render::{RenderError, desired};
 
 use super::super::agent::conditions as shared;
-use super::super::agent::decide::{
-    Admission, AgentObjects, AgentStatus, Decide, Input, Planned,
-};
+use super::super::agent::decide::{Admission, AgentObjects, AgentStatus, Decide, Input, Planned};
 use super::super::agent::identity::Identity;
 use super::super::agent::observation::{AgentObserved, NodeList, nodes_unobservable};
 use super::super::config::OperatorConfig;
@@ -46,6 +44,7 @@ pub const REQUIRED: [&str; 6] = [
 pub const OBSERVED_IF_KNOWN: [&str; 1] = [types::TARGETS_REACHABLE];
 
 /// The TailnetEgress kind.
+#[derive(Debug)]
 pub struct Egress;
 
 /// What the egress decided beyond its agent.
@@ -158,7 +157,10 @@ impl Decide for Egress {
         egress: &TailnetEgress,
         _all: &[Arc<TailnetEgress>],
     ) -> Option<String> {
-        Some(egress_tag(&tailnet.spec.policy.tag_prefix, &egress.name_any()))
+        Some(egress_tag(
+            &tailnet.spec.policy.tag_prefix,
+            &egress.name_any(),
+        ))
     }
 
     fn amend(

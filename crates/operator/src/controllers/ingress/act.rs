@@ -17,7 +17,8 @@ pub async fn act(ctx: &Context, plan: &AgentPlan<Ingress>) -> Result<Acted, Reco
     let mut acted = Acted::default();
     let certificate = plan.objects.as_ref().and_then(|o| o.certificate.as_ref());
     if let Some(certificate) = certificate {
-        acted.certificate_error = apply_certificate(ctx, &plan.owner.namespace, certificate).await?;
+        acted.certificate_error =
+            apply_certificate(ctx, &plan.owner.namespace, certificate).await?;
     }
     Ok(acted)
 }

@@ -43,6 +43,7 @@ pub const REQUIRED: [&str; 8] = [
 pub const OBSERVED_IF_KNOWN: [&str; 1] = [types::BACKENDS_REACHABLE];
 
 /// The TailnetIngress kind.
+#[derive(Debug)]
 pub struct Ingress;
 
 /// What the ingress decided beyond its agent (read by `report`).
@@ -451,7 +452,11 @@ fn backends_resolved(c: &mut ConditionSet, problems: &[String], unwatched: bool)
 
 /// `CertificateReady`: a certificate covering every http name, valid now, or http is not
 /// served at all. Returns whether http exposes are served.
-fn certificate_ready(c: &mut ConditionSet, input: &Input<'_, Ingress>, http_names: &[String]) -> bool {
+fn certificate_ready(
+    c: &mut ConditionSet,
+    input: &Input<'_, Ingress>,
+    http_names: &[String],
+) -> bool {
     let (ingress, owner, now) = (input.object, input.owner, input.now);
     if !ingress
         .spec

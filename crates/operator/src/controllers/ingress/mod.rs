@@ -19,8 +19,8 @@ use super::agent::decide::AgentPlan;
 use super::agent::kind::{AgentKind, GatherInput};
 use super::context::Context;
 use super::error::ReconcileError;
-pub use decide::Ingress;
 use decide::Acted;
+pub use decide::Ingress;
 use observation::IngressObserved;
 
 impl AgentKind for Ingress {

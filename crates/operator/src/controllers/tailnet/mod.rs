@@ -11,9 +11,9 @@ pub mod dns;
 pub mod effective;
 pub mod gather;
 pub mod locations;
-pub mod wiring;
 #[cfg(test)]
 mod tests;
+pub mod wiring;
 
 use std::sync::Arc;
 
