@@ -12,6 +12,15 @@
 //! Pure modules (no I/O; what decide steps may import): `decide`, `identity`, `conditions`,
 //! `observation`. The rest reads and writes: `gather`, `report`, `keys`, `act`, `lifecycle`,
 //! `reconcile`, `wiring`, `fan_out`, `kind`.
+//!
+//! Adding a kind touches, in the operator: a new folder `controllers/<kind>/` (`decide.rs`:
+//! the marker type and `impl Decide`; `mod.rs`: `impl AgentKind`; its observation, gather and
+//! act modules) and one line in `controllers::agent_kinds` (plus its `pub mod`). Outside:
+//! its API type and an `AgentKind` variant (`tailnet_api::naming`), its rendered objects
+//! (`tailnet_render`, with `pod::agent_pods` saying how many pods it runs), the CLI's offline
+//! render, RBAC in the chart, and docs. A kind that reconciles only some objects of a type
+//! (a Service of one `loadBalancerClass`) adds an "ignore" outcome to [`decide::Admission`]
+//! (with the release of a finalizer it left behind) in `reconcile.rs`.
 
 pub mod act;
 pub mod conditions;
