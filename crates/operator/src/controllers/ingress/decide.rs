@@ -16,7 +16,6 @@ use tailnet_api::validate::{self, ExposeNames, FieldError, ValidIngress};
 use tailnet_api::{Tailnet, TailnetIngress};
 use tailnet_headscale::Node;
 use tailnet_render::RenderError;
-use tailnet_render::desired::IngressError;
 use tailnet_render::ingress::IngressObjects;
 
 use super::super::agent::conditions as shared;
@@ -220,10 +219,9 @@ fn plan(
         certificate_ready: serve_http,
         tag: &tag,
     };
-    let desired = match desired::objects(ingress, input.intent, &render_ctx, &wanted) {
+    let desired = match desired::objects(ingress, input.intent, &render_ctx, &wanted)? {
         Ok(desired) => desired,
-        Err(IngressError::Context(errors)) => return Ok(out_of_context(c, &errors)),
-        Err(IngressError::Render(e)) => return Err(e),
+        Err(errors) => return Ok(out_of_context(c, &errors)),
     };
     let unwatched = unwatched_backends(&ingress.metadata, input.intent, input.config);
     let problems: Vec<String> = desired

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use tailnet_api::TailnetIngress;
 use tailnet_api::validate::{FieldError, ValidIngress};
-use tailnet_render::RenderContext;
 use tailnet_render::desired::{self, IngressDesired, IngressError, IngressNames};
+use tailnet_render::{RenderContext, RenderError};
 
 /// The tag of `ingress` among `others` of its Tailnet: `Err(holder)` when it has none of its
 /// own (see `IngressObserved::tag`).
@@ -57,18 +57,23 @@ pub struct Observed<'a> {
 }
 
 /// Backends resolved and, when all resolve, the agent's objects (the pipeline
-/// `tailnet-operator render` uses too).
+/// `tailnet-operator render` uses too). `Ok(Err(errors))`: the spec does not hold in the
+/// Tailnet's context.
 pub fn objects(
     ingress: &TailnetIngress,
     valid: &ValidIngress,
     ctx: &RenderContext,
     observed: &Observed,
-) -> Result<IngressDesired, IngressError> {
+) -> Result<Result<IngressDesired, Vec<FieldError>>, RenderError> {
     let wanted = desired::IngressObserved {
         backends: observed.backends,
         claimed: observed.claimed,
         certificate_ready: observed.certificate_ready,
         tag: observed.tag,
     };
-    desired::ingress(&ingress.metadata, valid, ctx, &wanted)
+    match desired::ingress(&ingress.metadata, valid, ctx, &wanted) {
+        Ok(desired) => Ok(Ok(desired)),
+        Err(IngressError::Context(errors)) => Ok(Err(errors)),
+        Err(IngressError::Render(e)) => Err(e),
+    }
 }
