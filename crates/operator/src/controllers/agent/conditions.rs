@@ -12,7 +12,7 @@ use tailnet_api::tailnet::PolicyMode;
 use tailnet_headscale::Node;
 
 use super::super::status::{ConditionSet, Problem};
-use super::identity::KeyState;
+use super::identity::{Identity, KeyState, tag_shared};
 use super::observation::{NodeList, TailnetView};
 
 /// The conditions of a spec that does not validate: `SpecValid=False` naming every field,
@@ -100,6 +100,20 @@ pub fn node_online(c: &mut ConditionSet, nodes: &NodeList, node: Option<&Node>, 
         // Not reached: a key state of NodeExists comes with a node.
         (None, KeyState::NodeExists) => {}
     }
+}
+
+/// The conditions of the identity: `NodeOnline`, `AgentReady` (the Deployment's pods) and a
+/// tag shared with nodes that are not the agent's.
+pub fn identity(
+    c: &mut ConditionSet,
+    identity: &Identity,
+    nodes: &NodeList,
+    deployment: Option<&Deployment>,
+) {
+    node_online(c, nodes, identity.node(), &identity.key_state);
+    agent_ready(c, deployment);
+    let foreign: Vec<&Node> = identity.foreign.iter().collect();
+    tag_shared(c, &identity.tag, &foreign, identity.node().is_some());
 }
 
 /// `AgentReady`: whether the agent Deployment has an available pod, else what is missing.

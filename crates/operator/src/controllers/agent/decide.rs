@@ -263,7 +263,7 @@ pub fn decide<K: Decide>(
     if let Some(node) = identity.node() {
         status.record_node(node);
     }
-    identity::conditions(&mut c, &identity, &agent.nodes, agent.deployment.as_ref());
+    conditions::identity(&mut c, &identity, &agent.nodes, agent.deployment.as_ref());
     K::report(&input, &planned, &identity, &mut c, &mut status);
     let Planned { tag, objects, plan } = planned;
     let agent = AgentPlan {

@@ -9,8 +9,7 @@ use kube::ResourceExt;
 use tailnet_headscale::{Node, PreAuthKey};
 
 use super::super::status::{ConditionSet, Problem};
-use super::conditions;
-use super::observation::NodeList;
+use super::observation::{AuthSecret, NodeList};
 use tailnet_api::conditions::{reasons, types};
 
 /// Annotations on the auth Secret: which key is in it and until when it is valid (the key
@@ -88,20 +87,6 @@ pub fn decide(
     }
 }
 
-/// The conditions of the identity: `NodeOnline`, `AgentReady` (the Deployment's pods) and a
-/// tag shared with nodes that are not the agent's.
-pub fn conditions(
-    c: &mut ConditionSet,
-    identity: &Identity,
-    nodes: &NodeList,
-    deployment: Option<&k8s_openapi::api::apps::v1::Deployment>,
-) {
-    conditions::node_online(c, nodes, identity.node(), &identity.key_state);
-    conditions::agent_ready(c, deployment);
-    let foreign: Vec<&Node> = identity.foreign.iter().collect();
-    tag_shared(c, &identity.tag, &foreign, identity.node().is_some());
-}
-
 fn carries(node: &Node, tag: &str) -> bool {
     node.tags.iter().any(|t| t == tag)
 }
@@ -153,18 +138,6 @@ pub fn tag_shared(c: &mut ConditionSet, tag: &str, foreign: &[&Node], own: bool)
         ),
     );
     false
-}
-
-/// What the gather step knows of the agent's auth Secret.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AuthSecret {
-    /// Not read: this process removed it once the node existed, recently (see applied.rs).
-    RemovedByUs,
-    Absent,
-    Present {
-        key_id: Option<u64>,
-        expires: Option<Timestamp>,
-    },
 }
 
 /// What to do about the agent's pre-auth key.

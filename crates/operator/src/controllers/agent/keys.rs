@@ -18,9 +18,10 @@ use super::super::error::ReconcileError;
 use super::super::kube_io::{apply, get_opt_cached};
 use super::super::publish::event;
 use super::identity::{
-    AuthSecret, KEY_EXPIRES_ANNOTATION, KEY_ID_ANNOTATION, KeyAction, auth_secret_of, confirm_mint,
+    KEY_EXPIRES_ANNOTATION, KEY_ID_ANNOTATION, KeyAction, auth_secret_of, confirm_mint,
     orphaned_keys, own_nodes,
 };
+use super::observation::AuthSecret;
 
 fn auth_child(owner: &Owner) -> ChildRef {
     ChildRef {

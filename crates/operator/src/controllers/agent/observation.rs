@@ -8,8 +8,9 @@ use tailnet_api::Tailnet;
 use tailnet_api::agent_status::StatusReport;
 use tailnet_headscale::Node;
 
+use jiff::Timestamp;
+
 use super::super::status::Problem;
-use super::identity::AuthSecret;
 
 /// Headscale's node list as the gather step saw it (shared with other reconciles).
 pub type NodeList = Result<Arc<Vec<Node>>, Problem>;
@@ -20,6 +21,18 @@ pub type NodeList = Result<Arc<Vec<Node>>, Problem>;
 pub struct TailnetView {
     pub tailnet: Tailnet,
     pub headscale: Result<(), Problem>,
+}
+
+/// What the gather step knows of the agent's auth Secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AuthSecret {
+    /// Not read: this process removed it once the node existed, recently (see applied.rs).
+    RemovedByUs,
+    Absent,
+    Present {
+        key_id: Option<u64>,
+        expires: Option<Timestamp>,
+    },
 }
 
 /// The agent as observed: what every kind shares.

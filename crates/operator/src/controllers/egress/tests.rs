@@ -11,8 +11,8 @@ use tailnet_api::egress::TailnetEgressStatus;
 use tailnet_headscale::Node;
 
 use super::super::agent::decide::{self as agent, Decision};
-use super::super::agent::identity::{AuthSecret, KeyAction};
-use super::super::agent::observation::{AgentObserved, Observation};
+use super::super::agent::identity::KeyAction;
+use super::super::agent::observation::{AgentObserved, AuthSecret, Observation};
 use super::super::reason_coverage::assert_every_reason_has_a_case;
 use super::super::status::Problem;
 use super::super::test_fixtures::{self as fx, OPERATOR_NAMESPACE};

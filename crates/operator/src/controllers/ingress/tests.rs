@@ -13,8 +13,10 @@ use tailnet_headscale::Node;
 use tailnet_render::backends::{ObjectKey, ObservedBackends, ServicePortInfo};
 
 use super::super::agent::decide::{self as agent, Decision};
-use super::super::agent::identity::{AuthSecret, KeyAction};
-use super::super::agent::observation::{AgentObserved, Observation, nodes_unobservable};
+use super::super::agent::identity::KeyAction;
+use super::super::agent::observation::{
+    AgentObserved, AuthSecret, Observation, nodes_unobservable,
+};
 use super::super::reason_coverage::assert_every_reason_has_a_case;
 use super::super::status::Problem;
 use super::super::test_fixtures as fx;
