@@ -3,8 +3,8 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
-use kube::runtime::reflector::Store;
 
 use crate::scope::ScopedStore;
 use prometheus_client::collector::Collector;
@@ -69,18 +69,45 @@ pub struct ResourceConditionLabels {
     pub reason: String,
 }
 
-/// The watch caches the condition metric is read from (set once the controllers run).
-struct ConditionSources {
-    tailnets: Store<tailnet_api::Tailnet>,
-    egresses: ScopedStore<tailnet_api::TailnetEgress>,
-    ingresses: ScopedStore<tailnet_api::TailnetIngress>,
+/// The objects of one kind and their conditions, read at scrape time (one per registered
+/// kind, and the Tailnets).
+pub struct ConditionSource {
+    kind: String,
+    each: Box<VisitConditions>,
+}
+
+/// Calls its argument with (namespace, name, conditions) of every object.
+type VisitConditions = dyn Fn(&mut dyn FnMut(&str, &str, &[Condition])) + Send + Sync;
+
+impl ConditionSource {
+    /// The objects in `store` (of any watch part) with their conditions (`None`: no status).
+    pub fn scoped<K>(
+        store: ScopedStore<K>,
+        conditions: impl Fn(&K) -> Option<&[Condition]> + Send + Sync + 'static,
+    ) -> Self
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        ConditionSource {
+            kind: K::kind(&()).to_string(),
+            each: Box::new(move |emit| {
+                for object in store.state() {
+                    emit(
+                        &object.namespace().unwrap_or_default(),
+                        &object.name_any(),
+                        conditions(&object).unwrap_or_default(),
+                    );
+                }
+            }),
+        }
+    }
 }
 
 /// Emits, at scrape time, one `resource_condition` sample (value 1) per condition of every
 /// Tailnet, TailnetEgress and TailnetIngress in the caches, so alerts can name the object and
 /// the condition's reason. Only the leader emits (standbys would duplicate every series).
 struct ConditionCollector {
-    sources: Arc<OnceLock<ConditionSources>>,
+    sources: Arc<OnceLock<Vec<ConditionSource>>>,
     leader: Gauge,
 }
 
@@ -97,7 +124,7 @@ fn condition_samples(
     kind: &str,
     namespace: &str,
     name: &str,
-    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    conditions: &[Condition],
 ) {
     for c in conditions {
         family
@@ -117,35 +144,10 @@ impl Collector for ConditionCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let family = Family::<ResourceConditionLabels, Gauge>::default();
         if let Some(sources) = self.sources.get().filter(|_| self.leader.get() == 1) {
-            for t in sources.tailnets.state() {
-                let conditions = t.status.as_ref().map(|s| s.conditions.as_slice());
-                condition_samples(
-                    &family,
-                    "Tailnet",
-                    "",
-                    &t.name_any(),
-                    conditions.unwrap_or_default(),
-                );
-            }
-            for e in sources.egresses.state() {
-                let conditions = e.status.as_ref().map(|s| s.conditions.as_slice());
-                condition_samples(
-                    &family,
-                    "TailnetEgress",
-                    &e.namespace().unwrap_or_default(),
-                    &e.name_any(),
-                    conditions.unwrap_or_default(),
-                );
-            }
-            for i in sources.ingresses.state() {
-                let conditions = i.status.as_ref().map(|s| s.conditions.as_slice());
-                condition_samples(
-                    &family,
-                    "TailnetIngress",
-                    &i.namespace().unwrap_or_default(),
-                    &i.name_any(),
-                    conditions.unwrap_or_default(),
-                );
+            for source in sources {
+                (source.each)(&mut |namespace, name, conditions| {
+                    condition_samples(&family, &source.kind, namespace, name, conditions);
+                });
             }
         }
         let metric = encoder.encode_descriptor(
@@ -175,7 +177,7 @@ pub struct Metrics {
     pub routes_approved: Family<TailnetLabels, Counter>,
     pub resources_by_condition: Family<ConditionLabels, Gauge>,
     pub leader: Gauge,
-    condition_sources: Arc<OnceLock<ConditionSources>>,
+    condition_sources: Arc<OnceLock<Vec<ConditionSource>>>,
 }
 
 fn duration_buckets() -> impl Iterator<Item = f64> {
@@ -284,19 +286,10 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Makes `/metrics` report the conditions of the objects in these caches
+    /// Makes `/metrics` report the conditions of the objects of these sources, in this order
     /// (`tailnet_operator_resource_condition`); the first call wins.
-    pub fn watch_conditions(
-        &self,
-        tailnets: Store<tailnet_api::Tailnet>,
-        egresses: ScopedStore<tailnet_api::TailnetEgress>,
-        ingresses: ScopedStore<tailnet_api::TailnetIngress>,
-    ) {
-        let _ = self.condition_sources.set(ConditionSources {
-            tailnets,
-            egresses,
-            ingresses,
-        });
+    pub fn watch_conditions(&self, sources: Vec<ConditionSource>) {
+        let _ = self.condition_sources.set(sources);
     }
 
     pub fn encode(&self) -> String {
@@ -333,7 +326,7 @@ impl CallObserver for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::runtime::reflector::store;
     use kube::runtime::watcher::Event;
 
@@ -365,11 +358,22 @@ mod tests {
             ..Default::default()
         });
         egress_writer.apply_watcher_event(&Event::Apply(egress));
-        metrics.watch_conditions(
-            tailnets,
-            ScopedStore::cluster(egresses),
-            ScopedStore::cluster(ingresses),
-        );
+        metrics.watch_conditions(vec![
+            ConditionSource::scoped(
+                ScopedStore::cluster(tailnets),
+                |t: &tailnet_api::Tailnet| t.status.as_ref().map(|s| s.conditions.as_slice()),
+            ),
+            ConditionSource::scoped(
+                ScopedStore::cluster(egresses),
+                |e: &tailnet_api::TailnetEgress| e.status.as_ref().map(|s| s.conditions.as_slice()),
+            ),
+            ConditionSource::scoped(
+                ScopedStore::cluster(ingresses),
+                |i: &tailnet_api::TailnetIngress| {
+                    i.status.as_ref().map(|s| s.conditions.as_slice())
+                },
+            ),
+        ]);
         let sample = r#"tailnet_operator_resource_condition{kind="TailnetEgress",namespace="tailnet-system",name="site",condition="RoutesReady",status="False",reason="RouteNotApproved"} 1"#;
         assert!(
             !metrics.encode().contains(sample),

@@ -18,9 +18,9 @@ use tailnet_render::backends::{ObjectKey, ObservedBackends};
 
 use crate::cli::manifests::Manifests;
 use crate::cli::render::{Observed, PREVIEW_UID, RenderArgs, render};
-use crate::controllers::access::TailnetAccess;
+use crate::controllers::agent::decide as agent;
+use crate::controllers::agent::observation::{AgentObserved, AuthSecret, Observation, TailnetView};
 use crate::controllers::config::OperatorConfig;
-use crate::controllers::identity::AuthSecret;
 use crate::controllers::status::Problem;
 use crate::controllers::tailnet::gather::TailnetObservation;
 use crate::controllers::{egress, ingress, tailnet};
@@ -155,7 +155,7 @@ fn controllers_output(
         .iter()
         .map(|i| with_uid(i.object.clone()))
         .collect();
-    let access = TailnetAccess {
+    let access = TailnetView {
         tailnet: tailnet.clone(),
         headscale: Err(Problem::new("Unknown", "not asked")),
     };
@@ -193,7 +193,7 @@ fn headscale_nodes(observed: &Observed) -> Vec<tailnet_headscale::Node> {
 /// The egress controller's objects and target classes for every egress.
 fn egress_decisions(
     egresses: &[TailnetEgress],
-    access: &TailnetAccess,
+    access: &TailnetView,
     nodes: &[tailnet_headscale::Node],
     config: &OperatorConfig,
     now: Timestamp,
@@ -201,19 +201,19 @@ fn egress_decisions(
     let mut objects = Vec::new();
     let mut target_kinds = Vec::new();
     for e in egresses {
-        let valid = egress::decide::validated(e, now).expect("valid egress");
-        let observation = egress::gather::EgressObservation {
+        let valid = agent::validated::<egress::Egress>(e, now).expect("valid egress");
+        let observation = Observation {
             access: Ok(access.clone()),
-            foreign_services: BTreeMap::new(),
-            own_services: BTreeMap::new(),
-            nodes: Ok(Arc::new(nodes.to_vec())),
-            auth_secret: AuthSecret::Absent,
-            deployment: None,
-            report: None,
-            grants: BTreeMap::new(),
+            agent: AgentObserved {
+                nodes: Ok(Arc::new(nodes.to_vec())),
+                auth_secret: AuthSecret::Absent,
+                deployment: None,
+                report: None,
+            },
+            kind: Default::default(),
         };
-        let decision =
-            egress::decide::decide(e, &valid, &observation, config, now).expect("egress decision");
+        let decision = agent::decide::<egress::Egress>(e, &valid, &observation, config, now)
+            .expect("egress decision");
         for t in &decision.status.targets {
             target_kinds.push((
                 format!(
@@ -227,7 +227,7 @@ fn egress_decisions(
             ));
         }
         let plan = decision.agent.expect("egress plan");
-        let o = &plan.objects;
+        let o = plan.objects.as_ref().expect("egress objects");
         objects.extend([
             typed(&o.service_account),
             typed(&o.role),
@@ -237,7 +237,7 @@ fn egress_decisions(
             typed(&o.deployment),
             typed(&o.network_policy),
         ]);
-        objects.extend(plan.services.iter().map(typed));
+        objects.extend(plan.kind.services.iter().map(typed));
     }
     (objects, target_kinds)
 }
@@ -271,7 +271,7 @@ fn backends_of(manifests: &Manifests, observed: &Observed) -> ObservedBackends {
 /// The ingress controller's objects for every ingress (each with a certificate covering it).
 fn ingress_decisions(
     ingresses: &[TailnetIngress],
-    access: &TailnetAccess,
+    access: &TailnetView,
     backends: &ObservedBackends,
     config: &OperatorConfig,
     now: Timestamp,
@@ -285,13 +285,14 @@ fn ingress_decisions(
     let others: Vec<Arc<TailnetIngress>> = ingresses.iter().cloned().map(Arc::new).collect();
     let mut objects = Vec::new();
     for i in ingresses {
-        let valid = ingress::decide::validated(i, now).expect("valid ingress");
-        let mut observation = ingress::gather::IngressObservation::only_access(Ok(access.clone()));
-        observation.others = others.clone();
-        observation.backends = backends.clone();
-        observation.tls_certificate = Some(pem.clone());
-        let decision =
-            ingress::decide::decide(i, &valid, &observation, config, now).expect("decision");
+        let valid = agent::validated::<ingress::Ingress>(i, now).expect("valid ingress");
+        let mut observation =
+            Observation::<ingress::observation::IngressObserved>::only_access(Ok(access.clone()));
+        observation.kind.others = others.clone();
+        observation.kind.backends = backends.clone();
+        observation.kind.tls_certificate = Some(pem.clone());
+        let decision = agent::decide::<ingress::Ingress>(i, &valid, &observation, config, now)
+            .expect("decision");
         let plan = decision.agent.expect("ingress plan");
         let o = plan
             .objects

@@ -1,6 +1,6 @@
 //! The agent Deployment and its RBAC, shared by egress and ingress agents.
 //!
-//! Pod contract (SPEC §2): one replica, Recreate; container `tailscale` is the official image
+//! Pod contract (SPEC §2): one replica, Recreate ([`agent_pods`]); container `tailscale` is the official image
 //! running containerboot with tailscaled in userspace mode, state in a Secret
 //! (`TS_KUBE_SECRET`), login once with a pre-auth key; container `tailnet-agent` talks to
 //! tailscaled only through the LocalAPI socket in a shared emptyDir. No NET_ADMIN, no
@@ -38,6 +38,26 @@ use crate::meta::Owner;
 pub const AUTH_KEY: &str = "authkey";
 /// Non-root UID/GID of both containers.
 pub const RUN_AS: i64 = 65532;
+
+/// How an agent's pods run: how many, and how they are replaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentPods {
+    pub replicas: i32,
+    /// The Deployment strategy (`Recreate`: never two pods with the same state at once).
+    pub strategy: &'static str,
+}
+
+/// How many agent pods a kind runs — the one place that says it. Today every kind runs one
+/// pod with one tailnet identity, replaced with `Recreate`: its node state lives in one state
+/// Secret, which two pods must never share.
+pub fn agent_pods(kind: AgentKind) -> AgentPods {
+    match kind {
+        AgentKind::Egress | AgentKind::Ingress => AgentPods {
+            replicas: 1,
+            strategy: "Recreate",
+        },
+    }
+}
 
 /// Agent-specific parts of the pod.
 #[derive(Clone, Debug, Default)]
@@ -322,13 +342,13 @@ pub fn deployment(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Deplo
             value: start.to_string(),
         }]
     });
+    let pods = agent_pods(owner.kind);
     Deployment {
         metadata: owner.meta(&names.base),
         spec: Some(DeploymentSpec {
-            replicas: Some(1),
-            // One node identity per resource: never two pods with the same state at once.
+            replicas: Some(pods.replicas),
             strategy: Some(DeploymentStrategy {
-                type_: Some("Recreate".to_string()),
+                type_: Some(pods.strategy.to_string()),
                 rolling_update: None,
             }),
             selector: LabelSelector {

@@ -8,6 +8,7 @@ use tailnet_api::Tailnet;
 use tailnet_api::conditions::reasons;
 use tailnet_headscale::{Client as HeadscaleClient, Secret};
 
+use super::agent::observation::TailnetView;
 use super::context::Context;
 use super::kube_io::from_cache_or_get;
 use super::status::Problem;
@@ -17,6 +18,16 @@ use super::status::Problem;
 pub struct TailnetAccess {
     pub tailnet: Tailnet,
     pub headscale: Result<HeadscaleClient, Problem>,
+}
+
+impl TailnetAccess {
+    /// What `decide` may know of it: the Tailnet, and whether Headscale can be used.
+    pub fn view(&self) -> TailnetView {
+        TailnetView {
+            tailnet: self.tailnet.clone(),
+            headscale: self.headscale.as_ref().map(|_| ()).map_err(Clone::clone),
+        }
+    }
 }
 
 /// Looks up the Tailnet and builds its Headscale client. `Err`: why `TailnetReady` is False.

@@ -1,7 +1,8 @@
 //! What every reconcile shares.
 
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -52,11 +53,64 @@ pub struct Caches {
     pub operator_secrets: Store<K8sSecret>,
 }
 
+/// The watch caches of every registered agent kind's objects, by object type (each kind's
+/// wiring adds its own; a kind's reconciles read its objects here, e.g. for claims).
+#[derive(Clone, Default)]
+pub struct KindStores {
+    stores: HashMap<TypeId, Arc<dyn Any + Send + Sync>>,
+}
+
+impl KindStores {
+    pub fn insert<K>(&mut self, store: ScopedStore<K>)
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        self.stores.insert(TypeId::of::<K>(), Arc::new(store));
+    }
+
+    pub fn store<K>(&self) -> Option<&ScopedStore<K>>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        self.stores.get(&TypeId::of::<K>())?.downcast_ref()
+    }
+
+    /// Every cached object of type `K` (none when no kind of that type is registered).
+    pub fn objects<K>(&self) -> Vec<Arc<K>>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        self.store::<K>()
+            .map(ScopedStore::state)
+            .unwrap_or_default()
+    }
+
+    pub fn count<K>(&self) -> usize
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        self.objects::<K>().len()
+    }
+
+    /// The store of `K`, or an empty one.
+    fn scoped<K>(&self) -> ScopedStore<K>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        self.store::<K>()
+            .cloned()
+            .unwrap_or_else(|| ScopedStore::namespaced(Vec::new()))
+    }
+}
+
 pub struct Context {
     pub client: kube::Client,
     pub config: OperatorConfig,
     pub metrics: Metrics,
     pub recorder: Recorder,
+    /// The registered agent kinds' objects.
+    pub kinds: KindStores,
+    /// The egresses and ingresses (the same caches as in `kinds`), for the Tailnet controller.
     pub egresses: ScopedStore<TailnetEgress>,
     pub ingresses: ScopedStore<TailnetIngress>,
     /// For reading agents' `/status` (short timeouts: an agent that does not answer only
@@ -81,8 +135,7 @@ impl Context {
         config: OperatorConfig,
         metrics: Metrics,
         recorder: Recorder,
-        egresses: ScopedStore<TailnetEgress>,
-        ingresses: ScopedStore<TailnetIngress>,
+        kinds: KindStores,
         caches: Caches,
     ) -> Self {
         let reapply_interval = config.reapply_interval;
@@ -91,8 +144,9 @@ impl Context {
             config,
             metrics,
             recorder,
-            egresses,
-            ingresses,
+            egresses: kinds.scoped(),
+            ingresses: kinds.scoped(),
+            kinds,
             agent_http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(3))
                 .connect_timeout(Duration::from_secs(2))

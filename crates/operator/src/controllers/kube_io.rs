@@ -4,7 +4,6 @@
 
 use std::fmt::Debug;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
@@ -17,6 +16,7 @@ use super::context::Context;
 use super::error::ReconcileError;
 use crate::metrics::ApplyLabels;
 use crate::scope::CacheRead;
+
 /// Server-side applies `object` with the operator's field manager.
 pub async fn apply<K>(api: &Api<K>, name: &str, object: &K) -> Result<K, ReconcileError>
 where
@@ -162,51 +162,4 @@ where
     )
     .await
     .map(|_| ())
-}
-
-/// Applies the agent Deployment (skipped when unchanged and still as applied, per the watch
-/// cache).
-pub async fn apply_deployment(
-    ctx: &Context,
-    namespace: &str,
-    deployment: &Deployment,
-) -> Result<(), ReconcileError> {
-    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
-    let store = &ctx.caches.deployments;
-    apply_cached(ctx, &api, namespace, deployment, Watched::In(store))
-        .await
-        .map(|_| ())
-}
-
-/// The objects every agent has besides its Deployment (which is applied last, once
-/// everything it mounts exists).
-pub struct AgentBasics<'a> {
-    pub service_account: &'a k8s_openapi::api::core::v1::ServiceAccount,
-    pub role: &'a k8s_openapi::api::rbac::v1::Role,
-    pub role_binding: &'a k8s_openapi::api::rbac::v1::RoleBinding,
-    pub state_secret: &'a k8s_openapi::api::core::v1::Secret,
-    pub config_map: &'a k8s_openapi::api::core::v1::ConfigMap,
-    pub network_policy: &'a k8s_openapi::api::networking::v1::NetworkPolicy,
-}
-
-pub async fn apply_basics(
-    ctx: &Context,
-    namespace: &str,
-    o: AgentBasics<'_>,
-) -> Result<(), ReconcileError> {
-    apply_in(ctx, namespace, o.service_account).await?;
-    apply_in(ctx, namespace, o.role).await?;
-    apply_in(ctx, namespace, o.role_binding).await?;
-    apply_in(ctx, namespace, o.state_secret).await?;
-    apply_in(ctx, namespace, o.config_map).await?;
-    let policies = Api::namespaced(ctx.client.clone(), namespace);
-    apply_cached(
-        ctx,
-        &policies,
-        namespace,
-        o.network_policy,
-        Watched::In(&ctx.caches.network_policies),
-    )
-    .await?;
-    Ok(())
 }

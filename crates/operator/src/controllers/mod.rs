@@ -4,27 +4,27 @@
 //! do; the act step carries it out (server-side apply with one field manager, Headscale
 //! calls), then the status is written once when it changed.
 //!
-//! Modules, from the ground up: `error`, `status` (pure condition toolkit), `applied` and
-//! `shared_list` (what this process remembers), `context`, `kube_io` and `publish` (thin
-//! Kubernetes I/O), `access`, `identity`, `agent_report`, `agent_conditions`, `lifecycle`
-//! (what both agent kinds share), `certificates`, then the three controllers.
+//! Modules, from the ground up: `error`, `config` and `status` (plain data, the condition
+//! toolkit), `applied` and `shared_list` (what this process remembers), `context`, `kube_io`
+//! and `publish` (thin Kubernetes I/O), `access` (a Tailnet and its Headscale client), then
+//! the controllers: `tailnet`, and `agent` — the one controller of every agent-backed kind —
+//! with its kinds `egress` and `ingress`, registered in [`agent_kinds`]. Each controller wires
+//! itself (`agent/wiring.rs`, `tailnet/wiring.rs`). Decide modules import only pure modules
+//! (checked by `purity_check`).
 
 pub mod access;
-pub mod agent_conditions;
-pub mod agent_gather;
-pub mod agent_report;
+pub mod agent;
 pub mod applied;
-pub mod certificates;
 pub mod config;
 pub mod context;
 pub mod egress;
 pub mod error;
-pub mod identity;
 pub mod ingress;
 pub mod instrument;
 pub mod kube_io;
-pub mod lifecycle;
 pub mod publish;
+#[cfg(test)]
+mod purity_check;
 #[cfg(test)]
 pub mod reason_coverage;
 pub mod shared_list;
@@ -32,3 +32,11 @@ pub mod status;
 pub mod tailnet;
 #[cfg(test)]
 pub mod test_fixtures;
+
+use agent::wiring::{Registration, register};
+
+/// The agent-backed kinds the operator runs: one line per kind (its folder implements
+/// `agent::decide::Decide` and `agent::kind::AgentKind`).
+pub fn agent_kinds() -> Vec<Box<dyn Registration>> {
+    vec![register::<egress::Egress>(), register::<ingress::Ingress>()]
+}

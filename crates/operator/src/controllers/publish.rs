@@ -1,51 +1,19 @@
 //! Writes what a decision says about an object: its status (one server-side apply, only when
-//! something other than timestamps changed) and Events (on `Ready` transitions, and for
+//! something other than timestamps changed; apiVersion and kind are the object type's, so a
+//! kind of another API group is written alike) and Events (on `Ready` transitions, and for
 //! actions taken). Failures to publish an Event are logged, never fatal.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tailnet_api::FIELD_MANAGER;
 use tailnet_api::conditions::{self, types};
 
 use super::context::Context;
 use super::error::ReconcileError;
-
-/// A status with conditions (the three resources' status types).
-pub trait WithConditions: Clone + PartialEq + Serialize {
-    fn conditions(&self) -> &[Condition];
-    fn conditions_mut(&mut self) -> &mut Vec<Condition>;
-}
-
-impl WithConditions for tailnet_api::egress::TailnetEgressStatus {
-    fn conditions(&self) -> &[Condition] {
-        &self.conditions
-    }
-    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
-        &mut self.conditions
-    }
-}
-
-impl WithConditions for tailnet_api::ingress::TailnetIngressStatus {
-    fn conditions(&self) -> &[Condition] {
-        &self.conditions
-    }
-    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
-        &mut self.conditions
-    }
-}
-
-impl WithConditions for tailnet_api::tailnet::TailnetStatus {
-    fn conditions(&self) -> &[Condition] {
-        &self.conditions
-    }
-    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
-        &mut self.conditions
-    }
-}
+pub use super::status::WithConditions;
 
 /// Whether `next` says the same as `previous`, ignoring condition timestamps.
 pub fn unchanged<S: WithConditions>(previous: &S, next: &S) -> bool {
@@ -95,7 +63,7 @@ where
     let name = object.name_any();
     let kind = K::kind(&()).to_string();
     let patch = serde_json::json!({
-        "apiVersion": format!("{}/{}", tailnet_api::GROUP, tailnet_api::VERSION),
+        "apiVersion": K::api_version(&()),
         "kind": kind,
         "status": next,
     });

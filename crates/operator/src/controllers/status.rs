@@ -5,7 +5,41 @@
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use serde::Serialize;
 use tailnet_api::conditions::{self, Status};
+
+/// A status with conditions (every kind's status type; what `publish.rs` writes).
+pub trait WithConditions: Clone + PartialEq + Serialize {
+    fn conditions(&self) -> &[Condition];
+    fn conditions_mut(&mut self) -> &mut Vec<Condition>;
+}
+
+impl WithConditions for tailnet_api::egress::TailnetEgressStatus {
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+        &mut self.conditions
+    }
+}
+
+impl WithConditions for tailnet_api::ingress::TailnetIngressStatus {
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+        &mut self.conditions
+    }
+}
+
+impl WithConditions for tailnet_api::tailnet::TailnetStatus {
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+        &mut self.conditions
+    }
+}
 
 /// Why a condition is not `True`: a CamelCase reason constant and a message that says what
 /// to do.

@@ -9,11 +9,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use tailnet_api::Tailnet;
 use tailnet_api::agent_status::{ProbeState, ProbeView, StatusReport};
 use tailnet_api::conditions::{self, Status, types};
-use tailnet_headscale::{ClientOptions, Node, Secret};
+use tailnet_headscale::Node;
 
-use super::access::TailnetAccess;
+use super::agent::observation::TailnetView;
 use super::config::OperatorConfig;
-use super::status::Problem;
 
 pub const OPERATOR_NAMESPACE: &str = "tailnet-system";
 
@@ -83,22 +82,11 @@ pub fn with_policy_applied_false(mut tailnet: Tailnet, reason: &str) -> Tailnet 
     tailnet
 }
 
-/// A Tailnet with a working Headscale client (built once: loading the TLS roots is the only
-/// slow part of these tests; the client is never called).
-pub fn access(tailnet: Tailnet) -> TailnetAccess {
-    static CLIENT: std::sync::OnceLock<Result<tailnet_headscale::Client, Problem>> =
-        std::sync::OnceLock::new();
-    let client = CLIENT.get_or_init(|| {
-        tailnet_headscale::Client::new(
-            "https://headscale.example.net",
-            Secret::new("test-key".to_string()),
-            ClientOptions::default(),
-        )
-        .map_err(|e| Problem::headscale(&e, e.to_string()))
-    });
-    TailnetAccess {
+/// A Tailnet whose Headscale server can be used.
+pub fn access(tailnet: Tailnet) -> TailnetView {
+    TailnetView {
         tailnet,
-        headscale: client.clone(),
+        headscale: Ok(()),
     }
 }
 

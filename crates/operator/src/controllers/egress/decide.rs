@@ -1,35 +1,35 @@
-//! Decide step of the TailnetEgress controller (pure): from the egress and what was observed,
-//! every condition, the per-target status, the objects to apply and the key to mint.
+//! The egress's decisions (pure): its intent, the target Services, each target's class,
+//! route and grant, and the conditions that are the egress's own. The Tailnet, the identity
+//! and `Ready` are decided by `agent/decide.rs`, which calls [`Decide::plan`] and
+//! [`Decide::report`] around the identity.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
-use tailnet_api::TailnetEgress;
 use tailnet_api::agent_status::{ProbeState, ProbeView};
 use tailnet_api::conditions::{reasons, types};
 use tailnet_api::egress::{EgressTargetStatus, TailnetEgressStatus, TargetKind, TargetNode};
-use tailnet_api::naming::{AgentKind, egress_tag};
-use tailnet_api::validate::{self, TargetAddress, ValidEgress};
+use tailnet_api::naming::{AgentKind, AgentNames, egress_tag};
+use tailnet_api::validate::{self, FieldError, TargetAddress, ValidEgress, ValidTarget};
+use tailnet_api::{Tailnet, TailnetEgress};
 use tailnet_headscale::Node;
 use tailnet_render::egress::EgressObjects;
-use tailnet_render::images::Images;
-use tailnet_render::meta::Owner;
 use tailnet_render::targets::{self, NodeProblem, NodeView, TargetClass};
-use tailnet_render::{RenderContext, RenderError, desired};
+use tailnet_render::{RenderError, desired};
 
-use super::super::agent_conditions::{self as shared, NodeList, nodes_unobservable};
+use super::super::agent::conditions as shared;
+use super::super::agent::decide::{Admission, AgentObjects, AgentStatus, Decide, Input, Planned};
+use super::super::agent::identity::Identity;
+use super::super::agent::observation::{AgentObserved, NodeList, nodes_unobservable};
 use super::super::config::OperatorConfig;
-use super::super::identity::{
-    KeyAction, agent_hostnames, decide_key, find_node, foreign_nodes, tag_shared,
-};
 use super::super::status::{ConditionSet, Problem};
-use super::gather::{EgressObservation, GrantCheck};
 use super::node_views::node_views;
-use tailnet_api::naming::AgentNames;
+use super::observation::{EgressObserved, GrantCheck};
 
 /// Conditions that must hold for `Ready`, in the order of their dependencies.
 pub const REQUIRED: [&str; 6] = [
@@ -43,25 +43,134 @@ pub const REQUIRED: [&str; 6] = [
 /// Conditions that count for `Ready` once they have been observed.
 pub const OBSERVED_IF_KNOWN: [&str; 1] = [types::TARGETS_REACHABLE];
 
-/// What the act step does for one egress.
-#[derive(Clone, Debug)]
-pub struct EgressDecision {
-    pub status: TailnetEgressStatus,
-    /// `None`: nothing is applied (the Tailnet is missing, or the spec is invalid: the last
-    /// valid configuration stays applied).
-    pub agent: Option<Box<AgentPlan>>,
-}
+/// The TailnetEgress kind.
+#[derive(Debug)]
+pub struct Egress;
 
+/// What the egress decided beyond its agent.
 #[derive(Clone, Debug)]
-pub struct AgentPlan {
-    pub owner: Owner,
-    pub tag: String,
-    pub objects: EgressObjects,
+pub struct EgressPlan {
     /// The target Services to apply (those whose name is held by someone else are left out).
     pub services: Vec<Service>,
     /// Own Services of targets that were removed.
     pub delete_services: Vec<String>,
-    pub key: KeyAction,
+    /// The agent port of each target (for the status).
+    ports: BTreeMap<String, u16>,
+}
+
+impl AgentStatus for TailnetEgressStatus {
+    fn set_observed_generation(&mut self, generation: Option<i64>) {
+        self.observed_generation = generation;
+    }
+
+    fn record_node(&mut self, node: &Node) {
+        self.node_id = Some(node.id.to_string());
+        self.tailnet_ips = node.ip_addresses.clone();
+    }
+}
+
+impl Decide for Egress {
+    type Object = TailnetEgress;
+    type Status = TailnetEgressStatus;
+    type Intent = ValidEgress;
+    type Observed = EgressObserved;
+    type Objects = EgressObjects;
+    type Plan = EgressPlan;
+    type Acted = ();
+
+    const AGENT: AgentKind = AgentKind::Egress;
+    const REQUIRED: &'static [&'static str] = &REQUIRED;
+    const OBSERVED_IF_KNOWN: &'static [&'static str] = &OBSERVED_IF_KNOWN;
+
+    fn status(egress: &TailnetEgress) -> Option<&TailnetEgressStatus> {
+        egress.status.as_ref()
+    }
+
+    fn tailnet_name(egress: &TailnetEgress) -> &str {
+        &egress.spec.tailnet_ref.name
+    }
+
+    fn admit(
+        egress: &TailnetEgress,
+        config: &OperatorConfig,
+        now: Timestamp,
+    ) -> Admission<TailnetEgressStatus> {
+        match wrong_namespace(egress, &config.operator_namespace, now) {
+            Some(status) => Admission::Refuse(status),
+            None => Admission::Handle,
+        }
+    }
+
+    fn intent(egress: &TailnetEgress) -> Result<ValidEgress, Vec<FieldError>> {
+        validate::valid_egress(&egress.spec)
+    }
+
+    /// An egress's node is named after its objects.
+    fn hostnames(names: &AgentNames, _tag: &str) -> Vec<String> {
+        vec![names.base.clone()]
+    }
+
+    fn plan(
+        input: &Input<'_, Egress>,
+        c: &mut ConditionSet,
+        status: &mut TailnetEgressStatus,
+    ) -> Result<Option<Planned<Egress>>, RenderError> {
+        plan(input, c, status).map(Some)
+    }
+
+    fn report(
+        input: &Input<'_, Egress>,
+        planned: &Planned<Egress>,
+        identity: &Identity,
+        c: &mut ConditionSet,
+        status: &mut TailnetEgressStatus,
+    ) {
+        report(input, &planned.plan, identity, c, status);
+    }
+
+    fn agent_objects(objects: &EgressObjects) -> AgentObjects<'_> {
+        let EgressObjects {
+            service_account,
+            role,
+            role_binding,
+            state_secret,
+            config_map,
+            deployment,
+            network_policy,
+            services: _,
+            config: _,
+            ports: _,
+        } = objects;
+        AgentObjects {
+            service_account,
+            role,
+            role_binding,
+            state_secret,
+            config_map,
+            network_policy,
+            deployment,
+        }
+    }
+
+    fn cleanup_tag(
+        tailnet: &Tailnet,
+        egress: &TailnetEgress,
+        _all: &[Arc<TailnetEgress>],
+    ) -> Option<String> {
+        Some(egress_tag(
+            &tailnet.spec.policy.tag_prefix,
+            &egress.name_any(),
+        ))
+    }
+
+    fn amend(
+        _egress: &TailnetEgress,
+        status: TailnetEgressStatus,
+        _acted: &(),
+        _now: Timestamp,
+    ) -> TailnetEgressStatus {
+        status
+    }
 }
 
 /// The status written for an egress outside the operator namespace (not honoured there: no
@@ -86,81 +195,27 @@ pub fn wrong_namespace(
     })
 }
 
-/// The typed, validated spec; an invalid one is refused with a decision that only says what
-/// to fix (nothing is applied: the last good configuration stays).
-pub fn validated(
-    egress: &TailnetEgress,
-    now: Timestamp,
-) -> Result<ValidEgress, Box<EgressDecision>> {
-    let errors = match validate::valid_egress(&egress.spec) {
-        Ok(valid) => return Ok(valid),
-        Err(errors) => errors,
-    };
-    let previous = egress.status.clone().unwrap_or_default();
-    let conditions = shared::invalid_spec(
-        &previous.conditions,
-        egress.metadata.generation,
-        &errors,
-        now,
-    );
-    Err(Box::new(EgressDecision {
-        status: TailnetEgressStatus {
-            observed_generation: egress.metadata.generation,
-            conditions,
-            ..previous
-        },
-        agent: None,
-    }))
-}
-
-/// Decides a valid egress (see [`validated`]).
-pub fn decide(
-    egress: &TailnetEgress,
-    valid: &ValidEgress,
-    observed: &EgressObservation,
-    config: &OperatorConfig,
-    now: Timestamp,
-) -> Result<EgressDecision, RenderError> {
-    let previous = egress.status.clone().unwrap_or_default();
-    let mut c = ConditionSet::new(&previous.conditions, egress.metadata.generation, now);
-    c.remove(types::SPEC_VALID);
-    let mut status = TailnetEgressStatus {
-        observed_generation: egress.metadata.generation,
-        ..previous.clone()
-    };
-    let access = match &observed.access {
-        Ok(access) => access,
-        Err(problem) => {
-            c.fail(types::TAILNET_READY, problem.clone());
-            status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
-            return Ok(EgressDecision {
-                status,
-                agent: None,
-            });
-        }
-    };
-    let tailnet = &access.tailnet;
-    let tailnet_name = tailnet.name_any();
-    let name = egress.name_any();
+/// Before the identity: the tag, the agent's objects and the target Services (those whose
+/// name someone else holds are skipped: `ServicesReady` says so).
+fn plan(
+    input: &Input<'_, Egress>,
+    c: &mut ConditionSet,
+    status: &mut TailnetEgressStatus,
+) -> Result<Planned<Egress>, RenderError> {
+    let egress = input.object;
     let namespace = egress.namespace().unwrap_or_default();
-    let tag = egress_tag(&tailnet.spec.policy.tag_prefix, &name);
+    let tag = egress_tag(&input.tailnet.spec.policy.tag_prefix, &egress.name_any());
     status.tag = Some(tag.clone());
-    shared::tailnet_ready(&mut c, access);
-
-    // The agent's objects; target Services whose name someone else holds are skipped.
-    let previous_ports: BTreeMap<String, u16> = previous
+    // Agent ports stay where they were (the agent listens on them).
+    let previous_ports: BTreeMap<String, u16> = input
+        .previous
         .targets
         .iter()
         .filter_map(|t| Some((t.name.clone(), u16::try_from(t.agent_port).ok()?)))
         .collect();
-    let render_ctx = RenderContext {
-        operator_namespace: &config.operator_namespace,
-        tailnet_name: &tailnet_name,
-        tailnet: &tailnet.spec,
-        images: Images::resolve(&config.images, tailnet.spec.agent.as_ref()),
-        cluster_domain: &config.cluster_domain,
-    };
-    let objects = desired::egress(&egress.metadata, valid, &render_ctx, &previous_ports)?;
+    let render_ctx = input.render_context();
+    let objects = desired::egress(&egress.metadata, input.intent, &render_ctx, &previous_ports)?;
+    let observed = input.kind();
     let conflicts = &observed.foreign_services;
     let services: Vec<Service> = objects
         .services
@@ -174,100 +229,83 @@ pub fn decide(
         .filter(|n| !egress.spec.targets.iter().any(|t| &t.name == *n))
         .cloned()
         .collect();
-    services_ready(&mut c, &namespace, services.len(), conflicts);
+    services_ready(c, &namespace, services.len(), conflicts);
+    let ports = objects.ports.clone();
+    Ok(Planned {
+        tag,
+        objects: Some(objects),
+        plan: EgressPlan {
+            services,
+            delete_services,
+            ports,
+        },
+    })
+}
 
-    // Identity: the node of the tag and the key it needs (an egress is always deployable).
-    let hostnames = agent_hostnames(
-        AgentKind::Egress,
-        &AgentNames::new(AgentKind::Egress, &name),
-        &tag,
-    );
-    let nodes: &[tailnet_headscale::Node] = observed.nodes.as_deref().map_or(&[], |n| n);
-    let node = find_node(nodes, &tag, &hostnames).cloned();
-    let foreign = foreign_nodes(nodes, &tag, &hostnames);
-    let (key, key_state) = match &observed.nodes {
-        Ok(_) => decide_key(
-            node.is_some(),
-            foreign.is_empty(),
-            &observed.auth_secret,
-            now,
-        ),
-        Err(_) => (
-            KeyAction::Keep,
-            super::super::identity::KeyState::NodeExists,
-        ),
-    };
-    shared::node_online(&mut c, &observed.nodes, node.as_ref(), &key_state);
-    if let Some(n) = &node {
-        status.node_id = Some(n.id.to_string());
-        status.tailnet_ips = n.ip_addresses.clone();
-    }
-    shared::agent_ready(&mut c, observed.deployment.as_ref());
-    tag_shared(&mut c, &tag, &foreign, node.is_some());
-
-    // Each target's class from Headscale's node list; routes per subnet target; node
-    // targets follow their node; names must be granted by the base.
-    let views = node_views(
-        observed.nodes.as_ref().map(|n| n.as_slice()).unwrap_or(&[]),
-        now,
-    );
+/// After the identity: each target's class from Headscale's node list, routes per subnet
+/// target, node targets following their node, names granted by the base; then the agent's
+/// probes.
+fn report(
+    input: &Input<'_, Egress>,
+    plan: &EgressPlan,
+    identity: &Identity,
+    c: &mut ConditionSet,
+    status: &mut TailnetEgressStatus,
+) {
+    let (egress, tailnet, agent) = (input.object, input.tailnet, input.agent());
+    let views = node_views(agent.listed_nodes(), input.now);
     let domain = tailnet
         .spec
         .dns
         .as_ref()
         .and_then(|d| d.magic_dns_domain.as_deref());
-    let classes: Vec<TargetClass> = valid
+    let classes: Vec<TargetClass> = input
+        .intent
         .targets
         .iter()
         .map(|t| targets::classify(&t.address, &views, domain))
         .collect();
-    status.targets = target_status(
-        valid,
-        &classes,
-        &objects,
-        observed,
-        &tailnet.spec.policy.route_approvers,
-        &tag,
-    );
-    routes_ready(
-        &mut c,
-        &status.targets,
-        &observed.nodes,
-        egress.spec.targets.len(),
-    );
-
+    let observed = Targets {
+        agent,
+        kind: input.kind(),
+        ports: &plan.ports,
+        approvers: &tailnet.spec.policy.route_approvers,
+        tag: &identity.tag,
+    };
+    status.targets = target_status(input.intent, &classes, &observed);
+    routes_ready(c, &status.targets, &agent.nodes, egress.spec.targets.len());
     // Grants: effective only when live in Headscale; a MagicDNS target needs its grant in
     // the base, and Headscale's policy check says whether it is there.
     shared::policy_effective(
-        &mut c,
+        c,
         tailnet,
-        &format!("TailnetEgress/{namespace}/{name}"),
+        &format!(
+            "TailnetEgress/{}/{}",
+            egress.namespace().unwrap_or_default(),
+            egress.name_any()
+        ),
         "the grants are live in Headscale",
         None,
     );
-    grants_for_names(&mut c, &status.targets, &observed.grants);
+    grants_for_names(c, &status.targets, &input.kind().grants);
     // Reachability as the agent observes it (a TCP connect through the tailnet per target),
     // overruled by what Headscale says of a target's node (offline, expired, unknown).
     let probes = shared::reachability(
-        &mut c,
+        c,
         types::TARGETS_REACHABLE,
-        observed.report.as_ref().map(|r| r.targets.as_slice()),
+        agent.report.as_ref().map(|r| r.targets.as_slice()),
     );
-    target_nodes(&mut c, &status.targets, &observed.nodes);
-    overlay_probes(&mut status, &probes);
-    status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
-    let owner = Owner::from_meta(AgentKind::Egress, &egress.metadata, &tailnet_name)?;
-    Ok(EgressDecision {
-        status,
-        agent: Some(Box::new(AgentPlan {
-            owner,
-            tag,
-            objects,
-            services,
-            delete_services,
-            key,
-        })),
-    })
+    target_nodes(c, &status.targets, &agent.nodes);
+    overlay_probes(status, &probes);
+}
+
+/// What the per-target status is decided from.
+struct Targets<'a> {
+    agent: &'a AgentObserved,
+    kind: &'a EgressObserved,
+    ports: &'a BTreeMap<String, u16>,
+    approvers: &'a [String],
+    tag: &'a str,
 }
 
 /// A target whose route is fine but whose probe fails shows the probe's state; the summary
@@ -388,114 +426,128 @@ fn node_state(class: &TargetClass, address: &str) -> Option<(&'static str, Strin
 fn target_status(
     valid: &ValidEgress,
     classes: &[TargetClass],
-    objects: &EgressObjects,
-    observed: &EgressObservation,
-    approvers: &[String],
-    tag: &str,
+    observed: &Targets,
 ) -> Vec<EgressTargetStatus> {
-    let nodes: &[Node] = observed.nodes.as_ref().map(|n| n.as_slice()).unwrap_or(&[]);
-    let nodes_known = observed.nodes.is_ok();
     valid
         .targets
         .iter()
         .zip(classes)
-        .map(|(target, class)| {
-            let service = observed.own_services.get(&target.name);
-            let mut entry = EgressTargetStatus {
-                name: target.name.clone(),
-                service: service.map(|s| s.name_any()),
-                cluster_ip: service.and_then(|s| s.spec.as_ref()?.cluster_ip.clone()),
-                port: i32::from(target.port),
-                agent_port: objects
-                    .ports
-                    .get(&target.name)
-                    .copied()
-                    .map(i32::from)
-                    .unwrap_or_default(),
-                // Without the node list an IP is only known to be an IP.
-                kind: nodes_known.then(|| class.kind()),
-                node: class.node().map(target_node),
-                ..EgressTargetStatus::default()
-            };
-            if let Some(holder) = observed.foreign_services.get(&target.name) {
-                entry.state = Some(reasons::SERVICE_NAME_CONFLICT.to_string());
-                entry.message = Some(format!("Service belongs to {holder}"));
-                return entry;
-            }
-            let address = target.address.to_string();
-            if nodes_known && let Some((reason, message)) = node_state(class, &address) {
-                entry.state = Some(reason.to_string());
-                entry.message = Some(message);
-                return entry;
-            }
-            match (class, &target.address) {
-                (TargetClass::TailnetNode(node), _) => {
-                    entry.state = Some(reasons::NOT_APPLICABLE.to_string());
-                    entry.message = Some(format!(
-                        "tailnet node {} ({}): the grant is generated, no route is involved",
-                        node.name,
-                        node.ips
-                            .iter()
-                            .map(IpAddr::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
-                }
-                (TargetClass::MagicDns(node), _) => {
-                    let grant = targets::grant_line(tag, node, target.port);
-                    let (state, message) = match observed.grants.get(&target.name) {
-                        Some(GrantCheck::Missing) => {
-                            entry.missing_grant = Some(grant.clone());
-                            (
-                                reasons::GRANT_MISSING,
-                                format!(
-                                    "MagicDNS name of node {}: the live policy does not grant {tag} tcp:{} on it (MagicDNS cannot resolve a node outside the agent's netmap); add to the base policy's grants: {grant}",
-                                    node.name, target.port
-                                ),
-                            )
-                        }
-                        Some(GrantCheck::Granted) => (
-                            reasons::NOT_APPLICABLE,
-                            format!(
-                                "MagicDNS name of node {}: granted by the base policy (no grant or route is generated for names)",
-                                node.name
-                            ),
-                        ),
-                        Some(GrantCheck::Unknown(why)) => (
-                            reasons::NOT_APPLICABLE,
-                            format!(
-                                "MagicDNS name of node {}: whether the base grants it is unknown ({why}); it needs {grant}",
-                                node.name
-                            ),
-                        ),
-                        None => (
-                            reasons::NOT_APPLICABLE,
-                            format!(
-                                "MagicDNS name of node {}: no grant is generated for names; the base policy must grant {grant}",
-                                node.name
-                            ),
-                        ),
-                    };
-                    entry.state = Some(state.to_string());
-                    entry.message = Some(message);
-                }
-                (_, TargetAddress::Ip(ip)) => {
-                    let route = route_state(ip, approvers, nodes);
-                    entry.route = route.route;
-                    entry.state = Some(route.state.to_string());
-                    entry.message = Some(route.message);
-                }
-                (_, TargetAddress::Dns(_)) => {
-                    entry.state = Some(reasons::NOT_APPLICABLE.to_string());
-                    entry.message = Some(
-                        "DNS-name target: no route or grant is generated; grant it in the base policy"
-                            .to_string(),
-                    );
-                }
-            }
-            entry
-        })
+        .map(|(target, class)| target_entry(target, class, observed))
         .collect()
+}
+
+fn target_entry(
+    target: &ValidTarget,
+    class: &TargetClass,
+    observed: &Targets,
+) -> EgressTargetStatus {
+    let nodes_known = observed.agent.nodes.is_ok();
+    let service = observed.kind.own_services.get(&target.name);
+    let mut entry = EgressTargetStatus {
+        name: target.name.clone(),
+        service: service.map(|s| s.name_any()),
+        cluster_ip: service.and_then(|s| s.spec.as_ref()?.cluster_ip.clone()),
+        port: i32::from(target.port),
+        agent_port: observed
+            .ports
+            .get(&target.name)
+            .copied()
+            .map(i32::from)
+            .unwrap_or_default(),
+        // Without the node list an IP is only known to be an IP.
+        kind: nodes_known.then(|| class.kind()),
+        node: class.node().map(target_node),
+        ..EgressTargetStatus::default()
+    };
+    if let Some(holder) = observed.kind.foreign_services.get(&target.name) {
+        entry.state = Some(reasons::SERVICE_NAME_CONFLICT.to_string());
+        entry.message = Some(format!("Service belongs to {holder}"));
+        return entry;
+    }
+    let address = target.address.to_string();
+    if nodes_known && let Some((reason, message)) = node_state(class, &address) {
+        entry.state = Some(reason.to_string());
+        entry.message = Some(message);
+        return entry;
+    }
+    match (class, &target.address) {
+        (TargetClass::TailnetNode(node), _) => {
+            entry.state = Some(reasons::NOT_APPLICABLE.to_string());
+            entry.message = Some(format!(
+                "tailnet node {} ({}): the grant is generated, no route is involved",
+                node.name,
+                node.ips
+                    .iter()
+                    .map(IpAddr::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        (TargetClass::MagicDns(node), _) => {
+            let (state, message) = magic_dns_state(&mut entry, target, node, observed);
+            entry.state = Some(state.to_string());
+            entry.message = Some(message);
+        }
+        (_, TargetAddress::Ip(ip)) => {
+            let route = route_state(ip, observed.approvers, observed.agent.listed_nodes());
+            entry.route = route.route;
+            entry.state = Some(route.state.to_string());
+            entry.message = Some(route.message);
+        }
+        (_, TargetAddress::Dns(_)) => {
+            entry.state = Some(reasons::NOT_APPLICABLE.to_string());
+            entry.message = Some(
+                "DNS-name target: no route or grant is generated; grant it in the base policy"
+                    .to_string(),
+            );
+        }
+    }
+    entry
+}
+
+/// A MagicDNS target on a known node: whether the base grants it (the operator generates no
+/// grant for names); the missing grant line is recorded in the entry.
+fn magic_dns_state(
+    entry: &mut EgressTargetStatus,
+    target: &ValidTarget,
+    node: &NodeView,
+    observed: &Targets,
+) -> (&'static str, String) {
+    let tag = observed.tag;
+    let grant = targets::grant_line(tag, node, target.port);
+    match observed.kind.grants.get(&target.name) {
+        Some(GrantCheck::Missing) => {
+            entry.missing_grant = Some(grant.clone());
+            (
+                reasons::GRANT_MISSING,
+                format!(
+                    "MagicDNS name of node {}: the live policy does not grant {tag} tcp:{} on it (MagicDNS cannot resolve a node outside the agent's netmap); add to the base policy's grants: {grant}",
+                    node.name, target.port
+                ),
+            )
+        }
+        Some(GrantCheck::Granted) => (
+            reasons::NOT_APPLICABLE,
+            format!(
+                "MagicDNS name of node {}: granted by the base policy (no grant or route is generated for names)",
+                node.name
+            ),
+        ),
+        Some(GrantCheck::Unknown(why)) => (
+            reasons::NOT_APPLICABLE,
+            format!(
+                "MagicDNS name of node {}: whether the base grants it is unknown ({why}); it needs {grant}",
+                node.name
+            ),
+        ),
+        None => (
+            reasons::NOT_APPLICABLE,
+            format!(
+                "MagicDNS name of node {}: no grant is generated for names; the base policy must grant {grant}",
+                node.name
+            ),
+        ),
+    }
 }
 
 /// `PolicyEffective=False/GrantMissing` when a MagicDNS target's node is not granted by the

@@ -1,101 +1,39 @@
-//! Gather step of the TailnetEgress controller: everything `decide` needs, read once.
+//! The egress's own gather step (I/O): its target Services and Headscale's grant checks;
+//! what every agent shares is read by the generic gather (`agent/gather.rs`).
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::{Api, ResourceExt};
 use tailnet_api::TailnetEgress;
-use tailnet_api::agent_status::StatusReport;
-use tailnet_api::naming::{AgentKind, egress_tag, labels};
+use tailnet_api::naming::{egress_tag, labels};
 use tailnet_api::validate::TargetAddress;
-use tailnet_render::meta::Owner;
 use tailnet_render::targets::{self, TargetClass};
 
-use super::super::access::{TailnetAccess, tailnet_access};
-use super::super::agent_conditions::{NodeList, nodes_unobservable};
-use super::super::agent_gather::{AgentObserved, gather_agent};
+use super::super::agent::kind::GatherInput;
 use super::super::context::Context;
 use super::super::error::ReconcileError;
-use super::super::identity::AuthSecret;
-use super::super::status::Problem;
+use super::observation::{EgressObserved, GrantCheck};
 
-/// What one reconcile of an egress observed.
-#[derive(Clone)]
-pub struct EgressObservation {
-    /// The Tailnet and its Headscale client, or why `TailnetReady` is False. When this is an
-    /// error, nothing below was read.
-    pub access: Result<TailnetAccess, Problem>,
-    /// Services in the operator namespace named like a target but held by someone else:
-    /// target name → holder ("TailnetEgress other" or "no controller (created by hand)").
-    pub foreign_services: BTreeMap<String, String>,
-    /// This egress's own Services (watch cache or GET), by name, including those of removed
-    /// targets.
-    pub own_services: BTreeMap<String, Service>,
-    /// Headscale's node list (the agent's node, and the routes of approver nodes).
-    pub nodes: NodeList,
-    pub auth_secret: AuthSecret,
-    pub deployment: Option<Deployment>,
-    /// The agent's `/status` (probe results); `None` when it could not be read.
-    pub report: Option<StatusReport>,
-    /// Per MagicDNS target on a known node (by target name): whether the live policy grants
-    /// this egress's tag the node's address and port (asked of Headscale's policy check).
-    pub grants: BTreeMap<String, GrantCheck>,
-}
-
-/// Headscale's answer to "does the live policy let this egress reach that node's port?".
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GrantCheck {
-    Granted,
-    Missing,
-    /// Could not be decided (e.g. the agent's node does not exist yet), and why.
-    Unknown(String),
-}
-
+/// The egress's own reads: its target Services (and those held by someone else), and, for
+/// MagicDNS targets on known nodes, whether the live policy grants them.
 pub async fn gather(
     ctx: &Context,
     egress: &TailnetEgress,
-) -> Result<EgressObservation, ReconcileError> {
+    input: GatherInput<'_>,
+) -> Result<EgressObserved, ReconcileError> {
     let namespace = egress.namespace().unwrap_or_default();
-    let access = tailnet_access(ctx, &egress.spec.tailnet_ref.name).await;
-    let Ok(tailnet_access) = &access else {
-        return Ok(EgressObservation {
-            access,
-            foreign_services: BTreeMap::new(),
-            own_services: BTreeMap::new(),
-            nodes: Err(nodes_unobservable()),
-            auth_secret: AuthSecret::Absent,
-            deployment: None,
-            report: None,
-            grants: BTreeMap::new(),
-        });
-    };
     let (own_services, foreign_services) = services(ctx, egress, &namespace).await?;
-    let owner = Owner::from_meta(
-        AgentKind::Egress,
-        &egress.metadata,
-        &tailnet_access.tailnet.name_any(),
-    )?;
-    let AgentObserved {
-        nodes,
-        auth_secret,
-        deployment,
-        report,
-    } = gather_agent(ctx, tailnet_access, &owner).await?;
-    let grants = match (&tailnet_access.headscale, &nodes) {
+    let access = input.access;
+    let grants = match (&access.headscale, &input.agent.nodes) {
         (Ok(headscale), Ok(nodes)) => {
-            grant_checks(ctx, headscale, &tailnet_access.tailnet, egress, nodes).await
+            grant_checks(ctx, headscale, &access.tailnet, egress, nodes).await
         }
         _ => BTreeMap::new(),
     };
-    Ok(EgressObservation {
-        access,
+    Ok(EgressObserved {
         foreign_services,
         own_services,
-        nodes,
-        auth_secret,
-        deployment,
-        report,
         grants,
     })
 }

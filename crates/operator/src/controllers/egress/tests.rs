@@ -10,12 +10,17 @@ use tailnet_api::conditions::{reasons, types};
 use tailnet_api::egress::TailnetEgressStatus;
 use tailnet_headscale::Node;
 
-use super::super::identity::{AuthSecret, KeyAction};
+use super::super::agent::decide::{self as agent, Decision};
+use super::super::agent::identity::KeyAction;
+use super::super::agent::observation::{AgentObserved, AuthSecret, Observation};
 use super::super::reason_coverage::assert_every_reason_has_a_case;
 use super::super::status::Problem;
 use super::super::test_fixtures::{self as fx, OPERATOR_NAMESPACE};
-use super::decide::{self, EgressDecision};
-use super::gather::{EgressObservation, GrantCheck};
+use super::decide::{self, Egress};
+use super::observation::{EgressObserved, GrantCheck};
+
+type EgressDecision = Decision<Egress>;
+type EgressObservation = Observation<EgressObserved>;
 
 const RESOURCE: &str = "TailnetEgress/tailnet-system/team-a";
 const TAG: &str = "tag:tno-egress-team-a";
@@ -53,29 +58,33 @@ fn healthy() -> EgressObservation {
     let tailnet = fx::tailnet(&[RESOURCE]);
     EgressObservation {
         access: Ok(fx::access(tailnet)),
-        foreign_services: BTreeMap::new(),
-        own_services: BTreeMap::new(),
-        nodes: Ok(Arc::new(vec![
-            fx::router(&["192.0.2.0/24"], &["192.0.2.0/24"]),
-            agent_node(true),
-        ])),
-        auth_secret: AuthSecret::RemovedByUs,
-        deployment: Some(fx::deployment(1)),
-        report: Some(fx::report(
-            vec![fx::probe(
-                "remote-db",
-                "192.0.2.10:5432",
-                ProbeState::Reachable,
-            )],
-            vec![],
-        )),
-        grants: BTreeMap::new(),
+        agent: AgentObserved {
+            nodes: Ok(Arc::new(vec![
+                fx::router(&["192.0.2.0/24"], &["192.0.2.0/24"]),
+                agent_node(true),
+            ])),
+            auth_secret: AuthSecret::RemovedByUs,
+            deployment: Some(fx::deployment(1)),
+            report: Some(fx::report(
+                vec![fx::probe(
+                    "remote-db",
+                    "192.0.2.10:5432",
+                    ProbeState::Reachable,
+                )],
+                vec![],
+            )),
+        },
+        kind: EgressObserved {
+            foreign_services: BTreeMap::new(),
+            own_services: BTreeMap::new(),
+            grants: BTreeMap::new(),
+        },
     }
 }
 
 fn run(egress: &TailnetEgress, observed: &EgressObservation) -> EgressDecision {
-    let valid = decide::validated(egress, fx::now()).expect("a valid egress");
-    decide::decide(egress, &valid, observed, &fx::config(), fx::now()).expect("decide")
+    let valid = agent::validated::<Egress>(egress, fx::now()).expect("a valid egress");
+    agent::decide::<Egress>(egress, &valid, observed, &fx::config(), fx::now()).expect("decide")
 }
 
 /// A case: its name, the decision's status, and the expected (type, status, reason) checks.
@@ -144,7 +153,7 @@ fn cases() -> Vec<Case> {
                 let mut access = fx::access(fx::tailnet(&[]));
                 access.headscale = Err(Problem::new(reasons::SECRET_MISSING, "no key"));
                 o.access = Ok(access);
-                o.nodes = Err(super::super::agent_conditions::nodes_unobservable());
+                o.agent.nodes = Err(super::super::agent::observation::nodes_unobservable());
             }),
             vec![
                 (types::READY, "False", reasons::SECRET_MISSING),
@@ -164,7 +173,7 @@ fn cases() -> Vec<Case> {
             "node list fails",
             &ip,
             with(|o| {
-                o.nodes = Err(Problem::new(
+                o.agent.nodes = Err(Problem::new(
                     reasons::headscale::TIMEOUT,
                     "listing Headscale nodes failed",
                 ))
@@ -178,7 +187,8 @@ fn cases() -> Vec<Case> {
             "service name held by someone else",
             &ip,
             with(|o| {
-                o.foreign_services
+                o.kind
+                    .foreign_services
                     .insert("remote-db".into(), "no controller (created by hand)".into());
             }),
             vec![(types::READY, "False", reasons::SERVICE_NAME_CONFLICT)],
@@ -187,7 +197,7 @@ fn cases() -> Vec<Case> {
             "node offline",
             &ip,
             with(|o| {
-                o.nodes = Ok(Arc::new(vec![
+                o.agent.nodes = Ok(Arc::new(vec![
                     fx::router(&["192.0.2.0/24"], &["192.0.2.0/24"]),
                     agent_node(false),
                 ]))
@@ -198,24 +208,24 @@ fn cases() -> Vec<Case> {
             "node not registered",
             &ip,
             with(|o| {
-                o.nodes = Ok(Arc::new(vec![fx::router(
+                o.agent.nodes = Ok(Arc::new(vec![fx::router(
                     &["192.0.2.0/24"],
                     &["192.0.2.0/24"],
                 )]));
-                o.auth_secret = AuthSecret::Absent;
+                o.agent.auth_secret = AuthSecret::Absent;
             }),
             vec![(types::NODE_ONLINE, "False", reasons::NODE_NOT_REGISTERED)],
         ),
         case(
             "agent not ready",
             &ip,
-            with(|o| o.deployment = Some(fx::deployment(0))),
+            with(|o| o.agent.deployment = Some(fx::deployment(0))),
             vec![(types::READY, "False", reasons::AGENT_NOT_READY)],
         ),
         case(
             "no deployment yet",
             &ip,
-            with(|o| o.deployment = None),
+            with(|o| o.agent.deployment = None),
             vec![(types::AGENT_READY, "False", reasons::AGENT_NOT_READY)],
         ),
     ];
@@ -231,7 +241,7 @@ fn route_policy_and_probe_cases(ip: &TailnetEgress, dns_only: &TailnetEgress) ->
             "route not approved",
             &ip,
             with(|o| {
-                o.nodes = Ok(Arc::new(vec![
+                o.agent.nodes = Ok(Arc::new(vec![
                     fx::router(&["192.0.2.0/24"], &[]),
                     agent_node(true),
                 ]))
@@ -242,7 +252,7 @@ fn route_policy_and_probe_cases(ip: &TailnetEgress, dns_only: &TailnetEgress) ->
             "route not advertised",
             &ip,
             with(|o| {
-                o.nodes = Ok(Arc::new(vec![
+                o.agent.nodes = Ok(Arc::new(vec![
                     fx::router(&["198.51.100.0/24"], &["198.51.100.0/24"]),
                     agent_node(true),
                 ]))
@@ -253,7 +263,7 @@ fn route_policy_and_probe_cases(ip: &TailnetEgress, dns_only: &TailnetEgress) ->
             "dns targets need no route",
             &dns_only,
             with(|o| {
-                o.report = Some(fx::report(
+                o.agent.report = Some(fx::report(
                     vec![fx::probe(
                         "wiki",
                         "wiki.site.example.net:443",
@@ -276,7 +286,7 @@ fn route_policy_and_probe_cases(ip: &TailnetEgress, dns_only: &TailnetEgress) ->
         case(
             "agent report unreadable",
             &ip,
-            with(|o| o.report = None),
+            with(|o| o.agent.report = None),
             vec![
                 (types::TARGETS_REACHABLE, "Unknown", reasons::NOT_OBSERVED),
                 (types::READY, "True", reasons::READY),
@@ -286,7 +296,7 @@ fn route_policy_and_probe_cases(ip: &TailnetEgress, dns_only: &TailnetEgress) ->
             "not probed yet",
             &ip,
             with(|o| {
-                o.report = Some(fx::report(
+                o.agent.report = Some(fx::report(
                     vec![fx::probe(
                         "remote-db",
                         "192.0.2.10:5432",
@@ -341,7 +351,7 @@ fn route_policy_and_probe_cases(ip: &TailnetEgress, dns_only: &TailnetEgress) ->
             status: run(
                 &ip,
                 &with(|o| {
-                    o.report = Some(fx::report(
+                    o.agent.report = Some(fx::report(
                         vec![fx::probe("remote-db", "192.0.2.10:5432", state)],
                         vec![],
                     ))
@@ -379,12 +389,12 @@ fn device(online: bool) -> Node {
 
 fn device_observed(device: Node, probes: Vec<(&str, &str, ProbeState)>) -> EgressObservation {
     with(|o| {
-        o.nodes = Ok(Arc::new(vec![
+        o.agent.nodes = Ok(Arc::new(vec![
             fx::router(&["192.0.2.0/24"], &["192.0.2.0/24"]),
             agent_node(true),
             device,
         ]));
-        o.report = Some(fx::report(
+        o.agent.report = Some(fx::report(
             probes
                 .into_iter()
                 .map(|(n, a, s)| fx::probe(n, a, s))
@@ -416,7 +426,7 @@ fn device_cases() -> Vec<Case> {
         );
         o.access = Ok(fx::access(magic.clone()));
         if let Some(g) = grant {
-            o.grants.insert("nas".into(), g);
+            o.kind.grants.insert("nas".into(), g);
         }
         o
     };
@@ -429,7 +439,7 @@ fn device_cases() -> Vec<Case> {
         {"name": "gone", "address": "gone.ts.example.net", "port": 7000}
     ]));
     let mut unknown_name_observed = named(None);
-    unknown_name_observed.report = Some(fx::report(vec![], vec![]));
+    unknown_name_observed.agent.report = Some(fx::report(vec![], vec![]));
     vec![
         case(
             "device by tailnet IPv4 and IPv6: no route involved",
@@ -518,7 +528,10 @@ fn target_classes_and_their_nodes_in_the_status() {
         device(false),
         vec![("db", "192.0.2.10:5432", ProbeState::Reachable)],
     );
-    observed.grants.insert("nas".into(), GrantCheck::Missing);
+    observed
+        .kind
+        .grants
+        .insert("nas".into(), GrantCheck::Missing);
     let status = run(&mixed, &observed).status;
     let kinds: Vec<_> = status.targets.iter().map(|t| t.kind).collect();
     assert_eq!(
@@ -557,7 +570,10 @@ fn target_classes_and_their_nodes_in_the_status() {
     assert_eq!(routes, ("True", reasons::READY));
     // Online again, the missing grant is named with the exact line to add.
     let mut observed = device_observed(device(true), vec![]);
-    observed.grants.insert("nas".into(), GrantCheck::Missing);
+    observed
+        .kind
+        .grants
+        .insert("nas".into(), GrantCheck::Missing);
     let status = run(&mixed, &observed).status;
     assert_eq!(
         status.targets[2].missing_grant.as_deref(),
@@ -578,7 +594,7 @@ fn target_classes_and_their_nodes_in_the_status() {
     );
     // Headscale unreachable: no kind is claimed for IPs (a node address looks like a subnet).
     let mut observed = device_observed(device(true), vec![]);
-    observed.nodes = Err(Problem::new(reasons::HEADSCALE_UNREACHABLE, "down"));
+    observed.agent.nodes = Err(Problem::new(reasons::HEADSCALE_UNREACHABLE, "down"));
     let status = run(&mixed, &observed).status;
     assert!(status.targets.iter().all(|t| t.kind.is_none()));
 }
@@ -619,19 +635,19 @@ fn decision_table() {
     assert!(decide::wrong_namespace(&ip_egress(), OPERATOR_NAMESPACE, fx::now()).is_none());
     let invalid =
         egress(serde_json::json!([{"name": "Bad_Name", "address": "192.0.2.10", "port": 0}]));
-    let refused = decide::validated(&invalid, fx::now()).expect_err("invalid");
+    let refused = agent::validated::<Egress>(&invalid, fx::now()).expect_err("invalid");
     assert_eq!(
         fx::condition(&refused.status.conditions, types::SPEC_VALID),
         ("False", reasons::INVALID_SPEC)
     );
     assert!(refused.agent.is_none(), "an invalid spec applies nothing");
     seen.extend(reasons_of(&refused.status));
-    assert!(decide::validated(&ip_egress(), fx::now()).is_ok());
+    assert!(agent::validated::<Egress>(&ip_egress(), fx::now()).is_ok());
     assert_every_reason_has_a_case(
         &seen,
         &[
             include_str!("decide.rs"),
-            include_str!("../agent_conditions.rs"),
+            include_str!("../agent/conditions.rs"),
         ],
     );
 }
@@ -640,7 +656,7 @@ fn decision_table() {
 fn ready_names_the_first_missing_precondition_in_dependency_order() {
     // Node offline and the route unapproved and grants not live: NodeOnline comes first.
     let observed = with(|o| {
-        o.nodes = Ok(Arc::new(vec![
+        o.agent.nodes = Ok(Arc::new(vec![
             fx::router(&["192.0.2.0/24"], &[]),
             agent_node(false),
         ]));
@@ -653,9 +669,10 @@ fn ready_names_the_first_missing_precondition_in_dependency_order() {
     );
     // Services conflict beats everything after it.
     let observed = with(|o| {
-        o.foreign_services
+        o.kind
+            .foreign_services
             .insert("remote-db".into(), "TailnetEgress other".into());
-        o.deployment = None;
+        o.agent.deployment = None;
     });
     let status = run(&ip_egress(), &observed).status;
     assert_eq!(
@@ -669,23 +686,25 @@ fn what_is_applied_and_minted() {
     // Healthy: the Service is applied, no key action (the Secret was removed by us).
     let decision = run(&ip_egress(), &healthy());
     let plan = decision.agent.expect("plan");
-    assert_eq!(plan.services.len(), 1);
+    assert_eq!(plan.kind.services.len(), 1);
     assert_eq!(plan.key, KeyAction::Keep);
     assert_eq!(plan.tag, TAG);
     // A conflicting Service name is not applied; a removed target's Service is deleted.
     let mut observed = with(|o| {
-        o.foreign_services
+        o.kind
+            .foreign_services
             .insert("remote-db".into(), "no controller (created by hand)".into());
-        o.own_services
+        o.kind
+            .own_services
             .insert("old-target".into(), Default::default());
     });
     let plan = run(&ip_egress(), &observed).agent.expect("plan");
-    assert!(plan.services.is_empty());
-    assert_eq!(plan.delete_services, vec!["old-target".to_string()]);
+    assert!(plan.kind.services.is_empty());
+    assert_eq!(plan.kind.delete_services, vec!["old-target".to_string()]);
     // No node, no key: mint one valid for the key lifetime.
     observed = with(|o| {
-        o.nodes = Ok(Arc::new(vec![]));
-        o.auth_secret = AuthSecret::Absent;
+        o.agent.nodes = Ok(Arc::new(vec![]));
+        o.agent.auth_secret = AuthSecret::Absent;
     });
     let plan = run(&ip_egress(), &observed).agent.expect("plan");
     assert!(
@@ -700,8 +719,8 @@ fn what_is_applied_and_minted() {
         ..fx::node(42, "nas", TAG, true, &["100.64.0.42"])
     };
     observed = with(|o| {
-        o.nodes = Ok(Arc::new(vec![device()]));
-        o.auth_secret = AuthSecret::Absent;
+        o.agent.nodes = Ok(Arc::new(vec![device()]));
+        o.agent.auth_secret = AuthSecret::Absent;
     });
     let decision = run(&ip_egress(), &observed);
     assert_eq!(decision.agent.expect("plan").key, KeyAction::Keep);
@@ -718,7 +737,7 @@ fn what_is_applied_and_minted() {
         "the device is not the agent's node"
     );
     // With its own node as well, the agent keeps it (the conflict is still named).
-    observed = with(|o| o.nodes = Ok(Arc::new(vec![device(), agent_node(true)])));
+    observed = with(|o| o.agent.nodes = Ok(Arc::new(vec![device(), agent_node(true)])));
     let decision = run(&ip_egress(), &observed);
     assert_eq!(decision.status.node_id.as_deref(), Some("7"));
     let agent_ready = decision
@@ -737,8 +756,8 @@ fn what_is_applied_and_minted() {
     );
     // Headscale unreadable: no key action at all (the node may well exist).
     observed = with(|o| {
-        o.nodes = Err(Problem::new(reasons::headscale::TIMEOUT, "timeout"));
-        o.auth_secret = AuthSecret::Absent;
+        o.agent.nodes = Err(Problem::new(reasons::headscale::TIMEOUT, "timeout"));
+        o.agent.auth_secret = AuthSecret::Absent;
     });
     assert_eq!(
         run(&ip_egress(), &observed).agent.expect("plan").key,

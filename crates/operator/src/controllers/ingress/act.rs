@@ -1,67 +1,24 @@
-//! Act step of the TailnetIngress controller: applies what `decide` planned, in an order that
-//! never starts a pod before what it mounts exists.
+//! The ingress's own act step (I/O): the cert-manager Certificate, applied after the agent's
+//! basics and before its key and Deployment (see `agent/act.rs`), only while the agent's
+//! objects are rendered.
 
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use tailnet_api::{FIELD_MANAGER, TailnetIngress};
+use tailnet_api::FIELD_MANAGER;
 use tailnet_render::certificate::Certificate;
 
+use super::super::agent::decide::AgentPlan;
 use super::super::applied::{self, ChildRef, Decision, Live};
 use super::super::context::Context;
 use super::super::error::ReconcileError;
-use super::super::identity::act_on_agent_key;
-use super::super::kube_io::{AgentBasics, apply_basics, apply_deployment};
-use super::decide::AgentPlan;
-use super::gather::IngressObservation;
+use super::decide::{Acted, Ingress};
 
-/// What happened that the status must say (beyond the decision).
-#[derive(Debug, Default)]
-pub struct Acted {
-    /// The cert-manager Certificate could not be applied (e.g. cert-manager is not
-    /// installed): this error. Not a reconcile error: the status says it.
-    pub certificate_error: Option<String>,
-}
-
-pub async fn act(
-    ctx: &Context,
-    ingress: &TailnetIngress,
-    observed: &IngressObservation,
-    plan: &AgentPlan,
-) -> Result<Acted, ReconcileError> {
-    let namespace = &plan.owner.namespace;
+pub async fn act(ctx: &Context, plan: &AgentPlan<Ingress>) -> Result<Acted, ReconcileError> {
     let mut acted = Acted::default();
-    if let Some(objects) = &plan.objects {
-        apply_basics(
-            ctx,
-            namespace,
-            AgentBasics {
-                service_account: &objects.service_account,
-                role: &objects.role,
-                role_binding: &objects.role_binding,
-                state_secret: &objects.state_secret,
-                config_map: &objects.config_map,
-                network_policy: &objects.network_policy,
-            },
-        )
-        .await?;
-        if let Some(certificate) = &objects.certificate {
-            acted.certificate_error = apply_certificate(ctx, namespace, certificate).await?;
-        }
-    }
-    // The key before the Deployment: a pod started before its auth Secret exists finds no key
-    // and waits for an interactive login for a minute (see the egress controller). Also while
-    // nothing is deployed: a spent key is retired once the node exists.
-    act_on_agent_key(
-        ctx,
-        ingress,
-        &observed.access,
-        &plan.owner,
-        &plan.tag,
-        &plan.key,
-    )
-    .await?;
-    if let Some(objects) = &plan.objects {
-        apply_deployment(ctx, namespace, &objects.deployment).await?;
+    let certificate = plan.objects.as_ref().and_then(|o| o.certificate.as_ref());
+    if let Some(certificate) = certificate {
+        acted.certificate_error =
+            apply_certificate(ctx, &plan.owner.namespace, certificate).await?;
     }
     Ok(acted)
 }

@@ -1,32 +1,31 @@
-//! Decide step of the TailnetIngress controller (pure): from the ingress and what was
-//! observed, every condition, the exposes/URLs/hostnames in the status, the objects to apply
-//! and the key to mint.
+//! The ingress's decisions (pure): its intent, its tag among the Tailnet's ingresses, its
+//! hostnames (first claim wins), the certificate that must cover every http name before
+//! http is served, its backends, the grants of `allowFrom`, and the exposes/URLs/hostnames in
+//! the status. The Tailnet, the identity and `Ready` are decided by `agent/decide.rs`, which
+//! calls [`Decide::plan`] and [`Decide::report`] around the identity.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use kube::ResourceExt;
 use tailnet_api::conditions::{self, reasons, types};
 use tailnet_api::ingress::{ExposeMode, ExposeStatus, TailnetIngressStatus};
-use tailnet_api::naming::AgentKind;
+use tailnet_api::naming::{AgentKind, AgentNames};
 use tailnet_api::validate::{self, ExposeNames, FieldError, ValidIngress};
 use tailnet_api::{Tailnet, TailnetIngress};
-use tailnet_render::compose;
-use tailnet_render::desired;
-use tailnet_render::images::Images;
+use tailnet_headscale::Node;
+use tailnet_render::RenderError;
 use tailnet_render::ingress::IngressObjects;
-use tailnet_render::intent::{IngressIntent, TailnetScope};
-use tailnet_render::meta::Owner;
-use tailnet_render::{RenderContext, RenderError};
 
-use super::super::agent_conditions as shared;
-use super::super::certificates::{self, CertificateVerdict};
+use super::super::agent::conditions as shared;
+use super::super::agent::decide::{AgentObjects, AgentStatus, Decide, Input, Planned};
+use super::super::agent::identity::Identity;
 use super::super::config::OperatorConfig;
-use super::super::identity::{
-    KeyAction, KeyState, agent_hostnames, decide_key, find_node, foreign_nodes, tag_shared,
-};
 use super::super::status::{ConditionSet, Problem};
-use super::gather::{IngressObservation, tls_secret_name};
+use super::certificates::{self, CertificateVerdict};
+use super::desired;
+use super::observation::{IngressObserved, tls_secret_name};
 
 /// Conditions that must hold for `Ready`, in the order of their dependencies.
 pub const REQUIRED: [&str; 8] = [
@@ -42,95 +41,232 @@ pub const REQUIRED: [&str; 8] = [
 /// Conditions that count for `Ready` once they have been observed.
 pub const OBSERVED_IF_KNOWN: [&str; 1] = [types::BACKENDS_REACHABLE];
 
-/// What the act step does for one ingress.
+/// The TailnetIngress kind.
+#[derive(Debug)]
+pub struct Ingress;
+
+/// What the ingress decided beyond its agent (read by `report`).
 #[derive(Clone, Debug)]
-pub struct IngressDecision {
-    pub status: TailnetIngressStatus,
-    /// `None`: nothing is done (the Tailnet is missing, or the spec is invalid in itself or
-    /// in the Tailnet's context: the last valid configuration stays applied).
-    pub agent: Option<Box<AgentPlan>>,
+pub struct IngressPlan {
+    /// Per expose, the hostnames it serves.
+    names: Vec<ExposeNames>,
+    /// A certificate covers every http name: http exposes are served.
+    serve_http: bool,
+    /// `allowFrom` entries outside the Tailnet's allowlist (they get no grant).
+    not_allowed: Vec<String>,
 }
 
-#[derive(Clone, Debug)]
-pub struct AgentPlan {
-    pub owner: Owner,
-    pub tag: String,
-    /// The agent's objects; `None` while a backend does not resolve (the last good
-    /// configuration stays applied, and no key is minted).
-    pub objects: Option<IngressObjects>,
-    pub key: KeyAction,
+/// What the ingress's act step reports back.
+#[derive(Debug, Default)]
+pub struct Acted {
+    /// The cert-manager Certificate could not be applied (e.g. cert-manager is not
+    /// installed): this error. Not a reconcile error: the status says it.
+    pub certificate_error: Option<String>,
 }
 
-/// The typed, validated spec; an invalid one is refused with a decision that only says what
-/// to fix (nothing is applied: the last good configuration stays).
-pub fn validated(
-    ingress: &TailnetIngress,
-    now: Timestamp,
-) -> Result<ValidIngress, Box<IngressDecision>> {
-    let errors = match validate::valid_ingress(&ingress.spec) {
-        Ok(valid) => return Ok(valid),
-        Err(errors) => errors,
+impl AgentStatus for TailnetIngressStatus {
+    fn set_observed_generation(&mut self, generation: Option<i64>) {
+        self.observed_generation = generation;
+    }
+
+    fn record_node(&mut self, node: &Node) {
+        self.node_id = Some(node.id.to_string());
+        self.tailnet_ips = node.ip_addresses.clone();
+    }
+}
+
+impl Decide for Ingress {
+    type Object = TailnetIngress;
+    type Status = TailnetIngressStatus;
+    type Intent = ValidIngress;
+    type Observed = IngressObserved;
+    type Objects = IngressObjects;
+    type Plan = IngressPlan;
+    type Acted = Acted;
+
+    const AGENT: AgentKind = AgentKind::Ingress;
+    const REQUIRED: &'static [&'static str] = &REQUIRED;
+    const OBSERVED_IF_KNOWN: &'static [&'static str] = &OBSERVED_IF_KNOWN;
+
+    fn status(ingress: &TailnetIngress) -> Option<&TailnetIngressStatus> {
+        ingress.status.as_ref()
+    }
+
+    fn tailnet_name(ingress: &TailnetIngress) -> &str {
+        &ingress.spec.tailnet_ref.name
+    }
+
+    fn intent(ingress: &TailnetIngress) -> Result<ValidIngress, Vec<FieldError>> {
+        validate::valid_ingress(&ingress.spec)
+    }
+
+    /// An ingress's node is named after its tag ([`tailnet_api::naming::tag_hostname`]);
+    /// releases before it used the object name, `tailnet-ingress-<name>`, which a node keeps
+    /// until its pod restarts.
+    fn hostnames(names: &AgentNames, tag: &str) -> Vec<String> {
+        vec![tailnet_api::naming::tag_hostname(tag), names.base.clone()]
+    }
+
+    fn plan(
+        input: &Input<'_, Ingress>,
+        c: &mut ConditionSet,
+        status: &mut TailnetIngressStatus,
+    ) -> Result<Option<Planned<Ingress>>, RenderError> {
+        plan(input, c, status)
+    }
+
+    fn report(
+        input: &Input<'_, Ingress>,
+        planned: &Planned<Ingress>,
+        _identity: &Identity,
+        c: &mut ConditionSet,
+        status: &mut TailnetIngressStatus,
+    ) {
+        let plan = &planned.plan;
+        status.exposes = expose_status(&plan.names, plan.serve_http);
+        status.urls = urls(&plan.names);
+        policy_effective(c, input.object, input.tailnet, &plan.not_allowed);
+        status.summary = Some(summary(&status.hostnames));
+        shared::reachability(
+            c,
+            types::BACKENDS_REACHABLE,
+            input.agent().report.as_ref().map(|r| r.backends.as_slice()),
+        );
+    }
+
+    fn agent_objects(objects: &IngressObjects) -> AgentObjects<'_> {
+        let IngressObjects {
+            service_account,
+            role,
+            role_binding,
+            state_secret,
+            config_map,
+            deployment,
+            network_policy,
+            certificate: _,
+            config: _,
+            hostnames: _,
+            http_hostnames: _,
+            tls_secret: _,
+        } = objects;
+        AgentObjects {
+            service_account,
+            role,
+            role_binding,
+            state_secret,
+            config_map,
+            network_policy,
+            deployment,
+        }
+    }
+
+    /// The one its status records when that is one of its own forms, else the one the
+    /// assignment gives it; `None` when it has none of its own (then nothing in Headscale is
+    /// deleted on its behalf).
+    fn cleanup_tag(
+        tailnet: &Tailnet,
+        ingress: &TailnetIngress,
+        all: &[Arc<TailnetIngress>],
+    ) -> Option<String> {
+        let prefix = &tailnet.spec.policy.tag_prefix;
+        desired::tag(ingress, &tailnet.name_any(), prefix, all).ok()
+    }
+
+    fn amend(
+        ingress: &TailnetIngress,
+        status: TailnetIngressStatus,
+        acted: &Acted,
+        now: Timestamp,
+    ) -> TailnetIngressStatus {
+        match &acted.certificate_error {
+            Some(error) => certificate_not_created(ingress, &status, error, now),
+            None => status,
+        }
+    }
+}
+
+/// Before the identity: the tag, the context rules, the sources, the hostnames (an older
+/// ingress keeps its claims), the certificate and the backends; the agent's objects only when
+/// every backend resolves (else the last good configuration stays and no key is minted).
+fn plan(
+    input: &Input<'_, Ingress>,
+    c: &mut ConditionSet,
+    status: &mut TailnetIngressStatus,
+) -> Result<Option<Planned<Ingress>>, RenderError> {
+    let (ingress, tailnet, observed) = (input.object, input.tailnet, input.kind());
+    // Its own tag, or nothing of anyone else's is touched: no key, no agent, no grant.
+    let Some(tag) = own_tag(input, c, status) else {
+        return Ok(None);
     };
-    let previous = ingress.status.clone().unwrap_or_default();
-    let conditions = shared::invalid_spec(
-        &previous.conditions,
-        ingress.metadata.generation,
-        &errors,
-        now,
-    );
-    Err(Box::new(IngressDecision {
-        status: TailnetIngressStatus {
-            observed_generation: ingress.metadata.generation,
-            conditions,
-            ..previous
+    let render_ctx = input.render_context();
+    // Context rules (cross-namespace backends, templates, a certificate source), then the
+    // hostnames an older ingress keeps (first claim wins).
+    let intent = match desired::intent(ingress, &render_ctx) {
+        Ok(intent) => intent,
+        Err(errors) => return Ok(out_of_context(c, &errors)),
+    };
+    let not_allowed = sources_allowed(c, ingress, tailnet);
+    let names = match desired::names(&intent, &observed.others, &render_ctx) {
+        Ok(names) => names,
+        Err(errors) => return Ok(out_of_context(c, &errors)),
+    };
+    hostnames_unique(c, &names.claimed);
+    let serve_http = certificate_ready(c, input, &names.http_hostnames);
+    let wanted = desired::Observed {
+        backends: &observed.backends,
+        certificate_ready: serve_http,
+        tag: &tag,
+    };
+    let desired = desired::objects(ingress, input.intent, names, &render_ctx, &wanted)?;
+    let unwatched = unwatched_backends(&ingress.metadata, input.intent, input.config);
+    let problems: Vec<String> = desired
+        .problems
+        .iter()
+        .map(ToString::to_string)
+        .chain(unwatched.iter().cloned())
+        .collect();
+    backends_resolved(c, &problems, !unwatched.is_empty());
+    if let Some(objects) = &desired.objects {
+        status.hostnames = objects.hostnames.clone();
+    }
+    // The agent is only deployed (and so a pre-auth key only minted) without problems;
+    // nothing is rendered for backends the operator cannot read (as for missing ones).
+    let objects = desired.objects.filter(|_| problems.is_empty());
+    Ok(Some(Planned {
+        tag,
+        objects,
+        plan: IngressPlan {
+            names: desired.names.names,
+            serve_http,
+            not_allowed,
         },
-        agent: None,
     }))
 }
 
-/// Decides a valid ingress (see [`validated`]).
-pub fn decide(
-    ingress: &TailnetIngress,
-    valid: &ValidIngress,
-    observed: &IngressObservation,
-    config: &OperatorConfig,
-    now: Timestamp,
-) -> Result<IngressDecision, RenderError> {
-    let previous = ingress.status.clone().unwrap_or_default();
-    let mut c = ConditionSet::new(&previous.conditions, ingress.metadata.generation, now);
-    c.remove(types::SPEC_VALID);
-    let mut status = TailnetIngressStatus {
-        observed_generation: ingress.metadata.generation,
-        ..previous
-    };
-    let access = match &observed.access {
-        Ok(access) => access,
-        Err(problem) => {
-            c.fail(types::TAILNET_READY, problem.clone());
-            status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
-            return Ok(IngressDecision {
-                status,
-                agent: None,
-            });
-        }
-    };
-    let tailnet = &access.tailnet;
-    let tailnet_name = tailnet.name_any();
-    let (namespace, name) = (ingress.namespace().unwrap_or_default(), ingress.name_any());
-    shared::tailnet_ready(&mut c, access);
-    // Its own tag, or nothing of anyone else's is touched: no key, no agent, no grant.
+/// The ingress's tag (recorded in the status), or `AgentReady=False/TagConflict` naming the
+/// ingress that holds the tag it would get.
+fn own_tag(
+    input: &Input<'_, Ingress>,
+    c: &mut ConditionSet,
+    status: &mut TailnetIngressStatus,
+) -> Option<String> {
+    let (ingress, tailnet, observed) = (input.object, input.tailnet, input.kind());
     let assigned = observed.tag.clone().unwrap_or_else(|| {
-        super::gather::ingress_tag(
+        desired::tag(
             ingress,
-            &tailnet_name,
+            &tailnet.name_any(),
             &tailnet.spec.policy.tag_prefix,
             &observed.others,
         )
     });
-    let tag = match &assigned {
-        Ok(tag) => tag.clone(),
+    match assigned {
+        Ok(tag) => {
+            status.tag = Some(tag.clone());
+            Some(tag)
+        }
         Err(holder) => {
             status.tag = None;
+            let (namespace, name) = (ingress.namespace().unwrap_or_default(), ingress.name_any());
             c.fail(
                 types::AGENT_READY,
                 Problem::new(
@@ -140,116 +276,9 @@ pub fn decide(
                     ),
                 ),
             );
-            status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
-            return Ok(IngressDecision {
-                status,
-                agent: None,
-            });
+            None
         }
-    };
-    status.tag = Some(tag.clone());
-
-    let render_ctx = RenderContext {
-        operator_namespace: &config.operator_namespace,
-        tailnet_name: &tailnet_name,
-        tailnet: &tailnet.spec,
-        images: Images::resolve(&config.images, tailnet.spec.agent.as_ref()),
-        cluster_domain: &config.cluster_domain,
-    };
-    // Context rules (cross-namespace backends, templates, a certificate source), then the
-    // hostnames an older ingress keeps (first claim wins): the composition's step.
-    let scope = TailnetScope {
-        name: &tailnet_name,
-        spec: &tailnet.spec,
-        operator_namespace: &config.operator_namespace,
-    };
-    let intent = IngressIntent::new(ingress, &scope);
-    if let Err(errors) = &intent.names {
-        return Ok(out_of_context(c, status, errors));
     }
-    let not_allowed = sources_allowed(&mut c, ingress, tailnet);
-    // Only ingresses that claimed before this one can hold its names.
-    let earlier: Vec<IngressIntent> = observed
-        .others
-        .iter()
-        .filter(|o| desired::may_claim_before(&intent.claim, o))
-        .map(|o| IngressIntent::new(o, &scope))
-        .collect();
-    let names = match compose::ingress_names_among(&intent, &earlier) {
-        Ok(names) => names,
-        Err(errors) => return Ok(out_of_context(c, status, &errors)),
-    };
-    hostnames_unique(&mut c, &names.claimed);
-    let owner = Owner::from_meta(AgentKind::Ingress, &ingress.metadata, &tailnet_name)?;
-    let serve_http = certificate_ready(
-        &mut c,
-        ingress,
-        &owner,
-        &names.http_hostnames,
-        observed,
-        now,
-    );
-    // Backends resolved and the agent rendered by the pipeline `tailnet-operator render`
-    // uses too; nothing is rendered (the last good config stays) while a backend is missing.
-    let wanted = desired::IngressObserved {
-        backends: &observed.backends,
-        certificate_ready: serve_http,
-        tag: &tag,
-    };
-    let desired = desired::ingress(&ingress.metadata, valid, names, &render_ctx, &wanted)?;
-    let unwatched = unwatched_backends(&ingress.metadata, valid, config);
-    let problems: Vec<String> = desired
-        .problems
-        .iter()
-        .map(ToString::to_string)
-        .chain(unwatched.iter().cloned())
-        .collect();
-    backends_resolved(&mut c, &problems, !unwatched.is_empty());
-
-    // The agent is only deployed (and so a pre-auth key only minted) without problems.
-    let deployable = problems.is_empty();
-    let hostnames = agent_hostnames(AgentKind::Ingress, &owner.names(), &tag);
-    let nodes: &[tailnet_headscale::Node] = observed.nodes.as_deref().map_or(&[], |n| n);
-    let node = find_node(nodes, &tag, &hostnames).cloned();
-    let foreign = foreign_nodes(nodes, &tag, &hostnames);
-    let mintable = deployable && foreign.is_empty();
-    let (key, key_state) = match &observed.nodes {
-        // Without the node list nothing is minted: the node may well exist.
-        Ok(_) => decide_key(node.is_some(), mintable, &observed.auth_secret, now),
-        Err(_) => (KeyAction::Keep, KeyState::NodeExists),
-    };
-    shared::node_online(&mut c, &observed.nodes, node.as_ref(), &key_state);
-    if let Some(n) = &node {
-        status.node_id = Some(n.id.to_string());
-        status.tailnet_ips = n.ip_addresses.clone();
-    }
-    if let Some(objects) = &desired.objects {
-        status.hostnames = objects.hostnames.clone();
-    }
-    // Nothing is rendered for backends the operator cannot read (as for missing ones).
-    let objects = desired.objects.filter(|_| unwatched.is_empty());
-    let names = desired.names.names;
-    shared::agent_ready(&mut c, observed.deployment.as_ref());
-    tag_shared(&mut c, &tag, &foreign, node.is_some());
-    status.exposes = expose_status(&names, serve_http);
-    status.urls = urls(&names);
-    policy_effective(&mut c, ingress, tailnet, &not_allowed);
-    status.summary = Some(summary(&status.hostnames));
-    shared::reachability(
-        &mut c,
-        types::BACKENDS_REACHABLE,
-        observed.report.as_ref().map(|r| r.backends.as_slice()),
-    );
-    status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
-    Ok(IngressDecision {
-        status,
-        agent: Some(Box::new(AgentPlan {
-            owner,
-            tag,
-            objects,
-            key,
-        })),
-    })
 }
 
 /// The cert-manager Certificate could not be created: `CertificateReady` says so (over what
@@ -291,11 +320,7 @@ pub fn certificate_not_created(
 
 /// The spec does not hold in the Tailnet's context: `BackendsResolved=False`, nothing is
 /// applied.
-fn out_of_context(
-    mut c: ConditionSet,
-    mut status: TailnetIngressStatus,
-    errors: &[FieldError],
-) -> IngressDecision {
+fn out_of_context(c: &mut ConditionSet, errors: &[FieldError]) -> Option<Planned<Ingress>> {
     let cross = errors
         .iter()
         .any(|e| e.field.ends_with(".backend.namespace"));
@@ -308,11 +333,7 @@ fn out_of_context(
         types::BACKENDS_RESOLVED,
         Problem::new(reason, validate::summarize(errors)),
     );
-    status.conditions = c.finish(&REQUIRED, &OBSERVED_IF_KNOWN);
-    IngressDecision {
-        status,
-        agent: None,
-    }
+    None
 }
 
 /// `SourcesAllowed`: `allowFrom` within the allowlist (else those get no grant). Returns the
@@ -426,12 +447,10 @@ fn backends_resolved(c: &mut ConditionSet, problems: &[String], unwatched: bool)
 /// served at all. Returns whether http exposes are served.
 fn certificate_ready(
     c: &mut ConditionSet,
-    ingress: &TailnetIngress,
-    owner: &Owner,
+    input: &Input<'_, Ingress>,
     http_names: &[String],
-    observed: &IngressObservation,
-    now: Timestamp,
 ) -> bool {
+    let (ingress, owner, now) = (input.object, input.owner, input.now);
     if !ingress
         .spec
         .exposes
@@ -445,7 +464,8 @@ fn certificate_ready(
         );
         return false;
     }
-    let verdict = observed
+    let verdict = input
+        .kind()
         .tls_certificate
         .as_deref()
         .map(|pem| certificates::check(pem, http_names, now.as_second()));

@@ -1,133 +1,52 @@
-//! Gather step of the TailnetIngress controller: everything `decide` needs, read once.
+//! The ingress's own gather step (I/O): the other ingresses of its Tailnet, its backends and
+//! its certificate; what every agent shares is read by the generic gather
+//! (`agent/gather.rs`).
 
 use std::sync::Arc;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::{Api, ResourceExt};
 use tailnet_api::TailnetIngress;
-use tailnet_api::agent_status::StatusReport;
 use tailnet_api::ingress::ExposeMode;
-use tailnet_api::naming::AgentKind;
 use tailnet_api::validate::ValidIngress;
 use tailnet_render::backends::{self, ObservedBackends};
-use tailnet_render::intent::Claim;
 use tailnet_render::meta::Owner;
 
-use super::super::access::{TailnetAccess, tailnet_access};
-use super::super::agent_conditions::{NodeList, nodes_unobservable};
-use super::super::agent_gather::{AgentObserved, gather_agent};
+use super::super::agent::keys::read_secret;
+use super::super::agent::kind::GatherInput;
 use super::super::context::Context;
 use super::super::error::ReconcileError;
-use super::super::identity::{AuthSecret, read_secret};
 use super::super::kube_io::get_opt_cached;
-use super::super::status::Problem;
+use super::desired;
+use super::observation::{IngressObserved, tls_secret_name};
 
-/// What one reconcile of an ingress observed.
-#[derive(Clone)]
-pub struct IngressObservation {
-    /// The Tailnet and its Headscale client, or why `TailnetReady` is False. When this is an
-    /// error, nothing below was read.
-    pub access: Result<TailnetAccess, Problem>,
-    /// The other TailnetIngresses of the same Tailnet (watch cache): the first to claim a
-    /// hostname keeps it.
-    pub others: Vec<Arc<TailnetIngress>>,
-    /// This ingress's tag from the assignment over the Tailnet's ingresses
-    /// (`desired::ingress_tags`: injective, first claim keeps today's form, recorded tags
-    /// stay); `Err(holder)`: no tag of its own (`namespace/name` of the ingress holding it).
-    /// `None`: not gathered; `decide` assigns it from `others` (the same function).
-    pub tag: Option<Result<String, String>>,
-    /// Backend Services that exist (their ports) and the CA ConfigMaps of
-    /// `backend.tls.caConfigMapRef` (their keys). A backend in another namespace is only read
-    /// for an ingress in the operator namespace (elsewhere it is rejected before it matters).
-    pub backends: ObservedBackends,
-    /// `tls.crt` of the TLS Secret (read only when there is an http expose); `None` when the
-    /// Secret or the key does not exist.
-    pub tls_certificate: Option<Vec<u8>>,
-    /// Headscale's node list (the agent's node).
-    pub nodes: NodeList,
-    pub auth_secret: AuthSecret,
-    pub deployment: Option<Deployment>,
-    /// The agent's `/status` (probe results); `None` when it could not be read.
-    pub report: Option<StatusReport>,
-}
-
-impl IngressObservation {
-    /// Only the Tailnet access (or its problem); nothing else read.
-    pub fn only_access(access: Result<TailnetAccess, Problem>) -> Self {
-        IngressObservation {
-            access,
-            others: Vec::new(),
-            tag: None,
-            backends: ObservedBackends::default(),
-            tls_certificate: None,
-            nodes: Err(nodes_unobservable()),
-            auth_secret: AuthSecret::Absent,
-            deployment: None,
-            report: None,
-        }
-    }
-}
-
+/// The ingress's own reads: the other ingresses of its Tailnet and its tag among them, its
+/// backends, and its certificate.
 pub async fn gather(
     ctx: &Context,
     ingress: &TailnetIngress,
     valid: &ValidIngress,
-) -> Result<IngressObservation, ReconcileError> {
+    input: GatherInput<'_>,
+) -> Result<IngressObserved, ReconcileError> {
     let namespace = ingress.namespace().unwrap_or_default();
-    let access = tailnet_access(ctx, &ingress.spec.tailnet_ref.name).await;
-    let Ok(tailnet_access) = &access else {
-        return Ok(IngressObservation::only_access(access));
-    };
-    let tailnet_name = tailnet_access.tailnet.name_any();
+    let tailnet = &input.access.tailnet;
+    let tailnet_name = tailnet.name_any();
     let others: Vec<Arc<TailnetIngress>> = ctx
-        .ingresses
-        .state()
+        .kinds
+        .objects::<TailnetIngress>()
         .into_iter()
         .filter(|other| other.uid() != ingress.uid() && other.spec.tailnet_ref.name == tailnet_name)
         .collect();
-    let tag = Some(ingress_tag(
-        ingress,
-        &tailnet_name,
-        &tailnet_access.tailnet.spec.policy.tag_prefix,
-        &others,
-    ));
+    let prefix = &tailnet.spec.policy.tag_prefix;
+    let tag = Some(desired::tag(ingress, &tailnet_name, prefix, &others));
     let backends = backends(ctx, valid, &namespace).await?;
-    let owner = Owner::from_meta(AgentKind::Ingress, &ingress.metadata, &tailnet_name)?;
-    let tls_certificate = tls_certificate(ctx, ingress, &owner).await?;
-    let AgentObserved {
-        nodes,
-        auth_secret,
-        deployment,
-        report,
-    } = gather_agent(ctx, tailnet_access, &owner).await?;
-    Ok(IngressObservation {
-        access,
+    let tls_certificate = tls_certificate(ctx, ingress, input.owner).await?;
+    Ok(IngressObserved {
         others,
         tag,
         backends,
         tls_certificate,
-        nodes,
-        auth_secret,
-        deployment,
-        report,
     })
-}
-
-/// The tag of `ingress` among `others` of its Tailnet (see `IngressObservation::tag`).
-pub fn ingress_tag(
-    ingress: &TailnetIngress,
-    tailnet_name: &str,
-    prefix: &str,
-    others: &[Arc<TailnetIngress>],
-) -> Result<String, String> {
-    let others: Vec<Claim> = others.iter().map(|o| Claim::of_ingress(o)).collect();
-    tailnet_render::claims::ingress_tag_of(
-        tailnet_name,
-        prefix,
-        &Claim::of_ingress(ingress),
-        &others,
-    )
 }
 
 /// The backend Services and CA ConfigMaps the exposes reference, as they exist.
@@ -168,17 +87,6 @@ async fn backends(
         }
     }
     Ok(observed)
-}
-
-/// The name of the Secret the agent reads its certificate from: `spec.tls.secretName`, else
-/// the one cert-manager issues for the operator's Certificate.
-pub fn tls_secret_name(ingress: &TailnetIngress, owner: &Owner) -> String {
-    ingress
-        .spec
-        .tls
-        .as_ref()
-        .and_then(|t| t.secret_name.clone())
-        .unwrap_or_else(|| owner.names().tls)
 }
 
 /// `tls.crt` of the TLS Secret, when there is an http expose to serve with it.

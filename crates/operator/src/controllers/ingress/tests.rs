@@ -12,13 +12,19 @@ use tailnet_api::naming::ingress_tag;
 use tailnet_headscale::Node;
 use tailnet_render::backends::{ObjectKey, ObservedBackends, ServicePortInfo};
 
-use super::super::agent_conditions::nodes_unobservable;
-use super::super::identity::{AuthSecret, KeyAction};
+use super::super::agent::decide::{self as agent, Decision};
+use super::super::agent::identity::KeyAction;
+use super::super::agent::observation::{
+    AgentObserved, AuthSecret, Observation, nodes_unobservable,
+};
 use super::super::reason_coverage::assert_every_reason_has_a_case;
 use super::super::status::Problem;
 use super::super::test_fixtures as fx;
-use super::decide::{self, IngressDecision};
-use super::gather::IngressObservation;
+use super::decide::{self, Ingress};
+use super::observation::IngressObserved;
+
+type IngressDecision = Decision<Ingress>;
+type IngressObservation = Observation<IngressObserved>;
 
 const NAMESPACE: &str = "team-a";
 const RESOURCE: &str = "TailnetIngress/team-a/portal";
@@ -114,32 +120,36 @@ fn agent_node(online: bool) -> Node {
 fn healthy() -> IngressObservation {
     IngressObservation {
         access: Ok(fx::access(fx::tailnet(&[RESOURCE]))),
-        others: Vec::new(),
-        tag: Some(Ok(tag())),
-        backends: ObservedBackends {
-            services: BTreeMap::from([
-                (
-                    ObjectKey::new(NAMESPACE, "frontend"),
-                    vec![port("http", 8080)],
-                ),
-                (
-                    ObjectKey::new(NAMESPACE, "db"),
-                    vec![port("postgres", 5432)],
-                ),
-            ]),
-            config_maps: BTreeMap::new(),
+        agent: AgentObserved {
+            nodes: Ok(Arc::new(vec![agent_node(true)])),
+            auth_secret: AuthSecret::RemovedByUs,
+            deployment: Some(fx::deployment(1)),
+            report: Some(fx::report(
+                vec![],
+                vec![
+                    fx::probe("web", "frontend.team-a.svc:8080", ProbeState::Reachable),
+                    fx::probe("db", "db.team-a.svc:5432", ProbeState::Reachable),
+                ],
+            )),
         },
-        tls_certificate: Some(valid_cert()),
-        nodes: Ok(Arc::new(vec![agent_node(true)])),
-        auth_secret: AuthSecret::RemovedByUs,
-        deployment: Some(fx::deployment(1)),
-        report: Some(fx::report(
-            vec![],
-            vec![
-                fx::probe("web", "frontend.team-a.svc:8080", ProbeState::Reachable),
-                fx::probe("db", "db.team-a.svc:5432", ProbeState::Reachable),
-            ],
-        )),
+        kind: IngressObserved {
+            others: Vec::new(),
+            tag: Some(Ok(tag())),
+            backends: ObservedBackends {
+                services: BTreeMap::from([
+                    (
+                        ObjectKey::new(NAMESPACE, "frontend"),
+                        vec![port("http", 8080)],
+                    ),
+                    (
+                        ObjectKey::new(NAMESPACE, "db"),
+                        vec![port("postgres", 5432)],
+                    ),
+                ]),
+                config_maps: BTreeMap::new(),
+            },
+            tls_certificate: Some(valid_cert()),
+        },
     }
 }
 
@@ -154,8 +164,8 @@ fn tailnet_with(tailnet: tailnet_api::Tailnet) -> IngressObservation {
 }
 
 fn run(ingress: &TailnetIngress, observed: &IngressObservation) -> IngressDecision {
-    let valid = decide::validated(ingress, fx::now()).expect("a valid ingress");
-    decide::decide(ingress, &valid, observed, &fx::config(), fx::now()).expect("decide")
+    let valid = agent::validated::<Ingress>(ingress, fx::now()).expect("a valid ingress");
+    agent::decide::<Ingress>(ingress, &valid, observed, &fx::config(), fx::now()).expect("decide")
 }
 
 /// A case: its name, the decision's status, and the expected (type, status, reason) checks.
@@ -228,7 +238,7 @@ fn tailnet_and_headscale_cases() -> Vec<Case> {
                 let mut access = fx::access(fx::tailnet(&[RESOURCE]));
                 access.headscale = Err(Problem::new(reasons::SECRET_MISSING, "no key"));
                 o.access = Ok(access);
-                o.nodes = Err(nodes_unobservable());
+                o.agent.nodes = Err(nodes_unobservable());
             }),
             vec![
                 (types::READY, "False", reasons::SECRET_MISSING),
@@ -243,7 +253,7 @@ fn tailnet_and_headscale_cases() -> Vec<Case> {
             "node list fails",
             &i,
             with(|o| {
-                o.nodes = Err(Problem::new(
+                o.agent.nodes = Err(Problem::new(
                     reasons::headscale::TIMEOUT,
                     "listing Headscale nodes failed",
                 ))
@@ -256,7 +266,7 @@ fn tailnet_and_headscale_cases() -> Vec<Case> {
         case(
             "node offline",
             &i,
-            with(|o| o.nodes = Ok(Arc::new(vec![agent_node(false)]))),
+            with(|o| o.agent.nodes = Ok(Arc::new(vec![agent_node(false)]))),
             vec![
                 (types::NODE_ONLINE, "False", reasons::NODE_OFFLINE),
                 (types::READY, "False", reasons::NODE_OFFLINE),
@@ -266,21 +276,21 @@ fn tailnet_and_headscale_cases() -> Vec<Case> {
             "node not registered, key waiting",
             &i,
             with(|o| {
-                o.nodes = Ok(Arc::new(vec![]));
-                o.auth_secret = AuthSecret::Absent;
+                o.agent.nodes = Ok(Arc::new(vec![]));
+                o.agent.auth_secret = AuthSecret::Absent;
             }),
             vec![(types::NODE_ONLINE, "False", reasons::NODE_NOT_REGISTERED)],
         ),
         case(
             "agent not ready",
             &i,
-            with(|o| o.deployment = Some(fx::deployment(0))),
+            with(|o| o.agent.deployment = Some(fx::deployment(0))),
             vec![(types::READY, "False", reasons::AGENT_NOT_READY)],
         ),
         case(
             "no deployment yet",
             &i,
-            with(|o| o.deployment = None),
+            with(|o| o.agent.deployment = None),
             vec![(types::AGENT_READY, "False", reasons::AGENT_NOT_READY)],
         ),
     ]
@@ -330,9 +340,12 @@ fn spec_and_backend_cases() -> Vec<Case> {
             "backend Service missing",
             &i,
             with(|o| {
-                o.backends.services.remove(&ObjectKey::new(NAMESPACE, "db"));
-                o.nodes = Ok(Arc::new(vec![]));
-                o.auth_secret = AuthSecret::Absent;
+                o.kind
+                    .backends
+                    .services
+                    .remove(&ObjectKey::new(NAMESPACE, "db"));
+                o.agent.nodes = Ok(Arc::new(vec![]));
+                o.agent.auth_secret = AuthSecret::Absent;
             }),
             vec![
                 (
@@ -348,7 +361,8 @@ fn spec_and_backend_cases() -> Vec<Case> {
             "backend port missing",
             &i,
             with(|o| {
-                o.backends
+                o.kind
+                    .backends
                     .services
                     .insert(ObjectKey::new(NAMESPACE, "db"), vec![port("other", 5433)]);
             }),
@@ -362,7 +376,7 @@ fn spec_and_backend_cases() -> Vec<Case> {
             "backend CA ConfigMap without the key",
             &verified,
             with(|o| {
-                o.backends.config_maps.insert(
+                o.kind.backends.config_maps.insert(
                     ObjectKey::new(NAMESPACE, "backend-ca"),
                     BTreeSet::from(["other.crt".to_string()]),
                 );
@@ -377,7 +391,7 @@ fn spec_and_backend_cases() -> Vec<Case> {
             "backend CA ConfigMap present",
             &verified,
             with(|o| {
-                o.backends.config_maps.insert(
+                o.kind.backends.config_maps.insert(
                     ObjectKey::new(NAMESPACE, "backend-ca"),
                     BTreeSet::from(["ca.crt".to_string()]),
                 );
@@ -409,7 +423,7 @@ fn spec_and_backend_cases() -> Vec<Case> {
         case(
             "a hostname kept by an older ingress",
             &i,
-            with(|o| o.others = vec![older_rival()]),
+            with(|o| o.kind.others = vec![older_rival()]),
             vec![
                 (types::HOSTNAMES_UNIQUE, "False", reasons::HOSTNAME_CONFLICT),
                 (types::READY, "False", reasons::HOSTNAME_CONFLICT),
@@ -418,7 +432,7 @@ fn spec_and_backend_cases() -> Vec<Case> {
         case(
             "its tag is held by another ingress",
             &i,
-            with(|o| o.tag = Some(Err("team-x/dev-api".to_string()))),
+            with(|o| o.kind.tag = Some(Err("team-x/dev-api".to_string()))),
             vec![(types::AGENT_READY, "False", reasons::TAG_CONFLICT)],
         ),
     ]
@@ -442,10 +456,8 @@ fn the_lab_pair_gets_two_tags_whichever_reconciles_first() {
     let t = fx::tailnet(&[]);
     let name = kube::ResourceExt::name_any(&t);
     let prefix = t.spec.policy.tag_prefix.clone();
-    let older_tag =
-        super::gather::ingress_tag(&older, &name, &prefix, std::slice::from_ref(&newer));
-    let newer_tag =
-        super::gather::ingress_tag(&newer, &name, &prefix, std::slice::from_ref(&older));
+    let older_tag = super::desired::tag(&older, &name, &prefix, std::slice::from_ref(&newer));
+    let newer_tag = super::desired::tag(&newer, &name, &prefix, std::slice::from_ref(&older));
     assert_eq!(older_tag, Ok(ingress_tag(&prefix, "team-x", "dev-api")));
     let newer_tag = newer_tag.expect("a tag of its own");
     assert_ne!(Ok(newer_tag.clone()), older_tag);
@@ -459,19 +471,19 @@ fn certificate_cases() -> Vec<Case> {
         case(
             "waiting for cert-manager",
             &i,
-            with(|o| o.tls_certificate = None),
+            with(|o| o.kind.tls_certificate = None),
             vec![(types::CERTIFICATE_READY, "False", reasons::ISSUING)],
         ),
         case(
             "re-issuing for new names",
             &i,
-            with(|o| o.tls_certificate = Some(cert(&[PORTAL], (2026, 1, 1), (2027, 1, 1)))),
+            with(|o| o.kind.tls_certificate = Some(cert(&[PORTAL], (2026, 1, 1), (2027, 1, 1)))),
             vec![(types::CERTIFICATE_READY, "False", reasons::ISSUING)],
         ),
         case(
             "own Secret missing",
             &own,
-            with(|o| o.tls_certificate = None),
+            with(|o| o.kind.tls_certificate = None),
             vec![
                 (types::CERTIFICATE_READY, "False", reasons::SECRET_MISSING),
                 (types::READY, "False", reasons::SECRET_MISSING),
@@ -481,7 +493,8 @@ fn certificate_cases() -> Vec<Case> {
             "own Secret does not cover the names",
             &own,
             with(|o| {
-                o.tls_certificate = Some(cert(&["other.example.net"], (2026, 1, 1), (2027, 1, 1)))
+                o.kind.tls_certificate =
+                    Some(cert(&["other.example.net"], (2026, 1, 1), (2027, 1, 1)))
             }),
             vec![(
                 types::CERTIFICATE_READY,
@@ -498,19 +511,23 @@ fn certificate_cases() -> Vec<Case> {
         case(
             "expired",
             &own,
-            with(|o| o.tls_certificate = Some(cert(&[PORTAL, ALIAS], (2025, 1, 1), (2026, 1, 1)))),
+            with(|o| {
+                o.kind.tls_certificate = Some(cert(&[PORTAL, ALIAS], (2025, 1, 1), (2026, 1, 1)))
+            }),
             vec![(types::CERTIFICATE_READY, "False", reasons::EXPIRED)],
         ),
         case(
             "not yet valid",
             &i,
-            with(|o| o.tls_certificate = Some(cert(&[PORTAL, ALIAS], (2027, 1, 1), (2028, 1, 1)))),
+            with(|o| {
+                o.kind.tls_certificate = Some(cert(&[PORTAL, ALIAS], (2027, 1, 1), (2028, 1, 1)))
+            }),
             vec![(types::CERTIFICATE_READY, "False", reasons::NOT_YET_VALID)],
         ),
         case(
             "not a certificate",
             &own,
-            with(|o| o.tls_certificate = Some(b"garbage".to_vec())),
+            with(|o| o.kind.tls_certificate = Some(b"garbage".to_vec())),
             vec![(
                 types::CERTIFICATE_READY,
                 "False",
@@ -520,7 +537,7 @@ fn certificate_cases() -> Vec<Case> {
         case(
             "tcp only",
             &tcp_only,
-            with(|o| o.tls_certificate = None),
+            with(|o| o.kind.tls_certificate = None),
             vec![
                 (types::CERTIFICATE_READY, "True", reasons::NOT_APPLICABLE),
                 (types::READY, "True", reasons::READY),
@@ -559,7 +576,7 @@ fn policy_and_reachability_cases() -> Vec<Case> {
         case(
             "agent report unreadable",
             &i,
-            with(|o| o.report = None),
+            with(|o| o.agent.report = None),
             vec![
                 (types::BACKENDS_REACHABLE, "Unknown", reasons::NOT_OBSERVED),
                 (types::READY, "True", reasons::READY),
@@ -569,7 +586,7 @@ fn policy_and_reachability_cases() -> Vec<Case> {
             "not probed yet",
             &i,
             with(|o| {
-                o.report = Some(fx::report(
+                o.agent.report = Some(fx::report(
                     vec![],
                     vec![fx::probe("web", "frontend:8080", ProbeState::Unknown)],
                 ))
@@ -611,7 +628,7 @@ fn policy_and_reachability_cases() -> Vec<Case> {
             status: run(
                 &i,
                 &with(|o| {
-                    o.report = Some(fx::report(
+                    o.agent.report = Some(fx::report(
                         vec![],
                         vec![fx::probe("web", "frontend:8080", state)],
                     ))
@@ -662,7 +679,7 @@ fn decision_table() {
             "backend": {"service": "frontend", "port": 8080}}]),
         serde_json::json!({}),
     );
-    let refused = decide::validated(&invalid, fx::now()).expect_err("invalid");
+    let refused = agent::validated::<Ingress>(&invalid, fx::now()).expect_err("invalid");
     assert_eq!(
         fx::condition(&refused.status.conditions, types::SPEC_VALID),
         ("False", reasons::INVALID_SPEC)
@@ -675,7 +692,7 @@ fn decision_table() {
     seen.extend(reasons_of(&refused.status));
     // Decided with another operator config (see the namespace-scoped test).
     seen.extend(reasons_of(&scoped_elsewhere().status));
-    assert!(decide::validated(&ingress(), fx::now()).is_ok());
+    assert!(agent::validated::<Ingress>(&ingress(), fx::now()).is_ok());
     let decided = run(&ingress(), &healthy()).status;
     let status = decide::certificate_not_created(
         &ingress(),
@@ -696,8 +713,8 @@ fn decision_table() {
         &seen,
         &[
             include_str!("decide.rs"),
-            include_str!("../agent_conditions.rs"),
-            include_str!("../identity.rs"),
+            include_str!("../agent/conditions.rs"),
+            include_str!("../agent/identity.rs"),
         ],
     );
 }
@@ -713,13 +730,13 @@ fn ready_names_the_first_missing_precondition_in_dependency_order() {
     let mut outsider = own_secret();
     outsider.spec.allow_from.push("group:evil".into());
     let broken = |o: &mut IngressObservation| {
-        o.backends.services.clear();
-        o.tls_certificate = None;
-        o.deployment = Some(fx::deployment(0));
-        o.nodes = Ok(Arc::new(vec![agent_node(false)]));
+        o.kind.backends.services.clear();
+        o.kind.tls_certificate = None;
+        o.agent.deployment = Some(fx::deployment(0));
+        o.agent.nodes = Ok(Arc::new(vec![agent_node(false)]));
         o.access = Ok(fx::access(fx::tailnet(&[])));
-        o.others = vec![older_rival()];
-        o.report = Some(fx::report(
+        o.kind.others = vec![older_rival()];
+        o.agent.report = Some(fx::report(
             vec![],
             vec![fx::probe("web", "frontend:8080", ProbeState::Timeout)],
         ));
@@ -736,22 +753,22 @@ fn ready_names_the_first_missing_precondition_in_dependency_order() {
     );
     let step = |o: &mut IngressObservation| {
         broken(o);
-        o.backends = healthy().backends;
+        o.kind.backends = healthy().kind.backends;
     };
     assert_eq!(ready(&own, with(step)), failing(reasons::SECRET_MISSING));
     let step = |o: &mut IngressObservation| {
         step(o);
-        o.tls_certificate = Some(valid_cert());
+        o.kind.tls_certificate = Some(valid_cert());
     };
     assert_eq!(ready(&own, with(step)), failing(reasons::AGENT_NOT_READY));
     let step = |o: &mut IngressObservation| {
         step(o);
-        o.deployment = Some(fx::deployment(1));
+        o.agent.deployment = Some(fx::deployment(1));
     };
     assert_eq!(ready(&own, with(step)), failing(reasons::NODE_OFFLINE));
     let step = |o: &mut IngressObservation| {
         step(o);
-        o.nodes = Ok(Arc::new(vec![agent_node(true)]));
+        o.agent.nodes = Ok(Arc::new(vec![agent_node(true)]));
     };
     assert_eq!(ready(&own, with(step)), failing(reasons::NOT_EFFECTIVE));
     let step = |o: &mut IngressObservation| {
@@ -761,13 +778,13 @@ fn ready_names_the_first_missing_precondition_in_dependency_order() {
     assert_eq!(ready(&own, with(step)), failing(reasons::HOSTNAME_CONFLICT));
     let step = |o: &mut IngressObservation| {
         step(o);
-        o.others.clear();
+        o.kind.others.clear();
     };
     // An observed reachability failure counts once the required ones hold; none blocks.
     assert_eq!(ready(&own, with(step)), failing(reasons::TIMEOUT));
     let step = |o: &mut IngressObservation| {
         step(o);
-        o.report = None;
+        o.agent.report = None;
     };
     assert_eq!(
         ready(&own, with(step)),
@@ -819,7 +836,7 @@ fn status_lists_hostnames_urls_and_the_node() {
         vec![("web", Some(reasons::READY)), ("db", Some(reasons::READY))]
     );
     // Without a certificate the http expose is not served (never plaintext); tcp still is.
-    let status = run(&ingress(), &with(|o| o.tls_certificate = None)).status;
+    let status = run(&ingress(), &with(|o| o.kind.tls_certificate = None)).status;
     let states: Vec<_> = status
         .exposes
         .iter()
@@ -833,7 +850,7 @@ fn status_lists_hostnames_urls_and_the_node() {
         ]
     );
     // A name kept by an older ingress is neither served nor listed.
-    let status = run(&ingress(), &with(|o| o.others = vec![older_rival()])).status;
+    let status = run(&ingress(), &with(|o| o.kind.others = vec![older_rival()])).status;
     assert!(
         !status.hostnames.contains(&ALIAS.to_string()),
         "{:?}",
@@ -849,7 +866,7 @@ fn status_lists_hostnames_urls_and_the_node() {
     newer.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         "2026-05-02T00:00:00Z".parse().expect("time"),
     ));
-    let status = run(&ingress(), &with(|o| o.others = vec![Arc::new(newer)])).status;
+    let status = run(&ingress(), &with(|o| o.kind.others = vec![Arc::new(newer)])).status;
     assert_eq!(
         fx::condition(&status.conditions, types::HOSTNAMES_UNIQUE),
         ("True", reasons::READY)
@@ -875,9 +892,9 @@ fn what_is_applied_and_minted() {
         ..Default::default()
     });
     let missing = |o: &mut IngressObservation| {
-        o.backends.services.clear();
-        o.nodes = Ok(Arc::new(vec![]));
-        o.auth_secret = AuthSecret::Absent;
+        o.kind.backends.services.clear();
+        o.agent.nodes = Ok(Arc::new(vec![]));
+        o.agent.auth_secret = AuthSecret::Absent;
     };
     let decision = run(&listed, &with(missing));
     assert_eq!(
@@ -891,8 +908,8 @@ fn what_is_applied_and_minted() {
     let plan = run(
         &ingress(),
         &with(|o| {
-            o.backends.services.clear();
-            o.auth_secret = AuthSecret::Present {
+            o.kind.backends.services.clear();
+            o.agent.auth_secret = AuthSecret::Present {
                 key_id: Some(4),
                 expires: None,
             };
@@ -911,8 +928,8 @@ fn what_is_applied_and_minted() {
     let plan = run(
         &ingress(),
         &with(|o| {
-            o.nodes = Ok(Arc::new(vec![]));
-            o.auth_secret = AuthSecret::Absent;
+            o.agent.nodes = Ok(Arc::new(vec![]));
+            o.agent.auth_secret = AuthSecret::Absent;
         }),
     )
     .agent
@@ -926,8 +943,8 @@ fn what_is_applied_and_minted() {
     let plan = run(
         &ingress(),
         &with(|o| {
-            o.nodes = Err(Problem::new(reasons::headscale::TIMEOUT, "timeout"));
-            o.auth_secret = AuthSecret::Absent;
+            o.agent.nodes = Err(Problem::new(reasons::headscale::TIMEOUT, "timeout"));
+            o.agent.auth_secret = AuthSecret::Absent;
         }),
     )
     .agent
@@ -989,21 +1006,22 @@ fn a_refused_certificate_keeps_ready_transition_times() {
 /// The healthy ingress decided by an operator that watches only namespace `elsewhere`.
 fn scoped_elsewhere() -> IngressDecision {
     let ingress = ingress();
-    let valid = decide::validated(&ingress, fx::now()).expect("a valid ingress");
+    let valid = agent::validated::<Ingress>(&ingress, fx::now()).expect("a valid ingress");
     let mut config = fx::config();
     config.scope = crate::scope::WatchScope::new(&config.operator_namespace, &["elsewhere".into()]);
-    decide::decide(&ingress, &valid, &healthy(), &config, fx::now()).expect("decide")
+    agent::decide::<Ingress>(&ingress, &valid, &healthy(), &config, fx::now()).expect("decide")
 }
 
 #[test]
 fn a_namespace_scoped_operator_names_a_backend_outside_its_namespaces_and_renders_nothing() {
     let ingress = ingress();
-    let valid = decide::validated(&ingress, fx::now()).expect("a valid ingress");
+    let valid = agent::validated::<Ingress>(&ingress, fx::now()).expect("a valid ingress");
     let mut config = fx::config();
     // The ingress's own namespace (and so its backends) is watched: nothing changes.
     config.scope =
         crate::scope::WatchScope::new(&config.operator_namespace, &[NAMESPACE.to_string()]);
-    let watched = decide::decide(&ingress, &valid, &healthy(), &config, fx::now()).expect("decide");
+    let watched =
+        agent::decide::<Ingress>(&ingress, &valid, &healthy(), &config, fx::now()).expect("decide");
     assert!(
         reasons_of(&watched.status).all(|r| r != reasons::BACKEND_NAMESPACE_NOT_WATCHED),
         "{:?}",

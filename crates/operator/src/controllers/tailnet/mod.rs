@@ -13,6 +13,7 @@ pub mod gather;
 pub mod locations;
 #[cfg(test)]
 mod tests;
+pub mod wiring;
 
 use std::sync::Arc;
 

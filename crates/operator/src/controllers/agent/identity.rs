@@ -1,26 +1,16 @@
-//! An agent's tailnet identity in Headscale: the node carrying its tag, the single-use
-//! pre-auth key in its auth Secret, and forgetting both on deletion. The key decision is pure
-//! ([`decide_key`]); gathering the auth Secret and carrying out the decision are I/O.
-
-use std::collections::BTreeMap;
+//! An agent's tailnet identity, decided (pure): the nodes carrying its tag under one of its
+//! hostnames, nodes that carry the tag but are someone else's, and the single-use pre-auth key
+//! in its auth Secret. Reading the auth Secret, minting and expiring keys and forgetting the
+//! identity in Headscale are `keys.rs`.
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Secret as K8sSecret;
-use kube::api::DeleteParams;
-use kube::runtime::reflector::ObjectRef;
-use kube::{Api, ResourceExt};
-use tailnet_headscale::{Client as HeadscaleClient, CreatePreAuthKey, Node, PreAuthKey};
-use tailnet_render::meta::Owner;
+use kube::ResourceExt;
+use tailnet_headscale::{Node, PreAuthKey};
 
-use super::access::TailnetAccess;
-use super::applied::{ABSENT, ChildRef, Decision, Live};
-use super::context::Context;
-use super::error::ReconcileError;
-use super::kube_io::{apply, get_opt_cached};
-use super::publish::event;
-use super::status::{ConditionSet, Problem};
+use super::super::status::{ConditionSet, Problem};
+use super::observation::{AuthSecret, NodeList};
 use tailnet_api::conditions::{reasons, types};
-use tailnet_api::naming::{AgentKind, AgentNames};
 
 /// Annotations on the auth Secret: which key is in it and until when it is valid (the key
 /// itself is never logged or put anywhere else).
@@ -32,16 +22,68 @@ pub const PRE_AUTH_KEY_LIFETIME: SignedDuration = SignedDuration::from_mins(60);
 /// A pending key that expires sooner than this is replaced rather than waited for.
 const PENDING_KEY_MARGIN: SignedDuration = SignedDuration::from_mins(2);
 
-/// The tailnet hostnames an agent's node may have, the current one first: an ingress's node
-/// is named after its tag ([`tailnet_api::naming::tag_hostname`]; releases before it used the
-/// object name, `tailnet-ingress-<name>`, which a node keeps until its pod restarts), an
-/// egress's after its objects. An agent's identity is its tag **and** one of these: a node that
-/// carries the tag under another hostname (a device tagged by hand, another installation's
-/// agent) is never taken for the agent's, nor deleted with it.
-pub fn agent_hostnames(kind: AgentKind, names: &AgentNames, tag: &str) -> Vec<String> {
-    match kind {
-        AgentKind::Egress => vec![names.base.clone()],
-        AgentKind::Ingress => vec![tailnet_api::naming::tag_hostname(tag), names.base.clone()],
+/// An agent's identity as decided for one reconcile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Identity {
+    pub tag: String,
+    /// The tailnet hostnames its nodes may have (the kind's `hostnames`): an identity is the
+    /// tag **and** one of these, so a node that carries the tag under another hostname (a
+    /// device tagged by hand, another installation's agent) is never taken for the agent's,
+    /// nor deleted with it.
+    pub hostnames: Vec<String>,
+    /// The agent's own nodes, the one to report first (online, then newest). Several exist
+    /// after a lost state Secret (and would with several pods).
+    pub nodes: Vec<Node>,
+    /// Nodes that carry the tag under another hostname.
+    pub foreign: Vec<Node>,
+    pub key: KeyAction,
+    pub key_state: KeyState,
+}
+
+impl Identity {
+    /// The node the status reports.
+    pub fn node(&self) -> Option<&Node> {
+        self.nodes.first()
+    }
+}
+
+/// Decides the identity of an agent with `tag` and `hostnames` from Headscale's node list
+/// and its auth Secret. `deployable`: the agent is (or stays) deployed; no key is minted for
+/// an agent that is not, nor while someone else's node carries the tag, nor without the node
+/// list (the node may well exist).
+pub fn decide(
+    tag: &str,
+    hostnames: Vec<String>,
+    nodes: &NodeList,
+    secret: &AuthSecret,
+    deployable: bool,
+    now: Timestamp,
+) -> Identity {
+    let listed: &[Node] = nodes.as_deref().map_or(&[], |n| n);
+    let own: Vec<Node> = own_nodes(listed, tag, &hostnames)
+        .into_iter()
+        .cloned()
+        .collect();
+    let foreign: Vec<Node> = foreign_nodes(listed, tag, &hostnames)
+        .into_iter()
+        .cloned()
+        .collect();
+    let (key, key_state) = match nodes {
+        Ok(_) => decide_key(
+            !own.is_empty(),
+            deployable && foreign.is_empty(),
+            secret,
+            now,
+        ),
+        Err(_) => (KeyAction::Keep, KeyState::NodeExists),
+    };
+    Identity {
+        tag: tag.to_string(),
+        hostnames,
+        nodes: own,
+        foreign,
+        key,
+        key_state,
     }
 }
 
@@ -49,13 +91,20 @@ fn carries(node: &Node, tag: &str) -> bool {
     node.tags.iter().any(|t| t == tag)
 }
 
-/// The agent's node: carrying `tag` under one of `hostnames`. Several can exist after a lost
-/// state Secret: prefer online, then the newest.
-pub fn find_node<'a>(nodes: &'a [Node], tag: &str, hostnames: &[String]) -> Option<&'a Node> {
-    nodes
+/// The agent's nodes: carrying `tag` under one of `hostnames`, online first, then the newest.
+pub fn own_nodes<'a>(nodes: &'a [Node], tag: &str, hostnames: &[String]) -> Vec<&'a Node> {
+    let mut own: Vec<&Node> = nodes
         .iter()
         .filter(|n| carries(n, tag) && hostnames.contains(&n.name))
-        .max_by_key(|n| (n.online, n.id))
+        .collect();
+    own.sort_by_key(|n| std::cmp::Reverse((n.online, n.id)));
+    own
+}
+
+/// The agent's node the status reports (see [`own_nodes`]).
+#[cfg(test)]
+pub fn find_node<'a>(nodes: &'a [Node], tag: &str, hostnames: &[String]) -> Option<&'a Node> {
+    own_nodes(nodes, tag, hostnames).into_iter().next()
 }
 
 /// Nodes that carry `tag` but are not the agent's (another hostname).
@@ -89,18 +138,6 @@ pub fn tag_shared(c: &mut ConditionSet, tag: &str, foreign: &[&Node], own: bool)
         ),
     );
     false
-}
-
-/// What the gather step knows of the agent's auth Secret.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AuthSecret {
-    /// Not read: this process removed it once the node existed, recently (see applied.rs).
-    RemovedByUs,
-    Absent,
-    Present {
-        key_id: Option<u64>,
-        expires: Option<Timestamp>,
-    },
 }
 
 /// What to do about the agent's pre-auth key.
@@ -175,14 +212,6 @@ pub fn decide_key(
     )
 }
 
-fn auth_child(owner: &Owner) -> ChildRef {
-    ChildRef {
-        kind: <K8sSecret as k8s_openapi::Resource>::KIND.to_string(),
-        namespace: owner.namespace.clone(),
-        name: owner.names().auth_secret,
-    }
-}
-
 /// What an auth Secret says about its key (`None`: it does not exist).
 pub fn auth_secret_of(secret: Option<&K8sSecret>) -> AuthSecret {
     match secret {
@@ -213,171 +242,6 @@ pub fn confirm_mint(planned: &KeyAction, fresh: &AuthSecret, now: Timestamp) -> 
     }
 }
 
-/// Reads the agent's auth Secret, unless this process removed it recently (nothing to read
-/// on every poll; checked again after the re-apply interval).
-pub async fn gather_auth_secret(
-    ctx: &Context,
-    owner: &Owner,
-) -> Result<AuthSecret, ReconcileError> {
-    if ctx
-        .applied
-        .decide(&auth_child(owner), &ABSENT, Live::Unwatched)
-        == Decision::Unchanged
-    {
-        return Ok(AuthSecret::RemovedByUs);
-    }
-    let name = owner.names().auth_secret;
-    let secret = read_secret(ctx, &owner.namespace, &name).await?;
-    Ok(auth_secret_of(secret.as_ref()))
-}
-
-/// A Secret: from the watch cache of the operator namespace when it is there, otherwise a
-/// GET served from the apiserver's watch cache (no etcd read per poll). Good enough for the
-/// decision; a mint is confirmed by a quorum read first ([`confirm_mint`]).
-pub async fn read_secret(
-    ctx: &Context,
-    namespace: &str,
-    name: &str,
-) -> Result<Option<K8sSecret>, ReconcileError> {
-    if namespace == ctx.config.operator_namespace
-        && let Some(secret) = ctx
-            .caches
-            .operator_secrets
-            .get(&ObjectRef::new(name).within(namespace))
-    {
-        return Ok(Some((*secret).clone()));
-    }
-    let secrets: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), namespace);
-    get_opt_cached(&secrets, name)
-        .await
-        .map_err(ReconcileError::kube(format!("get Secret {name}")))
-}
-
-/// Carries out a key decision. Returns whether a key was minted.
-pub async fn act_on_key(
-    ctx: &Context,
-    headscale: &HeadscaleClient,
-    owner: &Owner,
-    tag: &str,
-    action: &KeyAction,
-) -> Result<bool, ReconcileError> {
-    let child = auth_child(owner);
-    let secrets: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let name = child.name.clone();
-    match action {
-        KeyAction::Keep => Ok(false),
-        KeyAction::Retire {
-            key_id,
-            delete_secret,
-        } => {
-            if let Some(id) = key_id
-                && let Err(e) = headscale.expire_pre_auth_key(*id).await
-            {
-                tracing::debug!(key_id = id, error = %e, "expiring a used pre-auth key failed");
-            }
-            if *delete_secret {
-                match secrets.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => return Err(ReconcileError::kube("delete auth Secret")(e)),
-                }
-            }
-            ctx.applied.record(child, ABSENT, None);
-            Ok(false)
-        }
-        KeyAction::Mint { .. } => {
-            ctx.applied.forget(&child);
-            // The gather step read the Secret from a watch cache: a key minted by the
-            // previous reconcile may not be in it yet. Read it strongly (quorum GET) right
-            // before minting, and decide again on that.
-            let fresh = secrets
-                .get_opt(&name)
-                .await
-                .map_err(ReconcileError::kube(format!("get Secret {name}")))?;
-            let KeyAction::Mint { held, expires } =
-                confirm_mint(action, &auth_secret_of(fresh.as_ref()), Timestamp::now())
-            else {
-                return Ok(false);
-            };
-            let (held, expires) = (&held, &expires);
-            // A list up to a second old is enough here: keys of this tag are only minted by
-            // this resource's reconciles, which never run concurrently, and the list is
-            // dropped after every mint (below), so it always holds this resource's last key.
-            let keys = ctx
-                .pre_auth_keys
-                .get(headscale.server(), || headscale.list_pre_auth_keys())
-                .await
-                .map_err(ReconcileError::headscale("list pre-auth keys"))?;
-            for id in orphaned_keys(&keys, tag, *held, Timestamp::now()) {
-                headscale
-                    .expire_pre_auth_key(id)
-                    .await
-                    .map_err(ReconcileError::headscale(format!(
-                        "expire orphaned pre-auth key {id} of {tag}"
-                    )))?;
-                tracing::info!(key_id = id, %tag, "expired a pre-auth key that no Secret holds");
-            }
-            let minted = headscale
-                .create_pre_auth_key(&CreatePreAuthKey::single_use_tagged(
-                    vec![tag.to_string()],
-                    *expires,
-                ))
-                .await;
-            // The list no longer holds every key of the tag (nor the expired orphans' state).
-            ctx.pre_auth_keys.invalidate(headscale.server());
-            let key = minted.map_err(ReconcileError::headscale(format!(
-                "mint pre-auth key for {tag}"
-            )))?;
-            let mut secret = tailnet_render::pod::auth_secret(owner, key.key.expose());
-            secret.metadata.annotations = Some(BTreeMap::from([
-                (KEY_ID_ANNOTATION.to_string(), key.id.to_string()),
-                (KEY_EXPIRES_ANNOTATION.to_string(), expires.to_string()),
-            ]));
-            if let Err(e) = apply(&secrets, &name, &secret).await {
-                // Do not leave a valid key behind that nobody holds.
-                let _ = headscale.expire_pre_auth_key(key.id).await;
-                return Err(e);
-            }
-            Ok(true)
-        }
-    }
-}
-
-/// Carries out a key decision for an agent of `object` when Headscale is usable, and
-/// publishes `PreAuthKeyMinted` when a key was minted.
-pub async fn act_on_agent_key<K>(
-    ctx: &Context,
-    object: &K,
-    access: &Result<TailnetAccess, Problem>,
-    owner: &Owner,
-    tag: &str,
-    action: &KeyAction,
-) -> Result<(), ReconcileError>
-where
-    K: kube::Resource<DynamicType = ()>,
-{
-    let (Ok(access), false) = (access, *action == KeyAction::Keep) else {
-        return Ok(());
-    };
-    let Ok(headscale) = &access.headscale else {
-        return Ok(());
-    };
-    if act_on_key(ctx, headscale, owner, tag, action).await?
-        && let KeyAction::Mint { expires, .. } = action
-    {
-        event(
-            ctx,
-            object,
-            kube::runtime::events::EventType::Normal,
-            "PreAuthKeyMinted",
-            "Reconcile",
-            format!("minted a single-use pre-auth key for {tag}, valid until {expires}"),
-        )
-        .await;
-    }
-    Ok(())
-}
-
 /// Keys of `tag` that could still register a node (unused, unexpired) other than `held`,
 /// the one in the agent's auth Secret.
 pub fn orphaned_keys(
@@ -394,55 +258,15 @@ pub fn orphaned_keys(
         .collect()
 }
 
-/// Removes the agent's identity from Headscale: its nodes (the tag under one of `hostnames`,
-/// see [`agent_hostnames`]) and any unexpired keys of its tag.
-pub async fn forget_identity(
-    headscale: &HeadscaleClient,
-    tag: &str,
-    hostnames: &[String],
-) -> Result<(), ReconcileError> {
-    // Keys first: once none is valid, no agent can register a node any more, so the node list
-    // read afterwards is complete. (Nodes first left a window in which an agent that was
-    // still starting registered after the list and stayed behind as an orphan.)
-    let keys = headscale
-        .list_pre_auth_keys()
-        .await
-        .map_err(ReconcileError::headscale("list pre-auth keys"))?;
-    let now = Timestamp::now();
-    for key in keys
-        .iter()
-        .filter(|k| k.acl_tags.iter().any(|t| t == tag) && k.expiration.is_some_and(|e| e > now))
-    {
-        headscale
-            .expire_pre_auth_key(key.id)
-            .await
-            .map_err(ReconcileError::headscale(format!(
-                "expire pre-auth key {}",
-                key.id
-            )))?;
-    }
-    let nodes = headscale
-        .list_nodes()
-        .await
-        .map_err(ReconcileError::headscale("list nodes"))?;
-    for node in nodes
-        .iter()
-        .filter(|n| carries(n, tag) && hostnames.contains(&n.name))
-    {
-        headscale
-            .delete_node(node.id)
-            .await
-            .map_err(ReconcileError::headscale(format!(
-                "delete node {}",
-                node.id
-            )))?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use super::super::decide::Decide;
     use super::*;
+    use crate::controllers::egress::Egress;
+    use crate::controllers::ingress::Ingress;
+    use tailnet_api::naming::{AgentKind, AgentNames};
 
     fn node(id: u64, tag: &str, online: bool) -> Node {
         Node {
@@ -511,18 +335,14 @@ mod tests {
         // Ingress: today's hostname (the tag's name) and the one of earlier releases.
         let names = AgentNames::new(AgentKind::Ingress, "api");
         assert_eq!(
-            agent_hostnames(AgentKind::Ingress, &names, "tag:tno-ingress-team-a-api"),
+            Ingress::hostnames(&names, "tag:tno-ingress-team-a-api"),
             vec![
                 "tno-ingress-team-a-api".to_string(),
                 "tailnet-ingress-api".to_string()
             ]
         );
         assert_eq!(
-            agent_hostnames(
-                AgentKind::Egress,
-                &AgentNames::new(AgentKind::Egress, "site"),
-                "tag:x"
-            ),
+            Egress::hostnames(&AgentNames::new(AgentKind::Egress, "site"), "tag:x"),
             vec!["tailnet-egress-site".to_string()]
         );
     }

@@ -10,7 +10,7 @@ use kube::api::ListParams;
 use tailnet_api::agent_status::StatusReport;
 use tailnet_render::meta::Owner;
 
-use super::context::Context;
+use super::super::context::Context;
 
 /// The largest report read (a real one is a few KiB even with hundreds of targets).
 pub const MAX_REPORT_BYTES: usize = 1024 * 1024;

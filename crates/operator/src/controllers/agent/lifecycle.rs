@@ -1,5 +1,5 @@
-//! An agent's end: the finalizer both agent kinds carry, and the deletion it guards (stop
-//! the agent, forget its identity in Headscale).
+//! An agent's end: the finalizer every agent-backed kind carries, and the deletion it guards
+//! (stop the agent, forget its identity in Headscale).
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -10,19 +10,18 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tailnet_api::Tailnet;
-use tailnet_api::naming::AgentKind;
 use tailnet_render::meta::Owner;
 
-use super::access::tailnet_access;
-use super::agent_report::agent_pod_selector;
-use super::context::Context;
-use super::error::ReconcileError;
-use super::identity::{agent_hostnames, forget_identity};
-use super::publish::event;
+use super::super::access::tailnet_access;
+use super::super::context::Context;
+use super::super::error::ReconcileError;
+use super::super::publish::event;
+use super::keys::forget_identity;
+use super::kind::AgentKind;
+use super::report::agent_pod_selector;
 
 /// Finalizer that removes the agent's Headscale node and keys before the object goes.
 pub const FINALIZER: &str = "tailnet-operator.dev/cleanup";
@@ -111,21 +110,15 @@ async fn stop_agent(ctx: &Context, owner: &Owner) -> Result<(), ReconcileError> 
     }
 }
 
-/// Deletion of an egress/ingress: its Headscale node(s) go and unexpired keys of its tag are
-/// expired; owned objects go by GC; the Tailnet controller drops grants and DNS entries once
-/// the object is gone. Headscale unusable ⇒ the finalizer stays (an orphaned tagged node
-/// would keep its identity) and the cleanup is retried with backoff.
-pub async fn cleanup<K>(
+/// Deletion of an agent-backed resource: its Headscale node(s) go and unexpired keys of its
+/// tag are expired; owned objects go by GC; the Tailnet controller drops grants and DNS
+/// entries once the object is gone. Headscale unusable ⇒ the finalizer stays (an orphaned
+/// tagged node would keep its identity) and the cleanup is retried with backoff.
+pub async fn cleanup<K: AgentKind>(
     ctx: &Context,
-    object: &K,
-    kind: AgentKind,
-    tailnet_name: &str,
-    tag_of: impl FnOnce(&Tailnet) -> Option<String>,
-) -> Result<Action, ReconcileError>
-where
-    K: kube::Resource<DynamicType = ()>,
-{
-    let access = match tailnet_access(ctx, tailnet_name).await {
+    object: &K::Object,
+) -> Result<Action, ReconcileError> {
+    let access = match tailnet_access(ctx, K::tailnet_name(object)).await {
         Ok(access) => access,
         Err(problem) => {
             tracing::warn!(object = %object.meta().name.clone().unwrap_or_default(), reason = problem.reason, message = %problem.message, "Tailnet gone: nothing to clean up in Headscale");
@@ -134,7 +127,8 @@ where
     };
     // `None`: the resource never had a tag of its own (its tag is another resource's):
     // nothing in Headscale is ours to delete.
-    let Some(tag) = tag_of(&access.tailnet) else {
+    let all = ctx.kinds.objects::<K::Object>();
+    let Some(tag) = K::cleanup_tag(&access.tailnet, object, &all) else {
         tracing::warn!(object = %object.meta().name.clone().unwrap_or_default(), "no tag of its own: leaving Headscale alone");
         return Ok(Action::await_change());
     };
@@ -151,9 +145,9 @@ where
     // Stop the agent first: a pod that is still running (or still starting) can register a
     // node after its identity was forgotten and leave it behind (seen in the egress e2e
     // test). Garbage collection would only stop it after the finalizer is gone: too late.
-    let owner = Owner::from_meta(kind, object.meta(), &access.tailnet.name_any())?;
+    let owner = Owner::from_meta(K::AGENT, object.meta(), &access.tailnet.name_any())?;
     stop_agent(ctx, &owner).await?;
-    let hostnames = agent_hostnames(kind, &owner.names(), &tag);
+    let hostnames = K::hostnames(&owner.names(), &tag);
     forget_identity(headscale, &tag, &hostnames).await?;
     tokio::time::sleep(SECOND_PASS_DELAY).await;
     forget_identity(headscale, &tag, &hostnames).await?;

@@ -1,8 +1,7 @@
-//! The conditions every agent (egress and ingress) shares, decided from observed data (pure):
+//! The conditions every agent-backed kind shares, decided from observed data (pure):
 //! `TailnetReady`, `NodeOnline`, `AgentReady`, `PolicyEffective` and reachability.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
@@ -12,12 +11,9 @@ use tailnet_api::conditions::{self, reasons, types};
 use tailnet_api::tailnet::PolicyMode;
 use tailnet_headscale::Node;
 
-use super::access::TailnetAccess;
-use super::identity::KeyState;
-use super::status::{ConditionSet, Problem};
-
-/// Headscale's node list as the gather step saw it (shared with other reconciles).
-pub type NodeList = Result<Arc<Vec<Node>>, Problem>;
+use super::super::status::{ConditionSet, Problem};
+use super::identity::{Identity, KeyState, tag_shared};
+use super::observation::{NodeList, TailnetView};
 
 /// The conditions of a spec that does not validate: `SpecValid=False` naming every field,
 /// and `Ready` from it alone (nothing else is decided; the last good configuration stays).
@@ -41,16 +37,8 @@ pub fn invalid_spec(
     c.finish(&[types::SPEC_VALID], &[])
 }
 
-/// The problem to report when Headscale cannot be asked for nodes.
-pub fn nodes_unobservable() -> Problem {
-    Problem::new(
-        reasons::HEADSCALE_UNREACHABLE,
-        "cannot observe the node (see TailnetReady)",
-    )
-}
-
 /// `TailnetReady` from the Tailnet and its Headscale client.
-pub fn tailnet_ready(c: &mut ConditionSet, access: &TailnetAccess) {
+pub fn tailnet_ready(c: &mut ConditionSet, access: &TailnetView) {
     let name = access.tailnet.name_any();
     match &access.headscale {
         Ok(_) => c.ok(
@@ -112,6 +100,20 @@ pub fn node_online(c: &mut ConditionSet, nodes: &NodeList, node: Option<&Node>, 
         // Not reached: a key state of NodeExists comes with a node.
         (None, KeyState::NodeExists) => {}
     }
+}
+
+/// The conditions of the identity: `NodeOnline`, `AgentReady` (the Deployment's pods) and a
+/// tag shared with nodes that are not the agent's.
+pub fn identity(
+    c: &mut ConditionSet,
+    identity: &Identity,
+    nodes: &NodeList,
+    deployment: Option<&Deployment>,
+) {
+    node_online(c, nodes, identity.node(), &identity.key_state);
+    agent_ready(c, deployment);
+    let foreign: Vec<&Node> = identity.foreign.iter().collect();
+    tag_shared(c, &identity.tag, &foreign, identity.node().is_some());
 }
 
 /// `AgentReady`: whether the agent Deployment has an available pod, else what is missing.

@@ -1,0 +1,78 @@
+//! The gather step of every agent-backed kind (I/O): the Tailnet and its Headscale client,
+//! then what every agent shares (Headscale's node list, the auth Secret, the agent
+//! Deployment, the agent's own report), then the kind's own reads.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use tailnet_headscale::Client as HeadscaleClient;
+use tailnet_render::meta::Owner;
+
+use super::super::access::{TailnetAccess, tailnet_access};
+use super::super::context::Context;
+use super::super::error::ReconcileError;
+use super::super::kube_io::from_cache_or_get;
+use super::super::status::Problem;
+use super::keys::gather_auth_secret;
+use super::kind::{AgentKind, GatherInput};
+use super::observation::{AgentObserved, Observation, nodes_unobservable};
+use super::report::agent_status;
+
+/// Everything `decide` needs of one object, read once, and the Headscale client for the act
+/// step (`None` when Headscale is not usable).
+pub async fn gather<K: AgentKind>(
+    ctx: &Context,
+    object: &K::Object,
+    intent: &K::Intent,
+) -> Result<(Observation<K::Observed>, Option<HeadscaleClient>), ReconcileError> {
+    let access = match tailnet_access(ctx, K::tailnet_name(object)).await {
+        Ok(access) => access,
+        Err(problem) => return Ok((Observation::only_access(Err(problem)), None)),
+    };
+    let owner = Owner::from_meta(K::AGENT, object.meta(), &access.tailnet.name_any())?;
+    let agent = gather_agent(ctx, &access, &owner).await?;
+    let input = GatherInput {
+        access: &access,
+        owner: &owner,
+        agent: &agent,
+    };
+    let kind = K::gather(ctx, object, intent, input).await?;
+    let observation = Observation {
+        access: Ok(access.view()),
+        agent,
+        kind,
+    };
+    Ok((observation, access.headscale.ok()))
+}
+
+/// What every agent shares, as observed.
+async fn gather_agent(
+    ctx: &Context,
+    access: &TailnetAccess,
+    owner: &Owner,
+) -> Result<AgentObserved, ReconcileError> {
+    let nodes = match &access.headscale {
+        Ok(headscale) => ctx
+            .nodes
+            .get(headscale.server(), || headscale.list_nodes())
+            .await
+            .map_err(|e| Problem::headscale(&e, format!("listing Headscale nodes failed: {e}"))),
+        Err(_) => Err(nodes_unobservable()),
+    };
+    let auth_secret = gather_auth_secret(ctx, owner).await?;
+    let namespace = &owner.namespace;
+    let deployment = from_cache_or_get(
+        &ctx.caches.deployments,
+        &Api::<Deployment>::namespaced(ctx.client.clone(), namespace),
+        &ObjectRef::new(&owner.names().base).within(namespace),
+    )
+    .await
+    .map_err(ReconcileError::kube("get Deployment"))?;
+    let report = agent_status(ctx, owner, deployment.as_ref()).await;
+    Ok(AgentObserved {
+        nodes,
+        auth_secret,
+        deployment,
+        report,
+    })
+}

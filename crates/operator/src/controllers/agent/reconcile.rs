@@ -1,0 +1,97 @@
+//! The reconcile of every agent-backed kind (I/O), generic over the kind: admission,
+//! finalizer, then gather → decide (pure) → act → status, or the cleanup on deletion; with the
+//! reconcile metrics, the per-object backoff and the poll interval.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{self, finalizer};
+use kube::{Api, ResourceExt};
+
+use super::super::context::Context;
+use super::super::error::ReconcileError;
+use super::super::instrument::{backoff_on_error, instrumented};
+use super::super::publish::write_status;
+use super::act::act;
+use super::decide::{Admission, decide, validated};
+use super::gather::gather;
+use super::kind::AgentKind;
+use super::lifecycle::{FINALIZER, cleanup, ensure_finalizer};
+
+/// The object's key in metrics, logs and the backoff table: `<controller>/<namespace>/<name>`.
+fn key<K: AgentKind>(object: &K::Object) -> String {
+    format!(
+        "{}/{}/{}",
+        K::CONTROLLER,
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
+}
+
+pub async fn reconcile<K: AgentKind>(
+    object: Arc<K::Object>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let key = key::<K>(&object);
+    instrumented(&ctx, K::CONTROLLER, &key, run::<K>(object, &ctx)).await
+}
+
+pub fn error_policy<K: AgentKind>(
+    object: Arc<K::Object>,
+    error: &ReconcileError,
+    ctx: Arc<Context>,
+) -> Action {
+    backoff_on_error(&ctx, K::CONTROLLER, &key::<K>(&object), error)
+}
+
+fn api<K: AgentKind>(ctx: &Context, object: &K::Object) -> Api<K::Object> {
+    Api::namespaced(ctx.client.clone(), &object.namespace().unwrap_or_default())
+}
+
+async fn run<K: AgentKind>(
+    object: Arc<K::Object>,
+    ctx: &Context,
+) -> Result<Action, ReconcileError> {
+    let api = api::<K>(ctx, &object);
+    if let Admission::Refuse(status) = K::admit(&object, &ctx.config, Timestamp::now()) {
+        // Not honoured here: no finalizer, no objects, just say so.
+        let previous = K::status(&object).cloned().unwrap_or_default();
+        write_status(ctx, &api, &*object, &previous, &status).await?;
+        return Ok(Action::await_change());
+    }
+    let object = ensure_finalizer(&api, object).await?;
+    finalizer(&api, FINALIZER, object, |event| async move {
+        match event {
+            finalizer::Event::Apply(o) => apply::<K>(&o, ctx).await,
+            finalizer::Event::Cleanup(o) => cleanup::<K>(ctx, &o).await,
+        }
+    })
+    .await
+    .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
+}
+
+/// One pass over a live object: its status is written when it changed, and it is polled
+/// again after the (spread) Headscale poll interval.
+async fn apply<K: AgentKind>(object: &K::Object, ctx: &Context) -> Result<Action, ReconcileError> {
+    let api = api::<K>(ctx, object);
+    let previous = K::status(object).cloned().unwrap_or_default();
+    let poll = Action::requeue(ctx.poll_interval(ctx.kinds.count::<K::Object>()));
+    let status = match validated::<K>(object, Timestamp::now()) {
+        Err(refused) => refused.status,
+        Ok(intent) => {
+            let (observed, headscale) = gather::<K>(ctx, object, &intent).await?;
+            let now = Timestamp::now();
+            let decision = decide::<K>(object, &intent, &observed, &ctx.config, now)?;
+            match &decision.agent {
+                Some(plan) => {
+                    let acted = act::<K>(ctx, object, plan, headscale.as_ref()).await?;
+                    K::amend(object, decision.status, &acted, now)
+                }
+                None => decision.status,
+            }
+        }
+    };
+    write_status(ctx, &api, object, &previous, &status).await?;
+    Ok(poll)
+}
