@@ -18,8 +18,8 @@ use super::super::status::Problem;
 use super::decide::{
     self, Answer, PolicyOutcome, PolicyStep, Refusal, TailnetPlan, rendered_policy_data,
 };
-use super::gather::{CurrentDns, TailnetObservation};
 use super::locations::BASE_POLICY_KEY;
+use super::observation::{CurrentDns, TailnetObservation};
 use tailnet_render::backends::ObjectKey;
 
 const BASE: &str = r#"{
@@ -900,7 +900,7 @@ fn cosmos_fragment(egress_destination: &str) -> String {
 
 fn with_fragment(read: Result<String, Problem>) -> TailnetObservation {
     TailnetObservation {
-        contributor_reads: vec![super::contributions::ContributorRead {
+        contributor_reads: vec![super::observation::ContributorRead {
             name: "cosmos".into(),
             read,
         }],
@@ -914,7 +914,7 @@ fn contribution_cases() -> Vec<Case> {
         more,
         ..case(name, observed, expect)
     };
-    let stored = super::contributions::StoredFragment {
+    let stored = super::observation::StoredFragment {
         fragment: cosmos_fragment("192.0.2.10/32"),
         hash: "h1".into(),
         last_read: "2026-06-01T11:00:00Z".into(),
@@ -1377,7 +1377,7 @@ fn a_contested_dns_name_goes_to_the_first_claim_not_the_lowest_address() {
         !hosts.contains("100.64.0.2 portal.lab.example.net"),
         "{hosts}"
     );
-    let c = plan.conditions.clone().finish(&decide::REQUIRED, &[]);
+    let c = plan.conditions.clone().finish(&super::role::REQUIRED, &[]);
     let dns = conditions::find(&c, types::DNS_RENDERED).expect("DNSRendered");
     assert!(
         dns.message
