@@ -443,7 +443,7 @@ async fn deliver_tampered_fragment(a: &OwnerSide, b: &ContributorSide) -> Delive
         ..
     } = b;
     let a_ingress = wait_for_condition(
-        &a_ingresses,
+        a_ingresses,
         "a-db",
         ConditionIs::new("Ready", "True"),
         Some(operator),
@@ -455,7 +455,7 @@ async fn deliver_tampered_fragment(a: &OwnerSide, b: &ContributorSide) -> Delive
         .unwrap_or_default()
         .tag
         .expect("A's ingress tag");
-    let config_maps_b: Api<ConfigMap> = Api::namespaced(client_b.clone(), &ns_b);
+    let config_maps_b: Api<ConfigMap> = Api::namespaced(client_b.clone(), ns_b);
     let fragment_name = tailnet_api::fragment::fragment_config_map(CONTRIBUTOR);
     let fragment = wait_for(
         "B's fragment with its egresses, ingresses and DNS record",
@@ -470,7 +470,7 @@ async fn deliver_tampered_fragment(a: &OwnerSide, b: &ContributorSide) -> Delive
                 .data
                 .and_then(|d| d.get(tailnet_api::fragment::FRAGMENT_KEY).cloned())
                 .ok_or("no fragment.json")?;
-            let complete = ["198.51.100.7", "192.0.2.10", "autogroup:member", &portal]
+            let complete = ["198.51.100.7", "192.0.2.10", "autogroup:member", portal]
                 .iter()
                 .all(|needle| text.contains(needle));
             if complete { Ok(text) } else { Err(text) }
@@ -530,9 +530,9 @@ async fn owner_refuses_what_the_limits_forbid(a: &OwnerSide, a_tag: &str) {
         "the owner to merge cosmos's fragment, partly",
         WAIT,
         || async {
-            let t = tailnets.get(&owner).await.map_err(|e| e.to_string())?;
+            let t = tailnets.get(owner).await.map_err(|e| e.to_string())?;
             let refused = refused_reasons(&t);
-            let all_named = refused.iter().any(|r| r.contains(&a_tag))
+            let all_named = refused.iter().any(|r| r.contains(a_tag))
                 && refused.iter().any(|r| r.contains("198.51.100.7"))
                 && refused.iter().any(|r| r.contains("autogroup:member"));
             if all_named
@@ -595,38 +595,38 @@ async fn contributor_sees_what_is_live(
     } = b;
     // B: the egress inside its limits carries bytes to the remote site from a B pod.
     wait_for_condition(
-        &egresses_b,
+        egresses_b,
         "b-site",
         ConditionIs::new("Ready", "True"),
         Some(operator_b),
     )
     .await;
     let run = cosmos
-        .tcp_check(&client_b, &ns_b, "client-b", &b_db, 30)
+        .tcp_check(client_b, ns_b, "client-b", b_db, 30)
         .await
         .expect("client pod in B");
     assert!(
         run.succeeded(),
         "echo through B's egress failed:\n{run}\n{}",
-        cosmos.diagnostics(Some(&ns_b))
+        cosmos.diagnostics(Some(ns_b))
     );
     // B: what was refused is named as not live, on the resources and the Tailnet.
     wait_for_condition(
-        &egresses_b,
+        egresses_b,
         "b-outside",
         ConditionIs::new("PolicyEffective", "False").reason("Contributing"),
         None,
     )
     .await;
     wait_for_condition(
-        &ingresses_b,
+        ingresses_b,
         "b-wide",
         ConditionIs::new("PolicyEffective", "False").reason("Contributing"),
         None,
     )
     .await;
     let contributor_tailnet = wait_for_condition(
-        &tailnets_b,
+        tailnets_b,
         CONTRIBUTOR,
         ConditionIs::new("FragmentLive", "False").reason("FragmentNotLive"),
         None,
@@ -648,7 +648,7 @@ async fn contributor_sees_what_is_live(
 
     // B's HTTPS ingress serves the laptop under the name the owner rendered.
     let b_portal = wait_for_condition(
-        &ingresses_b,
+        ingresses_b,
         "b-portal",
         ConditionIs::new("Ready", "True"),
         Some(operator_b),
@@ -659,7 +659,7 @@ async fn contributor_sees_what_is_live(
     let response = wait_for(
         &format!("https://{portal}/hello from the laptop (MagicDNS)"),
         WAIT,
-        || async { laptop_https_by_name(&laptop, &portal, &b_ip, &cert_pem).await },
+        || async { laptop_https_by_name(laptop, portal, &b_ip, cert_pem).await },
     )
     .await;
     assert!(response.contains("b-web"), "{response}");
@@ -686,7 +686,7 @@ async fn owner_keeps_working(
 ) -> String {
     let laptop = lab.laptop;
     let (egresses, ns, a_ingress) = (&a.egresses, &a.ns, &delivered.a_ingress);
-    wait_for_condition(&egresses, "site", ConditionIs::new("Ready", "True"), None).await;
+    wait_for_condition(egresses, "site", ConditionIs::new("Ready", "True"), None).await;
     let run = ops
         .tcp_check(
             "client-a",
@@ -838,7 +838,7 @@ async fn read_through_b_api(
         .expect("delete the delivered fragment");
     let reader = "policy-owner-reader";
     let FragmentReader { token, kubeconfig } = cosmos
-        .fragment_reader(&b_ns, fragment_name, reader)
+        .fragment_reader(b_ns, fragment_name, reader)
         .await
         .expect("the fragment reader's ServiceAccount, Role, RoleBinding and token in B");
     apply(

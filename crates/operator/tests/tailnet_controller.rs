@@ -323,7 +323,7 @@ impl Scenario<'_> {
         wait_condition(&self.tailnets, &self.tailnet_name, type_, status, reason).await
     }
 
-    /// Applies the Tailnet in Apply mode against `server` with `dns`.
+    /// Applies the Tailnet against `server`, in `mode`, with `dns`.
     async fn apply_tailnet(&self, server: &str, mode: &str, dns: Value, what: &str) {
         apply(
             &self.tailnets,
@@ -479,7 +479,7 @@ async fn dry_run(
         "DryRun publishes a diff"
     );
     // A few polls: the window holds two more DryRun syncs (rendered, checked, not written).
-    more_policy_syncs(&first, &tailnet_name, "dry_run", 2.0).await;
+    more_policy_syncs(first, tailnet_name, "dry_run", 2.0).await;
     let during = hs.get_policy().await.expect("live policy during DryRun");
     assert_eq!(
         during.policy, before.policy,
@@ -515,9 +515,9 @@ async fn apply_mode(
     let ns = s.ns;
     let installation = &s.installation;
     apply(
-        &tailnets,
-        &tailnet_name,
-        tailnet_object(&tailnet_name, &server, "Apply", own_hosts_config_map()),
+        tailnets,
+        tailnet_name,
+        tailnet_object(tailnet_name, server, "Apply", own_hosts_config_map()),
     )
     .await
     .expect("switch to Apply");
@@ -563,7 +563,7 @@ async fn apply_mode(
     );
     // No write on unchanged reconciles.
     let updated = hs.get_policy().await.expect("policy").updated_at;
-    more_policy_syncs(&first, &tailnet_name, "unchanged", 2.0).await;
+    more_policy_syncs(first, tailnet_name, "unchanged", 2.0).await;
     assert_eq!(
         hs.get_policy().await.expect("policy").updated_at,
         updated,
@@ -640,15 +640,15 @@ async fn edit_during_check(s: &Scenario<'_>) {
     let events = &s.events;
     let proxy = EditingProxy::start(&env.headscale.root_url(), env.headscale.api_key()).await;
     apply(
-        &tailnets,
-        &tailnet_name,
-        tailnet_object(&tailnet_name, &proxy.url, "Apply", own_hosts_config_map()),
+        tailnets,
+        tailnet_name,
+        tailnet_object(tailnet_name, &proxy.url, "Apply", own_hosts_config_map()),
     )
     .await
     .expect("Tailnet through the proxy");
     wait_for("the operator to talk through the proxy", WAIT, || async {
         let t = tailnets
-            .get(&tailnet_name)
+            .get(tailnet_name)
             .await
             .map_err(|e| e.to_string())?;
         let message = t.condition_message("HeadscaleReachable");
@@ -661,12 +661,12 @@ async fn edit_during_check(s: &Scenario<'_>) {
     .await;
     // Events with the same reason are one Event with a series (the note is the first one's):
     // count the reports.
-    let reported_before = manual_edit_reports(&events, &tailnet_name)
+    let reported_before = manual_edit_reports(events, tailnet_name)
         .await
         .expect("events");
     proxy.arm("group:race", "\"tcp:5432\"", "\"tcp:5434\"");
     set_base_policy(
-        &cms,
+        cms,
         ns,
         &base_policy("").replace(
             "\"group:team-a\": [\"alice@\"],",
@@ -692,7 +692,7 @@ async fn edit_during_check(s: &Scenario<'_>) {
         WAIT,
         || async {
             let now = hs.get_policy().await.map_err(|e| e.to_string())?;
-            let reported = manual_edit_reports(&events, &tailnet_name).await?;
+            let reported = manual_edit_reports(events, tailnet_name).await?;
             if now.policy.contains("group:race")
                 && !now.policy.contains("5434")
                 && reported > reported_before
@@ -723,13 +723,13 @@ async fn edit_during_check(s: &Scenario<'_>) {
         .map(|e| e.note.unwrap_or_default())
         .collect::<Vec<_>>();
     assert!(plain.is_empty(), "the overwrite was reported as {plain:?}");
-    set_base_policy(&cms, ns, &base_policy(""))
+    set_base_policy(cms, ns, &base_policy(""))
         .await
         .expect("base back");
     apply(
-        &tailnets,
-        &tailnet_name,
-        tailnet_object(&tailnet_name, &server, "Apply", own_hosts_config_map()),
+        tailnets,
+        tailnet_name,
+        tailnet_object(tailnet_name, server, "Apply", own_hosts_config_map()),
     )
     .await
     .expect("Tailnet back to Headscale directly");
@@ -756,7 +756,7 @@ async fn owned_elsewhere(
     hs.set_policy(foreign).await.expect("foreign policy");
     s.tailnet_becomes("PolicyApplied", "False", "OwnedElsewhere")
         .await;
-    more_policy_syncs(&first, &tailnet_name, "owned_elsewhere", 2.0).await;
+    more_policy_syncs(first, tailnet_name, "owned_elsewhere", 2.0).await;
     assert_eq!(
         hs.get_policy().await.expect("policy").policy,
         foreign,
@@ -764,8 +764,8 @@ async fn owned_elsewhere(
     );
     hs.set_policy(live).await.expect("restore our policy");
     s.tailnet_becomes("PolicyApplied", "True", "Applied").await;
-    let good = hs.get_policy().await.expect("policy");
-    good
+
+    hs.get_policy().await.expect("policy")
 }
 
 /// A base with a syntax error, then one whose tests fail: the good policy stays live.
@@ -775,7 +775,7 @@ async fn broken_bases(s: &Scenario<'_>, good: &tailnet_headscale::Policy) {
     let ns = s.ns;
     // A base with a syntax error: BaseValid=False with the position; live untouched.
     set_base_policy(
-        &cms,
+        cms,
         ns,
         "{\n  \"groups\": {\n    \"group:team-a\": [\"alice@\"] \"oops\"\n  }\n}\n",
     )
@@ -788,7 +788,7 @@ async fn broken_bases(s: &Scenario<'_>, good: &tailnet_headscale::Policy) {
 
     // A base whose tests fail against the generated grants: Rejected, old policy stays.
     set_base_policy(
-        &cms,
+        cms,
         ns,
         &base_policy(r#"{"src": "alice@", "accept": ["tag:router:22"]}"#),
     )
@@ -804,7 +804,7 @@ async fn broken_bases(s: &Scenario<'_>, good: &tailnet_headscale::Policy) {
         good.policy,
         "a rejected policy leaves the old one live"
     );
-    set_base_policy(&cms, ns, &base_policy(""))
+    set_base_policy(cms, ns, &base_policy(""))
         .await
         .expect("base fixed");
     s.tailnet_becomes("PolicyApplied", "True", "Applied").await;
@@ -885,7 +885,7 @@ async fn leader_handover(s: &Scenario<'_>, mut first: LocalOperator) -> LocalOpe
     // its leader gauge stays 0 throughout.
     let renew_time = || async {
         leases
-            .get(&lease)
+            .get(lease)
             .await
             .ok()
             .and_then(|l| l.spec)
@@ -920,7 +920,7 @@ async fn leader_handover(s: &Scenario<'_>, mut first: LocalOperator) -> LocalOpe
     }
     assert_eq!(first.metric("tailnet_operator_leader").await, Some(1.0));
     let holder = leases
-        .get(&lease)
+        .get(lease)
         .await
         .expect("lease")
         .spec
@@ -939,7 +939,7 @@ async fn leader_handover(s: &Scenario<'_>, mut first: LocalOperator) -> LocalOpe
     )
     .await;
     let holder = leases
-        .get(&lease)
+        .get(lease)
         .await
         .expect("lease")
         .spec
@@ -1003,9 +1003,9 @@ async fn shared_dns_config_map(s: &Scenario<'_>) {
         .expect("shared ConfigMap");
     let shared_dns = json!({"hostsConfigMap": "coredns", "hostsConfigMapNamespace": dns_ns.name(), "ingressNameTemplate": "{name}.{namespace}.lab.example.net"});
     apply(
-        &tailnets,
-        &tailnet_name,
-        tailnet_object(&tailnet_name, &server, "Apply", shared_dns),
+        tailnets,
+        tailnet_name,
+        tailnet_object(tailnet_name, server, "Apply", shared_dns),
     )
     .await
     .expect("Tailnet with shared DNS ConfigMap");
