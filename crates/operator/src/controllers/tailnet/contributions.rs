@@ -1,6 +1,8 @@
 //! Several installations on one Headscale (pure): the owner's merge of its contributors'
 //! fragments (`policy.contributors`), and a contributor's fragment (`mode: Contribute`) with
-//! how much of it is live.
+//! how much of it is live. The merge is classify (which fragment is in force) → check (its
+//! entries against the owner) → condition (`ContributionsAccepted`); the reading itself is
+//! the gather step's.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -5,6 +5,10 @@
 //! [`after_check`] (Headscale's check: DryRun, Rejected, OwnedElsewhere, unchanged or PUT),
 //! [`after_set`] (Headscale's answer to the PUT), then [`finish`] (`PolicyApplied`, the policy
 //! status, which grants are live, `Ready`).
+//!
+//! Purity: this module and those it imports (observation, role, contributions, dns,
+//! effective, locations, config, status) do no I/O; the observation types live in
+//! `observation.rs`, which gather fills.
 
 use std::collections::BTreeMap;
 
