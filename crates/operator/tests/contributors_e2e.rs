@@ -40,9 +40,10 @@ use support::tailnet::{https_get_hello, ok_200, self_signed, tcp_echo};
 use support::wait::{WAIT, wait_for};
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tno_testenv::{
-    E2eEnv, FragmentReader, OperatorArgs, OperatorProcess, SecondCluster, sync_extra_records,
+    E2eEnv, E2eNamespace, FragmentReader, OperatorArgs, OperatorProcess, SecondCluster,
+    sync_extra_records,
 };
-use tno_testenv_tailnet::LocalApi;
+use tno_testenv_tailnet::{HeadscaleApi, LocalApi};
 
 /// The contributor's name on the owner, its Tailnet in cluster B, and its tag prefix.
 const CONTRIBUTOR: &str = "cosmos";
@@ -132,6 +133,55 @@ async fn laptop_https_by_name(
         .and_then(ok_200)
 }
 
+/// What every phase shares: the lab, cluster B, Headscale and the laptop.
+struct Lab<'l> {
+    env: &'l E2eEnv,
+    cosmos: &'l SecondCluster,
+    headscale: &'l HeadscaleApi,
+    laptop: &'l LocalApi,
+}
+
+/// Cluster A: the owner, its own egress and ingress.
+struct OwnerSide {
+    client: kube::Client,
+    ns: String,
+    /// The owner's Tailnet.
+    owner: String,
+    tailnets: Api<Tailnet>,
+    /// The owner's Tailnet as last applied (its contributor entry changes along the way).
+    owner_spec: Value,
+    egresses: Api<TailnetEgress>,
+    a_ingresses: Api<TailnetIngress>,
+    config_maps: Api<ConfigMap>,
+    operator: OperatorProcess,
+    /// The owner's extra records into Headscale (stopped at the end).
+    records_sync: tokio::task::JoinHandle<()>,
+}
+
+/// Cluster B: the contributor under its own operator.
+struct ContributorSide {
+    client_b: kube::Client,
+    ns_b: String,
+    tailnets_b: Api<Tailnet>,
+    egresses_b: Api<TailnetEgress>,
+    ingresses_b: Api<TailnetIngress>,
+    operator_b: OperatorProcess,
+    /// The MagicDNS name of B's HTTPS ingress, and its certificate.
+    portal: String,
+    cert_pem: String,
+    /// `host:port` of B's egress target, seen from B's pods.
+    b_db: String,
+}
+
+/// What the Git delivery established.
+struct Delivered {
+    /// A's ingress as Ready, and its tag (which the tampered fragment claimed).
+    a_ingress: TailnetIngress,
+    a_tag: String,
+    /// The fragment's ConfigMap in B.
+    fragment_name: String,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contributing_installation_gets_what_its_limits_allow() {
     let env = E2eEnv::shared()
@@ -150,12 +200,40 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     );
     let headscale = env.headscale_api();
     let laptop = env.tailnet().laptop.node.local_api();
-
-    // ---- Cluster A: the owner, its own egress and ingress.
+    let lab = Lab {
+        env: &env,
+        cosmos: &cosmos,
+        headscale: &headscale,
+        laptop: &laptop,
+    };
     let ops = env.namespace("contrib").await.expect("namespace in A");
+    let mut a = owner_in_a(&lab, &ops).await;
+    let ops_b = cosmos.namespace("cosmos").await.expect("namespace in B");
+    let mut b = contributor_in_b(&lab, &ops_b).await;
+    let delivered = deliver_tampered_fragment(&a, &b).await;
+    owner_refuses_what_the_limits_forbid(&a, &delivered.a_tag).await;
+    let b_ip = contributor_sees_what_is_live(&lab, &a, &b).await;
+    let a_ip = owner_keeps_working(&lab, &ops, &a, &delivered).await;
+    let live = only_accepted_entries_live(&lab, &a).await;
+    malformed_delivery(&lab, &a, &live).await;
+    read_through_b_api(&lab, &mut a, &b, &delivered).await;
+    b_apiserver_stopped(&lab, &mut a, &b, &b_ip).await;
+    b_apiserver_back(&lab, &a, &mut b, &delivered).await;
+    contributor_removed(&lab, &mut a, &b, &a_ip).await;
+    a.records_sync.abort();
+    b.operator_b.terminate().await.expect("B's operator stops");
+    a.operator
+        .terminate()
+        .await
+        .expect("owner's operator stops");
+}
+
+/// Cluster A: the owner (Apply, listing `cosmos`), its operator, its own egress and ingress.
+async fn owner_in_a(lab: &Lab<'_>, ops: &E2eNamespace<'_>) -> OwnerSide {
+    let env = lab.env;
     let client = ops.client().clone();
     let ns = ops.name().to_string();
-    let owner = bootstrap_applied_tailnet(&env, &ops).await;
+    let owner = bootstrap_applied_tailnet(env, ops).await;
     let tailnets: Api<Tailnet> = Api::all(client.clone());
     let mut owner_spec = env.tailnet_object(&owner, "Apply");
     owner_spec["spec"]["policy"]["contributors"] = json!([{
@@ -173,7 +251,7 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         tno_testenv::HOSTS_CONFIG_MAP.into(),
         env.tailnet().headscale.extra_records_path().to_path_buf(),
     );
-    let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
+    let operator = start_operator(env, &OperatorArgs::new(&ns).to_args(), None)
         .await
         .expect("operator in A");
     let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), &ns);
@@ -213,9 +291,27 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     )
     .await
     .expect("owner's ingress");
+    OwnerSide {
+        config_maps: Api::namespaced(client.clone(), &ns),
+        client,
+        ns,
+        owner,
+        tailnets,
+        owner_spec,
+        egresses,
+        a_ingresses,
+        operator,
+        records_sync,
+    }
+}
 
-    // ---- Cluster B: the contributor under its own operator.
-    let ops_b = cosmos.namespace("cosmos").await.expect("namespace in B");
+/// Cluster B: the contributor (`mode: Contribute`, prefix `cob`) under its own operator, with
+/// egresses and ingresses inside and outside what the owner allows it.
+async fn contributor_in_b(
+    lab: &Lab<'_>,
+    ops_b: &tno_testenv_kube::TestNamespace<'_>,
+) -> ContributorSide {
+    let (env, cosmos) = (lab.env, lab.cosmos);
     let client_b = ops_b.client().clone();
     let ns_b = ops_b.name().to_string();
     env.create_bootstrap(&client_b, &ns_b, &env.base_policy().expect("base policy"))
@@ -235,7 +331,7 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     apply(&tailnets_b, CONTRIBUTOR, contributor_spec)
         .await
         .expect("contributor Tailnet in B");
-    let mut operator_b = start_operator_in_b(&env, &cosmos, &ns_b).await;
+    let operator_b = start_operator_in_b(env, cosmos, &ns_b).await;
     let egresses_b: Api<TailnetEgress> = Api::namespaced(client_b.clone(), &ns_b);
     apply_egress(
         &egresses_b,
@@ -318,14 +414,39 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     apply(&ingresses_b, "b-wide", wide)
         .await
         .expect("B's ingress for a source outside its limits");
+    ContributorSide {
+        b_db: format!("b-db.{ns_b}.svc.cluster.local:5432"),
+        client_b,
+        ns_b,
+        tailnets_b,
+        egresses_b,
+        ingresses_b,
+        operator_b,
+        portal,
+        cert_pem,
+    }
+}
 
-    // ---- Git delivery: B publishes its fragment in B; the test carries it to A, and adds in
-    // transit what a hostile contributor could ask for: A's ingress tag and a grant to it.
+/// Git delivery: B publishes its fragment in B; the test carries it to A, and adds in
+/// transit what a hostile contributor could ask for: A's ingress tag and a grant to it.
+async fn deliver_tampered_fragment(a: &OwnerSide, b: &ContributorSide) -> Delivered {
+    let OwnerSide {
+        a_ingresses,
+        operator,
+        config_maps,
+        ..
+    } = a;
+    let ContributorSide {
+        client_b,
+        ns_b,
+        portal,
+        ..
+    } = b;
     let a_ingress = wait_for_condition(
-        &a_ingresses,
+        a_ingresses,
         "a-db",
         ConditionIs::new("Ready", "True"),
-        Some(&operator),
+        Some(operator),
     )
     .await;
     let a_tag = a_ingress
@@ -334,7 +455,7 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         .unwrap_or_default()
         .tag
         .expect("A's ingress tag");
-    let config_maps_b: Api<ConfigMap> = Api::namespaced(client_b.clone(), &ns_b);
+    let config_maps_b: Api<ConfigMap> = Api::namespaced(client_b.clone(), ns_b);
     let fragment_name = tailnet_api::fragment::fragment_config_map(CONTRIBUTOR);
     let fragment = wait_for(
         "B's fragment with its egresses, ingresses and DNS record",
@@ -349,7 +470,7 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
                 .data
                 .and_then(|d| d.get(tailnet_api::fragment::FRAGMENT_KEY).cloned())
                 .ok_or("no fragment.json")?;
-            let complete = ["198.51.100.7", "192.0.2.10", "autogroup:member", &portal]
+            let complete = ["198.51.100.7", "192.0.2.10", "autogroup:member", portal]
                 .iter()
                 .all(|needle| text.contains(needle));
             if complete { Ok(text) } else { Err(text) }
@@ -374,7 +495,6 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         .as_array_mut()
         .expect("grants")
         .push(json!({"owner": "TailnetEgress/forged", "src": [own_egress_tag], "dst": [a_tag], "ip": ["tcp:6000"]}));
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     config_maps
         .patch(
             "cosmos-fragment",
@@ -387,8 +507,18 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         )
         .await
         .expect("deliver the fragment to A");
+    Delivered {
+        a_ingress,
+        a_tag,
+        fragment_name,
+    }
+}
 
-    // The owner: partly refused, every refused entry named, the rest merged.
+/// The owner: partly refused, every refused entry named, the rest merged.
+async fn owner_refuses_what_the_limits_forbid(a: &OwnerSide, a_tag: &str) {
+    let OwnerSide {
+        tailnets, owner, ..
+    } = a;
     let refused_reasons = |t: &Tailnet| -> Vec<String> {
         t.status
             .as_ref()
@@ -400,9 +530,9 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         "the owner to merge cosmos's fragment, partly",
         WAIT,
         || async {
-            let t = tailnets.get(&owner).await.map_err(|e| e.to_string())?;
+            let t = tailnets.get(owner).await.map_err(|e| e.to_string())?;
             let refused = refused_reasons(&t);
-            let all_named = refused.iter().any(|r| r.contains(&a_tag))
+            let all_named = refused.iter().any(|r| r.contains(a_tag))
                 && refused.iter().any(|r| r.contains("198.51.100.7"))
                 && refused.iter().any(|r| r.contains("autogroup:member"));
             if all_named
@@ -440,42 +570,63 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
             .any(|r| r.contains("autogroup:member") && r.contains("limits.ingressSourceAllowlist")),
         "{refused:?}"
     );
+}
 
+/// B: its egress inside its limits carries bytes, what was refused is named as not live, and
+/// its HTTPS ingress serves the laptop under the name the owner rendered. Returns the
+/// ingress's tailnet IPv4.
+async fn contributor_sees_what_is_live(
+    lab: &Lab<'_>,
+    a: &OwnerSide,
+    b: &ContributorSide,
+) -> String {
+    let (cosmos, laptop) = (lab.cosmos, lab.laptop);
+    let config_maps = &a.config_maps;
+    let ContributorSide {
+        client_b,
+        ns_b,
+        tailnets_b,
+        egresses_b,
+        ingresses_b,
+        operator_b,
+        portal,
+        cert_pem,
+        b_db,
+    } = b;
     // B: the egress inside its limits carries bytes to the remote site from a B pod.
     wait_for_condition(
-        &egresses_b,
+        egresses_b,
         "b-site",
         ConditionIs::new("Ready", "True"),
-        Some(&operator_b),
+        Some(operator_b),
     )
     .await;
-    let b_db = format!("b-db.{ns_b}.svc.cluster.local:5432");
     let run = cosmos
-        .tcp_check(&client_b, &ns_b, "client-b", &b_db, 30)
+        .tcp_check(client_b, ns_b, "client-b", b_db, 30)
         .await
         .expect("client pod in B");
     assert!(
         run.succeeded(),
         "echo through B's egress failed:\n{run}\n{}",
-        cosmos.diagnostics(Some(&ns_b))
+        cosmos.diagnostics(Some(ns_b))
     );
     // B: what was refused is named as not live, on the resources and the Tailnet.
     wait_for_condition(
-        &egresses_b,
+        egresses_b,
         "b-outside",
         ConditionIs::new("PolicyEffective", "False").reason("Contributing"),
         None,
     )
     .await;
     wait_for_condition(
-        &ingresses_b,
+        ingresses_b,
         "b-wide",
         ConditionIs::new("PolicyEffective", "False").reason("Contributing"),
         None,
     )
     .await;
     let contributor_tailnet = wait_for_condition(
-        &tailnets_b,
+        tailnets_b,
         CONTRIBUTOR,
         ConditionIs::new("FragmentLive", "False").reason("FragmentNotLive"),
         None,
@@ -497,10 +648,10 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
 
     // B's HTTPS ingress serves the laptop under the name the owner rendered.
     let b_portal = wait_for_condition(
-        &ingresses_b,
+        ingresses_b,
         "b-portal",
         ConditionIs::new("Ready", "True"),
-        Some(&operator_b),
+        Some(operator_b),
     )
     .await;
     let b_ip = tailnet_ipv4(&b_portal.status.clone().unwrap_or_default().tailnet_ips)
@@ -508,7 +659,7 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     let response = wait_for(
         &format!("https://{portal}/hello from the laptop (MagicDNS)"),
         WAIT,
-        || async { laptop_https_by_name(&laptop, &portal, &b_ip, &cert_pem).await },
+        || async { laptop_https_by_name(laptop, portal, &b_ip, cert_pem).await },
     )
     .await;
     assert!(response.contains("b-web"), "{response}");
@@ -520,12 +671,22 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         .and_then(|d| d.get("extra-records.json").cloned())
         .unwrap_or_default();
     assert!(
-        hosts.contains(&portal) && hosts.contains(&b_ip),
+        hosts.contains(portal.as_str()) && hosts.contains(&b_ip),
         "the owner renders B's name: {hosts}"
     );
+    b_ip
+}
 
-    // A's own egress and ingress work beside B's.
-    wait_for_condition(&egresses, "site", ConditionIs::new("Ready", "True"), None).await;
+/// A's own egress and ingress work beside B's. Returns A's ingress tailnet IPv4.
+async fn owner_keeps_working(
+    lab: &Lab<'_>,
+    ops: &E2eNamespace<'_>,
+    a: &OwnerSide,
+    delivered: &Delivered,
+) -> String {
+    let laptop = lab.laptop;
+    let (egresses, ns, a_ingress) = (&a.egresses, &a.ns, &delivered.a_ingress);
+    wait_for_condition(egresses, "site", ConditionIs::new("Ready", "True"), None).await;
     let run = ops
         .tcp_check(
             "client-a",
@@ -538,10 +699,17 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     let a_ip = tailnet_ipv4(&a_ingress.status.clone().unwrap_or_default().tailnet_ips)
         .expect("A's ingress IPv4");
     wait_for("A's tcp ingress to echo for the laptop", WAIT, || async {
-        tcp_echo(&laptop, &a_ip, 6000).await
+        tcp_echo(laptop, &a_ip, 6000).await
     })
     .await;
+    a_ip
+}
 
+/// Only accepted entries of B are live; the clusters' views printed for the log. Returns
+/// the live policy.
+async fn only_accepted_entries_live(lab: &Lab<'_>, a: &OwnerSide) -> String {
+    let (env, cosmos, headscale) = (lab.env, lab.cosmos, lab.headscale);
+    let owner = &a.owner;
     let live = headscale.get_policy().await.expect("live policy");
     assert!(
         live.contains("contributor cosmos: TailnetEgress/")
@@ -561,15 +729,25 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
             cosmos.kube().kubeconfig(),
             &["get", "tailnet", "-o", "wide"]
         ),
-        kubectl(env.kubeconfig(), &["describe", "tailnet", &owner]),
+        kubectl(env.kubeconfig(), &["describe", "tailnet", owner]),
         kubectl(
             cosmos.kube().kubeconfig(),
             &["describe", "tailnet", CONTRIBUTOR]
         ),
         contributor_section(&live),
     );
+    live
+}
 
-    // A malformed delivery is refused whole, with line and column; the merged entries stay.
+/// A malformed delivery is refused whole, with line and column; the merged entries stay.
+async fn malformed_delivery(lab: &Lab<'_>, a: &OwnerSide, live: &str) {
+    let headscale = lab.headscale;
+    let OwnerSide {
+        tailnets,
+        owner,
+        config_maps,
+        ..
+    } = a;
     config_maps
         .patch(
             "cosmos-fragment",
@@ -586,7 +764,7 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         "the owner to refuse the malformed fragment and keep the merged one",
         WAIT,
         || async {
-            let t = tailnets.get(&owner).await.map_err(|e| e.to_string())?;
+            let t = tailnets.get(owner).await.map_err(|e| e.to_string())?;
             let contributor = t
                 .status
                 .as_ref()
@@ -610,81 +788,95 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         live,
         "a malformed fragment changed the live policy"
     );
+}
 
-    // ---- Through B's API: a ServiceAccount in B that may only get/watch the fragment's
-    // ConfigMap (the documented Role). The delivered copy goes first, so only B's API can
-    // serve it; without the tampering, B's tag claim on A's tag disappears from the refusals.
-    config_maps
+/// Whether the owner, at `generation` (any, when `None`), read cosmos's fragment through B's
+/// API: partly refused (B's own entries outside its limits) but without the claim on A's tag
+/// that only the tampered delivery carried.
+async fn owner_read_through_b(
+    tailnets: &Api<Tailnet>,
+    owner: &str,
+    a_tag: &str,
+    generation: Option<i64>,
+) -> Result<(), String> {
+    let t = tailnets.get(owner).await.map_err(|e| e.to_string())?;
+    let contributor = t.status.as_ref().and_then(|s| s.contributors.first());
+    let judged =
+        generation.is_none() || t.status.as_ref().and_then(|s| s.observed_generation) == generation;
+    match contributor {
+        Some(c)
+            if judged
+                && c.state == "PartlyRefused"
+                && c.error.is_none()
+                && !c.refused.iter().any(|r| r.contains(a_tag)) =>
+        {
+            Ok(())
+        }
+        other => Err(format!("{other:?}\n{}", t.describe())),
+    }
+}
+
+/// Through B's API: a ServiceAccount in B that may only get/watch the fragment's ConfigMap
+/// (the documented Role). The delivered copy goes first, so only B's API can serve it;
+/// without the tampering, B's tag claim on A's tag disappears from the refusals.
+async fn read_through_b_api(
+    lab: &Lab<'_>,
+    a: &mut OwnerSide,
+    b: &ContributorSide,
+    delivered: &Delivered,
+) {
+    let cosmos = lab.cosmos;
+    let Delivered {
+        a_tag,
+        fragment_name,
+        ..
+    } = delivered;
+    let b_ns = &b.ns_b;
+    a.config_maps
         .delete("cosmos-fragment", &DeleteParams::default())
         .await
         .expect("delete the delivered fragment");
     let reader = "policy-owner-reader";
     let FragmentReader { token, kubeconfig } = cosmos
-        .fragment_reader(&ns_b, &fragment_name, reader)
+        .fragment_reader(b_ns, fragment_name, reader)
         .await
         .expect("the fragment reader's ServiceAccount, Role, RoleBinding and token in B");
     apply(
-        &Api::<Secret>::namespaced(client.clone(), &ns),
+        &Api::<Secret>::namespaced(a.client.clone(), &a.ns),
         "cosmos-kubeconfig",
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cosmos-kubeconfig"},
                "stringData": {"kubeconfig": kubeconfig.to_string()}}),
     )
     .await
     .expect("kubeconfig Secret in A");
-    owner_spec["spec"]["policy"]["contributors"][0]["source"] = json!({"kubeconfig": {
+    a.owner_spec["spec"]["policy"]["contributors"][0]["source"] = json!({"kubeconfig": {
         "secretRef": {"name": "cosmos-kubeconfig", "key": "kubeconfig"},
-        "namespace": ns_b.clone(), "configMap": fragment_name.clone()}});
-    let generation = apply(&tailnets, &owner, owner_spec.clone())
+        "namespace": b_ns, "configMap": fragment_name}});
+    let generation = apply(&a.tailnets, &a.owner, a.owner_spec.clone())
         .await
         .expect("owner Tailnet reading through B's API")
         .metadata
         .generation;
-    let read_through_b = |generation: Option<i64>| {
-        let tailnets = tailnets.clone();
-        let owner = owner.clone();
-        let a_tag = a_tag.clone();
-        move || {
-            let tailnets = tailnets.clone();
-            let owner = owner.clone();
-            let a_tag = a_tag.clone();
-            async move {
-                let t = tailnets.get(&owner).await.map_err(|e| e.to_string())?;
-                let contributor = t.status.as_ref().and_then(|s| s.contributors.first());
-                let judged = generation.is_none()
-                    || t.status.as_ref().and_then(|s| s.observed_generation) == generation;
-                match contributor {
-                    Some(c)
-                        if judged
-                            && c.state == "PartlyRefused"
-                            && c.error.is_none()
-                            && !c.refused.iter().any(|r| r.contains(&a_tag)) =>
-                    {
-                        Ok(())
-                    }
-                    other => Err(format!("{other:?}\n{}", t.describe())),
-                }
-            }
-        }
-    };
-    wait_for(
-        "the owner to read cosmos through B's API",
-        WAIT,
-        read_through_b(generation),
-    )
+    wait_for("the owner to read cosmos through B's API", WAIT, || {
+        owner_read_through_b(&a.tailnets, &a.owner, a_tag, generation)
+    })
     .await;
     assert!(
-        !operator.log_text().contains(&token),
+        !a.operator.log_text().contains(&token),
         "the kubeconfig's token reached the owner's log"
     );
+}
 
-    // ---- B's apiserver stopped: stale, B's grants stay live, an owner restart changes
-    // nothing.
+/// B's apiserver stopped: stale, B's grants stay live, an owner restart changes nothing.
+async fn b_apiserver_stopped(lab: &Lab<'_>, a: &mut OwnerSide, b: &ContributorSide, b_ip: &str) {
+    let (env, cosmos, headscale, laptop) = (lab.env, lab.cosmos, lab.headscale, lab.laptop);
+    let (portal, cert_pem) = (&b.portal, &b.cert_pem);
     cosmos.kube().stop_apiserver(Duration::from_secs(5)).await;
     wait_for_condition(
-        &tailnets,
-        &owner,
+        &a.tailnets,
+        &a.owner,
         ConditionIs::new("ContributionsAccepted", "False").reason("ContributorStale"),
-        Some(&operator),
+        Some(&a.operator),
     )
     .await;
     let live = headscale.get_policy().await.expect("live policy");
@@ -692,18 +884,21 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     wait_for(
         "B's ingress to serve the laptop while B's API is down",
         WAIT,
-        || async { laptop_https_by_name(&laptop, &portal, &b_ip, &cert_pem).await },
+        || async { laptop_https_by_name(laptop, portal, b_ip, cert_pem).await },
     )
     .await;
-    operator.terminate().await.expect("owner's operator stops");
-    let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
+    a.operator
+        .terminate()
+        .await
+        .expect("owner's operator stops");
+    a.operator = start_operator(env, &OperatorArgs::new(&a.ns).to_args(), None)
         .await
         .expect("owner's operator restarted");
     // A new generation (one more DNS suffix, nothing of B's changes) as the witness that the
     // restarted operator judged the owner again.
-    owner_spec["spec"]["policy"]["contributors"][0]["limits"]["dnsSuffixes"] =
+    a.owner_spec["spec"]["policy"]["contributors"][0]["limits"]["dnsSuffixes"] =
         json!([CONTRIBUTOR_DNS_SUFFIX, "cosmos.example.net"]);
-    let generation = apply(&tailnets, &owner, owner_spec.clone())
+    let generation = apply(&a.tailnets, &a.owner, a.owner_spec.clone())
         .await
         .expect("owner Tailnet, next generation")
         .metadata
@@ -712,7 +907,7 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         "the restarted owner to judge the stale contributor",
         WAIT,
         || async {
-            let t = tailnets.get(&owner).await.map_err(|e| e.to_string())?;
+            let t = a.tailnets.get(&a.owner).await.map_err(|e| e.to_string())?;
             let judged = t.status.as_ref().and_then(|s| s.observed_generation) == generation
                 && ConditionIs::new("ContributionsAccepted", "False")
                     .reason("ContributorStale")
@@ -730,8 +925,16 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
         live,
         "the owner's restart changed the live policy"
     );
+}
 
-    // B's apiserver back: the owner reads it again, B's pods still reach the site.
+/// B's apiserver back: the owner reads it again, B's pods still reach the site.
+async fn b_apiserver_back(
+    lab: &Lab<'_>,
+    a: &OwnerSide,
+    b: &mut ContributorSide,
+    delivered: &Delivered,
+) {
+    let (env, cosmos) = (lab.env, lab.cosmos);
     let downtime = cosmos
         .kube()
         .start_apiserver()
@@ -741,43 +944,43 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     wait_for(
         "the owner to read cosmos again once B's API is back",
         WAIT,
-        read_through_b(None),
+        || owner_read_through_b(&a.tailnets, &a.owner, &delivered.a_tag, None),
     )
     .await;
-    if !operator_b.is_running() {
+    if !b.operator_b.is_running() {
         // It stepped down with its lease while its apiserver was gone, as a pod would exit.
         eprintln!("B's operator exited while its apiserver was down; starting it again");
-        operator_b = start_operator_in_b(&env, &cosmos, &ns_b).await;
+        b.operator_b = start_operator_in_b(env, cosmos, &b.ns_b).await;
     }
     let run = cosmos
-        .tcp_check(&client_b, &ns_b, "client-b-back", &b_db, 30)
+        .tcp_check(&b.client_b, &b.ns_b, "client-b-back", &b.b_db, 30)
         .await
         .expect("client pod in B");
     assert!(
         run.succeeded(),
         "B's egress after its apiserver came back:\n{run}"
     );
+}
 
-    // ---- B removed from the list: its entries go, B's egress says so, A keeps working.
-    owner_spec["spec"]["policy"]["contributors"] = json!([]);
-    apply(&tailnets, &owner, owner_spec)
+/// B removed from the list: its entries go, B's egress says so, A keeps working.
+async fn contributor_removed(lab: &Lab<'_>, a: &mut OwnerSide, b: &ContributorSide, a_ip: &str) {
+    let (headscale, laptop) = (lab.headscale, lab.laptop);
+    a.owner_spec["spec"]["policy"]["contributors"] = json!([]);
+    apply(&a.tailnets, &a.owner, a.owner_spec.clone())
         .await
         .expect("owner without contributors");
     wait_for_condition(
-        &egresses_b,
+        &b.egresses_b,
         "b-site",
         ConditionIs::new("PolicyEffective", "False").reason("Contributing"),
-        Some(&operator_b),
+        Some(&b.operator_b),
     )
     .await;
     let live = headscale.get_policy().await.expect("live policy");
     assert!(!live.contains("contributor cosmos"), "{live}");
-    wait_for_condition(&egresses, "site", ConditionIs::new("Ready", "True"), None).await;
+    wait_for_condition(&a.egresses, "site", ConditionIs::new("Ready", "True"), None).await;
     wait_for("A's tcp ingress to echo after B left", WAIT, || async {
-        tcp_echo(&laptop, &a_ip, 6000).await
+        tcp_echo(laptop, a_ip, 6000).await
     })
     .await;
-    records_sync.abort();
-    operator_b.terminate().await.expect("B's operator stops");
-    operator.terminate().await.expect("owner's operator stops");
 }

@@ -293,6 +293,60 @@ async fn tailnet_controller_scenario() {
     }
 }
 
+/// What every phase of the scenario shares.
+struct Scenario<'a> {
+    kube: &'a tno_testenv_kube::KubeEnv,
+    env: &'a TailnetEnv,
+    ns: &'a str,
+    client: &'a kube::Client,
+    logs: &'a std::path::Path,
+    tailnet_name: String,
+    /// Headscale directly (not through the operator).
+    hs: tailnet_headscale::Client,
+    tailnets: Api<Tailnet>,
+    cms: Api<ConfigMap>,
+    secrets: Api<Secret>,
+    events: Api<Event>,
+    /// Headscale's URL, as the Tailnet names it.
+    server: String,
+    installation: String,
+    lease: String,
+}
+
+impl Scenario<'_> {
+    async fn tailnet_becomes(
+        &self,
+        type_: &'static str,
+        status: &'static str,
+        reason: &'static str,
+    ) -> Tailnet {
+        wait_condition(&self.tailnets, &self.tailnet_name, type_, status, reason).await
+    }
+
+    /// Applies the Tailnet against `server`, in `mode`, with `dns`.
+    async fn apply_tailnet(&self, server: &str, mode: &str, dns: Value, what: &str) {
+        apply(
+            &self.tailnets,
+            &self.tailnet_name,
+            tailnet_object(&self.tailnet_name, server, mode, dns),
+        )
+        .await
+        .expect(what);
+    }
+
+    fn start_operator(&self, identity: &str) -> LocalOperator {
+        LocalOperator::start(
+            self.kube.kubeconfig(),
+            self.ns,
+            &self.installation,
+            &self.lease,
+            self.logs,
+            identity,
+        )
+    }
+}
+
+/// The phases in order: each leaves Headscale's policy as the next expects it.
 async fn scenario(
     kube: &tno_testenv_kube::KubeEnv,
     env: &TailnetEnv,
@@ -300,50 +354,70 @@ async fn scenario(
     client: &kube::Client,
     logs: &std::path::Path,
 ) {
-    let tailnet_name = tailnet_name(ns);
-    let hs = tailnet_headscale::Client::new(
-        &env.headscale.root_url(),
-        tailnet_headscale::Secret::new(env.headscale.api_key()),
-        Default::default(),
-    )
-    .expect("headscale client");
-    let tailnets: Api<Tailnet> = Api::all(client.clone());
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let tailnet_becomes = |type_: &'static str, status: &'static str, reason: &'static str| {
-        wait_condition(&tailnets, &tailnet_name, type_, status, reason)
+    let s = Scenario {
+        kube,
+        env,
+        ns,
+        client,
+        logs,
+        tailnet_name: tailnet_name(ns),
+        hs: tailnet_headscale::Client::new(
+            &env.headscale.root_url(),
+            tailnet_headscale::Secret::new(env.headscale.api_key()),
+            Default::default(),
+        )
+        .expect("headscale client"),
+        tailnets: Api::all(client.clone()),
+        cms: Api::namespaced(client.clone(), ns),
+        secrets: Api::namespaced(client.clone(), ns),
+        events: Api::all(client.clone()),
+        server: env.headscale.root_url(),
+        installation: format!("test-{ns}"),
+        lease: format!("lease-{ns}"),
     };
+    declare(&s).await;
+    let before = s.hs.get_policy().await.expect("live policy before");
+    let first = s.start_operator("operator-1");
+    let router = dry_run(&s, &first, &before).await;
+    let live = apply_mode(&s, &first, &router).await;
+    manual_edit(&s, &live).await;
+    edit_during_check(&s).await;
+    let good = owned_elsewhere(&s, &first, &live).await;
+    broken_bases(&s, &good).await;
+    wrong_key(&s, &first).await;
+    let mut second = leader_handover(&s, first).await;
+    headscale_outage(&s, &mut second).await;
+    shared_dns_config_map(&s).await;
+}
 
-    // Declarations: key, base, Tailnet (DryRun), an egress and a tcp ingress in the operator
-    // namespace.
-    secrets
+/// Declarations: key, base, Tailnet (DryRun), an egress and a tcp ingress in the operator
+/// namespace.
+async fn declare(s: &Scenario<'_>) {
+    let client = s.client;
+    let ns = s.ns;
+    s.secrets
         .create(
             &PostParams::default(),
-            &secret("headscale-bootstrap", ns, env.headscale.api_key()),
+            &secret("headscale-bootstrap", ns, s.env.headscale.api_key()),
         )
         .await
         .expect("secret");
-    cms.create(
-        &PostParams::default(),
-        &cm("tailnet-policy", ns, "policy.hujson", &base_policy("")),
-    )
-    .await
-    .expect("base");
-    let server = env.headscale.root_url();
-    apply(
-        &tailnets,
-        &tailnet_name,
-        tailnet_object(&tailnet_name, &server, "DryRun", own_hosts_config_map()),
-    )
-    .await
-    .expect("Tailnet");
+    s.cms
+        .create(
+            &PostParams::default(),
+            &cm("tailnet-policy", ns, "policy.hujson", &base_policy("")),
+        )
+        .await
+        .expect("base");
+    s.apply_tailnet(&s.server, "DryRun", own_hosts_config_map(), "Tailnet")
+        .await;
     apply(
         &Api::<TailnetEgress>::namespaced(client.clone(), ns),
         "site",
         egress_object(
             ns,
             "site",
-            &tailnet_name,
+            &s.tailnet_name,
             json!([{"name": "remote-db", "address": "192.0.2.10", "port": 5432, "aliases": ["db.site.example.net"]}]),
         ),
     )
@@ -355,28 +429,25 @@ async fn scenario(
         ingress_object(
             ns,
             "kube",
-            &tailnet_name,
+            &s.tailnet_name,
             None,
             json!([{"name": "api", "dnsLabel": "kube", "mode": "tcp", "port": 6443, "backend": {"service": "kubernetes", "namespace": "default", "port": 443}}]),
         ),
     )
     .await
     .expect("ingress");
+}
 
-    let before = hs.get_policy().await.expect("live policy before");
-    let installation = format!("test-{ns}");
-    let lease = format!("lease-{ns}");
-    let mut first = LocalOperator::start(
-        kube.kubeconfig(),
-        ns,
-        &installation,
-        &lease,
-        logs,
-        "operator-1",
-    );
-
-    // DryRun: checked and published, Headscale untouched.
-    let t = tailnet_becomes("PolicyApplied", "False", "DryRun").await;
+/// DryRun: checked and published, Headscale untouched. Returns the router node.
+async fn dry_run(
+    s: &Scenario<'_>,
+    first: &LocalOperator,
+    before: &tailnet_headscale::Policy,
+) -> tailnet_headscale::Node {
+    let hs = &s.hs;
+    let cms = &s.cms;
+    let tailnet_name = &s.tailnet_name;
+    let t = s.tailnet_becomes("PolicyApplied", "False", "DryRun").await;
     let reachable = t
         .condition("HeadscaleReachable")
         .expect("HeadscaleReachable");
@@ -408,7 +479,7 @@ async fn scenario(
         "DryRun publishes a diff"
     );
     // A few polls: the window holds two more DryRun syncs (rendered, checked, not written).
-    more_policy_syncs(&first, &tailnet_name, "dry_run", 2.0).await;
+    more_policy_syncs(first, tailnet_name, "dry_run", 2.0).await;
     let during = hs.get_policy().await.expect("live policy during DryRun");
     assert_eq!(
         during.policy, before.policy,
@@ -426,16 +497,31 @@ async fn scenario(
         router.approved_routes.is_empty(),
         "DryRun must not approve routes"
     );
+    router
+}
 
-    // Apply: written once, routes caught up, grants effective.
+/// Apply: written once, routes caught up, grants effective; DNS rendered. Returns the live
+/// policy as written.
+async fn apply_mode(
+    s: &Scenario<'_>,
+    first: &LocalOperator,
+    router: &tailnet_headscale::Node,
+) -> String {
+    let hs = &s.hs;
+    let tailnets = &s.tailnets;
+    let cms = &s.cms;
+    let tailnet_name = &s.tailnet_name;
+    let server = &s.server;
+    let ns = s.ns;
+    let installation = &s.installation;
     apply(
-        &tailnets,
-        &tailnet_name,
-        tailnet_object(&tailnet_name, &server, "Apply", own_hosts_config_map()),
+        tailnets,
+        tailnet_name,
+        tailnet_object(tailnet_name, server, "Apply", own_hosts_config_map()),
     )
     .await
     .expect("switch to Apply");
-    let t = tailnet_becomes("PolicyApplied", "True", "Applied").await;
+    let t = s.tailnet_becomes("PolicyApplied", "True", "Applied").await;
     let live = hs.get_policy().await.expect("live policy after Apply");
     assert!(
         live.policy.starts_with(&format!(
@@ -477,7 +563,7 @@ async fn scenario(
     );
     // No write on unchanged reconciles.
     let updated = hs.get_policy().await.expect("policy").updated_at;
-    more_policy_syncs(&first, &tailnet_name, "unchanged", 2.0).await;
+    more_policy_syncs(first, tailnet_name, "unchanged", 2.0).await;
     assert_eq!(
         hs.get_policy().await.expect("policy").updated_at,
         updated,
@@ -499,10 +585,16 @@ async fn scenario(
             .unwrap_or_default()
             .contains_key("extra-records.json")
     );
+    live.policy
+}
 
-    // A manual edit is overwritten and reported.
-    let edited = live.policy.replace("\"tcp:5432\"", "\"tcp:5433\"");
-    assert_ne!(edited, live.policy);
+/// A manual edit is overwritten and reported.
+async fn manual_edit(s: &Scenario<'_>, live: &str) {
+    let hs = &s.hs;
+    let tailnet_name = &s.tailnet_name;
+    let client = s.client;
+    let edited = live.replace("\"tcp:5432\"", "\"tcp:5433\"");
+    assert_ne!(edited, live);
     hs.set_policy(&edited).await.expect("manual edit");
     wait_for("the manual edit to be overwritten", WAIT, || async {
         let now = hs.get_policy().await.map_err(|e| e.to_string())?;
@@ -531,22 +623,32 @@ async fn scenario(
         }
     })
     .await;
+}
 
-    // An edit made while the operator checks its document (between its read of the live
-    // policy and its PUT) is reported, not silently overwritten. A proxy in front of
-    // Headscale makes the window observable: when the check of the new document passes
-    // through it, it edits the live policy first.
+/// An edit made while the operator checks its document (between its read of the live
+/// policy and its PUT) is reported, not silently overwritten. A proxy in front of
+/// Headscale makes the window observable: when the check of the new document passes
+/// through it, it edits the live policy first.
+async fn edit_during_check(s: &Scenario<'_>) {
+    let hs = &s.hs;
+    let tailnets = &s.tailnets;
+    let cms = &s.cms;
+    let tailnet_name = &s.tailnet_name;
+    let server = &s.server;
+    let env = s.env;
+    let ns = s.ns;
+    let events = &s.events;
     let proxy = EditingProxy::start(&env.headscale.root_url(), env.headscale.api_key()).await;
     apply(
-        &tailnets,
-        &tailnet_name,
-        tailnet_object(&tailnet_name, &proxy.url, "Apply", own_hosts_config_map()),
+        tailnets,
+        tailnet_name,
+        tailnet_object(tailnet_name, &proxy.url, "Apply", own_hosts_config_map()),
     )
     .await
     .expect("Tailnet through the proxy");
     wait_for("the operator to talk through the proxy", WAIT, || async {
         let t = tailnets
-            .get(&tailnet_name)
+            .get(tailnet_name)
             .await
             .map_err(|e| e.to_string())?;
         let message = t.condition_message("HeadscaleReachable");
@@ -559,12 +661,12 @@ async fn scenario(
     .await;
     // Events with the same reason are one Event with a series (the note is the first one's):
     // count the reports.
-    let reported_before = manual_edit_reports(&events, &tailnet_name)
+    let reported_before = manual_edit_reports(events, tailnet_name)
         .await
         .expect("events");
     proxy.arm("group:race", "\"tcp:5432\"", "\"tcp:5434\"");
     set_base_policy(
-        &cms,
+        cms,
         ns,
         &base_policy("").replace(
             "\"group:team-a\": [\"alice@\"],",
@@ -590,7 +692,7 @@ async fn scenario(
         WAIT,
         || async {
             let now = hs.get_policy().await.map_err(|e| e.to_string())?;
-            let reported = manual_edit_reports(&events, &tailnet_name).await?;
+            let reported = manual_edit_reports(events, tailnet_name).await?;
             if now.policy.contains("group:race")
                 && !now.policy.contains("5434")
                 && reported > reported_before
@@ -621,13 +723,13 @@ async fn scenario(
         .map(|e| e.note.unwrap_or_default())
         .collect::<Vec<_>>();
     assert!(plain.is_empty(), "the overwrite was reported as {plain:?}");
-    set_base_policy(&cms, ns, &base_policy(""))
+    set_base_policy(cms, ns, &base_policy(""))
         .await
         .expect("base back");
     apply(
-        &tailnets,
-        &tailnet_name,
-        tailnet_object(&tailnet_name, &server, "Apply", own_hosts_config_map()),
+        tailnets,
+        tailnet_name,
+        tailnet_object(tailnet_name, server, "Apply", own_hosts_config_map()),
     )
     .await
     .expect("Tailnet back to Headscale directly");
@@ -640,45 +742,61 @@ async fn scenario(
         }
     })
     .await;
+}
 
-    // Another installation's document is never overwritten.
+/// Another installation's document is never overwritten. Returns ours, live again.
+async fn owned_elsewhere(
+    s: &Scenario<'_>,
+    first: &LocalOperator,
+    live: &str,
+) -> tailnet_headscale::Policy {
+    let hs = &s.hs;
+    let tailnet_name = &s.tailnet_name;
     let foreign = "// tailnet-operator-installation: another-cluster/demo\n{\"groups\": {\"group:team-a\": [\"alice@\"]}, \"tagOwners\": {\"tag:router\": [\"admin@\"], \"tag:client\": [\"admin@\"], \"tag:server\": [\"admin@\"]}}";
     hs.set_policy(foreign).await.expect("foreign policy");
-    tailnet_becomes("PolicyApplied", "False", "OwnedElsewhere").await;
-    more_policy_syncs(&first, &tailnet_name, "owned_elsewhere", 2.0).await;
+    s.tailnet_becomes("PolicyApplied", "False", "OwnedElsewhere")
+        .await;
+    more_policy_syncs(first, tailnet_name, "owned_elsewhere", 2.0).await;
     assert_eq!(
         hs.get_policy().await.expect("policy").policy,
         foreign,
         "OwnedElsewhere: no write"
     );
-    hs.set_policy(&live.policy)
-        .await
-        .expect("restore our policy");
-    tailnet_becomes("PolicyApplied", "True", "Applied").await;
-    let good = hs.get_policy().await.expect("policy");
+    hs.set_policy(live).await.expect("restore our policy");
+    s.tailnet_becomes("PolicyApplied", "True", "Applied").await;
 
+    hs.get_policy().await.expect("policy")
+}
+
+/// A base with a syntax error, then one whose tests fail: the good policy stays live.
+async fn broken_bases(s: &Scenario<'_>, good: &tailnet_headscale::Policy) {
+    let hs = &s.hs;
+    let cms = &s.cms;
+    let ns = s.ns;
     // A base with a syntax error: BaseValid=False with the position; live untouched.
     set_base_policy(
-        &cms,
+        cms,
         ns,
         "{\n  \"groups\": {\n    \"group:team-a\": [\"alice@\"] \"oops\"\n  }\n}\n",
     )
     .await
     .expect("broken base");
-    let t = tailnet_becomes("BaseValid", "False", "SyntaxError").await;
+    let t = s.tailnet_becomes("BaseValid", "False", "SyntaxError").await;
     let message = t.condition_message("BaseValid");
     assert!(message.contains("line 3, column"), "{message}");
     assert_eq!(hs.get_policy().await.expect("policy").policy, good.policy);
 
     // A base whose tests fail against the generated grants: Rejected, old policy stays.
     set_base_policy(
-        &cms,
+        cms,
         ns,
         &base_policy(r#"{"src": "alice@", "accept": ["tag:router:22"]}"#),
     )
     .await
     .expect("base with failing test");
-    let t = tailnet_becomes("PolicyApplied", "False", "Rejected").await;
+    let t = s
+        .tailnet_becomes("PolicyApplied", "False", "Rejected")
+        .await;
     let message = t.condition_message("PolicyApplied");
     assert!(message.contains("previous one stays live"), "{message}");
     assert_eq!(
@@ -686,12 +804,18 @@ async fn scenario(
         good.policy,
         "a rejected policy leaves the old one live"
     );
-    set_base_policy(&cms, ns, &base_policy(""))
+    set_base_policy(cms, ns, &base_policy(""))
         .await
         .expect("base fixed");
-    tailnet_becomes("PolicyApplied", "True", "Applied").await;
+    s.tailnet_becomes("PolicyApplied", "True", "Applied").await;
+}
 
-    // A wrong API key: a clear 401 condition; the key appears nowhere.
+/// A wrong API key: a clear 401 condition; the key appears nowhere.
+async fn wrong_key(s: &Scenario<'_>, first: &LocalOperator) {
+    let secrets = &s.secrets;
+    let env = s.env;
+    let ns = s.ns;
+    let events = &s.events;
     let wrong_key = "hskey-api-wrongprefix0-thisisnotthekey1234567890";
     secrets
         .replace(
@@ -701,7 +825,9 @@ async fn scenario(
         )
         .await
         .expect("wrong key");
-    let t = tailnet_becomes("HeadscaleReachable", "False", "Unauthorized").await;
+    let t = s
+        .tailnet_becomes("HeadscaleReachable", "False", "Unauthorized")
+        .await;
     let status_text = serde_json::to_string(&t.status).unwrap_or_default();
     assert!(
         !status_text.contains("thisisnotthekey"),
@@ -735,17 +861,17 @@ async fn scenario(
         )
         .await
         .expect("key back");
-    tailnet_becomes("HeadscaleReachable", "True", "Reachable").await;
+    s.tailnet_becomes("HeadscaleReachable", "True", "Reachable")
+        .await;
+}
 
-    // Two replicas: the second stands by; it takes over when the first stops.
-    let mut second = LocalOperator::start(
-        kube.kubeconfig(),
-        ns,
-        &installation,
-        &lease,
-        logs,
-        "operator-2",
-    );
+/// Two replicas: the second stands by; it takes over when the first stops. Returns the
+/// second.
+async fn leader_handover(s: &Scenario<'_>, mut first: LocalOperator) -> LocalOperator {
+    let client = s.client;
+    let ns = s.ns;
+    let lease = &s.lease;
+    let second = s.start_operator("operator-2");
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
     wait_for("the second replica to be up", WAIT, || async {
         second
@@ -759,7 +885,7 @@ async fn scenario(
     // its leader gauge stays 0 throughout.
     let renew_time = || async {
         leases
-            .get(&lease)
+            .get(lease)
             .await
             .ok()
             .and_then(|l| l.spec)
@@ -794,7 +920,7 @@ async fn scenario(
     }
     assert_eq!(first.metric("tailnet_operator_leader").await, Some(1.0));
     let holder = leases
-        .get(&lease)
+        .get(lease)
         .await
         .expect("lease")
         .spec
@@ -813,37 +939,54 @@ async fn scenario(
     )
     .await;
     let holder = leases
-        .get(&lease)
+        .get(lease)
         .await
         .expect("lease")
         .spec
         .and_then(|s| s.holder_identity);
     assert_eq!(holder.as_deref(), Some("operator-2"));
+    second
+}
 
-    // Headscale down: condition within a few polls, the operator keeps running.
+/// Headscale down: condition within a few polls, the operator keeps running; back on the
+/// same database, it recovers by itself without re-writing the unchanged policy.
+async fn headscale_outage(s: &Scenario<'_>, second: &mut LocalOperator) {
+    let hs = &s.hs;
+    let tailnet_name = &s.tailnet_name;
+    let env = s.env;
     let updated_before_outage = hs.get_policy().await.expect("policy").updated_at;
     env.headscale.kill();
-    let t = tailnet_becomes("HeadscaleReachable", "False", "ConnectionFailed").await;
+    let t = s
+        .tailnet_becomes("HeadscaleReachable", "False", "ConnectionFailed")
+        .await;
     assert!(
         second.is_running(),
         "the operator must survive Headscale being down"
     );
-    assert!(t.name_any() == tailnet_name);
+    assert!(t.name_any() == *tailnet_name);
 
     // Headscale back on the same database: the operator recovers by itself and does not
     // re-write the unchanged policy.
     env.headscale.restart().await.expect("restart headscale");
-    tailnet_becomes("HeadscaleReachable", "True", "Reachable").await;
-    tailnet_becomes("PolicyApplied", "True", "Applied").await;
+    s.tailnet_becomes("HeadscaleReachable", "True", "Reachable")
+        .await;
+    s.tailnet_becomes("PolicyApplied", "True", "Applied").await;
     assert!(second.is_running());
     assert_eq!(
         hs.get_policy().await.expect("policy").updated_at,
         updated_before_outage,
         "recovery must not re-write an unchanged policy"
     );
+}
 
-    // DNS entries into a shared ConfigMap where CoreDNS runs (another namespace): only our
-    // keys are written, the others stay, and the Tailnet does not take ownership of it.
+/// DNS entries into a shared ConfigMap where CoreDNS runs (another namespace): only our
+/// keys are written, the others stay, and the Tailnet does not take ownership of it.
+async fn shared_dns_config_map(s: &Scenario<'_>) {
+    let tailnets = &s.tailnets;
+    let tailnet_name = &s.tailnet_name;
+    let server = &s.server;
+    let kube = s.kube;
+    let client = s.client;
     let dns_ns = kube.namespace("dns").await.expect("dns namespace");
     let shared: Api<ConfigMap> = Api::namespaced(client.clone(), dns_ns.name());
     shared
@@ -860,9 +1003,9 @@ async fn scenario(
         .expect("shared ConfigMap");
     let shared_dns = json!({"hostsConfigMap": "coredns", "hostsConfigMapNamespace": dns_ns.name(), "ingressNameTemplate": "{name}.{namespace}.lab.example.net"});
     apply(
-        &tailnets,
-        &tailnet_name,
-        tailnet_object(&tailnet_name, &server, "Apply", shared_dns),
+        tailnets,
+        tailnet_name,
+        tailnet_object(tailnet_name, server, "Apply", shared_dns),
     )
     .await
     .expect("Tailnet with shared DNS ConfigMap");

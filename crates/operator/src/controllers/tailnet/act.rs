@@ -16,7 +16,7 @@ use super::super::kube_io::{Watched, apply, apply_cached};
 use super::super::publish::event;
 use super::super::status::Problem;
 use super::decide::{self, Answer, PolicyOutcome, PolicyStep, PolicySync, Refusal, TailnetPlan};
-use super::gather::TailnetObservation;
+use super::observation::TailnetObservation;
 use crate::metrics::{ConditionLabels, TailnetLabels};
 
 /// A Headscale call's result as the pure steps take it.

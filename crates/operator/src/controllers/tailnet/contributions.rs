@@ -1,6 +1,8 @@
 //! Several installations on one Headscale (pure): the owner's merge of its contributors'
 //! fragments (`policy.contributors`), and a contributor's fragment (`mode: Contribute`) with
-//! how much of it is live.
+//! how much of it is live. The merge is classify (which fragment is in force) → check (its
+//! entries against the owner) → condition (`ContributionsAccepted`); the reading itself is
+//! the gather step's.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -8,19 +10,21 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tailnet_api::Tailnet;
 use tailnet_api::conditions::{reasons, types};
 use tailnet_api::fragment::{FRAGMENT_KEY, FragmentDnsRecord, PolicyFragment, fragment_config_map};
-use tailnet_api::tailnet::{ContributorStatus, FragmentStatus, contributor_state};
+use tailnet_api::tailnet::{
+    Contributor, ContributorStatus, FragmentStatus, TailnetPolicy, contributor_state,
+};
 use tailnet_policy::{Contribution, RenderedPolicy};
 use tailnet_render::fragment::{
-    OwnerContext, check_fragment, fragment_of, fragment_text, parse_fragment,
+    CheckedFragment, OwnerContext, check_fragment, fragment_of, fragment_text, parse_fragment,
 };
 
 use super::super::config::OperatorConfig;
 use super::super::status::{ConditionSet, Problem};
+use super::observation::{ContributorRead, StoredFragment};
 
 /// SHA-256 of `text`, hex (the fragment's and the stored copy's identity).
 use tailnet_api::digest::sha256_hex as sha256;
@@ -31,24 +35,6 @@ const REFUSED_LISTED: usize = 20;
 /// Name of the owner's ConfigMap with each contributor's last accepted fragment.
 pub fn store_config_map(tailnet: &str) -> String {
     format!("{tailnet}-contributions")
-}
-
-/// One contributor's fragment as the gather step read it; `Err`: unreadable now.
-#[derive(Clone, Debug)]
-pub struct ContributorRead {
-    pub name: String,
-    pub read: Result<String, Problem>,
-}
-
-/// What the owner keeps of a contributor (ConfigMap `<tailnet>-contributions`, one key per
-/// contributor): its last fragment that parsed, so an unreadable contributor (or an owner
-/// restart meanwhile) keeps its entries in the policy.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StoredFragment {
-    pub fragment: String,
-    pub hash: String,
-    pub last_read: String,
 }
 
 /// The owner's merge of all contributors.
@@ -62,147 +48,250 @@ pub struct OwnerMerge {
     pub store: Option<BTreeMap<String, StoredFragment>>,
 }
 
-/// Merges every listed contributor: a fresh fragment that parses replaces the stored one; an
-/// unreadable or malformed one leaves the stored one in force (and says so). Entries are
-/// checked in the order of the list (an earlier contributor's tags and names are taken for
-/// later ones). Contributors no longer listed are dropped from the store.
+/// Tags and DNS names taken before the contributors' entries are checked (the owner's base
+/// and own records); each accepted entry takes its own for the contributors after it.
+#[derive(Clone, Debug, Default)]
+pub struct Taken {
+    pub tags: BTreeSet<String>,
+    pub names: BTreeSet<String>,
+}
+
+/// Merges every listed contributor: classify which fragment is in force (a fresh one that
+/// parses replaces the stored one; an unreadable or malformed one leaves the stored one in
+/// force), check its entries (in the order of the list: an earlier contributor's tags and
+/// names are taken for later ones), then set `ContributionsAccepted`. Contributors no longer
+/// listed are dropped from the store.
 pub fn merge(
-    tailnet: &Tailnet,
+    policy: &TailnetPolicy,
+    contributors: &[Contributor],
     reads: &[ContributorRead],
     stored: &BTreeMap<String, StoredFragment>,
-    base_tags: &BTreeSet<String>,
-    own_names: &BTreeSet<String>,
+    mut taken: Taken,
     c: &mut ConditionSet,
     now: Timestamp,
 ) -> OwnerMerge {
-    let policy = &tailnet.spec.policy;
     let mut out = OwnerMerge::default();
     let mut next_store = BTreeMap::new();
-    let mut taken_tags = base_tags.clone();
-    let mut taken_names = own_names.clone();
-    let mut problems = Vec::new();
-    let mut stale = Vec::new();
-    for contributor in &policy.contributors {
-        let read = reads.iter().find(|r| r.name == contributor.name);
-        let fresh = read.map(|r| {
-            r.read
-                .as_ref()
-                .map_err(|p| p.message.clone())
-                .and_then(|text| {
-                    parse_fragment(text, contributor)
-                        .map(|f| (text.clone(), f))
-                        .map_err(|e| e.to_string())
-                })
-        });
-        let previous = stored.get(&contributor.name).and_then(|s| {
-            parse_fragment(&s.fragment, contributor)
-                .ok()
-                .map(|f| (s.clone(), f))
-        });
-        let mut status = ContributorStatus {
-            name: contributor.name.clone(),
-            ..ContributorStatus::default()
-        };
-        let fragment: Option<PolicyFragment> = match (fresh, previous) {
-            (Some(Ok((text, fragment))), _) => {
-                let hash = sha256(&text);
-                let last_read = now.to_string();
-                status.merged_hash = Some(hash.clone());
-                status.last_read = Some(last_read.clone());
-                next_store.insert(
-                    contributor.name.clone(),
-                    StoredFragment {
-                        fragment: text,
-                        hash,
-                        last_read,
-                    },
-                );
-                Some(fragment)
-            }
-            (failed, previous) => {
-                let error = match failed {
-                    Some(Err(e)) => e,
-                    _ => "not read yet".to_string(),
-                };
-                status.error = Some(error.clone());
-                match previous {
-                    Some((kept, fragment)) => {
-                        status.state = contributor_state::STALE.into();
-                        status.merged_hash = Some(kept.hash.clone());
-                        status.last_read = Some(kept.last_read.clone());
-                        stale.push(format!(
-                            "{}: {error}; its fragment of {} stays merged",
-                            contributor.name, kept.last_read
-                        ));
-                        next_store.insert(contributor.name.clone(), kept);
-                        Some(fragment)
-                    }
-                    None => {
-                        status.state = contributor_state::REFUSED.into();
-                        problems.push(format!(
-                            "{}: {error}; nothing of it is merged",
-                            contributor.name
-                        ));
-                        None
-                    }
-                }
-            }
-        };
+    let mut findings = Findings::default();
+    for contributor in contributors {
+        let classified = classify(contributor, reads, stored);
+        let (mut status, fragment) =
+            in_force(contributor, classified, now, &mut next_store, &mut findings);
         if let Some(fragment) = fragment {
-            let checked = check_fragment(
-                contributor,
-                &fragment,
-                &OwnerContext {
-                    tag_prefix: &policy.tag_prefix,
-                    route_approvers: &policy.route_approvers,
-                    taken_tags: &taken_tags,
-                    taken_names: &taken_names,
-                },
-            );
-            taken_tags.extend(checked.accepted.tags.iter().cloned());
-            taken_names.extend(checked.dns_records.iter().map(|r| r.name.clone()));
-            status.merged = Some(checked.summary());
-            if status.state.is_empty() {
-                status.state = if checked.refused.is_empty() {
-                    contributor_state::ACCEPTED.into()
-                } else {
-                    contributor_state::PARTLY_REFUSED.into()
-                };
-            }
-            if !checked.refused.is_empty() {
-                problems.push(format!(
-                    "{}: {} entries refused ({})",
-                    contributor.name,
-                    checked.refused.len(),
-                    checked
-                        .refused
-                        .iter()
-                        .take(3)
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                ));
-            }
-            status.refused = checked
-                .refused
-                .iter()
-                .take(REFUSED_LISTED)
-                .cloned()
-                .collect();
-            out.dns_records.extend(
-                checked
-                    .dns_records
-                    .iter()
-                    .map(|r| (contributor.name.clone(), r.clone())),
-            );
-            out.contributions.push(checked.accepted);
+            let checked = check(contributor, &fragment, policy, &mut taken);
+            record_checked(contributor, checked, &mut status, &mut findings, &mut out);
         }
         out.statuses.push(status);
     }
-    if policy.contributors.is_empty() {
+    condition(contributors.is_empty(), findings, &out.statuses, c);
+    out.store = changed_store(next_store, stored);
+    out
+}
+
+/// Which fragment of a contributor is in force, and why.
+enum Classified {
+    /// Read now and parsed: replaces the stored copy.
+    Fresh {
+        text: String,
+        fragment: PolicyFragment,
+    },
+    /// Unreadable or malformed now; the stored copy (which parses) stays in force.
+    Stale {
+        error: String,
+        kept: StoredFragment,
+        fragment: PolicyFragment,
+    },
+    /// Unreadable or malformed, and nothing usable stored: nothing of it is merged.
+    Refused { error: String },
+}
+
+/// Classifies a contributor by what was read now and what the store keeps.
+fn classify(
+    contributor: &Contributor,
+    reads: &[ContributorRead],
+    stored: &BTreeMap<String, StoredFragment>,
+) -> Classified {
+    let fresh = reads.iter().find(|r| r.name == contributor.name).map(|r| {
+        r.read
+            .as_ref()
+            .map_err(|p| p.message.clone())
+            .and_then(|text| {
+                parse_fragment(text, contributor)
+                    .map(|f| (text.clone(), f))
+                    .map_err(|e| e.to_string())
+            })
+    });
+    let error = match fresh {
+        Some(Ok((text, fragment))) => return Classified::Fresh { text, fragment },
+        Some(Err(e)) => e,
+        None => "not read yet".to_string(),
+    };
+    let previous = stored.get(&contributor.name).and_then(|s| {
+        parse_fragment(&s.fragment, contributor)
+            .ok()
+            .map(|f| (s.clone(), f))
+    });
+    match previous {
+        Some((kept, fragment)) => Classified::Stale {
+            error,
+            kept,
+            fragment,
+        },
+        None => Classified::Refused { error },
+    }
+}
+
+/// What the merge found wrong, for `ContributionsAccepted`.
+#[derive(Default)]
+struct Findings {
+    /// Contributors whose stored fragment stays in force.
+    stale: Vec<String>,
+    /// Contributors refused, and refused entries.
+    problems: Vec<String>,
+}
+
+/// The contributor's status from its classification, the store entry that follows, and the
+/// fragment in force (`None`: refused).
+fn in_force(
+    contributor: &Contributor,
+    classified: Classified,
+    now: Timestamp,
+    next_store: &mut BTreeMap<String, StoredFragment>,
+    findings: &mut Findings,
+) -> (ContributorStatus, Option<PolicyFragment>) {
+    let mut status = ContributorStatus {
+        name: contributor.name.clone(),
+        ..ContributorStatus::default()
+    };
+    let fragment = match classified {
+        Classified::Fresh { text, fragment } => {
+            let hash = sha256(&text);
+            let last_read = now.to_string();
+            status.merged_hash = Some(hash.clone());
+            status.last_read = Some(last_read.clone());
+            let stored = StoredFragment {
+                fragment: text,
+                hash,
+                last_read,
+            };
+            next_store.insert(contributor.name.clone(), stored);
+            Some(fragment)
+        }
+        Classified::Stale {
+            error,
+            kept,
+            fragment,
+        } => {
+            status.state = contributor_state::STALE.into();
+            status.merged_hash = Some(kept.hash.clone());
+            status.last_read = Some(kept.last_read.clone());
+            findings.stale.push(format!(
+                "{}: {error}; its fragment of {} stays merged",
+                contributor.name, kept.last_read
+            ));
+            status.error = Some(error);
+            next_store.insert(contributor.name.clone(), kept);
+            Some(fragment)
+        }
+        Classified::Refused { error } => {
+            status.state = contributor_state::REFUSED.into();
+            findings.problems.push(format!(
+                "{}: {error}; nothing of it is merged",
+                contributor.name
+            ));
+            status.error = Some(error);
+            None
+        }
+    };
+    (status, fragment)
+}
+
+/// Checks a fragment's entries against the owner (its prefix, its route approvers, the tags
+/// and names taken so far); what it accepts is taken for the contributors after it.
+fn check(
+    contributor: &Contributor,
+    fragment: &PolicyFragment,
+    policy: &TailnetPolicy,
+    taken: &mut Taken,
+) -> CheckedFragment {
+    let checked = check_fragment(
+        contributor,
+        fragment,
+        &OwnerContext {
+            tag_prefix: &policy.tag_prefix,
+            route_approvers: &policy.route_approvers,
+            taken_tags: &taken.tags,
+            taken_names: &taken.names,
+        },
+    );
+    taken.tags.extend(checked.accepted.tags.iter().cloned());
+    taken
+        .names
+        .extend(checked.dns_records.iter().map(|r| r.name.clone()));
+    checked
+}
+
+/// The check's verdict into the contributor's status, the findings and the merge.
+fn record_checked(
+    contributor: &Contributor,
+    checked: CheckedFragment,
+    status: &mut ContributorStatus,
+    findings: &mut Findings,
+    out: &mut OwnerMerge,
+) {
+    status.merged = Some(checked.summary());
+    // A stale contributor stays stale whatever its entries.
+    if status.state.is_empty() {
+        status.state = if checked.refused.is_empty() {
+            contributor_state::ACCEPTED.into()
+        } else {
+            contributor_state::PARTLY_REFUSED.into()
+        };
+    }
+    if !checked.refused.is_empty() {
+        findings.problems.push(format!(
+            "{}: {} entries refused ({})",
+            contributor.name,
+            checked.refused.len(),
+            checked
+                .refused
+                .iter()
+                .take(3)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
+    status.refused = checked
+        .refused
+        .iter()
+        .take(REFUSED_LISTED)
+        .cloned()
+        .collect();
+    out.dns_records.extend(
+        checked
+            .dns_records
+            .iter()
+            .map(|r| (contributor.name.clone(), r.clone())),
+    );
+    out.contributions.push(checked.accepted);
+}
+
+/// `ContributionsAccepted`: absent without contributors; a stale one first (an unreadable
+/// source is what needs fixing before anything else changes), then refusals, else True.
+fn condition(
+    no_contributors: bool,
+    findings: Findings,
+    statuses: &[ContributorStatus],
+    c: &mut ConditionSet,
+) {
+    let Findings {
+        mut stale,
+        problems,
+    } = findings;
+    if no_contributors {
         c.remove(types::CONTRIBUTIONS_ACCEPTED);
     } else if !stale.is_empty() {
-        // An unreadable source first: it is what needs fixing before anything else changes.
         stale.extend(problems);
         c.fail(
             types::CONTRIBUTIONS_ACCEPTED,
@@ -219,8 +308,8 @@ pub fn merge(
             reasons::ACCEPTED,
             format!(
                 "every entry of {} contributor(s) accepted: {}",
-                out.statuses.len(),
-                out.statuses
+                statuses.len(),
+                statuses
                     .iter()
                     .map(|s| format!("{} ({})", s.name, s.merged.clone().unwrap_or_default()))
                     .collect::<Vec<_>>()
@@ -228,15 +317,19 @@ pub fn merge(
             ),
         );
     }
-    // Only what changed is written (last-read times move only with a changed fragment).
-    let changed = next_store.len() != stored.len()
-        || next_store
+}
+
+/// The store to write, `None` when unchanged (last-read times move only with a changed
+/// fragment, so only what changed is written).
+fn changed_store(
+    next: BTreeMap<String, StoredFragment>,
+    stored: &BTreeMap<String, StoredFragment>,
+) -> Option<BTreeMap<String, StoredFragment>> {
+    let changed = next.len() != stored.len()
+        || next
             .iter()
             .any(|(k, v)| stored.get(k).is_none_or(|s| s.hash != v.hash));
-    if changed {
-        out.store = Some(next_store);
-    }
-    out
+    changed.then_some(next)
 }
 
 /// The store ConfigMap's data.

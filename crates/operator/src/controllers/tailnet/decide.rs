@@ -5,8 +5,12 @@
 //! [`after_check`] (Headscale's check: DryRun, Rejected, OwnedElsewhere, unchanged or PUT),
 //! [`after_set`] (Headscale's answer to the PUT), then [`finish`] (`PolicyApplied`, the policy
 //! status, which grants are live, `Ready`).
+//!
+//! Purity: this module and those it imports (observation, role, contributions, dns,
+//! effective, locations, config, status) do no I/O; the observation types live in
+//! `observation.rs`, which gather fills.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -14,32 +18,18 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tailnet_api::conditions::{reasons, types};
 use tailnet_api::fragment::FragmentDnsRecord;
-use tailnet_api::tailnet::{PolicyMode, TailnetStatus};
+use tailnet_api::tailnet::{FragmentStatus, TailnetStatus};
 use tailnet_api::{Tailnet, validate};
 use tailnet_policy::{BasePolicy, PolicyInputs, RenderedPolicy, RouteApproval};
 
 use super::super::config::OperatorConfig;
 use super::super::status::{ConditionSet, Problem};
-use super::gather::TailnetObservation;
 use super::locations::BASE_POLICY_KEY;
-use super::{contributions, effective};
+use super::observation::TailnetObservation;
+use super::role::{OwnerMode, Role};
+use super::{contributions, dns, effective};
 use tailnet_render::desired;
-use tailnet_render::intent::{EgressIntent, IngressIntent, TailnetScope};
-
-/// Conditions that must hold for `Ready`, in the order of their dependencies.
-pub const REQUIRED: [&str; 4] = [
-    types::HEADSCALE_REACHABLE,
-    types::BASE_VALID,
-    types::POLICY_APPLIED,
-    types::DNS_RENDERED,
-];
-/// The same for `mode: Contribute`: the fragment live in the owner's policy instead.
-pub const REQUIRED_CONTRIBUTING: [&str; 4] = [
-    types::HEADSCALE_REACHABLE,
-    types::BASE_VALID,
-    types::FRAGMENT_LIVE,
-    types::DNS_RENDERED,
-];
+use tailnet_render::intent::TailnetScope;
 
 /// Upper bound for the rendered-policy ConfigMap's data: the apiserver refuses a ConfigMap
 /// whose data exceeds 1 MiB (1,048,576 bytes); some room is left for the key names.
@@ -115,11 +105,12 @@ pub struct TailnetPlan {
     pub dns: Option<ConfigMap>,
     /// Events that follow from the observation alone (e.g. [`INSECURE_SERVER_EVENT`]).
     pub events: Vec<PolicyEvent>,
-    /// `mode: Contribute`: the fragment ConfigMap to publish (nothing goes to Headscale).
+    /// Contributor: the fragment ConfigMap to publish (nothing goes to Headscale).
     pub fragment: Option<ConfigMap>,
     /// Owner: the store of accepted fragments, when it changed.
     pub contribution_store: Option<ConfigMap>,
-    pub contributing: bool,
+    /// Owner or contributor, as decided from the spec.
+    pub role: Role,
 }
 
 /// Event reason: `spec.server` is plain `http://` to a host outside the machine and the
@@ -134,7 +125,7 @@ pub const INSECURE_SERVER_NOTE: &str = "warning: spec.server is plain http:// to
 /// `*.svc`, `*.svc.cluster.local`, `*.cluster.local` (and a bare in-namespace Service name is
 /// not a URL host the schema accepts without a dot, so it is judged like any other host).
 pub fn insecure_server(server: &str) -> bool {
-    let Ok(url) = reqwest::Url::parse(server) else {
+    let Ok(url) = url::Url::parse(server) else {
         return false;
     };
     if url.scheme() != "http" {
@@ -178,7 +169,7 @@ fn insecure_server_event(tailnet: &Tailnet, previous: &TailnetStatus) -> Option<
 /// The rendered document against the live one.
 #[derive(Clone, Debug)]
 pub struct PolicySync {
-    pub mode: PolicyMode,
+    pub mode: OwnerMode,
     pub document: String,
     pub live: String,
     pub diff: String,
@@ -234,13 +225,15 @@ pub fn refuse_invalid(tailnet: &Tailnet, now: Timestamp) -> Option<TailnetStatus
     })
 }
 
-/// Everything that follows from the observation alone.
+/// Everything that follows from the observation alone. The role is decided first; each
+/// step that differs between owner and contributor branches on it once.
 pub fn plan(
     tailnet: &Tailnet,
     observed: &TailnetObservation,
     config: &OperatorConfig,
     now: Timestamp,
 ) -> TailnetPlan {
+    let role = Role::of(&tailnet.spec.policy);
     let previous = tailnet.status.clone().unwrap_or_default();
     let mut c = ConditionSet::new(&previous.conditions, tailnet.metadata.generation, now);
     let mut status = TailnetStatus {
@@ -248,6 +241,69 @@ pub fn plan(
         conditions: Vec::new(),
         ..previous.clone()
     };
+    reachability(tailnet, observed, &mut c, &mut status);
+    let events = insecure_server_event(tailnet, &previous)
+        .into_iter()
+        .collect();
+    let desired = desired_inputs(tailnet, observed, config);
+    let composed = compose(&role, tailnet, observed, config, desired, &mut c, now);
+    status.contributors = composed.merge.statuses.clone();
+    let mut policy = previous.policy.clone().unwrap_or_default();
+    policy.rendered_hash = composed.rendered.as_ref().map(|r| sha256(&r.document));
+    if let Some(rendered) = &composed.rendered {
+        policy.summary = Some(short_summary(rendered));
+    }
+    status.policy = Some(policy);
+    let target = match &role {
+        Role::Owner { mode, .. } => {
+            owner_target(*mode, tailnet, observed, config, &composed, &mut c)
+        }
+        Role::Contributor => {
+            let previous = previous.fragment.clone();
+            contributor_target(tailnet, observed, config, &composed, previous, &mut c)
+        }
+    };
+    status.fragment = target.fragment_status;
+    let Composed {
+        inputs: _,
+        dns_inputs,
+        merge,
+        rendered,
+    } = composed;
+    let dns = dns::decide(
+        tailnet,
+        observed,
+        config,
+        dns_inputs,
+        &merge.dns_records,
+        &mut c,
+    );
+    let contribution_store = merge
+        .store
+        .as_ref()
+        .map(|store| contributions::store_object(tailnet, config, store));
+    TailnetPlan {
+        fragment: target.fragment,
+        contribution_store,
+        role,
+        conditions: c,
+        status,
+        rendered,
+        sync: target.sync,
+        live_policy: observed.live_policy.clone(),
+        approvals: target.approvals,
+        dns,
+        events,
+    }
+}
+
+/// `HeadscaleReachable` (with the insecure-server note) and the version seen.
+fn reachability(
+    tailnet: &Tailnet,
+    observed: &TailnetObservation,
+    c: &mut ConditionSet,
+    status: &mut TailnetStatus,
+) {
     let insecure = insecure_server(&tailnet.spec.server);
     let with_note = |message: String| {
         if insecure {
@@ -274,48 +330,112 @@ pub fn plan(
             c.fail(types::HEADSCALE_REACHABLE, problem)
         }
     }
-    let events = insecure_server_event(tailnet, &previous)
-        .into_iter()
-        .collect();
+}
 
-    let contributing = tailnet.spec.policy.mode == PolicyMode::Contribute;
-    // Each egress and ingress read once, as `tailnet-operator render` reads them.
-    let (egresses, ingresses) = intents(tailnet, observed, config);
-    let mut inputs = policy_inputs(tailnet, observed, config, &egresses, &ingresses);
-    let dns_inputs = desired::dns_inputs(
+/// The renderer's inputs for this Tailnet's policy and DNS (its egresses and ingresses,
+/// Headscale's nodes). The one place the Tailnet controller calls
+/// `tailnet_render::desired`, the same functions as `tailnet-operator render`.
+pub struct DesiredInputs {
+    pub policy: PolicyInputs,
+    pub dns: tailnet_render::dns::DnsInputs,
+}
+
+pub fn desired_inputs(
+    tailnet: &Tailnet,
+    observed: &TailnetObservation,
+    config: &OperatorConfig,
+) -> DesiredInputs {
+    let nodes = observed.nodes.as_deref().unwrap_or(&[]);
+    // Each egress and ingress read once into its typed intent, as the composition reads them.
+    let name = tailnet.name_any();
+    let scope = TailnetScope {
+        name: &name,
+        spec: &tailnet.spec,
+        operator_namespace: &config.operator_namespace,
+    };
+    let (egresses, ingresses) =
+        tailnet_render::compose::intents(&scope, &observed.egresses, &observed.ingresses);
+    // With route approval off, route approval is left to the Headscale admin and no
+    // autoApprovers are rendered either.
+    let policy = desired::policy(
+        tailnet,
+        &installation_id(config, &name),
+        &egresses,
+        &ingresses,
+        nodes,
+        config.approve_routes,
+    );
+    let dns = desired::dns_inputs(
         tailnet,
         &config.operator_namespace,
         &egresses,
         &ingresses,
         &observed.egress_cluster_ips,
-        observed.nodes.as_deref().unwrap_or(&[]),
+        nodes,
     );
-    // A contributor's base is the owner's business: it renders its part alone.
-    let base = if contributing {
-        tailnet_policy::parse_base("{}")
-            .map_err(|e| Problem::new(reasons::INVALID_BASE, e.to_string()))
-    } else {
-        base_policy(tailnet, config, &observed.base)
+    DesiredInputs { policy, dns }
+}
+
+/// The policy as composed for the role: the base, the contributors merged in (owner), the
+/// rendered document.
+struct Composed {
+    /// The renderer's inputs, with the accepted contributions.
+    inputs: PolicyInputs,
+    dns_inputs: tailnet_render::dns::DnsInputs,
+    /// The owner's merge of its contributors (empty for a contributor, or when the base is
+    /// invalid).
+    merge: contributions::OwnerMerge,
+    /// `None`: the base is invalid (see `BaseValid`).
+    rendered: Option<RenderedPolicy>,
+}
+
+/// Sets `ContributionsAccepted` (owner) and `BaseValid`, and renders the policy.
+fn compose(
+    role: &Role,
+    tailnet: &Tailnet,
+    observed: &TailnetObservation,
+    config: &OperatorConfig,
+    desired: DesiredInputs,
+    c: &mut ConditionSet,
+    now: Timestamp,
+) -> Composed {
+    let DesiredInputs {
+        policy: mut inputs,
+        dns: dns_inputs,
+    } = desired;
+    let (base, valid_message) = match role {
+        Role::Owner { .. } => (
+            base_policy(tailnet, config, &observed.base),
+            "the base policy parses",
+        ),
+        // A contributor's base is the owner's business: it renders its part alone.
+        Role::Contributor => (
+            tailnet_policy::parse_base("{}")
+                .map_err(|e| Problem::new(reasons::INVALID_BASE, e.to_string())),
+            "mode Contribute: no base policy of this installation is used (the owner's is)",
+        ),
     };
-    let merge = match (&base, contributing) {
-        (Ok(base), false) => {
-            let base_tags: BTreeSet<String> = base.value()["tagOwners"]
-                .as_object()
-                .map(|o| o.keys().cloned().collect())
-                .unwrap_or_default();
-            let own_names: BTreeSet<String> = dns_inputs
-                .egress_aliases
-                .iter()
-                .chain(dns_inputs.ingress_names.iter())
-                .map(|e| e.hostname.clone())
-                .collect();
+    let merge = match (role, &base) {
+        (Role::Owner { contributors, .. }, Ok(base)) => {
+            let taken = contributions::Taken {
+                tags: base.value()["tagOwners"]
+                    .as_object()
+                    .map(|o| o.keys().cloned().collect())
+                    .unwrap_or_default(),
+                names: dns_inputs
+                    .egress_aliases
+                    .iter()
+                    .chain(dns_inputs.ingress_names.iter())
+                    .map(|e| e.hostname.clone())
+                    .collect(),
+            };
             let merge = contributions::merge(
-                tailnet,
+                &tailnet.spec.policy,
+                contributors,
                 &observed.contributor_reads,
                 &observed.contribution_store,
-                &base_tags,
-                &own_names,
-                &mut c,
+                taken,
+                c,
                 now,
             );
             inputs.contributions = merge.contributions.clone();
@@ -323,54 +443,50 @@ pub fn plan(
         }
         _ => contributions::OwnerMerge::default(),
     };
-    status.contributors = merge.statuses.clone();
     let rendered = base.and_then(|base| render(&base, &inputs));
     match &rendered {
-        Ok(_) if contributing => c.ok(
-            types::BASE_VALID,
-            reasons::VALID,
-            "mode Contribute: no base policy of this installation is used (the owner's is)",
-        ),
-        Ok(_) => c.ok(types::BASE_VALID, reasons::VALID, "the base policy parses"),
+        Ok(_) => c.ok(types::BASE_VALID, reasons::VALID, valid_message),
         Err(problem) => c.fail(types::BASE_VALID, problem.clone()),
     }
-    let rendered = rendered.ok();
-
-    let mut policy = previous.policy.clone().unwrap_or_default();
-    policy.rendered_hash = rendered.as_ref().map(|r| sha256(&r.document));
-    if let Some(rendered) = &rendered {
-        policy.summary = Some(short_summary(rendered));
+    Composed {
+        inputs,
+        dns_inputs,
+        merge,
+        rendered: rendered.ok(),
     }
-    status.policy = Some(policy);
+}
 
-    let live = observed
+/// Where the rendered policy goes: the owner's sync with Headscale (and route approvals),
+/// or the contributor's fragment.
+struct Target {
+    sync: Option<PolicySync>,
+    approvals: Vec<RouteApproval>,
+    /// The fragment ConfigMap to publish.
+    fragment: Option<ConfigMap>,
+    fragment_status: Option<FragmentStatus>,
+}
+
+/// The live policy, when Headscale answered.
+fn live_policy(observed: &TailnetObservation) -> Option<&String> {
+    observed
         .live_policy
         .as_ref()
-        .filter(|_| observed.headscale.is_ok());
-    let mut fragment = None;
-    if contributing {
-        c.remove(types::POLICY_APPLIED);
-        if let Some(rendered) = &rendered {
-            let records = contributed_dns_records(&tailnet_render::dns::render(&dns_inputs));
-            let (config_map, fragment_status) = contributions::contribute(
-                tailnet,
-                config,
-                &installation_id(config, &tailnet.name_any()),
-                rendered,
-                &records,
-                live.map(String::as_str),
-                &mut c,
-            );
-            fragment = Some(config_map);
-            status.fragment = Some(fragment_status);
-        }
-    } else {
-        c.remove(types::FRAGMENT_LIVE);
-        status.fragment = None;
-    }
-    let sync = match (&rendered, live) {
-        _ if contributing => None,
-        (Some(rendered), Some(live)) => Some(policy_sync(tailnet, config, rendered, live)),
+        .filter(|_| observed.headscale.is_ok())
+}
+
+/// Owner: `PolicyApplied` when it does not depend on Headscale's answer, the sync, and the
+/// route approval catch-up (Apply only: autoApprovers only fire when a route changes).
+fn owner_target(
+    mode: OwnerMode,
+    tailnet: &Tailnet,
+    observed: &TailnetObservation,
+    config: &OperatorConfig,
+    composed: &Composed,
+    c: &mut ConditionSet,
+) -> Target {
+    c.remove(types::FRAGMENT_LIVE);
+    let sync = match (&composed.rendered, live_policy(observed)) {
+        (Some(rendered), Some(live)) => Some(policy_sync(mode, tailnet, config, rendered, live)),
         (None, _) => {
             c.fail(
                 types::POLICY_APPLIED,
@@ -386,41 +502,55 @@ pub fn plan(
             None
         }
     };
-
-    // Route approval catch-up: autoApprovers only fire when a route changes.
-    let approvals = if tailnet.spec.policy.mode == PolicyMode::Apply
+    let approvals = if mode == OwnerMode::Apply
         && config.approve_routes
         && observed.headscale.is_ok()
         && observed.nodes.is_some()
     {
-        tailnet_policy::routes_needing_approval(&inputs)
+        tailnet_policy::routes_needing_approval(&composed.inputs)
     } else {
         Vec::new()
     };
-    let dns = super::dns::decide(
-        tailnet,
-        observed,
-        config,
-        dns_inputs,
-        &merge.dns_records,
-        &mut c,
-    );
-    let contribution_store = merge
-        .store
-        .as_ref()
-        .map(|store| contributions::store_object(tailnet, config, store));
-    TailnetPlan {
-        fragment,
-        contribution_store,
-        contributing,
-        conditions: c,
-        status,
-        rendered,
+    Target {
         sync,
-        live_policy: observed.live_policy.clone(),
         approvals,
-        dns,
-        events,
+        fragment: None,
+        fragment_status: None,
+    }
+}
+
+/// Contributor: no `PolicyApplied` (nothing is written), the fragment and `FragmentLive`
+/// (without a rendered policy, the previous fragment status stays).
+fn contributor_target(
+    tailnet: &Tailnet,
+    observed: &TailnetObservation,
+    config: &OperatorConfig,
+    composed: &Composed,
+    previous: Option<FragmentStatus>,
+    c: &mut ConditionSet,
+) -> Target {
+    c.remove(types::POLICY_APPLIED);
+    let fragment = composed.rendered.as_ref().map(|rendered| {
+        let records = contributed_dns_records(&tailnet_render::dns::render(&composed.dns_inputs));
+        contributions::contribute(
+            tailnet,
+            config,
+            &installation_id(config, &tailnet.name_any()),
+            rendered,
+            &records,
+            live_policy(observed).map(String::as_str),
+            c,
+        )
+    });
+    let (fragment, fragment_status) = match fragment {
+        Some((config_map, status)) => (Some(config_map), Some(status)),
+        None => (None, previous),
+    };
+    Target {
+        sync: None,
+        approvals: Vec::new(),
+        fragment,
+        fragment_status,
     }
 }
 
@@ -428,41 +558,6 @@ fn headscale_unreachable() -> Problem {
     Problem::new(
         reasons::HEADSCALE_UNREACHABLE,
         "the live policy cannot be compared until Headscale is reachable (see HeadscaleReachable)",
-    )
-}
-
-/// The typed intents of this Tailnet's egresses and ingresses (the composition's first step).
-pub fn intents(
-    tailnet: &Tailnet,
-    observed: &TailnetObservation,
-    config: &OperatorConfig,
-) -> (Vec<EgressIntent>, Vec<IngressIntent>) {
-    let name = tailnet.name_any();
-    let scope = TailnetScope {
-        name: &name,
-        spec: &tailnet.spec,
-        operator_namespace: &config.operator_namespace,
-    };
-    tailnet_render::compose::intents(&scope, &observed.egresses, &observed.ingresses)
-}
-
-/// The renderer's inputs: this Tailnet's egresses and ingresses, and Headscale's nodes.
-pub fn policy_inputs(
-    tailnet: &Tailnet,
-    observed: &TailnetObservation,
-    config: &OperatorConfig,
-    egresses: &[EgressIntent],
-    ingresses: &[IngressIntent],
-) -> PolicyInputs {
-    // The same function as `tailnet-operator render`; with route approval off, route
-    // approval is left to the Headscale admin and no autoApprovers are rendered either.
-    tailnet_render::desired::policy(
-        tailnet,
-        &installation_id(config, &tailnet.name_any()),
-        egresses,
-        ingresses,
-        observed.nodes.as_deref().unwrap_or(&[]),
-        config.approve_routes,
     )
 }
 
@@ -501,6 +596,7 @@ fn render(base: &BasePolicy, inputs: &PolicyInputs) -> Result<RenderedPolicy, Pr
 }
 
 fn policy_sync(
+    mode: OwnerMode,
     tailnet: &Tailnet,
     config: &OperatorConfig,
     rendered: &RenderedPolicy,
@@ -514,7 +610,7 @@ fn policy_sync(
     );
     let config_map = rendered_policy_object(tailnet, config, &rendered.document, &diff, &summary);
     PolicySync {
-        mode: tailnet.spec.policy.mode,
+        mode,
         document: rendered.document.clone(),
         live: live.to_string(),
         diff,
@@ -547,8 +643,7 @@ pub fn after_check(sync: &PolicySync, check: Answer, previous: &TailnetStatus) -
             problem.reason,
             format!("checking the policy failed: {}", problem.message),
         )),
-        // A contributor has no sync (see `plan`); were it to get here, nothing is written.
-        (Ok(()), PolicyMode::DryRun | PolicyMode::Contribute) => {
+        (Ok(()), OwnerMode::DryRun) => {
             let change = if sync.diff.is_empty() {
                 "no change to the live policy".to_string()
             } else {
@@ -572,7 +667,7 @@ pub fn after_check(sync: &PolicySync, check: Answer, previous: &TailnetStatus) -
                 written: false,
             })
         }
-        (Ok(()), PolicyMode::Apply) => apply_step(sync, previous),
+        (Ok(()), OwnerMode::Apply) => apply_step(sync, previous),
     }
 }
 
@@ -777,7 +872,7 @@ pub fn finish(plan: TailnetPlan, outcome: Option<&PolicyOutcome>) -> TailnetStat
         rendered,
         sync,
         live_policy,
-        contributing: plan_contributing,
+        role,
         ..
     } = plan;
     let mut policy = status.policy.take().unwrap_or_default();
@@ -803,12 +898,7 @@ pub fn finish(plan: TailnetPlan, outcome: Option<&PolicyOutcome>) -> TailnetStat
         policy.effective_for = effective::effective_resources(live, &rendered.resources);
     }
     status.policy = Some(policy);
-    let required: &[&str] = if plan_contributing {
-        &REQUIRED_CONTRIBUTING
-    } else {
-        &REQUIRED
-    };
-    status.conditions = conditions.finish(required, &[]);
+    status.conditions = conditions.finish(role.required(), &[]);
     status
 }
 

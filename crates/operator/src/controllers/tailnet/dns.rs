@@ -11,8 +11,8 @@ use tailnet_render::dns::{self, RenderedDns};
 
 use super::super::config::OperatorConfig;
 use super::super::status::ConditionSet;
-use super::gather::TailnetObservation;
 use super::locations::dns_config_map_location;
+use super::observation::TailnetObservation;
 
 /// Sets `DNSRendered` and returns the DNS ConfigMap to apply, if our keys in it changed.
 /// The inputs and the ConfigMap come from the same functions as `tailnet-operator render`.

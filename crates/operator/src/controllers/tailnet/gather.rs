@@ -10,9 +10,9 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
+use tailnet_api::Tailnet;
 use tailnet_api::conditions::reasons;
 use tailnet_api::naming::labels;
-use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tailnet_headscale::{Client as HeadscaleClient, Node};
 use tailnet_policy::ObservedNode;
 use tailnet_render::backends::ObjectKey;
@@ -22,45 +22,14 @@ use super::super::access::read_api_key;
 use super::super::context::Context;
 use super::super::error::ReconcileError;
 use super::super::status::Problem;
-use super::contributions::{ContributorRead, StoredFragment, parse_store, store_config_map};
+use super::contributions::{parse_store, store_config_map};
 use super::locations::{BASE_POLICY_KEY, dns_config_map_location};
+// The observation's types live in a module without I/O (decide reads them); re-exported
+// here for callers that name them by the step that fills them.
+pub use super::observation::{ContributorRead, CurrentDns, StoredFragment, TailnetObservation};
+use super::role::Role;
 use tailnet_api::fragment::FRAGMENT_KEY;
-use tailnet_api::tailnet::{Contributor, PolicyMode};
-
-/// What one reconcile of a Tailnet observed (plain data: `decide` is pure).
-#[derive(Clone, Debug)]
-pub struct TailnetObservation {
-    /// Headscale's version when it answers, accepts the API key and is healthy; else why
-    /// `HeadscaleReachable` is False. When this is an error, `nodes` and `live_policy` are
-    /// `None`.
-    pub headscale: Result<String, Problem>,
-    /// Headscale's nodes; `None` when they could not be listed (then no route is approved).
-    pub nodes: Option<Vec<ObservedNode>>,
-    /// The policy Headscale enforces now; `None` when it could not be read.
-    pub live_policy: Option<String>,
-    /// The base policy text; `Ok(None)` when `spec.policy.baseConfigMap` is not set.
-    pub base: Result<Option<String>, Problem>,
-    pub egresses: Vec<TailnetEgress>,
-    pub ingresses: Vec<TailnetIngress>,
-    /// Egress Services (operator namespace) → ClusterIP (read only when DNS is configured).
-    pub egress_cluster_ips: BTreeMap<ObjectKey, IpAddr>,
-    /// The DNS ConfigMap as it is; `None` when DNS is not configured or it does not exist.
-    pub dns_config_map: Option<CurrentDns>,
-    /// Owner: each listed contributor's fragment as read now.
-    pub contributor_reads: Vec<ContributorRead>,
-    /// Owner: the last accepted fragment of each contributor (ConfigMap
-    /// `<tailnet>-contributions`).
-    pub contribution_store: BTreeMap<String, StoredFragment>,
-}
-
-/// What matters of an existing DNS ConfigMap.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CurrentDns {
-    /// Our two keys (`hosts`, `extra-records.json`), where present.
-    pub keys: BTreeMap<String, String>,
-    /// The uids in its owner references.
-    pub owner_uids: Vec<String>,
-}
+use tailnet_api::tailnet::Contributor;
 
 /// Reads everything; the Headscale client (when Headscale is reachable) is returned beside
 /// the observation, for the act step.
@@ -84,13 +53,13 @@ pub async fn gather(
         ),
         None => (BTreeMap::new(), None),
     };
-    let (contributor_reads, contribution_store) = if tailnet.spec.policy.contributors.is_empty()
-        || tailnet.spec.policy.mode == PolicyMode::Contribute
-    {
+    // Only an owner merges fragments.
+    let role = Role::of(&tailnet.spec.policy);
+    let (contributor_reads, contribution_store) = if role.contributors().is_empty() {
         (Vec::new(), BTreeMap::new())
     } else {
         let mut reads = Vec::new();
-        for contributor in &tailnet.spec.policy.contributors {
+        for contributor in role.contributors() {
             reads.push(ContributorRead {
                 name: contributor.name.clone(),
                 read: read_fragment(ctx, contributor).await,

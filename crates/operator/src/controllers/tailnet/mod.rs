@@ -11,6 +11,8 @@ pub mod dns;
 pub mod effective;
 pub mod gather;
 pub mod locations;
+pub mod observation;
+pub mod role;
 #[cfg(test)]
 mod tests;
 pub mod wiring;

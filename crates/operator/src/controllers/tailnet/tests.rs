@@ -18,8 +18,8 @@ use super::super::status::Problem;
 use super::decide::{
     self, Answer, PolicyOutcome, PolicyStep, Refusal, TailnetPlan, rendered_policy_data,
 };
-use super::gather::{CurrentDns, TailnetObservation};
 use super::locations::BASE_POLICY_KEY;
+use super::observation::{CurrentDns, TailnetObservation};
 use tailnet_render::backends::ObjectKey;
 
 const BASE: &str = r#"{
@@ -602,33 +602,45 @@ fn policy_cases() -> Vec<Case> {
     ]
 }
 
-/// Ownership, manual edits, takeover and failed calls.
-fn ownership_cases() -> Vec<Case> {
-    let t = tailnet();
-    let other_installation = document_of(
-        &t,
+/// The live document another installation wrote (its marker).
+fn other_installation_document() -> String {
+    document_of(
+        &tailnet(),
         &observation(),
         &OperatorConfig {
             installation_id: "elsewhere".to_string(),
             ..config()
         },
-    );
-    // Our marker, other content: what we wrote before someone edited it.
-    let edited = document_of(
-        &t,
+    )
+}
+
+/// Our marker with the egress's grant: what we wrote before (and, against a render without
+/// the egress, what someone edited).
+fn our_document_with_egress() -> String {
+    document_of(
+        &tailnet(),
         &TailnetObservation {
             egresses: vec![egress()],
             ..observation()
         },
         &config(),
-    );
-    let applied = vec![
+    )
+}
+
+fn applied_expect() -> Vec<(&'static str, &'static str, &'static str)> {
+    vec![
         (types::POLICY_APPLIED, "True", reasons::APPLIED),
         (types::READY, "True", reasons::READY),
-    ];
+    ]
+}
+
+/// The live policy re-read right before the PUT: edited, unchanged, taken over, unreadable.
+fn race_cases() -> Vec<Case> {
+    let other_installation = other_installation_document();
+    let applied = applied_expect();
     // What we wrote last time (our marker, the egress's grant), as gathered; the check then
     // takes seconds, and meanwhile someone edits the live document.
-    let ours_before = edited.clone();
+    let ours_before = our_document_with_egress();
     let edited_during_check = ours_before.replace("tcp:5432", "tcp:5433");
     assert_ne!(
         edited_during_check, ours_before,
@@ -638,7 +650,7 @@ fn ownership_cases() -> Vec<Case> {
         tailnet(),
         previous_status(reasons::APPLIED, Some(decide::sha256(&ours_before))),
     );
-    let race_cases = vec![
+    vec![
         Case {
             tailnet: applied_before.clone(),
             fresh: Some(Ok(edited_during_check.clone())),
@@ -712,8 +724,13 @@ fn ownership_cases() -> Vec<Case> {
                 )],
             )
         },
-    ];
-    let mut cases = vec![
+    ]
+}
+
+/// Ownership, manual edits, takeover and failed calls.
+fn ownership_cases() -> Vec<Case> {
+    let applied = applied_expect();
+    vec![
         Case {
             more: |run| {
                 assert_eq!(
@@ -727,7 +744,7 @@ fn ownership_cases() -> Vec<Case> {
             },
             ..case(
                 "the live policy belongs to another installation",
-                live(other_installation),
+                live(other_installation_document()),
                 vec![(types::POLICY_APPLIED, "False", reasons::OWNED_ELSEWHERE)],
             )
         },
@@ -751,7 +768,7 @@ fn ownership_cases() -> Vec<Case> {
             },
             ..case(
                 "a manual edit is overwritten",
-                live(edited),
+                live(our_document_with_egress()),
                 applied.clone(),
             )
         },
@@ -806,9 +823,7 @@ fn ownership_cases() -> Vec<Case> {
                 )],
             )
         },
-    ];
-    cases.extend(race_cases);
-    cases
+    ]
 }
 
 fn dns_cases() -> Vec<Case> {
@@ -900,7 +915,7 @@ fn cosmos_fragment(egress_destination: &str) -> String {
 
 fn with_fragment(read: Result<String, Problem>) -> TailnetObservation {
     TailnetObservation {
-        contributor_reads: vec![super::contributions::ContributorRead {
+        contributor_reads: vec![super::observation::ContributorRead {
             name: "cosmos".into(),
             read,
         }],
@@ -908,50 +923,23 @@ fn with_fragment(read: Result<String, Problem>) -> TailnetObservation {
     }
 }
 
-fn contribution_cases() -> Vec<Case> {
+/// What the owner stored of `cosmos` an hour ago.
+fn stored_cosmos() -> super::observation::StoredFragment {
+    super::observation::StoredFragment {
+        fragment: cosmos_fragment("192.0.2.10/32"),
+        hash: "h1".into(),
+        last_read: "2026-06-01T11:00:00Z".into(),
+    }
+}
+
+/// The owner merging `cosmos`: accepted, refused entries, stale and malformed fragments.
+fn owner_contribution_cases() -> Vec<Case> {
     let owner = |name, observed, expect, more: Check| Case {
         tailnet: owner_of_cosmos(),
         more,
         ..case(name, observed, expect)
     };
-    let stored = super::contributions::StoredFragment {
-        fragment: cosmos_fragment("192.0.2.10/32"),
-        hash: "h1".into(),
-        last_read: "2026-06-01T11:00:00Z".into(),
-    };
-    let mut contributor = with_mode(PolicyMode::Contribute);
-    contributor.spec.policy.tag_prefix = "cos".into();
-    contributor.spec.policy.base_config_map = None;
-    let contributing = |name, live_policy: &str, expect| Case {
-        tailnet: contributor.clone(),
-        more: |run: &Run| {
-            assert!(
-                run.plan.sync.is_none(),
-                "a contributor never checks or writes the policy"
-            );
-            assert!(run.plan.approvals.is_empty());
-            let fragment = run
-                .plan
-                .fragment
-                .as_ref()
-                .expect("the fragment is published");
-            assert_eq!(
-                fragment.metadata.name.as_deref(),
-                Some("demo-policy-fragment")
-            );
-            assert!(conditions::find(&run.status.conditions, types::POLICY_APPLIED).is_none());
-        },
-        ..case(
-            name,
-            TailnetObservation {
-                egresses: vec![egress()],
-                nodes: Some(vec![router()]),
-                live_policy: Some(live_policy.to_string()),
-                ..observation()
-            },
-            expect,
-        )
-    };
+    let stored = stored_cosmos();
     vec![
         owner(
             "a contributor's fragment is accepted and merged",
@@ -1052,6 +1040,45 @@ fn contribution_cases() -> Vec<Case> {
                 assert!(document.contains("192.0.2.10/32"), "{document}");
             },
         ),
+    ]
+}
+
+/// A contributor (`mode: Contribute`): its fragment published, live or not yet.
+fn contributor_cases() -> Vec<Case> {
+    let mut contributor = with_mode(PolicyMode::Contribute);
+    contributor.spec.policy.tag_prefix = "cos".into();
+    contributor.spec.policy.base_config_map = None;
+    let contributing = |name, live_policy: &str, expect| Case {
+        tailnet: contributor.clone(),
+        more: |run: &Run| {
+            assert!(
+                run.plan.sync.is_none(),
+                "a contributor never checks or writes the policy"
+            );
+            assert!(run.plan.approvals.is_empty());
+            let fragment = run
+                .plan
+                .fragment
+                .as_ref()
+                .expect("the fragment is published");
+            assert_eq!(
+                fragment.metadata.name.as_deref(),
+                Some("demo-policy-fragment")
+            );
+            assert!(conditions::find(&run.status.conditions, types::POLICY_APPLIED).is_none());
+        },
+        ..case(
+            name,
+            TailnetObservation {
+                egresses: vec![egress()],
+                nodes: Some(vec![router()]),
+                live_policy: Some(live_policy.to_string()),
+                ..observation()
+            },
+            expect,
+        )
+    };
+    vec![
         contributing(
             "a contributor whose fragment is not live yet",
             "{}",
@@ -1083,8 +1110,10 @@ fn decision_table() {
         base_cases(),
         policy_cases(),
         ownership_cases(),
+        race_cases(),
         dns_cases(),
-        contribution_cases(),
+        owner_contribution_cases(),
+        contributor_cases(),
     ]
     .into_iter()
     .flatten()
@@ -1377,7 +1406,7 @@ fn a_contested_dns_name_goes_to_the_first_claim_not_the_lowest_address() {
         !hosts.contains("100.64.0.2 portal.lab.example.net"),
         "{hosts}"
     );
-    let c = plan.conditions.clone().finish(&decide::REQUIRED, &[]);
+    let c = plan.conditions.clone().finish(&super::role::REQUIRED, &[]);
     let dns = conditions::find(&c, types::DNS_RENDERED).expect("DNSRendered");
     assert!(
         dns.message
