@@ -3,9 +3,10 @@
 //!
 //! Bodies pass through frame by frame in both directions (no buffering, no decompression,
 //! no re-encoding; Content-Length, Content-Encoding, Range answers and trailers untouched).
-//! `requestTimeoutSeconds` bounds the whole exchange including the upload and download;
-//! `backendRequestTimeoutSeconds` the wait for the backend's response head. A WebSocket
-//! upgrade is tunnelled and then lives by its own lifecycle.
+//! A route's request timeout bounds the whole exchange including the upload and download; its
+//! backend request timeout the wait for the backend's response head (both in milliseconds
+//! when the config has them, else in seconds). A WebSocket upgrade is tunnelled and then
+//! lives by its own lifecycle.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -135,10 +136,9 @@ impl HttpSite {
                     client,
                     connector,
                     authority,
-                    request_timeout: route.request_timeout_seconds.map(Duration::from_secs),
+                    request_timeout: route.request_timeout(),
                     backend_request_timeout: route
-                        .backend_request_timeout_seconds
-                        .map(Duration::from_secs)
+                        .backend_request_timeout()
                         .unwrap_or(defaults.backend_request_timeout),
                 }),
             );
