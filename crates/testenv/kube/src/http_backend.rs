@@ -49,11 +49,9 @@ pub fn pattern_sha256(total: u64) -> String {
         left -= len as u64;
         index += 1;
     }
-    hex(&hasher.finalize())
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    // A streamed digest: its own lowercase-hex formatting (whole buffers use
+    // `tailnet_api::digest::sha256_hex`).
+    format!("{:x}", hasher.finalize())
 }
 
 /// A real gzip member (so "no decompression" is tested on real gzip, not random bytes).
@@ -208,10 +206,7 @@ async fn handle(mut request: Request<Incoming>) -> Result<Response<Body>, Infall
                     }
                 }
             }
-            full(
-                StatusCode::OK,
-                format!("{length} {}", hex(&hasher.finalize())),
-            )
+            full(StatusCode::OK, format!("{length} {:x}", hasher.finalize()))
         }
         "/trailers" => {
             let frames = futures_util::stream::iter([
