@@ -37,21 +37,7 @@ fn root() -> PathBuf {
 }
 
 fn helm_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("TNO_BIN_HELM") {
-        return PathBuf::from(path);
-    }
-    let versions = std::fs::read_to_string(root().join("deps/versions.env")).expect("versions");
-    let version = versions
-        .lines()
-        .find_map(|line| line.strip_prefix("HELM_VERSION="))
-        .expect("HELM_VERSION");
-    let cache = std::env::var_os("TNO_DEPS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                .join(".cache/tailnet-operator/deps")
-        });
-    cache.join(format!("helm-{version}/bin/helm"))
+    tno_testenv_kube::binaries::helm().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs helm, appends the command and its output to the transcript, returns stdout.
