@@ -235,13 +235,8 @@ async fn with_the_certificate(
         "a client-supplied identity header must be dropped: {response}"
     );
     assert!(lower.contains("x-forwarded-proto: https"), "{response}");
-    let ready = wait_for_condition(
-        ingresses,
-        "portal",
-        ConditionIs::new("Ready", "True"),
-        None,
-    )
-    .await;
+    let ready =
+        wait_for_condition(ingresses, "portal", ConditionIs::new("Ready", "True"), None).await;
     assert_eq!(
         ready
             .condition("BackendsReachable")
@@ -403,15 +398,9 @@ async fn default_issuer_certificate(p: &Portal<'_>, secrets: &Api<Secret>) {
         .await
         .expect("issued TLS Secret");
     let answer = wait_for("https once the certificate is issued", WAIT, || async {
-        https_get_hello(
-            laptop,
-            &issued,
-            &issued_name,
-            &issued_cert,
-            &[FORGED_LOGIN],
-        )
-        .await
-        .and_then(ok_200)
+        https_get_hello(laptop, &issued, &issued_name, &issued_cert, &[FORGED_LOGIN])
+            .await
+            .and_then(ok_200)
     })
     .await;
     assert!(answer.contains("frontend"), "{answer}");
@@ -536,10 +525,25 @@ async fn lab_pair_gets_two_identities(
     tcp_echo(laptop, &first_ip, 6000)
         .await
         .expect("the first still forwards");
+    hand_tagged_device_is_not_the_ingress(
+        env, ns, laptop, &first, first_tag, first_node, &first_ip,
+    )
+    .await;
+    let _ = namespaces.delete(&other_ns, &Default::default()).await;
+}
 
-    // A device tagged by hand with the first one's tag (another hostname): named on the
-    // ingress, not taken for its node, and left alone when the ingress is deleted (before:
-    // the device, online and newer, became the ingress's node, and the delete removed it).
+/// A device tagged by hand with the first one's tag (another hostname): named on the
+/// ingress, not taken for its node, and left alone when the ingress is deleted (before:
+/// the device, online and newer, became the ingress's node, and the delete removed it).
+async fn hand_tagged_device_is_not_the_ingress(
+    env: &E2eEnv,
+    ns: &str,
+    laptop: &tno_testenv_tailnet::LocalApi,
+    first: &Api<TailnetIngress>,
+    first_tag: String,
+    first_node: String,
+    first_ip: &str,
+) {
     let hostname = format!("hand-tagged-{}", &ns[ns.len() - 5..]);
     let device = env
         .tailnet()
@@ -560,7 +564,7 @@ async fn lab_pair_gets_two_identities(
         .expect("the device is registered")
         .to_string();
     let conflicted = wait_for_condition(
-        &first,
+        first,
         "dev-api",
         ConditionIs::new("AgentReady", "False").reason("TagConflict"),
         None,
@@ -579,7 +583,7 @@ async fn lab_pair_gets_two_identities(
         Some(first_node.clone()),
         "the ingress keeps its own node"
     );
-    tcp_echo(laptop, &first_ip, 6000)
+    tcp_echo(laptop, first_ip, 6000)
         .await
         .expect("the first still forwards beside the device");
     first
@@ -610,7 +614,6 @@ async fn lab_pair_gets_two_identities(
         "the ingress's node is gone: {ids:?}"
     );
     drop(device);
-    let _ = namespaces.delete(&other_ns, &Default::default()).await;
 }
 
 /// An ingress whose agent can never log in (its namespace allows no pods): the operator mints
