@@ -108,25 +108,35 @@ cargo test --workspace --locked --no-run
 # probes, timeouts), so one group of them runs beside all the others: about half the wall time
 # on two cores. Each test binary starts its own environment (own netns, ports, Headscale), so
 # the two groups do not share anything. Same feature set as the build above (--workspace).
+# The side group is this list of test binaries (targets under */tests/); the test functions the
+# main group skips are derived from it: each side binary lists its tests (`--list`: nothing
+# runs, the binaries were built above), and the main group skips exactly those names
+# (`--exact`). Adding a binary here is the only edit; a name that is not unique across all
+# test binaries would also be skipped elsewhere, so that is checked first.
 side_tests=(faults_e2e ingress_data_e2e egress_routes_e2e helm_rbac_e2e local_lab forged_agent_e2e leadership_e2e
   helm_install network_policy_e2e egress_devices_e2e contributors_e2e)
-side_names=(faults_keep_the_data_plane_and_lose_nothing ingress_data_plane_through_the_operator
-  unapproved_route_fails_closed_until_approved operator_with_the_charts_rbac_serves_egress_and_ingress
-  the_local_lab_demo_runs_once forged_agent_pods_neither_lie_nor_exhaust_the_operator
-  a_leader_with_a_hung_apiserver_connection_steps_down_before_the_takeover
-  chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_upgrades_and_uninstalls
-  network_policies_are_enforced_by_kube_router_in_the_lab
-  egress_to_devices_names_and_ipv6_end_to_end
-  a_contributing_installation_gets_what_its_limits_allow)
-side_log=$(mktemp -t tno-side-tests.XXXXXX)
 side_targets=()
 for t in "${side_tests[@]}"; do side_targets+=(--test "$t"); done
+list_tests() { cargo test --workspace --locked "$@" -- --list --format terse 2>/dev/null | sed -n 's/: test$//p'; }
+mapfile -t side_names < <(list_tests "${side_targets[@]}")
+if (( ${#side_names[@]} < ${#side_tests[@]} )); then
+  echo "side group: ${#side_names[@]} tests listed for ${#side_tests[@]} binaries (${side_tests[*]})" >&2
+  exit 1
+fi
+all_names=$(list_tests --tests)
+for n in "${side_names[@]}"; do
+  if (( $(grep -cxF -- "$n" <<<"$all_names") != 1 )); then
+    echo "side-group test $n is not unique across the test binaries (a test in a shared module, or a name used twice): --skip would drop the others too" >&2
+    exit 1
+  fi
+done
+side_log=$(mktemp -t tno-side-tests.XXXXXX)
 cargo test --workspace --locked --no-fail-fast "${side_targets[@]}" >"$side_log" 2>&1 &
 side_pid=$!
 skips=()
 for n in "${side_names[@]}"; do skips+=(--skip "$n"); done
 main_status=0
-cargo test --workspace --locked --no-fail-fast -- "${skips[@]}" || main_status=$?
+cargo test --workspace --locked --no-fail-fast -- --exact "${skips[@]}" || main_status=$?
 side_status=0
 wait "$side_pid" || side_status=$?
 printf '\n==> side group (%s) output:\n' "${side_tests[*]}"

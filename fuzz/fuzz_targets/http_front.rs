@@ -28,6 +28,8 @@ fn table() -> RouteTable {
         backend_tls: None,
         request_timeout_seconds: None,
         backend_request_timeout_seconds: None,
+        request_timeout_millis: None,
+        backend_request_timeout_millis: None,
     };
     RouteTable::new(&[
         route("web", &["portal.test", "portal-alias.test"]),

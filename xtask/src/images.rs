@@ -433,22 +433,10 @@ fn join_repo(prefix: &str, name: &str) -> String {
     }
 }
 
-/// helm from `TNO_BIN_HELM` or the deps cache.
+/// helm: `TNO_BIN_HELM`, the pinned build in the deps cache, else helm on `PATH`
+/// ([`tno_deps::helm`], the lookup the tests share).
 pub fn helm(root: &Path) -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("TNO_BIN_HELM") {
-        return Ok(PathBuf::from(path));
-    }
-    let output = Command::new("bash")
-        .arg(root.join("deps/build.sh"))
-        .arg("--print-env")
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("deps/build.sh --print-env: {e}"))?;
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .find_map(|line| line.strip_prefix("TNO_BIN_HELM="))
-        .map(PathBuf::from)
-        .ok_or_else(|| "deps/build.sh --print-env printed no TNO_BIN_HELM".to_string())
+    tno_deps::helm(root).map_err(|missing| missing.to_string())
 }
 
 /// Sets `repository:` and `digest:` of the values block that starts with `block` (e.g.

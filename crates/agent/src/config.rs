@@ -216,6 +216,11 @@ fn validate_route(route: &HttpRoute, at: &str) -> Result<(), ConfigError> {
             "backendRequestTimeoutSeconds",
             route.backend_request_timeout_seconds,
         ),
+        ("requestTimeoutMillis", route.request_timeout_millis),
+        (
+            "backendRequestTimeoutMillis",
+            route.backend_request_timeout_millis,
+        ),
     ] {
         if value == Some(0) {
             return Err(invalid(format!("{at}.{field}"), "must be at least 1"));
@@ -388,6 +393,13 @@ mod tests {
                 "zero timeout",
                 Box::new(|c| c["ingress"][1]["routes"][0]["requestTimeoutSeconds"] = json!(0)),
                 "ingress[1].routes[0].requestTimeoutSeconds",
+            ),
+            (
+                "zero millisecond timeout",
+                Box::new(|c| {
+                    c["ingress"][1]["routes"][0]["backendRequestTimeoutMillis"] = json!(0);
+                }),
+                "ingress[1].routes[0].backendRequestTimeoutMillis",
             ),
             (
                 "backend TLS without CA",

@@ -2,6 +2,7 @@
 //! `tcp`. A listener's settings arrive through a `watch` channel, so a config change applies
 //! to new connections while established ones keep running.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,14 +93,22 @@ async fn accept_loop<F>(
     debug!(listener = %name, "listener stopped");
 }
 
-pub async fn run_egress(
+/// Runs a relay listener (`egress`, `tcp`) until `stop`: each accepted connection goes to
+/// `handle` with the settings current at its accept, on one of the connection threads. The
+/// kind-specific parts are the settings type and its handler.
+pub async fn run_relay<S, H, Fut>(
     listener: TcpListener,
-    settings: watch::Receiver<EgressListener>,
+    name: String,
+    settings: watch::Receiver<S>,
+    handle: H,
     gate: Arc<Gate>,
     stop: CancellationToken,
     shared: Shared,
-) {
-    let name = settings.borrow().name.clone();
+) where
+    S: Clone + Send + Sync + 'static,
+    H: Fn(TcpStream, SocketAddr, S, Shared, Admission) -> Fut + Copy + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     accept_loop(
         listener,
         name,
@@ -112,14 +121,15 @@ pub async fn run_egress(
             shared
                 .threads
                 .spawn(&shared.connections, stream, move |stream| {
-                    handle_egress(stream, peer, spec, shared_for_task, admission)
+                    handle(stream, peer, spec, shared_for_task, admission)
                 });
         },
     )
     .await;
 }
 
-async fn handle_egress(
+/// An `egress` connection: dialed through the tailnet, then relayed.
+pub async fn handle_egress(
     mut stream: TcpStream,
     peer: SocketAddr,
     spec: EgressListener,
@@ -174,34 +184,8 @@ async fn handle_egress(
     );
 }
 
-pub async fn run_tcp(
-    listener: TcpListener,
-    settings: watch::Receiver<TcpForward>,
-    gate: Arc<Gate>,
-    stop: CancellationToken,
-    shared: Shared,
-) {
-    let name = settings.borrow().name.clone();
-    accept_loop(
-        listener,
-        name,
-        gate,
-        &shared,
-        stop,
-        |stream, peer, admission| {
-            let spec = settings.borrow().clone();
-            let shared_for_task = shared.clone();
-            shared
-                .threads
-                .spawn(&shared.connections, stream, move |stream| {
-                    handle_tcp(stream, peer, spec, shared_for_task, admission)
-                });
-        },
-    )
-    .await;
-}
-
-async fn handle_tcp(
+/// A `tcp` ingress connection: connected to the backend, then spliced.
+pub async fn handle_tcp(
     mut stream: TcpStream,
     peer: SocketAddr,
     spec: TcpForward,

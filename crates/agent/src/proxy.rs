@@ -3,9 +3,10 @@
 //!
 //! Bodies pass through frame by frame in both directions (no buffering, no decompression,
 //! no re-encoding; Content-Length, Content-Encoding, Range answers and trailers untouched).
-//! `requestTimeoutSeconds` bounds the whole exchange including the upload and download;
-//! `backendRequestTimeoutSeconds` the wait for the backend's response head. A WebSocket
-//! upgrade is tunnelled and then lives by its own lifecycle.
+//! A route's request timeout bounds the whole exchange including the upload and download; its
+//! backend request timeout the wait for the backend's response head (both in milliseconds
+//! when the config has them, else in seconds). A WebSocket upgrade is tunnelled and then
+//! lives by its own lifecycle.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -135,10 +136,9 @@ impl HttpSite {
                     client,
                     connector,
                     authority,
-                    request_timeout: route.request_timeout_seconds.map(Duration::from_secs),
+                    request_timeout: route.request_timeout(),
                     backend_request_timeout: route
-                        .backend_request_timeout_seconds
-                        .map(Duration::from_secs)
+                        .backend_request_timeout()
                         .unwrap_or(defaults.backend_request_timeout),
                 }),
             );
@@ -406,25 +406,7 @@ async fn proxy_request(
 ) -> Response<ProxyBody> {
     let started = Instant::now();
     let host_value = request_host(&request);
-    // The path is only for the access log; not copied when that is off.
-    let path = if tracing::enabled!(target: "access", tracing::Level::INFO) {
-        request.uri().path().to_owned()
-    } else {
-        String::new()
-    };
-    let mut exchange = Exchange {
-        started,
-        metrics: connection.metrics.clone(),
-        route: None,
-        host: Cow::Borrowed("unknown"),
-        method: request.method().clone(),
-        path,
-        status: StatusCode::OK,
-        client: connection.client.clone(),
-        inbound: Arc::new(Tally::new(connection.metrics.bytes_in.clone())),
-        outbound: Arc::new(Tally::new(connection.metrics.bytes_out.clone())),
-        message: String::new(),
-    };
+    let mut exchange = Exchange::begin(started, connection, &request);
     if has_conflicting_host(request.headers()) {
         let mut answer =
             exchange.local_answer(StatusCode::BAD_REQUEST, "more than one Host header\n");
@@ -433,26 +415,15 @@ async fn proxy_request(
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return answer;
     }
-    let entry = match site
-        .routes
-        .select(connection.sni.as_deref(), host_value.as_deref())
-    {
-        RouteDecision::Route(entry) => entry,
-        RouteDecision::Misdirected => {
-            return exchange.local_answer(
-                StatusCode::MISDIRECTED_REQUEST,
-                "misdirected request: this connection does not serve that host\n",
-            );
-        }
-        RouteDecision::MissingHost => {
-            return exchange.local_answer(StatusCode::BAD_REQUEST, "missing Host\n");
-        }
+    let backend = match select_backend(
+        site,
+        connection.sni.as_deref(),
+        host_value.as_deref(),
+        &mut exchange,
+    ) {
+        Ok(backend) => backend,
+        Err((status, text)) => return exchange.local_answer(status, text),
     };
-    let Some(backend) = site.backends.get(&entry.route.name).cloned() else {
-        exchange.route = Some(Arc::from(entry.route.name.as_str()));
-        return exchange.local_answer(StatusCode::BAD_GATEWAY, "route has no backend\n");
-    };
-    exchange.route = Some(backend.name.clone());
     exchange.host = Cow::Owned(
         host_value
             .as_deref()
@@ -467,35 +438,12 @@ async fn proxy_request(
         request.version() == Version::HTTP_11 && is_websocket_upgrade(request.headers());
     let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut request));
     let (mut parts, body) = request.into_parts();
-    let wants_trailers = remove_hop_by_hop(&mut parts.headers);
-    // hyper already answered any `Expect: 100-continue` towards the client.
-    parts.headers.remove(header::EXPECT);
-    strip_client_identity(&mut parts.headers);
-    connection
-        .forwarded
-        .apply(&mut parts.headers, original_host.clone());
-    if let Some(host) = original_host {
-        // The backend sees the name the client asked for (HTTP/2 carries it in :authority).
-        parts.headers.insert(header::HOST, host);
-    }
-    if wants_trailers {
-        parts
-            .headers
-            .insert(header::TE, HeaderValue::from_static("trailers"));
-    }
-    if websocket {
-        parts
-            .headers
-            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        parts
-            .headers
-            .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-    }
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    rewrite_request_head(
+        &mut parts.headers,
+        &connection.forwarded,
+        original_host,
+        websocket,
+    );
     // From its second request on, an HTTP/1.1 client's request goes to its own backend
     // connection, which needs the origin form (the pooled client turns the absolute form into
     // it by itself).
@@ -506,21 +454,8 @@ async fn proxy_request(
     let Some(authority) = backend.authority.clone() else {
         return exchange.local_answer(StatusCode::BAD_REQUEST, "bad request target\n");
     };
-    let mut uri = http::uri::Parts::default();
-    if dedicated.is_some() {
-        if !parts.headers.contains_key(header::HOST)
-            && let Ok(host) = HeaderValue::from_str(authority.as_str())
-        {
-            parts.headers.insert(header::HOST, host);
-        }
-    } else {
-        uri.scheme = Some(Scheme::HTTP);
-        uri.authority = Some(authority);
-    }
-    uri.path_and_query = Some(path_and_query);
-    let uri = match Uri::from_parts(uri) {
-        Ok(uri) => uri,
-        Err(_) => return exchange.local_answer(StatusCode::BAD_REQUEST, "bad request target\n"),
+    let Some(uri) = backend_uri(&mut parts, authority, dedicated.is_some()) else {
+        return exchange.local_answer(StatusCode::BAD_REQUEST, "bad request target\n");
     };
     parts.uri = uri;
     parts.version = Version::HTTP_11;
@@ -570,74 +505,23 @@ async fn proxy_request(
         () = head_wait => None,
         () = exchange_deadline => None,
     };
-    let mut response = match answer {
+    let response = match answer {
         Some(Ok(response)) => response,
         Some(Err(error)) => {
-            return if upload.expired() {
-                exchange.message = "request timeout during upload".into();
-                exchange.local_answer(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
-            } else {
-                let reason = connect_failure(&*error).map_or("protocol", |failure| failure.label());
-                context.metrics.count_backend_failure(&backend.name, reason);
-                exchange.message = format!("backend {reason} failure: {}", error_chain(&*error));
-                exchange.local_answer(StatusCode::BAD_GATEWAY, "bad gateway\n")
-            };
+            return failed_exchange(exchange, &context.metrics, &backend, &upload, Some(error));
         }
-        None => {
-            return if upload.expired() || !upload.complete() {
-                exchange.message = "request timeout during upload".into();
-                exchange.local_answer(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
-            } else {
-                context
-                    .metrics
-                    .count_backend_failure(&backend.name, "timeout");
-                exchange.message = "no response head from the backend in time".into();
-                exchange.local_answer(StatusCode::GATEWAY_TIMEOUT, "gateway timeout\n")
-            };
-        }
+        None => return failed_exchange(exchange, &context.metrics, &backend, &upload, None),
     };
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-        let Some(client_upgrade) = client_upgrade else {
-            context
-                .metrics
-                .count_backend_failure(&backend.name, "protocol");
-            exchange.message = "backend switched protocols without an upgrade request".into();
-            return exchange.local_answer(StatusCode::BAD_GATEWAY, "bad gateway\n");
-        };
-        let backend_upgrade = hyper::upgrade::on(&mut response);
-        let (inbound, outbound) = (exchange.inbound.clone(), exchange.outbound.clone());
-        let route = backend.name.clone();
-        let admission = connection.admission.clone();
-        context.tunnels.spawn(async move {
-            let _admission = admission;
-            match tokio::try_join!(client_upgrade, backend_upgrade) {
-                Ok((client, backend)) => {
-                    let result = relay(
-                        TokioIo::new(client),
-                        TokioIo::new(backend),
-                        &inbound,
-                        &outbound,
-                        HalfClose::Propagate,
-                    )
-                    .await;
-                    debug!(%route, bytes_in = inbound.total(), bytes_out = outbound.total(), ?result, "upgraded connection closed");
-                }
-                Err(error) => {
-                    debug!(%route, error = %error_chain(&error), "upgrade did not complete");
-                }
-            }
-        });
-        let (parts, _) = response.into_parts();
-        exchange.status = parts.status;
-        let body = MeteredBody::new(
-            http_body_util::Empty::<Bytes>::new(),
-            None,
-            exchange.outbound.clone(),
-            None,
-        )
-        .with_exchange(exchange);
-        return Response::from_parts(parts, body.boxed_unsync());
+        return tunnel_upgrade(
+            context,
+            connection,
+            &backend,
+            exchange,
+            client_upgrade,
+            response,
+        );
     }
 
     let (mut parts, body) = response.into_parts();
@@ -645,6 +529,176 @@ async fn proxy_request(
     exchange.status = parts.status;
     let outbound = exchange.outbound.clone();
     let body = MeteredBody::new(body, deadline, outbound, None).with_exchange(exchange);
+    Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// The backend of the route this request selects (noted in `exchange`), or the status and
+/// text the proxy answers itself with.
+fn select_backend(
+    site: &HttpSite,
+    sni: Option<&str>,
+    host: Option<&str>,
+    exchange: &mut Exchange,
+) -> Result<Arc<RouteBackend>, (StatusCode, &'static str)> {
+    let entry = match site.routes.select(sni, host) {
+        RouteDecision::Route(entry) => entry,
+        RouteDecision::Misdirected => {
+            return Err((
+                StatusCode::MISDIRECTED_REQUEST,
+                "misdirected request: this connection does not serve that host\n",
+            ));
+        }
+        RouteDecision::MissingHost => {
+            return Err((StatusCode::BAD_REQUEST, "missing Host\n"));
+        }
+    };
+    let Some(backend) = site.backends.get(&entry.route.name).cloned() else {
+        exchange.route = Some(Arc::from(entry.route.name.as_str()));
+        return Err((StatusCode::BAD_GATEWAY, "route has no backend\n"));
+    };
+    exchange.route = Some(backend.name.clone());
+    Ok(backend)
+}
+
+/// The client's request head as the backend gets it: hop-by-hop headers, `Expect` and
+/// client-supplied identity headers removed; forwarding headers, the original Host and, when
+/// the client asked for them, `TE: trailers` set; a WebSocket upgrade asked for again.
+fn rewrite_request_head(
+    headers: &mut http::HeaderMap,
+    forwarded: &ForwardedHeaders,
+    original_host: Option<HeaderValue>,
+    websocket: bool,
+) {
+    let wants_trailers = remove_hop_by_hop(headers);
+    // hyper already answered any `Expect: 100-continue` towards the client.
+    headers.remove(header::EXPECT);
+    strip_client_identity(headers);
+    forwarded.apply(headers, original_host.clone());
+    if let Some(host) = original_host {
+        // The backend sees the name the client asked for (HTTP/2 carries it in :authority).
+        headers.insert(header::HOST, host);
+    }
+    if wants_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    if websocket {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    }
+}
+
+/// The backend request's URI: the origin form on a dedicated HTTP/1.1 connection (which then
+/// needs a Host header: the backend's authority if the client sent none), the absolute form
+/// for the pooled client. `None`: the parts form no URI.
+fn backend_uri(
+    parts: &mut http::request::Parts,
+    authority: Authority,
+    dedicated: bool,
+) -> Option<Uri> {
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let mut uri = http::uri::Parts::default();
+    if dedicated {
+        if !parts.headers.contains_key(header::HOST)
+            && let Ok(host) = HeaderValue::from_str(authority.as_str())
+        {
+            parts.headers.insert(header::HOST, host);
+        }
+    } else {
+        uri.scheme = Some(Scheme::HTTP);
+        uri.authority = Some(authority);
+    }
+    uri.path_and_query = Some(path_and_query);
+    Uri::from_parts(uri).ok()
+}
+
+/// The answer when the backend gave no response head: `error` from the exchange, or `None`
+/// when a deadline fired first. A request whose upload ran out of time is the client's
+/// (408); anything else is the backend's (502, 504), counted as its failure.
+fn failed_exchange(
+    mut exchange: Exchange,
+    metrics: &Metrics,
+    backend: &RouteBackend,
+    upload: &UploadProgress,
+    error: Option<BoxError>,
+) -> Response<ProxyBody> {
+    match error {
+        Some(error) => {
+            if upload.expired() {
+                exchange.message = "request timeout during upload".into();
+                exchange.local_answer(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
+            } else {
+                let reason = connect_failure(&*error).map_or("protocol", |failure| failure.label());
+                metrics.count_backend_failure(&backend.name, reason);
+                exchange.message = format!("backend {reason} failure: {}", error_chain(&*error));
+                exchange.local_answer(StatusCode::BAD_GATEWAY, "bad gateway\n")
+            }
+        }
+        None => {
+            if upload.expired() || !upload.complete() {
+                exchange.message = "request timeout during upload".into();
+                exchange.local_answer(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
+            } else {
+                metrics.count_backend_failure(&backend.name, "timeout");
+                exchange.message = "no response head from the backend in time".into();
+                exchange.local_answer(StatusCode::GATEWAY_TIMEOUT, "gateway timeout\n")
+            }
+        }
+    }
+}
+
+/// A backend's `101 Switching Protocols`: relays between the two upgraded connections in a
+/// tracked task that holds the connection's admission, and passes the head to the client.
+fn tunnel_upgrade(
+    context: &ProxyContext,
+    connection: &ConnectionInfo,
+    backend: &RouteBackend,
+    mut exchange: Exchange,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    mut response: Response<Incoming>,
+) -> Response<ProxyBody> {
+    let Some(client_upgrade) = client_upgrade else {
+        context
+            .metrics
+            .count_backend_failure(&backend.name, "protocol");
+        exchange.message = "backend switched protocols without an upgrade request".into();
+        return exchange.local_answer(StatusCode::BAD_GATEWAY, "bad gateway\n");
+    };
+    let backend_upgrade = hyper::upgrade::on(&mut response);
+    let (inbound, outbound) = (exchange.inbound.clone(), exchange.outbound.clone());
+    let route = backend.name.clone();
+    let admission = connection.admission.clone();
+    context.tunnels.spawn(async move {
+        let _admission = admission;
+        match tokio::try_join!(client_upgrade, backend_upgrade) {
+            Ok((client, backend)) => {
+                let result = relay(
+                    TokioIo::new(client),
+                    TokioIo::new(backend),
+                    &inbound,
+                    &outbound,
+                    HalfClose::Propagate,
+                )
+                .await;
+                debug!(%route, bytes_in = inbound.total(), bytes_out = outbound.total(), ?result, "upgraded connection closed");
+            }
+            Err(error) => {
+                debug!(%route, error = %error_chain(&error), "upgrade did not complete");
+            }
+        }
+    });
+    let (parts, _) = response.into_parts();
+    exchange.status = parts.status;
+    let body = MeteredBody::new(
+        http_body_util::Empty::<Bytes>::new(),
+        None,
+        exchange.outbound.clone(),
+        None,
+    )
+    .with_exchange(exchange);
     Response::from_parts(parts, body.boxed_unsync())
 }
 
@@ -808,6 +862,29 @@ struct Exchange {
 }
 
 impl Exchange {
+    /// The record of `request`, started at `started`, before a route is selected.
+    fn begin<B>(started: Instant, connection: &ConnectionInfo, request: &Request<B>) -> Self {
+        // The path is only for the access log; not copied when that is off.
+        let path = if tracing::enabled!(target: "access", tracing::Level::INFO) {
+            request.uri().path().to_owned()
+        } else {
+            String::new()
+        };
+        Exchange {
+            started,
+            metrics: connection.metrics.clone(),
+            route: None,
+            host: Cow::Borrowed("unknown"),
+            method: request.method().clone(),
+            path,
+            status: StatusCode::OK,
+            client: connection.client.clone(),
+            inbound: Arc::new(Tally::new(connection.metrics.bytes_in.clone())),
+            outbound: Arc::new(Tally::new(connection.metrics.bytes_out.clone())),
+            message: String::new(),
+        }
+    }
+
     fn local_answer(mut self, status: StatusCode, text: &'static str) -> Response<ProxyBody> {
         self.status = status;
         let outbound = self.outbound.clone();

@@ -134,6 +134,8 @@ mod tests {
             backend_tls: None,
             request_timeout_seconds: None,
             backend_request_timeout_seconds: None,
+            request_timeout_millis: None,
+            backend_request_timeout_millis: None,
         }
     }
 

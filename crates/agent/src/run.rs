@@ -669,9 +669,11 @@ impl Supervisor {
             (Payload::Egress(egress), _) => {
                 let (sender, receiver) = watch::channel(egress.clone());
                 (
-                    tokio::spawn(listeners::run_egress(
+                    tokio::spawn(listeners::run_relay(
                         listener,
+                        egress.name.clone(),
                         receiver,
+                        listeners::handle_egress,
                         gate,
                         stop.clone(),
                         shared,
@@ -682,9 +684,11 @@ impl Supervisor {
             (Payload::Tcp(forward), _) => {
                 let (sender, receiver) = watch::channel(forward.clone());
                 (
-                    tokio::spawn(listeners::run_tcp(
+                    tokio::spawn(listeners::run_relay(
                         listener,
+                        forward.name.clone(),
                         receiver,
+                        listeners::handle_tcp,
                         gate,
                         stop.clone(),
                         shared,

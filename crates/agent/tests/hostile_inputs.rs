@@ -427,81 +427,10 @@ fn slowloris_and_idle_connections_are_closed() {
         wait_for_listener().await;
         let idle_fds = open_fds(pid);
 
-        // A request head trickled one byte a second, forever.
-        let trickle = {
-            let pki = pki.clone();
-            async move {
-                let mut tls = tls_h1(&pki, HOST).await;
-                let head = format!("GET /slow HTTP/1.1\r\nHost: {HOST}\r\nX-Pad: ");
-                let _ = tls.write_all(head.as_bytes()).await;
-                let started = Instant::now();
-                let mut buffer = [0u8; 1024];
-                let mut answer = Vec::new();
-                loop {
-                    if started.elapsed() > HEADER_READ_BOUND {
-                        return (Ending::StillOpen, started.elapsed(), answer);
-                    }
-                    if tls.write_all(b"a").await.is_err() || tls.flush().await.is_err() {
-                        return (Ending::Reset, started.elapsed(), answer);
-                    }
-                    match tokio::time::timeout(Duration::from_secs(1), tls.read(&mut buffer)).await
-                    {
-                        Ok(Ok(0)) => return (Ending::Closed, started.elapsed(), answer),
-                        Ok(Ok(n)) => answer.extend_from_slice(&buffer[..n]),
-                        Ok(Err(_)) => return (Ending::Reset, started.elapsed(), answer),
-                        Err(_) => {}
-                    }
-                }
-            }
-        };
-        // 200 connections that send half a head and wait.
-        let crowd = {
-            let pki = pki.clone();
-            async move {
-                let mut streams = Vec::new();
-                for _ in 0..200 {
-                    let mut tls = tls_h1(&pki, HOST).await;
-                    let _ = tls
-                        .write_all(format!("GET /crowd HTTP/1.1\r\nHost: {HOST}\r\n").as_bytes())
-                        .await;
-                    streams.push(tls);
-                }
-                let opened = Instant::now();
-                let endings = futures_util::future::join_all(
-                    streams
-                        .iter_mut()
-                        .map(|tls| async { read_until_closed(tls, HEADER_READ_BOUND).await.1 }),
-                )
-                .await;
-                (endings, opened.elapsed())
-            }
-        };
-        // A keep-alive connection that goes idle after one good request.
-        let idle_keepalive = {
-            let pki = pki.clone();
-            async move {
-                let mut tls = tls_h1(&pki, HOST).await;
-                let _ = tls
-                    .write_all(format!("GET /once HTTP/1.1\r\nHost: {HOST}\r\n\r\n").as_bytes())
-                    .await;
-                let (answer, ending, after) = read_until_closed(&mut tls, HEADER_READ_BOUND).await;
-                (parse_answer(&answer).0, ending, after)
-            }
-        };
-        // An HTTP/2 connection that sends the preface and settings, then nothing.
-        let idle_h2 = {
-            let pki = pki.clone();
-            async move {
-                let mut tls = tls_connect(https(), HOST, tls_client(&pki, &[b"h2"]))
-                    .await
-                    .unwrap_or_else(|e| panic!("h2 connect: {e}"));
-                let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-                preface.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // empty SETTINGS
-                let _ = tls.write_all(&preface).await;
-                let (_, ending, after) = read_until_closed(&mut tls, HEADER_READ_BOUND * 2).await;
-                (ending, after)
-            }
-        };
+        let trickle = trickled_head(pki.clone());
+        let crowd = crowd_of_half_heads(pki.clone());
+        let idle_keepalive = idle_keepalive_connection(pki.clone());
+        let idle_h2 = idle_http2(pki.clone());
         // During all of this, good requests keep working.
         let good = {
             let (pki, recorder) = (pki.clone(), recorder.clone());
@@ -588,6 +517,72 @@ fn slowloris_and_idle_connections_are_closed() {
         );
     });
     assert!(agent.exit_status().is_none(), "the agent is still running");
+}
+
+/// A request head trickled one byte a second, forever.
+async fn trickled_head(pki: Arc<Pki>) -> (Ending, Duration, Vec<u8>) {
+    let mut tls = tls_h1(&pki, HOST).await;
+    let head = format!("GET /slow HTTP/1.1\r\nHost: {HOST}\r\nX-Pad: ");
+    let _ = tls.write_all(head.as_bytes()).await;
+    let started = Instant::now();
+    let mut buffer = [0u8; 1024];
+    let mut answer = Vec::new();
+    loop {
+        if started.elapsed() > HEADER_READ_BOUND {
+            return (Ending::StillOpen, started.elapsed(), answer);
+        }
+        if tls.write_all(b"a").await.is_err() || tls.flush().await.is_err() {
+            return (Ending::Reset, started.elapsed(), answer);
+        }
+        match tokio::time::timeout(Duration::from_secs(1), tls.read(&mut buffer)).await {
+            Ok(Ok(0)) => return (Ending::Closed, started.elapsed(), answer),
+            Ok(Ok(n)) => answer.extend_from_slice(&buffer[..n]),
+            Ok(Err(_)) => return (Ending::Reset, started.elapsed(), answer),
+            Err(_) => {}
+        }
+    }
+}
+
+/// 200 connections that send half a head and wait.
+async fn crowd_of_half_heads(pki: Arc<Pki>) -> (Vec<Ending>, Duration) {
+    let mut streams = Vec::new();
+    for _ in 0..200 {
+        let mut tls = tls_h1(&pki, HOST).await;
+        let _ = tls
+            .write_all(format!("GET /crowd HTTP/1.1\r\nHost: {HOST}\r\n").as_bytes())
+            .await;
+        streams.push(tls);
+    }
+    let opened = Instant::now();
+    let endings = futures_util::future::join_all(
+        streams
+            .iter_mut()
+            .map(|tls| async { read_until_closed(tls, HEADER_READ_BOUND).await.1 }),
+    )
+    .await;
+    (endings, opened.elapsed())
+}
+
+/// A keep-alive connection that goes idle after one good request.
+async fn idle_keepalive_connection(pki: Arc<Pki>) -> (u16, Ending, Duration) {
+    let mut tls = tls_h1(&pki, HOST).await;
+    let _ = tls
+        .write_all(format!("GET /once HTTP/1.1\r\nHost: {HOST}\r\n\r\n").as_bytes())
+        .await;
+    let (answer, ending, after) = read_until_closed(&mut tls, HEADER_READ_BOUND).await;
+    (parse_answer(&answer).0, ending, after)
+}
+
+/// An HTTP/2 connection that sends the preface and settings, then nothing.
+async fn idle_http2(pki: Arc<Pki>) -> (Ending, Duration) {
+    let mut tls = tls_connect(https(), HOST, tls_client(&pki, &[b"h2"]))
+        .await
+        .unwrap_or_else(|e| panic!("h2 connect: {e}"));
+    let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    preface.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // empty SETTINGS
+    let _ = tls.write_all(&preface).await;
+    let (_, ending, after) = read_until_closed(&mut tls, HEADER_READ_BOUND * 2).await;
+    (ending, after)
 }
 
 #[test]
@@ -767,155 +762,7 @@ fn request_smuggling_attempts_are_refused_or_reframed() {
             .spawn(SocketAddr::from((Ipv4Addr::LOCALHOST, RECORDER_PORT)))
             .await;
         wait_for_listener().await;
-        let smuggled = format!("GET /smuggled HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
-        let cases = vec![
-            Smuggle {
-                name: "CL.TE: Content-Length: 6 + Transfer-Encoding: chunked, smuggled GET after the 0-chunk",
-                request: format!(
-                    "POST /a HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{smuggled}"
-                ),
-                expected: "400, or framed by Transfer-Encoding alone and the connection closed; smuggled GET never forwarded",
-                status: None,
-                check: |seen| one_request_with_body(seen, b""),
-            },
-            Smuggle {
-                name: "TE.CL: Transfer-Encoding: chunked + Content-Length: 3",
-                request: format!(
-                    "POST /b HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n8\r\nSMUGGLED\r\n0\r\n\r\n{smuggled}"
-                ),
-                expected: "400, or framed by Transfer-Encoding alone and the connection closed; smuggled GET never forwarded",
-                status: None,
-                check: |seen| one_request_with_body(seen, b"SMUGGLED"),
-            },
-            Smuggle {
-                name: "two different Content-Length headers",
-                request: format!(
-                    "POST /c HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 5\r\nContent-Length: 40\r\n\r\nhello{smuggled}"
-                ),
-                expected: "400, nothing forwarded",
-                status: Some(400),
-                check: nothing_forwarded,
-            },
-            Smuggle {
-                name: "two identical Content-Length headers",
-                request: format!(
-                    "POST /d HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 5\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
-                ),
-                expected: "400, or forwarded once with a single Content-Length (RFC 9110 §8.6)",
-                status: None,
-                check: |seen| if seen.is_empty() { Ok(()) } else { one_request_with_body(seen, b"hello") },
-            },
-            Smuggle {
-                name: "Content-Length list `5, 40`",
-                request: format!(
-                    "POST /e HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 5, 40\r\n\r\nhello{smuggled}"
-                ),
-                expected: "400, nothing forwarded",
-                status: Some(400),
-                check: nothing_forwarded,
-            },
-            Smuggle {
-                name: "Transfer-Encoding: chunked, identity (chunked not last)",
-                request: format!(
-                    "POST /f HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n{smuggled}"
-                ),
-                expected: "400, nothing forwarded",
-                status: Some(400),
-                check: nothing_forwarded,
-            },
-            Smuggle {
-                name: "Transfer-Encoding: xchunked",
-                request: format!(
-                    "POST /g HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: xchunked\r\nContent-Length: 5\r\n\r\nhello"
-                ),
-                expected: "400, nothing forwarded",
-                status: Some(400),
-                check: nothing_forwarded,
-            },
-            Smuggle {
-                name: "`Transfer-Encoding : chunked` (space before the colon)",
-                request: format!(
-                    "POST /h HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding : chunked\r\nContent-Length: 5\r\n\r\nhello"
-                ),
-                expected: "400, nothing forwarded",
-                status: Some(400),
-                check: nothing_forwarded,
-            },
-            Smuggle {
-                name: "second Transfer-Encoding line `cow`",
-                request: format!(
-                    "POST /i HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: cow\r\n\r\n0\r\n\r\n"
-                ),
-                expected: "400, nothing forwarded",
-                status: Some(400),
-                check: nothing_forwarded,
-            },
-            Smuggle {
-                name: "Transfer-Encoding on HTTP/1.0",
-                request: format!(
-                    "POST /j HTTP/1.0\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
-                ),
-                expected: "400, nothing forwarded",
-                status: Some(400),
-                check: nothing_forwarded,
-            },
-            Smuggle {
-                name: "obs-fold header continuation",
-                request: format!(
-                    "GET /k HTTP/1.1\r\nHost: {HOST}\r\nX-Folded: a\r\n Transfer-Encoding: chunked\r\n\r\n"
-                ),
-                expected: "400, nothing forwarded",
-                status: Some(400),
-                check: nothing_forwarded,
-            },
-            Smuggle {
-                name: "negative Content-Length",
-                request: format!("POST /l HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: -1\r\n\r\n"),
-                expected: "400, nothing forwarded",
-                status: Some(400),
-                check: nothing_forwarded,
-            },
-            Smuggle {
-                name: "Content-Length: +5",
-                request: format!("POST /m HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: +5\r\n\r\nhello"),
-                expected: "400, nothing forwarded",
-                status: Some(400),
-                check: nothing_forwarded,
-            },
-            Smuggle {
-                name: "chunk size overflowing 64 bits",
-                request: format!(
-                    "POST /n HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffffff\r\nx\r\n0\r\n\r\n{smuggled}"
-                ),
-                expected: "request aborted (the backend sees a broken body at most), smuggled GET never forwarded",
-                status: None,
-                check: |seen| {
-                    if seen.iter().any(|s| s.target.contains("smuggled")) {
-                        return Err("smuggled request forwarded".into());
-                    }
-                    if seen.iter().any(|s| s.body.is_ok() && s.target == "/n") {
-                        return Err("the broken body arrived as complete".into());
-                    }
-                    Ok(())
-                },
-            },
-            Smuggle {
-                name: "NUL byte in a header value",
-                request: format!("GET /o HTTP/1.1\r\nHost: {HOST}\r\nX-Nul: a\0b\r\n\r\n"),
-                expected: "400, nothing forwarded",
-                status: Some(400),
-                check: nothing_forwarded,
-            },
-            Smuggle {
-                name: "two Host headers",
-                request: format!(
-                    "GET /p HTTP/1.1\r\nHost: {HOST}\r\nHost: {WS_HOST}\r\nConnection: close\r\n\r\n"
-                ),
-                expected: "400, nothing forwarded",
-                status: Some(400),
-                check: nothing_forwarded,
-            },
-        ];
+        let cases = smuggling_cases();
         let mut failures = Vec::new();
         for case in &cases {
             recorder.take();
@@ -931,13 +778,19 @@ fn request_smuggling_attempts_are_refused_or_reframed() {
                         s.target,
                         s.header("content-length"),
                         s.header("transfer-encoding"),
-                        s.body.as_ref().map(|b| String::from_utf8_lossy(b).into_owned())
+                        s.body
+                            .as_ref()
+                            .map(|b| String::from_utf8_lossy(b).into_owned())
                     )
                 })
                 .collect();
             let observed = format!(
                 "status {status}, {ending:?}; backend saw {}",
-                if forwarded.is_empty() { "nothing".to_owned() } else { forwarded.join("; ") }
+                if forwarded.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    forwarded.join("; ")
+                }
             );
             row(case.name, case.expected, &observed);
             if let Err(problem) = (case.check)(&seen) {
@@ -946,16 +799,198 @@ fn request_smuggling_attempts_are_refused_or_reframed() {
             if let Some(expected) = case.status
                 && status != expected
             {
-                failures.push(format!("{}: status {status}, expected {expected}", case.name));
+                failures.push(format!(
+                    "{}: status {status}, expected {expected}",
+                    case.name
+                ));
             }
             if ending == Ending::StillOpen {
-                failures.push(format!("{}: connection kept open after the answer", case.name));
+                failures.push(format!(
+                    "{}: connection kept open after the answer",
+                    case.name
+                ));
             }
         }
-        assert!(failures.is_empty(), "smuggling defences failed:\n{}", failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "smuggling defences failed:\n{}",
+            failures.join("\n")
+        );
         still_serves(&pki, &recorder).await;
     });
     assert!(agent.exit_status().is_none(), "the agent is still running");
+}
+
+/// The smuggling attempts, what each must end as, and the check of what the backend saw.
+fn smuggling_cases() -> Vec<Smuggle> {
+    let smuggled = format!("GET /smuggled HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
+    let mut cases = conflicting_framing_cases(&smuggled);
+    cases.extend(malformed_head_cases(&smuggled));
+    cases
+}
+
+/// Content-Length and Transfer-Encoding that contradict each other or are not what they seem.
+fn conflicting_framing_cases(smuggled: &str) -> Vec<Smuggle> {
+    vec![
+        Smuggle {
+            name: "CL.TE: Content-Length: 6 + Transfer-Encoding: chunked, smuggled GET after the 0-chunk",
+            request: format!(
+                "POST /a HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{smuggled}"
+            ),
+            expected: "400, or framed by Transfer-Encoding alone and the connection closed; smuggled GET never forwarded",
+            status: None,
+            check: |seen| one_request_with_body(seen, b""),
+        },
+        Smuggle {
+            name: "TE.CL: Transfer-Encoding: chunked + Content-Length: 3",
+            request: format!(
+                "POST /b HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n8\r\nSMUGGLED\r\n0\r\n\r\n{smuggled}"
+            ),
+            expected: "400, or framed by Transfer-Encoding alone and the connection closed; smuggled GET never forwarded",
+            status: None,
+            check: |seen| one_request_with_body(seen, b"SMUGGLED"),
+        },
+        Smuggle {
+            name: "two different Content-Length headers",
+            request: format!(
+                "POST /c HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 5\r\nContent-Length: 40\r\n\r\nhello{smuggled}"
+            ),
+            expected: "400, nothing forwarded",
+            status: Some(400),
+            check: nothing_forwarded,
+        },
+        Smuggle {
+            name: "two identical Content-Length headers",
+            request: format!(
+                "POST /d HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 5\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+            ),
+            expected: "400, or forwarded once with a single Content-Length (RFC 9110 §8.6)",
+            status: None,
+            check: |seen| {
+                if seen.is_empty() {
+                    Ok(())
+                } else {
+                    one_request_with_body(seen, b"hello")
+                }
+            },
+        },
+        Smuggle {
+            name: "Content-Length list `5, 40`",
+            request: format!(
+                "POST /e HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 5, 40\r\n\r\nhello{smuggled}"
+            ),
+            expected: "400, nothing forwarded",
+            status: Some(400),
+            check: nothing_forwarded,
+        },
+        Smuggle {
+            name: "Transfer-Encoding: chunked, identity (chunked not last)",
+            request: format!(
+                "POST /f HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n{smuggled}"
+            ),
+            expected: "400, nothing forwarded",
+            status: Some(400),
+            check: nothing_forwarded,
+        },
+        Smuggle {
+            name: "Transfer-Encoding: xchunked",
+            request: format!(
+                "POST /g HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: xchunked\r\nContent-Length: 5\r\n\r\nhello"
+            ),
+            expected: "400, nothing forwarded",
+            status: Some(400),
+            check: nothing_forwarded,
+        },
+        Smuggle {
+            name: "`Transfer-Encoding : chunked` (space before the colon)",
+            request: format!(
+                "POST /h HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding : chunked\r\nContent-Length: 5\r\n\r\nhello"
+            ),
+            expected: "400, nothing forwarded",
+            status: Some(400),
+            check: nothing_forwarded,
+        },
+        Smuggle {
+            name: "second Transfer-Encoding line `cow`",
+            request: format!(
+                "POST /i HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: cow\r\n\r\n0\r\n\r\n"
+            ),
+            expected: "400, nothing forwarded",
+            status: Some(400),
+            check: nothing_forwarded,
+        },
+    ]
+}
+
+/// Heads no HTTP/1.1 parser may accept as they are.
+fn malformed_head_cases(smuggled: &str) -> Vec<Smuggle> {
+    vec![
+        Smuggle {
+            name: "Transfer-Encoding on HTTP/1.0",
+            request: format!(
+                "POST /j HTTP/1.0\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+            ),
+            expected: "400, nothing forwarded",
+            status: Some(400),
+            check: nothing_forwarded,
+        },
+        Smuggle {
+            name: "obs-fold header continuation",
+            request: format!(
+                "GET /k HTTP/1.1\r\nHost: {HOST}\r\nX-Folded: a\r\n Transfer-Encoding: chunked\r\n\r\n"
+            ),
+            expected: "400, nothing forwarded",
+            status: Some(400),
+            check: nothing_forwarded,
+        },
+        Smuggle {
+            name: "negative Content-Length",
+            request: format!("POST /l HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: -1\r\n\r\n"),
+            expected: "400, nothing forwarded",
+            status: Some(400),
+            check: nothing_forwarded,
+        },
+        Smuggle {
+            name: "Content-Length: +5",
+            request: format!("POST /m HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: +5\r\n\r\nhello"),
+            expected: "400, nothing forwarded",
+            status: Some(400),
+            check: nothing_forwarded,
+        },
+        Smuggle {
+            name: "chunk size overflowing 64 bits",
+            request: format!(
+                "POST /n HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffffff\r\nx\r\n0\r\n\r\n{smuggled}"
+            ),
+            expected: "request aborted (the backend sees a broken body at most), smuggled GET never forwarded",
+            status: None,
+            check: |seen| {
+                if seen.iter().any(|s| s.target.contains("smuggled")) {
+                    return Err("smuggled request forwarded".into());
+                }
+                if seen.iter().any(|s| s.body.is_ok() && s.target == "/n") {
+                    return Err("the broken body arrived as complete".into());
+                }
+                Ok(())
+            },
+        },
+        Smuggle {
+            name: "NUL byte in a header value",
+            request: format!("GET /o HTTP/1.1\r\nHost: {HOST}\r\nX-Nul: a\0b\r\n\r\n"),
+            expected: "400, nothing forwarded",
+            status: Some(400),
+            check: nothing_forwarded,
+        },
+        Smuggle {
+            name: "two Host headers",
+            request: format!(
+                "GET /p HTTP/1.1\r\nHost: {HOST}\r\nHost: {WS_HOST}\r\nConnection: close\r\n\r\n"
+            ),
+            expected: "400, nothing forwarded",
+            status: Some(400),
+            check: nothing_forwarded,
+        },
+    ]
 }
 
 #[test]

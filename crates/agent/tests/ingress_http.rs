@@ -116,275 +116,25 @@ fn https_reverse_proxy_end_to_end() {
 
     agent.run(move || async move {
         backend::spawn(SocketAddr::from((Ipv4Addr::LOCALHOST, WEB_BACKEND)), None).await;
-        backend::spawn(SocketAddr::from((Ipv4Addr::LOCALHOST, TLS_BACKEND)), Some(backend_tls)).await;
+        backend::spawn(
+            SocketAddr::from((Ipv4Addr::LOCALHOST, TLS_BACKEND)),
+            Some(backend_tls),
+        )
+        .await;
         wait_for_listener().await;
         let h2 = client(&frontend, false);
         let h1 = client(&frontend, true);
-
-        // Identity and forwarding headers: client copies stripped, ours set; both protocols.
-        for (client, version) in [(&h2, "HTTP/1.1"), (&h1, "HTTP/1.1")] {
-            let answer = client
-                .get("https://portal.test:8443/echo-headers")
-                .header("tailscale-user-login", "admin@evil")
-                .header("x-forwarded-for", "6.6.6.6")
-                .header("forwarded", "for=6.6.6.6")
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("echo-headers: {e}"));
-            assert_eq!(answer.status(), 200);
-            let echoed: serde_json::Value =
-                serde_json::from_str(&answer.text().await.unwrap_or_default()).unwrap_or_default();
-            let headers = &echoed["headers"];
-            assert_eq!(echoed["version"], version, "the backend speaks HTTP/1.1");
-            assert_eq!(headers["x-forwarded-for"], "127.0.0.1", "{echoed}");
-            assert_eq!(headers["x-forwarded-proto"], "https");
-            assert_eq!(headers["x-forwarded-host"], "portal.test:8443");
-            assert_eq!(headers["host"], "portal.test:8443");
-            assert!(headers.get("tailscale-user-login").is_none(), "{echoed}");
-            assert!(headers.get("forwarded").is_none(), "{echoed}");
-        }
-        let negotiated = h2
-            .get("https://portal-alias.test:8443/echo-headers")
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("alias: {e}"));
-        assert_eq!(negotiated.version(), reqwest::Version::HTTP_2, "ALPN h2");
-        assert_eq!(negotiated.status(), 200, "the alias is served with the same certificate");
-
-        // A Host that does not belong to the SNI's route: 421. An unknown SNI: no handshake.
-        let config = frontend.client_config(&[b"http/1.1"]);
-        let mut tls = tls_connect(https(), "portal.test", config.clone())
-            .await
-            .unwrap_or_else(|e| panic!("tls: {e}"));
-        tls.write_all(b"GET /echo-headers HTTP/1.1\r\nHost: admin.test\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap_or_else(|e| panic!("write: {e}"));
-        let mut answer = Vec::new();
-        let _ = tls.read_to_end(&mut answer).await;
-        assert_eq!(parse_answer(&answer).0, 421, "{}", String::from_utf8_lossy(&answer));
-        assert!(tls_connect(https(), "unknown.test", config.clone()).await.is_err());
-
-        // gzip body and headers untouched.
-        let answer = h2
-            .get("https://portal.test:8443/gzip")
-            .header("accept-encoding", "gzip")
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("gzip: {e}"));
-        assert_eq!(answer.headers()["content-encoding"], "gzip");
-        assert_eq!(answer.headers()["etag"], "\"gz-1\"");
-        let expected = backend::gzip_body();
-        assert_eq!(
-            answer.headers()["content-length"].to_str().ok(),
-            Some(expected.len().to_string().as_str())
-        );
-        assert_eq!(answer.bytes().await.unwrap_or_default().as_ref(), expected.as_slice());
-
-        // Range.
-        let answer = h1
-            .get("https://portal.test:8443/blob")
-            .header("range", "bytes=1000-1999")
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("range: {e}"));
-        assert_eq!(answer.status(), 206);
-        assert_eq!(answer.headers()["content-range"], "bytes 1000-1999/1048576");
-        assert_eq!(
-            answer.bytes().await.unwrap_or_default().as_ref(),
-            &backend::blob()[1000..2000]
-        );
-
-        // 100 MiB streamed each way, byte-identical.
-        let started = Instant::now();
-        let answer = h2
-            .get(format!("https://portal.test:8443/download?bytes={HUNDRED_MIB}"))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("download: {e}"));
-        let mut hasher = Sha256::new();
-        let mut received = 0u64;
-        let mut stream = answer.bytes_stream();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.unwrap_or_else(|e| panic!("download chunk: {e}"));
-            received += chunk.len() as u64;
-            hasher.update(&chunk);
-        }
-        let download = started.elapsed();
-        assert_eq!(received, HUNDRED_MIB);
-        assert_eq!(backend::hex(&hasher.finalize()), pattern_sha256(HUNDRED_MIB));
-
-        let started = Instant::now();
-        let chunks = HUNDRED_MIB / CHUNK as u64;
-        let upload = futures_util::stream::iter(0..chunks)
-            .map(|index| Ok::<_, std::io::Error>(Bytes::from(pattern_chunk(index, CHUNK))));
-        let answer = h1
-            .post("https://portal.test:8443/upload")
-            .body(reqwest::Body::wrap_stream(upload))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("upload: {e}"));
-        assert_eq!(answer.status(), 200);
-        let text = answer.text().await.unwrap_or_default();
-        assert_eq!(text, format!("{HUNDRED_MIB} {}", pattern_sha256(HUNDRED_MIB)));
-        let upload = started.elapsed();
-        eprintln!(
-            "100 MiB through the agent ({} build): download {:.2}s ({:.0} MiB/s), upload {:.2}s ({:.0} MiB/s)",
-            if cfg!(debug_assertions) { "debug" } else { "release" },
-            download.as_secs_f64(),
-            100.0 / download.as_secs_f64(),
-            upload.as_secs_f64(),
-            100.0 / upload.as_secs_f64()
-        );
-
-        // Small requests: latency through the agent next to the backend directly.
-        let direct = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .unwrap_or_else(|e| panic!("client: {e}"));
-        let through_agent = small_requests(&h2, "https://portal.test:8443/whoami").await;
-        let straight = small_requests(&direct, &format!("http://127.0.0.1:{WEB_BACKEND}/whoami")).await;
-        eprintln!(
-            "{SMALL_REQUESTS} sequential small requests ({} build): through the agent (HTTPS, h2) {:.0}/s p50 {:?} p99 {:?}; backend directly (HTTP/1.1) {:.0}/s p50 {:?} p99 {:?}",
-            if cfg!(debug_assertions) { "debug" } else { "release" },
-            through_agent.0,
-            through_agent.1,
-            through_agent.2,
-            straight.0,
-            straight.1,
-            straight.2
-        );
-
-        // Trailers over HTTP/2 (the client asks with TE: trailers).
-        let tls = tls_connect(https(), "portal.test", frontend.client_config(&[b"h2"]))
-            .await
-            .unwrap_or_else(|e| panic!("tls h2: {e}"));
-        let (mut sender, connection) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            hyper_util::rt::TokioIo::new(tls),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("h2 handshake: {e}"));
-        tokio::spawn(connection);
-        let request = http::Request::get("https://portal.test:8443/trailers")
-            .header("te", "trailers")
-            .body(http_body_util::Empty::<Bytes>::new())
-            .unwrap_or_else(|e| panic!("request: {e}"));
-        let answer = sender
-            .send_request(request)
-            .await
-            .unwrap_or_else(|e| panic!("trailers: {e}"));
-        let collected = answer
-            .into_body()
-            .collect()
-            .await
-            .unwrap_or_else(|e| panic!("trailers body: {e}"));
-        let trailers = collected.trailers().cloned().unwrap_or_default();
-        assert_eq!(collected.to_bytes().as_ref(), b"body before trailers");
-        assert_eq!(trailers.get("x-checksum").and_then(|v| v.to_str().ok()), Some("abc123"));
-
-        // backendRequest timeout: 504 after ~1 s although the backend answers after 3 s.
-        let started = Instant::now();
-        let answer = h2
-            .get("https://slow.test:8443/slow-head")
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("slow head: {e}"));
-        assert_eq!(answer.status(), 504);
-        assert!(started.elapsed() < Duration::from_millis(2500), "{:?}", started.elapsed());
-
-        // request timeout: an upload slower than 2 s is cut off.
-        let started = Instant::now();
-        let trickle = futures_util::stream::iter(0..40).then(|_| async {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            Ok::<_, std::io::Error>(Bytes::from_static(&[b'x'; 1024]))
-        });
-        let outcome = h2
-            .post("https://slow.test:8443/upload")
-            .body(reqwest::Body::wrap_stream(trickle))
-            .send()
-            .await;
-        let elapsed = started.elapsed();
-        match outcome {
-            Ok(answer) => assert_eq!(answer.status(), 408),
-            Err(error) => eprintln!("slow upload ended with a client error: {error}"),
-        }
-        assert!(elapsed < Duration::from_secs(5), "cut off after {elapsed:?}, not after the 10 s upload");
-
-        // WebSocket: 1000 messages through the upgrade.
-        let tls = tls_connect(https(), "portal.test", frontend.client_config(&[b"http/1.1"]))
-            .await
-            .unwrap_or_else(|e| panic!("tls ws: {e}"));
-        let (mut socket, _) = tokio_tungstenite::client_async("wss://portal.test:8443/ws", tls)
-            .await
-            .unwrap_or_else(|e| panic!("websocket handshake: {e}"));
-        for index in 0..1000 {
-            let text = format!("message {index}");
-            socket
-                .send(Message::text(text.clone()))
-                .await
-                .unwrap_or_else(|e| panic!("ws send: {e}"));
-            let echoed = socket.next().await;
-            match echoed {
-                Some(Ok(Message::Text(echoed))) => assert_eq!(echoed.as_str(), text),
-                other => panic!("ws echo {index}: {other:?}"),
-            }
-        }
-        let _ = socket.close(None).await;
-
-        // Verified TLS to the backend; a wrong CA is a 502 and counted.
-        let answer = h2
-            .get("https://admin.test:8443/whoami")
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("admin: {e}"));
-        assert_eq!(answer.status(), 200);
-        assert_eq!(answer.text().await.unwrap_or_default(), "admin-backend");
-        let answer = h2
-            .get("https://wrongca.test:8443/whoami")
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("wrongca: {e}"));
-        assert_eq!(answer.status(), 502);
-        assert!(metric("tailnet_agent_backend_tls_failures_total", &[("route", "wrongca")]).await >= 1.0);
-
-        // Metrics and readiness.
-        assert!(
-            metric(
-                "tailnet_agent_http_requests_total",
-                &[("route", "web"), ("host", "portal.test"), ("status", "200")]
-            )
-            .await
-                >= 4.0
-        );
-        assert!(metric("tailnet_agent_http_requests_total", &[("status", "421")]).await >= 1.0);
-        assert!(
-            metric("tailnet_agent_bytes_total", &[("listener", "https-8443"), ("direction", "out")]).await
-                >= HUNDRED_MIB as f64
-        );
-        let (status, body) = admin_get("/readyz").await;
-        assert_eq!(status, 503, "no tailscaled here: {body}");
-        assert!(body.contains("tailnet not connected"), "{body}");
-        let (status, _) = admin_get("/livez").await;
-        assert_eq!(status, 200);
-
-        // SIGTERM while a request is in flight: it completes, new connections are refused.
-        let in_flight = tokio::spawn({
-            let h2 = h2.clone();
-            async move { h2.get("https://portal.test:8443/slow-head").send().await }
-        });
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        // SAFETY: kill(2) on the agent's own pid.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        eventually(Duration::from_secs(5), "listener closed after SIGTERM", || async {
-            tokio::net::TcpStream::connect(https()).await.err().map(|_| ())
-        })
-        .await;
-        let answer = in_flight
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("in-flight request cut by the shutdown: {e}"));
-        assert_eq!(answer.status(), 200);
-        assert_eq!(answer.text().await.unwrap_or_default(), "finally");
+        forwarding_headers(&h1, &h2).await;
+        misdirected_host_and_unknown_sni(&frontend).await;
+        gzip_and_range_untouched(&h1, &h2).await;
+        hundred_mib_each_way(&h1, &h2).await;
+        small_request_latency(&h2).await;
+        http2_trailers(&frontend).await;
+        route_timeouts(&h2).await;
+        websocket_upgrade(&frontend).await;
+        verified_backend_tls(&h2).await;
+        metrics_and_readiness().await;
+        sigterm_drains_in_flight(&h2, pid).await;
     });
     let deadline = Instant::now() + Duration::from_secs(15);
     let status = loop {
@@ -398,6 +148,357 @@ fn https_reverse_proxy_end_to_end() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(status.success(), "{status:?}");
+}
+
+async fn forwarding_headers(h1: &reqwest::Client, h2: &reqwest::Client) {
+    // Identity and forwarding headers: client copies stripped, ours set; both protocols.
+    for (client, version) in [(&h2, "HTTP/1.1"), (&h1, "HTTP/1.1")] {
+        let answer = client
+            .get("https://portal.test:8443/echo-headers")
+            .header("tailscale-user-login", "admin@evil")
+            .header("x-forwarded-for", "6.6.6.6")
+            .header("forwarded", "for=6.6.6.6")
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("echo-headers: {e}"));
+        assert_eq!(answer.status(), 200);
+        let echoed: serde_json::Value =
+            serde_json::from_str(&answer.text().await.unwrap_or_default()).unwrap_or_default();
+        let headers = &echoed["headers"];
+        assert_eq!(echoed["version"], version, "the backend speaks HTTP/1.1");
+        assert_eq!(headers["x-forwarded-for"], "127.0.0.1", "{echoed}");
+        assert_eq!(headers["x-forwarded-proto"], "https");
+        assert_eq!(headers["x-forwarded-host"], "portal.test:8443");
+        assert_eq!(headers["host"], "portal.test:8443");
+        assert!(headers.get("tailscale-user-login").is_none(), "{echoed}");
+        assert!(headers.get("forwarded").is_none(), "{echoed}");
+    }
+    let negotiated = h2
+        .get("https://portal-alias.test:8443/echo-headers")
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("alias: {e}"));
+    assert_eq!(negotiated.version(), reqwest::Version::HTTP_2, "ALPN h2");
+    assert_eq!(
+        negotiated.status(),
+        200,
+        "the alias is served with the same certificate"
+    );
+}
+
+async fn misdirected_host_and_unknown_sni(frontend: &Pki) {
+    // A Host that does not belong to the SNI's route: 421. An unknown SNI: no handshake.
+    let config = frontend.client_config(&[b"http/1.1"]);
+    let mut tls = tls_connect(https(), "portal.test", config.clone())
+        .await
+        .unwrap_or_else(|e| panic!("tls: {e}"));
+    tls.write_all(b"GET /echo-headers HTTP/1.1\r\nHost: admin.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer).await;
+    assert_eq!(
+        parse_answer(&answer).0,
+        421,
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(
+        tls_connect(https(), "unknown.test", config.clone())
+            .await
+            .is_err()
+    );
+}
+
+async fn gzip_and_range_untouched(h1: &reqwest::Client, h2: &reqwest::Client) {
+    // gzip body and headers untouched.
+    let answer = h2
+        .get("https://portal.test:8443/gzip")
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("gzip: {e}"));
+    assert_eq!(answer.headers()["content-encoding"], "gzip");
+    assert_eq!(answer.headers()["etag"], "\"gz-1\"");
+    let expected = backend::gzip_body();
+    assert_eq!(
+        answer.headers()["content-length"].to_str().ok(),
+        Some(expected.len().to_string().as_str())
+    );
+    assert_eq!(
+        answer.bytes().await.unwrap_or_default().as_ref(),
+        expected.as_slice()
+    );
+
+    // Range.
+    let answer = h1
+        .get("https://portal.test:8443/blob")
+        .header("range", "bytes=1000-1999")
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("range: {e}"));
+    assert_eq!(answer.status(), 206);
+    assert_eq!(answer.headers()["content-range"], "bytes 1000-1999/1048576");
+    assert_eq!(
+        answer.bytes().await.unwrap_or_default().as_ref(),
+        &backend::blob()[1000..2000]
+    );
+}
+
+async fn hundred_mib_each_way(h1: &reqwest::Client, h2: &reqwest::Client) {
+    // 100 MiB streamed each way, byte-identical.
+    let started = Instant::now();
+    let answer = h2
+        .get(format!(
+            "https://portal.test:8443/download?bytes={HUNDRED_MIB}"
+        ))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("download: {e}"));
+    let mut hasher = Sha256::new();
+    let mut received = 0u64;
+    let mut stream = answer.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.unwrap_or_else(|e| panic!("download chunk: {e}"));
+        received += chunk.len() as u64;
+        hasher.update(&chunk);
+    }
+    let download = started.elapsed();
+    assert_eq!(received, HUNDRED_MIB);
+    assert_eq!(
+        format!("{:x}", hasher.finalize()),
+        pattern_sha256(HUNDRED_MIB)
+    );
+
+    let started = Instant::now();
+    let chunks = HUNDRED_MIB / CHUNK as u64;
+    let upload = futures_util::stream::iter(0..chunks)
+        .map(|index| Ok::<_, std::io::Error>(Bytes::from(pattern_chunk(index, CHUNK))));
+    let answer = h1
+        .post("https://portal.test:8443/upload")
+        .body(reqwest::Body::wrap_stream(upload))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("upload: {e}"));
+    assert_eq!(answer.status(), 200);
+    let text = answer.text().await.unwrap_or_default();
+    assert_eq!(
+        text,
+        format!("{HUNDRED_MIB} {}", pattern_sha256(HUNDRED_MIB))
+    );
+    let upload = started.elapsed();
+    eprintln!(
+        "100 MiB through the agent ({} build): download {:.2}s ({:.0} MiB/s), upload {:.2}s ({:.0} MiB/s)",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        download.as_secs_f64(),
+        100.0 / download.as_secs_f64(),
+        upload.as_secs_f64(),
+        100.0 / upload.as_secs_f64()
+    );
+}
+
+async fn small_request_latency(h2: &reqwest::Client) {
+    // Small requests: latency through the agent next to the backend directly.
+    let direct = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("client: {e}"));
+    let through_agent = small_requests(h2, "https://portal.test:8443/whoami").await;
+    let straight = small_requests(&direct, &format!("http://127.0.0.1:{WEB_BACKEND}/whoami")).await;
+    eprintln!(
+        "{SMALL_REQUESTS} sequential small requests ({} build): through the agent (HTTPS, h2) {:.0}/s p50 {:?} p99 {:?}; backend directly (HTTP/1.1) {:.0}/s p50 {:?} p99 {:?}",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        through_agent.0,
+        through_agent.1,
+        through_agent.2,
+        straight.0,
+        straight.1,
+        straight.2
+    );
+}
+
+async fn http2_trailers(frontend: &Pki) {
+    // Trailers over HTTP/2 (the client asks with TE: trailers).
+    let tls = tls_connect(https(), "portal.test", frontend.client_config(&[b"h2"]))
+        .await
+        .unwrap_or_else(|e| panic!("tls h2: {e}"));
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("h2 handshake: {e}"));
+    tokio::spawn(connection);
+    let request = http::Request::get("https://portal.test:8443/trailers")
+        .header("te", "trailers")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap_or_else(|e| panic!("request: {e}"));
+    let answer = sender
+        .send_request(request)
+        .await
+        .unwrap_or_else(|e| panic!("trailers: {e}"));
+    let collected = answer
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("trailers body: {e}"));
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    assert_eq!(collected.to_bytes().as_ref(), b"body before trailers");
+    assert_eq!(
+        trailers.get("x-checksum").and_then(|v| v.to_str().ok()),
+        Some("abc123")
+    );
+}
+
+async fn route_timeouts(h2: &reqwest::Client) {
+    // backendRequest timeout: 504 after ~1 s although the backend answers after 3 s.
+    let started = Instant::now();
+    let answer = h2
+        .get("https://slow.test:8443/slow-head")
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("slow head: {e}"));
+    assert_eq!(answer.status(), 504);
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // request timeout: an upload slower than 2 s is cut off.
+    let started = Instant::now();
+    let trickle = futures_util::stream::iter(0..40).then(|_| async {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        Ok::<_, std::io::Error>(Bytes::from_static(&[b'x'; 1024]))
+    });
+    let outcome = h2
+        .post("https://slow.test:8443/upload")
+        .body(reqwest::Body::wrap_stream(trickle))
+        .send()
+        .await;
+    let elapsed = started.elapsed();
+    match outcome {
+        Ok(answer) => assert_eq!(answer.status(), 408),
+        Err(error) => eprintln!("slow upload ended with a client error: {error}"),
+    }
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "cut off after {elapsed:?}, not after the 10 s upload"
+    );
+}
+
+async fn websocket_upgrade(frontend: &Pki) {
+    // WebSocket: 1000 messages through the upgrade.
+    let tls = tls_connect(
+        https(),
+        "portal.test",
+        frontend.client_config(&[b"http/1.1"]),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("tls ws: {e}"));
+    let (mut socket, _) = tokio_tungstenite::client_async("wss://portal.test:8443/ws", tls)
+        .await
+        .unwrap_or_else(|e| panic!("websocket handshake: {e}"));
+    for index in 0..1000 {
+        let text = format!("message {index}");
+        socket
+            .send(Message::text(text.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("ws send: {e}"));
+        let echoed = socket.next().await;
+        match echoed {
+            Some(Ok(Message::Text(echoed))) => assert_eq!(echoed.as_str(), text),
+            other => panic!("ws echo {index}: {other:?}"),
+        }
+    }
+    let _ = socket.close(None).await;
+}
+
+async fn verified_backend_tls(h2: &reqwest::Client) {
+    // Verified TLS to the backend; a wrong CA is a 502 and counted.
+    let answer = h2
+        .get("https://admin.test:8443/whoami")
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("admin: {e}"));
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.text().await.unwrap_or_default(), "admin-backend");
+    let answer = h2
+        .get("https://wrongca.test:8443/whoami")
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("wrongca: {e}"));
+    assert_eq!(answer.status(), 502);
+    assert!(
+        metric(
+            "tailnet_agent_backend_tls_failures_total",
+            &[("route", "wrongca")]
+        )
+        .await
+            >= 1.0
+    );
+}
+
+async fn metrics_and_readiness() {
+    // Metrics and readiness.
+    assert!(
+        metric(
+            "tailnet_agent_http_requests_total",
+            &[("route", "web"), ("host", "portal.test"), ("status", "200")]
+        )
+        .await
+            >= 4.0
+    );
+    assert!(metric("tailnet_agent_http_requests_total", &[("status", "421")]).await >= 1.0);
+    assert!(
+        metric(
+            "tailnet_agent_bytes_total",
+            &[("listener", "https-8443"), ("direction", "out")]
+        )
+        .await
+            >= HUNDRED_MIB as f64
+    );
+    let (status, body) = admin_get("/readyz").await;
+    assert_eq!(status, 503, "no tailscaled here: {body}");
+    assert!(body.contains("tailnet not connected"), "{body}");
+    let (status, _) = admin_get("/livez").await;
+    assert_eq!(status, 200);
+}
+
+async fn sigterm_drains_in_flight(h2: &reqwest::Client, pid: i32) {
+    // SIGTERM while a request is in flight: it completes, new connections are refused.
+    let in_flight = tokio::spawn({
+        let h2 = h2.clone();
+        async move { h2.get("https://portal.test:8443/slow-head").send().await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // SAFETY: kill(2) on the agent's own pid.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    eventually(
+        Duration::from_secs(5),
+        "listener closed after SIGTERM",
+        || async {
+            tokio::net::TcpStream::connect(https())
+                .await
+                .err()
+                .map(|_| ())
+        },
+    )
+    .await;
+    let answer = in_flight
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("in-flight request cut by the shutdown: {e}"));
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.text().await.unwrap_or_default(), "finally");
 }
 
 /// No certificate ⇒ the port is not even open (no plaintext, no HTTP answer); a certificate

@@ -1,6 +1,8 @@
 //! The contract between the operator and `tailnet-agent`: the JSON file in the agent's
 //! ConfigMap. The operator renders it, the agent reads it; nothing else configures the agent.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 /// Path of the config file inside the agent container.
@@ -121,10 +123,61 @@ pub struct HttpRoute {
     pub backend: BackendAddress,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_tls: Option<BackendTlsFiles>,
+    /// Bound of the whole exchange in whole seconds, rounded up ([`timeout_seconds`]); what
+    /// agents before `requestTimeoutMillis` read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_timeout_seconds: Option<u64>,
+    /// Wait for the backend's response head in whole seconds, rounded up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_request_timeout_seconds: Option<u64>,
+    /// The exact bound in milliseconds when it is not whole seconds ([`timeout_millis`]);
+    /// takes precedence over `requestTimeoutSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_timeout_millis: Option<u64>,
+    /// The exact wait in milliseconds when it is not whole seconds; takes precedence over
+    /// `backendRequestTimeoutSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_request_timeout_millis: Option<u64>,
+}
+
+impl HttpRoute {
+    /// The bound of the whole exchange: the milliseconds field if set, else the seconds one.
+    pub fn request_timeout(&self) -> Option<Duration> {
+        read_timeout(self.request_timeout_millis, self.request_timeout_seconds)
+    }
+
+    /// The wait for the backend's response head: the milliseconds field if set, else the
+    /// seconds one.
+    pub fn backend_request_timeout(&self) -> Option<Duration> {
+        read_timeout(
+            self.backend_request_timeout_millis,
+            self.backend_request_timeout_seconds,
+        )
+    }
+}
+
+fn read_timeout(millis: Option<u64>, seconds: Option<u64>) -> Option<Duration> {
+    millis
+        .map(Duration::from_millis)
+        .or_else(|| seconds.map(Duration::from_secs))
+}
+
+/// The seconds field of a route timeout: whole seconds rounded up, at least 1 (a timeout
+/// never fires before the one asked for).
+pub fn timeout_seconds(timeout: Option<Duration>) -> Option<u64> {
+    timeout.map(|timeout| {
+        let seconds = timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0);
+        seconds.max(1)
+    })
+}
+
+/// The milliseconds field of a route timeout: only when it is not whole seconds (rounded up
+/// to whole milliseconds), so a config of whole seconds stays byte for byte what agents
+/// before the field read (they refuse unknown fields; see docs/upgrades.md).
+pub fn timeout_millis(timeout: Option<Duration>) -> Option<u64> {
+    let timeout = timeout.filter(|timeout| timeout.subsec_nanos() > 0)?;
+    let millis = timeout.as_millis() + u128::from(timeout.subsec_nanos() % 1_000_000 > 0);
+    Some(u64::try_from(millis).unwrap_or(u64::MAX))
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -147,4 +200,53 @@ pub struct BackendTlsFiles {
 pub struct TlsFiles {
     pub cert_file: String,
     pub key_file: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_timeouts_keep_their_precision_and_old_agents_their_seconds() {
+        let cases = [
+            // (timeout, seconds field, millis field)
+            (Duration::from_millis(500), 1, Some(500)),
+            (Duration::from_secs(60), 60, None),
+            (Duration::from_millis(1500), 2, Some(1500)),
+            (Duration::from_micros(250), 1, Some(1)),
+            (Duration::from_micros(1_000_250), 2, Some(1001)),
+        ];
+        for (timeout, seconds, millis) in cases {
+            assert_eq!(timeout_seconds(Some(timeout)), Some(seconds), "{timeout:?}");
+            assert_eq!(timeout_millis(Some(timeout)), millis, "{timeout:?}");
+        }
+        assert_eq!(timeout_seconds(None), None);
+        assert_eq!(timeout_millis(None), None);
+    }
+
+    #[test]
+    fn the_millis_field_wins_and_old_configs_read_as_seconds() {
+        let route = |extra: serde_json::Value| -> HttpRoute {
+            let mut value = serde_json::json!({
+                "name": "web", "hostnames": ["web.example"],
+                "backend": {"host": "web", "port": 80},
+            });
+            if let (Some(object), Some(extra)) = (value.as_object_mut(), extra.as_object()) {
+                object.extend(extra.clone());
+            }
+            serde_json::from_value(value).expect("route")
+        };
+        let old = route(serde_json::json!({"backendRequestTimeoutSeconds": 3}));
+        assert_eq!(old.backend_request_timeout(), Some(Duration::from_secs(3)));
+        assert_eq!(old.request_timeout(), None);
+        let new = route(serde_json::json!({
+            "requestTimeoutSeconds": 1, "requestTimeoutMillis": 500,
+            "backendRequestTimeoutSeconds": 1, "backendRequestTimeoutMillis": 250,
+        }));
+        assert_eq!(new.request_timeout(), Some(Duration::from_millis(500)));
+        assert_eq!(
+            new.backend_request_timeout(),
+            Some(Duration::from_millis(250))
+        );
+    }
 }

@@ -21,7 +21,7 @@ use tailnet_api::{TailnetEgress, TailnetIngress};
 use tailnet_policy::{
     EgressPolicy, EgressTarget, IngressPolicy, ObservedNode, PolicyInputs, TargetAddress,
 };
-use tno_testenv::{E2eEnv, OperatorArgs};
+use tno_testenv::{E2eEnv, E2eNamespace, OperatorArgs, OperatorProcess};
 
 use crate::lab::{mib, rss_kib};
 use crate::report::Table;
@@ -485,39 +485,9 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
         .map_err(|e| anyhow::anyhow!("namespace: {e}"))?;
     let client = ops.client().clone();
     let ns = ops.name().to_string();
-    ops.create_bootstrap(&env.base_policy().map_err(|e| anyhow::anyhow!("{e}"))?)
-        .await
-        .map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
     let apply = PatchParams::apply("tno-bench").force();
-    // No pods in this namespace: the agents are not started.
-    Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), &ns)
-        .patch(
-            "no-agents",
-            &apply,
-            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ResourceQuota",
-                "metadata": {"name": "no-agents"}, "spec": {"hard": {"pods": "0"}}})),
-        )
-        .await
-        .context("ResourceQuota")?;
-    Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &ns)
-        .patch(
-            "db",
-            &apply,
-            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": "db"},
-                "spec": {"selector": {"app": "db"}, "ports": [{"port": 5432}]}})),
-        )
-        .await
-        .context("backend Service")?;
     let tailnet = format!("t-{ns}");
-    Api::<tailnet_api::Tailnet>::all(client.clone())
-        .patch(
-            &tailnet,
-            &apply,
-            &Patch::Apply(env.tailnet_object(&tailnet, "Apply")),
-        )
-        .await
-        .context("Tailnet")?;
+    prepare_namespace(&env, &ops, &client, &ns, &tailnet, &apply).await?;
     let mut operator = env
         .start_operator(operator_binary, &OperatorArgs::new(&ns).to_args())
         .await
@@ -537,138 +507,26 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
         watch_done(ingresses.clone(), "i", ingress_done, done.clone()),
     ];
     let applied: Times = Arc::default();
+    let scale = ScaleRun {
+        client: &client,
+        ns: &ns,
+        tailnet: &tailnet,
+        apply: &apply,
+        egresses: &egresses,
+        ingresses: &ingresses,
+        done: &done,
+        applied: &applied,
+        headscale: &headscale,
+    };
     let mut results = Vec::new();
     let mut have = 0usize;
     let mut finalizer_logged_before = 0usize;
     for &total in steps {
         let half = total / 2;
-        let load_start = load_average();
-        let metrics_before = operator.metrics().await.unwrap_or_default();
-        let refusals_before = apiserver_refusals(&client).await;
-        let cpu_before = cpu_seconds(&headscale);
-        let step_started = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        let mut objects: Vec<(bool, Value)> = (have..half)
-            .flat_map(|i| {
-                [
-                    (true, egress_object(&ns, &tailnet, i)),
-                    (false, ingress_object(&ns, &tailnet, i)),
-                ]
-            })
-            .collect();
-        while !objects.is_empty() || !tasks.is_empty() {
-            while tasks.len() < APPLY_CONCURRENCY
-                && let Some((is_egress, object)) = objects.pop()
-            {
-                let (egresses, ingresses, apply) =
-                    (egresses.clone(), ingresses.clone(), apply.clone());
-                let name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
-                applied.lock().unwrap_or_else(|p| p.into_inner()).insert(
-                    format!("{}/{name}", if is_egress { "e" } else { "i" }),
-                    Instant::now(),
-                );
-                tasks.spawn(async move {
-                    if is_egress {
-                        egresses
-                            .patch(&name, &apply, &Patch::Apply(object))
-                            .await
-                            .map(|_| ())
-                    } else {
-                        ingresses
-                            .patch(&name, &apply, &Patch::Apply(object))
-                            .await
-                            .map(|_| ())
-                    }
-                });
-            }
-            if let Some(finished) = tasks.join_next().await {
-                finished
-                    .context("apply task")?
-                    .context("applying a resource")?;
-            }
-        }
-        let apply_seconds = step_started.elapsed().as_secs_f64();
-        let deadline = Instant::now() + Duration::from_secs(900);
-        let mut unfinished = 0usize;
-        let keys: Vec<String> = (0..half)
-            .flat_map(|i| [format!("e/egress-{i}"), format!("i/ingress-{i}")])
-            .collect();
-        loop {
-            let missing = {
-                let done = done.lock().unwrap_or_else(|p| p.into_inner());
-                keys.iter().filter(|k| !done.contains_key(*k)).count()
-            };
-            // The watch says all are done: confirm with a list.
-            if missing == 0 {
-                let (e, i) = count_done(&egresses, &ingresses).await?;
-                if e >= half && i >= half {
-                    break;
-                }
-            }
-            if Instant::now() > deadline {
-                // Report what there is: the step's tables show how many never got done.
-                let (e, i) = count_done(&egresses, &ingresses).await?;
-                eprintln!(
-                    "after 15 min only {e}/{half} egresses and {i}/{half} ingresses are done\n{}",
-                    operator.log_tail(20)
-                );
-                unfinished = (half - e.min(half)) + (half - i.min(half));
-                break;
-            }
-            if !operator.is_running() {
-                bail!("the operator exited:\n{}", operator.log_tail(40));
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        let settle_seconds = step_started.elapsed().as_secs_f64();
-        let metrics = operator.metrics().await.unwrap_or_default();
-        let (egress_seconds, ingress_seconds) = {
-            let done = done.lock().unwrap_or_else(|p| p.into_inner());
-            let applied = applied.lock().unwrap_or_else(|p| p.into_inner());
-            let convergence = |prefix: &str, name: &str| -> Vec<f64> {
-                let mut seconds: Vec<f64> = (have..half)
-                    .filter_map(|i| {
-                        let key = format!("{prefix}/{name}-{i}");
-                        let end = done.get(&key)?;
-                        let start = applied.get(&key)?;
-                        Some(end.saturating_duration_since(*start).as_secs_f64())
-                    })
-                    .collect();
-                seconds.sort_by(f64::total_cmp);
-                seconds
-            };
-            (convergence("e", "egress"), convergence("i", "ingress"))
-        };
-        let log = operator.log_text();
-        let finalizer_logged = log.matches("failed to add finalizer").count();
-        results.push(Step {
-            egresses: half,
-            ingresses: half,
-            apply_seconds,
-            settle_seconds,
-            rss_kib: rss_kib(operator.pid()),
-            peak_rss_kib: peak_rss_kib(operator.pid()),
-            policy_bytes: metric_sum(&metrics, "tailnet_operator_policy_size_bytes"),
-            egress_seconds,
-            ingress_seconds,
-            headscale: histogram_growth(
-                &metrics_before,
-                &metrics,
-                "tailnet_operator_headscale_api_call_duration_seconds",
-            ),
-            headscale_cpu_seconds: cpu_seconds(&headscale) - cpu_before,
-            reconcile_errors: metric_growth(
-                &metrics_before,
-                &metrics,
-                "tailnet_operator_reconcile_errors_total",
-            )
-            .into_iter()
-            .collect(),
-            refusals: growth(&refusals_before, &apiserver_refusals(&client).await),
-            finalizer_failures_logged: finalizer_logged.saturating_sub(finalizer_logged_before),
-            load: (load_start, load_average()),
-            unfinished,
-        });
+        let (step, finalizer_logged) =
+            scale_step(&scale, &mut operator, have, half, finalizer_logged_before).await?;
+        let unfinished = step.unfinished;
+        results.push(step);
         finalizer_logged_before = finalizer_logged;
         have = half;
         if unfinished > 0 {
@@ -679,29 +537,302 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
         watch.abort();
     }
 
-    // Steady state: everything done; count writes over a window of resyncs.
+    let steady = steady_state(&client, &operator, window).await?;
+    let tables = vec![
+        scale_table(&results, &steady, idle_rss, env_seconds),
+        convergence_table(&results),
+        headscale_table(&results, &headscale),
+        errors_table(&results),
+        writes_table(&steady, window),
+        operator_calls_table(&steady, window),
+    ];
+    drop(operator);
+    Ok(tables)
+}
+
+/// The benchmark namespace: the bootstrap objects, a quota of zero pods (no agents), the
+/// backend Service the ingresses name, and the Tailnet.
+async fn prepare_namespace(
+    env: &E2eEnv,
+    ops: &E2eNamespace<'_>,
+    client: &kube::Client,
+    ns: &str,
+    tailnet: &str,
+    apply: &PatchParams,
+) -> Result<()> {
+    ops.create_bootstrap(&env.base_policy().map_err(|e| anyhow::anyhow!("{e}"))?)
+        .await
+        .map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
+    // No pods in this namespace: the agents are not started.
+    Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), ns)
+        .patch(
+            "no-agents",
+            apply,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": "no-agents"}, "spec": {"hard": {"pods": "0"}}})),
+        )
+        .await
+        .context("ResourceQuota")?;
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), ns)
+        .patch(
+            "db",
+            apply,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "db"},
+                "spec": {"selector": {"app": "db"}, "ports": [{"port": 5432}]}})),
+        )
+        .await
+        .context("backend Service")?;
+    Api::<tailnet_api::Tailnet>::all(client.clone())
+        .patch(
+            tailnet,
+            apply,
+            &Patch::Apply(env.tailnet_object(tailnet, "Apply")),
+        )
+        .await
+        .context("Tailnet")?;
+    Ok(())
+}
+
+/// What every step of the scale run works with.
+struct ScaleRun<'a> {
+    client: &'a kube::Client,
+    ns: &'a str,
+    tailnet: &'a str,
+    apply: &'a PatchParams,
+    egresses: &'a Api<TailnetEgress>,
+    ingresses: &'a Api<TailnetIngress>,
+    /// When each resource was first seen done (by the watches) and when it was applied.
+    done: &'a Times,
+    applied: &'a Times,
+    headscale: &'a [u32],
+}
+
+/// One step: applies resources `have..half` of each kind, waits until all are done (15 min
+/// at most) and measures; also returns the count of finalizer failures logged so far.
+async fn scale_step(
+    scale: &ScaleRun<'_>,
+    operator: &mut OperatorProcess,
+    have: usize,
+    half: usize,
+    finalizer_logged_before: usize,
+) -> Result<(Step, usize)> {
+    let &ScaleRun {
+        client, headscale, ..
+    } = scale;
+    let load_start = load_average();
+    let metrics_before = operator.metrics().await.unwrap_or_default();
+    let refusals_before = apiserver_refusals(client).await;
+    let cpu_before = cpu_seconds(headscale);
+    let step_started = Instant::now();
+    apply_resources(scale, have, half).await?;
+    let apply_seconds = step_started.elapsed().as_secs_f64();
+    let unfinished = wait_until_done(scale, operator, half).await?;
+    let settle_seconds = step_started.elapsed().as_secs_f64();
+    let metrics = operator.metrics().await.unwrap_or_default();
+    let (egress_seconds, ingress_seconds) = convergence_seconds(scale, have, half);
+    let log = operator.log_text();
+    let finalizer_logged = log.matches("failed to add finalizer").count();
+    let step = Step {
+        egresses: half,
+        ingresses: half,
+        apply_seconds,
+        settle_seconds,
+        rss_kib: rss_kib(operator.pid()),
+        peak_rss_kib: peak_rss_kib(operator.pid()),
+        policy_bytes: metric_sum(&metrics, "tailnet_operator_policy_size_bytes"),
+        egress_seconds,
+        ingress_seconds,
+        headscale: histogram_growth(
+            &metrics_before,
+            &metrics,
+            "tailnet_operator_headscale_api_call_duration_seconds",
+        ),
+        headscale_cpu_seconds: cpu_seconds(headscale) - cpu_before,
+        reconcile_errors: metric_growth(
+            &metrics_before,
+            &metrics,
+            "tailnet_operator_reconcile_errors_total",
+        )
+        .into_iter()
+        .collect(),
+        refusals: growth(&refusals_before, &apiserver_refusals(client).await),
+        finalizer_failures_logged: finalizer_logged.saturating_sub(finalizer_logged_before),
+        load: (load_start, load_average()),
+        unfinished,
+    };
+    Ok((step, finalizer_logged))
+}
+
+/// Applies resources `have..half` of each kind, `APPLY_CONCURRENCY` at a time, noting when
+/// each was applied.
+async fn apply_resources(scale: &ScaleRun<'_>, have: usize, half: usize) -> Result<()> {
+    let &ScaleRun {
+        ns,
+        tailnet,
+        apply,
+        egresses,
+        ingresses,
+        applied,
+        ..
+    } = scale;
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut objects: Vec<(bool, Value)> = (have..half)
+        .flat_map(|i| {
+            [
+                (true, egress_object(ns, tailnet, i)),
+                (false, ingress_object(ns, tailnet, i)),
+            ]
+        })
+        .collect();
+    while !objects.is_empty() || !tasks.is_empty() {
+        while tasks.len() < APPLY_CONCURRENCY
+            && let Some((is_egress, object)) = objects.pop()
+        {
+            let (egresses, ingresses, apply) = (egresses.clone(), ingresses.clone(), apply.clone());
+            let name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
+            applied.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                format!("{}/{name}", if is_egress { "e" } else { "i" }),
+                Instant::now(),
+            );
+            tasks.spawn(async move {
+                if is_egress {
+                    egresses
+                        .patch(&name, &apply, &Patch::Apply(object))
+                        .await
+                        .map(|_| ())
+                } else {
+                    ingresses
+                        .patch(&name, &apply, &Patch::Apply(object))
+                        .await
+                        .map(|_| ())
+                }
+            });
+        }
+        if let Some(finished) = tasks.join_next().await {
+            finished
+                .context("apply task")?
+                .context("applying a resource")?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the watches and a list agree that all `half` resources of each kind are done;
+/// after 15 minutes reports how many are not (the step's tables show them).
+async fn wait_until_done(
+    scale: &ScaleRun<'_>,
+    operator: &mut OperatorProcess,
+    half: usize,
+) -> Result<usize> {
+    let &ScaleRun {
+        egresses,
+        ingresses,
+        done,
+        ..
+    } = scale;
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let mut unfinished = 0usize;
+    let keys: Vec<String> = (0..half)
+        .flat_map(|i| [format!("e/egress-{i}"), format!("i/ingress-{i}")])
+        .collect();
+    loop {
+        let missing = {
+            let done = done.lock().unwrap_or_else(|p| p.into_inner());
+            keys.iter().filter(|k| !done.contains_key(*k)).count()
+        };
+        // The watch says all are done: confirm with a list.
+        if missing == 0 {
+            let (e, i) = count_done(egresses, ingresses).await?;
+            if e >= half && i >= half {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            // Report what there is: the step's tables show how many never got done.
+            let (e, i) = count_done(egresses, ingresses).await?;
+            eprintln!(
+                "after 15 min only {e}/{half} egresses and {i}/{half} ingresses are done\n{}",
+                operator.log_tail(20)
+            );
+            unfinished = (half - e.min(half)) + (half - i.min(half));
+            break;
+        }
+        if !operator.is_running() {
+            bail!("the operator exited:\n{}", operator.log_tail(40));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(unfinished)
+}
+
+/// Apply → done seconds of the resources `have..half` of each kind, sorted.
+fn convergence_seconds(scale: &ScaleRun<'_>, have: usize, half: usize) -> (Vec<f64>, Vec<f64>) {
+    let &ScaleRun { done, applied, .. } = scale;
+    let done = done.lock().unwrap_or_else(|p| p.into_inner());
+    let applied = applied.lock().unwrap_or_else(|p| p.into_inner());
+    let convergence = |prefix: &str, name: &str| -> Vec<f64> {
+        let mut seconds: Vec<f64> = (have..half)
+            .filter_map(|i| {
+                let key = format!("{prefix}/{name}-{i}");
+                let end = done.get(&key)?;
+                let start = applied.get(&key)?;
+                Some(end.saturating_duration_since(*start).as_secs_f64())
+            })
+            .collect();
+        seconds.sort_by(f64::total_cmp);
+        seconds
+    };
+    (convergence("e", "egress"), convergence("i", "ingress"))
+}
+
+/// Counters before and after the steady-state window.
+struct Steady {
+    before: BTreeMap<String, f64>,
+    after: BTreeMap<String, f64>,
+    revision_before: u64,
+    revision_after: u64,
+    operator_before: String,
+    operator_after: String,
+    steady_rss: u64,
+    peak_rss: u64,
+}
+
+/// Steady state: everything done; counts writes over a window of resyncs.
+async fn steady_state(
+    client: &kube::Client,
+    operator: &OperatorProcess,
+    window: Duration,
+) -> Result<Steady> {
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let before = apiserver_writes(&client).await?;
-    let revision_before = etcd_revision(&client).await?;
+    let before = apiserver_writes(client).await?;
+    let revision_before = etcd_revision(client).await?;
     let operator_before = operator.metrics().await.unwrap_or_default();
     tokio::time::sleep(window).await;
-    let after = apiserver_writes(&client).await?;
-    let revision_after = etcd_revision(&client).await?;
+    let after = apiserver_writes(client).await?;
+    let revision_after = etcd_revision(client).await?;
     let operator_after = operator.metrics().await.unwrap_or_default();
     let steady_rss = rss_kib(operator.pid());
     let peak_rss = peak_rss_kib(operator.pid());
-    let reconciles = metric_sum(&operator_after, "tailnet_operator_reconciles_total")
-        - metric_sum(&operator_before, "tailnet_operator_reconciles_total");
-    let policy_applied = |text: &str| {
-        text.lines()
-            .filter(|l| {
-                l.starts_with("tailnet_operator_policy_syncs_total") && l.contains("applied")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
-    let policy_writes = policy_applied(&operator_after) - policy_applied(&operator_before);
+    Ok(Steady {
+        before,
+        after,
+        revision_before,
+        revision_after,
+        operator_before,
+        operator_after,
+        steady_rss,
+        peak_rss,
+    })
+}
 
+/// Time, memory and policy size per step.
+fn scale_table(results: &[Step], steady: &Steady, idle_rss: u64, env_seconds: f64) -> Table {
+    let &Steady {
+        steady_rss,
+        peak_rss,
+        ..
+    } = steady;
     let mut scale = Table::new(
         "Control plane at scale (real apiserver + Headscale; agents not started)",
         &[
@@ -718,7 +849,7 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
         ],
     );
     let mut previous = 0;
-    for step in &results {
+    for step in results {
         let total = step.egresses + step.ingresses;
         let added = total - previous;
         let headscale_seconds = step.headscale_bound_seconds();
@@ -757,7 +888,11 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
         mib(steady_rss),
         mib(peak_rss)
     ));
+    scale
+}
 
+/// Per-resource convergence percentiles per step and kind.
+fn convergence_table(results: &[Step]) -> Table {
     let mut convergence = Table::new(
         "Per-resource convergence: its apply → Ready inputs live (seen by a watch), resources added in the step",
         &[
@@ -771,7 +906,7 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
         ],
     );
     let mut previous = 0;
-    for step in &results {
+    for step in results {
         let total = step.egresses + step.ingresses;
         for (kind, seconds) in [
             ("TailnetEgress", &step.egress_seconds),
@@ -794,7 +929,11 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
          True. Measured from just before the resource's apply request to the first watch \
          event showing it done (nearest-rank percentiles), over the resources that got done.",
     );
+    convergence
+}
 
+/// Headscale's calls and CPU per step.
+fn headscale_table(results: &[Step], headscale: &[u32]) -> Table {
     let mut headscale_table = Table::new(
         "Headscale's share per step (the operator's headscale_api_call_duration_seconds; Headscale's CPU from /proc)",
         &[
@@ -806,7 +945,7 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
         ],
     );
     let mut previous = 0;
-    for step in &results {
+    for step in results {
         let total = step.egresses + step.ingresses;
         for (labels, (calls, seconds)) in &step.headscale {
             headscale_table.row(vec![
@@ -831,13 +970,17 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
          Headscale processes found: {}.",
         headscale.len()
     ));
+    headscale_table
+}
 
+/// Failed reconciles and refused writes per step.
+fn errors_table(results: &[Step]) -> Table {
     let mut errors = Table::new(
         "Failed reconciles and refused writes per step (finalizer-conflict hypothesis)",
         &["step", "what", "count"],
     );
     let mut previous = 0;
-    for step in &results {
+    for step in results {
         let total = step.egresses + step.ingresses;
         let label = format!("{previous} → {total}");
         for (labels, count) in &step.reconcile_errors {
@@ -866,7 +1009,35 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
          (each backs the object off 5 s, 10 s, 20 s, …); apiserver: requests on the agent \
          kinds answered with a non-2xx code (all clients), from apiserver_request_total.",
     );
+    errors
+}
 
+/// API writes during the steady-state window (all clients), with the operator's reconciles,
+/// Headscale policy writes and etcd revisions in the title.
+fn writes_table(steady: &Steady, window: Duration) -> Table {
+    let Steady {
+        before,
+        after,
+        operator_before,
+        operator_after,
+        ..
+    } = steady;
+    let &Steady {
+        revision_before,
+        revision_after,
+        ..
+    } = steady;
+    let reconciles = metric_sum(operator_after, "tailnet_operator_reconciles_total")
+        - metric_sum(operator_before, "tailnet_operator_reconciles_total");
+    let policy_applied = |text: &str| {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("tailnet_operator_policy_syncs_total") && l.contains("applied")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let policy_writes = policy_applied(operator_after) - policy_applied(operator_before);
     let mut writes = Table::new(
         format!(
             "API writes during {} s of steady state ({reconciles:.0} reconciles; Headscale \
@@ -877,7 +1048,7 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
         &["request (2xx, all clients of the apiserver)", "count"],
     );
     let mut any = false;
-    for (key, value) in &after {
+    for (key, value) in after {
         let delta = value - before.get(key).copied().unwrap_or(0.0);
         if delta > 0.0 {
             any = true;
@@ -894,6 +1065,16 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
          changes nothing is still a request (and a full admission + diff on the apiserver) \
          but no etcd write: compare with the etcd revisions in the title.",
     );
+    writes
+}
+
+/// The operator's own counters during the steady-state window.
+fn operator_calls_table(steady: &Steady, window: Duration) -> Table {
+    let Steady {
+        operator_before,
+        operator_after,
+        ..
+    } = steady;
     let mut operator_calls = Table::new(
         format!(
             "The operator's own counters during the same {} s",
@@ -905,7 +1086,7 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
         "tailnet_operator_child_applies_total",
         "tailnet_operator_headscale_api_calls_total",
     ] {
-        for (labels, grown) in metric_growth(&operator_before, &operator_after, family) {
+        for (labels, grown) in metric_growth(operator_before, operator_after, family) {
             operator_calls.row(vec![
                 format!(
                     "{} {labels}",
@@ -921,13 +1102,5 @@ pub async fn run(operator_binary: &Path, steps: &[usize], window: Duration) -> R
          a request. headscale_api_calls: every call to Headscale's API by endpoint and HTTP \
          status.",
     );
-    drop(operator);
-    Ok(vec![
-        scale,
-        convergence,
-        headscale_table,
-        errors,
-        writes,
-        operator_calls,
-    ])
+    operator_calls
 }

@@ -74,8 +74,24 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Table> {
     variants.push("socat");
     let agent_idle_kib = rss_kib(agent.pid());
     let agent_peak = RssPeak::start(agent.pid());
-    // metric → variant → one value per repetition
-    let mut values: BTreeMap<&str, BTreeMap<&str, Vec<f64>>> = BTreeMap::new();
+    let values = measure(settings, &ports, &variants)?;
+    let agent_peak_kib = agent_peak.finish();
+    let table = forwarding_table(settings, &values, &variants, agent_idle_kib, agent_peak_kib);
+    // Stopped (dropped) only now: the baseline ran alongside until the last workload.
+    drop(baseline.take());
+    Ok(table)
+}
+
+/// metric → variant → one value per repetition
+type Values = BTreeMap<&'static str, BTreeMap<&'static str, Vec<f64>>>;
+
+/// Every workload against every variant, `settings.repeat` times, in a rotating order.
+fn measure(
+    settings: &Settings,
+    ports: &BTreeMap<&'static str, u16>,
+    variants: &[&'static str],
+) -> Result<Values> {
+    let mut values: Values = BTreeMap::new();
     let mut record = |metric: &'static str, variant: &'static str, value: f64| {
         values
             .entry(metric)
@@ -86,7 +102,7 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Table> {
     };
     for repetition in 0..settings.repeat {
         // A different order each time, so no variant always runs first (or last).
-        let mut order = variants.clone();
+        let mut order = variants.to_vec();
         order.rotate_left(repetition % variants.len());
         for &variant in &order {
             let address = local(ports[variant]);
@@ -125,8 +141,17 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Table> {
             record("p99", variant, micros(99.0));
         }
     }
-    let agent_peak_kib = agent_peak.finish();
+    Ok(values)
+}
 
+/// The table: each workload's median (min–max) per variant and the ratios between them.
+fn forwarding_table(
+    settings: &Settings,
+    values: &Values,
+    variants: &[&'static str],
+    agent_idle_kib: u64,
+    agent_peak_kib: u64,
+) -> Table {
     let has_baseline = variants.contains(&"baseline");
     let mut header = vec!["workload", "direct", "agent"];
     if has_baseline {
@@ -233,9 +258,7 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Table> {
             baseline.display()
         ));
     }
-    // Stopped (dropped) only now: the baseline ran alongside until the last workload.
-    drop(baseline.take());
-    Ok(table)
+    table
 }
 
 /// An agent whose only listener is a `tcp` forward on `port` to the backend.

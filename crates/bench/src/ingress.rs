@@ -283,11 +283,51 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Vec<Table>> {
 
     let names: Vec<&'static str> = servers.iter().map(|s| s.name).collect();
     let ports: BTreeMap<&str, u16> = servers.iter().map(|s| (s.name, s.port)).collect();
-    // (metric, server) → one value per repetition
-    let mut values: BTreeMap<(String, &str), Vec<f64>> = BTreeMap::new();
-    let mut errors: BTreeMap<&str, u64> = BTreeMap::new();
+    let (values, errors) = measure(settings, &names, &ports, &hosts, &ca)?;
+    let peak: BTreeMap<&str, u64> = peaks
+        .into_iter()
+        .map(|(name, sampler)| (name, sampler.finish()))
+        .collect();
+    for server in &mut servers {
+        if let Ok(Some(status)) = server.process.exit_status() {
+            bail!(
+                "{} exited during the benchmark ({status}):\n{}",
+                server.name,
+                server.process.log_tail(30)
+            );
+        }
+    }
+    let table = throughput_table(settings, &names, &values, &errors);
+    let mut memory = Table::new(
+        "Ingress server memory (RSS, MiB; nginx: master + workers)",
+        &["server", "idle (after start)", "peak during the runs"],
+    );
+    for &name in &names {
+        memory.row(vec![
+            name.to_owned(),
+            mib(idle.get(name).copied().unwrap_or(0)),
+            mib(peak.get(name).copied().unwrap_or(0)),
+        ]);
+    }
+    Ok(vec![table, memory])
+}
+
+/// (metric, server) → one value per repetition
+type Values = BTreeMap<(String, &'static str), Vec<f64>>;
+
+/// Every workload against every server, `settings.repeat` times in a rotating order; also
+/// the wrk errors per server.
+fn measure(
+    settings: &Settings,
+    names: &[&'static str],
+    ports: &BTreeMap<&'static str, u16>,
+    hosts: &Path,
+    ca: &str,
+) -> Result<(Values, BTreeMap<&'static str, u64>)> {
+    let mut values: Values = BTreeMap::new();
+    let mut errors: BTreeMap<&'static str, u64> = BTreeMap::new();
     for repetition in 0..settings.repeat {
-        let mut order = names.clone();
+        let mut order = names.to_vec();
         order.rotate_left(repetition % names.len());
         for &connections in &settings.http_connections {
             for &server in &order {
@@ -298,7 +338,7 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Vec<Table>> {
                     p99_micros,
                     errors: failed,
                     ..
-                } = httpload::wrk(&hosts, &url, connections, settings.load_duration)?;
+                } = httpload::wrk(hosts, &url, connections, settings.load_duration)?;
                 *errors.entry(server).or_default() += failed;
                 for (metric, value) in [
                     ("rps", requests_per_second),
@@ -316,7 +356,7 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Vec<Table>> {
             let rate = httpload::handshake_rate(
                 local(ports[server]),
                 SERVER_NAME,
-                &std::fs::read_to_string(&ca)?,
+                &std::fs::read_to_string(ca)?,
                 HANDSHAKE_CLIENTS,
                 settings.load_duration,
             )
@@ -340,20 +380,16 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Vec<Table>> {
                 .push(speed);
         }
     }
-    let peak: BTreeMap<&str, u64> = peaks
-        .into_iter()
-        .map(|(name, sampler)| (name, sampler.finish()))
-        .collect();
-    for server in &mut servers {
-        if let Ok(Some(status)) = server.process.exit_status() {
-            bail!(
-                "{} exited during the benchmark ({status}):\n{}",
-                server.name,
-                server.process.log_tail(30)
-            );
-        }
-    }
+    Ok((values, errors))
+}
 
+/// Each workload's median (min–max) per server and the agent's ratio to each other server.
+fn throughput_table(
+    settings: &Settings,
+    names: &[&'static str],
+    values: &Values,
+    errors: &BTreeMap<&'static str, u64>,
+) -> Table {
     let others: Vec<&str> = names.iter().copied().filter(|n| *n != "agent").collect();
     let mut header = vec!["workload".to_owned()];
     header.extend(names.iter().map(|n| (*n).to_owned()));
@@ -385,7 +421,7 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Vec<Table>> {
     ));
     for (metric, label, decimals) in rows {
         let mut cells = vec![label];
-        for &name in &names {
+        for &name in names {
             cells.push(
                 values
                     .get(&(metric.clone(), name))
@@ -424,16 +460,5 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Vec<Table>> {
             baseline.display()
         ));
     }
-    let mut memory = Table::new(
-        "Ingress server memory (RSS, MiB; nginx: master + workers)",
-        &["server", "idle (after start)", "peak during the runs"],
-    );
-    for &name in &names {
-        memory.row(vec![
-            name.to_owned(),
-            mib(idle.get(name).copied().unwrap_or(0)),
-            mib(peak.get(name).copied().unwrap_or(0)),
-        ]);
-    }
-    Ok(vec![table, memory])
+    table
 }

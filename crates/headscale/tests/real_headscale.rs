@@ -34,7 +34,15 @@ async fn client_against_real_headscale() {
 
 async fn checks(env: &TailnetEnv) {
     let hs = client(env, env.headscale.api_key());
+    version_health_and_failures(env, &hs).await;
+    policy_round_trip(&hs).await;
+    pre_auth_keys(&hs).await;
+    route_approval(&hs).await;
+    users_and_api_keys(env, &hs).await;
+    node_deletion(env, &hs).await;
+}
 
+async fn version_health_and_failures(env: &TailnetEnv, hs: &Client) {
     // Version and authenticated health.
     let version = hs.version().await.expect("version");
     assert!(version.version.contains("0.29"), "version {version:?}");
@@ -63,7 +71,9 @@ async fn checks(env: &TailnetEnv) {
     .expect("client");
     let err = dead.version().await.expect_err("refused");
     assert_eq!(err.reason(), "ConnectionFailed", "{err}");
+}
 
+async fn policy_round_trip(hs: &Client) {
     // Policy: stored byte for byte (comments kept), check rejects without storing.
     let live = hs.get_policy().await.expect("get policy");
     let with_comment = format!("// marker: test-installation\n{}", live.policy);
@@ -91,7 +101,9 @@ async fn checks(env: &TailnetEnv) {
         with_comment,
         "a rejected policy leaves the old one live"
     );
+}
 
+async fn pre_auth_keys(hs: &Client) {
     // Pre-auth keys: tagged, single use, with expiration; expire by id.
     let key = hs
         .create_pre_auth_key(&CreatePreAuthKey::single_use_tagged(
@@ -119,7 +131,9 @@ async fn checks(env: &TailnetEnv) {
         .find(|k| k.id == key.id)
         .expect("still listed");
     assert!(expired.expiration.expect("expiration") <= Timestamp::now());
+}
 
+async fn route_approval(hs: &Client) {
     // Nodes and routes: the router advertises the site's routes (two IPv4, one IPv6 ULA),
     // none approved; approving one (full set semantics) and then another keeps the first.
     let nodes = hs.list_nodes().await.expect("list nodes");
@@ -157,7 +171,9 @@ async fn checks(env: &TailnetEnv) {
             .len(),
         2
     );
+}
 
+async fn users_and_api_keys(env: &TailnetEnv, hs: &Client) {
     // Users.
     let users = hs.list_users().await.expect("users");
     assert!(users.iter().any(|u| u.name == "alice"));
@@ -188,7 +204,9 @@ async fn checks(env: &TailnetEnv) {
         with_working.health().await,
         Err(Error::Unauthorized { .. })
     ));
+}
 
+async fn node_deletion(env: &TailnetEnv, hs: &Client) {
     // Deleting a node.
     let joined = env
         .join_node(

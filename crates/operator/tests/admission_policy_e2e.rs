@@ -21,36 +21,20 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// helm from the deps cache (`TNO_BIN_HELM` overrides); `None` = skip.
+/// helm ([`tno_testenv_kube::binaries::helm`]: `TNO_BIN_HELM`, the deps cache, `PATH`);
+/// `None` = skip.
 fn helm() -> Option<PathBuf> {
-    let path = match std::env::var_os("TNO_BIN_HELM") {
-        Some(path) => PathBuf::from(path),
-        None => {
-            let versions =
-                std::fs::read_to_string(root().join("deps/versions.env")).expect("versions.env");
-            let version = versions
-                .lines()
-                .find_map(|l| l.strip_prefix("HELM_VERSION="))
-                .expect("HELM_VERSION");
-            let cache = std::env::var_os("TNO_DEPS_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                        .join(".cache/tailnet-operator/deps")
-                });
-            cache.join(format!("helm-{version}/bin/helm"))
+    match tno_testenv_kube::binaries::helm() {
+        Ok(path) => Some(path),
+        Err(missing) => {
+            assert!(
+                std::env::var("TNO_REQUIRE_REAL_ENV").as_deref() != Ok("1"),
+                "{missing}"
+            );
+            eprintln!("SKIP: {missing}");
+            None
         }
-    };
-    if path.is_file() {
-        return Some(path);
     }
-    assert!(
-        std::env::var("TNO_REQUIRE_REAL_ENV").as_deref() != Ok("1"),
-        "{} missing: run deps/build.sh helm",
-        path.display()
-    );
-    eprintln!("SKIP: {} missing (deps/build.sh helm)", path.display());
-    None
 }
 
 fn admission_policy(helm: &Path, release: &str, namespace: &str) -> Vec<Value> {

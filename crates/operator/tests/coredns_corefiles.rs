@@ -17,6 +17,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tailnet_render::dns::{self, ClaimRank, DnsEntry, DnsInputs};
+use tno_testenv_kube::TestNamespace;
 
 const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.7";
 const ALIAS: &str = "api.site.example.net";
@@ -325,35 +326,7 @@ async fn default_corefiles_serve_the_rendered_server_block() {
     let apply = PatchParams::apply("test").force();
 
     // The egress Service the alias points at, and the RBAC CoreDNS needs.
-    let services: Api<Service> = Api::namespaced(client.clone(), &name);
-    let service: Service = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "remote-api"},
-        "spec": {"ports": [{"port": 443}]}
-    }))
-    .expect("service");
-    let service = services
-        .create(&PostParams::default(), &service)
-        .await
-        .expect("Service");
-    let cluster_ip: IpAddr = service
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .and_then(|ip| ip.parse().ok())
-        .expect("ClusterIP");
-    tno_testenv_kube::network::apply_all(
-        &client,
-        &[
-            json!({"apiVersion": "v1", "kind": "ServiceAccount",
-                   "metadata": {"name": "coredns-matrix", "namespace": name}}),
-            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                   "metadata": {"name": format!("coredns-matrix-{name}")},
-                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
-                   "subjects": [{"kind": "ServiceAccount", "name": "coredns-matrix", "namespace": name}]}),
-        ],
-    )
-    .await
-    .expect("RBAC");
-
+    let cluster_ip = egress_service_and_rbac(&client, &name).await;
     // The operator's DNS ConfigMap, rendered by the code the Tailnet controller runs.
     let render = |aliases: &[&str]| {
         dns::render(&DnsInputs {
@@ -409,8 +382,56 @@ async fn default_corefiles_serve_the_rendered_server_block() {
         }
     };
     write_dns(rendered).await;
+    let cases = corefile_cases();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &name);
+    start_coredns_pods(&config_maps, &pods, &apply, &cases).await;
+    let lab = env.lab().netns();
+    let serving = answers_per_corefile(&ns, lab, &pods, &cases, cluster_ip).await;
+    // A new alias: the kubelet updates the mounted file, CoreDNS's `reload` (30 s, as in
+    // every default Corefile) re-reads the imported server block. Nothing restarts.
+    let changed = Instant::now();
+    write_dns(render(&[ALIAS, NEW_ALIAS])).await;
+    reloaded_everywhere(lab, serving, cluster_ip, changed).await;
+}
 
-    let cases = [
+/// The egress Service the alias points at (its ClusterIP is returned), and the RBAC CoreDNS
+/// needs.
+async fn egress_service_and_rbac(client: &kube::Client, name: &str) -> IpAddr {
+    let services: Api<Service> = Api::namespaced(client.clone(), name);
+    let service: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "remote-api"},
+        "spec": {"ports": [{"port": 443}]}
+    }))
+    .expect("service");
+    let service = services
+        .create(&PostParams::default(), &service)
+        .await
+        .expect("Service");
+    let cluster_ip: IpAddr = service
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .and_then(|ip| ip.parse().ok())
+        .expect("ClusterIP");
+    tno_testenv_kube::network::apply_all(
+        client,
+        &[
+            json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": "coredns-matrix", "namespace": name}}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": format!("coredns-matrix-{name}")},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
+                   "subjects": [{"kind": "ServiceAccount", "name": "coredns-matrix", "namespace": name}]}),
+        ],
+    )
+    .await
+    .expect("RBAC");
+    cluster_ip
+}
+
+/// The default Corefiles of each distribution, with the operator's block imported as its docs
+/// say (`k3s-old-advice`: the earlier advice, which breaks CoreDNS on k3s).
+fn corefile_cases() -> [Case; 5] {
+    [
         Case {
             name: "kubeadm",
             corefile: KUBEADM,
@@ -441,9 +462,17 @@ async fn default_corefiles_serve_the_rendered_server_block() {
             k3s: true,
             starts: false,
         },
-    ];
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &name);
-    for case in &cases {
+    ]
+}
+
+/// One CoreDNS pod per case, with its Corefile (and k3s's NodeHosts) in a ConfigMap.
+async fn start_coredns_pods(
+    config_maps: &Api<k8s_openapi::api::core::v1::ConfigMap>,
+    pods: &Api<Pod>,
+    apply: &PatchParams,
+    cases: &[Case],
+) {
+    for case in cases {
         let mut data = json!({"Corefile": case.corefile});
         if case.k3s {
             data["NodeHosts"] = json!(NODE_HOSTS);
@@ -451,7 +480,7 @@ async fn default_corefiles_serve_the_rendered_server_block() {
         config_maps
             .patch(
                 &format!("{}-coredns", case.name),
-                &apply,
+                apply,
                 &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": format!("{}-coredns", case.name)}, "data": data})),
             )
@@ -464,46 +493,29 @@ async fn default_corefiles_serve_the_rendered_server_block() {
         .await
         .expect("CoreDNS pod");
     }
+}
 
-    let lab = env.lab().netns();
+/// Each CoreDNS queried for the alias, the ingress name, a cluster name and NodeHosts: the
+/// matrix is printed, failures fail the test; returns the CoreDNS pods that serve.
+async fn answers_per_corefile(
+    ns: &TestNamespace<'_>,
+    lab: &tno_netlab::Netns,
+    pods: &Api<Pod>,
+    cases: &[Case],
+    cluster_ip: IpAddr,
+) -> Vec<(&'static str, IpAddr)> {
     let mut matrix = vec![format!(
         "| Corefile | CoreDNS starts | {ALIAS} A (ClusterIP {cluster_ip}) | {INGRESS_NAME} AAAA | kubernetes.default.svc.cluster.local A | NodeHosts tno-node |"
     )];
     matrix.push("| --- | --- | --- | --- | --- | --- |".into());
     let mut failures = Vec::new();
     let mut serving: Vec<(&str, IpAddr)> = Vec::new();
-    for case in &cases {
+    for case in cases {
         let pod_name = format!("coredns-{}", case.name);
         // Ready (the `ready` plugin answers), or — for the negative row — its container
         // exited (CoreDNS refused the Corefile).
         let deadline = Instant::now() + TIMEOUT;
-        let (ready, pod_ip) = loop {
-            let pod = pods.get(&pod_name).await.expect("pod");
-            let status = pod.status.clone().unwrap_or_default();
-            let ready = status
-                .conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            let exited = status.container_statuses.iter().flatten().any(|c| {
-                c.restart_count > 0
-                    || c.last_state
-                        .as_ref()
-                        .and_then(|s| s.terminated.as_ref())
-                        .is_some()
-                    || c.state
-                        .as_ref()
-                        .and_then(|s| s.terminated.as_ref())
-                        .is_some()
-            }) || ns
-                .container_log(&pod_name, "coredns")
-                .contains("can only be used once");
-            let ip: Option<IpAddr> = status.pod_ip.and_then(|ip| ip.parse().ok());
-            if ready || exited || Instant::now() > deadline {
-                break (ready, ip);
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        };
+        let (ready, pod_ip) = ready_or_exited(ns, pods, &pod_name, deadline).await;
         let log = ns.container_log(&pod_name, "coredns");
         if ready != case.starts {
             failures.push(format!(
@@ -571,11 +583,55 @@ async fn default_corefiles_serve_the_rendered_server_block() {
     }
     eprintln!("CoreDNS Corefile matrix:\n{}", matrix.join("\n"));
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    serving
+}
 
-    // A new alias: the kubelet updates the mounted file, CoreDNS's `reload` (30 s, as in
-    // every default Corefile) re-reads the imported server block. Nothing restarts.
-    let changed = Instant::now();
-    write_dns(render(&[ALIAS, NEW_ALIAS])).await;
+/// Ready (the `ready` plugin answers), or — for the negative row — its container exited
+/// (CoreDNS refused the Corefile), or the deadline passed; and the pod's IP.
+async fn ready_or_exited(
+    ns: &TestNamespace<'_>,
+    pods: &Api<Pod>,
+    pod_name: &str,
+    deadline: Instant,
+) -> (bool, Option<IpAddr>) {
+    loop {
+        let pod = pods.get(pod_name).await.expect("pod");
+        let status = pod.status.clone().unwrap_or_default();
+        let ready = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        let exited = status.container_statuses.iter().flatten().any(|c| {
+            c.restart_count > 0
+                || c.last_state
+                    .as_ref()
+                    .and_then(|s| s.terminated.as_ref())
+                    .is_some()
+                || c.state
+                    .as_ref()
+                    .and_then(|s| s.terminated.as_ref())
+                    .is_some()
+        }) || ns
+            .container_log(pod_name, "coredns")
+            .contains("can only be used once");
+        let ip: Option<IpAddr> = status.pod_ip.and_then(|ip| ip.parse().ok());
+        if ready || exited || Instant::now() > deadline {
+            break (ready, ip);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// A new alias: the kubelet updates the mounted file, CoreDNS's `reload` (30 s, as in every
+/// default Corefile) re-reads the imported server block; every serving CoreDNS answers it
+/// within 120 s. Nothing restarts.
+async fn reloaded_everywhere(
+    lab: &tno_netlab::Netns,
+    serving: Vec<(&'static str, IpAddr)>,
+    cluster_ip: IpAddr,
+    changed: Instant,
+) {
     let lab_netns = lab.name().to_string();
     let seen = tokio::task::spawn_blocking(move || {
         let lab = tno_netlab::Netns::adopt(lab_netns);

@@ -90,7 +90,27 @@ async fn schema_and_cel_reject_bad_input_by_field() {
             .unwrap_or_else(|e| panic!("valid example rejected: {e}"));
     }
 
-    let cases: Vec<(&str, Value, &str)> = vec![
+    let cases = bad_inputs(&tailnet, &egress, &ingress);
+    let mut failures = Vec::new();
+    for (case, object, expected) in cases {
+        match dry_run(client, ns.name(), &object).await {
+            Ok(()) => failures.push(format!("{case}: accepted")),
+            Err(message) if message.contains(expected) => {}
+            Err(message) => failures.push(format!(
+                "{case}: message does not contain {expected:?}: {message}"
+            )),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Each bad input (an example with one field broken) and what the rejection must name.
+fn bad_inputs(
+    tailnet: &Value,
+    egress: &Value,
+    ingress: &Value,
+) -> Vec<(&'static str, Value, &'static str)> {
+    vec![
         (
             "port 0",
             edit(egress.clone(), |v| {
@@ -219,16 +239,5 @@ async fn schema_and_cel_reject_bad_input_by_field() {
             }),
             "spec.policy.tagOwners",
         ),
-    ];
-    let mut failures = Vec::new();
-    for (case, object, expected) in cases {
-        match dry_run(client, ns.name(), &object).await {
-            Ok(()) => failures.push(format!("{case}: accepted")),
-            Err(message) if message.contains(expected) => {}
-            Err(message) => failures.push(format!(
-                "{case}: message does not contain {expected:?}: {message}"
-            )),
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    ]
 }

@@ -20,14 +20,18 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use serde_json::{Value, json};
+use std::net::IpAddr;
 use support::conditions::{ConditionIs, WithConditions, condition_becomes, wait_for_condition};
 use support::lab_operator::start_operator;
 use support::objects::{apply, apply_egress, tailnet_name};
 use tailnet_api::TailnetEgress;
 use tailnet_api::egress::TargetKind;
-use tno_testenv::{BASE_POLICY_CONFIG_MAP, BASE_POLICY_KEY, E2eEnv, OperatorArgs};
+
+use tno_testenv::{
+    BASE_POLICY_CONFIG_MAP, BASE_POLICY_KEY, E2eEnv, E2eNamespace, OperatorArgs, OperatorProcess,
+};
 use tno_testenv_tailnet::{
-    BASE_DOMAIN, DEVICE_BANNER_TEXT, DEVICE_ECHO_PORT, DEVICE_HOSTNAME, DEVICE_TLS_PORT,
+    BASE_DOMAIN, DEVICE_BANNER_TEXT, DEVICE_ECHO_PORT, DEVICE_HOSTNAME, DEVICE_TLS_PORT, Device,
     SITE_DB_NAME, SITE_DNS, SITE_ECHO, SITE_ECHO_V6,
 };
 
@@ -126,16 +130,67 @@ async fn egress_to_devices_names_and_ipv6_end_to_end() {
     apply_egress(&egresses, &ns, EGRESS, &tailnet, targets)
         .await
         .expect("egress");
-    let becomes = |type_: &'static str, status: &'static str, reason: &'static str| {
+    let sc = Scenario {
+        env: &env,
+        ops: &ops,
+        ns: &ns,
+        client: &client,
+        egresses: &egresses,
+        operator: &operator,
+        started,
+    };
+    let (line, e) = classes_missing_grant_and_routes(&sc, &tag, v4, v6).await;
+    bytes_through_every_class(&sc, &e).await;
+    the_grant_makes_the_magicdns_target_work(&sc, &name_grants, &line, &magic_name, &device).await;
+    let e = the_device_switched_off_is_named(&sc, &device).await;
+    switched_on_again_it_works(&sc, &device, &e).await;
+    the_expired_device_is_named(&sc).await;
+}
+
+/// What every phase of the scenario works with.
+struct Scenario<'a> {
+    env: &'a E2eEnv,
+    ops: &'a E2eNamespace<'a>,
+    ns: &'a str,
+    client: &'a kube::Client,
+    egresses: &'a Api<TailnetEgress>,
+    operator: &'a OperatorProcess,
+    started: Instant,
+}
+
+impl Scenario<'_> {
+    /// The egress once its condition `type_` is `status` with `reason` (within [`TIMEOUT`]).
+    async fn becomes(
+        &self,
+        type_: &'static str,
+        status: &'static str,
+        reason: &'static str,
+    ) -> Result<TailnetEgress, String> {
         condition_becomes(
-            &egresses,
+            self.egresses,
             EGRESS,
             ConditionIs::new(type_, status).reason(reason),
             TIMEOUT,
-            Some(&operator),
+            Some(self.operator),
         )
-    };
+        .await
+    }
+}
 
+/// Returns the missing grant line and the egress as last seen.
+async fn classes_missing_grant_and_routes(
+    sc: &Scenario<'_>,
+    tag: &str,
+    v4: IpAddr,
+    v6: IpAddr,
+) -> (String, TailnetEgress) {
+    let &Scenario {
+        egresses,
+        operator,
+        started,
+        ..
+    } = sc;
+    let becomes = |type_, status, reason| sc.becomes(type_, status, reason);
     // 1. Classes, the missing grant line, routes.
     let e = becomes("PolicyEffective", "False", "GrantMissing")
         .await
@@ -179,10 +234,10 @@ async fn egress_to_devices_names_and_ipv6_end_to_end() {
         e.describe()
     );
     let e = wait_for_condition(
-        &egresses,
+        egresses,
         EGRESS,
         ConditionIs::new("RoutesReady", "True").reason("Ready"),
-        Some(&operator),
+        Some(operator),
     )
     .await;
     let routes = e.condition_message("RoutesReady");
@@ -196,7 +251,13 @@ async fn egress_to_devices_names_and_ipv6_end_to_end() {
         Some("fd00:5ee::/64"),
         "{site_v6:?}"
     );
+    (line, e)
+}
 
+async fn bytes_through_every_class(sc: &Scenario<'_>, e: &TailnetEgress) {
+    let &Scenario {
+        ops, ns, started, ..
+    } = sc;
     // 2. Bytes through every class that the policy grants.
     let service = |name: &str, port: u16| format!("{name}.{ns}.svc.cluster.local:{port}");
     for (target, port) in [
@@ -217,17 +278,35 @@ async fn egress_to_devices_names_and_ipv6_end_to_end() {
             t0.elapsed()
         );
     }
+}
 
+async fn the_grant_makes_the_magicdns_target_work(
+    sc: &Scenario<'_>,
+    name_grants: &[Value],
+    line: &str,
+    magic_name: &str,
+    device: &Device,
+) {
+    let &Scenario {
+        env,
+        ops,
+        ns,
+        client,
+        started,
+        ..
+    } = sc;
+    let becomes = |type_, status, reason| sc.becomes(type_, status, reason);
+    let service = |name: &str, port: u16| format!("{name}.{ns}.svc.cluster.local:{port}");
     // 3. The missing grant added to the base: the MagicDNS target works.
     let mut grants = name_grants.to_vec();
-    grants.push(serde_json::from_str(&line).expect("the grant line is JSON"));
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    grants.push(serde_json::from_str(line).expect("the grant line is JSON"));
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     apply(
         &config_maps,
         BASE_POLICY_CONFIG_MAP,
         json!({"apiVersion": "v1", "kind": "ConfigMap",
                "metadata": {"name": BASE_POLICY_CONFIG_MAP, "namespace": ns},
-               "data": {BASE_POLICY_KEY: base_with(&env, &grants)}}),
+               "data": {BASE_POLICY_KEY: base_with(env, &grants)}}),
     )
     .await
     .expect("base policy");
@@ -239,7 +318,7 @@ async fn egress_to_devices_names_and_ipv6_end_to_end() {
             tno_testenv::tls_check_pod(
                 "c-nas-name",
                 &service("nas-name", DEVICE_TLS_PORT),
-                &magic_name,
+                magic_name,
                 &device.ca_pem,
                 DEVICE_BANNER_TEXT.trim(),
                 30,
@@ -270,13 +349,24 @@ async fn egress_to_devices_names_and_ipv6_end_to_end() {
     );
     eprintln!(
         "--- kubectl get tailnetegress -o wide (device on) ---\n{}",
-        kubectl(&env, &["-n", &ns, "get", "tailnetegress", "-o", "wide"])
+        kubectl(env, &["-n", ns, "get", "tailnetegress", "-o", "wide"])
     );
     eprintln!(
         "--- kubectl describe tailnetegress (device on) ---\n{}",
-        kubectl(&env, &["-n", &ns, "describe", "tailnetegress", EGRESS])
+        kubectl(env, &["-n", ns, "describe", "tailnetegress", EGRESS])
     );
+}
 
+async fn the_device_switched_off_is_named(sc: &Scenario<'_>, device: &Device) -> TailnetEgress {
+    let &Scenario {
+        env,
+        ops,
+        ns,
+        started,
+        ..
+    } = sc;
+    let becomes = |type_, status, reason| sc.becomes(type_, status, reason);
+    let service = |name: &str, port: u16| format!("{name}.{ns}.svc.cluster.local:{port}");
     // 4. The device switched off: named, not a timeout; connections fail.
     device.switch_off();
     let off = Instant::now();
@@ -337,13 +427,25 @@ async fn egress_to_devices_names_and_ipv6_end_to_end() {
     );
     eprintln!(
         "--- kubectl get tailnetegress -o wide (device off) ---\n{}",
-        kubectl(&env, &["-n", &ns, "get", "tailnetegress", "-o", "wide"])
+        kubectl(env, &["-n", ns, "get", "tailnetegress", "-o", "wide"])
     );
     eprintln!(
         "--- kubectl describe tailnetegress (device off) ---\n{}",
-        kubectl(&env, &["-n", &ns, "describe", "tailnetegress", EGRESS])
+        kubectl(env, &["-n", ns, "describe", "tailnetegress", EGRESS])
     );
+    e
+}
 
+async fn switched_on_again_it_works(sc: &Scenario<'_>, device: &Device, e: &TailnetEgress) {
+    let &Scenario {
+        env,
+        ops,
+        ns,
+        started,
+        ..
+    } = sc;
+    let becomes = |type_, status, reason| sc.becomes(type_, status, reason);
+    let service = |name: &str, port: u16| format!("{name}.{ns}.svc.cluster.local:{port}");
     // 5. Switched on again: works, nothing touched in the cluster.
     let generation = e.metadata.generation;
     device
@@ -365,7 +467,11 @@ async fn egress_to_devices_names_and_ipv6_end_to_end() {
         .await
         .expect("client pod");
     assert!(run.succeeded(), "the device is back:\n{run}");
+}
 
+async fn the_expired_device_is_named(sc: &Scenario<'_>) {
+    let &Scenario { env, started, .. } = sc;
+    let becomes = |type_, status, reason| sc.becomes(type_, status, reason);
     // 6. The admin expires the device's key: named as expired, not as a timeout.
     let id = env.node(DEVICE_HOSTNAME).await.expect("device node").id;
     env.tailnet()

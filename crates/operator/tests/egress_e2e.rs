@@ -25,7 +25,10 @@ use support::objects::{agent_pods, apply, apply_egress, pod_uids, tailnet_name};
 use support::tailnet::dial;
 use support::wait::{WAIT, wait_for};
 use tailnet_api::TailnetEgress;
-use tno_testenv::{CLIENT_POD_DEADLINE, E2eEnv, OperatorArgs, tls_check_pod};
+use tailnet_api::egress::TailnetEgressStatus;
+use tno_testenv::{
+    CLIENT_POD_DEADLINE, E2eEnv, E2eNamespace, OperatorArgs, OperatorProcess, tls_check_pod,
+};
 use tno_testenv_tailnet::{SITE_API_NAME, SITE_BANNER_TEXT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -352,11 +355,64 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     apply_egress(&egresses, &ns, "site", &tailnet_name, site_targets(&[]))
         .await
         .expect("egress");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let target = format!("remote-db.{ns}.svc.cluster.local:5432");
+    let site = Site {
+        env: &env,
+        ops: &ops,
+        client: &client,
+        ns: &ns,
+        tailnet_name: &tailnet_name,
+        egresses: &egresses,
+        pods: &pods,
+        target: &target,
+        operator: &operator,
+    };
+    dry_run_refuses(&site).await;
+    // Apply: nothing is restarted; the grant and route approval make it work.
+    apply(&tailnets, &tailnet_name, tailnet_object("Apply"))
+        .await
+        .expect("Tailnet to Apply");
+    let (status, node_id) = ready_and_bytes_cross(&site).await;
+    bulk_transfer_and_direct_dial(&site).await;
+    auth_secret_gone_and_alias_served(&site, &status).await;
+    network_policy_opens_only_what_it_must(&site, &status).await;
+    steady_state_writes_nothing(&site).await;
+    drift_is_repaired(&site).await;
+    a_new_target_is_picked_up(&site).await;
+    a_restarted_agent_keeps_its_identity(&site, &node_id).await;
+    a_foreign_service_is_left_alone(&site).await;
+    deletion_cleans_up(&site).await;
+    operator.terminate().await.expect("operator stops cleanly");
+}
 
+/// What every phase of the scenario works with.
+struct Site<'a> {
+    env: &'a E2eEnv,
+    ops: &'a E2eNamespace<'a>,
+    client: &'a kube::Client,
+    ns: &'a str,
+    tailnet_name: &'a str,
+    egresses: &'a Api<TailnetEgress>,
+    pods: &'a Api<Pod>,
+    /// remote-db's Service, as a client pod dials it.
+    target: &'a str,
+    operator: &'a OperatorProcess,
+}
+
+async fn dry_run_refuses(site: &Site<'_>) {
+    let &Site {
+        env,
+        ops,
+        egresses,
+        pods,
+        target,
+        ..
+    } = site;
     // DryRun: the agent runs, but the grant is not live, so the egress is not effective and
     // connections fail.
     let dry = wait_for_condition(
-        &egresses,
+        egresses,
         "site",
         ConditionIs::new("PolicyEffective", "False").reason("DryRun"),
         None,
@@ -369,13 +425,12 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     // The failure must be the agent's refusal, not a missing listener: first its pod is Ready
     // (a Service endpoint) with the remote-db listener up; then its metrics count the client's
     // connections as accepted, each with a failed tailnet dial.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let listener = ["listener=\"remote-db\""];
     let (agent_ip, dry_metrics) = wait_for(
         "the DryRun egress agent Ready with its remote-db listener up",
         WAIT,
         || async {
-            let found = agent_pods(&pods, "tailnet-egress-site")
+            let found = agent_pods(pods, "tailnet-egress-site")
                 .await
                 .map_err(|e| e.to_string())?;
             let ip = found
@@ -385,7 +440,7 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
                     let why: Vec<_> = found.iter().filter_map(|p| ready_pod_ip(p).err()).collect();
                     format!("no Ready agent pod: {why:?}")
                 })?;
-            let metrics = agent_metrics(&env, &ip).await?;
+            let metrics = agent_metrics(env, &ip).await?;
             match metric_sum(&metrics, "tailnet_agent_listener_up", &listener) {
                 1.0 => Ok((ip, metrics)),
                 up => Err(format!("listener_up {{listener=\"remote-db\"}} = {up}")),
@@ -395,16 +450,15 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     .await;
     let accepted_before = metric_sum(&dry_metrics, "tailnet_agent_connections_total", &listener);
     let failed_before = metric_sum(&dry_metrics, "tailnet_agent_dial_failures_total", &listener);
-    let target = format!("remote-db.{ns}.svc.cluster.local:5432");
     let run = ops
-        .tcp_check("client-dry", &target, 3)
+        .tcp_check("client-dry", target, 3)
         .await
         .expect("client pod in DryRun");
     assert!(
         !run.succeeded(),
         "DryRun must not let traffic through:\n{run}"
     );
-    let dry_after = agent_metrics(&env, &agent_ip)
+    let dry_after = agent_metrics(env, &agent_ip)
         .await
         .expect("agent metrics after the DryRun client");
     let accepted =
@@ -422,18 +476,25 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         accepted >= 1.0 && failed == accepted,
         "in DryRun the agent must accept the client's connections and fail their tailnet dials: {accepted} accepted, {failed} dials failed\n{run}"
     );
+}
 
-    // Apply: nothing is restarted; the grant and route approval make it work.
-    apply(&tailnets, &tailnet_name, tailnet_object("Apply"))
-        .await
-        .expect("Tailnet to Apply");
-
+/// Returns the egress's status once Ready and its node's id.
+async fn ready_and_bytes_cross(site: &Site<'_>) -> (TailnetEgressStatus, String) {
+    let &Site {
+        env,
+        ops,
+        ns,
+        egresses,
+        target,
+        operator,
+        ..
+    } = site;
     // Every precondition turns true: tailnet, Services, agent, node, grants, routes.
     let ready = wait_for_condition(
-        &egresses,
+        egresses,
         "site",
         ConditionIs::new("Ready", "True"),
-        Some(&operator),
+        Some(operator),
     )
     .await;
     let status = ready.status.clone().unwrap_or_default();
@@ -449,7 +510,7 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
 
     // The agent's probes reach both targets through the tailnet.
     wait_for_condition(
-        &egresses,
+        egresses,
         "site",
         ConditionIs::new("TargetsReachable", "True").reason("Reachable"),
         None,
@@ -458,19 +519,25 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
 
     // The bytes cross the tailnet: a pod uses the Service like any other.
     let run = ops
-        .tcp_check("client-1", &target, 30)
+        .tcp_check("client-1", target, 30)
         .await
         .expect("client pod");
     assert!(
         run.succeeded(),
         "echo through the egress failed:\n{run}\n{}",
-        env.diagnostics(Some(&ns))
+        env.diagnostics(Some(ns))
     );
+    (status, node_id)
+}
 
+async fn bulk_transfer_and_direct_dial(site: &Site<'_>) {
+    let &Site {
+        env, ops, target, ..
+    } = site;
     // 100 MiB through the egress come back byte-identical (the pod compares every byte).
     let run = ops
         .run_pod(
-            tcp_bulk_pod("client-bulk", &target),
+            tcp_bulk_pod("client-bulk", target),
             CLIENT_POD_DEADLINE + BULK_TIMEOUT,
         )
         .await
@@ -524,9 +591,18 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         "throughput: egress {egress_mib_per_s:.1} MiB/s, direct LocalAPI dial {direct_mib_per_s:.1} MiB/s, ratio {:.2} (100 MiB each, sha256 {sent_hash})",
         egress_mib_per_s / direct_mib_per_s
     );
+}
 
+async fn auth_secret_gone_and_alias_served(site: &Site<'_>, status: &TailnetEgressStatus) {
+    let &Site {
+        env,
+        ops,
+        client,
+        ns,
+        ..
+    } = site;
     // The pre-auth key is gone once the node exists; the alias is in the hosts ConfigMap.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     wait_for("the spent auth Secret to be removed", WAIT, || async {
         match secrets
             .get_opt("tailnet-egress-site-auth")
@@ -586,27 +662,32 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     assert!(
         run.succeeded(),
         "TLS through the alias failed:\n{run}\n{}",
-        env.diagnostics(Some(&ns))
+        env.diagnostics(Some(ns))
     );
     eprintln!("alias: {}", run.log("client").trim());
+}
 
+async fn network_policy_opens_only_what_it_must(site: &Site<'_>, status: &TailnetEgressStatus) {
+    let &Site {
+        client, ns, pods, ..
+    } = site;
     // Only the consumer namespaces may reach the listeners (enforced by a CNI; the test env
     // has none, so the applied object is what is checked): every rule names numbered ports, a
     // rule open to any peer opens only the admin port, and the listener ports are open to
     // exactly the consumer namespaces.
-    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
     let policy = policies
         .get("tailnet-egress-site")
         .await
         .expect("the egress NetworkPolicy");
     let listener_ports: Vec<i32> = status.targets.iter().map(|t| t.agent_port).collect();
-    let agent_labels = agent_pods(&pods, "tailnet-egress-site")
+    let agent_labels = agent_pods(pods, "tailnet-egress-site")
         .await
         .expect("agent pods")
         .into_iter()
         .find_map(|p| p.metadata.labels)
         .expect("agent pod labels");
-    let consumers = vec![ns.clone()];
+    let consumers = vec![ns.to_string()];
     let problems = network_policy_problems(&policy, &consumers, &listener_ports, &agent_labels);
     assert!(
         problems.is_empty(),
@@ -623,7 +704,12 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
             broken.spec
         );
     }
+}
 
+async fn steady_state_writes_nothing(site: &Site<'_>) {
+    let &Site {
+        client, operator, ..
+    } = site;
     // Steady state: the egress is reconciled every 2 s (the poll interval), and those
     // resyncs send nothing: no server-side apply of unchanged children, no status write.
     // Witness: the apiserver's own request counters; the operator's counter of skipped
@@ -631,13 +717,13 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     let skipped =
         "tailnet_operator_child_applies_total{kind=\"Deployment\",decision=\"unchanged\"}";
     let skipped_before = operator.metric(skipped).await.unwrap_or(0.0);
-    let writes_before = tno_testenv::apiserver_writes(&client)
+    let writes_before = tno_testenv::apiserver_writes(client)
         .await
         .expect("apiserver metrics");
     tokio::time::sleep(Duration::from_secs(10)).await;
     let writes = tno_testenv::writes_between(
         &writes_before,
-        &tno_testenv::apiserver_writes(&client)
+        &tno_testenv::apiserver_writes(client)
             .await
             .expect("apiserver metrics"),
     );
@@ -657,14 +743,18 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         operator_writes.is_empty(),
         "steady-state resyncs must not write (all writes in the window: {writes:?})"
     );
+}
 
+async fn drift_is_repaired(site: &Site<'_>) {
+    let &Site { client, ns, .. } = site;
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
     // Drift of watched children is repaired on the next resync: a deleted NetworkPolicy and
     // a deleted target Service come back (the Service keeps its name; its ClusterIP may change).
     policies
         .delete("tailnet-egress-site", &DeleteParams::default())
         .await
         .expect("delete the egress NetworkPolicy");
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
     services
         .delete("remote-db", &DeleteParams::default())
         .await
@@ -697,16 +787,26 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         },
     )
     .await;
+}
 
+async fn a_new_target_is_picked_up(site: &Site<'_>) {
+    let &Site {
+        ops,
+        ns,
+        tailnet_name,
+        egresses,
+        pods,
+        ..
+    } = site;
     // A new target is picked up by the running agent: its Service works, and the pod (with
     // its connections and node) is not replaced.
     let agent = "tailnet-egress-site";
-    let before = pod_uids(&agent_pods(&pods, agent).await.expect("pods"));
+    let before = pod_uids(&agent_pods(pods, agent).await.expect("pods"));
     apply_egress(
-        &egresses,
-        &ns,
+        egresses,
+        ns,
         "site",
-        &tailnet_name,
+        tailnet_name,
         site_targets(&[json!({"name": "db-replica", "address": "192.0.2.10", "port": 5432})]),
     )
     .await
@@ -720,20 +820,30 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         .await
         .expect("client pod for the added target");
     assert!(run.succeeded(), "the added target does not work:\n{run}");
-    let after = pod_uids(&agent_pods(&pods, agent).await.expect("pods"));
+    let after = pod_uids(&agent_pods(pods, agent).await.expect("pods"));
     assert_eq!(
         before, after,
         "adding a target must not replace the agent pod"
     );
+}
 
+async fn a_restarted_agent_keeps_its_identity(site: &Site<'_>, node_id: &str) {
+    let &Site {
+        env,
+        ops,
+        pods,
+        target,
+        ..
+    } = site;
+    let agent = "tailnet-egress-site";
     // A restarted agent keeps its identity: same node, no second node, no new key.
-    for pod in agent_pods(&pods, agent).await.expect("pods") {
+    for pod in agent_pods(pods, agent).await.expect("pods") {
         pods.delete(&pod.name_any(), &DeleteParams::default())
             .await
             .expect("delete agent pod");
     }
     let run = ops
-        .tcp_check("client-2", &target, 60)
+        .tcp_check("client-2", target, 60)
         .await
         .expect("client pod after restart");
     assert!(run.succeeded(), "echo after agent restart failed:\n{run}");
@@ -752,20 +862,29 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         node_id,
         "the restarted agent kept its node"
     );
+}
 
+async fn a_foreign_service_is_left_alone(site: &Site<'_>) {
+    let &Site {
+        client,
+        ns,
+        tailnet_name,
+        egresses,
+        ..
+    } = site;
     // A Service name owned by someone else: that target is skipped, nothing foreign touched.
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
     apply_egress(
-        &egresses,
-        &ns,
+        egresses,
+        ns,
         "other",
-        &tailnet_name,
+        tailnet_name,
         json!([{"name": "remote-db", "address": "192.0.2.11", "port": 5432}]),
     )
     .await
     .expect("conflicting egress");
     let other = wait_for_condition(
-        &egresses,
+        egresses,
         "other",
         ConditionIs::new("ServicesReady", "False").reason("ServiceNameConflict"),
         None,
@@ -781,7 +900,15 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         "site",
         "the first egress keeps its Service"
     );
+}
 
+async fn deletion_cleans_up(site: &Site<'_>) {
+    let &Site {
+        env,
+        egresses,
+        operator,
+        ..
+    } = site;
     // Deletion: node removed from Headscale, Services collected.
     egresses
         .delete("other", &DeleteParams::default())
@@ -824,5 +951,4 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         }
     })
     .await;
-    operator.terminate().await.expect("operator stops cleanly");
 }

@@ -27,42 +27,26 @@ use support::objects::{
 use support::tailnet::{https_get_hello, ok_200, self_signed};
 use support::wait::{WAIT, wait_for};
 use tailnet_api::{TailnetEgress, TailnetIngress};
-use tno_testenv::{E2eEnv, OperatorArgs};
+use tno_testenv::{E2eEnv, E2eNamespace, OperatorArgs, OperatorProcess};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// helm from the deps cache (`TNO_BIN_HELM` overrides); `None` = skip.
+/// helm ([`tno_testenv_kube::binaries::helm`]: `TNO_BIN_HELM`, the deps cache, `PATH`);
+/// `None` = skip.
 fn helm() -> Option<PathBuf> {
-    let path = match std::env::var_os("TNO_BIN_HELM") {
-        Some(path) => PathBuf::from(path),
-        None => {
-            let versions =
-                std::fs::read_to_string(root().join("deps/versions.env")).expect("versions.env");
-            let version = versions
-                .lines()
-                .find_map(|l| l.strip_prefix("HELM_VERSION="))
-                .expect("HELM_VERSION");
-            let cache = std::env::var_os("TNO_DEPS_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                        .join(".cache/tailnet-operator/deps")
-                });
-            cache.join(format!("helm-{version}/bin/helm"))
+    match tno_testenv_kube::binaries::helm() {
+        Ok(path) => Some(path),
+        Err(missing) => {
+            assert!(
+                std::env::var("TNO_REQUIRE_REAL_ENV").as_deref() != Ok("1"),
+                "{missing}"
+            );
+            eprintln!("SKIP: {missing}");
+            None
         }
-    };
-    if path.is_file() {
-        return Some(path);
     }
-    assert!(
-        std::env::var("TNO_REQUIRE_REAL_ENV").as_deref() != Ok("1"),
-        "{} missing: run deps/build.sh helm",
-        path.display()
-    );
-    eprintln!("SKIP: {} missing (deps/build.sh helm)", path.display());
-    None
 }
 
 /// The chart's ServiceAccount and RBAC for release `release` in `namespace` (`extra`: more
@@ -275,14 +259,50 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     let mut operator = start_operator(&env, &args, Some(&kubeconfig_path))
         .await
         .expect("operator");
+    let install = Install {
+        env: &env,
+        ops: &ops,
+        admin: &admin,
+        ns: &ns,
+        app_ns: &app_ns,
+        tailnet_name: &tailnet_name,
+    };
+    let egresses = egress_serves(&install, &operator).await;
+    let ingresses = ingress_and_its_certificate(&install, &operator).await;
+    // Nothing the operator asked for was refused along the way.
+    assert_nothing_forbidden(&operator.log_text(), "cluster-wide install");
+    operator.terminate().await.expect("operator exits");
+    let scoped_objects = namespace_scoped_install(&install, &helm, &egresses, &ingresses).await;
+    cluster_objects.extend(scoped_objects);
+    delete_cluster_objects(&admin, cluster_objects).await;
+}
 
+/// The installation under test.
+struct Install<'a> {
+    env: &'a E2eEnv,
+    ops: &'a E2eNamespace<'a>,
+    admin: &'a kube::Client,
+    ns: &'a str,
+    app_ns: &'a str,
+    tailnet_name: &'a str,
+}
+
+async fn egress_serves(install: &Install<'_>, operator: &OperatorProcess) -> Api<TailnetEgress> {
+    let &Install {
+        env,
+        ops,
+        admin,
+        ns,
+        tailnet_name,
+        ..
+    } = install;
     // Egress in the operator namespace: Ready, and bytes reach the remote site.
-    let egresses: Api<TailnetEgress> = Api::namespaced(admin.clone(), &ns);
+    let egresses: Api<TailnetEgress> = Api::namespaced(admin.clone(), ns);
     apply_egress(
         &egresses,
-        &ns,
+        ns,
         "site",
-        &tailnet_name,
+        tailnet_name,
         json!([remote_db_target()]),
     )
     .await
@@ -291,7 +311,7 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
         &egresses,
         "site",
         ConditionIs::new("Ready", "True"),
-        Some(&operator),
+        Some(operator),
     )
     .await;
     let run = ops
@@ -305,12 +325,25 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     assert!(
         run.succeeded(),
         "echo through the egress failed:\n{run}\n{}",
-        env.diagnostics(Some(&ns))
+        env.diagnostics(Some(ns))
     );
+    egresses
+}
 
+async fn ingress_and_its_certificate(
+    install: &Install<'_>,
+    operator: &OperatorProcess,
+) -> Api<TailnetIngress> {
+    let &Install {
+        env,
+        admin,
+        app_ns,
+        tailnet_name,
+        ..
+    } = install;
     // Ingress in another namespace: https from the laptop (group:team-a) reaches the backend.
-    serve_https_portal(&env, &admin, &app_ns, &tailnet_name, "frontend", &operator).await;
-    let ingresses: Api<TailnetIngress> = Api::namespaced(admin.clone(), &app_ns);
+    serve_https_portal(env, admin, app_ns, tailnet_name, "frontend", operator).await;
+    let ingresses: Api<TailnetIngress> = Api::namespaced(admin.clone(), app_ns);
     let web = portal_exposes();
     let portal = format!("portal.{app_ns}.lab.example.net");
 
@@ -318,15 +351,15 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     // only shows as CertificateReady=False/CertificateNotCreated, so check it explicitly).
     apply(
         &Api::<tailnet_api::Tailnet>::all(admin.clone()),
-        &tailnet_name,
-        tailnet_with_default_issuer(&env, &tailnet_name),
+        tailnet_name,
+        tailnet_with_default_issuer(env, tailnet_name),
     )
     .await
     .expect("Tailnet with a default issuer");
     apply(
         &ingresses,
         "portal",
-        ingress_object(&app_ns, "portal", &tailnet_name, None, web),
+        ingress_object(app_ns, "portal", tailnet_name, None, web),
     )
     .await
     .expect("ingress without tls.secretName");
@@ -339,7 +372,7 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     .await;
     let certificates: Api<DynamicObject> = Api::namespaced_with(
         admin.clone(),
-        &app_ns,
+        app_ns,
         &kube::api::ApiResource::from_gvk(&GroupVersionKind::gvk(
             "cert-manager.io",
             "v1",
@@ -351,11 +384,25 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
         .await
         .expect("the operator created the cert-manager Certificate");
     assert_eq!(certificate.data["spec"]["dnsNames"], json!([portal]));
+    ingresses
+}
 
-    // Nothing the operator asked for was refused along the way.
-    assert_nothing_forbidden(&operator.log_text(), "cluster-wide install");
-    operator.terminate().await.expect("operator exits");
-
+/// Returns the cluster-scoped objects of the second release, for the cleanup.
+async fn namespace_scoped_install(
+    install: &Install<'_>,
+    helm: &Path,
+    egresses: &Api<TailnetEgress>,
+    ingresses: &Api<TailnetIngress>,
+) -> Vec<(String, String)> {
+    let &Install {
+        env,
+        ops,
+        admin,
+        ns,
+        app_ns,
+        tailnet_name,
+        ..
+    } = install;
     // The same operator namespace, now namespace-scoped: the chart with watchNamespaces (a
     // ServiceAccount of another release, so none of the ClusterRole above applies). The old
     // ingress's namespace is not listed: its next generation must stay unreconciled while an
@@ -366,18 +413,17 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
         .expect("scoped app namespace");
     let scoped_ns = scoped_apps.name().to_string();
     let (scoped_kubeconfig, scoped_objects) = operator_with_chart_rbac(
-        &env,
-        &admin,
-        &helm,
+        env,
+        admin,
+        helm,
         &format!("{ns}-scoped"),
-        &ns,
+        ns,
         &[
             "--set".to_string(),
             format!("watchNamespaces={{{scoped_ns}}}"),
         ],
     )
     .await;
-    cluster_objects.extend(scoped_objects);
     let unwatched_generation = {
         let mut old = ingresses.get("portal").await.expect("old ingress");
         old.spec.allow_from.push("group:platform".to_string());
@@ -392,17 +438,17 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
             .expect("new generation of the unwatched ingress");
         patched.metadata.generation
     };
-    let mut args = OperatorArgs::new(&ns).to_args();
+    let mut args = OperatorArgs::new(ns).to_args();
     if let Some(at) = args.iter().position(|a| a == "--installation-id") {
         args.drain(at..at + 2);
     }
     args.extend(["--watch-namespaces".to_string(), scoped_ns.clone()]);
-    let mut operator = start_operator(&env, &args, Some(&scoped_kubeconfig))
+    let mut operator = start_operator(env, &args, Some(&scoped_kubeconfig))
         .await
         .expect("namespace-scoped operator");
     // The egress in the operator namespace keeps working.
     wait_for_condition(
-        &egresses,
+        egresses,
         "site",
         ConditionIs::new("Ready", "True"),
         Some(&operator),
@@ -419,14 +465,14 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     assert!(
         run.succeeded(),
         "echo through the egress (namespace-scoped operator) failed:\n{run}\n{}",
-        env.diagnostics(Some(&ns))
+        env.diagnostics(Some(ns))
     );
     // An ingress in the watched namespace: Ready, and https from the laptop reaches it.
     serve_https_portal(
-        &env,
-        &admin,
+        env,
+        admin,
         &scoped_ns,
-        &tailnet_name,
+        tailnet_name,
         "scoped-frontend",
         &operator,
     )
@@ -440,7 +486,10 @@ async fn operator_with_the_charts_rbac_serves_egress_and_ingress() {
     );
     assert_nothing_forbidden(&operator.log_text(), "namespace-scoped install");
     operator.terminate().await.expect("operator exits");
+    scoped_objects
+}
 
+async fn delete_cluster_objects(admin: &kube::Client, cluster_objects: Vec<(String, String)>) {
     for (kind, name) in cluster_objects {
         let result = match kind.as_str() {
             "ClusterRole" => Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(admin.clone())

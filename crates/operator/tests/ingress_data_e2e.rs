@@ -37,7 +37,8 @@ use support::tailnet::{tcp_echo, tls_connect};
 use support::wait::{WAIT, wait_for};
 use tailnet_api::TailnetIngress;
 use tailnet_api::conditions::{reasons, types};
-use tno_testenv::{E2eEnv, OperatorArgs};
+use tailnet_api::ingress::TailnetIngressStatus;
+use tno_testenv::{E2eEnv, OperatorArgs, OperatorProcess};
 use tno_testenv_kube::http_backend::{gzip_of_pattern, pattern_chunk, pattern_sha256};
 use tno_testenv_tailnet::LocalApi;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -239,11 +240,81 @@ async fn ingress_data_plane_through_the_operator() {
         admin.clone(),
         admin_wrong.clone(),
     ]);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    store_certificates(&client, &ns, &cert_pem, &key_pem, &backend_ca, &wrong_ca).await;
+    deploy_backends(&client, &ns).await;
+    let (ingresses, status, ip) =
+        apply_the_portal(&client, &ns, &tailnet_name, &operator, &alias).await;
+    let laptop = env.tailnet().laptop.node.local_api();
+    let resolved = magic_dns_names(&env, &client, &ns, &portal, &alias, &ip, &laptop).await;
+    let d = Data {
+        env: &env,
+        client: &client,
+        ns: &ns,
+        app_ns: &app_ns,
+        tailnet_name: &tailnet_name,
+        ingresses: &ingresses,
+        ip: &ip,
+        laptop: &laptop,
+        resolved: &resolved,
+        cluster_ca: &cluster_ca,
+        backend_ca: &backend_ca,
+        portal: &portal,
+        alias: &alias,
+        slow: &slow,
+        admin: &admin,
+        admin_wrong: &admin_wrong,
+    };
+    forwarding_headers(&d).await;
+    gzip_and_range_untouched(&d).await;
+    streamed_upload(&d).await;
+    websocket_messages(&d).await;
+    slow_backend_head(&d).await;
+    slow_upload_gets_408(&d).await;
+    verified_backend_tls(&d).await;
+    small_requests(&d).await;
+    allow_from_changes(&d, &tailnets, tailnet_object).await;
+    from_an_app_namespace(&d).await;
+    deletion_removes_node_grants_and_names(&d, &status).await;
+    operator.terminate().await.expect("operator stops cleanly");
+}
+
+/// What the data-plane phases work with: the namespaces, the ingress, the laptop and the
+/// names it resolves, and the CAs.
+struct Data<'a> {
+    env: &'a E2eEnv,
+    client: &'a kube::Client,
+    ns: &'a str,
+    app_ns: &'a str,
+    tailnet_name: &'a str,
+    ingresses: &'a Api<TailnetIngress>,
+    /// The ingress node's tailnet IPv4.
+    ip: &'a str,
+    laptop: &'a LocalApi,
+    /// The portal's address as the laptop resolves it (MagicDNS).
+    resolved: &'a str,
+    cluster_ca: &'a TestCa,
+    backend_ca: &'a TestCa,
+    portal: &'a str,
+    alias: &'a str,
+    slow: &'a str,
+    admin: &'a str,
+    admin_wrong: &'a str,
+}
+
+/// The ingress certificate, the HTTPS backend's certificate, and the backend CA bundles.
+async fn store_certificates(
+    client: &kube::Client,
+    ns: &str,
+    cert_pem: &str,
+    key_pem: &str,
+    backend_ca: &TestCa,
+    wrong_ca: &TestCa,
+) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     secrets
         .create(
             &PostParams::default(),
-            &tls_secret("portal-tls", &cert_pem, &key_pem),
+            &tls_secret("portal-tls", cert_pem, key_pem),
         )
         .await
         .expect("ingress TLS Secret");
@@ -255,7 +326,7 @@ async fn ingress_data_plane_through_the_operator() {
         )
         .await
         .expect("backend TLS Secret");
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     for (name, pem) in [("backend-ca", &backend_ca.pem), ("wrong-ca", &wrong_ca.pem)] {
         let config_map = json!({
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns},
@@ -265,10 +336,12 @@ async fn ingress_data_plane_through_the_operator() {
             .await
             .expect("CA ConfigMap");
     }
+}
 
+async fn deploy_backends(client: &kube::Client, ns: &str) {
     // Backends: the HTTP test backend (plain) and the same over TLS.
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
     for (name, port, args, secret) in [
         (
             "files",
@@ -294,16 +367,25 @@ async fn ingress_data_plane_through_the_operator() {
         apply(
             &deployments,
             name,
-            backend_deployment(&ns, name, args, secret),
+            backend_deployment(ns, name, args, secret),
         )
         .await
         .expect("backend Deployment");
-        apply(&services, name, service_object(&ns, name, port))
+        apply(&services, name, service_object(ns, name, port))
             .await
             .expect("backend Service");
     }
+}
 
-    let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
+/// Returns the ingress API, the Ready ingress's status and its tailnet IPv4.
+async fn apply_the_portal(
+    client: &kube::Client,
+    ns: &str,
+    tailnet_name: &str,
+    operator: &OperatorProcess,
+    alias: &str,
+) -> (Api<TailnetIngress>, TailnetIngressStatus, String) {
+    let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), ns);
     let exposes = json!([
         {"name": "web", "dnsLabel": "portal", "alias": true, "mode": "http", "port": 443,
          "backend": {"service": "files", "port": "main"}},
@@ -322,7 +404,7 @@ async fn ingress_data_plane_through_the_operator() {
     apply(
         &ingresses,
         "portal",
-        ingress_object(&ns, "portal", &tailnet_name, Some("portal-tls"), exposes),
+        ingress_object(ns, "portal", tailnet_name, Some("portal-tls"), exposes),
     )
     .await
     .expect("ingress");
@@ -330,16 +412,32 @@ async fn ingress_data_plane_through_the_operator() {
         &ingresses,
         "portal",
         ConditionIs::new(types::READY, "True"),
-        Some(&operator),
+        Some(operator),
     )
     .await;
     let status = ready.status.clone().unwrap_or_default();
     let ip = tailnet_ipv4(&status.tailnet_ips).expect("tailnet IPv4");
-    assert!(status.hostnames.contains(&alias), "{:?}", status.hostnames);
+    assert!(
+        status.hostnames.contains(&alias.to_string()),
+        "{:?}",
+        status.hostnames
+    );
+    (ingresses, status, ip)
+}
 
+/// Returns the portal's address as the laptop resolves it.
+async fn magic_dns_names(
+    env: &E2eEnv,
+    client: &kube::Client,
+    ns: &str,
+    portal: &str,
+    alias: &str,
+    ip: &str,
+    laptop: &LocalApi,
+) -> String {
     // MagicDNS: Headscale serves the rendered extra-records.json. In a cluster the ConfigMap is
     // mounted into Headscale's pod; here the test copies it to Headscale's extra_records_path.
-    let hosts: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let hosts: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let records = wait_for(
         "extra-records.json with the ingress names",
         WAIT,
@@ -354,7 +452,7 @@ async fn ingress_data_plane_through_the_operator() {
                 .get("extra-records.json")
                 .cloned()
                 .unwrap_or_default();
-            if text.contains(&portal) && text.contains(&alias) {
+            if text.contains(portal) && text.contains(alias) {
                 Ok(text)
             } else {
                 Err(text)
@@ -366,7 +464,6 @@ async fn ingress_data_plane_through_the_operator() {
     let temporary = records_path.with_extension("json.test-tmp");
     std::fs::write(&temporary, &records).expect("write extra records");
     std::fs::rename(&temporary, &records_path).expect("replace extra records");
-    let laptop = env.tailnet().laptop.node.local_api();
     for name in [&portal, &alias] {
         wait_for(&format!("MagicDNS to resolve {name}"), WAIT, || async {
             let answer = laptop.resolve_ipv4(name).await.map_err(|e| e.to_string())?;
@@ -378,8 +475,20 @@ async fn ingress_data_plane_through_the_operator() {
         })
         .await;
     }
-    let resolved = laptop.resolve_ipv4(&portal).await.expect("resolve")[0].to_string();
 
+    laptop.resolve_ipv4(portal).await.expect("resolve")[0].to_string()
+}
+
+async fn forwarding_headers(d: &Data<'_>) {
+    let &Data {
+        env,
+        laptop,
+        resolved,
+        cluster_ca,
+        portal,
+        alias,
+        ..
+    } = d;
     // The backend's answer, with X-Forwarded-For = the laptop's tailnet IP; the alias works
     // with the same certificate.
     let laptop_ip = env
@@ -395,8 +504,8 @@ async fn ingress_data_plane_through_the_operator() {
             WAIT,
             || async {
                 get(
-                    &laptop,
-                    &resolved,
+                    laptop,
+                    resolved,
                     host,
                     "/echo-headers",
                     &cluster_ca.pem,
@@ -424,13 +533,22 @@ async fn ingress_data_plane_through_the_operator() {
             "{answer}"
         );
     }
+}
 
+async fn gzip_and_range_untouched(d: &Data<'_>) {
+    let &Data {
+        laptop,
+        resolved,
+        cluster_ca,
+        portal,
+        ..
+    } = d;
     // 64 MiB served with Content-Encoding: gzip arrive byte-identical, headers intact.
     let expected_gzip = gzip_of_pattern(GZIP_OBJECT_BYTES);
     let (code, headers, body) = get(
-        &laptop,
-        &resolved,
-        &portal,
+        laptop,
+        resolved,
+        portal,
         &format!("/gzip-large?bytes={GZIP_OBJECT_BYTES}"),
         &cluster_ca.pem,
         &[("accept-encoding", "gzip")],
@@ -454,9 +572,9 @@ async fn ingress_data_plane_through_the_operator() {
 
     // A Range request returns exactly the range.
     let (code, headers, body) = get(
-        &laptop,
-        &resolved,
-        &portal,
+        laptop,
+        resolved,
+        portal,
         "/blob",
         &cluster_ca.pem,
         &[("range", "bytes=1000-1999")],
@@ -466,187 +584,225 @@ async fn ingress_data_plane_through_the_operator() {
     assert_eq!(code, 206);
     assert_eq!(headers["content-range"], "bytes 1000-1999/1048576");
     assert_eq!(body.as_ref(), &pattern_chunk(7, 1024 * 1024)[1000..2000]);
+}
 
+async fn streamed_upload(d: &Data<'_>) {
+    let &Data {
+        laptop,
+        resolved,
+        cluster_ca,
+        portal,
+        ..
+    } = d;
     // A 256 MiB streamed upload arrives byte-identical (the backend hashes what it got).
-    {
-        let tls = tls_connect(&laptop, &resolved, 443, &portal, &cluster_ca.pem)
-            .await
-            .expect("TLS");
-        let chunk_size = 64 * 1024u64;
-        let chunks = UPLOAD_BYTES / chunk_size;
-        let body = StreamBody::new(futures_util::stream::iter((0..chunks).map(move |index| {
-            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(pattern_chunk(
-                index,
-                chunk_size as usize,
-            ))))
-        })));
-        let mut sender = http1::<_, StreamBody<_>>(tls).await.expect("HTTP");
-        let request = http::Request::post("/upload")
-            .header("host", &portal)
-            .header("content-length", UPLOAD_BYTES.to_string())
-            .body(body)
-            .expect("request");
-        let started = Instant::now();
-        let response = tokio::time::timeout(Duration::from_secs(300), sender.send_request(request))
-            .await
-            .expect("upload timed out")
-            .expect("upload");
-        let code = response.status().as_u16();
-        let answer = response
-            .into_body()
-            .collect()
-            .await
-            .expect("upload answer")
-            .to_bytes();
-        let seconds = started.elapsed().as_secs_f64();
-        let answer = String::from_utf8_lossy(&answer).into_owned();
-        assert_eq!(code, 200, "{answer}");
-        assert_eq!(
-            answer,
-            format!("{UPLOAD_BYTES} {}", pattern_sha256(UPLOAD_BYTES))
-        );
-        eprintln!("256 MiB upload: identical, {:.1} MiB/s", 256.0 / seconds);
-    }
+    let tls = tls_connect(laptop, resolved, 443, portal, &cluster_ca.pem)
+        .await
+        .expect("TLS");
+    let chunk_size = 64 * 1024u64;
+    let chunks = UPLOAD_BYTES / chunk_size;
+    let body = StreamBody::new(futures_util::stream::iter((0..chunks).map(move |index| {
+        Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(pattern_chunk(
+            index,
+            chunk_size as usize,
+        ))))
+    })));
+    let mut sender = http1::<_, StreamBody<_>>(tls).await.expect("HTTP");
+    let request = http::Request::post("/upload")
+        .header("host", portal)
+        .header("content-length", UPLOAD_BYTES.to_string())
+        .body(body)
+        .expect("request");
+    let started = Instant::now();
+    let response = tokio::time::timeout(Duration::from_secs(300), sender.send_request(request))
+        .await
+        .expect("upload timed out")
+        .expect("upload");
+    let code = response.status().as_u16();
+    let answer = response
+        .into_body()
+        .collect()
+        .await
+        .expect("upload answer")
+        .to_bytes();
+    let seconds = started.elapsed().as_secs_f64();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(
+        answer,
+        format!("{UPLOAD_BYTES} {}", pattern_sha256(UPLOAD_BYTES))
+    );
+    eprintln!("256 MiB upload: identical, {:.1} MiB/s", 256.0 / seconds);
+}
 
+async fn websocket_messages(d: &Data<'_>) {
+    let &Data {
+        laptop,
+        resolved,
+        cluster_ca,
+        portal,
+        ..
+    } = d;
     // WebSocket: 1,000 messages echoed in order over one upgraded connection.
-    {
-        let tls = tls_connect(&laptop, &resolved, 443, &portal, &cluster_ca.pem)
+    let tls = tls_connect(laptop, resolved, 443, portal, &cluster_ca.pem)
+        .await
+        .expect("TLS");
+    let (mut socket, response) = tokio_tungstenite::client_async(format!("wss://{portal}/ws"), tls)
+        .await
+        .expect("WebSocket handshake through the ingress");
+    assert_eq!(response.status().as_u16(), 101);
+    for index in 0..WEBSOCKET_MESSAGES {
+        let text = format!("message {index}");
+        socket
+            .send(Message::text(text.clone()))
             .await
-            .expect("TLS");
-        let (mut socket, response) =
-            tokio_tungstenite::client_async(format!("wss://{portal}/ws"), tls)
-                .await
-                .expect("WebSocket handshake through the ingress");
-        assert_eq!(response.status().as_u16(), 101);
-        for index in 0..WEBSOCKET_MESSAGES {
-            let text = format!("message {index}");
-            socket
-                .send(Message::text(text.clone()))
-                .await
-                .expect("send");
-            let echoed = tokio::time::timeout(Duration::from_secs(10), socket.next())
-                .await
-                .expect("echo timed out")
-                .expect("socket open")
-                .expect("message");
-            assert_eq!(echoed, Message::text(text));
-        }
-        socket.close(None).await.expect("close");
+            .expect("send");
+        let echoed = tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("echo timed out")
+            .expect("socket open")
+            .expect("message");
+        assert_eq!(echoed, Message::text(text));
     }
+    socket.close(None).await.expect("close");
+}
 
+async fn slow_backend_head(d: &Data<'_>) {
+    let &Data {
+        laptop,
+        resolved,
+        cluster_ca,
+        slow,
+        ..
+    } = d;
     // A slow backend: 504 after backendRequest (1 s).
-    let (code, _, body) = get(
-        &laptop,
-        &resolved,
-        &slow,
-        "/slow-head",
-        &cluster_ca.pem,
-        &[],
-    )
-    .await
-    .expect("slow backend answer");
+    let (code, _, body) = get(laptop, resolved, slow, "/slow-head", &cluster_ca.pem, &[])
+        .await
+        .expect("slow backend answer");
     assert_eq!(code, 504, "{}", String::from_utf8_lossy(&body));
+}
 
+async fn slow_upload_gets_408(d: &Data<'_>) {
+    let &Data {
+        env,
+        client,
+        ns,
+        laptop,
+        resolved,
+        cluster_ca,
+        slow,
+        ..
+    } = d;
     // An upload slower than `request` (3 s): the agent answers 408 while the body is still
     // arriving, so the backend never gets all of it (it would answer 200 with the byte count),
     // and counts the 408. Raw HTTP/1.1 over TLS, so the answer is read while the client is
     // still writing (an HTTP client may give up on its write error before reading it).
-    {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        let agent_ip = agent_pods(&pods, "tailnet-ingress-portal")
-            .await
-            .expect("agent pods")
-            .iter()
-            .find_map(|p| ready_pod_ip(p).ok())
-            .expect("a Ready ingress agent pod");
-        let host_label = format!("host=\"{slow}\"");
-        let counted_408 = |metrics: &str| {
-            metric_sum(
-                metrics,
-                "tailnet_agent_http_requests_total",
-                &[host_label.as_str(), "status=\"408\""],
-            )
-        };
-        let before = counted_408(&agent_metrics(&env, &agent_ip).await.expect("agent metrics"));
-        let tls = tls_connect(&laptop, &resolved, 443, &slow, &cluster_ca.pem)
-            .await
-            .expect("TLS");
-        let (mut reader, mut writer) = tokio::io::split(tls);
-        let sent = Arc::new(AtomicUsize::new(0));
-        let head = format!("POST /upload HTTP/1.1\r\nHost: {slow}\r\nContent-Length: 40\r\n\r\n");
-        let started = Instant::now();
-        let uploader = {
-            let sent = sent.clone();
-            tokio::spawn(async move {
-                writer.write_all(head.as_bytes()).await?;
-                writer.flush().await?;
-                for _ in 0..40 {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                    writer.write_all(b"x").await?;
-                    writer.flush().await?;
-                    sent.fetch_add(1, Ordering::SeqCst);
-                }
-                Ok::<_, std::io::Error>(())
-            })
-        };
-        let mut answer = Vec::new();
-        let mut first_byte = None;
-        let mut buffer = [0u8; 4096];
-        let read_deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !http1_response_complete(&answer) {
-            match tokio::time::timeout_at(read_deadline, reader.read(&mut buffer)).await {
-                Ok(Ok(read)) if read > 0 => {
-                    first_byte.get_or_insert((started.elapsed(), sent.load(Ordering::SeqCst)));
-                    answer.extend_from_slice(&buffer[..read]);
-                }
-                _ => break,
-            }
-        }
-        uploader.abort();
-        let text = String::from_utf8_lossy(&answer).into_owned();
-        let (answered_after, body_bytes_sent) =
-            first_byte.unwrap_or_else(|| panic!("the slow upload got no answer: {text:?}"));
-        eprintln!(
-            "slow upload: {:?} after {answered_after:?}, {body_bytes_sent} of 40 body bytes sent",
-            text.lines().next().unwrap_or_default()
-        );
-        assert!(
-            text.starts_with("HTTP/1.1 408"),
-            "the slow upload must get 408 from the agent: {text:?}"
-        );
-        assert!(
-            body_bytes_sent < 40,
-            "the 408 must come while the upload is still running ({body_bytes_sent} of 40 bytes sent)"
-        );
-        assert!(
-            answered_after >= Duration::from_millis(2500),
-            "408 after {answered_after:?}, before the 3 s request timeout"
-        );
-        wait_for(
-            "the agent to count the 408",
-            Duration::from_secs(20),
-            || async {
-                let metrics = agent_metrics(&env, &agent_ip).await?;
-                let now = counted_408(&metrics);
-                if now >= before + 1.0 {
-                    Ok(())
-                } else {
-                    Err(format!("408s for {slow}: {before} → {now}"))
-                }
-            },
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let agent_ip = agent_pods(&pods, "tailnet-ingress-portal")
+        .await
+        .expect("agent pods")
+        .iter()
+        .find_map(|p| ready_pod_ip(p).ok())
+        .expect("a Ready ingress agent pod");
+    let host_label = format!("host=\"{slow}\"");
+    let counted_408 = |metrics: &str| {
+        metric_sum(
+            metrics,
+            "tailnet_agent_http_requests_total",
+            &[host_label.as_str(), "status=\"408\""],
         )
-        .await;
+    };
+    let before = counted_408(&agent_metrics(env, &agent_ip).await.expect("agent metrics"));
+    let tls = tls_connect(laptop, resolved, 443, slow, &cluster_ca.pem)
+        .await
+        .expect("TLS");
+    let (mut reader, mut writer) = tokio::io::split(tls);
+    let sent = Arc::new(AtomicUsize::new(0));
+    let head = format!("POST /upload HTTP/1.1\r\nHost: {slow}\r\nContent-Length: 40\r\n\r\n");
+    let started = Instant::now();
+    let uploader = {
+        let sent = sent.clone();
+        tokio::spawn(async move {
+            writer.write_all(head.as_bytes()).await?;
+            writer.flush().await?;
+            for _ in 0..40 {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                writer.write_all(b"x").await?;
+                writer.flush().await?;
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok::<_, std::io::Error>(())
+        })
+    };
+    let mut answer = Vec::new();
+    let mut first_byte = None;
+    let mut buffer = [0u8; 4096];
+    let read_deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !http1_response_complete(&answer) {
+        match tokio::time::timeout_at(read_deadline, reader.read(&mut buffer)).await {
+            Ok(Ok(read)) if read > 0 => {
+                first_byte.get_or_insert((started.elapsed(), sent.load(Ordering::SeqCst)));
+                answer.extend_from_slice(&buffer[..read]);
+            }
+            _ => break,
+        }
     }
+    uploader.abort();
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let (answered_after, body_bytes_sent) =
+        first_byte.unwrap_or_else(|| panic!("the slow upload got no answer: {text:?}"));
+    eprintln!(
+        "slow upload: {:?} after {answered_after:?}, {body_bytes_sent} of 40 body bytes sent",
+        text.lines().next().unwrap_or_default()
+    );
+    assert!(
+        text.starts_with("HTTP/1.1 408"),
+        "the slow upload must get 408 from the agent: {text:?}"
+    );
+    assert!(
+        body_bytes_sent < 40,
+        "the 408 must come while the upload is still running ({body_bytes_sent} of 40 bytes sent)"
+    );
+    assert!(
+        answered_after >= Duration::from_millis(2500),
+        "408 after {answered_after:?}, before the 3 s request timeout"
+    );
+    wait_for(
+        "the agent to count the 408",
+        Duration::from_secs(20),
+        || async {
+            let metrics = agent_metrics(env, &agent_ip).await?;
+            let now = counted_408(&metrics);
+            if now >= before + 1.0 {
+                Ok(())
+            } else {
+                Err(format!("408s for {slow}: {before} → {now}"))
+            }
+        },
+    )
+    .await;
+}
 
+async fn verified_backend_tls(d: &Data<'_>) {
+    let &Data {
+        env,
+        client,
+        ns,
+        laptop,
+        resolved,
+        cluster_ca,
+        admin,
+        admin_wrong,
+        ..
+    } = d;
     // HTTPS backend verified against its CA; with the wrong CA: 502, counted as TLS failure.
-    let (code, _, body) = get(&laptop, &resolved, &admin, "/whoami", &cluster_ca.pem, &[])
+    let (code, _, body) = get(laptop, resolved, admin, "/whoami", &cluster_ca.pem, &[])
         .await
         .expect("admin");
     assert_eq!((code, body.as_ref()), (200, b"admin-backend".as_ref()));
     let (code, _, _) = get(
-        &laptop,
-        &resolved,
-        &admin_wrong,
+        laptop,
+        resolved,
+        admin_wrong,
         "/whoami",
         &cluster_ca.pem,
         &[],
@@ -654,7 +810,7 @@ async fn ingress_data_plane_through_the_operator() {
     .await
     .expect("admin with the wrong CA");
     assert_eq!(code, 502);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let agent_pod = agent_pods(&pods, "tailnet-ingress-portal")
         .await
         .expect("agent pods")
@@ -666,7 +822,7 @@ async fn ingress_data_plane_through_the_operator() {
         .as_ref()
         .and_then(|s| s.pod_ip.clone())
         .unwrap_or_default();
-    let metrics = agent_metrics(&env, &pod_ip).await.expect("agent metrics");
+    let metrics = agent_metrics(env, &pod_ip).await.expect("agent metrics");
     let tls_failures = metric_sum(
         &metrics,
         "tailnet_agent_backend_tls_failures",
@@ -676,23 +832,27 @@ async fn ingress_data_plane_through_the_operator() {
         tls_failures >= 1.0,
         "backend TLS failure not counted:\n{metrics}"
     );
+}
 
+async fn small_requests(d: &Data<'_>) {
+    let &Data {
+        laptop,
+        resolved,
+        cluster_ca,
+        backend_ca,
+        portal,
+        ..
+    } = d;
     // Small HTTPS requests (keep-alive, sequential) through the http expose, next to the same
     // requests over a tcp expose to the TLS backend (TLS end to end, no proxy): printed only.
     let rounds = 300;
-    let tls = tls_connect(&laptop, &resolved, 443, &portal, &cluster_ca.pem)
+    let tls = tls_connect(laptop, resolved, 443, portal, &cluster_ca.pem)
         .await
         .expect("TLS");
-    let mut through_proxy = keep_alive_round_trips(tls, &portal, rounds).await;
-    let tls = tls_connect(
-        &laptop,
-        &resolved,
-        8443,
-        BACKEND_SERVER_NAME,
-        &backend_ca.pem,
-    )
-    .await
-    .expect("TLS");
+    let mut through_proxy = keep_alive_round_trips(tls, portal, rounds).await;
+    let tls = tls_connect(laptop, resolved, 8443, BACKEND_SERVER_NAME, &backend_ca.pem)
+        .await
+        .expect("TLS");
     let mut direct = keep_alive_round_trips(tls, BACKEND_SERVER_NAME, rounds).await;
     through_proxy.sort();
     direct.sort();
@@ -709,12 +869,31 @@ async fn ingress_data_plane_through_the_operator() {
         percentile(&direct, 0.99),
         rate(&through_proxy) / rate(&direct),
     );
+}
 
+async fn allow_from_changes(
+    d: &Data<'_>,
+    tailnets: &Api<tailnet_api::Tailnet>,
+    tailnet_object: impl Fn(&[&str]) -> serde_json::Value,
+) {
+    let &Data {
+        env,
+        ns,
+        tailnet_name,
+        ingresses,
+        ip,
+        laptop,
+        resolved,
+        cluster_ca,
+        backend_ca,
+        admin,
+        ..
+    } = d;
     // A node outside allowFrom gets no TCP connection; once its tag is in the allowlist and
     // allowFrom, it does (nothing restarted).
-    let outsider = join_client_node(&env, "outsider", &ns).await;
+    let outsider = join_client_node(env, "outsider", ns).await;
     let outsider_api = outsider.node.local_api();
-    let denied = tcp_echo(&outsider_api, &ip, 8443).await;
+    let denied = tcp_echo(&outsider_api, ip, 8443).await;
     assert!(
         denied.is_err(),
         "outside allowFrom must get no TCP: {denied:?}"
@@ -732,7 +911,7 @@ async fn ingress_data_plane_through_the_operator() {
         .await
         .expect("allowFrom with tag:client");
     let rejected = wait_for_condition(
-        &ingresses,
+        ingresses,
         "portal",
         ConditionIs::new(types::SOURCES_ALLOWED, "False").reason(reasons::SOURCE_NOT_ALLOWED),
         None,
@@ -748,12 +927,12 @@ async fn ingress_data_plane_through_the_operator() {
     assert_eq!(effective.status, "True", "{}", partly.describe());
     let message = &effective.message;
     assert!(message.contains("tag:client get no grant"), "{message}");
-    get(&laptop, &resolved, &admin, "/whoami", &cluster_ca.pem, &[])
+    get(laptop, resolved, admin, "/whoami", &cluster_ca.pem, &[])
         .await
         .expect("the laptop keeps working while the change is rejected");
     apply(
-        &tailnets,
-        &tailnet_name,
+        tailnets,
+        tailnet_name,
         tailnet_object(&["group:team-a", "tag:client"]),
     )
     .await
@@ -765,7 +944,7 @@ async fn ingress_data_plane_through_the_operator() {
             // A TLS handshake on the tcp expose proves a TCP connection to the backend.
             tls_connect(
                 &outsider_api,
-                &ip,
+                ip,
                 8443,
                 BACKEND_SERVER_NAME,
                 &backend_ca.pem,
@@ -775,16 +954,27 @@ async fn ingress_data_plane_through_the_operator() {
         },
     )
     .await;
+}
 
+async fn from_an_app_namespace(d: &Data<'_>) {
+    let &Data {
+        client,
+        ns,
+        app_ns,
+        tailnet_name,
+        ingresses,
+        alias,
+        ..
+    } = d;
     // From an app namespace: a cross-namespace backend is rejected; the alias taken by
     // `portal` stays with its first owner.
-    let app_ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &app_ns);
+    let app_ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), app_ns);
     let cross_namespace = json!([{"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 5432,
                                   "backend": {"service": "files", "namespace": ns, "port": 8080}}]);
     apply(
         &app_ingresses,
         "sneaky",
-        ingress_object(&app_ns, "sneaky", &tailnet_name, None, cross_namespace),
+        ingress_object(app_ns, "sneaky", tailnet_name, None, cross_namespace),
     )
     .await
     .expect("cross-namespace ingress");
@@ -793,7 +983,7 @@ async fn ingress_data_plane_through_the_operator() {
     apply(
         &app_ingresses,
         "portal",
-        ingress_object(&app_ns, "portal", &tailnet_name, None, taken_alias),
+        ingress_object(app_ns, "portal", tailnet_name, None, taken_alias),
     )
     .await
     .expect("second portal");
@@ -808,7 +998,7 @@ async fn ingress_data_plane_through_the_operator() {
     .condition_message(types::BACKENDS_RESOLVED);
     eprintln!("cross-namespace backend: {sneaky}");
     // No agent is deployed for it, so no pre-auth key was minted either.
-    let app_secrets: Api<Secret> = Api::namespaced(client.clone(), &app_ns);
+    let app_secrets: Api<Secret> = Api::namespaced(client.clone(), app_ns);
     assert!(
         app_secrets
             .get_opt("tailnet-ingress-sneaky-auth")
@@ -825,7 +1015,7 @@ async fn ingress_data_plane_through_the_operator() {
     )
     .await
     .condition_message(types::HOSTNAMES_UNIQUE);
-    assert!(conflict.contains(&alias), "{conflict}");
+    assert!(conflict.contains(alias), "{conflict}");
     let first = ingresses.get("portal").await.expect("first portal");
     assert!(
         first
@@ -833,11 +1023,22 @@ async fn ingress_data_plane_through_the_operator() {
             .clone()
             .unwrap_or_default()
             .hostnames
-            .contains(&alias),
+            .contains(&alias.to_string()),
         "the first owner keeps the alias: {}",
         first.describe()
     );
+}
 
+async fn deletion_removes_node_grants_and_names(d: &Data<'_>, status: &TailnetIngressStatus) {
+    let &Data {
+        env,
+        client,
+        ns,
+        ingresses,
+        portal,
+        ..
+    } = d;
+    let hosts: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     // Deletion: node, grants and DNS names go.
     let node_id = status.node_id.clone().expect("node id");
     ingresses
@@ -878,12 +1079,11 @@ async fn ingress_data_plane_through_the_operator() {
                 .await
                 .map_err(|e| e.to_string())?;
             let data = cm.data.unwrap_or_default();
-            if data.values().any(|v| v.contains(&portal)) {
+            if data.values().any(|v| v.contains(portal)) {
                 return Err(format!("{portal} still in the DNS ConfigMap"));
             }
             Ok(())
         },
     )
     .await;
-    operator.terminate().await.expect("operator stops cleanly");
 }

@@ -19,7 +19,8 @@ use support::objects::{
 use support::tailnet::{https_get_hello, ok_200, port_refused, self_signed, tcp_echo};
 use support::wait::{WAIT, wait_for};
 use tailnet_api::TailnetIngress;
-use tno_testenv::{E2eEnv, OperatorArgs};
+use tno_testenv::{E2eEnv, OperatorArgs, OperatorProcess};
+use tno_testenv_tailnet::LocalApi;
 
 /// A client-supplied identity header, which the ingress must drop.
 const FORGED_LOGIN: (&str, &str) = ("Tailscale-User-Login", "forged@evil");
@@ -36,38 +37,7 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
     let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
         .await
         .expect("operator");
-
-    // Backends: an HTTP echo (frontend) and a TCP echo (db), as Deployments with Services.
-    for (name, args, port) in [
-        (
-            "frontend",
-            json!([
-                "http-echo",
-                "--listen",
-                "0.0.0.0:8080",
-                "--name",
-                "frontend"
-            ]),
-            8080,
-        ),
-        ("db", json!(["tcp-echo", "--listen", "0.0.0.0:5432"]), 5432),
-    ] {
-        apply(
-            &Api::<Deployment>::namespaced(client.clone(), &ns),
-            name,
-            test_server_deployment(&ns, name, args),
-        )
-        .await
-        .expect("backend Deployment");
-        apply(
-            &Api::<Service>::namespaced(client.clone(), &ns),
-            name,
-            service_object(&ns, name, port),
-        )
-        .await
-        .expect("backend Service");
-    }
-
+    deploy_backends(&client, &ns).await;
     // The ingress: https portal (named TLS Secret, not created yet) and a tcp expose.
     let portal = format!("portal.{ns}.lab.example.net");
     let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
@@ -87,7 +57,86 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
     )
     .await
     .expect("ingress");
+    let laptop = env.tailnet().laptop.node.local_api();
+    let p = Portal {
+        env: &env,
+        client: &client,
+        ns: &ns,
+        tailnet_name: &tailnet_name,
+        portal: &portal,
+        ingresses: &ingresses,
+        laptop: &laptop,
+        operator: &operator,
+    };
+    let (ip, cert_pem, key_pem) = served_only_once_the_secret_exists(&p).await;
+    let (secrets, ready) = with_the_certificate(&p, &ip, &cert_pem, &key_pem).await;
+    outside_allow_from_nothing(&p, &ip, &cert_pem, &ready).await;
 
+    // Tenant safety (issue 14, the lab's pattern): `<ns>/dev-api`, then `<ns>-dev/api`. Their
+    // namespace and name join to the same string; both get an identity of their own and work,
+    // and deleting the later one leaves the earlier one's node.
+    lab_pair_gets_two_identities(&env, &client, &ns, &tailnet_name, &laptop).await;
+    forced_re_mint_leaves_exactly_one_valid_key(&env, &client, &ns, &tailnet_name).await;
+    default_issuer_certificate(&p, &secrets).await;
+    operator.terminate().await.expect("operator stops cleanly");
+}
+
+/// What the phases of the scenario work with.
+struct Portal<'a> {
+    env: &'a E2eEnv,
+    client: &'a kube::Client,
+    ns: &'a str,
+    tailnet_name: &'a str,
+    /// The https expose's name.
+    portal: &'a str,
+    ingresses: &'a Api<TailnetIngress>,
+    /// alice's laptop (group:team-a).
+    laptop: &'a LocalApi,
+    operator: &'a OperatorProcess,
+}
+
+async fn deploy_backends(client: &kube::Client, ns: &str) {
+    // Backends: an HTTP echo (frontend) and a TCP echo (db), as Deployments with Services.
+    for (name, args, port) in [
+        (
+            "frontend",
+            json!([
+                "http-echo",
+                "--listen",
+                "0.0.0.0:8080",
+                "--name",
+                "frontend"
+            ]),
+            8080,
+        ),
+        ("db", json!(["tcp-echo", "--listen", "0.0.0.0:5432"]), 5432),
+    ] {
+        apply(
+            &Api::<Deployment>::namespaced(client.clone(), ns),
+            name,
+            test_server_deployment(ns, name, args),
+        )
+        .await
+        .expect("backend Deployment");
+        apply(
+            &Api::<Service>::namespaced(client.clone(), ns),
+            name,
+            service_object(ns, name, port),
+        )
+        .await
+        .expect("backend Service");
+    }
+}
+
+/// Returns the ingress's tailnet IPv4 and a certificate (PEM) and key for the portal.
+async fn served_only_once_the_secret_exists(p: &Portal<'_>) -> (String, String, String) {
+    let &Portal {
+        portal,
+        ingresses,
+        laptop,
+        operator,
+        ..
+    } = p;
     // Without the Secret: SecretMissing, tcp works, https gets no plaintext and no TLS.
     let secret_missing = ConditionIs::new("CertificateReady", "False").reason("SecretMissing");
     let ingress = wait_for(
@@ -116,15 +165,14 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
     );
     let ip = tailnet_ipv4(&ingress.status.clone().unwrap_or_default().tailnet_ips)
         .expect("tailnet IPv4");
-    let laptop = env.tailnet().laptop.node.local_api();
     wait_for("the tcp expose to echo for the laptop", WAIT, || async {
-        tcp_echo(&laptop, &ip, 5432).await
+        tcp_echo(laptop, &ip, 5432).await
     })
     .await;
-    let (cert_pem, key_pem) = self_signed(std::slice::from_ref(&portal));
+    let (cert_pem, key_pem) = self_signed(&[portal.to_string()]);
     // Port 443 is closed, not merely silent: the laptop's dial reaches the node (its tcp
     // expose just echoed) and is refused, so neither TLS nor a plaintext answer can come back.
-    let refused = port_refused(&laptop, &ip, 443, &portal, WAIT).await;
+    let refused = port_refused(laptop, &ip, 443, portal, WAIT).await;
     assert!(
         refused.is_ok(),
         "http must not be served without a certificate: {refused:?}"
@@ -134,25 +182,41 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
         refused.unwrap_or_default()
     );
     // The same probe tells a listener apart: the tcp expose accepts (and echoes the request).
-    let listening = port_refused(&laptop, &ip, 5432, &portal, WAIT).await;
+    let listening = port_refused(laptop, &ip, 5432, portal, WAIT).await;
     assert!(
         listening
             .as_ref()
             .is_err_and(|e| e.contains("accepted a connection")),
         "the probe must see the tcp expose's listener: {listening:?}"
     );
+    (ip, cert_pem, key_pem)
+}
 
+async fn with_the_certificate(
+    p: &Portal<'_>,
+    ip: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> (Api<Secret>, TailnetIngress) {
+    let &Portal {
+        client,
+        ns,
+        portal,
+        ingresses,
+        laptop,
+        ..
+    } = p;
     // With a certificate covering the name: served, identity added, forged header dropped.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     secrets
         .create(
             &PostParams::default(),
-            &tls_secret("portal-tls", &cert_pem, &key_pem),
+            &tls_secret("portal-tls", cert_pem, key_pem),
         )
         .await
         .expect("TLS Secret");
     let response = wait_for("https through the ingress", WAIT, || async {
-        https_get_hello(&laptop, &ip, &portal, &cert_pem, &[FORGED_LOGIN])
+        https_get_hello(laptop, ip, portal, cert_pem, &[FORGED_LOGIN])
             .await
             .and_then(ok_200)
     })
@@ -171,13 +235,8 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
         "a client-supplied identity header must be dropped: {response}"
     );
     assert!(lower.contains("x-forwarded-proto: https"), "{response}");
-    let ready = wait_for_condition(
-        &ingresses,
-        "portal",
-        ConditionIs::new("Ready", "True"),
-        None,
-    )
-    .await;
+    let ready =
+        wait_for_condition(ingresses, "portal", ConditionIs::new("Ready", "True"), None).await;
     assert_eq!(
         ready
             .condition("BackendsReachable")
@@ -199,51 +258,71 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
         "{:?}",
         status.urls
     );
+    (secrets, ready)
+}
 
+async fn outside_allow_from_nothing(
+    p: &Portal<'_>,
+    ip: &str,
+    cert_pem: &str,
+    ready: &TailnetIngress,
+) {
+    let &Portal {
+        env,
+        ns,
+        portal,
+        laptop,
+        ..
+    } = p;
     // A node outside allowFrom (tag:client) gets no connection at all.
-    let outsider = join_client_node(&env, "outsider", &ns).await;
-    let denied = tcp_echo(&outsider.node.local_api(), &ip, 5432).await;
+    let outsider = join_client_node(env, "outsider", ns).await;
+    let denied = tcp_echo(&outsider.node.local_api(), ip, 5432).await;
     assert!(
         denied.is_err(),
         "a node outside allowFrom must not get a TCP connection: {denied:?}"
     );
     let denied_https = https_get_hello(
         &outsider.node.local_api(),
-        &ip,
-        &portal,
-        &cert_pem,
+        ip,
+        portal,
+        cert_pem,
         &[FORGED_LOGIN],
     )
     .await;
     assert!(denied_https.is_err(), "{denied_https:?}");
     // ... while the laptop still does (the policy did not just break everything).
-    tcp_echo(&laptop, &ip, 5432)
+    tcp_echo(laptop, ip, 5432)
         .await
         .expect("laptop still allowed");
     assert_eq!(ready.name_any(), "portal");
+}
 
-    // Tenant safety (issue 14, the lab's pattern): `<ns>/dev-api`, then `<ns>-dev/api`. Their
-    // namespace and name join to the same string; both get an identity of their own and work,
-    // and deleting the later one leaves the earlier one's node.
-    lab_pair_gets_two_identities(&env, &client, &ns, &tailnet_name, &laptop).await;
-    forced_re_mint_leaves_exactly_one_valid_key(&env, &client, &ns, &tailnet_name).await;
-
+async fn default_issuer_certificate(p: &Portal<'_>, secrets: &Api<Secret>) {
+    let &Portal {
+        env,
+        client,
+        ns,
+        tailnet_name,
+        ingresses,
+        laptop,
+        ..
+    } = p;
     // Without tls.secretName: a cert-manager Certificate for every http name, and http stays
     // unserved (Issuing) until it is issued.
     apply(
         &Api::<tailnet_api::Tailnet>::all(client.clone()),
-        &tailnet_name,
-        tailnet_with_default_issuer(&env, &tailnet_name),
+        tailnet_name,
+        tailnet_with_default_issuer(env, tailnet_name),
     )
     .await
     .expect("Tailnet with a default issuer");
     apply(
-        &ingresses,
+        ingresses,
         "issued",
         ingress_object(
-            &ns,
+            ns,
             "issued",
-            &tailnet_name,
+            tailnet_name,
             None,
             json!([{"name": "web", "dnsLabel": "issued", "mode": "http", "port": 443, "backend": {"service": "frontend", "port": 8080}}]),
         ),
@@ -251,7 +330,7 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
     .await
     .expect("ingress with issuer");
     let issuing = wait_for_condition(
-        &ingresses,
+        ingresses,
         "issued",
         ConditionIs::new("CertificateReady", "False").reason("Issuing"),
         None,
@@ -263,7 +342,7 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
     );
     let certificates: Api<kube::api::DynamicObject> = Api::namespaced_with(
         client.clone(),
-        &ns,
+        ns,
         &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
             "cert-manager.io",
             "v1",
@@ -299,13 +378,13 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
     let (issued_cert, issued_key) = self_signed(std::slice::from_ref(&issued_name));
     // A closed port (the dial reaches the node and is refused), told apart from a dropped dial
     // (grant not live yet: polled through) and from any listener answering, plaintext or not.
-    let unserved = port_refused(&laptop, &issued, 443, &issued_name, WAIT).await;
+    let unserved = port_refused(laptop, &issued, 443, &issued_name, WAIT).await;
     assert!(
         unserved.is_ok(),
         "no listener on 443 while Issuing: {unserved:?}"
     );
     eprintln!("while Issuing, 443: {}", unserved.unwrap_or_default());
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let agent = "tailnet-ingress-issued";
     let before = pod_uids(&agent_pods(&pods, agent).await.expect("agent pods"));
     assert!(!before.is_empty(), "the issued ingress has an agent pod");
@@ -319,21 +398,14 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
         .await
         .expect("issued TLS Secret");
     let answer = wait_for("https once the certificate is issued", WAIT, || async {
-        https_get_hello(
-            &laptop,
-            &issued,
-            &issued_name,
-            &issued_cert,
-            &[FORGED_LOGIN],
-        )
-        .await
-        .and_then(ok_200)
+        https_get_hello(laptop, &issued, &issued_name, &issued_cert, &[FORGED_LOGIN])
+            .await
+            .and_then(ok_200)
     })
     .await;
     assert!(answer.contains("frontend"), "{answer}");
     let after = pod_uids(&agent_pods(&pods, agent).await.expect("agent pods"));
     assert_eq!(before, after, "served without restarting the agent pod");
-    operator.terminate().await.expect("operator stops cleanly");
 }
 
 /// `<ns>/dev-api` (first) and `<ns>-dev/api` (second): distinct tags and nodes, both forward
@@ -453,10 +525,25 @@ async fn lab_pair_gets_two_identities(
     tcp_echo(laptop, &first_ip, 6000)
         .await
         .expect("the first still forwards");
+    hand_tagged_device_is_not_the_ingress(
+        env, ns, laptop, &first, first_tag, first_node, &first_ip,
+    )
+    .await;
+    let _ = namespaces.delete(&other_ns, &Default::default()).await;
+}
 
-    // A device tagged by hand with the first one's tag (another hostname): named on the
-    // ingress, not taken for its node, and left alone when the ingress is deleted (before:
-    // the device, online and newer, became the ingress's node, and the delete removed it).
+/// A device tagged by hand with the first one's tag (another hostname): named on the
+/// ingress, not taken for its node, and left alone when the ingress is deleted (before:
+/// the device, online and newer, became the ingress's node, and the delete removed it).
+async fn hand_tagged_device_is_not_the_ingress(
+    env: &E2eEnv,
+    ns: &str,
+    laptop: &tno_testenv_tailnet::LocalApi,
+    first: &Api<TailnetIngress>,
+    first_tag: String,
+    first_node: String,
+    first_ip: &str,
+) {
     let hostname = format!("hand-tagged-{}", &ns[ns.len() - 5..]);
     let device = env
         .tailnet()
@@ -477,7 +564,7 @@ async fn lab_pair_gets_two_identities(
         .expect("the device is registered")
         .to_string();
     let conflicted = wait_for_condition(
-        &first,
+        first,
         "dev-api",
         ConditionIs::new("AgentReady", "False").reason("TagConflict"),
         None,
@@ -496,7 +583,7 @@ async fn lab_pair_gets_two_identities(
         Some(first_node.clone()),
         "the ingress keeps its own node"
     );
-    tcp_echo(laptop, &first_ip, 6000)
+    tcp_echo(laptop, first_ip, 6000)
         .await
         .expect("the first still forwards beside the device");
     first
@@ -527,7 +614,6 @@ async fn lab_pair_gets_two_identities(
         "the ingress's node is gone: {ids:?}"
     );
     drop(device);
-    let _ = namespaces.delete(&other_ns, &Default::default()).await;
 }
 
 /// An ingress whose agent can never log in (its namespace allows no pods): the operator mints

@@ -381,23 +381,7 @@ async fn scenario(
     let tailnet = tailnet_name(ns);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
-    Api::<Secret>::namespaced(client.clone(), ns)
-        .create(
-            &PostParams::default(),
-            &Secret {
-                metadata: kube::api::ObjectMeta {
-                    name: Some("headscale-bootstrap".into()),
-                    ..Default::default()
-                },
-                data: Some(BTreeMap::from([(
-                    "apiKey".to_string(),
-                    ByteString(env.headscale.api_key().as_bytes().to_vec()),
-                )])),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("bootstrap secret");
+    create_bootstrap_secret(env, ns, client).await;
     let set_base = |port: u16| {
         let cms = cms.clone();
         async move {
@@ -413,22 +397,7 @@ async fn scenario(
         }
     };
     set_base(7100).await;
-    apply(
-        &Api::<Tailnet>::all(client.clone()),
-        &tailnet,
-        json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet",
-            "metadata": {"name": tailnet},
-            "spec": {
-                "server": env.headscale.root_url(),
-                "apiSecretRef": {"name": "headscale-bootstrap", "key": "apiKey"},
-                "policy": {"baseConfigMap": "tailnet-policy", "mode": "Apply",
-                           "tagOwners": ["group:platform"]}
-            }
-        }),
-    )
-    .await
-    .expect("Tailnet");
+    apply_tailnet(env, client, &tailnet).await;
 
     // The first replica: apiserver through the freezable proxy, Headscale through the
     // counting one.
@@ -482,25 +451,7 @@ async fn scenario(
         hs_proxy.seen()
     );
 
-    let mut new = Replica::start(
-        kube.kubeconfig(),
-        ns,
-        &installation,
-        &lease,
-        logs,
-        "operator-2",
-        None,
-    );
-    wait_for("operator-2 to stand by", WAIT, || async {
-        let standing_by = new
-            .log_text()
-            .contains("standing by: lease held by another replica");
-        match new.leader_gauge().await {
-            Some(0.0) if standing_by => Ok(()),
-            other => Err(format!("leader gauge {other:?}, standing by {standing_by}")),
-        }
-    })
-    .await;
+    let mut new = standby_replica(kube, ns, &installation, &lease, logs).await;
 
     // Freeze operator-1's apiserver connections, then change the base policy.
     api_proxy.freeze(true);
@@ -509,25 +460,7 @@ async fn scenario(
 
     // The takeover, as the apiserver records it (polled every 50 ms).
     let mut stepped_down: Option<Duration> = None;
-    let takeover = loop {
-        if stepped_down.is_none() && old.exited() {
-            stepped_down = Some(frozen_at.elapsed());
-        }
-        let holder = leases
-            .get(&lease)
-            .await
-            .ok()
-            .and_then(|l| l.spec)
-            .and_then(|s| s.holder_identity);
-        if holder.as_deref() == Some("operator-2") {
-            break frozen_at.elapsed();
-        }
-        assert!(
-            frozen_at.elapsed() < WAIT,
-            "operator-2 never took the Lease (holder {holder:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let takeover = wait_for_takeover(&leases, &lease, &mut old, frozen_at, &mut stepped_down).await;
     let takeover_at = frozen_at + takeover;
     wait_for("operator-2 to apply the changed policy", WAIT, || {
         live_has("tcp:7101")
@@ -540,40 +473,10 @@ async fn scenario(
     // read from Headscale before the freeze and PUTs). Watch for its Headscale requests.
     api_proxy.freeze(false);
     let healed = frozen_at.elapsed();
-    let mut reverted = 0;
-    let watch_until = Instant::now() + WATCH_AFTER_TAKEOVER;
-    while Instant::now() < watch_until {
-        if stepped_down.is_none() && old.exited() {
-            stepped_down = Some(frozen_at.elapsed());
-        }
-        if let Ok(live) = hs.get_policy().await
-            && live.policy.contains("tcp:7100")
-        {
-            reverted += 1;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let reverted = watch_after_healing(&hs, &mut old, frozen_at, &mut stepped_down).await;
     let seen = hs_proxy.seen();
-    let after_takeover: Vec<&Seen> = seen.iter().filter(|s| s.at >= takeover_at).collect();
-    let writes_after: Vec<String> = after_takeover
-        .iter()
-        .filter(|s| s.is_write())
-        .map(|s| {
-            format!(
-                "{} {} at +{}",
-                s.method,
-                s.target,
-                secs(s.at.duration_since(frozen_at))
-            )
-        })
-        .collect();
-    let last_request = seen.last().map(|s| {
-        if s.at >= frozen_at {
-            format!("+{}", secs(s.at.duration_since(frozen_at)))
-        } else {
-            "before the freeze".to_string()
-        }
-    });
+    let (after_takeover, writes_after, last_request) =
+        requests_after_takeover(&seen, takeover_at, frozen_at);
     let old_log = old.log_text();
     println!(
         "leadership: lease {LEASE_SECONDS} s; after the freeze: operator-1 stepped down (process exited) at {}, operator-2 took the Lease at +{}, new policy live at +{}, connection unfrozen at +{}; margin step-down → takeover {}; operator-1's Headscale requests after the takeover: {} ({} writes{}); its last Headscale request {}; old policy live again {} times in {} s of watching",
@@ -598,6 +501,178 @@ async fn scenario(
         WATCH_AFTER_TAKEOVER.as_secs(),
     );
     new.child.kill().ok();
+    check_step_down(
+        &after_takeover,
+        &writes_after,
+        reverted,
+        stepped_down,
+        takeover,
+        &old_log,
+    );
+}
+
+async fn create_bootstrap_secret(env: &TailnetEnv, ns: &str, client: &kube::Client) {
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some("headscale-bootstrap".into()),
+                    ..Default::default()
+                },
+                data: Some(BTreeMap::from([(
+                    "apiKey".to_string(),
+                    ByteString(env.headscale.api_key().as_bytes().to_vec()),
+                )])),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("bootstrap secret");
+}
+
+async fn apply_tailnet(env: &TailnetEnv, client: &kube::Client, tailnet: &str) {
+    apply(
+        &Api::<Tailnet>::all(client.clone()),
+        tailnet,
+        json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet",
+            "metadata": {"name": tailnet},
+            "spec": {
+                "server": env.headscale.root_url(),
+                "apiSecretRef": {"name": "headscale-bootstrap", "key": "apiKey"},
+                "policy": {"baseConfigMap": "tailnet-policy", "mode": "Apply",
+                           "tagOwners": ["group:platform"]}
+            }
+        }),
+    )
+    .await
+    .expect("Tailnet");
+}
+
+/// operator-2, straight to the apiserver, standing by.
+async fn standby_replica(
+    kube: &tno_testenv_kube::KubeEnv,
+    ns: &str,
+    installation: &str,
+    lease: &str,
+    logs: &Path,
+) -> Replica {
+    let new = Replica::start(
+        kube.kubeconfig(),
+        ns,
+        installation,
+        lease,
+        logs,
+        "operator-2",
+        None,
+    );
+    wait_for("operator-2 to stand by", WAIT, || async {
+        let standing_by = new
+            .log_text()
+            .contains("standing by: lease held by another replica");
+        match new.leader_gauge().await {
+            Some(0.0) if standing_by => Ok(()),
+            other => Err(format!("leader gauge {other:?}, standing by {standing_by}")),
+        }
+    })
+    .await;
+    new
+}
+
+/// When (after the freeze) operator-2 holds the Lease, as the apiserver records it (polled
+/// every 50 ms); notes when operator-1 stepped down (exited) meanwhile.
+async fn wait_for_takeover(
+    leases: &Api<Lease>,
+    lease: &str,
+    old: &mut Replica,
+    frozen_at: Instant,
+    stepped_down: &mut Option<Duration>,
+) -> Duration {
+    loop {
+        if stepped_down.is_none() && old.exited() {
+            *stepped_down = Some(frozen_at.elapsed());
+        }
+        let holder = leases
+            .get(lease)
+            .await
+            .ok()
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity);
+        if holder.as_deref() == Some("operator-2") {
+            break frozen_at.elapsed();
+        }
+        assert!(
+            frozen_at.elapsed() < WAIT,
+            "operator-2 never took the Lease (holder {holder:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Watches the live policy for [`WATCH_AFTER_TAKEOVER`]: how often the old one is live again;
+/// notes when operator-1 stepped down meanwhile.
+async fn watch_after_healing(
+    hs: &tailnet_headscale::Client,
+    old: &mut Replica,
+    frozen_at: Instant,
+    stepped_down: &mut Option<Duration>,
+) -> u32 {
+    let mut reverted = 0;
+    let watch_until = Instant::now() + WATCH_AFTER_TAKEOVER;
+    while Instant::now() < watch_until {
+        if stepped_down.is_none() && old.exited() {
+            *stepped_down = Some(frozen_at.elapsed());
+        }
+        if let Ok(live) = hs.get_policy().await
+            && live.policy.contains("tcp:7100")
+        {
+            reverted += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    reverted
+}
+
+/// operator-1's Headscale requests at or after the takeover, its writes among them, and when
+/// its last request was.
+fn requests_after_takeover(
+    seen: &[Seen],
+    takeover_at: Instant,
+    frozen_at: Instant,
+) -> (Vec<&Seen>, Vec<String>, Option<String>) {
+    let after_takeover: Vec<&Seen> = seen.iter().filter(|s| s.at >= takeover_at).collect();
+    let writes_after: Vec<String> = after_takeover
+        .iter()
+        .filter(|s| s.is_write())
+        .map(|s| {
+            format!(
+                "{} {} at +{}",
+                s.method,
+                s.target,
+                secs(s.at.duration_since(frozen_at))
+            )
+        })
+        .collect();
+    let last_request = seen.last().map(|s| {
+        if s.at >= frozen_at {
+            format!("+{}", secs(s.at.duration_since(frozen_at)))
+        } else {
+            "before the freeze".to_string()
+        }
+    });
+    (after_takeover, writes_after, last_request)
+}
+
+/// operator-1 stepped down before operator-2 took over and touched Headscale no more.
+fn check_step_down(
+    after_takeover: &[&Seen],
+    writes_after: &[String],
+    reverted: u32,
+    stepped_down: Option<Duration>,
+    takeover: Duration,
+    old_log: &str,
+) {
     let requests_after: Vec<String> = after_takeover
         .iter()
         .map(|s| format!("{} {}", s.method, s.target))

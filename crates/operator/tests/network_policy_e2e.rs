@@ -44,7 +44,7 @@ use support::wait::{WAIT, wait_for};
 use tailnet_api::agent_config::ADMIN_PORT;
 use tailnet_api::{TailnetEgress, TailnetIngress};
 use tno_netlab::Netns;
-use tno_testenv::{E2eEnv, OperatorArgs};
+use tno_testenv::{E2eEnv, E2eNamespace, OperatorArgs, OperatorProcess};
 
 /// The ingress's tcp expose (the agent listens on 127.0.0.1:7100 in its pod).
 const INGRESS_PORT: u16 = 7100;
@@ -209,10 +209,64 @@ async fn network_policies_are_enforced_by_kube_router_in_the_lab() {
     let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
         .await
         .expect("operator");
+    let (egresses, ingresses) = create_egress_and_ingress(&client, &ns, &tailnet, &consumer).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let (cluster_ip, agent_port, egress_ip) = egress_agent_ready(&egresses, &pods, &operator).await;
+    let consumer_pod = witness_pod(consumer.client(), consumer.name(), "witness").await;
+    let outsider_pod = witness_pod(outsider.client(), outsider.name(), "witness").await;
+    let netns_of =
+        |pod: &Pod| Arc::new(env.pod_netns(pod.metadata.uid.as_deref().expect("pod uid")));
+    let consumer_netns = netns_of(&consumer_pod);
+    let outsider_netns = netns_of(&outsider_pod);
+    let consumer_ip = ready_pod_ip(&consumer_pod).expect("consumer pod IP");
+    let target = format!("remote-db.{ns}.svc.cluster.local:5432");
+    let metrics_request = b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n";
+    let w = Witnesses {
+        env: &env,
+        consumer_netns: &consumer_netns,
+        outsider_netns: &outsider_netns,
+        metrics_request,
+    };
+    consumer_reaches_the_site(&w, &consumer, &cluster_ip, &target).await;
+    outsider_network_works(&w, &egress_ip, &consumer_ip).await;
+    outsider_does_not_reach_the_egress(&w, &outsider, &cluster_ip, &egress_ip, agent_port, &target)
+        .await;
+    ingress_agent_only_on_metrics(&w, &ingresses, &pods, &operator).await;
+    if let Some(enforcer) = enforcer {
+        let forward = enforcer
+            .packets_through("FORWARD")
+            .expect("filter counters");
+        let input = enforcer.packets_through("INPUT").expect("filter counters");
+        eprintln!("kube-router's jumps saw {forward} packets in FORWARD, {input} in INPUT");
+        assert!(
+            forward > 0,
+            "routed pod traffic never reached kube-router's FORWARD chain"
+        );
+        enforcer
+            .stop()
+            .expect("kube-router stops and its rules are removed");
+    }
+    operator.terminate().await.expect("operator stops cleanly");
+}
 
-    // The egress, for the consumer namespace only; the ingress, a tcp expose of an echo
-    // backend in its own namespace.
-    let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), &ns);
+/// What the reachability phases work with: the pods' network namespaces and the request
+/// every agent's metrics port answers.
+struct Witnesses<'a> {
+    env: &'a E2eEnv,
+    consumer_netns: &'a Arc<Netns>,
+    outsider_netns: &'a Arc<Netns>,
+    metrics_request: &'a [u8],
+}
+
+/// The egress, for the consumer namespace only; the ingress, a tcp expose of an echo backend
+/// in its own namespace.
+async fn create_egress_and_ingress(
+    client: &kube::Client,
+    ns: &str,
+    tailnet: &str,
+    consumer: &E2eNamespace<'_>,
+) -> (Api<TailnetEgress>, Api<TailnetIngress>) {
+    let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), ns);
     apply(
         &egresses,
         "site",
@@ -226,10 +280,10 @@ async fn network_policies_are_enforced_by_kube_router_in_the_lab() {
     .await
     .expect("egress");
     apply(
-        &Api::namespaced(client.clone(), &ns),
+        &Api::namespaced(client.clone(), ns),
         "db",
         test_server_deployment(
-            &ns,
+            ns,
             "db",
             json!(["tcp-echo", "--listen", format!("0.0.0.0:{INGRESS_PORT}")]),
         ),
@@ -238,20 +292,20 @@ async fn network_policies_are_enforced_by_kube_router_in_the_lab() {
     .map(|_: k8s_openapi::api::apps::v1::Deployment| ())
     .expect("backend Deployment");
     apply(
-        &Api::<Service>::namespaced(client.clone(), &ns),
+        &Api::<Service>::namespaced(client.clone(), ns),
         "db",
-        service_object(&ns, "db", INGRESS_PORT),
+        service_object(ns, "db", INGRESS_PORT),
     )
     .await
     .expect("backend Service");
-    let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
+    let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), ns);
     apply(
         &ingresses,
         "db",
         ingress_object(
-            &ns,
+            ns,
             "db",
-            &tailnet,
+            tailnet,
             None,
             json!([{"name": "db", "dnsLabel": "db", "mode": "tcp", "port": INGRESS_PORT,
                     "backend": {"service": "db", "port": INGRESS_PORT}}]),
@@ -259,12 +313,20 @@ async fn network_policies_are_enforced_by_kube_router_in_the_lab() {
     )
     .await
     .expect("ingress");
+    (egresses, ingresses)
+}
 
+/// The egress's ClusterIP and agent port for remote-db, and its Ready agent pod's IP.
+async fn egress_agent_ready(
+    egresses: &Api<TailnetEgress>,
+    pods: &Api<Pod>,
+    operator: &OperatorProcess,
+) -> (String, u16, String) {
     let ready = wait_for_condition(
-        &egresses,
+        egresses,
         "site",
         ConditionIs::new("TargetsReachable", "True").reason("Reachable"),
-        Some(&operator),
+        Some(operator),
     )
     .await;
     let status = ready.status.clone().unwrap_or_default();
@@ -275,9 +337,8 @@ async fn network_policies_are_enforced_by_kube_router_in_the_lab() {
         .expect("remote-db status");
     let cluster_ip = db.cluster_ip.clone().expect("remote-db ClusterIP");
     let agent_port = u16::try_from(db.agent_port).expect("agent port");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let egress_ip = wait_for("the egress agent pod Ready", WAIT, || async {
-        let found = agent_pods(&pods, "tailnet-egress-site")
+        let found = agent_pods(pods, "tailnet-egress-site")
             .await
             .map_err(|e| e.to_string())?;
         found
@@ -286,93 +347,106 @@ async fn network_policies_are_enforced_by_kube_router_in_the_lab() {
             .ok_or_else(|| format!("{} agent pods, none Ready", found.len()))
     })
     .await;
+    (cluster_ip, agent_port, egress_ip)
+}
 
-    let consumer_pod = witness_pod(consumer.client(), consumer.name(), "witness").await;
-    let outsider_pod = witness_pod(outsider.client(), outsider.name(), "witness").await;
-    let netns_of =
-        |pod: &Pod| Arc::new(env.pod_netns(pod.metadata.uid.as_deref().expect("pod uid")));
-    let consumer_netns = netns_of(&consumer_pod);
-    let outsider_netns = netns_of(&outsider_pod);
-    let consumer_ip = ready_pod_ip(&consumer_pod).expect("consumer pod IP");
-
+async fn consumer_reaches_the_site(
+    w: &Witnesses<'_>,
+    consumer: &E2eNamespace<'_>,
+    cluster_ip: &str,
+    target: &str,
+) {
+    let &Witnesses { consumer_netns, .. } = w;
     // The consumer reaches the remote site through the egress Service (ClusterIP), from its
     // pod netns and from a real client pod through cluster DNS.
     reaches(
         "the consumer pod's bytes echoed by the remote site via the egress Service",
-        &consumer_netns,
-        addr(&cluster_ip, 5432),
+        consumer_netns,
+        addr(cluster_ip, 5432),
         b"hello-from-consumer\n",
         b"hello-from-consumer\n",
     )
     .await;
-    let target = format!("remote-db.{ns}.svc.cluster.local:5432");
     let run = consumer
-        .tcp_check("client", &target, 30)
+        .tcp_check("client", target, 30)
         .await
         .expect("consumer client pod");
     assert!(
         run.succeeded(),
         "a consumer pod through cluster DNS:\n{run}"
     );
+}
 
+async fn outsider_network_works(w: &Witnesses<'_>, egress_ip: &str, consumer_ip: &str) {
+    let &Witnesses {
+        outsider_netns,
+        metrics_request,
+        ..
+    } = w;
     // Positive witnesses for the outsider: its network works, to the agent pod itself (the
     // metrics port is open to every peer) and to a pod of another namespace.
-    let metrics_request = b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n";
     reaches(
         "the outsider pod reaching the egress agent's metrics port",
-        &outsider_netns,
-        addr(&egress_ip, ADMIN_PORT),
+        outsider_netns,
+        addr(egress_ip, ADMIN_PORT),
         metrics_request,
         b"tailnet_agent_",
     )
     .await;
     reaches(
         "the outsider pod reaching the consumer's echo pod",
-        &outsider_netns,
-        addr(&consumer_ip, 8080),
+        outsider_netns,
+        addr(consumer_ip, 8080),
         b"ping-from-outsider\n",
         b"ping-from-outsider\n",
     )
     .await;
+}
 
+async fn outsider_does_not_reach_the_egress(
+    w: &Witnesses<'_>,
+    outsider: &E2eNamespace<'_>,
+    cluster_ip: &str,
+    egress_ip: &str,
+    agent_port: u16,
+    target: &str,
+) {
+    let &Witnesses {
+        env,
+        consumer_netns,
+        outsider_netns,
+        ..
+    } = w;
     // The outsider does not reach the egress: neither through the Service nor straight at the
     // agent's listener port, and the agent sees no connection (nothing reaches the site).
     let listener = ["listener=\"remote-db\""];
     let connections = |text: &str| metric_sum(text, "tailnet_agent_connections_total", &listener);
-    let before = connections(
-        &agent_metrics(&env, &egress_ip)
-            .await
-            .expect("agent metrics"),
-    );
+    let before = connections(&agent_metrics(env, egress_ip).await.expect("agent metrics"));
     let via_service = denied(
         "an outsider pod to the egress Service",
-        &outsider_netns,
-        addr(&cluster_ip, 5432),
+        outsider_netns,
+        addr(cluster_ip, 5432),
         b"hello-from-outsider\n",
         b"hello-from-outsider\n",
     )
     .await;
     let direct = denied(
         "an outsider pod to the egress agent's listener port",
-        &outsider_netns,
-        addr(&egress_ip, agent_port),
+        outsider_netns,
+        addr(egress_ip, agent_port),
         b"hello-from-outsider\n",
         b"hello-from-outsider\n",
     )
     .await;
     let run = outsider
-        .tcp_check("client", &target, 3)
+        .tcp_check("client", target, 3)
         .await
         .expect("outsider client pod");
     assert!(
         !run.succeeded(),
         "an outsider pod through cluster DNS got through:\n{run}"
     );
-    let after = connections(
-        &agent_metrics(&env, &egress_ip)
-            .await
-            .expect("agent metrics"),
-    );
+    let after = connections(&agent_metrics(env, egress_ip).await.expect("agent metrics"));
     eprintln!(
         "outsider → egress Service: {via_service:?}; → agent {egress_ip}:{agent_port}: {direct:?}; agent connections {before} → {after}"
     );
@@ -383,22 +457,34 @@ async fn network_policies_are_enforced_by_kube_router_in_the_lab() {
     // The consumer still gets through, and the agent counts it: the counter is live.
     reaches(
         "the consumer pod again",
-        &consumer_netns,
-        addr(&cluster_ip, 5432),
+        consumer_netns,
+        addr(cluster_ip, 5432),
         b"again\n",
         b"again\n",
     )
     .await;
-    let counted = connections(
-        &agent_metrics(&env, &egress_ip)
-            .await
-            .expect("agent metrics"),
-    );
+    let counted = connections(&agent_metrics(env, egress_ip).await.expect("agent metrics"));
     assert!(
         counted > after,
         "the agent did not count the consumer ({after} → {counted})"
     );
+}
 
+async fn ingress_agent_only_on_metrics(
+    w: &Witnesses<'_>,
+    ingresses: &Api<TailnetIngress>,
+    pods: &Api<Pod>,
+    operator: &OperatorProcess,
+) {
+    let &Witnesses {
+        env,
+        consumer_netns,
+        outsider_netns,
+        metrics_request,
+        ..
+    } = w;
+    let netns_of =
+        |pod: &Pod| Arc::new(env.pod_netns(pod.metadata.uid.as_deref().expect("pod uid")));
     // The ingress agent: reachable over the tailnet, in-cluster only on its metrics port.
     let ingress = wait_for(
         "the ingress node online with its grants live",
@@ -427,7 +513,7 @@ async fn network_policies_are_enforced_by_kube_router_in_the_lab() {
     })
     .await;
     let ingress_pod = wait_for("the ingress agent pod Ready", WAIT, || async {
-        let found = agent_pods(&pods, "tailnet-ingress-db")
+        let found = agent_pods(pods, "tailnet-ingress-db")
             .await
             .map_err(|e| e.to_string())?;
         found
@@ -490,20 +576,4 @@ async fn network_policies_are_enforced_by_kube_router_in_the_lab() {
         from_node,
         "the witness listener accepted a pod's connection"
     );
-
-    if let Some(enforcer) = enforcer {
-        let forward = enforcer
-            .packets_through("FORWARD")
-            .expect("filter counters");
-        let input = enforcer.packets_through("INPUT").expect("filter counters");
-        eprintln!("kube-router's jumps saw {forward} packets in FORWARD, {input} in INPUT");
-        assert!(
-            forward > 0,
-            "routed pod traffic never reached kube-router's FORWARD chain"
-        );
-        enforcer
-            .stop()
-            .expect("kube-router stops and its rules are removed");
-    }
-    operator.terminate().await.expect("operator stops cleanly");
 }

@@ -36,7 +36,8 @@ use support::tailnet::{dial, self_signed};
 use support::wait::{WAIT, wait_for};
 use tailnet_api::naming::{AgentKind, AgentNames};
 use tailnet_api::{TailnetEgress, TailnetIngress};
-use tno_testenv::{E2eEnv, OperatorArgs};
+use tno_testenv::{E2eEnv, OperatorArgs, OperatorProcess};
+use tno_testenv_tailnet::JoinedNode;
 
 fn row(check: &str, expected: &str, observed: &str) {
     println!("| {check} | {expected} | {observed} |");
@@ -126,11 +127,88 @@ async fn run() {
     let ops = env.namespace("sec").await.expect("namespace");
     let client = ops.client().clone();
     let ns = ops.name().to_string();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    namespace_enforces_restricted(&client, &ns, &pods).await;
+    let tailnet_name = bootstrap_applied_tailnet(&env, &ops).await;
+    let key_pem = ingress_tls_and_frontend(&client, &ns).await;
+    let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
+        .await
+        .expect("operator");
+    let (egresses, ingresses) = apply_egress_and_ingress(&client, &ns, &tailnet_name).await;
+    // Capture the pre-auth keys from the auth Secrets as soon as they exist.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let agents = [
+        ("egress", AgentNames::new(AgentKind::Egress, "site")),
+        ("ingress", AgentNames::new(AgentKind::Ingress, "portal")),
+    ];
+    let auth_keys = capture_auth_keys(&secrets, &agents).await;
+    let egress = wait_for_condition(
+        &egresses,
+        "site",
+        ConditionIs::new("NodeOnline", "True"),
+        Some(&operator),
+    )
+    .await;
+    let ingress = wait_for("ingress NodeOnline and PolicyEffective", WAIT, || async {
+        let i = ingresses.get("portal").await.map_err(|e| e.to_string())?;
+        if ConditionIs::new("NodeOnline", "True").holds_for(&i)
+            && ConditionIs::new("PolicyEffective", "True").holds_for(&i)
+        {
+            Ok(i)
+        } else {
+            Err(describe(i.conditions()))
+        }
+    })
+    .await;
+    let headscale = tailnet_headscale::Client::new(
+        &env.headscale_root_url(),
+        tailnet_headscale::Secret::new(env.api_key()),
+        tailnet_headscale::ClientOptions::default(),
+    )
+    .expect("headscale client");
+    let sec = Sec {
+        env: &env,
+        client: &client,
+        ns: &ns,
+        tailnet_name: &tailnet_name,
+        pods: &pods,
+        secrets: &secrets,
+        egresses: &egresses,
+        ingresses: &ingresses,
+        agents: &agents,
+        headscale: &headscale,
+    };
+    agent_pods_restricted_and_least_privileged(&sec).await;
+    pre_auth_keys_single_use(&sec, &egress, &ingress).await;
+    let thief = stolen_auth_secret_refused(&sec, &auth_keys).await;
+    tailnet_scan_finds_declared_ports_only(&sec, &egress, &ingress).await;
+    ingress_agent_listeners(&sec).await;
+    no_secret_values_anywhere(&sec, &operator, &auth_keys, &key_pem).await;
+    operator.terminate().await.expect("operator stops cleanly");
+    drop(thief);
+    let _ = egress.name_any();
+}
 
+/// What the checks work with.
+struct Sec<'a> {
+    env: &'a E2eEnv,
+    client: &'a kube::Client,
+    ns: &'a str,
+    tailnet_name: &'a str,
+    pods: &'a Api<Pod>,
+    secrets: &'a Api<Secret>,
+    egresses: &'a Api<TailnetEgress>,
+    ingresses: &'a Api<TailnetIngress>,
+    /// (kind, names) of the egress and the ingress agent.
+    agents: &'a [(&'a str, AgentNames); 2],
+    headscale: &'a tailnet_headscale::Client,
+}
+
+async fn namespace_enforces_restricted(client: &kube::Client, ns: &str, pods: &Api<Pod>) {
     // (a) The namespace enforces "restricted" before any agent exists.
     Api::<Namespace>::all(client.clone())
         .patch(
-            &ns,
+            ns,
             &PatchParams::apply("security-test").force(),
             &Patch::Apply(json!({
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {
@@ -140,13 +218,12 @@ async fn run() {
         )
         .await
         .expect("label the namespace");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let privileged: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged-probe"},
         "spec": {"containers": [{"name": "c", "image": "x", "securityContext": {"privileged": true}}]}
     }))
     .expect("pod");
-    let refused = dry_run_create(&pods, &privileged).await;
+    let refused = dry_run_create(pods, &privileged).await;
     row(
         "control: a privileged pod in the namespace (dry run)",
         "refused by PodSecurity (enforce=restricted)",
@@ -164,13 +241,13 @@ async fn run() {
             .is_err_and(|e| e.to_string().contains("PodSecurity")),
         "PodSecurity admission is not enforcing: {refused:?}"
     );
+}
 
-    let tailnet_name = bootstrap_applied_tailnet(&env, &ops).await;
-
-    // A TLS key the test knows, for the ingress.
+/// A TLS key the test knows, for the ingress (returned), and the frontend Service.
+async fn ingress_tls_and_frontend(client: &kube::Client, ns: &str) -> String {
     let portal = format!("portal.{ns}.lab.example.net");
     let (cert_pem, key_pem) = self_signed(std::slice::from_ref(&portal));
-    Api::<Secret>::namespaced(client.clone(), &ns)
+    Api::<Secret>::namespaced(client.clone(), ns)
         .create(
             &PostParams::default(),
             &tls_secret("portal-tls", &cert_pem, &key_pem),
@@ -178,28 +255,31 @@ async fn run() {
         .await
         .expect("TLS Secret");
     apply(
-        &Api::<Service>::namespaced(client.clone(), &ns),
+        &Api::<Service>::namespaced(client.clone(), ns),
         "frontend",
-        service_object(&ns, "frontend", 8080),
+        service_object(ns, "frontend", 8080),
     )
     .await
     .expect("frontend Service");
+    key_pem
+}
 
-    let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
-        .await
-        .expect("operator");
-
-    let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), &ns);
+async fn apply_egress_and_ingress(
+    client: &kube::Client,
+    ns: &str,
+    tailnet_name: &str,
+) -> (Api<TailnetEgress>, Api<TailnetIngress>) {
+    let egresses: Api<TailnetEgress> = Api::namespaced(client.clone(), ns);
     apply_egress(
         &egresses,
-        &ns,
+        ns,
         "site",
-        &tailnet_name,
+        tailnet_name,
         json!([remote_db_target()]),
     )
     .await
     .expect("egress");
-    let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &ns);
+    let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), ns);
     let exposes = json!([
         {"name": "web", "dnsLabel": "portal", "mode": "http", "port": 443, "backend": {"service": "frontend", "port": 8080}},
         {"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 5432, "backend": {"service": "frontend", "port": 8080}}
@@ -207,23 +287,25 @@ async fn run() {
     apply(
         &ingresses,
         "portal",
-        ingress_object(&ns, "portal", &tailnet_name, Some("portal-tls"), exposes),
+        ingress_object(ns, "portal", tailnet_name, Some("portal-tls"), exposes),
     )
     .await
     .expect("ingress");
+    (egresses, ingresses)
+}
 
-    // Capture the pre-auth keys from the auth Secrets as soon as they exist.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let agents = [
-        ("egress", AgentNames::new(AgentKind::Egress, "site")),
-        ("ingress", AgentNames::new(AgentKind::Ingress, "portal")),
-    ];
+/// The pre-auth keys from the auth Secrets, captured as soon as they exist: (kind, key).
+async fn capture_auth_keys(
+    secrets: &Api<Secret>,
+    agents: &[(&str, AgentNames); 2],
+) -> Vec<(String, String)> {
     // Both Secrets are read in every round: an agent deletes its key from the Secret once it
     // has logged in, within seconds of starting, so waiting for one after the other can miss
     // the second (seen in CI under load).
     let captured = std::sync::Mutex::new(std::collections::BTreeMap::<String, String>::new());
-    let auth_keys = wait_for("the egress and ingress auth Secrets", WAIT, || async {
-        for (kind, names) in &agents {
+
+    wait_for("the egress and ingress auth Secrets", WAIT, || async {
+        for (kind, names) in agents {
             if captured
                 .lock()
                 .map_err(|e| e.to_string())?
@@ -264,32 +346,22 @@ async fn run() {
             .map(|(kind, key)| (kind.clone(), key.clone()))
             .collect::<Vec<_>>())
     })
-    .await;
+    .await
+}
 
-    let egress = wait_for_condition(
-        &egresses,
-        "site",
-        ConditionIs::new("NodeOnline", "True"),
-        Some(&operator),
-    )
-    .await;
-    let ingress = wait_for("ingress NodeOnline and PolicyEffective", WAIT, || async {
-        let i = ingresses.get("portal").await.map_err(|e| e.to_string())?;
-        if ConditionIs::new("NodeOnline", "True").holds_for(&i)
-            && ConditionIs::new("PolicyEffective", "True").holds_for(&i)
-        {
-            Ok(i)
-        } else {
-            Err(describe(i.conditions()))
-        }
-    })
-    .await;
-
+async fn agent_pods_restricted_and_least_privileged(sec: &Sec<'_>) {
+    let &Sec {
+        client,
+        ns,
+        pods,
+        agents,
+        ..
+    } = sec;
     // (a) The agent pods were admitted under enforce=restricted; their template passes a
     // dry-run create as a bare Pod too; their ServiceAccount reaches only the state Secret.
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    for (kind, names) in &agents {
-        let running = agent_pods(&pods, &names.base).await.expect("agent pods");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    for (kind, names) in agents {
+        let running = agent_pods(pods, &names.base).await.expect("agent pods");
         let deployment = deployments
             .get(&names.base)
             .await
@@ -304,7 +376,7 @@ async fn run() {
             spec: template.spec,
             ..Default::default()
         };
-        let admitted = dry_run_create(&pods, &pod).await;
+        let admitted = dry_run_create(pods, &pod).await;
         row(
             &format!("{kind} agent pod under enforce=restricted"),
             "admitted (pods running; dry-run create of the template as a Pod admitted)",
@@ -335,7 +407,7 @@ async fn run() {
             ("list", None, false),
             ("create", None, false),
         ] {
-            let allowed = user_may(&client, &user, &ns, verb, "secrets", name).await;
+            let allowed = user_may(client, &user, ns, verb, "secrets", name).await;
             verdicts.push(format!(
                 "{verb} {}: {}",
                 name.unwrap_or("*"),
@@ -351,7 +423,7 @@ async fn run() {
             ("get", "configmaps"),
             ("list", "tailnetegresses"),
         ] {
-            let allowed = user_may(&client, &user, &ns, verb, resource, None).await;
+            let allowed = user_may(client, &user, ns, verb, resource, None).await;
             verdicts.push(format!(
                 "{verb} {resource}: {}",
                 if allowed { "yes" } else { "no" }
@@ -364,14 +436,11 @@ async fn run() {
             &verdicts.join("; "),
         );
     }
+}
 
+async fn pre_auth_keys_single_use(sec: &Sec<'_>, egress: &TailnetEgress, ingress: &TailnetIngress) {
+    let &Sec { headscale, .. } = sec;
     // (c) Pre-auth keys: single-use, tagged, short-lived, used up once the node exists.
-    let headscale = tailnet_headscale::Client::new(
-        &env.headscale_root_url(),
-        tailnet_headscale::Secret::new(env.api_key()),
-        tailnet_headscale::ClientOptions::default(),
-    )
-    .expect("headscale client");
     let keys = headscale.list_pre_auth_keys().await.expect("pre-auth keys");
     let now = jiff::Timestamp::now();
     for (kind, agent_tag) in [
@@ -411,11 +480,17 @@ async fn run() {
             &observed.join("; "),
         );
     }
+}
 
+/// Returns the thief's node (kept until the end of the test).
+async fn stolen_auth_secret_refused(sec: &Sec<'_>, auth_keys: &[(String, String)]) -> JoinedNode {
+    let &Sec {
+        env, ns, headscale, ..
+    } = sec;
     // A stolen auth Secret: log a fresh node in with it.
-    let thief = join_client_node(&env, "thief", &ns).await;
+    let thief = join_client_node(env, "thief", ns).await;
     let nodes_before = headscale.list_nodes().await.expect("nodes").len();
-    for (kind, stolen) in &auth_keys {
+    for (kind, stolen) in auth_keys {
         let socket = thief.node.state_dir().join("tailscaled.sock");
         let mut command = thief
             .netns
@@ -460,7 +535,15 @@ async fn run() {
         );
         assert!(!stolen_node, "a node registered with the stolen {kind} key");
     }
+    thief
+}
 
+async fn tailnet_scan_finds_declared_ports_only(
+    sec: &Sec<'_>,
+    egress: &TailnetEgress,
+    ingress: &TailnetIngress,
+) {
+    let &Sec { env, .. } = sec;
     // (d) From the tailnet, the ingress agent answers on its declared ports only (the laptop
     // is in allowFrom); the egress agent on none.
     let laptop = env.tailnet().laptop.node.local_api();
@@ -507,9 +590,12 @@ async fn run() {
         !egress_declared,
         "the egress agent accepts tailnet connections"
     );
+}
 
+async fn ingress_agent_listeners(sec: &Sec<'_>) {
+    let &Sec { pods, agents, .. } = sec;
     // Listeners inside the ingress agent's network namespace: the admin port on the pod IP.
-    let agent_pod = agent_pods(&pods, &agents[1].1.base)
+    let agent_pod = agent_pods(pods, &agents[1].1.base)
         .await
         .expect("pods")
         .into_iter()
@@ -571,11 +657,29 @@ async fn run() {
             );
         }
     }
+}
 
+async fn no_secret_values_anywhere(
+    sec: &Sec<'_>,
+    operator: &OperatorProcess,
+    auth_keys: &[(String, String)],
+    key_pem: &str,
+) {
+    let &Sec {
+        env,
+        client,
+        tailnet_name,
+        secrets,
+        egresses,
+        ingresses,
+        agents,
+        headscale,
+        ..
+    } = sec;
     // (b) No secret value anywhere the operator writes.
     let mut needles: Vec<(String, String)> =
         vec![("Headscale API key".into(), env.api_key().to_string())];
-    for (kind, key) in &auth_keys {
+    for (kind, key) in auth_keys {
         needles.push((format!("{kind} pre-auth key"), key.clone()));
     }
     let key_body = key_pem
@@ -585,7 +689,7 @@ async fn run() {
         .unwrap_or_default()
         .to_string();
     needles.push(("TLS private key".into(), key_body));
-    for (kind, names) in &agents {
+    for (kind, names) in agents {
         if let Ok(Some(state)) = secrets.get_opt(&names.state_secret).await {
             for (key, value) in state.data.unwrap_or_default() {
                 let mut values = Vec::new();
@@ -627,7 +731,7 @@ async fn run() {
             .unwrap_or_default(),
             serde_json::to_string(
                 &Api::<tailnet_api::Tailnet>::all(client.clone())
-                    .get(&tailnet_name)
+                    .get(tailnet_name)
                     .await
                     .expect("tailnet")
             )
@@ -692,10 +796,6 @@ async fn run() {
         needle_count >= 4,
         "too few secret values collected: {needle_count}"
     );
-
-    operator.terminate().await.expect("operator stops cleanly");
-    drop(thief);
-    let _ = egress.name_any();
 }
 
 /// TCP listeners (`ip:port`, owning process) in the network namespace of the tailnet-agent

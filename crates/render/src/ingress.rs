@@ -1,7 +1,6 @@
 //! Objects of one TailnetIngress agent.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
@@ -211,7 +210,9 @@ fn listeners(
                         ca_file: format!("{CA_DIR}/{}/{}", cm.name, cm.key),
                     }
                 });
-                let seconds = |d: Option<Duration>| d.map(|d| d.as_secs().max(1));
+                use tailnet_api::agent_config::{
+                    timeout_millis as millis, timeout_seconds as seconds,
+                };
                 let route = HttpRoute {
                     name: expose.name.clone(),
                     hostnames,
@@ -219,6 +220,8 @@ fn listeners(
                     backend_tls,
                     request_timeout_seconds: seconds(expose.timeouts.request),
                     backend_request_timeout_seconds: seconds(expose.timeouts.backend_request),
+                    request_timeout_millis: millis(expose.timeouts.request),
+                    backend_request_timeout_millis: millis(expose.timeouts.backend_request),
                 };
                 if inputs.serve_http {
                     ports.insert(port);

@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 // Each test binary uses a different part of it.
 #[allow(unused_imports)]
-pub use tno_testenv_kube::http_backend::{
-    CHUNK, blob, gzip_body, hex, pattern_chunk, pattern_sha256,
-};
+pub use tno_testenv_kube::http_backend::{CHUNK, blob, gzip_body, pattern_chunk, pattern_sha256};
 
 /// Serves the test endpoints on `address` (HTTP/1.1, plain or TLS).
 pub async fn spawn(address: SocketAddr, tls: Option<Arc<rustls::ServerConfig>>) {

@@ -23,42 +23,20 @@ fn chart_dir() -> PathBuf {
     root().join("charts/tailnet-operator")
 }
 
-/// `TNO_BIN_<NAME>`, else `<deps cache>/<component>-<version>/bin/<name>` as deps/build.sh
-/// lays it out; `None` (the test skips) if it is not there and the real env is not required.
+/// `name` of `component` ([`tno_testenv_kube::binaries::tool`]: `TNO_BIN_<NAME>`, the deps
+/// cache, `PATH`); `None` (the test skips) if it is not there and the real env is not required.
 fn deps_binary(component: &str, name: &str) -> Option<PathBuf> {
-    let var = format!("TNO_BIN_{}", name.to_uppercase().replace('-', "_"));
-    let path = match std::env::var_os(&var) {
-        Some(path) => PathBuf::from(path),
-        None => {
-            let versions = std::fs::read_to_string(root().join("deps/versions.env"))
-                .expect("deps/versions.env");
-            let key = format!("{}_VERSION=", component.to_uppercase());
-            let version = versions
-                .lines()
-                .find_map(|line| line.strip_prefix(&key))
-                .unwrap_or_else(|| panic!("{key} missing from deps/versions.env"));
-            let cache = std::env::var_os("TNO_DEPS_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                        .join(".cache/tailnet-operator/deps")
-                });
-            cache.join(format!("{component}-{version}/bin/{name}"))
+    match tno_testenv_kube::binaries::tool(component, name) {
+        Ok(path) => Some(path),
+        Err(missing) => {
+            assert!(
+                std::env::var("TNO_REQUIRE_REAL_ENV").as_deref() != Ok("1"),
+                "{missing}"
+            );
+            eprintln!("SKIP: {missing}");
+            None
         }
-    };
-    if path.is_file() {
-        return Some(path);
     }
-    assert!(
-        std::env::var("TNO_REQUIRE_REAL_ENV").as_deref() != Ok("1"),
-        "{} missing: run deps/build.sh {component}",
-        path.display()
-    );
-    eprintln!(
-        "SKIP: {} missing (deps/build.sh {component})",
-        path.display()
-    );
-    None
 }
 
 fn run(program: &Path, args: &[&str]) -> String {

@@ -37,21 +37,7 @@ fn root() -> PathBuf {
 }
 
 fn helm_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("TNO_BIN_HELM") {
-        return PathBuf::from(path);
-    }
-    let versions = std::fs::read_to_string(root().join("deps/versions.env")).expect("versions");
-    let version = versions
-        .lines()
-        .find_map(|line| line.strip_prefix("HELM_VERSION="))
-        .expect("HELM_VERSION");
-    let cache = std::env::var_os("TNO_DEPS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                .join(".cache/tailnet-operator/deps")
-        });
-    cache.join(format!("helm-{version}/bin/helm"))
+    tno_testenv_kube::binaries::helm().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs helm, appends the command and its output to the transcript, returns stdout.
@@ -207,48 +193,14 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
         .expect("registry");
     let chart_version = chart_version();
 
-    // Push what CI built, by digest.
-    let client = tno_oci::registry::Client::new();
-    let mut pushed = Vec::new();
-    for dir in &layouts {
-        let layout = tno_oci::layout::Layout::read(dir).expect("layout");
-        let name = dir.file_name().and_then(|n| n.to_str()).expect("name");
-        let reference = client
-            .push_layout(&layout, registry.host(), &format!("tno/{name}"), None)
-            .await
-            .unwrap_or_else(|e| panic!("push {name}: {e}\n{}", registry.log_tail(20)));
-        eprintln!("pushed {reference}");
-        pushed.push((
-            format!("{}/tno/{name}", registry.host()),
-            layout.digest().to_string(),
-        ));
-    }
-    let (operator_repo, operator_digest) = pushed[0].clone();
-    let (agent_repo, agent_digest) = pushed[1].clone();
-    let (tailscale_repo, tailscale_digest) = push_lab_tailscale_image(&env, &registry).await;
-
+    let pushed = push_images(&env, &registry, &layouts).await;
     let mut helm = Helm {
         binary: helm_binary(),
         kubeconfig: env.kubeconfig().to_path_buf(),
         home: env.dir().join("helm-home"),
         transcript: Vec::new(),
     };
-    let package_dir = env.dir().join("chart");
-    let chart_dir = root().join("charts/tailnet-operator");
-    helm.run(&[
-        "package",
-        chart_dir.to_str().expect("path"),
-        "--destination",
-        package_dir.to_str().expect("path"),
-    ]);
-    let package = package_dir.join(format!("tailnet-operator-{chart_version}.tgz"));
-    let charts_url = format!("oci://{}/tno/charts", registry.host());
-    helm.run(&[
-        "push",
-        package.to_str().expect("path"),
-        &charts_url,
-        "--plain-http",
-    ]);
+    let charts_url = publish_chart(&mut helm, &env, &registry, &chart_version);
 
     // Inputs an admin creates: namespace, API key Secret, base policy, a Tailnet.
     let ops = env.namespace("helm").await.expect("operator namespace");
@@ -268,6 +220,148 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
     // The chart's fullname: <release>-tailnet-operator.
     let fullname = format!("{release}-tailnet-operator");
     let chart_ref = format!("{charts_url}/tailnet-operator");
+    let r = Release {
+        env: &env,
+        ops: &ops,
+        admin,
+        ns,
+        app_ns,
+        tailnet_name,
+        release,
+        fullname,
+        chart_ref,
+        chart_version,
+        pushed,
+    };
+    install_release(&mut helm, &r);
+    let pods: Api<Pod> = Api::namespaced(r.admin.clone(), &r.ns);
+    let leases: Api<Lease> = Api::namespaced(r.admin.clone(), &r.ns);
+    let first = operator_pods_and_leader(&r, &pods, &leases).await;
+    let egresses = egress_through_the_release(&r).await;
+    let served = ingress_through_the_release(&r).await;
+    let (agent_uids, nodes_before) = agents_run_the_pushed_images(&r).await;
+    upgrade_keeps_the_agents(&mut helm, &r, &pods, &leases, &first, &served, nodes_before).await;
+    uninstall_leaves_the_resources(&mut helm, &r, &pods, &egresses, &served, agent_uids).await;
+
+    let transcript = helm.transcript.join("\n");
+    let path = env.dir().join("helm-transcript.txt");
+    std::fs::write(&path, &transcript).expect("transcript");
+    eprintln!("transcript: {}", path.display());
+    // The agents of the custom resources left behind: deleting them is the admin's call.
+    drop(apps);
+    drop(ops);
+    drop(registry);
+}
+
+/// The images CI built, pushed to the lab registry: repository and digest of each.
+struct Pushed {
+    operator_repo: String,
+    operator_digest: String,
+    agent_repo: String,
+    agent_digest: String,
+    tailscale_repo: String,
+    tailscale_digest: String,
+}
+
+/// The release under test and where it lives.
+struct Release<'a> {
+    env: &'a E2eEnv,
+    ops: &'a E2eNamespace<'a>,
+    admin: kube::Client,
+    /// The operator's namespace (also the release name).
+    ns: String,
+    app_ns: String,
+    tailnet_name: String,
+    release: String,
+    /// The chart's fullname: <release>-tailnet-operator.
+    fullname: String,
+    chart_ref: String,
+    chart_version: String,
+    pushed: Pushed,
+}
+
+/// The ingress the release serves, as the laptop reaches it.
+struct Served {
+    ingresses: Api<DynamicObject>,
+    ip: String,
+    portal: String,
+    ca: LabCa,
+}
+
+/// Pushes what CI built, by digest.
+async fn push_images(env: &E2eEnv, registry: &LabRegistry, layouts: &[PathBuf]) -> Pushed {
+    let client = tno_oci::registry::Client::new();
+    let mut pushed = Vec::new();
+    for dir in layouts {
+        let layout = tno_oci::layout::Layout::read(dir).expect("layout");
+        let name = dir.file_name().and_then(|n| n.to_str()).expect("name");
+        let reference = client
+            .push_layout(&layout, registry.host(), &format!("tno/{name}"), None)
+            .await
+            .unwrap_or_else(|e| panic!("push {name}: {e}\n{}", registry.log_tail(20)));
+        eprintln!("pushed {reference}");
+        pushed.push((
+            format!("{}/tno/{name}", registry.host()),
+            layout.digest().to_string(),
+        ));
+    }
+    let (operator_repo, operator_digest) = pushed[0].clone();
+    let (agent_repo, agent_digest) = pushed[1].clone();
+    let (tailscale_repo, tailscale_digest) = push_lab_tailscale_image(env, registry).await;
+    Pushed {
+        operator_repo,
+        operator_digest,
+        agent_repo,
+        agent_digest,
+        tailscale_repo,
+        tailscale_digest,
+    }
+}
+
+/// Packages the chart and pushes it to the lab registry; returns the charts' OCI URL.
+fn publish_chart(
+    helm: &mut Helm,
+    env: &E2eEnv,
+    registry: &LabRegistry,
+    chart_version: &str,
+) -> String {
+    let package_dir = env.dir().join("chart");
+    let chart_dir = root().join("charts/tailnet-operator");
+    helm.run(&[
+        "package",
+        chart_dir.to_str().expect("path"),
+        "--destination",
+        package_dir.to_str().expect("path"),
+    ]);
+    let package = package_dir.join(format!("tailnet-operator-{chart_version}.tgz"));
+    let charts_url = format!("oci://{}/tno/charts", registry.host());
+    helm.run(&[
+        "push",
+        package.to_str().expect("path"),
+        &charts_url,
+        "--plain-http",
+    ]);
+    charts_url
+}
+
+/// `helm install` from the registry, two replicas, the pushed images by digest.
+fn install_release(helm: &mut Helm, r: &Release<'_>) {
+    let Release {
+        release,
+        chart_ref,
+        chart_version,
+        ns,
+        ..
+    } = r;
+    let Pushed {
+        operator_repo,
+        operator_digest,
+        agent_repo,
+        agent_digest,
+        tailscale_repo,
+        tailscale_digest,
+        ..
+    } = &r.pushed;
     let operator_image = [
         format!("image.repository={operator_repo}"),
         format!("image.digest={operator_digest}"),
@@ -309,11 +403,28 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
         installed.contains("NOTES"),
         "the chart prints its NOTES: {installed}"
     );
+}
 
+async fn operator_pods_and_leader(
+    r: &Release<'_>,
+    pods: &Api<Pod>,
+    leases: &Api<Lease>,
+) -> Vec<(String, String)> {
+    let Release {
+        admin,
+        ns,
+        release,
+        fullname,
+        ..
+    } = r;
+    let Pushed {
+        operator_repo,
+        operator_digest,
+        ..
+    } = &r.pushed;
     // Two replicas from the pulled image, one leader.
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
     let first = poll("two Ready operator pods", || async {
-        let ready = ready_operator_pods(&pods, &release).await;
+        let ready = ready_operator_pods(pods, release).await;
         (ready.len() == 2).then_some(ready)
     })
     .await;
@@ -324,7 +435,6 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
             "{pod} runs the pushed image"
         );
     }
-    let leases: Api<Lease> = Api::namespaced(admin.clone(), &ns);
     let leader = poll("an operator leader", || async {
         let lease = leases
             .get_opt("tailnet-operator-leader")
@@ -339,20 +449,30 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
     })
     .await;
     eprintln!("leader: {leader}");
-    let pdb = Api::<PodDisruptionBudget>::namespaced(admin.clone(), &ns)
-        .get(&fullname)
+    let pdb = Api::<PodDisruptionBudget>::namespaced(admin.clone(), ns)
+        .get(fullname)
         .await
         .expect("a PodDisruptionBudget with 2 replicas");
     assert!(pdb.spec.and_then(|spec| spec.min_available).is_some());
+    first
+}
 
+async fn egress_through_the_release(r: &Release<'_>) -> Api<DynamicObject> {
+    let Release {
+        ops,
+        admin,
+        ns,
+        tailnet_name,
+        ..
+    } = r;
     // Egress: bytes reach the remote site.
     let egresses: Api<DynamicObject> = Api::namespaced_with(
         admin.clone(),
-        &ns,
+        ns,
         &tailnet_resource("TailnetEgress", "tailnetegresses"),
     );
     apply_all(
-        &admin,
+        admin,
         &[json!({
             "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetEgress",
             "metadata": {"name": "site", "namespace": ns},
@@ -363,16 +483,26 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
     .await
     .expect("egress");
     wait_ready(&egresses, "site").await;
-    egress_echo(&ops, "client-1").await;
+    egress_echo(ops, "client-1").await;
+    egresses
+}
 
+async fn ingress_through_the_release(r: &Release<'_>) -> Served {
+    let Release {
+        env,
+        admin,
+        app_ns,
+        tailnet_name,
+        ..
+    } = r;
     // Ingress: HTTPS from the laptop, certificate verified.
     let ca = LabCa::generate("helm e2e CA").expect("CA");
     let portal = format!("portal.{app_ns}.lab.example.net");
     let tls: Secret = ca
-        .tls_secret("portal-tls", &app_ns, std::slice::from_ref(&portal))
+        .tls_secret("portal-tls", app_ns, std::slice::from_ref(&portal))
         .expect("TLS Secret");
     apply_all(
-        &admin,
+        admin,
         &[
             serde_json::to_value(&tls).expect("Secret JSON"),
             json!({"apiVersion": "apps/v1", "kind": "Deployment",
@@ -398,7 +528,7 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
     .expect("ingress and its backend");
     let ingresses: Api<DynamicObject> = Api::namespaced_with(
         admin.clone(),
-        &app_ns,
+        app_ns,
         &tailnet_resource("TailnetIngress", "tailnetingresses"),
     );
     let ingress = wait_ready(&ingresses, "portal").await;
@@ -410,18 +540,42 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
         .find(|a| a.contains('.'))
         .expect("tailnet IPv4")
         .to_string();
-    let response = ingress_https(&env, &ip, &portal, ca.pem()).await;
+    let response = ingress_https(env, &ip, &portal, ca.pem()).await;
     assert!(response.contains("frontend"), "{response}");
+    Served {
+        ingresses,
+        ip,
+        portal,
+        ca,
+    }
+}
 
+async fn agents_run_the_pushed_images(
+    r: &Release<'_>,
+) -> (BTreeSet<String>, BTreeSet<(u64, String)>) {
+    let Release {
+        env,
+        admin,
+        ns,
+        app_ns,
+        ..
+    } = r;
+    let Pushed {
+        agent_repo,
+        agent_digest,
+        tailscale_repo,
+        tailscale_digest,
+        ..
+    } = &r.pushed;
     // The agents run the pushed agent image.
-    let agent_pods: Vec<Pod> = Api::<Pod>::namespaced(admin.clone(), &ns)
+    let agent_pods: Vec<Pod> = Api::<Pod>::namespaced(admin.clone(), ns)
         .list(&ListParams::default())
         .await
         .expect("pods")
         .items
         .into_iter()
         .chain(
-            Api::<Pod>::namespaced(admin.clone(), &app_ns)
+            Api::<Pod>::namespaced(admin.clone(), app_ns)
                 .list(&ListParams::default())
                 .await
                 .expect("pods")
@@ -432,7 +586,7 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
                 spec.containers.iter().any(|c| {
                     c.image
                         .as_deref()
-                        .is_some_and(|i| i.starts_with(&agent_repo))
+                        .is_some_and(|i| i.starts_with(agent_repo.as_str()))
                 })
             })
         })
@@ -463,19 +617,40 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
         .iter()
         .filter_map(|pod| pod.metadata.uid.clone())
         .collect();
-    let nodes_before = agent_nodes(&env).await;
+    let nodes_before = agent_nodes(env).await;
     assert!(nodes_before.len() >= 2, "agent nodes: {nodes_before:?}");
+    (agent_uids, nodes_before)
+}
 
+async fn upgrade_keeps_the_agents(
+    helm: &mut Helm,
+    r: &Release<'_>,
+    pods: &Api<Pod>,
+    leases: &Api<Lease>,
+    first: &[(String, String)],
+    served: &Served,
+    nodes_before: BTreeSet<(u64, String)>,
+) {
+    let Release {
+        env,
+        ops,
+        ns,
+        release,
+        chart_ref,
+        chart_version,
+        ..
+    } = r;
+    let Served { ip, portal, ca, .. } = served;
     // helm upgrade with a changed value: the operator pods roll, the agents keep their nodes.
     let upgraded = helm.run(&[
         "upgrade",
-        &release,
-        &chart_ref,
+        release,
+        chart_ref,
         "--version",
-        &chart_version,
+        chart_version,
         "--plain-http",
         "--namespace",
-        &ns,
+        ns,
         "--reuse-values",
         "--set",
         "operator.logLevel=debug",
@@ -485,7 +660,7 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
     ]);
     assert!(upgraded.contains("REVISION: 2"), "{upgraded}");
     let second = poll("two new Ready operator pods", || async {
-        let ready = ready_operator_pods(&pods, &release).await;
+        let ready = ready_operator_pods(pods, release).await;
         let all_new = ready
             .iter()
             .all(|(pod, _)| first.iter().all(|(old, _)| old != pod));
@@ -502,40 +677,59 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
         second.iter().any(|(pod, _)| *pod == holder).then_some(())
     })
     .await;
-    egress_echo(&ops, "client-2").await;
-    let response = ingress_https(&env, &ip, &portal, ca.pem()).await;
+    egress_echo(ops, "client-2").await;
+    let response = ingress_https(env, ip, portal, ca.pem()).await;
     assert!(response.contains("frontend"), "{response}");
-    let nodes_after = agent_nodes(&env).await;
+    let nodes_after = agent_nodes(env).await;
     assert_eq!(
         nodes_before, nodes_after,
         "the agents kept their Headscale nodes across the upgrade"
     );
+}
 
+async fn uninstall_leaves_the_resources(
+    helm: &mut Helm,
+    r: &Release<'_>,
+    pods: &Api<Pod>,
+    egresses: &Api<DynamicObject>,
+    served: &Served,
+    agent_uids: BTreeSet<String>,
+) {
+    let Release {
+        ops,
+        admin,
+        ns,
+        app_ns,
+        release,
+        fullname,
+        ..
+    } = r;
+    let Served { ingresses, .. } = served;
     // helm uninstall: the operator's own objects go; CRDs, custom resources and their agents
     // stay (docs/upgrades.md "Uninstalling").
-    let uninstalled = helm.run(&["uninstall", &release, "--namespace", &ns, "--wait"]);
+    let uninstalled = helm.run(&["uninstall", release, "--namespace", ns, "--wait"]);
     assert!(uninstalled.contains("uninstalled"), "{uninstalled}");
-    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), ns);
     assert!(
-        deployments.get_opt(&fullname).await.expect("get").is_none(),
+        deployments.get_opt(fullname).await.expect("get").is_none(),
         "the operator Deployment is gone"
     );
     assert!(
-        Api::<ServiceAccount>::namespaced(admin.clone(), &ns)
-            .get_opt(&fullname)
+        Api::<ServiceAccount>::namespaced(admin.clone(), ns)
+            .get_opt(fullname)
             .await
             .expect("get")
             .is_none()
     );
     assert!(
         Api::<ClusterRole>::all(admin.clone())
-            .get_opt(&fullname)
+            .get_opt(fullname)
             .await
             .expect("get")
             .is_none()
     );
     poll("the operator pods to be gone", || async {
-        ready_operator_pods(&pods, &release)
+        ready_operator_pods(pods, release)
             .await
             .is_empty()
             .then_some(())
@@ -561,14 +755,14 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
     }
     assert!(egresses.get_opt("site").await.expect("get").is_some());
     assert!(ingresses.get_opt("portal").await.expect("get").is_some());
-    let remaining_agents: BTreeSet<String> = Api::<Pod>::namespaced(admin.clone(), &ns)
+    let remaining_agents: BTreeSet<String> = Api::<Pod>::namespaced(admin.clone(), ns)
         .list(&ListParams::default())
         .await
         .expect("pods")
         .items
         .into_iter()
         .chain(
-            Api::<Pod>::namespaced(admin.clone(), &app_ns)
+            Api::<Pod>::namespaced(admin.clone(), app_ns)
                 .list(&ListParams::default())
                 .await
                 .expect("pods")
@@ -582,16 +776,7 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
         "agent pods are neither restarted by the upgrade nor deleted by the uninstall"
     );
     // The data plane does not need the operator.
-    egress_echo(&ops, "client-3").await;
-
-    let transcript = helm.transcript.join("\n");
-    let path = env.dir().join("helm-transcript.txt");
-    std::fs::write(&path, &transcript).expect("transcript");
-    eprintln!("transcript: {}", path.display());
-    // The agents of the custom resources left behind: deleting them is the admin's call.
-    drop(apps);
-    drop(ops);
-    drop(registry);
+    egress_echo(ops, "client-3").await;
 }
 
 fn tailscale_version() -> String {

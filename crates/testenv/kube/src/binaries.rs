@@ -1,6 +1,6 @@
-//! Where the pinned third-party binaries live (built by `deps/build.sh`, see `deps/versions.env`).
+//! Where the pinned third-party binaries live (built by `deps/build.sh`, see `deps/versions.env`;
+//! the lookup itself is `tno_deps`).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoContext, Result};
@@ -69,17 +69,11 @@ impl Binaries {
         let versions_path = root.join("deps/versions.env");
         let versions_text = std::fs::read_to_string(&versions_path)
             .io_context(|| format!("reading {}", versions_path.display()))?;
-        let versions = parse_versions(&versions_text);
-        let cache = std::env::var_os("TNO_DEPS_DIR")
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME")
-                    .map(|home| PathBuf::from(home).join(".cache/tailnet-operator/deps"))
-            })
-            .ok_or_else(|| Error::MissingBinary {
-                name: "deps cache".into(),
-                hint: "neither TNO_DEPS_DIR nor HOME is set".into(),
-            })?;
+        let versions = tno_deps::parse_versions(&versions_text);
+        let cache = tno_deps::cache_dir().ok_or_else(|| Error::MissingBinary {
+            name: "deps cache".into(),
+            hint: "neither TNO_DEPS_DIR nor HOME is set".into(),
+        })?;
         let component_dir = |component: &str| -> Result<PathBuf> {
             let key = format!("{}_VERSION", component.to_uppercase().replace('-', "_"));
             let version = versions.get(&key).ok_or_else(|| Error::MissingBinary {
@@ -89,8 +83,7 @@ impl Binaries {
             Ok(cache.join(format!("{component}-{version}")))
         };
         let binary = |component: &str, name: &str| -> Result<PathBuf> {
-            let override_var = format!("TNO_BIN_{}", name.to_uppercase().replace('-', "_"));
-            let path = match std::env::var_os(&override_var) {
+            let path = match std::env::var_os(tno_deps::override_var(name)) {
                 Some(path) => PathBuf::from(path),
                 None => component_dir(component)?.join("bin").join(name),
             };
@@ -112,20 +105,25 @@ impl Binaries {
     }
 }
 
-/// `KEY=VALUE` lines; comments and anything else are ignored (same rule as `deps/build.sh`).
-fn parse_versions(text: &str) -> HashMap<String, String> {
-    text.lines()
-        .filter(|line| !line.trim_start().starts_with('#'))
-        .filter_map(|line| line.split_once('='))
-        .map(|(key, value)| (key.trim().to_string(), value.trim().to_string()))
-        .filter(|(key, value)| !key.is_empty() && !value.is_empty())
-        .collect()
+/// `binary` of `component` (helm, promtool, ...): `TNO_BIN_<BINARY>`, the pinned build in the
+/// deps cache, else (any version) `binary` on `PATH` ([`tno_deps::find`], the one lookup the
+/// tests and `cargo xtask` share).
+pub fn tool(component: &str, binary: &str) -> Result<PathBuf> {
+    tno_deps::find(&workspace_root(), component, binary).map_err(|missing| Error::MissingBinary {
+        name: binary.into(),
+        hint: missing.to_string(),
+    })
+}
+
+/// helm: see [`tool`].
+pub fn helm() -> Result<PathBuf> {
+    tool("helm", "helm")
 }
 
 /// Our own binaries (`tno-test-servers`, `tailnet-agent`): next to the running executable's
 /// target directory (`target/<profile>/`), or named by `TNO_BIN_<NAME>`.
 pub fn workspace_binary(name: &str) -> Result<PathBuf> {
-    let override_var = format!("TNO_BIN_{}", name.to_uppercase().replace('-', "_"));
+    let override_var = tno_deps::override_var(name);
     if let Some(path) = std::env::var_os(&override_var) {
         return Ok(PathBuf::from(path));
     }
@@ -147,24 +145,4 @@ pub fn workspace_binary(name: &str) -> Result<PathBuf> {
                 "looked at {candidates:?}; build it (cargo build -p <its package>) or set {override_var}"
             ),
         })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn versions_file_lines_become_a_map() {
-        let versions =
-            parse_versions("# comment\nKUBERNETES_VERSION=v1.36.3\n\nETCD_VERSION=v3.6.16\n");
-        assert_eq!(
-            versions.get("KUBERNETES_VERSION").map(String::as_str),
-            Some("v1.36.3")
-        );
-        assert_eq!(
-            versions.get("ETCD_VERSION").map(String::as_str),
-            Some("v3.6.16")
-        );
-        assert_eq!(versions.len(), 2);
-    }
 }

@@ -49,11 +49,9 @@ pub fn pattern_sha256(total: u64) -> String {
         left -= len as u64;
         index += 1;
     }
-    hex(&hasher.finalize())
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    // A streamed digest: its own lowercase-hex formatting (whole buffers use
+    // `tailnet_api::digest::sha256_hex`).
+    format!("{:x}", hasher.finalize())
 }
 
 /// A real gzip member (so "no decompression" is tested on real gzip, not random bytes).
@@ -117,20 +115,7 @@ fn streamed(total: u64) -> Body {
 async fn handle(mut request: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     let path = request.uri().path().to_owned();
     let response = match path.as_str() {
-        "/echo-headers" => {
-            let mut headers = serde_json::Map::new();
-            for (name, value) in request.headers() {
-                headers.insert(
-                    name.as_str().to_owned(),
-                    serde_json::Value::String(value.to_str().unwrap_or("<binary>").to_owned()),
-                );
-            }
-            let json = serde_json::json!({
-                "version": format!("{:?}", request.version()),
-                "headers": headers,
-            });
-            full(StatusCode::OK, json.to_string())
-        }
+        "/echo-headers" => echo_headers(&request),
         "/gzip" => {
             let mut response = full(StatusCode::OK, gzip_body());
             let headers = response.headers_mut();
@@ -156,29 +141,7 @@ async fn handle(mut request: Request<Incoming>) -> Result<Response<Body>, Infall
             headers.insert(header::ETAG, HeaderValue::from_static("\"gz-large\""));
             response
         }
-        "/blob" => {
-            let blob = blob();
-            let range = request
-                .headers()
-                .get(header::RANGE)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("bytes="))
-                .and_then(|v| v.split_once('-'))
-                .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
-            match range {
-                Some((start, end)) if start <= end && end < blob.len() => {
-                    let mut response =
-                        full(StatusCode::PARTIAL_CONTENT, blob[start..=end].to_vec());
-                    if let Ok(value) =
-                        HeaderValue::from_str(&format!("bytes {start}-{end}/{}", blob.len()))
-                    {
-                        response.headers_mut().insert(header::CONTENT_RANGE, value);
-                    }
-                    response
-                }
-                _ => full(StatusCode::OK, blob),
-            }
-        }
+        "/blob" => blob_range(&request),
         "/download" => {
             let total = request
                 .uri()
@@ -188,31 +151,7 @@ async fn handle(mut request: Request<Incoming>) -> Result<Response<Body>, Infall
                 .unwrap_or(0);
             Response::new(streamed(total))
         }
-        "/upload" => {
-            let mut hasher = Sha256::new();
-            let mut length = 0u64;
-            let mut body = request.into_body();
-            while let Some(frame) = body.frame().await {
-                match frame {
-                    Ok(frame) => {
-                        if let Some(data) = frame.data_ref() {
-                            hasher.update(data);
-                            length += data.len() as u64;
-                        }
-                    }
-                    Err(error) => {
-                        return Ok(full(
-                            StatusCode::BAD_REQUEST,
-                            format!("upload broke: {error}"),
-                        ));
-                    }
-                }
-            }
-            full(
-                StatusCode::OK,
-                format!("{length} {}", hex(&hasher.finalize())),
-            )
-        }
+        "/upload" => upload_digest(request).await,
         "/trailers" => {
             let frames = futures_util::stream::iter([
                 Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"body before trailers"))),
@@ -232,42 +171,104 @@ async fn handle(mut request: Request<Incoming>) -> Result<Response<Body>, Infall
             tokio::time::sleep(Duration::from_secs(3)).await;
             full(StatusCode::OK, "finally")
         }
-        "/ws" => {
-            let key = request
-                .headers()
-                .get("sec-websocket-key")
-                .map(|key| derive_accept_key(key.as_bytes()));
-            let Some(accept) = key else {
-                return Ok(full(StatusCode::BAD_REQUEST, "not a websocket request"));
-            };
-            let upgrade = hyper::upgrade::on(&mut request);
-            tokio::spawn(async move {
-                let Ok(upgraded) = upgrade.await else { return };
-                let mut socket =
-                    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None)
-                        .await;
-                while let Some(Ok(message)) = socket.next().await {
-                    if message.is_close() {
-                        break;
-                    }
-                    if socket.send(message).await.is_err() {
-                        break;
-                    }
-                }
-            });
-            let mut response = full(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
-            let headers = response.headers_mut();
-            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-            if let Ok(accept) = HeaderValue::from_str(&accept) {
-                headers.insert("sec-websocket-accept", accept);
-            }
-            response
-        }
+        "/ws" => websocket_echo(&mut request),
         "/whoami" => full(StatusCode::OK, "admin-backend"),
         _ => full(StatusCode::NOT_FOUND, "no such test endpoint"),
     };
     Ok(response)
+}
+
+/// The request's headers and version as JSON.
+fn echo_headers(request: &Request<Incoming>) -> Response<Body> {
+    let mut headers = serde_json::Map::new();
+    for (name, value) in request.headers() {
+        headers.insert(
+            name.as_str().to_owned(),
+            serde_json::Value::String(value.to_str().unwrap_or("<binary>").to_owned()),
+        );
+    }
+    let json = serde_json::json!({
+        "version": format!("{:?}", request.version()),
+        "headers": headers,
+    });
+    full(StatusCode::OK, json.to_string())
+}
+
+/// The 1 MiB blob, or the `Range: bytes=a-b` part of it.
+fn blob_range(request: &Request<Incoming>) -> Response<Body> {
+    let blob = blob();
+    let range = request
+        .headers()
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("bytes="))
+        .and_then(|v| v.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
+    match range {
+        Some((start, end)) if start <= end && end < blob.len() => {
+            let mut response = full(StatusCode::PARTIAL_CONTENT, blob[start..=end].to_vec());
+            if let Ok(value) = HeaderValue::from_str(&format!("bytes {start}-{end}/{}", blob.len()))
+            {
+                response.headers_mut().insert(header::CONTENT_RANGE, value);
+            }
+            response
+        }
+        _ => full(StatusCode::OK, blob),
+    }
+}
+
+/// `<length> <sha256>` of the streamed request body.
+async fn upload_digest(request: Request<Incoming>) -> Response<Body> {
+    let mut hasher = Sha256::new();
+    let mut length = 0u64;
+    let mut body = request.into_body();
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Some(data) = frame.data_ref() {
+                    hasher.update(data);
+                    length += data.len() as u64;
+                }
+            }
+            Err(error) => {
+                return full(StatusCode::BAD_REQUEST, format!("upload broke: {error}"));
+            }
+        }
+    }
+    full(StatusCode::OK, format!("{length} {:x}", hasher.finalize()))
+}
+
+/// A WebSocket upgrade whose messages are echoed.
+fn websocket_echo(request: &mut Request<Incoming>) -> Response<Body> {
+    let key = request
+        .headers()
+        .get("sec-websocket-key")
+        .map(|key| derive_accept_key(key.as_bytes()));
+    let Some(accept) = key else {
+        return full(StatusCode::BAD_REQUEST, "not a websocket request");
+    };
+    let upgrade = hyper::upgrade::on(request);
+    tokio::spawn(async move {
+        let Ok(upgraded) = upgrade.await else { return };
+        let mut socket =
+            WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+        while let Some(Ok(message)) = socket.next().await {
+            if message.is_close() {
+                break;
+            }
+            if socket.send(message).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut response = full(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(accept) = HeaderValue::from_str(&accept) {
+        headers.insert("sec-websocket-accept", accept);
+    }
+    response
 }
 
 /// Binds `address` and serves the test endpoints (HTTP/1.1, plain or TLS) on a task.

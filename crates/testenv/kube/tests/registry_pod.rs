@@ -14,6 +14,7 @@ use tno_oci::Platform;
 use tno_oci::image::{PlatformImage, RunConfig};
 use tno_oci::layer::LayerSpec;
 use tno_testenv_kube::binaries::workspace_root;
+use tno_testenv_kube::env::{KubeEnv, TestNamespace};
 use tno_testenv_kube::oci_registry::LabRegistry;
 use tno_testenv_kube::process::poll_until;
 use tno_testenv_kube::shared;
@@ -133,10 +134,15 @@ async fn pods_run_images_pulled_from_the_lab_registry_with_their_own_root_user_a
         format!("{}/lab/crane@{digest}", registry.host()),
         "imageID names the pulled digest"
     );
-
-    // The container's process: its root is the image (no host /bin, /lib), read-only, and it
-    // runs as the image's user.
     let uid = pod.metadata.uid.expect("uid");
+    image_process_is_contained(&env, &uid);
+    args_replace_the_cmd(&pods, &namespace, &reference).await;
+    host_programs_are_not_found(&pods, &reference).await;
+}
+
+/// The container's process: its root is the image (no host /bin, /lib), read-only, and it
+/// runs as the image's user.
+fn image_process_is_contained(env: &KubeEnv, uid: &str) {
     let netns = tno_netlab::Netns::adopt(env.run_id().netns_name(&format!("pod-{uid}")));
     let pids = netns.pids().expect("pids of the pod netns");
     let pid = pids
@@ -175,9 +181,10 @@ async fn pods_run_images_pulled_from_the_lab_registry_with_their_own_root_user_a
         options.split(',').any(|o| o == "ro"),
         "root not read-only: {root_mount}"
     );
+}
 
-    // `args` replace the image's cmd, the entrypoint stays; a program that only the host has
-    // is not found (the host's file system is not the container's).
+/// `args` replace the image's cmd, the entrypoint stays.
+async fn args_replace_the_cmd(pods: &Api<Pod>, namespace: &TestNamespace<'_>, reference: &str) {
     pods.create(
         &PostParams::default(),
         &object(serde_json::json!({
@@ -213,7 +220,11 @@ async fn pods_run_images_pulled_from_the_lab_registry_with_their_own_root_user_a
         log.contains(&want),
         "crane version printed {log:?}, expected {want}"
     );
+}
 
+/// A program that only the host has is not found (the host's file system is not the
+/// container's).
+async fn host_programs_are_not_found(pods: &Api<Pod>, reference: &str) {
     pods.create(
         &PostParams::default(),
         &object(serde_json::json!({

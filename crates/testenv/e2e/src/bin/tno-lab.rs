@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
+use kube::api::{Api, Patch, PatchParams};
 use tno_testenv::E2eEnv;
 use tno_testenv_kube::binaries::Binaries;
 use tno_testenv_kube::{KubeEnv, KubeEnvOptions};
@@ -222,7 +223,6 @@ fn example(file: &str) -> Result<serde_json::Value, String> {
 /// behind the site's subnet router, and the laptop (alice, group:team-a) opens
 /// https://portal.team-a.lab.example.net through the tailnet.
 async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
-    use kube::api::{Api, Patch, PatchParams};
     let client = env.kube().client().await.map_err(|e| e.to_string())?;
     let apply = PatchParams::apply("tno-lab").force();
     apply_namespaces(&client, &[OPERATOR_NAMESPACE, CONSUMER_NAMESPACE]).await?;
@@ -247,26 +247,7 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
         env.tailnet().headscale.extra_records_path().to_path_buf(),
     );
 
-    let base = env.base_policy().map_err(|e| e.to_string())?;
-    env.create_bootstrap(&client, OPERATOR_NAMESPACE, &base)
-        .await
-        .map_err(|e| e.to_string())?;
-    let tailnets: Api<kube::api::DynamicObject> =
-        Api::all_with(client.clone(), &tailnet_resource("Tailnet", "tailnets"));
-    let mut tailnet = env.tailnet_object("demo", "Apply");
-    let example_tailnet = example("10-tailnet.yaml")?;
-    tailnet["spec"]["dns"]["ingressAliasTemplate"] =
-        example_tailnet["spec"]["dns"]["ingressAliasTemplate"].clone();
-    tailnet["spec"]["defaults"] = example_tailnet["spec"]["defaults"].clone();
-    tailnets
-        .patch("demo", &apply, &Patch::Apply(&tailnet))
-        .await
-        .map_err(|e| format!("Tailnet demo: {e}"))?;
-    println!(
-        "\ndemo: Tailnet demo (Apply) → Headscale {}",
-        env.headscale_url()
-    );
-
+    apply_demo_tailnet(env, &client, &apply).await?;
     let operator = start_demo_operator(env, None).await?;
     println!(
         "demo: operator running in the lab (log {}, metrics {})",
@@ -278,7 +259,58 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
         _issuer: issuer,
         _records: records,
     };
+    demo_egress(env, &client, &apply).await?;
+    demo_ingress(env, &client, &apply, &admin_tls, &ca_pem).await?;
+    print_kubectl(env, &["get", "tailnet,tailnetegress,tailnetingress", "-A"]);
+    println!(
+        "demo: success — one egress connection and one HTTPS ingress request crossed the tailnet."
+    );
+    println!(
+        "demo: try  kubectl --kubeconfig {} get tailnet,tailnetegress,tailnetingress -A -o wide",
+        env.kubeconfig().display()
+    );
+    println!(
+        "demo:      kubectl --kubeconfig {} describe tailnetingress -n {CONSUMER_NAMESPACE} portal",
+        env.kubeconfig().display()
+    );
+    println!("demo:      lab CA for clients: {}", ca_path.display());
+    Ok(state)
+}
 
+/// The bootstrap objects and the example Tailnet, in Apply mode.
+async fn apply_demo_tailnet(
+    env: &E2eEnv,
+    client: &kube::Client,
+    apply: &PatchParams,
+) -> Result<(), String> {
+    let base = env.base_policy().map_err(|e| e.to_string())?;
+    env.create_bootstrap(client, OPERATOR_NAMESPACE, &base)
+        .await
+        .map_err(|e| e.to_string())?;
+    let tailnets: Api<kube::api::DynamicObject> =
+        Api::all_with(client.clone(), &tailnet_resource("Tailnet", "tailnets"));
+    let mut tailnet = env.tailnet_object("demo", "Apply");
+    let example_tailnet = example("10-tailnet.yaml")?;
+    tailnet["spec"]["dns"]["ingressAliasTemplate"] =
+        example_tailnet["spec"]["dns"]["ingressAliasTemplate"].clone();
+    tailnet["spec"]["defaults"] = example_tailnet["spec"]["defaults"].clone();
+    tailnets
+        .patch("demo", apply, &Patch::Apply(&tailnet))
+        .await
+        .map_err(|e| format!("Tailnet demo: {e}"))?;
+    println!(
+        "\ndemo: Tailnet demo (Apply) → Headscale {}",
+        env.headscale_url()
+    );
+    Ok(())
+}
+
+/// examples/20-egress.yaml, then a pod in team-a through it to the remote site.
+async fn demo_egress(
+    env: &E2eEnv,
+    client: &kube::Client,
+    apply: &PatchParams,
+) -> Result<(), String> {
     // Egress.
     let egress = example("20-egress.yaml")?;
     let egresses: Api<kube::api::DynamicObject> = Api::namespaced_with(
@@ -287,7 +319,7 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
         &tailnet_resource("TailnetEgress", "tailnetegresses"),
     );
     egresses
-        .patch("team-a", &apply, &Patch::Apply(&egress))
+        .patch("team-a", apply, &Patch::Apply(&egress))
         .await
         .map_err(|e| format!("TailnetEgress team-a: {e}"))?;
     println!("demo: applied examples/20-egress.yaml; waiting for it to become Ready…");
@@ -295,7 +327,7 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
     let target = format!("remote-db.{OPERATOR_NAMESPACE}.svc.cluster.local:5432");
     println!("demo: a pod in {CONSUMER_NAMESPACE} connects to {target} …");
     let run = env
-        .tcp_check(&client, CONSUMER_NAMESPACE, "demo-client", &target, 30)
+        .tcp_check(client, CONSUMER_NAMESPACE, "demo-client", &target, 30)
         .await
         .map_err(|e| e.to_string())?;
     if !run.succeeded() {
@@ -304,13 +336,24 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
     println!(
         "demo: OK — egress: bytes from a pod crossed Service → agent → tailnet → subnet router → 192.0.2.10:5432 and came back."
     );
+    Ok(())
+}
 
+/// The example's backends and examples/30-ingress.yaml, then the laptop through it over
+/// HTTPS (MagicDNS name, certificate verified against the lab CA).
+async fn demo_ingress(
+    env: &E2eEnv,
+    client: &kube::Client,
+    apply: &PatchParams,
+    admin_tls: &k8s_openapi::api::core::v1::Secret,
+    ca_pem: &str,
+) -> Result<(), String> {
     // Ingress: the example's backends (an HTTP frontend, an HTTPS admin UI with its own
     // certificate), then examples/30-ingress.yaml as is.
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), CONSUMER_NAMESPACE);
     secrets
-        .patch("admin-tls", &apply, &Patch::Apply(&admin_tls))
+        .patch("admin-tls", apply, &Patch::Apply(&admin_tls))
         .await
         .map_err(|e| format!("Secret admin-tls: {e}"))?;
     let backends = [
@@ -345,7 +388,7 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
         backend_service("admin", 8443),
     ];
     for object in backends {
-        apply_object(&client, &object).await?;
+        apply_object(client, &object).await?;
     }
     let ingress = example("30-ingress.yaml")?;
     let ingresses: Api<kube::api::DynamicObject> = Api::namespaced_with(
@@ -354,7 +397,7 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
         &tailnet_resource("TailnetIngress", "tailnetingresses"),
     );
     ingresses
-        .patch("portal", &apply, &Patch::Apply(&ingress))
+        .patch("portal", apply, &Patch::Apply(&ingress))
         .await
         .map_err(|e| format!("TailnetIngress portal: {e}"))?;
     println!("demo: applied examples/30-ingress.yaml; waiting for it to become Ready…");
@@ -385,7 +428,7 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     let response = loop {
-        let attempt = tno_testenv::https_get(&laptop, &resolved, 443, &portal, &ca_pem, "/").await;
+        let attempt = tno_testenv::https_get(&laptop, &resolved, 443, &portal, ca_pem, "/").await;
         match attempt {
             Ok(text) if text.starts_with("HTTP/1.1 200") => break text,
             _ if std::time::Instant::now() > deadline => {
@@ -408,21 +451,7 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
         "demo: OK — ingress: laptop → https://{portal}/ ({resolved}, certificate verified against the lab CA) → agent → frontend: {} (X-Forwarded-For {forwarded_for})",
         response.lines().next().unwrap_or_default().trim()
     );
-
-    print_kubectl(env, &["get", "tailnet,tailnetegress,tailnetingress", "-A"]);
-    println!(
-        "demo: success — one egress connection and one HTTPS ingress request crossed the tailnet."
-    );
-    println!(
-        "demo: try  kubectl --kubeconfig {} get tailnet,tailnetegress,tailnetingress -A -o wide",
-        env.kubeconfig().display()
-    );
-    println!(
-        "demo:      kubectl --kubeconfig {} describe tailnetingress -n {CONSUMER_NAMESPACE} portal",
-        env.kubeconfig().display()
-    );
-    println!("demo:      lab CA for clients: {}", ca_path.display());
-    Ok(state)
+    Ok(())
 }
 
 /// The second cluster's demo (examples/second-cluster/): Tailnet `cosmos` in Contribute mode
@@ -434,7 +463,6 @@ async fn run_second_cluster_demo(
     cosmos: &tno_testenv::SecondCluster,
 ) -> Result<tno_testenv::OperatorProcess, String> {
     use k8s_openapi::api::core::v1::Secret;
-    use kube::api::{Api, Patch, PatchParams};
     let apply = PatchParams::apply("tno-lab").force();
     let client_b = cosmos.client().await.map_err(|e| e.to_string())?;
     apply_namespaces(&client_b, &[OPERATOR_NAMESPACE, "team-b"]).await?;
@@ -560,7 +588,6 @@ async fn start_demo_operator(
 /// Server-side applies the namespaces `names`.
 async fn apply_namespaces(client: &kube::Client, names: &[&str]) -> Result<(), String> {
     use k8s_openapi::api::core::v1::Namespace;
-    use kube::api::{Api, Patch, PatchParams};
     let namespaces: Api<Namespace> = Api::all(client.clone());
     for ns in names {
         let object =

@@ -219,14 +219,27 @@ impl MountPlan {
     /// Runs in the forked child, after it entered the pod's netns and before exec. A failing
     /// step is named on stderr (the container log), since the error itself carries only errno.
     fn enter(&self) -> std::io::Result<()> {
-        use libc::{
-            CLONE_NEWNS, CLONE_NEWUTS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE,
-            MS_RDONLY, MS_REC, MS_REMOUNT,
-        };
+        use libc::{CLONE_NEWNS, CLONE_NEWUTS};
         step(
             "unshare",
             check(unsafe { libc::unshare(CLONE_NEWNS | CLONE_NEWUTS) }),
         )?;
+        self.build_root()?;
+        step(
+            "chroot",
+            check(unsafe { libc::chroot(self.merged.as_ptr()) }),
+        )?;
+        step("chdir /", check(unsafe { libc::chdir(c"/".as_ptr()) }))?;
+        self.mount_volumes()?;
+        self.finish()
+    }
+
+    /// The new root: the overlay on a tmpfs, /dev, /proc and a fresh /sys, the image
+    /// directories and the pod directory at the staging path.
+    fn build_root(&self) -> std::io::Result<()> {
+        use libc::{
+            MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT,
+        };
         // Nothing mounted from here on may propagate back to the host.
         step(
             "make / private",
@@ -322,11 +335,13 @@ impl MountPlan {
                 None,
             ),
         )?;
-        step(
-            "chroot",
-            check(unsafe { libc::chroot(self.merged.as_ptr()) }),
-        )?;
-        step("chdir /", check(unsafe { libc::chdir(c"/".as_ptr()) }))?;
+        Ok(())
+    }
+
+    /// Inside the new root: each volume from the staging mount to its `mountPath`, read-only
+    /// ones remounted last; then the staging mount goes.
+    fn mount_volumes(&self) -> std::io::Result<()> {
+        use libc::{MS_BIND, MS_RDONLY, MS_REC, MS_REMOUNT};
         for bind in &self.binds {
             for parent in &bind.parents {
                 step("volume mount parents", mkdir(parent))?;
@@ -381,6 +396,12 @@ impl MountPlan {
             "remove staging",
             check(unsafe { libc::rmdir(staging.as_ptr()) }),
         )?;
+        Ok(())
+    }
+
+    /// The working directory, a read-only root if asked for, the hostname and the user.
+    fn finish(&self) -> std::io::Result<()> {
+        use libc::{MS_BIND, MS_RDONLY, MS_REMOUNT};
         for parent in &self.working_dir_parents {
             step("working directory parents", mkdir(parent))?;
         }

@@ -415,22 +415,7 @@ impl PodWorker {
             .as_ref()
             .ok_or_else(|| self.pod_error("no sandbox"))?;
         let image_name = spec.image.clone().unwrap_or_default();
-        let source = if ImageStore::handles(&image_name) {
-            ImageSource::Pulled(self.node.image_store.get(&image_name).await?)
-        } else {
-            ImageSource::Local(
-                self.node
-                    .config
-                    .images
-                    .lookup(&image_name)
-                    .ok_or_else(|| {
-                        self.pod_error(format!(
-                            "image {image_name} is not in the test kubelet's image table"
-                        ))
-                    })?
-                    .clone(),
-            )
-        };
+        let source = self.image_source(&image_name).await?;
         let pod_ip = self.pod_ip();
         let host_ip = self.node.config.node_ip.to_string();
         let path = match &source {
@@ -453,6 +438,74 @@ impl PodWorker {
             image_env: &image_env,
         };
         let env = container_environment(&env_context, spec).await?;
+        let (program, args) = self.command_line(spec, &source, &image_name, &env)?;
+        let mounts = self.bind_mounts(spec)?;
+        let (run_as, read_only_root) = self.process_identity(spec, &source)?;
+
+        let launch = ContainerLaunch {
+            name: format!("{}/{}", self.full_name(), spec.name),
+            program,
+            args,
+            env,
+            working_dir: spec.working_dir.clone().or_else(|| match &source {
+                ImageSource::Pulled(image) => image.working_dir.clone(),
+                ImageSource::Local(_) => None,
+            }),
+            hostname: self
+                .pod
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.hostname.clone())
+                .unwrap_or_else(|| self.name.clone()),
+            run_as,
+            read_only_root,
+            scratch_dir: self.dir.join("containers").join(&spec.name),
+            pod_dir: self.dir.clone(),
+            image_dirs: match &source {
+                ImageSource::Local(image) => image.path_dirs.clone(),
+                ImageSource::Pulled(_) => Vec::new(),
+            },
+            root_dir: match &source {
+                ImageSource::Pulled(image) => Some(image.root.clone()),
+                ImageSource::Local(_) => None,
+            },
+            mounts,
+            log_path: self.logs_dir.join(format!("{}.log", spec.name)),
+        };
+        spawn_container(&net.netns, &launch)
+    }
+
+    /// The image a container names: pulled from the lab registry, or host binaries of the
+    /// image table.
+    async fn image_source(&self, image_name: &str) -> Result<ImageSource> {
+        let source = if ImageStore::handles(image_name) {
+            ImageSource::Pulled(self.node.image_store.get(image_name).await?)
+        } else {
+            ImageSource::Local(
+                self.node
+                    .config
+                    .images
+                    .lookup(image_name)
+                    .ok_or_else(|| {
+                        self.pod_error(format!(
+                            "image {image_name} is not in the test kubelet's image table"
+                        ))
+                    })?
+                    .clone(),
+            )
+        };
+        Ok(source)
+    }
+
+    /// The program and its arguments, as the kubelet builds them from the image and the
+    /// container's `command`/`args`, with `$(VAR)` expanded.
+    fn command_line(
+        &self,
+        spec: &Container,
+        source: &ImageSource,
+        image_name: &str,
+        env: &[(String, String)],
+    ) -> Result<(PathBuf, Vec<String>)> {
         // As the kubelet: `command` replaces the entrypoint (and drops the image's cmd),
         // `args` replace the cmd.
         let mut argv: Vec<String> = match (&spec.command, &source) {
@@ -465,7 +518,7 @@ impl PodWorker {
             (_, None, ImageSource::Pulled(image)) => argv.extend(image.cmd.iter().cloned()),
             _ => {}
         }
-        let argv: Vec<String> = argv.iter().map(|arg| expand(arg, &env)).collect();
+        let argv: Vec<String> = argv.iter().map(|arg| expand(arg, env)).collect();
         let (program_name, args) = argv
             .split_first()
             .ok_or_else(|| self.pod_error(format!("container {} has no command", spec.name)))?;
@@ -488,7 +541,11 @@ impl PodWorker {
                 ))
             })?,
         };
+        Ok((program, args.to_vec()))
+    }
 
+    /// `/etc/hosts`, `/etc/resolv.conf` and the container's volume mounts.
+    fn bind_mounts(&self, spec: &Container) -> Result<Vec<BindMount>> {
         let mut mounts = vec![
             BindMount {
                 source: self.dir.join("etc-hosts"),
@@ -516,7 +573,15 @@ impl PodWorker {
                 read_only: mount.read_only.unwrap_or(false),
             });
         }
+        Ok(mounts)
+    }
 
+    /// The user and group the process runs as, and whether its root is read-only.
+    fn process_identity(
+        &self,
+        spec: &Container,
+        source: &ImageSource,
+    ) -> Result<(Option<(u32, u32)>, bool)> {
         let pod_security = self
             .pod
             .spec
@@ -567,38 +632,7 @@ impl PodWorker {
             .as_ref()
             .and_then(|context| context.read_only_root_filesystem)
             .unwrap_or(false);
-
-        let launch = ContainerLaunch {
-            name: format!("{}/{}", self.full_name(), spec.name),
-            program,
-            args: args.to_vec(),
-            env,
-            working_dir: spec.working_dir.clone().or_else(|| match &source {
-                ImageSource::Pulled(image) => image.working_dir.clone(),
-                ImageSource::Local(_) => None,
-            }),
-            hostname: self
-                .pod
-                .spec
-                .as_ref()
-                .and_then(|spec| spec.hostname.clone())
-                .unwrap_or_else(|| self.name.clone()),
-            run_as,
-            read_only_root,
-            scratch_dir: self.dir.join("containers").join(&spec.name),
-            pod_dir: self.dir.clone(),
-            image_dirs: match &source {
-                ImageSource::Local(image) => image.path_dirs.clone(),
-                ImageSource::Pulled(_) => Vec::new(),
-            },
-            root_dir: match &source {
-                ImageSource::Pulled(image) => Some(image.root.clone()),
-                ImageSource::Local(_) => None,
-            },
-            mounts,
-            log_path: self.logs_dir.join(format!("{}.log", spec.name)),
-        };
-        spawn_container(&net.netns, &launch)
+        Ok((run_as, read_only_root))
     }
 
     async fn step_containers(&mut self) {

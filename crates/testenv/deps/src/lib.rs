@@ -1,0 +1,193 @@
+//! Where `deps/build.sh` puts the pinned third-party binaries:
+//! `${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>`,
+//! versions from `deps/versions.env`; `TNO_BIN_<BINARY>` (as `deps/build.sh --print-env`
+//! prints them) overrides one binary.
+//!
+//! Standard library only: `cargo xtask` (release tooling) finds helm here without pulling in
+//! the test environment's dependencies (kube, hyper, rustls, nix, ...), and the test
+//! environment (`tno_testenv_kube::binaries`) builds on it.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+/// A binary that is nowhere to be found, with every place that was tried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotFound {
+    pub binary: String,
+    /// What was tried, in order (paths, or why a place could not be tried).
+    pub tried: Vec<String>,
+}
+
+impl std::fmt::Display for NotFound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} not found (tried {}); build it with deps/build.sh or set {}",
+            self.binary,
+            self.tried.join(", "),
+            override_var(&self.binary)
+        )
+    }
+}
+
+impl std::error::Error for NotFound {}
+
+/// `TNO_BIN_<NAME>`, e.g. `TNO_BIN_KUBE_APISERVER` for `kube-apiserver`.
+pub fn override_var(binary: &str) -> String {
+    format!("TNO_BIN_{}", binary.to_uppercase().replace('-', "_"))
+}
+
+/// The cache root: `TNO_DEPS_DIR`, else `$HOME/.cache/tailnet-operator/deps`; `None` without
+/// either variable.
+pub fn cache_dir() -> Option<PathBuf> {
+    std::env::var_os("TNO_DEPS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|home| PathBuf::from(home).join(".cache/tailnet-operator/deps"))
+        })
+}
+
+/// `KEY=VALUE` lines of `deps/versions.env`; comments and anything else are ignored (same
+/// rule as `deps/build.sh`).
+pub fn parse_versions(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .filter_map(|line| line.split_once('='))
+        .map(|(key, value)| (key.trim().to_string(), value.trim().to_string()))
+        .filter(|(key, value)| !key.is_empty() && !value.is_empty())
+        .collect()
+}
+
+/// The pinned version of `component` (`HELM_VERSION` for `helm`, `KUBE_ROUTER_VERSION` for
+/// `kube-router`) from `<workspace>/deps/versions.env`.
+pub fn pinned_version(workspace: &Path, component: &str) -> Result<String, String> {
+    let path = workspace.join("deps/versions.env");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let key = format!("{}_VERSION", component.to_uppercase().replace('-', "_"));
+    parse_versions(&text)
+        .remove(&key)
+        .ok_or_else(|| format!("{key} missing from {}", path.display()))
+}
+
+/// Where `deps/build.sh` puts `binary` of `component`: `<cache>/<component>-<version>/bin/<binary>`
+/// (not checked for existence).
+pub fn cached(workspace: &Path, component: &str, binary: &str) -> Result<PathBuf, String> {
+    let version = pinned_version(workspace, component)?;
+    let cache = cache_dir().ok_or("neither TNO_DEPS_DIR nor HOME is set")?;
+    Ok(cache
+        .join(format!("{component}-{version}"))
+        .join("bin")
+        .join(binary))
+}
+
+/// `binary` of `component`: `TNO_BIN_<BINARY>` if set, else the pinned build in the deps
+/// cache, else (last resort, any version) the first `binary` on `PATH`. Only existing files
+/// count.
+pub fn find(workspace: &Path, component: &str, binary: &str) -> Result<PathBuf, NotFound> {
+    let path_var = std::env::var_os("PATH");
+    find_with(
+        std::env::var_os(override_var(binary)).as_deref(),
+        cached(workspace, component, binary),
+        path_var.as_deref(),
+        binary,
+    )
+}
+
+/// helm (chart lint, template, install, package, push): see [`find`].
+pub fn helm(workspace: &Path) -> Result<PathBuf, NotFound> {
+    find(workspace, "helm", "helm")
+}
+
+/// [`find`] with its inputs given: the override, the cache path, `PATH`.
+fn find_with(
+    override_path: Option<&OsStr>,
+    cached: Result<PathBuf, String>,
+    path_var: Option<&OsStr>,
+    binary: &str,
+) -> Result<PathBuf, NotFound> {
+    let mut tried = Vec::new();
+    if let Some(path) = override_path {
+        let path = PathBuf::from(path);
+        if path.is_file() {
+            return Ok(path);
+        }
+        tried.push(format!("{}={}", override_var(binary), path.display()));
+    }
+    match cached {
+        Ok(path) if path.is_file() => return Ok(path),
+        Ok(path) => tried.push(path.display().to_string()),
+        Err(why) => tried.push(format!("the deps cache ({why})")),
+    }
+    if let Some(path_var) = path_var
+        && let Some(found) = std::env::split_paths(path_var)
+            .map(|dir| dir.join(binary))
+            .find(|candidate| candidate.is_file())
+    {
+        return Ok(found);
+    }
+    tried.push(format!("{binary} on PATH"));
+    Err(NotFound {
+        binary: binary.to_string(),
+        tried,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_file_lines_become_a_map() {
+        let versions =
+            parse_versions("# comment\nKUBERNETES_VERSION=v1.36.3\n\nETCD_VERSION=v3.6.16\n");
+        assert_eq!(
+            versions.get("KUBERNETES_VERSION").map(String::as_str),
+            Some("v1.36.3")
+        );
+        assert_eq!(
+            versions.get("ETCD_VERSION").map(String::as_str),
+            Some("v3.6.16")
+        );
+        assert_eq!(versions.len(), 2);
+    }
+
+    #[test]
+    fn override_then_cache_then_path() {
+        let dir = std::env::temp_dir().join(format!("tno-deps-test-{}", std::process::id()));
+        let (explicit, cache, on_path) =
+            (dir.join("explicit"), dir.join("cache"), dir.join("path"));
+        for d in [&explicit, &cache, &on_path] {
+            std::fs::create_dir_all(d).expect("dir");
+            std::fs::write(d.join("helm"), "").expect("file");
+        }
+        let path_var = std::env::join_paths([dir.join("empty"), on_path.clone()]).expect("PATH");
+        let find = |override_path: Option<&Path>, cached: Result<PathBuf, String>| {
+            find_with(
+                override_path.map(Path::as_os_str),
+                cached,
+                Some(&path_var),
+                "helm",
+            )
+        };
+        let in_cache = Ok(cache.join("helm"));
+        let missing = Ok(dir.join("missing/helm"));
+        assert_eq!(
+            find(Some(&explicit.join("helm")), in_cache.clone()),
+            Ok(explicit.join("helm"))
+        );
+        assert_eq!(find(None, in_cache.clone()), Ok(cache.join("helm")));
+        // A stale override does not hide the cache.
+        assert_eq!(
+            find(Some(&dir.join("gone")), in_cache),
+            Ok(cache.join("helm"))
+        );
+        assert_eq!(find(None, missing.clone()), Ok(on_path.join("helm")));
+        assert_eq!(find(None, Err("no HOME".into())), Ok(on_path.join("helm")));
+        let error = find_with(None, missing, None, "helm").expect_err("nowhere");
+        assert_eq!(error.tried.len(), 2, "{error}");
+        assert!(error.to_string().contains("TNO_BIN_HELM"), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
