@@ -174,6 +174,9 @@ pub struct Metrics {
     pub policy_syncs: Family<PolicyLabels, Counter>,
     pub policy_size_bytes: Family<TailnetLabels, Gauge>,
     pub headscale_reachable: Family<TailnetLabels, Gauge>,
+    /// Expiry of the operator's own Headscale API key (Unix seconds); no series when the
+    /// key does not expire or its expiry is unknown.
+    pub api_key_expiry: Family<TailnetLabels, Gauge>,
     pub routes_approved: Family<TailnetLabels, Counter>,
     pub resources_by_condition: Family<ConditionLabels, Gauge>,
     pub leader: Gauge,
@@ -202,6 +205,7 @@ impl Default for Metrics {
         let policy_syncs = Family::<PolicyLabels, Counter>::default();
         let policy_size_bytes = Family::<TailnetLabels, Gauge>::default();
         let headscale_reachable = Family::<TailnetLabels, Gauge>::default();
+        let api_key_expiry = Family::<TailnetLabels, Gauge>::default();
         let routes_approved = Family::<TailnetLabels, Counter>::default();
         let resources_by_condition = Family::<ConditionLabels, Gauge>::default();
         let leader = Gauge::default();
@@ -247,6 +251,11 @@ impl Default for Metrics {
             headscale_reachable.clone(),
         );
         registry.register(
+            "headscale_api_key_expiry_timestamp_seconds",
+            "Expiry of the operator's Headscale API key as Headscale lists it (Unix seconds; absent when it does not expire or is not listed)",
+            api_key_expiry.clone(),
+        );
+        registry.register(
             "routes_approved",
             "Routes approved by the operator's catch-up",
             routes_approved.clone(),
@@ -277,6 +286,7 @@ impl Default for Metrics {
             policy_syncs,
             policy_size_bytes,
             headscale_reachable,
+            api_key_expiry,
             routes_approved,
             resources_by_condition,
             leader,
