@@ -170,7 +170,7 @@ pub struct Metrics {
     pub headscale_calls: Family<ApiCallLabels, Counter>,
     pub headscale_call_duration: Family<ApiCallLabels, Histogram>,
     pub child_applies: Family<ApplyLabels, Counter>,
-    /// `result`: applied, unchanged, rejected, dry_run, owned_elsewhere.
+    /// `result`: applied, unchanged, rejected, dry_run, owned_elsewhere, would_lock_down.
     pub policy_syncs: Family<PolicyLabels, Counter>,
     pub policy_size_bytes: Family<TailnetLabels, Gauge>,
     pub headscale_reachable: Family<TailnetLabels, Gauge>,
@@ -239,7 +239,7 @@ impl Default for Metrics {
             "Child objects by kind and decision: applied because not_applied (by this process), changed, drifted (edited or deleted by someone else) or due (re-apply interval), or skipped as unchanged",
             child_applies.clone(),
         );
-        registry.register("policy_syncs", "Policy synchronisations by result (applied, unchanged, rejected, dry_run, owned_elsewhere)", policy_syncs.clone());
+        registry.register("policy_syncs", "Policy synchronisations by result (applied, unchanged, rejected, dry_run, owned_elsewhere, would_lock_down)", policy_syncs.clone());
         registry.register(
             "policy_size_bytes",
             "Size of the rendered policy document",

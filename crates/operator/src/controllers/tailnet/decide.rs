@@ -848,6 +848,19 @@ pub fn lockdown_refusal(sync: &PolicySync) -> Option<String> {
     ))
 }
 
+/// The route approvals to send after the sync: none while Apply refuses the document as a
+/// lockdown (nothing of the refused document is acted on), else the plan's.
+pub fn approvals_after<'p>(
+    plan: &'p TailnetPlan,
+    outcome: Option<&PolicyOutcome>,
+) -> &'p [RouteApproval] {
+    let refused = outcome.is_some_and(|o| o.metric == Some(WOULD_LOCK_DOWN_METRIC));
+    if refused { &[] } else { &plan.approvals }
+}
+
+/// `policy_syncs` result of a document refused as a lockdown.
+pub const WOULD_LOCK_DOWN_METRIC: &str = "would_lock_down";
+
 /// Apply refused the document: it would lock the tailnet down (the live policy stays). A
 /// Warning Event when the refusal is new.
 fn would_lock_down(lockdown: &str, previous: &TailnetStatus) -> PolicyOutcome {
@@ -865,7 +878,7 @@ fn would_lock_down(lockdown: &str, previous: &TailnetStatus) -> PolicyOutcome {
             reasons::WOULD_LOCK_DOWN,
             format!("not applied, the live policy stays: {lockdown}"),
         )),
-        metric: Some("would_lock_down"),
+        metric: Some(WOULD_LOCK_DOWN_METRIC),
         event,
         applied: false,
         written: false,

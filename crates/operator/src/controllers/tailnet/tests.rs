@@ -836,6 +836,7 @@ fn ruleless(live_policy: &str) -> TailnetObservation {
         base: Ok(Some(RULELESS_BASE.to_string())),
         live_policy: Some(live_policy.to_string()),
         egresses: vec![egress()],
+        nodes: Some(vec![router()]),
         ..observation()
     }
 }
@@ -854,6 +855,11 @@ fn lockdown_cases() -> Vec<Case> {
             more: |run| {
                 assert_eq!(run.puts, 0, "the allow-all live policy stays");
                 let outcome = run.outcome.as_ref().expect("outcome");
+                assert!(!run.plan.approvals.is_empty(), "the router's route is due");
+                assert!(
+                    decide::approvals_after(&run.plan, Some(outcome)).is_empty(),
+                    "nothing of the refused document is acted on"
+                );
                 assert_eq!(outcome.metric, Some("would_lock_down"));
                 let event = outcome.event.as_ref().expect("a Warning Event");
                 assert_eq!(
