@@ -219,7 +219,7 @@ fn api_key_event(
     let (note, soon) = api_key_note(key, now);
     let warned = tailnet_api::conditions::find(&previous.conditions, types::HEADSCALE_REACHABLE)
         .is_some_and(|c| c.message.contains(API_KEY_EXPIRING_NOTE));
-    (soon && !warned).then(|| PolicyEvent {
+    (soon && !warned).then_some(PolicyEvent {
         type_: EventType::Warning,
         reason: API_KEY_EXPIRING_EVENT,
         action: "Reconcile",
