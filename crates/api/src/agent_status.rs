@@ -44,6 +44,9 @@ pub struct ProbeView {
     pub last_probe: Option<String>,
 }
 
+/// tailscaled's `BackendState` once it is up (logged in, on the tailnet).
+pub const BACKEND_RUNNING: &str = "Running";
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TailnetView {

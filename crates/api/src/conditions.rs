@@ -80,6 +80,9 @@ pub mod reasons {
     pub const APPLIED: &str = "Applied";
     pub const REJECTED: &str = "Rejected";
     pub const OWNED_ELSEWHERE: &str = "OwnedElsewhere";
+    /// Apply refused a document that would turn an allow-all tailnet deny-by-default
+    /// (base without `acls`/`grants`, not accepted in `spec.policy.acceptedNotices`).
+    pub const WOULD_LOCK_DOWN: &str = "WouldLockDown";
     pub const BASE_INVALID: &str = "BaseInvalid";
     pub const HEADSCALE_UNREACHABLE: &str = "HeadscaleUnreachable";
     // Tailnet: ContributionsAccepted (owner) and FragmentLive (contributor).
@@ -138,6 +141,9 @@ pub mod reasons {
     pub const PROBE_ERROR: &str = "Error";
     pub const NOT_OBSERVED: &str = "NotObserved";
     pub const NOT_PROBED_YET: &str = "NotProbedYet";
+    /// The agent's tailscaled has not reached `Running` yet (pod just started, logging in):
+    /// probes through the tailnet cannot succeed yet; transient, not a fault.
+    pub const AGENT_STARTING: &str = "AgentStarting";
 
     /// Reasons that come from the Headscale client (`tailnet_headscale::Error::reason`) and
     /// end up in `HeadscaleReachable`, `PolicyApplied`, `NodeOnline`, `TailnetReady` and

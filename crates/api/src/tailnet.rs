@@ -208,6 +208,25 @@ pub struct TailnetPolicy {
     #[x_kube(validation = Rule::new("self.all(c, self.exists_one(d, d.tagPrefix == c.tagPrefix))").message("contributor tag prefixes must be unique"))]
     #[x_kube(validation = Rule::new("self.all(c, self.all(d, c.name == d.name || (!c.tagPrefix.startsWith(d.tagPrefix + '-') && !d.tagPrefix.startsWith(c.tagPrefix + '-'))))").message("one contributor's tag prefix must not extend another's (tags would overlap)"))]
     pub contributors: Vec<Contributor>,
+    /// Notices of the rendered policy that `Apply` acts on anyway. `BaseHadNoRules`: the base
+    /// states neither `acls` nor `grants`, which Headscale treats as allow-all, so applying
+    /// the generated grants denies everything else. Without this entry `Apply` refuses such
+    /// a document (`PolicyApplied=False`, reason `WouldLockDown`; the live policy stays),
+    /// unless the live policy already is this installation's and states rules. The fix that
+    /// needs no acceptance: give the base its own rules (docs/prerequisites.md has a starter).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub accepted_notices: Vec<AcceptedNotice>,
+}
+
+/// A policy notice a Tailnet accepts in `Apply` (see `spec.policy.acceptedNotices`).
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub enum AcceptedNotice {
+    /// Applying turns an allow-all tailnet deny-by-default except the generated grants.
+    BaseHadNoRules,
 }
 
 /// An installation that contributes a policy fragment (its Tailnet runs `mode: Contribute`).

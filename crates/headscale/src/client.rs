@@ -349,16 +349,16 @@ impl Client {
     }
 
     pub async fn delete_node(&self, id: u64) -> Result<(), Error> {
-        let _: serde_json::Value = self
-            .call(
-                Endpoint::DeleteNode,
-                Method::DELETE,
-                &format!("api/v1/node/{id}"),
-                None,
-                true,
-            )
-            .await?;
-        Ok(())
+        self.call(
+            Endpoint::DeleteNode,
+            Method::DELETE,
+            &format!("api/v1/node/{id}"),
+            None,
+            true,
+        )
+        .await
+        .map(|_: serde_json::Value| ())
+        .or_else(already_gone)
     }
 
     /// Mints a pre-auth key. Never retried: a lost answer must not leave two valid keys.
@@ -397,16 +397,16 @@ impl Client {
     }
 
     pub async fn expire_pre_auth_key(&self, id: u64) -> Result<(), Error> {
-        let _: serde_json::Value = self
-            .call(
-                Endpoint::ExpirePreAuthKey,
-                Method::POST,
-                "api/v1/preauthkey/expire",
-                Some(json!({ "id": id.to_string() })),
-                true,
-            )
-            .await?;
-        Ok(())
+        self.call(
+            Endpoint::ExpirePreAuthKey,
+            Method::POST,
+            "api/v1/preauthkey/expire",
+            Some(json!({ "id": id.to_string() })),
+            true,
+        )
+        .await
+        .map(|_: serde_json::Value| ())
+        .or_else(already_gone)
     }
 
     /// Mints an API key valid until `expiration` (always sent: without it Headscale stores
@@ -425,16 +425,16 @@ impl Client {
     }
 
     pub async fn expire_api_key(&self, prefix: &str) -> Result<(), Error> {
-        let _: serde_json::Value = self
-            .call(
-                Endpoint::ExpireApiKey,
-                Method::POST,
-                "api/v1/apikey/expire",
-                Some(json!({ "prefix": prefix })),
-                true,
-            )
-            .await?;
-        Ok(())
+        self.call(
+            Endpoint::ExpireApiKey,
+            Method::POST,
+            "api/v1/apikey/expire",
+            Some(json!({ "prefix": prefix })),
+            true,
+        )
+        .await
+        .map(|_: serde_json::Value| ())
+        .or_else(already_gone)
     }
 
     pub async fn list_api_keys(&self) -> Result<Vec<ApiKeyInfo>, Error> {
@@ -464,6 +464,15 @@ fn missing(endpoint: Endpoint, field: &str) -> Error {
         status: 200,
         code: None,
         message: format!("response has no {field}"),
+    }
+}
+
+/// Deleting or expiring something that is already gone is done (Headscale 0.30 answers 404).
+fn already_gone(error: Error) -> Result<(), Error> {
+    if error.is_not_found() {
+        Ok(())
+    } else {
+        Err(error)
     }
 }
 

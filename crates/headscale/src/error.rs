@@ -129,8 +129,15 @@ impl Error {
         }
     }
 
+    /// The thing asked for does not exist (HTTP 404). For deletes and expiries that is the
+    /// wanted end state: 0.30 answers 404 for a node or key that is already gone.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Api { status: 404, .. })
+    }
+
     /// Parses an error body: 0.29's `{"code": 3, "message": "..."}`, 0.30's problem+json
-    /// `{"title", "detail", "status"}`, or plain text.
+    /// `{"title", "detail", "status", "errors": [{"message", "location"}]}` (the first
+    /// error's message appended, with its location), or plain text (first 512 characters).
     pub(crate) fn from_response(endpoint: &'static str, status: u16, body: &str) -> Error {
         if status == 401 {
             return Error::Unauthorized { endpoint };
@@ -142,11 +149,8 @@ impl Error {
         let (code, message) = match &parsed {
             Some(v) => {
                 let message = text(v, "message")
-                    .or_else(|| match (text(v, "title"), text(v, "detail")) {
-                        (Some(t), Some(d)) => Some(format!("{t}: {d}")),
-                        (t, d) => t.or(d),
-                    })
-                    .unwrap_or_else(|| body.trim().to_string());
+                    .or_else(|| problem_message(v))
+                    .unwrap_or_else(|| body.trim().chars().take(512).collect());
                 (v.get("code").and_then(|c| c.as_i64()), message)
             }
             None => (None, body.trim().chars().take(512).collect()),
@@ -157,6 +161,28 @@ impl Error {
             code,
             message,
         }
+    }
+}
+
+/// The message of an RFC 9457 problem+json body (Headscale 0.30, huma): `title: detail`,
+/// then the first entry of `errors` (`message`, and `location` when present).
+fn problem_message(v: &serde_json::Value) -> Option<String> {
+    let text =
+        |v: &serde_json::Value, key: &str| v.get(key).and_then(|m| m.as_str()).map(str::to_string);
+    let head = match (text(v, "title"), text(v, "detail")) {
+        (Some(t), Some(d)) => Some(format!("{t}: {d}")),
+        (t, d) => t.or(d),
+    };
+    let first = v.get("errors").and_then(|e| e.get(0));
+    let detail = first.and_then(|e| text(e, "message")).map(|m| {
+        match first.and_then(|e| text(e, "location")) {
+            Some(location) => format!("{m} ({location})"),
+            None => m,
+        }
+    });
+    match (head, detail) {
+        (Some(h), Some(d)) => Some(format!("{h}: {d}")),
+        (h, d) => h.or(d),
     }
 }
 
@@ -201,6 +227,47 @@ mod tests {
             e.to_string(),
             "PUT /api/v1/policy: HTTP 400: Bad Request: invalid policy"
         );
+    }
+
+    /// Headscale 0.30's documented shapes (huma problem+json, RFC 9457).
+    #[test]
+    fn headscale_0_30_problem_bodies() {
+        let e = Error::from_response(
+            "PUT /api/v1/policy",
+            422,
+            r#"{"$schema":"https://h/schemas/ErrorModel.json","title":"Unprocessable Entity","status":422,"detail":"validation failed","errors":[{"message":"expected string","location":"body.policy","value":3},{"message":"second"}]}"#,
+        );
+        assert_eq!(
+            e.to_string(),
+            "PUT /api/v1/policy: HTTP 422: Unprocessable Entity: validation failed: expected string (body.policy)"
+        );
+        // 401 as problem+json is still Unauthorized (never a key in the message).
+        assert!(matches!(
+            Error::from_response(
+                "GET /api/v1/node",
+                401,
+                r#"{"title":"Unauthorized","status":401,"detail":"invalid API key"}"#
+            ),
+            Error::Unauthorized { .. }
+        ));
+        // 404 on delete/expire: already gone.
+        let gone = Error::from_response(
+            "DELETE /api/v1/node/7",
+            404,
+            r#"{"title":"Not Found","status":404,"detail":"node not found"}"#,
+        );
+        assert!(gone.is_not_found());
+        assert_eq!(
+            gone.to_string(),
+            "DELETE /api/v1/node/7: HTTP 404: Not Found: node not found"
+        );
+        assert!(!Error::from_response("x", 400, "bad").is_not_found());
+        // Only errors[0]: the message stays bounded by what the first error says.
+        let only_errors = Error::from_response("x", 400, r#"{"errors":[{"message":"m"}]}"#);
+        assert_eq!(only_errors.to_string(), "x: HTTP 400: m");
+        // A huge plain body is cut.
+        let long = Error::from_response("x", 500, &"a".repeat(10_000));
+        assert!(long.to_string().len() < 600);
     }
 
     #[test]

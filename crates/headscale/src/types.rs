@@ -151,6 +151,33 @@ pub struct ApiKeyInfo {
     pub last_seen: Option<Timestamp>,
 }
 
+/// Prefix of Headscale's API keys since 0.26: `hskey-api-<12 chars>-<secret>`.
+const API_KEY_PREFIX: &str = "hskey-api-";
+const API_KEY_PUBLIC_LENGTH: usize = 12;
+const LEGACY_API_KEY_PUBLIC_LENGTH: usize = 7;
+
+/// The public part of an API key, as Headscale lists it without the mask: `hskey-api-<12>`
+/// for today's keys, the 7 characters before the `.` for legacy `<prefix>.<secret>` keys.
+/// `None` for anything else. Only the public part is returned, never the secret.
+pub fn api_key_public_part(key: &str) -> Option<&str> {
+    if let Some(rest) = key.strip_prefix(API_KEY_PREFIX) {
+        let public = rest.get(..API_KEY_PUBLIC_LENGTH)?;
+        return (rest.as_bytes().get(API_KEY_PUBLIC_LENGTH) == Some(&b'-'))
+            .then(|| &key[..API_KEY_PREFIX.len() + public.len()]);
+    }
+    let (public, _) = key.split_once('.')?;
+    (public.len() == LEGACY_API_KEY_PUBLIC_LENGTH).then_some(public)
+}
+
+impl ApiKeyInfo {
+    /// Whether this listed key is `key`: Headscale lists the public part masked
+    /// (`hskey-api-<12>-***`, legacy `<7>***`); compared without the mask.
+    pub fn is(&self, key: &str) -> bool {
+        let listed = self.prefix.trim_end_matches('*').trim_end_matches('-');
+        !listed.is_empty() && api_key_public_part(key) == Some(listed)
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Policy {
@@ -256,5 +283,44 @@ mod tests {
                 .expect("key");
         assert!(!format!("{key:?}").contains("hskey-auth-secret"));
         assert_eq!(key.key.expose(), "hskey-auth-secret");
+    }
+}
+
+#[cfg(test)]
+mod api_key_tests {
+    use super::*;
+
+    fn listed(prefix: &str) -> ApiKeyInfo {
+        ApiKeyInfo {
+            prefix: prefix.into(),
+            ..ApiKeyInfo::default()
+        }
+    }
+
+    #[test]
+    fn a_key_is_found_by_its_public_part_only() {
+        let key = "hskey-api-AbCdEf123456-s3cr3ts3cr3ts3cr3ts3cr3ts3cr3ts3cr3t";
+        assert_eq!(api_key_public_part(key), Some("hskey-api-AbCdEf123456"));
+        assert!(listed("hskey-api-AbCdEf123456-***").is(key));
+        assert!(listed("hskey-api-AbCdEf123456").is(key));
+        assert!(!listed("hskey-api-AbCdEf123457-***").is(key));
+        // Legacy keys: `<7>.<secret>`, listed as `<7>***`.
+        assert_eq!(api_key_public_part("abcdefg.secret"), Some("abcdefg"));
+        assert!(listed("abcdefg***").is("abcdefg.secret"));
+        assert!(!listed("abcdefh***").is("abcdefg.secret"));
+        // Not a key Headscale made: never matched, nothing of it returned.
+        for odd in [
+            "",
+            "hskey-api-short",
+            "hskey-api-AbCdEf123456_x",
+            "abc.def",
+            "no-dot",
+        ] {
+            assert_eq!(api_key_public_part(odd), None, "{odd}");
+            assert!(!listed("").is(odd));
+            assert!(!listed("***").is(odd));
+        }
+        // Multi-byte input cannot panic the slicing.
+        assert_eq!(api_key_public_part("hskey-api-ééééééé"), None);
     }
 }

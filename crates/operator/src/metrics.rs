@@ -170,10 +170,13 @@ pub struct Metrics {
     pub headscale_calls: Family<ApiCallLabels, Counter>,
     pub headscale_call_duration: Family<ApiCallLabels, Histogram>,
     pub child_applies: Family<ApplyLabels, Counter>,
-    /// `result`: applied, unchanged, rejected, dry_run, owned_elsewhere.
+    /// `result`: applied, unchanged, rejected, dry_run, owned_elsewhere, would_lock_down.
     pub policy_syncs: Family<PolicyLabels, Counter>,
     pub policy_size_bytes: Family<TailnetLabels, Gauge>,
     pub headscale_reachable: Family<TailnetLabels, Gauge>,
+    /// Expiry of the operator's own Headscale API key (Unix seconds); no series when the
+    /// key does not expire or its expiry is unknown.
+    pub api_key_expiry: Family<TailnetLabels, Gauge>,
     pub routes_approved: Family<TailnetLabels, Counter>,
     pub resources_by_condition: Family<ConditionLabels, Gauge>,
     pub leader: Gauge,
@@ -202,6 +205,7 @@ impl Default for Metrics {
         let policy_syncs = Family::<PolicyLabels, Counter>::default();
         let policy_size_bytes = Family::<TailnetLabels, Gauge>::default();
         let headscale_reachable = Family::<TailnetLabels, Gauge>::default();
+        let api_key_expiry = Family::<TailnetLabels, Gauge>::default();
         let routes_approved = Family::<TailnetLabels, Counter>::default();
         let resources_by_condition = Family::<ConditionLabels, Gauge>::default();
         let leader = Gauge::default();
@@ -235,7 +239,7 @@ impl Default for Metrics {
             "Child objects by kind and decision: applied because not_applied (by this process), changed, drifted (edited or deleted by someone else) or due (re-apply interval), or skipped as unchanged",
             child_applies.clone(),
         );
-        registry.register("policy_syncs", "Policy synchronisations by result (applied, unchanged, rejected, dry_run, owned_elsewhere)", policy_syncs.clone());
+        registry.register("policy_syncs", "Policy synchronisations by result (applied, unchanged, rejected, dry_run, owned_elsewhere, would_lock_down)", policy_syncs.clone());
         registry.register(
             "policy_size_bytes",
             "Size of the rendered policy document",
@@ -245,6 +249,11 @@ impl Default for Metrics {
             "headscale_reachable",
             "1 when Headscale answers and accepts the API key",
             headscale_reachable.clone(),
+        );
+        registry.register(
+            "headscale_api_key_expiry_timestamp_seconds",
+            "Expiry of the operator's Headscale API key as Headscale lists it (Unix seconds; absent when it does not expire or is not listed)",
+            api_key_expiry.clone(),
         );
         registry.register(
             "routes_approved",
@@ -277,6 +286,7 @@ impl Default for Metrics {
             policy_syncs,
             policy_size_bytes,
             headscale_reachable,
+            api_key_expiry,
             routes_approved,
             resources_by_condition,
             leader,

@@ -341,6 +341,7 @@ fn tailnet_decision(
         headscale: Ok("v0.29.2".into()),
         nodes: Some(observed.nodes.clone()),
         live_policy: None,
+        api_key: None,
         base: Ok(base),
         egresses,
         ingresses,
@@ -532,6 +533,7 @@ fn a_contributors_fragment_is_the_same_through_the_cli_and_the_controller() {
         headscale: Ok("v0.29.2".into()),
         nodes: Some(observed.nodes.clone()),
         live_policy: Some("{}".into()),
+        api_key: None,
         base: Ok(None),
         egresses: manifests
             .egresses

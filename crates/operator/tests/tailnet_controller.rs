@@ -379,12 +379,14 @@ async fn scenario(
     let before = s.hs.get_policy().await.expect("live policy before");
     let first = s.start_operator("operator-1");
     let router = dry_run(&s, &first, &before).await;
+    no_surprise_lockdown(&s, &first, &before).await;
     let live = apply_mode(&s, &first, &router).await;
     manual_edit(&s, &live).await;
     edit_during_check(&s).await;
     let good = owned_elsewhere(&s, &first, &live).await;
     broken_bases(&s, &good).await;
     wrong_key(&s, &first).await;
+    short_lived_key(&s, &first).await;
     let mut second = leader_handover(&s, first).await;
     headscale_outage(&s, &mut second).await;
     shared_dns_config_map(&s).await;
@@ -498,6 +500,173 @@ async fn dry_run(
         "DryRun must not approve routes"
     );
     router
+}
+
+/// A base without `acls`/`grants` in Apply: refused with `WouldLockDown` (the live policy,
+/// which has rules of its own, stays byte for byte through several refused syncs), the
+/// rendered-policy ConfigMap lists the notice; then the base with rules is back (DryRun).
+async fn no_surprise_lockdown(
+    s: &Scenario<'_>,
+    first: &LocalOperator,
+    before: &tailnet_headscale::Policy,
+) {
+    let ruleless = r#"// No rules: Headscale's allow-all.
+{
+  "groups": {"group:platform": ["admin@"], "group:team-a": ["alice@"]},
+  "tagOwners": {"tag:router": ["admin@"], "tag:client": ["admin@"], "tag:server": ["admin@"]},
+}
+"#;
+    set_base_policy(&s.cms, s.ns, ruleless)
+        .await
+        .expect("rule-less base");
+    s.apply_tailnet(
+        &s.server,
+        "Apply",
+        own_hosts_config_map(),
+        "Tailnet in Apply",
+    )
+    .await;
+    let t = s
+        .tailnet_becomes("PolicyApplied", "False", "WouldLockDown")
+        .await;
+    let applied = t.condition("PolicyApplied").expect("PolicyApplied");
+    for needle in ["deny-by-default", "acceptedNotices: [BaseHadNoRules]"] {
+        assert!(
+            applied.message.contains(needle),
+            "{needle}: {}",
+            applied.message
+        );
+    }
+    eprintln!(
+        "lockdown refused: PolicyApplied=False/WouldLockDown: {}",
+        applied.message
+    );
+    // Positive witness: two more refused syncs happened, and the live policy is untouched.
+    more_policy_syncs(first, &s.tailnet_name, "would_lock_down", 2.0).await;
+    let during = s.hs.get_policy().await.expect("live policy");
+    assert_eq!(during.policy, before.policy, "the live policy must stay");
+    assert_eq!(during.updated_at, before.updated_at);
+    let notices = s
+        .cms
+        .get(&format!("{}-rendered-policy", s.tailnet_name))
+        .await
+        .expect("rendered policy ConfigMap")
+        .data
+        .unwrap_or_default()
+        .get("notices")
+        .cloned()
+        .unwrap_or_default();
+    assert!(notices.contains("allow-all"), "notices: {notices:?}");
+    let warned = s
+        .events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("WouldLockDown"));
+    assert!(warned, "a Warning Event WouldLockDown");
+    set_base_policy(&s.cms, s.ns, &base_policy(""))
+        .await
+        .expect("base back");
+    s.apply_tailnet(
+        &s.server,
+        "DryRun",
+        own_hosts_config_map(),
+        "Tailnet back in DryRun",
+    )
+    .await;
+    s.tailnet_becomes("PolicyApplied", "False", "DryRun").await;
+}
+
+/// A key that expires in a day: `HeadscaleReachable` stays True and warns (naming the key by
+/// its public prefix only), a Warning Event `ApiKeyExpiring`, the expiry metric; then the
+/// long-lived key is back.
+async fn short_lived_key(s: &Scenario<'_>, first: &LocalOperator) {
+    let expires = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_hours(24))
+        .expect("timestamp");
+    let key = s.hs.create_api_key(expires).await.expect("a 1-day key");
+    s.secrets
+        .replace(
+            "headscale-bootstrap",
+            &PostParams::default(),
+            &secret("headscale-bootstrap", s.ns, key.expose()),
+        )
+        .await
+        .expect("short-lived key");
+    let public = tailnet_headscale::api_key_public_part(key.expose())
+        .expect("a hskey-api key")
+        .to_string();
+    let message = reachable_message(s, |m| {
+        m.contains("warning: the Headscale API key") && m.contains(public.as_str())
+    })
+    .await;
+    eprintln!("1-day key: HeadscaleReachable=True: {message}");
+    assert!(
+        message.contains("(in 0d 23h)") || message.contains("(in 1d 0h)"),
+        "{message}"
+    );
+    assert!(
+        !message.contains(key.expose()),
+        "the key itself is never shown"
+    );
+    let sample = format!(
+        "tailnet_operator_headscale_api_key_expiry_timestamp_seconds{{tailnet=\"{}\"}}",
+        s.tailnet_name
+    );
+    let metric = first.metric(&sample).await.expect("expiry metric");
+    assert!(
+        (metric - expires.as_second() as f64).abs() <= 1.0,
+        "{sample} = {metric}, key expires {expires}"
+    );
+    let events = s
+        .events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items;
+    let warnings: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ApiKeyExpiring"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one Warning Event: {warnings:?}");
+    let text = serde_json::to_string(&events).unwrap_or_default();
+    assert!(!text.contains(key.expose()), "events leak the key");
+    assert!(
+        !first.log_text().contains(key.expose()),
+        "log leaks the key"
+    );
+    s.secrets
+        .replace(
+            "headscale-bootstrap",
+            &PostParams::default(),
+            &secret("headscale-bootstrap", s.ns, s.env.headscale.api_key()),
+        )
+        .await
+        .expect("key back");
+    reachable_message(s, |m| !m.contains(public.as_str())).await;
+}
+
+/// Waits until the Tailnet's `HeadscaleReachable` is True with a message that `wanted`
+/// accepts; returns that message.
+async fn reachable_message(s: &Scenario<'_>, wanted: impl Fn(&str) -> bool) -> String {
+    wait_for(
+        "HeadscaleReachable=True with the expected message",
+        WAIT,
+        || async {
+            let t = s
+                .tailnets
+                .get(&s.tailnet_name)
+                .await
+                .map_err(|e| e.to_string())?;
+            match t.condition("HeadscaleReachable") {
+                Some(c) if c.status == "True" && wanted(&c.message) => Ok(c.message.clone()),
+                other => Err(format!("HeadscaleReachable: {other:?}")),
+            }
+        },
+    )
+    .await
 }
 
 /// Apply: written once, routes caught up, grants effective; DNS rendered. Returns the live

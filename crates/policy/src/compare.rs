@@ -61,6 +61,17 @@ pub fn up_to_date(live: &str, rendered: &str) -> Result<bool, CompareError> {
     Ok(live_value == rendered_value && ownership_marker(live) == ownership_marker(rendered))
 }
 
+/// Whether a (live) document states access rules of its own: `acls` or `grants`. Without
+/// either Headscale allows everything (an empty document included). `None`: the document
+/// does not parse, so what it allows is not known.
+pub fn states_rules(document: &str) -> Option<bool> {
+    match parse_value(document) {
+        Ok(None) => Some(false),
+        Ok(Some(value)) => Some(value.get("acls").is_some() || value.get("grants").is_some()),
+        Err(_) => None,
+    }
+}
+
 /// Unified diff (3 lines of context) from the live document to the rendered one, with
 /// `live` / `rendered` headers; empty when the texts are identical.
 pub fn diff(live: &str, rendered: &str) -> String {

@@ -126,7 +126,7 @@ mod tags;
 use serde_json::Value;
 use thiserror::Error;
 
-pub use compare::{diff, ownership_marker, semantically_equal, up_to_date};
+pub use compare::{diff, ownership_marker, semantically_equal, states_rules, up_to_date};
 pub use issues::{PolicyIssue, PolicyNotice};
 pub use model::{
     AutoApproverRoute, ContributedGrant, Contribution, CoveringRoute, EgressPolicy, EgressTarget,

@@ -1025,3 +1025,24 @@ fn contributed_routes_are_approved_on_approver_nodes_that_advertise_them() {
     assert_eq!(approvals[0].node_id, 3);
     assert_eq!(approvals[0].added, vec![net("203.0.113.0/24")]);
 }
+
+#[test]
+fn states_rules_tells_allow_all_documents_apart() {
+    use tailnet_policy::states_rules;
+    // Headscale's allow-all: no document, or one with neither `acls` nor `grants`.
+    assert_eq!(states_rules(""), Some(false));
+    assert_eq!(states_rules("  \n// only a comment\n"), Some(false));
+    assert_eq!(
+        states_rules(r#"{"tagOwners": {"tag:a": ["alice@"]}, "groups": {}}"#),
+        Some(false)
+    );
+    // Either key states rules, even an empty list (deny-by-default).
+    assert_eq!(states_rules(r#"{"grants": []}"#), Some(true));
+    assert_eq!(
+        states_rules(
+            "{\n  // ours\n  \"acls\": [{\"action\": \"accept\", \"src\": [\"*\"], \"dst\": [\"*:*\"]}],\n}"
+        ),
+        Some(true)
+    );
+    assert_eq!(states_rules("{\"grants\": [,"), None);
+}

@@ -106,8 +106,10 @@ pub fn classify<'a>(
         },
         TargetAddress::Dns(name) => {
             let name = name.trim_end_matches('.');
-            let host = match magic_dns_domain.map(|d| d.trim_end_matches('.')) {
-                Some(domain) => match name.strip_suffix(domain) {
+            let lower = name.to_ascii_lowercase();
+            let host = match magic_dns_domain.map(|d| d.trim_end_matches('.').to_ascii_lowercase())
+            {
+                Some(domain) => match lower.strip_suffix(domain.as_str()) {
                     Some(host) if host.ends_with('.') => Some(host.trim_end_matches('.')),
                     _ if !name.contains('.') => Some(name),
                     _ => None,
@@ -118,7 +120,8 @@ pub fn classify<'a>(
             let Some(host) = host else {
                 return TargetClass::DnsName;
             };
-            match nodes.iter().find(|n| n.name == host) {
+            // DNS names are case-insensitive (RFC 4343): `DB-1` is the node `db-1`.
+            match nodes.iter().find(|n| n.name.eq_ignore_ascii_case(host)) {
                 Some(node) => TargetClass::MagicDns(node),
                 // Only a name under the configured domain is known to be MagicDNS.
                 None if host != name => TargetClass::UnknownMagicDnsName,
@@ -233,6 +236,37 @@ mod tests {
         );
         assert_eq!(kind(&dns("xts.example.net"), domain), TargetClass::DnsName);
         assert_eq!(kind(&dns("db"), domain), TargetClass::DnsName);
+    }
+
+    #[test]
+    fn magic_dns_names_are_case_insensitive() {
+        let nodes = [node("nas", &["100.64.0.7"])];
+        let dns = |s: &str| TargetAddress::Dns(s.into());
+        let domain = Some("ts.example.net");
+        for name in [
+            "NAS",
+            "nas.TS.Example.NET",
+            "Nas.ts.example.net.",
+            "nas.ts.example.net",
+        ] {
+            assert_eq!(
+                classify(&dns(name), &nodes, domain),
+                TargetClass::MagicDns(&nodes[0]),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            classify(&dns("nas.TS.example.net"), &nodes, Some("ts.example.NET.")),
+            TargetClass::MagicDns(&nodes[0])
+        );
+        assert_eq!(
+            classify(&dns("OTHER.ts.example.net"), &nodes, domain),
+            TargetClass::UnknownMagicDnsName
+        );
+        assert_eq!(
+            classify(&dns("nas.example.org"), &nodes, domain),
+            TargetClass::DnsName
+        );
     }
 
     #[test]

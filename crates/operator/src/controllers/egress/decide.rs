@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
-use tailnet_api::agent_status::{ProbeState, ProbeView};
+use tailnet_api::agent_status::{ProbeState, ProbeView, StatusReport};
 use tailnet_api::conditions::{reasons, types};
 use tailnet_api::egress::{EgressTargetStatus, TailnetEgressStatus, TargetKind, TargetNode};
 use tailnet_api::naming::{AgentKind, AgentNames, egress_tag};
@@ -290,11 +290,7 @@ fn report(
     grants_for_names(c, &status.targets, &input.kind().grants);
     // Reachability as the agent observes it (a TCP connect through the tailnet per target),
     // overruled by what Headscale says of a target's node (offline, expired, unknown).
-    let probes = shared::reachability(
-        c,
-        types::TARGETS_REACHABLE,
-        agent.report.as_ref().map(|r| r.targets.as_slice()),
-    );
+    let probes = target_reachability(c, agent.report.as_ref());
     target_nodes(c, &status.targets, &agent.nodes);
     overlay_probes(status, &probes);
 }
@@ -756,4 +752,47 @@ pub fn route_state(address: &IpAddr, approvers: &[String], nodes: &[Node]) -> Ro
             ),
         },
     }
+}
+
+/// `TargetsReachable` from the agent's report. Target probes go through the tailnet: while
+/// the agent's tailscaled has not reached `Running` (the pod just started and is logging
+/// in), a failing or missing probe is the agent starting, reported as `AgentStarting`
+/// (Unknown), never as the probe's `Error`/`Timeout`.
+fn target_reachability(
+    c: &mut ConditionSet,
+    report: Option<&StatusReport>,
+) -> BTreeMap<String, ProbeView> {
+    let probes = shared::reachability(
+        c,
+        types::TARGETS_REACHABLE,
+        report.map(|r| r.targets.as_slice()),
+    );
+    if let Some(starting) = report.and_then(|r| agent_starting(&r.tailnet)) {
+        let settled = c
+            .get(types::TARGETS_REACHABLE)
+            .is_some_and(|cond| cond.status == "True");
+        if !settled {
+            c.unknown(
+                types::TARGETS_REACHABLE,
+                Problem::new(reasons::AGENT_STARTING, starting),
+            );
+        }
+    }
+    probes
+}
+
+/// Why the agent counts as still starting (`None`: its tailscaled is up). tailscaled that
+/// was `Running` and lost its control connection stays `Running`: that is not a start.
+fn agent_starting(tailnet: &tailnet_api::agent_status::TailnetView) -> Option<String> {
+    if tailnet.connected || tailnet.backend_state == tailnet_api::agent_status::BACKEND_RUNNING {
+        return None;
+    }
+    let state = if tailnet.backend_state.is_empty() {
+        "not answering yet"
+    } else {
+        tailnet.backend_state.as_str()
+    };
+    Some(format!(
+        "the agent is starting: tailscaled is {state} (targets are probed through the tailnet once it is Running)"
+    ))
 }

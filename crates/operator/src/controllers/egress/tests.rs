@@ -230,6 +230,7 @@ fn cases() -> Vec<Case> {
         ),
     ];
     v.extend(route_policy_and_probe_cases(&ip, &dns_only));
+    v.extend(starting_cases(&ip));
     v
 }
 
@@ -366,6 +367,43 @@ fn route_policy_and_probe_cases(ip: &TailnetEgress, dns_only: &TailnetEgress) ->
     }
     v.extend(device_cases());
     v
+}
+
+/// While tailscaled logs in, target probes cannot succeed: `AgentStarting`, not `Error`.
+fn starting_cases(ip: &TailnetEgress) -> Vec<Case> {
+    vec![
+        case(
+            "the agent is starting: a failed probe is not an Error",
+            ip,
+            with(|o| {
+                let mut report = fx::report(
+                    vec![fx::probe("remote-db", "192.0.2.10:5432", ProbeState::Error)],
+                    vec![],
+                );
+                report.tailnet.connected = false;
+                report.tailnet.backend_state = "NeedsLogin".into();
+                o.agent.report = Some(report);
+            }),
+            vec![(types::TARGETS_REACHABLE, "Unknown", reasons::AGENT_STARTING)],
+        ),
+        case(
+            "tailscaled Running without an IP (lost control) is not a start",
+            ip,
+            with(|o| {
+                let mut report = fx::report(
+                    vec![fx::probe(
+                        "remote-db",
+                        "192.0.2.10:5432",
+                        ProbeState::Timeout,
+                    )],
+                    vec![],
+                );
+                report.tailnet.connected = false;
+                o.agent.report = Some(report);
+            }),
+            vec![(types::TARGETS_REACHABLE, "False", reasons::TIMEOUT)],
+        ),
+    ]
 }
 
 /// A user-owned device in the tailnet (a NAS): IPv4 and IPv6.

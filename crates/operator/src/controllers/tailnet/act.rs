@@ -56,6 +56,17 @@ pub fn plan_metrics(
         .headscale_reachable
         .get_or_create(&labels)
         .set(i64::from(observed.headscale.is_ok()));
+    match observed.api_key.as_ref().and_then(|k| k.expiration) {
+        Some(expiration) => {
+            ctx.metrics
+                .api_key_expiry
+                .get_or_create(&labels)
+                .set(expiration.as_second());
+        }
+        None => {
+            ctx.metrics.api_key_expiry.remove(&labels);
+        }
+    }
     if let Some(rendered) = &plan.rendered {
         ctx.metrics
             .policy_size_bytes

@@ -18,14 +18,14 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tailnet_api::conditions::{reasons, types};
 use tailnet_api::fragment::FragmentDnsRecord;
-use tailnet_api::tailnet::{FragmentStatus, TailnetStatus};
+use tailnet_api::tailnet::{AcceptedNotice, FragmentStatus, TailnetStatus};
 use tailnet_api::{Tailnet, validate};
-use tailnet_policy::{BasePolicy, PolicyInputs, RenderedPolicy, RouteApproval};
+use tailnet_policy::{BasePolicy, PolicyInputs, PolicyNotice, RenderedPolicy, RouteApproval};
 
 use super::super::config::OperatorConfig;
 use super::super::status::{ConditionSet, Problem};
 use super::locations::BASE_POLICY_KEY;
-use super::observation::TailnetObservation;
+use super::observation::{ApiKeyFacts, TailnetObservation};
 use super::role::{OwnerMode, Role};
 use super::{contributions, dns, effective};
 use tailnet_render::desired;
@@ -166,6 +166,67 @@ fn insecure_server_event(tailnet: &Tailnet, previous: &TailnetStatus) -> Option<
     })
 }
 
+/// From this many days before the API key's expiry on, `HeadscaleReachable` warns and a
+/// Warning Event [`API_KEY_EXPIRING_EVENT`] is published (once).
+pub const API_KEY_WARNING_DAYS: i64 = 14;
+/// Event reason: the operator's Headscale API key expires within [`API_KEY_WARNING_DAYS`].
+pub const API_KEY_EXPIRING_EVENT: &str = "ApiKeyExpiring";
+/// Starts `HeadscaleReachable`'s key note while the key expires soon; its presence in the
+/// previous status is what makes the Event fire once.
+pub const API_KEY_EXPIRING_NOTE: &str = "warning: the Headscale API key";
+
+/// The sentence about the API key's lifetime in `HeadscaleReachable`, and whether it
+/// expires within [`API_KEY_WARNING_DAYS`]. Names the key by its public prefix only.
+pub fn api_key_note(key: &ApiKeyFacts, now: Timestamp) -> (String, bool) {
+    let Some(expiration) = key.expiration else {
+        return (format!("the API key {} does not expire", key.prefix), false);
+    };
+    let left = expiration.as_second().saturating_sub(now.as_second());
+    let days = left / 86_400;
+    let hours = (left % 86_400) / 3_600;
+    let within = if left <= 0 {
+        "now".to_string()
+    } else {
+        format!("in {days}d {hours}h")
+    };
+    if left < API_KEY_WARNING_DAYS * 86_400 {
+        (
+            format!(
+                "{API_KEY_EXPIRING_NOTE} {} expires {expiration} ({within}): create a new key and put it into the Secret before then, the operator picks it up at its next poll (docs/prerequisites.md#rotating-the-api-key)",
+                key.prefix
+            ),
+            true,
+        )
+    } else {
+        (
+            format!("the API key {} expires {expiration} ({within})", key.prefix),
+            false,
+        )
+    }
+}
+
+/// The Warning Event about a key that expires soon, once: not when the previous status's
+/// `HeadscaleReachable` already carried [`API_KEY_EXPIRING_NOTE`].
+fn api_key_event(
+    observed: &TailnetObservation,
+    previous: &TailnetStatus,
+    now: Timestamp,
+) -> Option<PolicyEvent> {
+    let key = observed
+        .api_key
+        .as_ref()
+        .filter(|_| observed.headscale.is_ok())?;
+    let (note, soon) = api_key_note(key, now);
+    let warned = tailnet_api::conditions::find(&previous.conditions, types::HEADSCALE_REACHABLE)
+        .is_some_and(|c| c.message.contains(API_KEY_EXPIRING_NOTE));
+    (soon && !warned).then_some(PolicyEvent {
+        type_: EventType::Warning,
+        reason: API_KEY_EXPIRING_EVENT,
+        action: "Reconcile",
+        note,
+    })
+}
+
 /// The rendered document against the live one.
 #[derive(Clone, Debug)]
 pub struct PolicySync {
@@ -177,8 +238,12 @@ pub struct PolicySync {
     pub removed: usize,
     /// The render summary (long form).
     pub summary: String,
-    /// The rendered-policy ConfigMap (document, diff, summary).
+    /// The rendered-policy ConfigMap (document, diff, summary, notices).
     pub config_map: ConfigMap,
+    /// The document turns an allow-all base deny-by-default and the Tailnet does not accept
+    /// that (`spec.policy.acceptedNotices`): Apply refuses it unless the live policy already
+    /// is ours and states rules (see [`lockdown_refusal`]).
+    pub locks_down: bool,
 }
 
 /// What the policy sync came to.
@@ -241,9 +306,10 @@ pub fn plan(
         conditions: Vec::new(),
         ..previous.clone()
     };
-    reachability(tailnet, observed, &mut c, &mut status);
+    reachability(tailnet, observed, now, &mut c, &mut status);
     let events = insecure_server_event(tailnet, &previous)
         .into_iter()
+        .chain(api_key_event(observed, &previous, now))
         .collect();
     let desired = desired_inputs(tailnet, observed, config);
     let composed = compose(&role, tailnet, observed, config, desired, &mut c, now);
@@ -301,11 +367,20 @@ pub fn plan(
 fn reachability(
     tailnet: &Tailnet,
     observed: &TailnetObservation,
+    now: Timestamp,
     c: &mut ConditionSet,
     status: &mut TailnetStatus,
 ) {
     let insecure = insecure_server(&tailnet.spec.server);
+    let key_note = observed
+        .api_key
+        .as_ref()
+        .map(|key| api_key_note(key, now).0);
     let with_note = |message: String| {
+        let message = match &key_note {
+            Some(note) => format!("{message}; {note}"),
+            None => message,
+        };
         if insecure {
             format!("{message}; {INSECURE_SERVER_NOTE}")
         } else {
@@ -608,7 +683,23 @@ fn policy_sync(
         "{} (+{added}/-{removed} lines against the live policy)",
         rendered.summary
     );
-    let config_map = rendered_policy_object(tailnet, config, &rendered.document, &diff, &summary);
+    let notices: Vec<String> = rendered.notices.iter().map(ToString::to_string).collect();
+    let locks_down = rendered.notices.contains(&PolicyNotice::BaseHadNoRules)
+        && !tailnet
+            .spec
+            .policy
+            .accepted_notices
+            .contains(&AcceptedNotice::BaseHadNoRules);
+    let config_map = rendered_policy_object(
+        tailnet,
+        config,
+        RenderedPolicyData {
+            document: &rendered.document,
+            diff: &diff,
+            summary: &summary,
+            notices: &notices,
+        },
+    );
     PolicySync {
         mode,
         document: rendered.document.clone(),
@@ -618,6 +709,7 @@ fn policy_sync(
         removed,
         summary: rendered.summary.to_string(),
         config_map,
+        locks_down,
     }
 }
 
@@ -652,6 +744,10 @@ pub fn after_check(sync: &PolicySync, check: Answer, previous: &TailnetStatus) -
                     sync.added, sync.removed
                 )
             };
+            let change = match lockdown_refusal(sync) {
+                Some(lockdown) => format!("{change}; {lockdown}"),
+                None => change,
+            };
             PolicyStep::Done(PolicyOutcome {
                 verdict: Verdict::False(Problem::new(
                     reasons::DRY_RUN,
@@ -674,6 +770,9 @@ pub fn after_check(sync: &PolicySync, check: Answer, previous: &TailnetStatus) -
 /// Apply mode, the document passed the check: refuse another installation's policy, keep an
 /// up-to-date one, otherwise PUT (and say what the PUT replaces).
 fn apply_step(sync: &PolicySync, previous: &TailnetStatus) -> PolicyStep {
+    if let Some(lockdown) = lockdown_refusal(sync) {
+        return PolicyStep::Done(would_lock_down(&lockdown, previous));
+    }
     let ours = tailnet_policy::ownership_marker(&sync.document);
     let theirs = tailnet_policy::ownership_marker(&sync.live);
     if let Some(owner) = theirs.as_ref().filter(|t| Some(*t) != ours.as_ref()) {
@@ -724,6 +823,66 @@ fn apply_step(sync: &PolicySync, previous: &TailnetStatus) -> PolicyStep {
         }
     };
     PolicyStep::Put { event }
+}
+
+/// Why applying `sync` would lock the tailnet down by surprise, or `None`. The document
+/// turns a base without rules deny-by-default (not accepted by the Tailnet); that is a
+/// surprise unless the live policy already is ours and states rules (deny-by-default
+/// already, since an earlier apply). A live policy that does not parse counts as a surprise.
+pub fn lockdown_refusal(sync: &PolicySync) -> Option<String> {
+    if !sync.locks_down {
+        return None;
+    }
+    let ours = tailnet_policy::ownership_marker(&sync.document);
+    let live_is_ours = ours.is_some() && tailnet_policy::ownership_marker(&sync.live) == ours;
+    if live_is_ours && tailnet_policy::states_rules(&sync.live) == Some(true) {
+        return None;
+    }
+    let now = match tailnet_policy::states_rules(&sync.live) {
+        Some(false) => "the live policy allows all (neither acls nor grants)",
+        Some(true) => "the live policy's own rules would be replaced",
+        None => "the live policy does not parse",
+    };
+    Some(format!(
+        "the base states no acls or grants (Headscale's allow-all) and {now}: applying adds deny-by-default for everything but the generated grants; give the base its own rules (docs/prerequisites.md has a starter that keeps today's access) or accept the change with spec.policy.acceptedNotices: [BaseHadNoRules]"
+    ))
+}
+
+/// The route approvals to send after the sync: none while Apply refuses the document as a
+/// lockdown (nothing of the refused document is acted on), else the plan's.
+pub fn approvals_after<'p>(
+    plan: &'p TailnetPlan,
+    outcome: Option<&PolicyOutcome>,
+) -> &'p [RouteApproval] {
+    let refused = outcome.is_some_and(|o| o.metric == Some(WOULD_LOCK_DOWN_METRIC));
+    if refused { &[] } else { &plan.approvals }
+}
+
+/// `policy_syncs` result of a document refused as a lockdown.
+pub const WOULD_LOCK_DOWN_METRIC: &str = "would_lock_down";
+
+/// Apply refused the document: it would lock the tailnet down (the live policy stays). A
+/// Warning Event when the refusal is new.
+fn would_lock_down(lockdown: &str, previous: &TailnetStatus) -> PolicyOutcome {
+    let previous_reason =
+        tailnet_api::conditions::find(&previous.conditions, types::POLICY_APPLIED)
+            .map(|c| c.reason.as_str());
+    let event = (previous_reason != Some(reasons::WOULD_LOCK_DOWN)).then(|| PolicyEvent {
+        type_: EventType::Warning,
+        reason: reasons::WOULD_LOCK_DOWN,
+        action: "SetPolicy",
+        note: format!("not applied, the live policy stays: {lockdown}"),
+    });
+    PolicyOutcome {
+        verdict: Verdict::False(Problem::new(
+            reasons::WOULD_LOCK_DOWN,
+            format!("not applied, the live policy stays: {lockdown}"),
+        )),
+        metric: Some(WOULD_LOCK_DOWN_METRIC),
+        event,
+        applied: false,
+        written: false,
+    }
 }
 
 /// Event reason of a live policy edited outside the operator and overwritten.
@@ -912,9 +1071,7 @@ fn contributed_dns_records(rendered: &tailnet_render::dns::RenderedDns) -> Vec<F
 fn rendered_policy_object(
     tailnet: &Tailnet,
     config: &OperatorConfig,
-    document: &str,
-    diff: &str,
-    summary: &str,
+    data: RenderedPolicyData<'_>,
 ) -> ConfigMap {
     ConfigMap {
         metadata: contributions::owned_meta(
@@ -922,16 +1079,36 @@ fn rendered_policy_object(
             config,
             rendered_policy_config_map(&tailnet.name_any()),
         ),
-        data: Some(rendered_policy_data(document, diff, summary)),
+        data: Some(rendered_policy_data(data)),
         ..ConfigMap::default()
     }
 }
 
-/// The rendered-policy ConfigMap's data: the document, its diff against the live policy and a
-/// summary. At about 1,000 resources document + diff passed the apiserver's limit and the
-/// refused write stopped the whole policy sync (benchmark 4): when they do not fit, the diff
-/// is left out, then the document, each replaced by a line that says so.
-pub fn rendered_policy_data(document: &str, diff: &str, summary: &str) -> BTreeMap<String, String> {
+/// What the rendered-policy ConfigMap shows.
+#[derive(Clone, Copy, Debug)]
+pub struct RenderedPolicyData<'a> {
+    pub document: &'a str,
+    pub diff: &'a str,
+    pub summary: &'a str,
+    /// The renderer's notices, one sentence each (key `notices`, one per line).
+    pub notices: &'a [String],
+}
+
+/// The rendered-policy ConfigMap's data: the document, its diff against the live policy, a
+/// summary and the notices. At about 1,000 resources document + diff passed the apiserver's
+/// limit and the refused write stopped the whole policy sync (benchmark 4): when they do not
+/// fit, the diff is left out, then the document, each replaced by a line that says so.
+pub fn rendered_policy_data(data: RenderedPolicyData<'_>) -> BTreeMap<String, String> {
+    let RenderedPolicyData {
+        document,
+        diff,
+        summary,
+        notices,
+    } = data;
+    // Notices are few and short (one per route or group at most); they are bounded by the
+    // policy's inputs and kept whole.
+    let notices: String = notices.iter().map(|n| format!("{n}\n")).collect();
+    let summary_len = summary.len() + notices.len();
     let omitted = |what: &str, bytes: usize| {
         format!(
             "omitted: the {what} is {bytes} bytes; the ConfigMap would exceed the apiserver's 1 MiB limit (the policy itself is synced regardless)\n"
@@ -939,16 +1116,17 @@ pub fn rendered_policy_data(document: &str, diff: &str, summary: &str) -> BTreeM
     };
     let mut document_value = document.to_string();
     let mut diff_value = diff.to_string();
-    if summary.len() + document.len() + diff.len() > RENDERED_POLICY_BUDGET {
+    if summary_len + document.len() + diff.len() > RENDERED_POLICY_BUDGET {
         diff_value = omitted("diff", diff.len());
     }
-    if summary.len() + document.len() + diff_value.len() > RENDERED_POLICY_BUDGET {
+    if summary_len + document.len() + diff_value.len() > RENDERED_POLICY_BUDGET {
         document_value = omitted("rendered document", document.len());
     }
     BTreeMap::from([
         (BASE_POLICY_KEY.to_string(), document_value),
         ("diff".to_string(), diff_value),
         ("summary".to_string(), summary.to_string()),
+        ("notices".to_string(), notices),
     ])
 }
 

@@ -26,7 +26,9 @@ use super::contributions::{parse_store, store_config_map};
 use super::locations::{BASE_POLICY_KEY, dns_config_map_location};
 // The observation's types live in a module without I/O (decide reads them); re-exported
 // here for callers that name them by the step that fills them.
-pub use super::observation::{ContributorRead, CurrentDns, StoredFragment, TailnetObservation};
+pub use super::observation::{
+    ApiKeyFacts, ContributorRead, CurrentDns, StoredFragment, TailnetObservation,
+};
 use super::role::Role;
 use tailnet_api::fragment::FRAGMENT_KEY;
 use tailnet_api::tailnet::Contributor;
@@ -73,6 +75,7 @@ pub async fn gather(
         headscale: headscale.version,
         nodes: headscale.nodes,
         live_policy: headscale.live_policy,
+        api_key: headscale.api_key,
         base,
         egresses,
         ingresses,
@@ -87,6 +90,7 @@ struct HeadscaleState {
     version: Result<String, Problem>,
     nodes: Option<Vec<ObservedNode>>,
     live_policy: Option<String>,
+    api_key: Option<ApiKeyFacts>,
 }
 
 /// API key, client, version, health; then nodes and the live policy.
@@ -96,6 +100,7 @@ async fn observe_headscale(ctx: &Context, tailnet: &Tailnet) -> HeadscaleState {
         version: Err(problem),
         nodes: None,
         live_policy: None,
+        api_key: None,
     };
     let key = match read_api_key(ctx, tailnet).await {
         Ok(key) => key,
@@ -129,11 +134,34 @@ async fn observe_headscale(ctx: &Context, tailnet: &Tailnet) -> HeadscaleState {
             None
         }
     };
+    let api_key = own_api_key(&client, &key).await;
     HeadscaleState {
         client: Some(client),
         version: Ok(version),
         nodes,
         live_policy,
+        api_key,
+    }
+}
+
+/// The operator's own key in Headscale's key list (its expiry); `None` when the list cannot
+/// be read (the key still works: only the expiry is unknown) or does not show it.
+async fn own_api_key(
+    client: &HeadscaleClient,
+    key: &tailnet_headscale::Secret,
+) -> Option<ApiKeyFacts> {
+    match client.list_api_keys().await {
+        Ok(keys) => keys
+            .into_iter()
+            .find(|k| k.is(key.expose()))
+            .map(|k| ApiKeyFacts {
+                prefix: k.prefix,
+                expiration: k.expiration,
+            }),
+        Err(e) => {
+            tracing::warn!(error = %e, "listing API keys failed; the key's expiry is unknown");
+            None
+        }
     }
 }
 

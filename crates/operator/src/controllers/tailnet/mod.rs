@@ -62,7 +62,8 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
     act::plan_metrics(ctx, tailnet, &observed, &plan);
     act::plan_events(ctx, tailnet, &plan).await;
     let outcome = act::sync_policy(ctx, tailnet, client.as_ref(), &plan, &previous).await;
-    act::approve_routes(ctx, tailnet, client.as_ref(), &plan.approvals).await;
+    let approvals = decide::approvals_after(&plan, outcome.as_ref());
+    act::approve_routes(ctx, tailnet, client.as_ref(), approvals).await;
     act::write_dns(ctx, &plan).await?;
     act::write_contributions(ctx, &plan).await?;
     let status = decide::finish(plan, outcome.as_ref());

@@ -23,6 +23,9 @@ pub struct TailnetObservation {
     pub nodes: Option<Vec<ObservedNode>>,
     /// The policy Headscale enforces now; `None` when it could not be read.
     pub live_policy: Option<String>,
+    /// The operator's own API key as Headscale lists it (matched by its public prefix);
+    /// `None` when the list could not be read or does not show the key.
+    pub api_key: Option<ApiKeyFacts>,
     /// The base policy text; `Ok(None)` when `spec.policy.baseConfigMap` is not set.
     pub base: Result<Option<String>, Problem>,
     pub egresses: Vec<TailnetEgress>,
@@ -36,6 +39,14 @@ pub struct TailnetObservation {
     /// Owner: the last accepted fragment of each contributor (ConfigMap
     /// `<tailnet>-contributions`).
     pub contribution_store: BTreeMap<String, StoredFragment>,
+}
+
+/// The operator's API key as Headscale lists it: its public prefix (never the secret) and
+/// its expiry (`None`: it does not expire).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiKeyFacts {
+    pub prefix: String,
+    pub expiration: Option<jiff::Timestamp>,
 }
 
 /// What matters of an existing DNS ConfigMap.

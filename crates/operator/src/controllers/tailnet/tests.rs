@@ -107,6 +107,7 @@ fn observation() -> TailnetObservation {
         headscale: Ok("v0.29.0".to_string()),
         nodes: Some(vec![]),
         live_policy: Some(String::new()),
+        api_key: None,
         base: Ok(Some(BASE.to_string())),
         egresses: vec![],
         ingresses: vec![],
@@ -826,6 +827,139 @@ fn ownership_cases() -> Vec<Case> {
     ]
 }
 
+/// A base without rules (Headscale's allow-all) with an egress: generated grants would make
+/// everything else denied.
+const RULELESS_BASE: &str = r#"{"groups": {"group:platform": ["alice@"]}}"#;
+
+fn ruleless(live_policy: &str) -> TailnetObservation {
+    TailnetObservation {
+        base: Ok(Some(RULELESS_BASE.to_string())),
+        live_policy: Some(live_policy.to_string()),
+        egresses: vec![egress()],
+        nodes: Some(vec![router()]),
+        ..observation()
+    }
+}
+
+fn accepting(mut t: Tailnet) -> Tailnet {
+    t.spec.policy.accepted_notices = vec![tailnet_api::tailnet::AcceptedNotice::BaseHadNoRules];
+    t
+}
+
+/// Never a lockdown by surprise: Apply refuses, DryRun says so, acceptance or an earlier
+/// lockdown of ours lets it through.
+fn lockdown_cases() -> Vec<Case> {
+    let ours_locked = document_of(&accepting(tailnet()), &ruleless(""), &config());
+    vec![
+        Case {
+            more: |run| {
+                assert_eq!(run.puts, 0, "the allow-all live policy stays");
+                let outcome = run.outcome.as_ref().expect("outcome");
+                assert!(!run.plan.approvals.is_empty(), "the router's route is due");
+                assert!(
+                    decide::approvals_after(&run.plan, Some(outcome)).is_empty(),
+                    "nothing of the refused document is acted on"
+                );
+                assert_eq!(outcome.metric, Some("would_lock_down"));
+                let event = outcome.event.as_ref().expect("a Warning Event");
+                assert_eq!(
+                    (event.type_, event.reason),
+                    (EventType::Warning, reasons::WOULD_LOCK_DOWN)
+                );
+                let c = conditions::find(&run.status.conditions, types::POLICY_APPLIED)
+                    .expect("PolicyApplied");
+                for needle in [
+                    "allows all",
+                    "deny-by-default",
+                    "acceptedNotices: [BaseHadNoRules]",
+                    "docs/prerequisites.md",
+                ] {
+                    assert!(c.message.contains(needle), "{needle}: {}", c.message);
+                }
+                let sync = run.plan.sync.as_ref().expect("sync");
+                let notices = sync
+                    .config_map
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("notices"))
+                    .cloned()
+                    .unwrap_or_default();
+                assert!(
+                    notices.contains("allow-all"),
+                    "the ConfigMap shows the notice: {notices}"
+                );
+            },
+            ..case(
+                "Apply with a rule-less base over an allow-all live policy is refused",
+                ruleless(""),
+                vec![(types::POLICY_APPLIED, "False", reasons::WOULD_LOCK_DOWN)],
+            )
+        },
+        Case {
+            tailnet: with_previous(tailnet(), previous_status(reasons::WOULD_LOCK_DOWN, None)),
+            more: |run| {
+                assert_eq!(run.puts, 0);
+                assert!(
+                    event_reason(run).is_none(),
+                    "warned once, not on every poll"
+                );
+            },
+            ..case(
+                "the refusal repeats quietly",
+                ruleless("{\n  \"groups\": {}\n}"),
+                vec![(types::POLICY_APPLIED, "False", reasons::WOULD_LOCK_DOWN)],
+            )
+        },
+        Case {
+            tailnet: with_mode(PolicyMode::DryRun),
+            more: |run| {
+                let c = conditions::find(&run.status.conditions, types::POLICY_APPLIED)
+                    .expect("PolicyApplied");
+                assert!(
+                    c.message.contains("deny-by-default"),
+                    "DryRun shows the effect: {}",
+                    c.message
+                );
+            },
+            ..case(
+                "DryRun shows the lockdown it would cause",
+                ruleless(""),
+                vec![(types::POLICY_APPLIED, "False", reasons::DRY_RUN)],
+            )
+        },
+        Case {
+            tailnet: accepting(tailnet()),
+            more: |run| assert_eq!(run.puts, 1, "accepted: applied"),
+            ..case(
+                "an accepted lockdown is applied",
+                ruleless(""),
+                vec![(types::POLICY_APPLIED, "True", reasons::APPLIED)],
+            )
+        },
+        Case {
+            more: |run| assert_eq!(run.puts, 1, "already deny-by-default and ours: no surprise"),
+            ..case(
+                "the live policy is ours and already states rules",
+                // Ours, deny-by-default already (an earlier accepted apply), one port since
+                // changed: the PUT changes nothing outside the generated parts.
+                ruleless(&ours_locked.replacen("5432", "5433", 1)),
+                vec![(types::POLICY_APPLIED, "True", reasons::APPLIED)],
+            )
+        },
+        Case {
+            more: |run| assert_eq!(run.puts, 1, "the base states rules: applied"),
+            ..case(
+                "a base with rules over an allow-all live policy is applied",
+                TailnetObservation {
+                    egresses: vec![egress()],
+                    ..observation()
+                },
+                vec![(types::POLICY_APPLIED, "True", reasons::APPLIED)],
+            )
+        },
+    ]
+}
+
 fn dns_cases() -> Vec<Case> {
     let mut no_dns = tailnet();
     no_dns.spec.dns = None;
@@ -1110,6 +1244,7 @@ fn decision_table() {
         base_cases(),
         policy_cases(),
         ownership_cases(),
+        lockdown_cases(),
         race_cases(),
         dns_cases(),
         owner_contribution_cases(),
@@ -1166,6 +1301,96 @@ fn decision_table() {
         ],
     );
     eprintln!("tailnet decision table: {:?}", started.elapsed());
+}
+
+#[test]
+fn the_api_keys_expiry_is_shown_and_warned_once() {
+    use super::observation::ApiKeyFacts;
+    let key = |days: i64| ApiKeyFacts {
+        prefix: "hskey-api-AbCdEf123456-***".to_string(),
+        expiration: Some(
+            now()
+                .checked_add(jiff::SignedDuration::from_hours(24 * days))
+                .expect("timestamp"),
+        ),
+    };
+    let reachable = |run: &TailnetPlan| {
+        run.conditions
+            .get(types::HEADSCALE_REACHABLE)
+            .map(|c| c.message.clone())
+            .unwrap_or_default()
+    };
+    // Far away: shown, no warning, no Event.
+    let o = TailnetObservation {
+        api_key: Some(key(90)),
+        ..observation()
+    };
+    let plan = decide::plan(&tailnet(), &o, &config(), now());
+    let message = reachable(&plan);
+    assert!(
+        message.contains(
+            "the API key hskey-api-AbCdEf123456-*** expires 2026-08-30T12:00:00Z (in 90d 0h)"
+        ),
+        "{message}"
+    );
+    assert!(
+        !message.contains(decide::API_KEY_EXPIRING_NOTE),
+        "{message}"
+    );
+    assert!(plan.events.is_empty());
+    // Within 14 days: a warning in HeadscaleReachable (still True: the key works) and one
+    // Warning Event; the next reconcile, with that status, does not repeat the Event.
+    let o = TailnetObservation {
+        api_key: Some(key(1)),
+        ..observation()
+    };
+    let run = drive(&tailnet(), &o, &config(), Ok(()), Ok(()));
+    let c =
+        conditions::find(&run.status.conditions, types::HEADSCALE_REACHABLE).expect("condition");
+    assert_eq!(c.status, "True");
+    assert!(
+        c.message
+            .contains("warning: the Headscale API key hskey-api-AbCdEf123456-*** expires"),
+        "{}",
+        c.message
+    );
+    assert!(c.message.contains("(in 1d 0h)"), "{}", c.message);
+    assert!(
+        c.message
+            .contains("docs/prerequisites.md#rotating-the-api-key"),
+        "{}",
+        c.message
+    );
+    let events: Vec<_> = run
+        .plan
+        .events
+        .iter()
+        .map(|e| (e.type_, e.reason))
+        .collect();
+    assert_eq!(
+        events,
+        vec![(EventType::Warning, decide::API_KEY_EXPIRING_EVENT)]
+    );
+    let again = with_previous(tailnet(), run.status.clone());
+    assert!(
+        decide::plan(&again, &o, &config(), now()).events.is_empty(),
+        "warned once"
+    );
+    // A key that does not expire says so; a key not in the list says nothing.
+    let o = TailnetObservation {
+        api_key: Some(ApiKeyFacts {
+            prefix: "abcdefg***".into(),
+            expiration: None,
+        }),
+        ..observation()
+    };
+    assert!(
+        reachable(&decide::plan(&tailnet(), &o, &config(), now()))
+            .contains("the API key abcdefg*** does not expire")
+    );
+    assert!(
+        !reachable(&decide::plan(&tailnet(), &observation(), &config(), now())).contains("expire")
+    );
 }
 
 #[test]
@@ -1307,15 +1532,24 @@ fn dns_config_map_written_only_on_change_and_owned_only_if_ours() {
     assert!(cm.metadata.owner_references.is_some());
 }
 
+fn policy_data(document: &str, diff: &str, summary: &str) -> BTreeMap<String, String> {
+    rendered_policy_data(decide::RenderedPolicyData {
+        document,
+        diff,
+        summary,
+        notices: &[],
+    })
+}
+
 #[test]
 fn rendered_policy_data_fits_the_configmap_limit() {
-    let small = rendered_policy_data("{}", "+a\n", "1 grant");
+    let small = policy_data("{}", "+a\n", "1 grant");
     assert_eq!(small.get("diff").map(String::as_str), Some("+a\n"));
     assert_eq!(small.get(BASE_POLICY_KEY).map(String::as_str), Some("{}"));
     // Document and diff together too big: the diff goes, the document stays.
     let document = "x".repeat(600_000);
     let diff = "+".repeat(500_000);
-    let data = rendered_policy_data(&document, &diff, "s");
+    let data = policy_data(&document, &diff, "s");
     assert_eq!(data.get(BASE_POLICY_KEY), Some(&document));
     let diff_value = data.get("diff").cloned().unwrap_or_default();
     assert!(
@@ -1324,7 +1558,7 @@ fn rendered_policy_data_fits_the_configmap_limit() {
     );
     // The document alone too big: both go, the summary stays.
     let huge = "x".repeat(1_200_000);
-    let data = rendered_policy_data(&huge, "", "s");
+    let data = policy_data(&huge, "", "s");
     let document_value = data.get(BASE_POLICY_KEY).cloned().unwrap_or_default();
     assert!(
         document_value.starts_with("omitted: the rendered document is 1200000 bytes"),
