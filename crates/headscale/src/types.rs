@@ -173,7 +173,12 @@ impl ApiKeyInfo {
     /// Whether this listed key is `key`: Headscale lists the public part masked
     /// (`hskey-api-<12>-***`, legacy `<7>***`); compared without the mask.
     pub fn is(&self, key: &str) -> bool {
-        let listed = self.prefix.trim_end_matches('*').trim_end_matches('-');
+        // Exactly the mask: the public part itself may end in `-` (URL-safe base64).
+        let listed = self
+            .prefix
+            .strip_suffix("-***")
+            .or_else(|| self.prefix.strip_suffix("***"))
+            .unwrap_or(&self.prefix);
         !listed.is_empty() && api_key_public_part(key) == Some(listed)
     }
 }
@@ -304,6 +309,11 @@ mod api_key_tests {
         assert!(listed("hskey-api-AbCdEf123456-***").is(key));
         assert!(listed("hskey-api-AbCdEf123456").is(key));
         assert!(!listed("hskey-api-AbCdEf123457-***").is(key));
+        // A public part that ends in `-` (URL-safe base64) keeps it.
+        let dashed = "hskey-api-AbCdEf12345--s3cr3t";
+        assert_eq!(api_key_public_part(dashed), Some("hskey-api-AbCdEf12345-"));
+        assert!(listed("hskey-api-AbCdEf12345--***").is(dashed));
+        assert!(!listed("hskey-api-AbCdEf12345--***").is(key));
         // Legacy keys: `<7>.<secret>`, listed as `<7>***`.
         assert_eq!(api_key_public_part("abcdefg.secret"), Some("abcdefg"));
         assert!(listed("abcdefg***").is("abcdefg.secret"));
