@@ -479,7 +479,7 @@ mod tests {
         let control = seen(&requests);
         assert_eq!(control.len(), 1, "{control:?}");
         assert!(
-            control[0].to_ascii_lowercase() == "authorization: bearer inline-token",
+            control[0].eq_ignore_ascii_case("authorization: bearer inline-token"),
             "{control:?}"
         );
 
