@@ -496,6 +496,21 @@ async fn deliver_tampered_fragment(a: &OwnerSide, b: &ContributorSide) -> Delive
         .as_array_mut()
         .expect("grants")
         .push(json!({"owner": "TailnetEgress/forged", "src": [own_egress_tag], "dst": [a_tag], "ip": ["tcp:6000"]}));
+    // Issue 26: a DNS name with a space (it would make the owner's CoreDNS block
+    // authoritative for svc.cluster.local), a valid name pointing at A's node, an exit route.
+    let a_ip = a_ingress
+        .status
+        .as_ref()
+        .and_then(|s| s.tailnet_ips.first().cloned())
+        .expect("A's ingress tailnet IP");
+    tampered["dnsRecords"].as_array_mut().expect("dnsRecords").extend([
+        json!({"name": format!("svc.cluster.local x.{CONTRIBUTOR_DNS_SUFFIX}"), "type": "A", "value": a_ip}),
+        json!({"name": format!("steal.{CONTRIBUTOR_DNS_SUFFIX}"), "type": "A", "value": a_ip}),
+    ]);
+    tampered["routes"]
+        .as_array_mut()
+        .expect("routes")
+        .push(json!({"route": "0.0.0.0/0", "approvers": ["tag:router"]}));
     config_maps
         .patch(
             "cosmos-fragment",
@@ -571,6 +586,19 @@ async fn owner_refuses_what_the_limits_forbid(a: &OwnerSide, a_tag: &str) {
             .any(|r| r.contains("autogroup:member") && r.contains("limits.ingressSourceAllowlist")),
         "{refused:?}"
     );
+    for (entry, why) in [
+        ("DNS record svc.cluster.local x.", "not a valid DNS name"),
+        (
+            "DNS record steal.",
+            "is not an address of one of the contributor's own nodes",
+        ),
+        ("route 0.0.0.0/0", "exit route"),
+    ] {
+        assert!(
+            refused.iter().any(|r| r.contains(entry) && r.contains(why)),
+            "{entry}: {why}: {refused:?}"
+        );
+    }
 }
 
 /// B: its egress inside its limits carries bytes, what was refused is named as not live, and
