@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# cargo-fuzz targets of fuzz/ (HuJSON policy, hostname templates, agent config, HTTP front).
+# cargo-fuzz targets of fuzz/ (HuJSON policy, hostname templates, agent config, HTTP front,
+# a contributor's fragment).
 #   scripts/fuzz.sh                 short run: 20 s per target (CI)
 #   scripts/fuzz.sh --long [secs]   long run: 1 h per target by default, all cores
 #   scripts/fuzz.sh --seconds N     N seconds per target
@@ -36,7 +37,7 @@ if [ "$release" = 1 ]; then
 else
   flags=(--dev --sanitizer none --target-dir ../target/fuzz)
 fi
-targets=(policy_base templates agent_config http_front)
+targets=(policy_base templates agent_config http_front fragment)
 cd fuzz
 cargo +nightly fuzz build "${flags[@]}"
 for target in "${targets[@]}"; do

@@ -217,6 +217,7 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     let live = only_accepted_entries_live(&lab, &a).await;
     malformed_delivery(&lab, &a, &live).await;
     read_through_b_api(&lab, &mut a, &b, &delivered).await;
+    quiet_while_idle(&a).await;
     b_apiserver_stopped(&lab, &mut a, &b, &b_ip).await;
     b_apiserver_back(&lab, &a, &mut b, &delivered).await;
     contributor_removed(&lab, &mut a, &b, &a_ip).await;
@@ -495,6 +496,21 @@ async fn deliver_tampered_fragment(a: &OwnerSide, b: &ContributorSide) -> Delive
         .as_array_mut()
         .expect("grants")
         .push(json!({"owner": "TailnetEgress/forged", "src": [own_egress_tag], "dst": [a_tag], "ip": ["tcp:6000"]}));
+    // Issue 26: a DNS name with a space (it would make the owner's CoreDNS block
+    // authoritative for svc.cluster.local), a valid name pointing at A's node, an exit route.
+    let a_ip = a_ingress
+        .status
+        .as_ref()
+        .and_then(|s| s.tailnet_ips.first().cloned())
+        .expect("A's ingress tailnet IP");
+    tampered["dnsRecords"].as_array_mut().expect("dnsRecords").extend([
+        json!({"name": format!("svc.cluster.local x.{CONTRIBUTOR_DNS_SUFFIX}"), "type": "A", "value": a_ip}),
+        json!({"name": format!("steal.{CONTRIBUTOR_DNS_SUFFIX}"), "type": "A", "value": a_ip}),
+    ]);
+    tampered["routes"]
+        .as_array_mut()
+        .expect("routes")
+        .push(json!({"route": "0.0.0.0/0", "approvers": ["tag:router"]}));
     config_maps
         .patch(
             "cosmos-fragment",
@@ -570,6 +586,19 @@ async fn owner_refuses_what_the_limits_forbid(a: &OwnerSide, a_tag: &str) {
             .any(|r| r.contains("autogroup:member") && r.contains("limits.ingressSourceAllowlist")),
         "{refused:?}"
     );
+    for (entry, why) in [
+        ("DNS record svc.cluster.local x.", "not a valid DNS name"),
+        (
+            "DNS record steal.",
+            "is not an address of one of the contributor's own nodes",
+        ),
+        ("route 0.0.0.0/0", "exit route"),
+    ] {
+        assert!(
+            refused.iter().any(|r| r.contains(entry) && r.contains(why)),
+            "{entry}: {why}: {refused:?}"
+        );
+    }
 }
 
 /// B: its egress inside its limits carries bytes, what was refused is named as not live, and
@@ -864,6 +893,67 @@ async fn read_through_b_api(
     assert!(
         !a.operator.log_text().contains(&token),
         "the kubeconfig's token reached the owner's log"
+    );
+}
+
+/// The sum of the operator's `headscale_api_calls` samples for `endpoint`.
+async fn headscale_calls(operator: &OperatorProcess, endpoint: &str) -> f64 {
+    let text = operator.metrics().await.unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains("headscale_api_calls_total{") && l.contains(endpoint))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Issue 26 item 5, measured: 60 idle seconds with one readable contributor (read through
+/// B's API). Counts Headscale `policy/check` calls (operator metrics) and writes of the
+/// owner's Tailnet (distinct resourceVersions seen by a watch: nothing else writes it now, so
+/// each one is a status PATCH). Before the fix every read set `lastRead` and every status
+/// write triggered the next reconcile; now the controller runs once per poll (2 s here) and
+/// writes nothing.
+async fn quiet_while_idle(a: &OwnerSide) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    const WINDOW: Duration = Duration::from_secs(60);
+    const CHECK: &str = "POST /api/v1/policy/check";
+    let checks_before = headscale_calls(&a.operator, CHECK).await;
+    let start = a
+        .tailnets
+        .get(&a.owner)
+        .await
+        .expect("owner Tailnet")
+        .metadata
+        .resource_version;
+    let mut events = watcher(
+        a.tailnets.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={}", a.owner)),
+    )
+    .applied_objects()
+    .boxed();
+    let deadline = tokio::time::Instant::now() + WINDOW;
+    let mut versions = std::collections::BTreeSet::new();
+    while let Ok(event) = tokio::time::timeout_at(deadline, events.next()).await {
+        match event {
+            Some(Ok(t)) if t.metadata.resource_version != start => {
+                versions.insert(t.metadata.resource_version);
+            }
+            Some(_) => {}
+            None => break,
+        }
+    }
+    let checks = headscale_calls(&a.operator, CHECK).await - checks_before;
+    eprintln!(
+        "idle {WINDOW:?} with one readable contributor: {checks} Headscale policy/check calls, {} status writes of Tailnet {}",
+        versions.len(),
+        a.owner
+    );
+    // One check per 2 s poll (a little slack for timing); status writes: none expected, one
+    // tolerated (a condition that was still settling when the window opened).
+    assert!(checks <= 33.0, "{checks} policy/check calls in {WINDOW:?}");
+    assert!(
+        versions.len() <= 1,
+        "{} status writes in {WINDOW:?}: {versions:?}",
+        versions.len()
     );
 }
 

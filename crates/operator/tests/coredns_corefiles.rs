@@ -27,6 +27,11 @@ const INGRESS_NAME: &str = "portal.team-a.lab.example.net";
 const INGRESS_V4: &str = "100.64.0.7";
 const INGRESS_V6: &str = "fd7a:115c:a1e0::7";
 const NODE_HOSTS: &str = "10.244.0.1 tno-node\n";
+/// A contributor's record that the owner's check accepts (its own node's address).
+const CONTRIBUTED_NAME: &str = "ok.cosmos.example.net";
+const CONTRIBUTED_V4: &str = "100.64.0.9";
+/// A public name the hostile fragment tries to redirect.
+const PUBLIC_NAME: &str = "registry.example.com";
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// kubeadm v1.36's default (`kubeadm init`, ConfigMap kube-system/coredns), plus the one
@@ -183,6 +188,91 @@ fn entry(hostname: &str, address: IpAddr, owner: &str) -> DnsEntry {
     }
 }
 
+/// Issue 26 item 1: what a hostile contributor sends as DNS records (a space that would make
+/// the block authoritative for `svc.cluster.local` or a public name, a newline that would
+/// inject Corefile text, a wildcard, a brace, an over-long label), plus one valid record.
+fn hostile_records() -> Vec<tailnet_api::fragment::FragmentDnsRecord> {
+    let long_label = format!("{}.cosmos.example.net", "a".repeat(64));
+    [
+        "svc.cluster.local x.cosmos.example.net",
+        "registry.example.com x.cosmos.example.net",
+        "a.cosmos.example.net\n}\n. {\n    whoami\n}\nb.cosmos.example.net",
+        "*.cosmos.example.net",
+        "{.cosmos.example.net",
+        long_label.as_str(),
+        CONTRIBUTED_NAME,
+    ]
+    .iter()
+    .map(|name| tailnet_api::fragment::FragmentDnsRecord {
+        name: name.to_string(),
+        type_: "A".into(),
+        value: CONTRIBUTED_V4.into(),
+    })
+    .collect()
+}
+
+/// The hostile records twice: through the owner's check (only the valid one passes; a valid
+/// name in the cluster domain is refused there too) and straight into the renderer, as if a
+/// check had missed them (the renderer drops every malformed one).
+fn contributed_entries() -> Vec<DnsEntry> {
+    use tailnet_api::fragment::{FRAGMENT_API_VERSION, FRAGMENT_KIND, PolicyFragment};
+    use tailnet_render::fragment::{OwnerContext, check_fragment};
+    let contributor: tailnet_api::tailnet::Contributor = serde_json::from_value(json!({
+        "name": "cosmos", "tagPrefix": "cos", "source": {"configMap": "cosmos-fragment"},
+        "limits": {"dnsSuffixes": ["cosmos.example.net", "cluster.local", "example.com"]}
+    }))
+    .expect("contributor");
+    let fragment = PolicyFragment {
+        api_version: FRAGMENT_API_VERSION.into(),
+        kind: FRAGMENT_KIND.into(),
+        installation_id: "cosmos/main".into(),
+        tag_prefix: "cos".into(),
+        tags: vec![],
+        grants: vec![],
+        routes: vec![],
+        dns_records: hostile_records()
+            .into_iter()
+            .chain([tailnet_api::fragment::FragmentDnsRecord {
+                name: "kubernetes.default.svc.cluster.local".into(),
+                type_: "A".into(),
+                value: CONTRIBUTED_V4.into(),
+            }])
+            .collect(),
+    };
+    let nodes = [tailnet_policy::ObservedNode {
+        id: 9,
+        name: "cos-portal".into(),
+        tags: vec!["tag:cos-ingress-apps-portal".into()],
+        ip_addresses: vec![CONTRIBUTED_V4.parse().expect("ip")],
+        ..Default::default()
+    }];
+    let checked = check_fragment(
+        &contributor,
+        &fragment,
+        &OwnerContext {
+            tag_prefix: "tno",
+            route_approvers: &[],
+            taken_tags: &Default::default(),
+            taken_names: &Default::default(),
+            cluster_domain: "cluster.local",
+            nodes: Some(&nodes),
+        },
+    );
+    let accepted: Vec<&str> = checked
+        .dns_records
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(accepted, [CONTRIBUTED_NAME], "{:#?}", checked.refused);
+    let address: IpAddr = CONTRIBUTED_V4.parse().expect("ip");
+    checked
+        .dns_records
+        .iter()
+        .chain(hostile_records().iter())
+        .map(|r| entry(&r.name, address, "contributor cosmos"))
+        .collect()
+}
+
 /// A DNS query for `name` (`qtype` 1 = A, 28 = AAAA) sent to `server` from the lab netns
 /// (the node); the addresses of the answer, or why not.
 fn query(
@@ -334,7 +424,7 @@ async fn default_corefiles_serve_the_rendered_server_block() {
                 .iter()
                 .map(|a| entry(a, cluster_ip, "TailnetEgress/tailnet-system/team-a"))
                 .collect(),
-            ingress_names: vec![
+            ingress_names: [
                 entry(
                     INGRESS_NAME,
                     INGRESS_V4.parse().expect("ip"),
@@ -345,7 +435,10 @@ async fn default_corefiles_serve_the_rendered_server_block() {
                     INGRESS_V6.parse().expect("ip"),
                     "TailnetIngress/team-a/portal",
                 ),
-            ],
+            ]
+            .into_iter()
+            .chain(contributed_entries())
+            .collect(),
             pending: vec![],
         })
     };
@@ -542,22 +635,43 @@ async fn answers_per_corefile(
         };
         let lab_netns = lab.name().to_string();
         let k3s = case.k3s;
-        let (alias, ingress, cluster, node) = tokio::task::spawn_blocking(move || {
-            let lab = tno_netlab::Netns::adopt(lab_netns);
-            (
-                resolves(&lab, ip, ALIAS, 1),
-                resolves(&lab, ip, INGRESS_NAME, 28),
-                resolves(&lab, ip, "kubernetes.default.svc.cluster.local", 1),
-                // Only k3s has NodeHosts (elsewhere the name is unknown: no answer).
-                if k3s {
-                    resolves(&lab, ip, "tno-node", 1)
-                } else {
-                    String::new()
-                },
-            )
-        })
-        .await
-        .expect("queries");
+        let ((alias, ingress, cluster, node), (contributed, public)) =
+            tokio::task::spawn_blocking(move || {
+                let lab = tno_netlab::Netns::adopt(lab_netns);
+                (
+                    (
+                        resolves(&lab, ip, ALIAS, 1),
+                        resolves(&lab, ip, INGRESS_NAME, 28),
+                        resolves(&lab, ip, "kubernetes.default.svc.cluster.local", 1),
+                        // Only k3s has NodeHosts (elsewhere the name is unknown: no answer).
+                        if k3s {
+                            resolves(&lab, ip, "tno-node", 1)
+                        } else {
+                            String::new()
+                        },
+                    ),
+                    (
+                        resolves(&lab, ip, CONTRIBUTED_NAME, 1),
+                        // Not ours: the lab has no upstream, so anything but the
+                        // contributor's address (an error, no answer) is right.
+                        query(&lab, ip, PUBLIC_NAME, 1),
+                    ),
+                )
+            })
+            .await
+            .expect("queries");
+        if contributed != CONTRIBUTED_V4 {
+            failures.push(format!(
+                "{}: the accepted contributed name answered {contributed}, expected {CONTRIBUTED_V4}",
+                case.name
+            ));
+        }
+        if matches!(&public, Ok(a) if a.iter().any(|a| a.to_string() == CONTRIBUTED_V4)) {
+            failures.push(format!(
+                "{}: {PUBLIC_NAME} was redirected to the contributor: {public:?}",
+                case.name
+            ));
+        }
         let expect = [
             ("alias", &alias, cluster_ip.to_string()),
             ("ingress name", &ingress, INGRESS_V6.to_string()),

@@ -135,6 +135,7 @@ pub use model::{
 };
 pub use render::render;
 pub use routes::routes_needing_approval;
+pub use tags::valid_tag;
 
 /// The comment prefix of the ownership marker (first line of every rendered document).
 pub const MARKER_PREFIX: &str = "tailnet-operator-installation:";

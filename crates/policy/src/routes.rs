@@ -88,9 +88,10 @@ pub fn routes_needing_approval(inputs: &PolicyInputs) -> Vec<RouteApproval> {
     }
 
     // Contributors' routes (accepted by the owner): approved on the approver nodes that
-    // advertise exactly them, as `autoApprovers` would on the next change.
+    // advertise exactly them, as `autoApprovers` would on the next change. Never an exit
+    // route, whoever asks.
     for contribution in &inputs.contributions {
-        for route in &contribution.routes {
+        for route in contribution.routes.iter().filter(|r| r.prefix_len() != 0) {
             for node in inputs
                 .nodes
                 .iter()
@@ -105,7 +106,12 @@ pub fn routes_needing_approval(inputs: &PolicyInputs) -> Vec<RouteApproval> {
     }
 
     let mut out = Vec::new();
-    for (node_id, added) in needed {
+    for (node_id, mut added) in needed {
+        // The last guard: the catch-up never approves an exit route (`0.0.0.0/0`, `::/0`).
+        added.retain(|r| r.prefix_len() != 0);
+        if added.is_empty() {
+            continue;
+        }
         // Several entries with one id would be a Headscale bug; take the first by sort order.
         let mut candidates: Vec<&ObservedNode> =
             inputs.nodes.iter().filter(|n| n.id == node_id).collect();

@@ -1046,3 +1046,43 @@ fn states_rules_tells_allow_all_documents_apart() {
     );
     assert_eq!(states_rules("{\"grants\": [,"), None);
 }
+
+/// Issue 26 item 3: an exit route reaches neither `autoApprovers` nor the catch-up
+/// approval, even when it comes in as an accepted contribution (the owner's check refuses it
+/// first; this is the renderer's own guard), and even with an owner egress inside it.
+#[test]
+fn exit_routes_are_never_auto_approved_nor_approved() {
+    let mut inputs = demo_inputs();
+    inputs.nodes = vec![ObservedNode {
+        id: 3,
+        name: "router".into(),
+        tags: strs(&["tag:router"]),
+        available_routes: vec![net("0.0.0.0/0"), net("::/0"), net("203.0.113.0/24")],
+        ..Default::default()
+    }];
+    inputs.contributions = vec![Contribution {
+        contributor: "cosmos".into(),
+        routes: vec![net("0.0.0.0/0"), net("::/0"), net("203.0.113.0/24")],
+        ..Default::default()
+    }];
+    let approvals = routes_needing_approval(&inputs);
+    assert_eq!(approvals.len(), 1, "{approvals:?}");
+    assert_eq!(approvals[0].added, vec![net("203.0.113.0/24")]);
+    assert!(
+        approvals[0]
+            .approved_routes
+            .iter()
+            .all(|r| r.prefix_len() != 0),
+        "{approvals:?}"
+    );
+    let r = render_demo(&inputs);
+    let v = value(&r.document);
+    let routes = v["autoApprovers"]["routes"].as_object().expect("routes");
+    assert!(routes.contains_key("203.0.113.0/24"), "{}", r.document);
+    assert!(
+        !routes.contains_key("0.0.0.0/0") && !routes.contains_key("::/0"),
+        "{}",
+        r.document
+    );
+    assert!(r.auto_approvers.iter().all(|a| a.route.prefix_len() != 0));
+}

@@ -22,6 +22,76 @@ pub const EXTRA_RECORDS_KEY: &str = "extra-records.json";
 /// needs a second `hosts` plugin in a server block that already has one.
 pub const SERVER_BLOCK_KEY: &str = "tailnet.server";
 
+/// Longest DNS name accepted (RFC 1035: 255 octets on the wire, 253 characters as text).
+pub const MAX_DNS_NAME: usize = 253;
+/// Longest label (RFC 1035).
+pub const MAX_DNS_LABEL: usize = 63;
+
+/// Why a name cannot be written into `hosts`, the server block's zones or the extra records.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DnsNameError {
+    #[error("is empty")]
+    Empty,
+    #[error("is {0} characters long, more than the {MAX_DNS_NAME} a DNS name may have")]
+    TooLong(usize),
+    #[error("has a single label (a name needs at least two: `host.domain`)")]
+    SingleLabel,
+    #[error("has an empty label (two dots in a row, or a leading dot)")]
+    EmptyLabel,
+    #[error("has a label of {0} characters, more than {MAX_DNS_LABEL}")]
+    LabelTooLong(usize),
+    #[error(
+        "contains {0:?}: only lowercase letters, digits, '-' and '.' are allowed (RFC 1123; no whitespace, wildcards, braces or control characters)"
+    )]
+    Character(char),
+    #[error("has a label that starts or ends with '-'")]
+    Hyphen,
+}
+
+/// A DNS name as the renderer writes it: RFC 1123 host name syntax, lowercase, at least two
+/// labels, each 1–63 of `a-z 0-9 -` (not starting or ending with `-`), at most 253 characters,
+/// no trailing dot. Whatever passes is one whitespace-free token in `hosts` and a valid zone
+/// (`name:53`) in the server block.
+pub fn check_dns_name(name: &str) -> Result<(), DnsNameError> {
+    if name.is_empty() {
+        return Err(DnsNameError::Empty);
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '.'))
+    {
+        return Err(DnsNameError::Character(c));
+    }
+    if name.len() > MAX_DNS_NAME {
+        return Err(DnsNameError::TooLong(name.len()));
+    }
+    let mut labels = 0;
+    for label in name.split('.') {
+        labels += 1;
+        if label.is_empty() {
+            return Err(DnsNameError::EmptyLabel);
+        }
+        if label.len() > MAX_DNS_LABEL {
+            return Err(DnsNameError::LabelTooLong(label.len()));
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err(DnsNameError::Hyphen);
+        }
+    }
+    if labels < 2 {
+        return Err(DnsNameError::SingleLabel);
+    }
+    Ok(())
+}
+
+/// `name` is `domain` or a name under it (on a label boundary).
+pub fn within_domain(name: &str, domain: &str) -> bool {
+    name == domain
+        || name
+            .strip_suffix(domain)
+            .is_some_and(|rest| rest.ends_with('.'))
+}
+
 /// Who claimed a name first: ordered by creation time (`None`, objects not read from a
 /// cluster, sorts first), then namespace, then name. The one rule for a contested
 /// hostname everywhere (`desired::claimed_elsewhere` serves the ingress with the same order):
@@ -93,13 +163,26 @@ struct ExtraRecord<'a> {
 }
 
 /// Resolves conflicts (a hostname claimed by two resources: the first claim keeps it, by
-/// [`ClaimRank`], not by address or owner name) and renders both formats.
+/// [`ClaimRank`], not by address or owner name) and renders both formats. A hostname that
+/// is not a valid DNS name ([`check_dns_name`]) is never written: it is listed as pending
+/// with the reason, so no input can produce a malformed `hosts` line or server block.
 pub fn render(inputs: &DnsInputs) -> RenderedDns {
-    let mut all: Vec<&DnsEntry> = inputs
+    let mut invalid = Vec::new();
+    let mut all: Vec<&DnsEntry> = Vec::new();
+    for entry in inputs
         .egress_aliases
         .iter()
         .chain(inputs.ingress_names.iter())
-        .collect();
+    {
+        match check_dns_name(&entry.hostname) {
+            Ok(()) => all.push(entry),
+            Err(e) => invalid.push(PendingName {
+                hostname: entry.hostname.escape_debug().to_string(),
+                owner: entry.owner.clone(),
+                reason: format!("not written: the name {e}"),
+            }),
+        }
+    }
     all.sort();
     let mut by_claim = all.clone();
     by_claim.sort_by(|a, b| {
@@ -137,7 +220,11 @@ pub fn render(inputs: &DnsInputs) -> RenderedDns {
 
     let server_block = server_block(&lines);
 
-    let mut ingress: Vec<&DnsEntry> = inputs.ingress_names.iter().filter(|e| kept(e)).collect();
+    let mut ingress: Vec<&DnsEntry> = inputs
+        .ingress_names
+        .iter()
+        .filter(|e| check_dns_name(&e.hostname).is_ok() && kept(e))
+        .collect();
     ingress.sort();
     ingress.dedup_by(|a, b| a.hostname == b.hostname && a.address == b.address);
     let records: Vec<ExtraRecord> = ingress
@@ -152,6 +239,7 @@ pub fn render(inputs: &DnsInputs) -> RenderedDns {
         serde_json::to_string_pretty(&records).unwrap_or_else(|_| "[]".to_string()) + "\n";
 
     let mut pending = inputs.pending.clone();
+    pending.extend(invalid);
     pending.sort();
     pending.dedup();
     RenderedDns {
@@ -194,6 +282,167 @@ fn server_block(lines: &BTreeSet<(String, IpAddr)>) -> String {
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+    use proptest::prelude::*;
+
+    /// Issue 26 item 1: whatever a hostname holds, the renderer writes only valid names: a
+    /// name with a space would have made the server block authoritative for
+    /// `svc.cluster.local`, a newline would have injected Corefile text.
+    #[test]
+    fn invalid_names_are_never_written_and_are_reported_pending() {
+        let hostile = [
+            "svc.cluster.local x.cosmos.example.net",
+            "a.example.net\n}\n. {\n    whoami\n",
+            "*.example.net",
+            "{.example.net",
+            "Upper.example.net",
+            "single",
+            "trailing.example.net.",
+        ];
+        let mut inputs = DnsInputs {
+            ingress_names: hostile
+                .iter()
+                .map(|h| entry(h, "100.64.0.9", "contributor cosmos"))
+                .collect(),
+            ..Default::default()
+        };
+        inputs
+            .ingress_names
+            .push(entry("ok.example.net", "100.64.0.9", "contributor cosmos"));
+        let out = render(&inputs);
+        assert_eq!(
+            out.hosts
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .collect::<Vec<_>>(),
+            ["100.64.0.9 ok.example.net"]
+        );
+        assert!(
+            out.server_block.contains("\nok.example.net:53 {\n"),
+            "{}",
+            out.server_block
+        );
+        assert!(!out.extra_records_json.contains("cluster.local"));
+        assert_eq!(out.pending.len(), hostile.len(), "{:?}", out.pending);
+        assert!(
+            out.pending.iter().all(
+                |p| p.reason.starts_with("not written: the name") && !p.hostname.contains('\n')
+            )
+        );
+    }
+
+    #[test]
+    fn dns_name_rules() {
+        for good in [
+            "a.b",
+            "x-1.example.net",
+            "1.2.example.net",
+            &format!("{}.net", "a".repeat(63)),
+        ] {
+            assert_eq!(check_dns_name(good), Ok(()), "{good}");
+        }
+        let too_long = format!("{}net", "a.".repeat(126));
+        for (bad, error) in [
+            ("", DnsNameError::Empty),
+            ("net", DnsNameError::SingleLabel),
+            ("a..net", DnsNameError::EmptyLabel),
+            (".a.net", DnsNameError::EmptyLabel),
+            ("a.net.", DnsNameError::EmptyLabel),
+            ("-a.net", DnsNameError::Hyphen),
+            ("a-.net", DnsNameError::Hyphen),
+            ("A.net", DnsNameError::Character('A')),
+            ("a b.net", DnsNameError::Character(' ')),
+            ("*.net", DnsNameError::Character('*')),
+            ("é.net", DnsNameError::Character('é')),
+            (too_long.as_str(), DnsNameError::TooLong(too_long.len())),
+        ] {
+            assert_eq!(check_dns_name(bad), Err(error), "{bad:?}");
+        }
+        assert_eq!(
+            check_dns_name(&format!("{}.net", "a".repeat(64))),
+            Err(DnsNameError::LabelTooLong(64))
+        );
+        assert!(within_domain("a.cluster.local", "cluster.local"));
+        assert!(within_domain("cluster.local", "cluster.local"));
+        assert!(!within_domain("acluster.local", "cluster.local"));
+        assert!(!within_domain("local", "cluster.local"));
+    }
+
+    /// Any string, biased towards the characters that break `hosts` lines and Corefiles.
+    fn any_hostname() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z0-9.{}* \t\n\r#;:-]{0,40}",
+            "([a-z0-9]{1,8}\\.){1,4}[a-z]{2,5}",
+            any::<String>(),
+        ]
+    }
+
+    fn any_entry() -> impl Strategy<Value = DnsEntry> {
+        (any_hostname(), any::<std::net::IpAddr>(), "[a-z/ ]{1,12}").prop_map(
+            |(hostname, address, owner)| DnsEntry {
+                hostname,
+                address,
+                rank: ClaimRank::new(None, "", &owner),
+                owner,
+            },
+        )
+    }
+
+    /// The zones of the server block's header line: every token ends in `:53` except the
+    /// final `{`, and each zone's name is a valid DNS name.
+    fn zones_well_formed(block: &str) -> Result<(), String> {
+        let body: Vec<&str> = block.lines().filter(|l| !l.starts_with('#')).collect();
+        if body.is_empty() {
+            return Ok(());
+        }
+        let (header, rest) = body.split_first().ok_or("no header")?;
+        let tokens: Vec<&str> = header.split_whitespace().collect();
+        let (open, zones) = tokens.split_last().ok_or("empty header")?;
+        if *open != "{" || zones.is_empty() {
+            return Err(format!("header {header:?}"));
+        }
+        for zone in zones {
+            let name = zone.strip_suffix(":53").ok_or(format!("zone {zone:?}"))?;
+            check_dns_name(name).map_err(|e| format!("zone {zone:?}: {e}"))?;
+        }
+        let closing = rest.iter().filter(|l| l.trim() == "}").count();
+        let opening = rest.iter().filter(|l| l.trim_end().ends_with('{')).count();
+        if closing != opening + 1 || rest.last() != Some(&"}") {
+            return Err(format!("unbalanced block: {block}"));
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// Every `hosts` line (and every entry line of the server block) has exactly two
+        /// fields, an address and a valid name; the server block is well formed; the extra
+        /// records are valid JSON with only valid names.
+        #[test]
+        fn the_renderer_never_emits_a_malformed_line_or_zone(
+            egress in proptest::collection::vec(any_entry(), 0..6),
+            ingress in proptest::collection::vec(any_entry(), 0..6),
+        ) {
+            let out = render(&DnsInputs { egress_aliases: egress, ingress_names: ingress, pending: vec![] });
+            for line in out.hosts.lines().filter(|l| !l.starts_with('#')) {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                prop_assert_eq!(fields.len(), 2, "{:?}", line);
+                prop_assert!(fields[0].parse::<IpAddr>().is_ok(), "{:?}", line);
+                prop_assert_eq!(check_dns_name(fields[1]), Ok(()), "{:?}", line);
+                prop_assert_eq!(line, format!("{} {}", fields[0], fields[1]));
+            }
+            prop_assert_eq!(zones_well_formed(&out.server_block), Ok(()));
+            for line in out.server_block.lines().filter(|l| l.starts_with("        ") && !l.trim().starts_with("ttl")) {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                prop_assert_eq!(fields.len(), 2, "{:?}", line);
+                prop_assert_eq!(check_dns_name(fields[1]), Ok(()), "{:?}", line);
+            }
+            let records: Vec<serde_json::Value> = serde_json::from_str(&out.extra_records_json)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            for r in records {
+                prop_assert_eq!(check_dns_name(r["name"].as_str().unwrap_or_default()), Ok(()));
+            }
+        }
+    }
 
     fn entry(hostname: &str, address: &str, owner: &str) -> DnsEntry {
         let mut parts = owner.rsplitn(3, '/');

@@ -15,14 +15,19 @@ use super::context::Context;
 use super::error::ReconcileError;
 pub use super::status::WithConditions;
 
-/// Whether `next` says the same as `previous`, ignoring condition timestamps.
+/// Whether `next` says the same as `previous`, ignoring condition timestamps and read times
+/// ([`WithConditions::clear_read_times`]: a contributor's `lastRead` alone is not written;
+/// it goes out with the next real change).
 pub fn unchanged<S: WithConditions>(previous: &S, next: &S) -> bool {
     if !conditions::same_ignoring_time(previous.conditions(), next.conditions()) {
         return false;
     }
     let mut compare = next.clone();
     *compare.conditions_mut() = previous.conditions().to_vec();
-    compare == *previous
+    compare.clear_read_times();
+    let mut previous = previous.clone();
+    previous.clear_read_times();
+    compare == previous
 }
 
 /// The Event a `Ready` change deserves: Normal when it became True, Warning otherwise; `None`
@@ -125,6 +130,31 @@ mod tests {
             jiff::Timestamp::from_second(second).expect("timestamp"),
         );
         c
+    }
+
+    /// Issue 26 item 5: an owner reading a contributor sets `lastRead` to now on every read;
+    /// that alone must not be a status write (each write triggered the next reconcile).
+    #[test]
+    fn read_times_alone_are_no_change() {
+        use tailnet_api::tailnet::{ContributorStatus, TailnetStatus};
+        let status = |last_read: &str, merged: &str| TailnetStatus {
+            conditions: vec![ready(Status::True, reasons::READY, "ok", 1)],
+            contributors: vec![ContributorStatus {
+                name: "cosmos".into(),
+                state: "Accepted".into(),
+                merged_hash: Some(merged.into()),
+                last_read: Some(last_read.into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let before = status("2026-12-03T13:00:00Z", "h1");
+        assert!(unchanged(&before, &status("2026-12-03T13:00:02Z", "h1")));
+        assert!(!unchanged(&before, &status("2026-12-03T13:00:02Z", "h2")));
+        let mut gone = before.clone();
+        gone.contributors[0].last_read = None;
+        gone.contributors[0].state = "Stale".into();
+        assert!(!unchanged(&before, &gone));
     }
 
     #[test]

@@ -12,6 +12,10 @@ use tailnet_api::conditions::{self, Status};
 pub trait WithConditions: Clone + PartialEq + Serialize {
     fn conditions(&self) -> &[Condition];
     fn conditions_mut(&mut self) -> &mut Vec<Condition>;
+    /// Clears fields that record when something was read (they change on every read, so a
+    /// status compare that included them would write, and be triggered by its own write, on
+    /// every reconcile). None by default.
+    fn clear_read_times(&mut self) {}
 }
 
 impl WithConditions for tailnet_api::egress::TailnetEgressStatus {
@@ -38,6 +42,12 @@ impl WithConditions for tailnet_api::tailnet::TailnetStatus {
     }
     fn conditions_mut(&mut self) -> &mut Vec<Condition> {
         &mut self.conditions
+    }
+    /// `status.contributors[].lastRead`: set to now on every read of a contributor.
+    fn clear_read_times(&mut self) {
+        for contributor in &mut self.contributors {
+            contributor.last_read = None;
+        }
     }
 }
 

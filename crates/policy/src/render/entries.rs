@@ -195,10 +195,11 @@ impl NeededRoutes {
         self.details.entry(route).or_default().insert(detail);
     }
 
-    /// Contributed routes join ours (approved by this installation's routeApprovers).
+    /// Contributed routes join ours (approved by this installation's routeApprovers); an
+    /// exit route (`/0`) never does, whatever the check before let through.
     fn add_contributed(&mut self, contributions: &[Contribution]) {
         for c in contributions {
-            for route in &c.routes {
+            for route in c.routes.iter().filter(|r| r.prefix_len() != 0) {
                 let who = format!("contributor {}", c.contributor);
                 self.add(*route, who.clone(), who);
             }

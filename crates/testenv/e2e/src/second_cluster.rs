@@ -212,8 +212,9 @@ impl SecondCluster {
             .patch(reader, &apply, &Patch::Apply(objects.2))
             .await
             .map_err(|e| E2eError::kube(context("RoleBinding"), e))?;
-        let (token, kubeconfig) =
+        let (token, mut kubeconfig) =
             token_kubeconfig(&self.lab_kubeconfig, &client, namespace, reader).await?;
+        inline_certificate_authorities(&mut kubeconfig)?;
         Ok(FragmentReader { token, kubeconfig })
     }
 
@@ -221,6 +222,35 @@ impl SecondCluster {
     pub fn diagnostics(&self, namespace: Option<&str>) -> String {
         self.kube().diagnostics(namespace, 40)
     }
+}
+
+/// Replaces each cluster's `certificate-authority` (a file path) with its content as
+/// `certificate-authority-data`: an owner honours no file path in a contributor's kubeconfig.
+fn inline_certificate_authorities(kubeconfig: &mut Value) -> Result<()> {
+    let Some(clusters) = kubeconfig["clusters"].as_array_mut() else {
+        return Ok(());
+    };
+    for cluster in clusters {
+        let Some(path) = cluster["cluster"]["certificate-authority"]
+            .as_str()
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        let pem = std::fs::read(&path).map_err(|e| E2eError::io(format!("reading {path}"), e))?;
+        // ByteString serializes as base64, the kubeconfig's encoding of `-data` fields.
+        let data = serde_json::to_value(k8s_openapi::ByteString(pem)).map_err(|source| {
+            E2eError::Json {
+                what: "certificate-authority-data".into(),
+                source,
+            }
+        })?;
+        if let Some(fields) = cluster["cluster"].as_object_mut() {
+            fields.remove("certificate-authority");
+            fields.insert("certificate-authority-data".into(), data);
+        }
+    }
+    Ok(())
 }
 
 /// A one-hour token of `service_account` (namespace `namespace`, TokenRequest API) and

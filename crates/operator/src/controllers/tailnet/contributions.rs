@@ -17,7 +17,7 @@ use tailnet_api::fragment::{FRAGMENT_KEY, FragmentDnsRecord, PolicyFragment, fra
 use tailnet_api::tailnet::{
     Contributor, ContributorStatus, FragmentStatus, TailnetPolicy, contributor_state,
 };
-use tailnet_policy::{Contribution, RenderedPolicy};
+use tailnet_policy::{Contribution, ObservedNode, RenderedPolicy};
 use tailnet_render::fragment::{
     CheckedFragment, OwnerContext, check_fragment, fragment_of, fragment_text, parse_fragment,
 };
@@ -56,13 +56,23 @@ pub struct Taken {
     pub names: BTreeSet<String>,
 }
 
+/// What the owner knows besides the taken tags and names when it checks fragments.
+#[derive(Clone, Copy, Debug)]
+pub struct OwnerFacts<'a> {
+    pub policy: &'a TailnetPolicy,
+    /// The cluster's DNS domain (never contributed).
+    pub cluster_domain: &'a str,
+    /// Headscale's nodes (`None`: not listed; contributed DNS records cannot be checked).
+    pub nodes: Option<&'a [ObservedNode]>,
+}
+
 /// Merges every listed contributor: classify which fragment is in force (a fresh one that
 /// parses replaces the stored one; an unreadable or malformed one leaves the stored one in
 /// force), check its entries (in the order of the list: an earlier contributor's tags and
 /// names are taken for later ones), then set `ContributionsAccepted`. Contributors no longer
 /// listed are dropped from the store.
 pub fn merge(
-    policy: &TailnetPolicy,
+    owner: &OwnerFacts<'_>,
     contributors: &[Contributor],
     reads: &[ContributorRead],
     stored: &BTreeMap<String, StoredFragment>,
@@ -78,7 +88,7 @@ pub fn merge(
         let (mut status, fragment) =
             in_force(contributor, classified, now, &mut next_store, &mut findings);
         if let Some(fragment) = fragment {
-            let checked = check(contributor, &fragment, policy, &mut taken);
+            let checked = check(contributor, &fragment, owner, &mut taken);
             record_checked(contributor, checked, &mut status, &mut findings, &mut out);
         }
         out.statuses.push(status);
@@ -211,17 +221,19 @@ fn in_force(
 fn check(
     contributor: &Contributor,
     fragment: &PolicyFragment,
-    policy: &TailnetPolicy,
+    owner: &OwnerFacts<'_>,
     taken: &mut Taken,
 ) -> CheckedFragment {
     let checked = check_fragment(
         contributor,
         fragment,
         &OwnerContext {
-            tag_prefix: &policy.tag_prefix,
-            route_approvers: &policy.route_approvers,
+            tag_prefix: &owner.policy.tag_prefix,
+            route_approvers: &owner.policy.route_approvers,
             taken_tags: &taken.tags,
             taken_names: &taken.names,
+            cluster_domain: owner.cluster_domain,
+            nodes: owner.nodes,
         },
     );
     taken.tags.extend(checked.accepted.tags.iter().cloned());

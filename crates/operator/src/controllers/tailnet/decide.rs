@@ -504,8 +504,13 @@ fn compose(
                     .map(|e| e.hostname.clone())
                     .collect(),
             };
+            let owner = contributions::OwnerFacts {
+                policy: &tailnet.spec.policy,
+                cluster_domain: &config.cluster_domain,
+                nodes: observed.nodes.as_deref(),
+            };
             let merge = contributions::merge(
-                &tailnet.spec.policy,
+                &owner,
                 contributors,
                 &observed.contributor_reads,
                 &observed.contribution_store,

@@ -258,26 +258,9 @@ async fn read_fragment(ctx: &Context, contributor: &Contributor) -> Result<Strin
                         source.secret_ref.key
                     ))
                 })?;
-            let text = String::from_utf8(bytes.0).map_err(|_| {
-                unreadable(format!(
-                    "Secret {ns}/{secret_name}: the kubeconfig is not UTF-8"
-                ))
-            })?;
-            let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).map_err(|_| {
-                unreadable(format!(
-                    "Secret {ns}/{secret_name}: the kubeconfig does not parse"
-                ))
-            })?;
-            let mut config = kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .map_err(|e| unreadable(format!("Secret {ns}/{secret_name}: kubeconfig: {e}")))?;
-            config.connect_timeout = Some(ctx.config.headscale_timeout);
-            config.read_timeout = Some(ctx.config.headscale_timeout);
-            let client = kube::Client::try_from(config)
-                .map_err(|e| unreadable(format!("a client for the contributor's cluster: {e}")))?;
+            let client = contributor_client(&bytes.0, ctx.config.headscale_timeout)
+                .await
+                .map_err(|e| unreadable(format!("Secret {ns}/{secret_name}: {e}")))?;
             (
                 Api::namespaced(client, &source.namespace),
                 source.namespace.clone(),
@@ -310,6 +293,27 @@ async fn read_fragment(ctx: &Context, contributor: &Contributor) -> Result<Strin
                 "ConfigMap {namespace}/{name} has no key {FRAGMENT_KEY:?}"
             ))
         })
+}
+
+/// A client for a contributor's cluster from the kubeconfig in its Secret, honoured only for
+/// what [`super::kubeconfig::restrict`] keeps (https server, CA data, token, client
+/// certificate data): no command runs, no file is read, no proxy is used, and nothing is sent
+/// when the kubeconfig asks for more. The error names the field, never a value.
+pub async fn contributor_client(
+    kubeconfig: &[u8],
+    timeout: std::time::Duration,
+) -> Result<kube::Client, String> {
+    let restricted = super::kubeconfig::restrict(kubeconfig).map_err(|e| e.to_string())?;
+    let mut config = kube::Config::from_custom_kubeconfig(
+        restricted,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .map_err(|e| format!("kubeconfig: {e}"))?;
+    config.connect_timeout = Some(timeout);
+    config.read_timeout = Some(timeout);
+    kube::Client::try_from(config)
+        .map_err(|e| format!("a client for the contributor's cluster: {e}"))
 }
 
 /// The owner's store of accepted fragments (empty when it does not exist yet).
@@ -385,4 +389,146 @@ async fn current_dns(
             .map(|o| o.uid)
             .collect(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::Api;
+    use rustls_pki_types::PrivateKeyDer;
+    use rustls_pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::contributor_client;
+
+    /// The Authorization header of each request (`<none>` without one).
+    type Seen = Arc<Mutex<Vec<String>>>;
+
+    /// A TLS server standing in for the contributor's apiserver: records each request's
+    /// Authorization header and answers 404 (no such ConfigMap). Returns its CA (the
+    /// self-signed certificate), its port and what it saw.
+    async fn recording_apiserver() -> (String, u16, Seen) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        let private = PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).expect("key");
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], private)
+        .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let seen: Seen = Arc::default();
+        let record = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, record) = (acceptor.clone(), record.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut head = Vec::new();
+                    let mut buffer = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tls.read(&mut buffer).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buffer[..n]),
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&head).to_string();
+                    let authorization = text
+                        .lines()
+                        .find(|l| l.to_ascii_lowercase().starts_with("authorization:"))
+                        .map_or_else(|| "<none>".to_string(), str::to_string);
+                    if let Ok(mut seen) = record.lock() {
+                        seen.push(authorization);
+                    }
+                    let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
+                    let answer = format!(
+                        "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = tls.write_all(answer.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        (cert.pem(), port, seen)
+    }
+
+    fn seen(seen: &Seen) -> Vec<String> {
+        seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Issue 26 item 2: `tokenFile` pointing at a file of the owner's pod (here a marker file
+    /// standing in for its ServiceAccount token) is refused before a client exists: the
+    /// contributor's server sees no request, the error names the field. The control shows the
+    /// server records what a client sends (an inline token).
+    #[tokio::test]
+    async fn a_token_file_is_never_read_nor_sent() {
+        let (ca, port, requests) = recording_apiserver().await;
+        let ca_data = serde_json::to_value(k8s_openapi::ByteString(ca.into_bytes()))
+            .expect("base64")
+            .as_str()
+            .map(str::to_string)
+            .expect("string");
+        let kubeconfig = |user: &str| {
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: b\n\
+                 clusters:\n- name: b\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority-data: {ca_data}\n\
+                 users:\n- name: reader\n  user:\n{user}\
+                 contexts:\n- name: b\n  context:\n    cluster: b\n    user: reader\n"
+            )
+        };
+        let get = |client: kube::Client| async move {
+            Api::<ConfigMap>::namespaced(client, "cosmos")
+                .get_opt("cosmos-fragment")
+                .await
+        };
+        let timeout = Duration::from_secs(5);
+
+        let inline =
+            contributor_client(kubeconfig("    token: inline-token\n").as_bytes(), timeout)
+                .await
+                .expect("a kubeconfig with an inline token");
+        assert!(matches!(get(inline).await, Ok(None)));
+        let control = seen(&requests);
+        assert_eq!(control.len(), 1, "{control:?}");
+        assert!(
+            control[0].eq_ignore_ascii_case("authorization: bearer inline-token"),
+            "{control:?}"
+        );
+
+        let marker = tempfile::NamedTempFile::new().expect("marker file");
+        std::fs::write(marker.path(), "marker-token-of-the-owner-pod").expect("write marker");
+        let with_file = kubeconfig(&format!("    tokenFile: {}\n", marker.path().display()));
+        let result = contributor_client(with_file.as_bytes(), timeout).await;
+        if let Ok(client) = &result {
+            let _ = get(client.clone()).await;
+        }
+        let after = seen(&requests);
+        assert!(
+            !after.iter().any(|h| h.contains("marker-token")),
+            "the owner's token file reached the contributor's server: {after:?}"
+        );
+        assert_eq!(after.len(), 1, "a request was sent: {after:?}");
+        let error = result.err().expect("tokenFile is refused");
+        assert!(
+            error.contains("users[\"reader\"].user.tokenFile")
+                && error.contains("nothing was sent"),
+            "{error}"
+        );
+    }
 }

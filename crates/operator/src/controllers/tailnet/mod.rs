@@ -10,6 +10,7 @@ pub mod decide;
 pub mod dns;
 pub mod effective;
 pub mod gather;
+pub mod kubeconfig;
 pub mod locations;
 pub mod observation;
 pub mod role;

@@ -10,8 +10,9 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::{PredicateConfig, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use tailnet_api::Tailnet;
 
@@ -25,13 +26,38 @@ use crate::runtime::caches::{Stop, WatchBackoff, log_result};
 const TAILNET_DEBOUNCE: Duration = Duration::from_millis(500);
 
 /// The Tailnet controller before its context exists (its store is part of the context).
+/// Triggered by a Tailnet only when [`not_status`] changes: its own status writes (every
+/// reconcile may write one) do not trigger it again.
 pub fn controller(client: &kube::Client) -> Controller<Tailnet> {
-    Controller::new(
+    let (reader, writer) = reflector::store();
+    let tailnets = watcher(
         Api::<Tailnet>::all(client.clone()),
         watcher::Config::default(),
     )
-    .with_config(controller::Config::default().debounce(TAILNET_DEBOUNCE))
-    .trigger_backoff(WatchBackoff::default())
+    .reflect(writer)
+    .applied_objects()
+    .predicate_filter(not_status, PredicateConfig::default());
+    Controller::for_stream(tailnets, reader)
+        .with_config(controller::Config::default().debounce(TAILNET_DEBOUNCE))
+        .trigger_backoff(WatchBackoff::default())
+}
+
+/// The predicate of the Tailnet watch: a hash of what the controller reads besides the
+/// status (generation: the spec; labels, annotations, deletion). A change of the status
+/// alone (resourceVersion and managedFields move with it) hashes the same.
+pub fn not_status(tailnet: &Tailnet) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let meta = &tailnet.metadata;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    meta.uid.hash(&mut hasher);
+    meta.generation.hash(&mut hasher);
+    meta.labels.hash(&mut hasher);
+    meta.annotations.hash(&mut hasher);
+    meta.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 /// The Tailnet controller with every watch, ready to be polled.
@@ -118,5 +144,46 @@ fn by_secret(
             .filter(|t| t.spec.api_secret_ref.name == name)
             .map(|t| ObjectRef::from_obj(&**t))
             .collect::<Vec<_>>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tailnet() -> Tailnet {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet",
+            "metadata": {"name": "t", "uid": "u-1", "generation": 3, "resourceVersion": "10"},
+            "spec": {"server": "https://headscale.example.net",
+                     "apiSecretRef": {"name": "s", "key": "k"},
+                     "policy": {"tagOwners": ["group:platform"]}}
+        }))
+        .expect("tailnet")
+    }
+
+    /// Issue 26 item 5: a status write (new resourceVersion, new status) is not a trigger;
+    /// a spec change (generation), a label or annotation change, or deletion is.
+    #[test]
+    fn only_changes_besides_the_status_trigger_the_tailnet_controller() {
+        let before = tailnet();
+        let mut status_write = before.clone();
+        status_write.metadata.resource_version = Some("11".into());
+        status_write.status = Some(tailnet_api::tailnet::TailnetStatus {
+            observed_generation: Some(3),
+            ..Default::default()
+        });
+        assert_eq!(not_status(&before), not_status(&status_write));
+        let mut spec = before.clone();
+        spec.metadata.generation = Some(4);
+        let mut labelled = before.clone();
+        labelled.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+        let mut deleted = before.clone();
+        deleted.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+        );
+        for changed in [spec, labelled, deleted] {
+            assert_ne!(not_status(&before), not_status(&changed));
+        }
     }
 }
