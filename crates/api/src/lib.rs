@@ -14,6 +14,7 @@ pub mod fragment;
 pub mod ingress;
 pub mod naming;
 pub mod patterns;
+pub mod service;
 pub mod tailnet;
 pub mod validate;
 
