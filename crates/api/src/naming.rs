@@ -163,9 +163,10 @@ pub fn assign_ingress_tags(
 }
 
 /// Which kind of agent a set of objects belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum AgentKind {
     Egress,
+    #[default]
     Ingress,
     /// A `Service` of the tailnet `loadBalancerClass` (read as an ingress).
     Service,

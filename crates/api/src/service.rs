@@ -49,6 +49,43 @@ pub fn tailnet_annotation(service: &Service) -> Option<&str> {
     annotation(service, annotations::TAILNET)
 }
 
+/// Why a Service has no Tailnet.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoTailnet {
+    #[error(
+        "no Tailnet exists; create one (or name one in annotation {})",
+        annotations::TAILNET
+    )]
+    NoneExists,
+    #[error("several Tailnets exist ({}); name one in annotation {}", .0.join(", "), annotations::TAILNET)]
+    Several(Vec<String>),
+}
+
+/// The Tailnet of a Service: its annotation, else the only one of `tailnets` (the names of
+/// the cluster's Tailnets).
+pub fn resolve_tailnet<S: AsRef<str>>(
+    service: &Service,
+    tailnets: &[S],
+) -> Result<String, NoTailnet> {
+    if let Some(name) = tailnet_annotation(service) {
+        return Ok(name.to_string());
+    }
+    default_tailnet(tailnets)
+}
+
+/// The default Tailnet of a Service without the annotation: the only one of `tailnets`.
+pub fn default_tailnet<S: AsRef<str>>(tailnets: &[S]) -> Result<String, NoTailnet> {
+    match tailnets {
+        [] => Err(NoTailnet::NoneExists),
+        [only] => Ok(only.as_ref().to_string()),
+        several => {
+            let mut names: Vec<String> = several.iter().map(|s| s.as_ref().to_string()).collect();
+            names.sort();
+            Err(NoTailnet::Several(names))
+        }
+    }
+}
+
 /// A Service port the tailnet entrance does not serve (only TCP is).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RefusedPort {
@@ -239,6 +276,22 @@ mod tests {
         );
         let valid = crate::validate::valid_ingress(&entrance.spec).expect("valid");
         assert_eq!(valid.exposes.len(), 2);
+    }
+
+    #[test]
+    fn the_tailnet_is_the_annotation_else_the_only_one() {
+        let plain = service(Some(LOAD_BALANCER_CLASS), &[]);
+        assert_eq!(resolve_tailnet(&plain, &["demo"]), Ok("demo".to_string()));
+        assert_eq!(
+            resolve_tailnet(&plain, &["b", "a"]),
+            Err(NoTailnet::Several(vec!["a".into(), "b".into()]))
+        );
+        assert_eq!(
+            resolve_tailnet::<&str>(&plain, &[]),
+            Err(NoTailnet::NoneExists)
+        );
+        let named = service(Some(LOAD_BALANCER_CLASS), &[(annotations::TAILNET, "b")]);
+        assert_eq!(resolve_tailnet(&named, &["a", "b"]), Ok("b".to_string()));
     }
 
     #[test]

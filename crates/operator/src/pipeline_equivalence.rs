@@ -344,6 +344,12 @@ fn tailnet_decision(
         base: Ok(base),
         egresses,
         ingresses,
+        services: manifests
+            .services
+            .iter()
+            .filter(|s| tailnet_api::service::is_tailnet_load_balancer(&s.object))
+            .map(|s| with_uid(s.object.clone()))
+            .collect(),
         egress_cluster_ips: observed
             .service_cluster_ips
             .iter()
@@ -533,6 +539,7 @@ fn a_contributors_fragment_is_the_same_through_the_cli_and_the_controller() {
         nodes: Some(observed.nodes.clone()),
         live_policy: Some("{}".into()),
         base: Ok(None),
+        services: Vec::new(),
         egresses: manifests
             .egresses
             .iter()

@@ -281,6 +281,7 @@ fn decide(
             backends,
             certificate_ready,
             tag: "tag:tno-ingress-team-a-portal",
+            kind: tailnet_api::naming::AgentKind::Ingress,
         },
     )
     .map_err(|e| e.to_string())

@@ -18,6 +18,7 @@ pub mod applied;
 pub mod config;
 pub mod context;
 pub mod egress;
+pub mod entrances;
 pub mod error;
 pub mod ingress;
 pub mod instrument;

@@ -84,8 +84,9 @@ pub trait Decide: Sized + std::fmt::Debug + Send + Sync + 'static {
     const OBSERVED_IF_KNOWN: &'static [&'static str];
 
     fn status(object: &Self::Object) -> Option<&Self::Status>;
-    /// The name of the Tailnet the object belongs to.
-    fn tailnet_name(object: &Self::Object) -> &str;
+    /// The name of the Tailnet the object belongs to; `None`: the default Tailnet (the only
+    /// one there is).
+    fn tailnet_name(object: &Self::Object) -> Option<&str>;
     /// Whether the object is taken on (e.g. an egress outside the operator namespace is not).
     fn admit(
         _object: &Self::Object,

@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tailnet_render::meta::Owner;
 
-use super::super::access::tailnet_access;
+use super::super::access::tailnet_access_of;
 use super::super::context::Context;
 use super::super::error::ReconcileError;
 use super::super::publish::event;
@@ -118,7 +118,7 @@ pub async fn cleanup<K: AgentKind>(
     ctx: &Context,
     object: &K::Object,
 ) -> Result<Action, ReconcileError> {
-    let access = match tailnet_access(ctx, K::tailnet_name(object)).await {
+    let access = match tailnet_access_of(ctx, K::tailnet_name(object)).await {
         Ok(access) => access,
         Err(problem) => {
             tracing::warn!(object = %object.meta().name.clone().unwrap_or_default(), reason = problem.reason, message = %problem.message, "Tailnet gone: nothing to clean up in Headscale");
