@@ -45,6 +45,10 @@ pub enum Admission<S> {
     Handle,
     /// Not honoured here: only this status is written (no finalizer, no objects).
     Refuse(S),
+    /// Not the controller's object at all (e.g. a Service of another `loadBalancerClass`):
+    /// never touched. One it handled before (it carries the finalizer) is released: its agent
+    /// and Headscale identity go, its status becomes [`Decide::released`], the finalizer goes.
+    Ignore,
 }
 
 /// The objects every agent has, borrowed from the kind's rendered objects (listed
@@ -123,6 +127,12 @@ pub trait Decide: Sized + std::fmt::Debug + Send + Sync + 'static {
         object: &Self::Object,
         all: &[Arc<Self::Object>],
     ) -> Option<String>;
+    /// The status of an object the controller stops handling ([`Admission::Ignore`] after it
+    /// was handled): what the controller wrote is withdrawn (server-side apply drops the
+    /// fields it no longer sets).
+    fn released(_status: &Self::Status) -> Self::Status {
+        Self::Status::default()
+    }
     /// The decided status corrected by what the act step reported.
     fn amend(
         object: &Self::Object,

@@ -57,6 +57,13 @@ pub struct IngressPlan {
     not_allowed: Vec<String>,
 }
 
+impl IngressPlan {
+    /// `allowFrom` entries outside the Tailnet's allowlist.
+    pub fn not_allowed(&self) -> &[String] {
+        &self.not_allowed
+    }
+}
+
 /// What the ingress's act step reports back.
 #[derive(Debug, Default)]
 pub struct Acted {
