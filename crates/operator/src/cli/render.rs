@@ -76,7 +76,9 @@ pub mod exit {
 pub struct RenderArgs {
     /// Manifest files or directories (multi-document YAML or JSON, `v1` Lists too; `-` reads
     /// standard input): Tailnet, TailnetEgress, TailnetIngress, the base-policy ConfigMap,
-    /// optionally backend Services and CA ConfigMaps. Directories are not read recursively.
+    /// optionally backend Services and CA ConfigMaps; Services of `loadBalancerClass:
+    /// tailnet-operator.dev/tailnet` are rendered like ingresses. Directories are not read
+    /// recursively.
     #[arg(required = true, value_name = "PATH|-")]
     pub paths: Vec<PathBuf>,
     /// JSON file with observed Headscale and cluster state: `{"nodes": [...],
