@@ -81,6 +81,9 @@ impl AgentStatus for ServiceStatus {
             .iter()
             .map(|ip| LoadBalancerIngress {
                 ip: Some(ip.clone()),
+                // The apiserver's default for an `ip` entry, set here so that the status read
+                // back compares equal to the decided one.
+                ip_mode: Some("VIP".to_string()),
                 ..LoadBalancerIngress::default()
             })
             .collect();
