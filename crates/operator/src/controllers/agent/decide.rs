@@ -91,6 +91,12 @@ pub trait Decide: Sized + std::fmt::Debug + Send + Sync + 'static {
     /// The name of the Tailnet the object belongs to; `None`: the default Tailnet (the only
     /// one there is).
     fn tailnet_name(object: &Self::Object) -> Option<&str>;
+    /// Whether the object is of the kind at all (a kind of a shared type, e.g. Services of one
+    /// `loadBalancerClass`, says no for the others: they get [`Admission::Ignore`] and are not
+    /// in the kind's `/metrics` conditions).
+    fn ours(_object: &Self::Object) -> bool {
+        true
+    }
     /// Whether the object is taken on (e.g. an egress outside the operator namespace is not).
     fn admit(
         _object: &Self::Object,

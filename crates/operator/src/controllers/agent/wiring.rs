@@ -137,7 +137,9 @@ impl<K: AgentKind> Wired for Wiring<K> {
 
     fn conditions(&self) -> ConditionSource {
         ConditionSource::scoped(self.store(), |o: &K::Object| {
-            K::status(o).map(WithConditions::conditions)
+            K::status(o)
+                .filter(|_| K::ours(o))
+                .map(WithConditions::conditions)
         })
     }
 

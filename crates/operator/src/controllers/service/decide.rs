@@ -114,14 +114,18 @@ impl Decide for LoadBalancer {
         tailnet_annotation(service)
     }
 
-    /// Only Services of `type: LoadBalancer` and the tailnet class; every other Service is
-    /// not the operator's (one it handled before is released).
+    /// Only Services of `type: LoadBalancer` and the tailnet class.
+    fn ours(service: &Service) -> bool {
+        is_tailnet_load_balancer(service)
+    }
+
+    /// Every other Service is not the operator's (one it handled before is released).
     fn admit(
         service: &Service,
         _config: &OperatorConfig,
         _now: Timestamp,
     ) -> Admission<ServiceStatus> {
-        if is_tailnet_load_balancer(service) {
+        if Self::ours(service) {
             Admission::Handle
         } else {
             Admission::Ignore
