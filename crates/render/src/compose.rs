@@ -23,8 +23,8 @@ use crate::{RenderContext, RenderError};
 
 /// The intents of one Tailnet's egresses and ingresses among `egresses`/`ingresses` (other
 /// Tailnets' are skipped), each built once; `services` are Services of this Tailnet (their
-/// Tailnet resolved by the caller), those of the tailnet `loadBalancerClass` read as
-/// ingresses and listed after the TailnetIngresses.
+/// Tailnet and class selected by the caller) are read as ingresses and listed after the
+/// TailnetIngresses.
 pub fn intents<'a>(
     scope: &TailnetScope,
     egresses: impl IntoIterator<Item = &'a TailnetEgress>,
@@ -43,15 +43,14 @@ pub fn intents<'a>(
     )
 }
 
-/// The Services of the tailnet `loadBalancerClass` among `services` (all of `scope`'s
-/// Tailnet), read as ingresses.
+/// `services` (the callers choose them: of `scope`'s Tailnet and of the tailnet
+/// `loadBalancerClass`, or still being released by the controller), read as ingresses.
 pub fn service_intents<'a>(
     scope: &TailnetScope,
     services: impl IntoIterator<Item = &'a Service>,
 ) -> Vec<ServiceIntent> {
     services
         .into_iter()
-        .filter(|s| tailnet_api::service::is_tailnet_load_balancer(s))
         .map(|s| ServiceIntent::new(s, scope))
         .collect()
 }

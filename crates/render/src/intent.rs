@@ -177,12 +177,6 @@ impl IngressIntent {
         }
     }
 
-    /// A Service of the tailnet `loadBalancerClass` in `scope`'s Tailnet, read as an ingress
-    /// ([`ServiceIntent`]).
-    pub fn of_service(service: &Service, scope: &TailnetScope) -> Self {
-        ServiceIntent::new(service, scope).intent
-    }
-
     /// Intents of the ingresses of `scope`'s Tailnet among `ingresses` (others are skipped).
     pub fn of_tailnet<'a>(
         scope: &TailnetScope,
@@ -242,22 +236,5 @@ impl ServiceIntent {
             intent,
             refused: entrance.refused,
         }
-    }
-
-    /// Intents of the Services of `scope`'s Tailnet among `services`: those of the tailnet
-    /// `loadBalancerClass` whose Tailnet (annotation, else `default_tailnet`) is `scope`'s.
-    pub fn of_tailnet<'a>(
-        scope: &TailnetScope,
-        default_tailnet: Option<&str>,
-        services: impl IntoIterator<Item = &'a Service>,
-    ) -> Vec<ServiceIntent> {
-        services
-            .into_iter()
-            .filter(|s| tailnet_api::service::is_tailnet_load_balancer(s))
-            .filter(|s| {
-                tailnet_api::service::tailnet_annotation(s).or(default_tailnet) == Some(scope.name)
-            })
-            .map(|s| ServiceIntent::new(s, scope))
-            .collect()
     }
 }

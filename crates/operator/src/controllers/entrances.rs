@@ -14,13 +14,15 @@ use tailnet_render::intent::{ServiceIntent, TailnetScope};
 use super::access::default_tailnet;
 use super::context::Context;
 
-/// The cached Services of the tailnet `loadBalancerClass` that belong to Tailnet `tailnet`.
+/// The cached Services of the tailnet `loadBalancerClass` that belong to Tailnet `tailnet`,
+/// and those that left the class but are still being released (they carry the finalizer:
+/// like a deleted ingress, their grant and names stay until their node is gone).
 pub fn services_of(ctx: &Context, tailnet: &str) -> Vec<Arc<Service>> {
     let default = default_tailnet(ctx).ok();
     ctx.kinds
         .objects::<Service>()
         .into_iter()
-        .filter(|s| is_tailnet_load_balancer(s))
+        .filter(|s| is_tailnet_load_balancer(s) || releasing(s))
         .filter(|s| tailnet_annotation(s).or(default.as_deref()) == Some(tailnet))
         .collect()
 }
@@ -43,4 +45,14 @@ pub fn service_intents(
         .filter(|s| except.is_none() || s.metadata.uid.as_deref() != except)
         .map(|s| ServiceIntent::new(s, &scope))
         .collect()
+}
+
+/// A Service the operator handled and has not released yet (it carries the finalizer).
+fn releasing(service: &Service) -> bool {
+    service
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == tailnet_api::FINALIZER)
 }

@@ -24,7 +24,7 @@ use super::kind::AgentKind;
 use super::report::agent_pod_selector;
 
 /// Finalizer that removes the agent's Headscale node and keys before the object goes.
-pub const FINALIZER: &str = "tailnet-operator.dev/cleanup";
+pub const FINALIZER: &str = tailnet_api::FINALIZER;
 /// Field manager of the server-side apply that adds [`FINALIZER`].
 const FINALIZER_MANAGER: &str = "tailnet-operator-finalizer";
 /// How long deletion waits for the agent's pods to stop (it drains for up to its grace
