@@ -391,7 +391,7 @@ fn hostnames_unique(c: &mut ConditionSet, claimed: &BTreeMap<String, String>) {
         c.ok(
             types::HOSTNAMES_UNIQUE,
             reasons::READY,
-            "no other TailnetIngress claims these names",
+            "no other TailnetIngress or Service claims these names",
         );
         return;
     }
