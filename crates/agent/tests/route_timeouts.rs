@@ -64,6 +64,7 @@ fn rendered_admin_route(timeouts: serde_json::Value) -> (HttpRoute, serde_json::
         backend_ports: BTreeMap::from([("web".to_string(), 8080), ("admin".to_string(), 8443)]),
         serve_http: true,
         node_hostname: "tno-ingress-team-a-portal".to_string(),
+        kind: tailnet_api::naming::AgentKind::Ingress,
     };
     let ctx = RenderContext {
         operator_namespace: "tailnet-system",

@@ -51,6 +51,8 @@ pub mod types {
     pub const CERTIFICATE_READY: &str = "CertificateReady";
     pub const HOSTNAMES_UNIQUE: &str = "HostnamesUnique";
     pub const SPEC_VALID: &str = "SpecValid";
+    /// Service of the tailnet `loadBalancerClass`: every port's protocol is served (TCP).
+    pub const PORTS_SUPPORTED: &str = "PortsSupported";
 }
 
 /// Every condition reason the operator sets (CamelCase). Each one has an anchor
@@ -131,6 +133,10 @@ pub mod reasons {
     pub const NOT_YET_VALID: &str = "NotYetValid";
     pub const INVALID_CERTIFICATE: &str = "InvalidCertificate";
     pub const CERTIFICATE_NOT_CREATED: &str = "CertificateNotCreated";
+    /// PortsSupported (Service): a UDP or SCTP port, not served (the TCP ports are).
+    pub const UNSUPPORTED_PROTOCOL: &str = "UnsupportedProtocol";
+    /// TailnetReady (Service): several Tailnets exist and no annotation names one.
+    pub const TAILNET_REQUIRED: &str = "TailnetRequired";
     /// Per-expose state in the ingress status (not a condition reason).
     pub const NOT_SERVED: &str = "NotServed";
     // TargetsReachable / BackendsReachable: the agent's probe results

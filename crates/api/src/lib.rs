@@ -14,6 +14,7 @@ pub mod fragment;
 pub mod ingress;
 pub mod naming;
 pub mod patterns;
+pub mod service;
 pub mod tailnet;
 pub mod validate;
 
@@ -25,5 +26,7 @@ pub use tailnet::{Tailnet, TailnetSpec, TailnetStatus};
 pub const GROUP: &str = "tailnet-operator.dev";
 /// The only served version.
 pub const VERSION: &str = "v1alpha1";
+/// Finalizer of every agent-backed object: its agent's Headscale node and keys go first.
+pub const FINALIZER: &str = "tailnet-operator.dev/cleanup";
 /// Field manager used for every server-side apply of the operator.
 pub const FIELD_MANAGER: &str = "tailnet-operator";

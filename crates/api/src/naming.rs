@@ -34,10 +34,28 @@ pub fn egress_tag(prefix: &str, name: &str) -> String {
 
 /// Tag of the node of a TailnetIngress: `tag:<prefix>-ingress-<namespace>-<name>`.
 pub fn ingress_tag(prefix: &str, namespace: &str, name: &str) -> String {
+    entrance_tag(AgentKind::Ingress, prefix, namespace, name)
+}
+
+/// The word of an entrance kind in its tags: `ingress` (TailnetIngress), `svc` (Service of
+/// the tailnet `loadBalancerClass`). Distinct words keep the readable forms of different
+/// kinds apart.
+fn tag_word(kind: AgentKind) -> &'static str {
+    match kind {
+        AgentKind::Service => "svc",
+        AgentKind::Egress => "egress",
+        AgentKind::Ingress => "ingress",
+    }
+}
+
+/// Readable tag of an entrance (an object of kind `kind` reached from the tailnet):
+/// `tag:<prefix>-ingress-<namespace>-<name>` for a TailnetIngress,
+/// `tag:<prefix>-svc-<namespace>-<name>` for a Service.
+pub fn entrance_tag(kind: AgentKind, prefix: &str, namespace: &str, name: &str) -> String {
     format!(
         "tag:{}",
         shorten(
-            &format!("{prefix}-ingress-{namespace}-{name}").to_lowercase(),
+            &format!("{prefix}-{}-{namespace}-{name}", tag_word(kind)).to_lowercase(),
             MAX_NAME
         )
     )
@@ -50,9 +68,21 @@ pub fn ingress_tag(prefix: &str, namespace: &str, name: &str) -> String {
 /// whole stays ≤ 63 characters. Distinct tuples give distinct tags (up to a 40-bit hash
 /// collision, which [`assign_ingress_tags`] still detects and reports).
 pub fn ingress_tag_discriminated(prefix: &str, namespace: &str, name: &str) -> String {
-    let digest = Sha256::digest(format!("ingress\0{prefix}\0{namespace}\0{name}").as_bytes());
+    entrance_tag_discriminated(AgentKind::Ingress, prefix, namespace, name)
+}
+
+/// [`ingress_tag_discriminated`] of an entrance of kind `kind` (the kind is part of the
+/// hashed tuple: `ingress` or `service`).
+pub fn entrance_tag_discriminated(
+    kind: AgentKind,
+    prefix: &str,
+    namespace: &str,
+    name: &str,
+) -> String {
+    let digest =
+        Sha256::digest(format!("{}\0{prefix}\0{namespace}\0{name}", kind.as_str()).as_bytes());
     let suffix: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
-    let readable = format!("{prefix}-ingress-{namespace}-{name}").to_lowercase();
+    let readable = format!("{prefix}-{}-{namespace}-{name}", tag_word(kind)).to_lowercase();
     let keep = MAX_NAME - suffix.len() - 1;
     let readable = readable[..readable.len().min(keep)].trim_end_matches('-');
     format!("tag:{readable}-{suffix}")
@@ -65,9 +95,13 @@ pub fn tag_hostname(tag: &str) -> String {
     tag.strip_prefix("tag:").unwrap_or(tag).to_string()
 }
 
-/// One ingress asking for a tag, for [`assign_ingress_tags`].
+/// Who asks for an entrance tag: its kind (`Ingress` or `Service`), namespace and name.
+pub type TagKey = (AgentKind, String, String);
+
+/// One entrance (ingress or Service) asking for a tag, for [`assign_ingress_tags`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TagClaim {
+    pub kind: AgentKind,
     pub namespace: String,
     pub name: String,
     /// The tag its status records (what its node carries today), if any.
@@ -84,17 +118,20 @@ pub struct TagClaim {
 pub fn assign_ingress_tags(
     prefix: &str,
     claims: &[TagClaim],
-) -> std::collections::BTreeMap<(String, String), Result<String, String>> {
+) -> std::collections::BTreeMap<TagKey, Result<String, String>> {
     use std::collections::BTreeMap;
     let mut taken: BTreeMap<String, String> = BTreeMap::new();
-    let mut out: BTreeMap<(String, String), Result<String, String>> = BTreeMap::new();
-    let key = |c: &TagClaim| (c.namespace.clone(), c.name.clone());
-    let holder = |c: &TagClaim| format!("{}/{}", c.namespace, c.name);
+    let mut out: BTreeMap<TagKey, Result<String, String>> = BTreeMap::new();
+    let key = |c: &TagClaim| (c.kind, c.namespace.clone(), c.name.clone());
+    let holder = |c: &TagClaim| match c.kind {
+        AgentKind::Service => format!("Service {}/{}", c.namespace, c.name),
+        _ => format!("{}/{}", c.namespace, c.name),
+    };
     // Recorded tags first: the nodes that exist keep their identity.
     for c in claims {
         let own = [
-            ingress_tag(prefix, &c.namespace, &c.name),
-            ingress_tag_discriminated(prefix, &c.namespace, &c.name),
+            entrance_tag(c.kind, prefix, &c.namespace, &c.name),
+            entrance_tag_discriminated(c.kind, prefix, &c.namespace, &c.name),
         ];
         if let Some(current) = c.current.as_ref().filter(|t| own.contains(t))
             && !taken.contains_key(current)
@@ -108,8 +145,8 @@ pub fn assign_ingress_tags(
         if out.contains_key(&key(c)) {
             continue;
         }
-        let legacy = ingress_tag(prefix, &c.namespace, &c.name);
-        let discriminated = ingress_tag_discriminated(prefix, &c.namespace, &c.name);
+        let legacy = entrance_tag(c.kind, prefix, &c.namespace, &c.name);
+        let discriminated = entrance_tag_discriminated(c.kind, prefix, &c.namespace, &c.name);
         let result = if !taken.contains_key(&legacy) {
             Ok(legacy)
         } else if !taken.contains_key(&discriminated) {
@@ -126,10 +163,13 @@ pub fn assign_ingress_tags(
 }
 
 /// Which kind of agent a set of objects belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum AgentKind {
     Egress,
+    #[default]
     Ingress,
+    /// A `Service` of the tailnet `loadBalancerClass` (read as an ingress).
+    Service,
 }
 
 impl AgentKind {
@@ -137,6 +177,7 @@ impl AgentKind {
         match self {
             AgentKind::Egress => "egress",
             AgentKind::Ingress => "ingress",
+            AgentKind::Service => "service",
         }
     }
 
@@ -144,6 +185,17 @@ impl AgentKind {
         match self {
             AgentKind::Egress => "TailnetEgress",
             AgentKind::Ingress => "TailnetIngress",
+            AgentKind::Service => "Service",
+        }
+    }
+
+    /// The owning resource's `apiVersion` (owner references of the agent's objects).
+    pub fn api_version(self) -> String {
+        match self {
+            AgentKind::Service => "v1".to_string(),
+            AgentKind::Egress | AgentKind::Ingress => {
+                format!("{}/{}", crate::GROUP, crate::VERSION)
+            }
         }
     }
 }
@@ -279,6 +331,7 @@ mod tests {
                 let (ns, name) = (g.label(max), g.label(max));
                 if seen.insert((ns.clone(), name.clone())) {
                     claims.push(TagClaim {
+                        kind: AgentKind::Ingress,
                         namespace: ns,
                         name,
                         current: None,
@@ -288,7 +341,7 @@ mod tests {
             let tags = assign_ingress_tags("tno", &claims);
             let mut distinct = std::collections::BTreeMap::new();
             for c in &claims {
-                let tag = tags[&(c.namespace.clone(), c.name.clone())]
+                let tag = tags[&(AgentKind::Ingress, c.namespace.clone(), c.name.clone())]
                     .clone()
                     .expect("a tag for every claim");
                 let body = tag.strip_prefix("tag:").expect("tag:");
@@ -311,7 +364,7 @@ mod tests {
             let mut first = std::collections::BTreeSet::new();
             for c in &claims {
                 let legacy = ingress_tag("tno", &c.namespace, &c.name);
-                let got = tags[&(c.namespace.clone(), c.name.clone())]
+                let got = tags[&(AgentKind::Ingress, c.namespace.clone(), c.name.clone())]
                     .clone()
                     .expect("tag");
                 if first.insert(legacy.clone()) {
@@ -338,6 +391,7 @@ mod tests {
     #[test]
     fn the_lab_pair_gets_two_identities_and_recorded_tags_stay() {
         let claim = |ns: &str, name: &str, current: Option<&str>| TagClaim {
+            kind: AgentKind::Ingress,
             namespace: ns.into(),
             name: name.into(),
             current: current.map(str::to_string),
@@ -355,7 +409,11 @@ mod tests {
                 claim("team-x-dev", "api", None),
             ],
         );
-        let of = |ns: &str, n: &str| tags[&(ns.to_string(), n.to_string())].clone().expect("tag");
+        let of = |ns: &str, n: &str| {
+            tags[&(AgentKind::Ingress, ns.to_string(), n.to_string())]
+                .clone()
+                .expect("tag")
+        };
         assert_eq!(of("team-x", "dev-api"), first);
         let second = of("team-x-dev", "api");
         assert_ne!(second, first);
@@ -372,20 +430,23 @@ mod tests {
             ],
         );
         assert_eq!(
-            tags[&("team-x".into(), "dev-api".into())],
+            tags[&(AgentKind::Ingress, "team-x".into(), "dev-api".into())],
             Ok(first.clone())
         );
         assert_eq!(
-            tags[&("team-x-dev".into(), "api".into())],
+            tags[&(AgentKind::Ingress, "team-x-dev".into(), "api".into())],
             Ok(second.clone())
         );
         // The older one is deleted: the newer keeps its recorded (discriminated) tag.
         let tags = assign_ingress_tags("tno", &[claim("team-x-dev", "api", Some(&second))]);
-        assert_eq!(tags[&("team-x-dev".into(), "api".into())], Ok(second));
+        assert_eq!(
+            tags[&(AgentKind::Ingress, "team-x-dev".into(), "api".into())],
+            Ok(second)
+        );
         // A recorded tag that is not one of its own forms is ignored.
         let tags = assign_ingress_tags("tno", &[claim("team-a", "portal", Some("tag:other"))]);
         assert_eq!(
-            tags[&("team-a".into(), "portal".into())],
+            tags[&(AgentKind::Ingress, "team-a".into(), "portal".into())],
             Ok("tag:tno-ingress-team-a-portal".to_string())
         );
     }

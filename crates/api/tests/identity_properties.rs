@@ -52,22 +52,24 @@ fn valid_tag_body(tag: &str) -> bool {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
-    /// Distinct (namespace, name) of one Tailnet get distinct, valid tags and hostnames.
+    /// Distinct (kind, namespace, name) of one Tailnet get distinct, valid tags and
+    /// hostnames: every pair is claimed by a TailnetIngress and by a Service of the same name.
     #[test]
     fn ingress_identities_are_injective(pairs in claims(), prefix in "[a-z]{1,8}") {
         let claims: Vec<TagClaim> = pairs
             .iter()
-            .map(|(namespace, name)| TagClaim {
+            .flat_map(|(namespace, name)| [AgentKind::Ingress, AgentKind::Service].map(|kind| TagClaim {
+                kind,
                 namespace: namespace.clone(),
                 name: name.clone(),
                 current: None,
-            })
+            }))
             .collect();
         let tags = assign_ingress_tags(&prefix, &claims);
         let mut by_tag = BTreeMap::new();
         let mut hostnames = BTreeSet::new();
         for c in &claims {
-            let tag = tags[&(c.namespace.clone(), c.name.clone())].clone();
+            let tag = tags[&(c.kind, c.namespace.clone(), c.name.clone())].clone();
             let tag = match tag {
                 Ok(tag) => tag,
                 Err(holder) => return Err(TestCaseError::fail(format!("{c:?} got no tag (held by {holder})"))),
@@ -91,25 +93,25 @@ proptest! {
     fn recorded_tags_survive_reassignment(pairs in claims(), newcomer in (label(), label())) {
         let first: Vec<TagClaim> = pairs
             .iter()
-            .map(|(namespace, name)| TagClaim { namespace: namespace.clone(), name: name.clone(), current: None })
+            .map(|(namespace, name)| TagClaim { kind: AgentKind::Ingress, namespace: namespace.clone(), name: name.clone(), current: None })
             .collect();
         let assigned = assign_ingress_tags("tno", &first);
         let mut recorded: Vec<TagClaim> = first
             .iter()
             .map(|c| TagClaim {
-                current: assigned[&(c.namespace.clone(), c.name.clone())].clone().ok(),
+                current: assigned[&(c.kind, c.namespace.clone(), c.name.clone())].clone().ok(),
                 ..c.clone()
             })
             .collect();
         recorded.reverse();
         let newcomer_key = newcomer.clone();
         if !pairs.contains(&newcomer_key) {
-            recorded.push(TagClaim { namespace: newcomer.0, name: newcomer.1, current: None });
+            recorded.push(TagClaim { kind: AgentKind::Ingress, namespace: newcomer.0, name: newcomer.1, current: None });
         }
         let again = assign_ingress_tags("tno", &recorded);
         let mut distinct = BTreeSet::new();
         for c in &recorded {
-            let key = (c.namespace.clone(), c.name.clone());
+            let key = (c.kind, c.namespace.clone(), c.name.clone());
             if let Some(before) = &c.current {
                 prop_assert_eq!(again[&key].as_ref().ok(), Some(before), "{:?} lost its tag", key);
             }
@@ -139,13 +141,24 @@ proptest! {
 #[test]
 fn the_lab_pair_keeps_the_first_claims_tag() {
     let claims = [("team-x", "dev-api"), ("team-x-dev", "api")].map(|(namespace, name)| TagClaim {
+        kind: AgentKind::Ingress,
         namespace: namespace.into(),
         name: name.into(),
         current: None,
     });
     let tags = assign_ingress_tags("tno", &claims);
-    let first = tags[&("team-x".to_string(), "dev-api".to_string())].clone();
-    let second = tags[&("team-x-dev".to_string(), "api".to_string())].clone();
+    let first = tags[&(
+        AgentKind::Ingress,
+        "team-x".to_string(),
+        "dev-api".to_string(),
+    )]
+        .clone();
+    let second = tags[&(
+        AgentKind::Ingress,
+        "team-x-dev".to_string(),
+        "api".to_string(),
+    )]
+        .clone();
     assert_eq!(first, Ok(ingress_tag("tno", "team-x", "dev-api")));
     assert_ne!(first, second);
 }

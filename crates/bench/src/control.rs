@@ -90,6 +90,7 @@ pub fn policy_inputs(egresses: usize) -> PolicyInputs {
             .collect(),
         ingresses: (0..egresses)
             .map(|i| IngressPolicy {
+                kind: tailnet_policy::ResourceKind::TailnetIngress,
                 owner: format!("bench/ingress-{i}"),
                 tag: format!("tag:tno-ingress-bench-{i}"),
                 allow_from: vec!["group:team-a".into()],

@@ -3,7 +3,7 @@
 //! agent objects, the same policy document and the same DNS entries, byte for byte. Run over
 //! `examples/` and a richer set (IPv6 and DNS-name targets, a disabled probe, a 3-expose
 //! ingress with tcp + http + verified HTTPS backend, an administrative cross-namespace
-//! ingress) in `tests/fixtures/rich/`.
+//! ingress, a Service of the tailnet `loadBalancerClass`) in `tests/fixtures/rich/`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,10 +11,12 @@ use std::sync::Arc;
 
 use clap::Parser;
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use serde_json::Value;
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tailnet_render::backends::{ObjectKey, ObservedBackends};
+use tailnet_render::intent::{ServiceIntent, TailnetScope};
 
 use crate::cli::manifests::Manifests;
 use crate::cli::render::{Observed, PREVIEW_UID, RenderArgs, render};
@@ -23,7 +25,7 @@ use crate::controllers::agent::observation::{AgentObserved, AuthSecret, Observat
 use crate::controllers::config::OperatorConfig;
 use crate::controllers::status::Problem;
 use crate::controllers::tailnet::gather::TailnetObservation;
-use crate::controllers::{egress, ingress, tailnet};
+use crate::controllers::{egress, ingress, service, tailnet};
 
 const OPERATOR_NAMESPACE: &str = "tailnet-system";
 /// The decisions' clock (inside the test certificate's validity).
@@ -162,9 +164,32 @@ fn controllers_output(
     let (mut objects, target_kinds) =
         egress_decisions(&egresses, &access, &headscale_nodes(observed), &config, now);
     let backends = backends_of(manifests, observed);
-    objects.extend(ingress_decisions(
-        &ingresses, &access, &backends, &config, now,
-    ));
+    let services: Vec<Service> = manifests
+        .services
+        .iter()
+        .filter(|s| tailnet_api::service::is_tailnet_load_balancer(&s.object))
+        .map(|s| with_uid(s.object.clone()))
+        .collect();
+    let tailnet_name = tailnet.name_any();
+    let scope = TailnetScope {
+        name: &tailnet_name,
+        spec: &tailnet.spec,
+        operator_namespace: OPERATOR_NAMESPACE,
+    };
+    let entrances: Vec<ServiceIntent> = services
+        .iter()
+        .map(|s| ServiceIntent::new(s, &scope))
+        .collect();
+    let inputs = Inputs {
+        ingresses: &ingresses,
+        entrances: &entrances,
+        access: &access,
+        backends: &backends,
+        config: &config,
+        now,
+    };
+    objects.extend(ingress_decisions(&inputs));
+    objects.extend(service_decisions(&inputs, &services));
     let (policy, dns) = tailnet_decision(
         manifests, observed, &tailnet, egresses, ingresses, &config, now,
     );
@@ -268,14 +293,80 @@ fn backends_of(manifests: &Manifests, observed: &Observed) -> ObservedBackends {
     backends
 }
 
-/// The ingress controller's objects for every ingress (each with a certificate covering it).
-fn ingress_decisions(
-    ingresses: &[TailnetIngress],
-    access: &TailnetView,
-    backends: &ObservedBackends,
-    config: &OperatorConfig,
+/// What the ingress and Service decisions read.
+struct Inputs<'a> {
+    ingresses: &'a [TailnetIngress],
+    /// The Services of the tailnet class, read as ingresses.
+    entrances: &'a [ServiceIntent],
+    access: &'a TailnetView,
+    backends: &'a ObservedBackends,
+    config: &'a OperatorConfig,
     now: Timestamp,
-) -> Vec<Value> {
+}
+
+/// The Service controller's objects for every Service of the tailnet class (its tag among the
+/// Services, as its gather step assigns it).
+fn service_decisions(inputs: &Inputs<'_>, services: &[Service]) -> Vec<Value> {
+    let tailnet = &inputs.access.tailnet;
+    let name = tailnet.name_any();
+    let others: Vec<Arc<TailnetIngress>> = inputs.ingresses.iter().cloned().map(Arc::new).collect();
+    let mut objects = Vec::new();
+    for (s, own) in services.iter().zip(inputs.entrances) {
+        let valid =
+            agent::validated::<service::LoadBalancer>(s, inputs.now).expect("valid Service");
+        let entrances: Vec<_> = inputs
+            .entrances
+            .iter()
+            .filter(|e| e.intent.claim != own.intent.claim)
+            .map(|e| e.intent.clone())
+            .collect();
+        let tag = tailnet_render::claims::ingress_tag_of(
+            &name,
+            &tailnet.spec.policy.tag_prefix,
+            &own.intent.claim,
+            entrances.iter().map(|e| &e.claim),
+        );
+        let mut observation =
+            Observation::<ingress::observation::IngressObserved>::only_access(Ok(inputs
+                .access
+                .clone()));
+        observation.kind.others = others.clone();
+        observation.kind.entrances = entrances;
+        observation.kind.backends = inputs.backends.clone();
+        observation.kind.tag = Some(tag);
+        let decision = agent::decide::<service::LoadBalancer>(
+            s,
+            &valid,
+            &observation,
+            inputs.config,
+            inputs.now,
+        )
+        .expect("decision");
+        let plan = decision.agent.expect("Service plan");
+        let o = plan.objects.expect("Service agent objects");
+        objects.extend([
+            typed(&o.service_account),
+            typed(&o.role),
+            typed(&o.role_binding),
+            typed(&o.state_secret),
+            typed(&o.config_map),
+            typed(&o.deployment),
+            typed(&o.network_policy),
+        ]);
+    }
+    objects
+}
+
+/// The ingress controller's objects for every ingress (each with a certificate covering it).
+fn ingress_decisions(inputs: &Inputs<'_>) -> Vec<Value> {
+    let &Inputs {
+        ingresses,
+        access,
+        backends,
+        config,
+        now,
+        ..
+    } = inputs;
     let mut domains: Vec<String> = ingresses
         .iter()
         .map(|i| format!("{}.lab.example.net", i.namespace().unwrap_or_default()))
@@ -289,6 +380,7 @@ fn ingress_decisions(
         let mut observation =
             Observation::<ingress::observation::IngressObserved>::only_access(Ok(access.clone()));
         observation.kind.others = others.clone();
+        observation.kind.entrances = inputs.entrances.iter().map(|e| e.intent.clone()).collect();
         observation.kind.backends = backends.clone();
         observation.kind.tls_certificate = Some(pem.clone());
         let decision = agent::decide::<ingress::Ingress>(i, &valid, &observation, config, now)
@@ -345,6 +437,12 @@ fn tailnet_decision(
         base: Ok(base),
         egresses,
         ingresses,
+        services: manifests
+            .services
+            .iter()
+            .filter(|s| tailnet_api::service::is_tailnet_load_balancer(&s.object))
+            .map(|s| with_uid(s.object.clone()))
+            .collect(),
         egress_cluster_ips: observed
             .service_cluster_ips
             .iter()
@@ -535,6 +633,7 @@ fn a_contributors_fragment_is_the_same_through_the_cli_and_the_controller() {
         live_policy: Some("{}".into()),
         api_key: None,
         base: Ok(None),
+        services: Vec::new(),
         egresses: manifests
             .egresses
             .iter()

@@ -6,6 +6,10 @@
 //!   is refused, naming the expose; the same ingress without it passes in B, and with it in A
 //!   (administrative ingress) passes.
 //!
+//! - a Service of `loadBalancerClass: tailnet-operator.dev/tailnet` without the
+//!   `tailnet-operator.dev/allow-from` annotation is refused naming it; with it, and Services
+//!   of another class or none, pass.
+//!
 //! helm missing (deps/build.sh helm): skips unless TNO_REQUIRE_REAL_ENV=1.
 
 use std::path::{Path, PathBuf};
@@ -244,4 +248,65 @@ async fn the_charts_admission_policy_refuses_what_only_the_operator_namespace_ma
     create(&client, &ingress("admin-portal", ops, Some(team)))
         .await
         .unwrap_or_else(|e| panic!("an administrative ingress was refused: {e}"));
+    services_of_the_tailnet_class_name_their_sources(&client, team).await;
+}
+
+/// A Service of type LoadBalancer of `class` (none: ClusterIP), annotated with `allow_from`.
+fn service(
+    name: &str,
+    class: Option<&str>,
+    allow_from: Option<&str>,
+) -> k8s_openapi::api::core::v1::Service {
+    let mut value = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"ports": [{"port": 80}], "selector": {"app": name}},
+    });
+    if let Some(class) = class {
+        value["spec"]["type"] = json!("LoadBalancer");
+        value["spec"]["loadBalancerClass"] = json!(class);
+    }
+    if let Some(sources) = allow_from {
+        value["metadata"]["annotations"] = json!({"tailnet-operator.dev/allow-from": sources});
+    }
+    serde_json::from_value(value).expect("service")
+}
+
+async fn services_of_the_tailnet_class_name_their_sources(client: &kube::Client, team: &str) {
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), team);
+    let create = |s: k8s_openapi::api::core::v1::Service| {
+        let services = services.clone();
+        async move {
+            services
+                .create(&PostParams::default(), &s)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    };
+    let refusal = create(service(
+        "anonymous",
+        Some("tailnet-operator.dev/tailnet"),
+        None,
+    ))
+    .await
+    .expect_err("a Service of the tailnet class without allow-from");
+    eprintln!("service refusal: {refusal}");
+    assert!(
+        refusal.contains("metadata.annotations[tailnet-operator.dev/allow-from]"),
+        "{refusal}"
+    );
+    create(service(
+        "named",
+        Some("tailnet-operator.dev/tailnet"),
+        Some("group:team-a"),
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("a Service of the tailnet class with allow-from was refused: {e}"));
+    create(service("other-class", Some("other"), None))
+        .await
+        .unwrap_or_else(|e| panic!("a Service of another class was refused: {e}"));
+    create(service("plain", None, None))
+        .await
+        .unwrap_or_else(|e| panic!("a ClusterIP Service was refused: {e}"));
 }

@@ -683,3 +683,64 @@ fn second_cluster_examples_render_a_fragment_and_patch_the_owner_validly() {
     });
     assert!(ok, "{stderr}");
 }
+
+/// A Service of the tailnet `loadBalancerClass` renders like an ingress (issue 29): its agent,
+/// a grant to its `svc` tag on its TCP ports, its name in the DNS ConfigMap, and a note for
+/// its UDP port; a Service of another class renders nothing.
+#[test]
+fn services_of_the_tailnet_class_render_like_ingresses() {
+    let dir = std::env::temp_dir().join(format!("tno-render-service-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("service.yaml");
+    std::fs::write(
+        &file,
+        r#"apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: team-a
+  annotations:
+    tailnet-operator.dev/allow-from: "group:team-a"
+    tailnet-operator.dev/dns-label: shop
+spec:
+  type: LoadBalancer
+  loadBalancerClass: tailnet-operator.dev/tailnet
+  selector: {app: web}
+  ports:
+    - {name: http, port: 80, targetPort: 8080}
+    - {name: dns, port: 53, protocol: UDP}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: elsewhere
+  namespace: team-a
+spec:
+  type: LoadBalancer
+  loadBalancerClass: other
+  ports: [{port: 80}]
+"#,
+    )
+    .expect("write service");
+    let path = file.to_str().expect("UTF-8");
+    let (ok, out, stderr) = render(&["examples/", path, "--observed", OBSERVED]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(ok, "{stderr}");
+    for expected in [
+        "name: tailnet-service-web",
+        "tag:tno-svc-team-a-web",
+        "// Service team-a/web",
+        "\"tcp:80\"",
+        "shop.team-a.lab.example.net",
+        "dns (53/UDP) not served",
+    ] {
+        assert!(
+            out.contains(expected) || stderr.contains(expected),
+            "{expected} missing from the output:\n{out}\n{stderr}"
+        );
+    }
+    assert!(
+        !out.contains("tailnet-service-elsewhere"),
+        "a Service of another class is not rendered"
+    );
+}

@@ -112,6 +112,9 @@ impl fmt::Display for TargetAddress {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IngressPolicy {
+    /// `TailnetIngress`, or `Service` for a Service of the tailnet `loadBalancerClass`.
+    #[serde(default = "ResourceKind::ingress")]
+    pub kind: ResourceKind,
     /// `namespace/name` of the resource.
     pub owner: String,
     /// The agent's tag, e.g. `tag:tno-ingress-team-a-portal`.
@@ -166,11 +169,19 @@ impl RenderedPolicy {
     }
 }
 
-/// Which CRD a resource outcome belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+/// Which resource kind a resource outcome belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum ResourceKind {
     TailnetEgress,
     TailnetIngress,
+    /// A `Service` of the tailnet `loadBalancerClass` (an entrance like an ingress).
+    Service,
+}
+
+impl ResourceKind {
+    fn ingress() -> Self {
+        ResourceKind::TailnetIngress
+    }
 }
 
 impl fmt::Display for ResourceKind {
@@ -178,6 +189,7 @@ impl fmt::Display for ResourceKind {
         f.write_str(match self {
             ResourceKind::TailnetEgress => "TailnetEgress",
             ResourceKind::TailnetIngress => "TailnetIngress",
+            ResourceKind::Service => "Service",
         })
     }
 }

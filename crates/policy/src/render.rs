@@ -87,6 +87,7 @@ fn normalize(inputs: &PolicyInputs) -> PolicyInputs {
         .ingresses
         .iter()
         .map(|i| IngressPolicy {
+            kind: i.kind,
             owner: i.owner.clone(),
             tag: i.tag.clone(),
             allow_from: sorted_dedup(&i.allow_from),
@@ -159,7 +160,7 @@ fn summary(inputs: &PolicyInputs, decided: &entries::Decided) -> RenderSummary {
         ingress_resources: inputs.ingresses.len(),
         generated_tag_owners: decided.plan.tag_owners.len(),
         egress_grants: grants_of(ResourceKind::TailnetEgress),
-        ingress_grants: grants_of(ResourceKind::TailnetIngress),
+        ingress_grants: grants_of(ResourceKind::TailnetIngress) + grants_of(ResourceKind::Service),
         auto_approver_routes: decided.auto_approvers.len(),
         dns_targets_skipped: resources
             .iter()

@@ -31,6 +31,7 @@ fn inputs() -> PolicyInputs {
             }],
         }],
         ingresses: vec![IngressPolicy {
+            kind: tailnet_policy::ResourceKind::TailnetIngress,
             owner: "team-a/portal".into(),
             tag: "tag:tno-ingress-team-a-portal".into(),
             allow_from: vec!["group:team-a".into()],

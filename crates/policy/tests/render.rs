@@ -56,6 +56,7 @@ fn demo_inputs() -> PolicyInputs {
             ],
         }],
         ingresses: vec![IngressPolicy {
+            kind: tailnet_policy::ResourceKind::TailnetIngress,
             owner: "team-a/portal".into(),
             tag: "tag:tno-ingress-team-a-portal".into(),
             allow_from: strs(&["group:team-a"]),
@@ -179,6 +180,7 @@ fn deterministic_under_shuffled_inputs() {
         ],
     });
     a.ingresses.push(IngressPolicy {
+        kind: tailnet_policy::ResourceKind::TailnetIngress,
         owner: "team-a/admin".into(),
         tag: "tag:tno-ingress-team-a-admin".into(),
         allow_from: strs(&["group:team-a", "group:team-a"]),

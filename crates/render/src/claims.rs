@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tailnet_api::naming::{TagClaim, assign_ingress_tags, ingress_tag, ingress_tag_discriminated};
+use tailnet_api::naming::{
+    TagClaim, TagKey, assign_ingress_tags, entrance_tag, entrance_tag_discriminated,
+};
 
 use crate::intent::Claim;
 
@@ -15,7 +17,7 @@ pub fn ingress_tags<'a>(
     tailnet_name: &str,
     prefix: &str,
     ingresses: impl IntoIterator<Item = &'a Claim>,
-) -> BTreeMap<(String, String), Result<String, String>> {
+) -> BTreeMap<TagKey, Result<String, String>> {
     let mut ours: Vec<&Claim> = ingresses
         .into_iter()
         .filter(|i| i.tailnet == tailnet_name)
@@ -23,11 +25,12 @@ pub fn ingress_tags<'a>(
     ours.sort_by(|a, b| a.rank_key().cmp(&b.rank_key()));
     ours.dedup_by(|a, b| {
         let ((_, a_namespace, a_name), (_, b_namespace, b_name)) = (a.rank_key(), b.rank_key());
-        (a_namespace, a_name) == (b_namespace, b_name)
+        (a.kind, a_namespace, a_name) == (b.kind, b_namespace, b_name)
     });
     let claims: Vec<TagClaim> = ours
         .iter()
         .map(|i| TagClaim {
+            kind: i.kind,
             namespace: i.namespace.clone(),
             name: i.name.clone(),
             current: i.recorded_tag.clone(),
@@ -51,7 +54,7 @@ pub fn ingress_tag_of<'a>(
     ingress: &'a Claim,
     others: impl IntoIterator<Item = &'a Claim>,
 ) -> Result<String, String> {
-    let key = (ingress.namespace.clone(), ingress.name.clone());
+    let key = ingress.tag_key();
     let (_, own_namespace, own_name) = ingress.rank_key();
     let ours: Vec<&Claim> = others
         .into_iter()
@@ -63,8 +66,8 @@ pub fn ingress_tag_of<'a>(
         .map(|i| {
             let (_, namespace, name) = i.rank_key();
             [
-                ingress_tag(prefix, namespace, name),
-                ingress_tag_discriminated(prefix, namespace, name),
+                entrance_tag(i.kind, prefix, namespace, name),
+                entrance_tag_discriminated(i.kind, prefix, namespace, name),
             ]
         })
         .collect();
@@ -73,7 +76,7 @@ pub fn ingress_tag_of<'a>(
         .iter()
         .map(|i| {
             let (_, namespace, name) = i.rank_key();
-            (namespace, name) == (own_namespace, own_name)
+            (i.kind, namespace, name) == (ingress.kind, own_namespace, own_name)
         })
         .collect();
     if !in_group.contains(&true) {

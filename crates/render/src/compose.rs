@@ -8,8 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use tailnet_api::fragment::FragmentDnsRecord;
 use tailnet_api::validate::{FieldError, ValidEgress};
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
@@ -19,20 +18,41 @@ use crate::backends::{ObjectKey, ObservedBackends};
 use crate::desired::{self, IngressDesired, IngressNames, IngressObserved};
 use crate::dns::RenderedDns;
 use crate::egress::EgressObjects;
-use crate::intent::{Claim, EgressIntent, IngressIntent, TailnetScope};
+use crate::intent::{Claim, EgressIntent, IngressIntent, ServiceIntent, TailnetScope};
 use crate::{RenderContext, RenderError};
 
 /// The intents of one Tailnet's egresses and ingresses among `egresses`/`ingresses` (other
-/// Tailnets' are skipped), each built once.
+/// Tailnets' are skipped), each built once; `services` are Services of this Tailnet (their
+/// Tailnet and class selected by the caller) are read as ingresses and listed after the
+/// TailnetIngresses.
 pub fn intents<'a>(
     scope: &TailnetScope,
     egresses: impl IntoIterator<Item = &'a TailnetEgress>,
     ingresses: impl IntoIterator<Item = &'a TailnetIngress>,
+    services: impl IntoIterator<Item = &'a Service>,
 ) -> (Vec<EgressIntent>, Vec<IngressIntent>) {
+    let mut ingress_intents = IngressIntent::of_tailnet(scope, ingresses);
+    ingress_intents.extend(
+        service_intents(scope, services)
+            .into_iter()
+            .map(|s| s.intent),
+    );
     (
         EgressIntent::of_tailnet(scope.name, scope.operator_namespace, egresses),
-        IngressIntent::of_tailnet(scope, ingresses),
+        ingress_intents,
     )
+}
+
+/// `services` (the callers choose them: of `scope`'s Tailnet and of the tailnet
+/// `loadBalancerClass`, or still being released by the controller), read as ingresses.
+pub fn service_intents<'a>(
+    scope: &TailnetScope,
+    services: impl IntoIterator<Item = &'a Service>,
+) -> Vec<ServiceIntent> {
+    services
+        .into_iter()
+        .map(|s| ServiceIntent::new(s, scope))
+        .collect()
 }
 
 /// The hostnames of `ingress` after the claims of the ingresses among `others` that claimed
@@ -114,7 +134,8 @@ pub struct TailnetComposition {
     pub policy: RenderedPolicy,
     /// By egress name.
     pub egresses: Vec<ComposedEgress>,
-    /// In the order given.
+    /// In the order given, then the Services read as ingresses (their claims say
+    /// `AgentKind::Service`).
     pub ingresses: Vec<ComposedIngress>,
     pub dns: RenderedDns,
     /// `None` without `spec.dns.hostsConfigMap`.
@@ -124,13 +145,14 @@ pub struct TailnetComposition {
 }
 
 /// The whole desired state of `tailnet` from its `egresses`/`ingresses` (others' are
-/// skipped), its base policy and what was observed. Offline, every ingress certificate is
-/// taken as ready.
+/// skipped) and `services` (of this Tailnet: the caller resolves their Tailnet), its base
+/// policy and what was observed. Offline, every ingress certificate is taken as ready.
 pub fn tailnet(
     tailnet: &Tailnet,
     base: &BasePolicy,
     egresses: &[TailnetEgress],
     ingresses: &[TailnetIngress],
+    services: &[Service],
     observed: &Observed,
     settings: &Settings,
 ) -> Result<TailnetComposition, tailnet_policy::RenderError> {
@@ -144,12 +166,20 @@ pub fn tailnet(
         .iter()
         .filter(|e| e.spec.tailnet_ref.name == scope.name)
         .collect();
-    let our_ingresses: Vec<&TailnetIngress> = ingresses
+    let services = service_intents(&scope, services);
+    let mut our_ingresses: Vec<&TailnetIngress> = ingresses
         .iter()
         .filter(|i| i.spec.tailnet_ref.name == scope.name)
         .collect();
-    let (egress_intents, ingress_intents) =
-        intents(&scope, ours.iter().copied(), our_ingresses.iter().copied());
+    let (egress_intents, mut ingress_intents) = intents(
+        &scope,
+        ours.iter().copied(),
+        our_ingresses.iter().copied(),
+        [],
+    );
+    // Services are composed as the ingresses they are read as, after the TailnetIngresses.
+    our_ingresses.extend(services.iter().map(|s| &s.ingress));
+    ingress_intents.extend(services.iter().map(|s| s.intent.clone()));
     let policy_inputs = desired::policy(
         tailnet,
         settings.marker,
@@ -230,8 +260,7 @@ fn compose_ingresses(
         .iter()
         .zip(intents)
         .map(|(ingress, intent)| {
-            let key = (ingress.namespace().unwrap_or_default(), ingress.name_any());
-            let tag = match tags.get(&key) {
+            let tag = match tags.get(&intent.claim.tag_key()) {
                 Some(Ok(tag)) => Some(tag.as_str()),
                 _ => None,
             };
@@ -267,6 +296,7 @@ fn ingress_outcome(
         backends: observed.backends,
         certificate_ready: true,
         tag,
+        kind: intent.claim.kind,
     };
     match desired::ingress(&ingress.metadata, valid, names, ctx, &wanted) {
         Ok(decided) => IngressOutcome::Decided(Box::new(decided)),

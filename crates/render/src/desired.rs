@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
 use tailnet_api::ingress::ExposeMode;
-use tailnet_api::naming::labels;
+use tailnet_api::naming::{AgentKind, labels};
 use tailnet_api::validate::{ExposeNames, FieldError, ValidEgress, ValidIngress};
 use tailnet_api::{Tailnet, TailnetIngress};
 use tailnet_policy::{ObservedNode, PolicyInputs};
@@ -127,6 +127,9 @@ pub struct IngressObserved<'a> {
     pub certificate_ready: bool,
     /// The ingress's tag (from [`ingress_tags`]); its name is the node's hostname.
     pub tag: &'a str,
+    /// Whose agent it is: `Ingress`, or `Service` for a Service read as an ingress (its
+    /// objects' names and owner reference).
+    pub kind: AgentKind,
 }
 
 /// Everything decided for one ingress.
@@ -158,6 +161,7 @@ pub fn ingress(
             backend_ports: resolved.ports.clone(),
             serve_http: observed.certificate_ready,
             node_hostname: tailnet_api::naming::tag_hostname(observed.tag),
+            kind: observed.kind,
         };
         Some(ingress::render_valid(metadata, valid, ctx, &inputs)?)
     } else {
@@ -221,10 +225,9 @@ pub fn dns_inputs(
         let Ok(names) = &ingress.names else {
             continue;
         };
-        let owner = ingress.claim.owner("TailnetIngress");
+        let owner = ingress.claim.owner();
         // No tag of its own (a collision): none of its names points anywhere.
-        let key = (ingress.claim.namespace.clone(), ingress.claim.name.clone());
-        let Some(Ok(tag)) = tags.get(&key) else {
+        let Some(Ok(tag)) = tags.get(&ingress.claim.tag_key()) else {
             continue;
         };
         let ips: Vec<IpAddr> = nodes
@@ -262,7 +265,7 @@ fn egress_aliases(
 ) {
     // Aliases of an invalid egress still point at its Services while they exist (as they did
     // before the spec broke), so they are read from the raw targets' names and aliases.
-    let owner = egress.claim.owner("TailnetEgress");
+    let owner = egress.claim.owner();
     for (target, aliases) in &egress.aliases {
         let service = ObjectKey::new(operator_namespace, target);
         for alias in aliases {

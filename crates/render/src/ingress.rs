@@ -62,6 +62,8 @@ pub struct IngressInputs {
     /// the tag (`tailnet-ingress-<name>` was the same for an ingress of that name in every
     /// namespace).
     pub node_hostname: String,
+    /// Whose agent it is (`Ingress`, or `Service` for a Service read as an ingress).
+    pub kind: AgentKind,
 }
 
 /// Renders the agent of `ingress`, validating its spec first (the first error is returned);
@@ -83,7 +85,7 @@ pub fn render_valid(
     ctx: &RenderContext,
     inputs: &IngressInputs,
 ) -> Result<IngressObjects, RenderError> {
-    let owner = Owner::from_meta(AgentKind::Ingress, metadata, ctx.tailnet_name)?;
+    let owner = Owner::from_meta(inputs.kind, metadata, ctx.tailnet_name)?;
     let names = owner.names();
     let Listeners {
         listeners,

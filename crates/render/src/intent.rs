@@ -4,11 +4,14 @@
 //! `TailnetEgress`/`TailnetIngress` objects to those functions, so an ingress's hostnames are
 //! computed once per intent, not once per consumer.
 
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
+use tailnet_api::naming::{AgentKind, TagKey};
+use tailnet_api::service::{RefusedPort, service_entrance, service_errors};
 use tailnet_api::tailnet::TailnetSpec;
 use tailnet_api::validate::{self, ExposeNames, FieldError, ValidEgress, ValidIngress};
-use tailnet_api::{TailnetEgress, TailnetIngress};
+use tailnet_api::{TailnetEgress, TailnetIngress, TailnetIngressSpec};
 
 use crate::dns::ClaimRank;
 
@@ -25,6 +28,9 @@ pub struct TailnetScope<'a> {
 /// time, then namespace, then name), the same for every kind.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
+    /// `Ingress` (a TailnetIngress) or `Service` (a Service of the tailnet
+    /// `loadBalancerClass`); egresses claim as `Egress`.
+    pub kind: AgentKind,
     pub created: Option<Timestamp>,
     pub namespace: String,
     pub name: String,
@@ -35,9 +41,15 @@ pub struct Claim {
 }
 
 impl Claim {
-    fn of(object: &impl Resource, tailnet: &str, recorded_tag: Option<&str>) -> Self {
+    fn of(
+        kind: AgentKind,
+        object: &impl Resource,
+        tailnet: &str,
+        recorded_tag: Option<&str>,
+    ) -> Self {
         let meta = object.meta();
         Claim {
+            kind,
             created: meta.creation_timestamp.as_ref().map(|t| t.0),
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta
@@ -53,6 +65,7 @@ impl Claim {
     /// The claim of an ingress (no other validation): enough for tag assignment.
     pub fn of_ingress(ingress: &TailnetIngress) -> Self {
         Claim::of(
+            AgentKind::Ingress,
             ingress,
             &ingress.spec.tailnet_ref.name,
             ingress.status.as_ref().and_then(|s| s.tag.as_deref()),
@@ -68,9 +81,25 @@ impl Claim {
         ClaimRank::new(self.created, &self.namespace, &self.name)
     }
 
+    /// The claim of a Service of the tailnet `loadBalancerClass` in Tailnet `tailnet` (no
+    /// recorded tag: a Service's status has no place for it).
+    pub fn of_service(service: &Service, tailnet: &str) -> Self {
+        Claim::of(AgentKind::Service, service, tailnet, None)
+    }
+
     /// `Kind/namespace/name`, the owner key of DNS entries and notes.
-    pub fn owner(&self, kind: &str) -> String {
-        format!("{kind}/{}/{}", self.namespace, self.name)
+    pub fn owner(&self) -> String {
+        format!(
+            "{}/{}/{}",
+            self.kind.resource_kind(),
+            self.namespace,
+            self.name
+        )
+    }
+
+    /// Its key in the tag assignment ([`crate::claims::ingress_tags`]).
+    pub fn tag_key(&self) -> TagKey {
+        (self.kind, self.namespace.clone(), self.name.clone())
     }
 }
 
@@ -89,7 +118,12 @@ pub struct EgressIntent {
 
 impl EgressIntent {
     pub fn new(egress: &TailnetEgress, operator_namespace: &str) -> Self {
-        let claim = Claim::of(egress, &egress.spec.tailnet_ref.name, None);
+        let claim = Claim::of(
+            AgentKind::Egress,
+            egress,
+            &egress.spec.tailnet_ref.name,
+            None,
+        );
         EgressIntent {
             namespace_error: validate::egress_namespace(&claim.namespace, operator_namespace).err(),
             spec: validate::valid_egress(&egress.spec),
@@ -126,16 +160,19 @@ pub struct IngressIntent {
 
 impl IngressIntent {
     pub fn new(ingress: &TailnetIngress, scope: &TailnetScope) -> Self {
-        let claim = Claim::of_ingress(ingress);
+        Self::of_spec(Claim::of_ingress(ingress), &ingress.spec, scope)
+    }
+
+    fn of_spec(claim: Claim, spec: &TailnetIngressSpec, scope: &TailnetScope) -> Self {
         IngressIntent {
             names: validate::ingress_in_context(
                 &claim.namespace,
                 scope.operator_namespace,
-                &ingress.spec,
+                spec,
                 scope.name,
                 scope.spec,
             ),
-            spec: validate::valid_ingress(&ingress.spec),
+            spec: validate::valid_ingress(spec),
             claim,
         }
     }
@@ -165,5 +202,39 @@ impl EgressIntent {
             .filter(|e| e.spec.tailnet_ref.name == tailnet)
             .map(|e| EgressIntent::new(e, operator_namespace))
             .collect()
+    }
+}
+
+/// A Service of the tailnet `loadBalancerClass` as everything downstream reads it: the
+/// TailnetIngress it is read as (metadata of the Service, one `tcp` expose per TCP port, see
+/// [`tailnet_api::service::service_entrance`]) and its intent, whose claim is the Service's
+/// (kind `Service`: its tag, DNS owner and policy entry are its own). Errors name the
+/// Service's annotations and ports.
+#[derive(Clone, Debug)]
+pub struct ServiceIntent {
+    /// The TailnetIngress the Service is read as (its `tailnetRef` is `scope`'s Tailnet).
+    pub ingress: TailnetIngress,
+    pub intent: IngressIntent,
+    /// Ports not served (UDP, SCTP).
+    pub refused: Vec<RefusedPort>,
+}
+
+impl ServiceIntent {
+    pub fn new(service: &Service, scope: &TailnetScope) -> Self {
+        let entrance = service_entrance(service, scope.name);
+        let mut ingress = TailnetIngress::new(
+            service.metadata.name.as_deref().unwrap_or_default(),
+            entrance.spec,
+        );
+        ingress.metadata = service.metadata.clone();
+        let mut intent =
+            IngressIntent::of_spec(Claim::of_service(service, scope.name), &ingress.spec, scope);
+        intent.spec = intent.spec.map_err(service_errors);
+        intent.names = intent.names.map_err(service_errors);
+        ServiceIntent {
+            ingress,
+            intent,
+            refused: entrance.refused,
+        }
     }
 }

@@ -24,7 +24,7 @@ impl Owner {
 
     pub fn owner_reference(&self) -> OwnerReference {
         OwnerReference {
-            api_version: format!("{}/{}", tailnet_api::GROUP, tailnet_api::VERSION),
+            api_version: self.kind.api_version(),
             kind: self.kind.resource_kind().to_string(),
             name: self.name.clone(),
             uid: self.uid.clone(),

@@ -52,7 +52,7 @@ pub struct AgentPods {
 /// Secret, which two pods must never share.
 pub fn agent_pods(kind: AgentKind) -> AgentPods {
     match kind {
-        AgentKind::Egress | AgentKind::Ingress => AgentPods {
+        AgentKind::Egress | AgentKind::Ingress | AgentKind::Service => AgentPods {
             replicas: 1,
             strategy: "Recreate",
         },

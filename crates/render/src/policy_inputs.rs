@@ -61,6 +61,10 @@ pub fn ingress_policy(
     allow_from.sort();
     allow_from.dedup();
     Some(IngressPolicy {
+        kind: match ingress.claim.kind {
+            tailnet_api::naming::AgentKind::Service => tailnet_policy::ResourceKind::Service,
+            _ => tailnet_policy::ResourceKind::TailnetIngress,
+        },
         owner: owner_key(&ingress.claim.namespace, &ingress.claim.name),
         tag: tag.to_string(),
         allow_from,
@@ -95,8 +99,7 @@ pub fn policy_inputs(
             .iter()
             .filter_map(|i| {
                 // No tag of its own (a collision): no grants to someone else's node.
-                let Some(Ok(tag)) = tags.get(&(i.claim.namespace.clone(), i.claim.name.clone()))
-                else {
+                let Some(Ok(tag)) = tags.get(&i.claim.tag_key()) else {
                     return None;
                 };
                 ingress_policy(tailnet, i, tag)

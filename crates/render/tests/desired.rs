@@ -281,6 +281,7 @@ fn decide(
             backends,
             certificate_ready,
             tag: "tag:tno-ingress-team-a-portal",
+            kind: tailnet_api::naming::AgentKind::Ingress,
         },
     )
     .map_err(|e| e.to_string())
@@ -591,7 +592,7 @@ fn the_tag_of_one_ingress_is_its_tag_among_all() {
             .enumerate()
             .filter(|(i, _)| *i != index)
             .map(|(_, o)| o);
-        let key = (ingress.namespace.clone(), ingress.name.clone());
+        let key = ingress.tag_key();
         // The contract: what assigning all of them gives, in the same order (with the same
         // key twice, the earlier copy's recorded tag counts).
         let expected = desired::ingress_tags(

@@ -7,9 +7,10 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::ResourceExt;
 use serde::Deserialize;
+use tailnet_api::service::{is_tailnet_load_balancer, resolve_tailnet};
 use tailnet_api::validate::{self, BackendPort, FieldError};
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tailnet_policy::{ObservedNode, RenderedPolicy};
@@ -75,7 +76,9 @@ pub mod exit {
 pub struct RenderArgs {
     /// Manifest files or directories (multi-document YAML or JSON, `v1` Lists too; `-` reads
     /// standard input): Tailnet, TailnetEgress, TailnetIngress, the base-policy ConfigMap,
-    /// optionally backend Services and CA ConfigMaps. Directories are not read recursively.
+    /// optionally backend Services and CA ConfigMaps; Services of `loadBalancerClass:
+    /// tailnet-operator.dev/tailnet` are rendered like ingresses. Directories are not read
+    /// recursively.
     #[arg(required = true, value_name = "PATH|-")]
     pub paths: Vec<PathBuf>,
     /// JSON file with observed Headscale and cluster state: `{"nodes": [...],
@@ -423,6 +426,21 @@ pub fn render_parts(args: &RenderArgs) -> Result<Rendered, RenderCommandError> {
             ));
         }
     }
+    for s in manifests
+        .services
+        .iter()
+        .filter(|s| is_tailnet_load_balancer(&s.object))
+    {
+        match resolve_tailnet(&s.object, &tailnet_names) {
+            Ok(name) if !tailnet_names.contains(&name) => invalid.push(format!(
+                "{}: metadata.annotations[{}]: Tailnet {name:?} is not among the inputs",
+                s.origin,
+                tailnet_api::service::annotations::TAILNET
+            )),
+            Ok(_) => {}
+            Err(e) => invalid.push(format!("{}: {e}", s.origin)),
+        }
+    }
     if !invalid.is_empty() {
         return Err(RenderCommandError::Invalid(invalid));
     }
@@ -507,6 +525,19 @@ fn render_tailnet(
         .filter(|i| i.object.spec.tailnet_ref.name == name)
         .map(|i| (i.origin.clone(), with_uid(i.object.clone())))
         .collect();
+    // Services of the tailnet loadBalancerClass of this Tailnet (checked to resolve above).
+    let all_tailnets: Vec<String> = manifests
+        .tailnets
+        .iter()
+        .map(|t| t.object.name_any())
+        .collect();
+    let services: Vec<(Origin, Service)> = manifests
+        .services
+        .iter()
+        .filter(|s| is_tailnet_load_balancer(&s.object))
+        .filter(|s| resolve_tailnet(&s.object, &all_tailnets).ok().as_deref() == Some(&name))
+        .map(|s| (s.origin.clone(), with_uid(s.object.clone())))
+        .collect();
     let base = base_policy(args, manifests, tailnet)?;
     let marker = tailnet_api::tailnet::marker_installation_id(
         args.installation_id
@@ -536,6 +567,7 @@ fn render_tailnet(
         &base,
         &egresses,
         &ingress_objects,
+        &services.iter().map(|(_, s)| s.clone()).collect::<Vec<_>>(),
         &observed,
         &settings,
     )
@@ -551,7 +583,25 @@ fn render_tailnet(
         &composed,
         &cluster.observed.nodes,
     )?;
-    ingress_output(&mut out, &name, &ingresses, &composed)?;
+    for (origin, service) in &services {
+        let refused = tailnet_api::service::service_entrance(service, &name).refused;
+        if !refused.is_empty() {
+            out.notes.push(format!(
+                "{origin}: {} not served (only TCP ports are exposed on the tailnet)",
+                refused
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    let origins: Vec<&Origin> = ingresses
+        .iter()
+        .map(|(origin, _)| origin)
+        .chain(services.iter().map(|(origin, _)| origin))
+        .collect();
+    ingress_output(&mut out, &name, &origins, &composed)?;
     for (hostname, losers) in &composed.dns.conflicts {
         out.notes.push(format!(
             "hostname {hostname} is claimed by several resources; not rendered for {}",
@@ -675,11 +725,11 @@ fn egress_output(
 fn ingress_output(
     out: &mut Printed,
     tailnet_name: &str,
-    ingresses: &[(Origin, TailnetIngress)],
+    origins: &[&Origin],
     composed: &compose::TailnetComposition,
 ) -> Result<(), RenderCommandError> {
     let mut context_errors = Vec::new();
-    for ((origin, _), i) in ingresses.iter().zip(&composed.ingresses) {
+    for (origin, i) in origins.iter().copied().zip(&composed.ingresses) {
         let decided = match &i.outcome {
             compose::IngressOutcome::Invalid(errors)
             | compose::IngressOutcome::OutOfContext(errors) => {
@@ -701,10 +751,10 @@ fn ingress_output(
                 .iter()
                 .map(|p| offline_backend_problem(origin, p)),
         );
-        let owner = i.claim.owner("TailnetIngress");
+        let owner = i.claim.owner();
         for (hostname, holder) in &decided.names.claimed {
             out.notes.push(format!(
-                "{owner}: hostname {hostname} is kept by the older TailnetIngress {holder}; not served here"
+                "{owner}: hostname {hostname} is kept by the older {holder}; not served here"
             ));
         }
         let Some(rendered) = &decided.objects else {

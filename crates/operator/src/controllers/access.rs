@@ -2,8 +2,8 @@
 //! Tailnet object, its API key Secret, a Headscale client — or the problem that prevents it.
 
 use k8s_openapi::api::core::v1::Secret as K8sSecret;
-use kube::Api;
 use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
 use tailnet_api::Tailnet;
 use tailnet_api::conditions::reasons;
 use tailnet_headscale::{Client as HeadscaleClient, Secret};
@@ -28,6 +28,37 @@ impl TailnetAccess {
             headscale: self.headscale.as_ref().map(|_| ()).map_err(Clone::clone),
         }
     }
+}
+
+/// [`tailnet_access`] of the Tailnet `name`, or of the default Tailnet (the only one in the
+/// cache) when `None`.
+pub async fn tailnet_access_of(
+    ctx: &Context,
+    name: Option<&str>,
+) -> Result<TailnetAccess, Problem> {
+    match name {
+        Some(name) => tailnet_access(ctx, name).await,
+        None => tailnet_access(ctx, &default_tailnet(ctx)?).await,
+    }
+}
+
+/// The default Tailnet: the only one there is (Tailnet cache).
+pub fn default_tailnet(ctx: &Context) -> Result<String, Problem> {
+    use tailnet_api::service::NoTailnet;
+    let names: Vec<String> = ctx
+        .caches
+        .tailnets
+        .state()
+        .iter()
+        .map(|t| t.name_any())
+        .collect();
+    tailnet_api::service::default_tailnet(&names).map_err(|e| {
+        let reason = match e {
+            NoTailnet::NoneExists => reasons::TAILNET_NOT_FOUND,
+            NoTailnet::Several(_) => reasons::TAILNET_REQUIRED,
+        };
+        Problem::new(reason, e.to_string())
+    })
 }
 
 /// Looks up the Tailnet and builds its Headscale client. `Err`: why `TailnetReady` is False.

@@ -8,7 +8,8 @@
 //! toolkit), `applied` and `shared_list` (what this process remembers), `context`, `kube_io`
 //! and `publish` (thin Kubernetes I/O), `access` (a Tailnet and its Headscale client), then
 //! the controllers: `tailnet`, and `agent` — the one controller of every agent-backed kind —
-//! with its kinds `egress` and `ingress`, registered in [`agent_kinds`]. Each controller wires
+//! with its kinds `egress`, `ingress` and `service` (Services of the tailnet
+//! `loadBalancerClass`), registered in [`agent_kinds`]. Each controller wires
 //! itself (`agent/wiring.rs`, `tailnet/wiring.rs`). Decide modules import only pure modules
 //! (checked by `purity_check`).
 
@@ -18,6 +19,7 @@ pub mod applied;
 pub mod config;
 pub mod context;
 pub mod egress;
+pub mod entrances;
 pub mod error;
 pub mod ingress;
 pub mod instrument;
@@ -27,6 +29,7 @@ pub mod publish;
 mod purity_check;
 #[cfg(test)]
 pub mod reason_coverage;
+pub mod service;
 pub mod shared_list;
 pub mod status;
 pub mod tailnet;
@@ -38,5 +41,9 @@ use agent::wiring::{Registration, register};
 /// The agent-backed kinds the operator runs: one line per kind (its folder implements
 /// `agent::decide::Decide` and `agent::kind::AgentKind`).
 pub fn agent_kinds() -> Vec<Box<dyn Registration>> {
-    vec![register::<egress::Egress>(), register::<ingress::Ingress>()]
+    vec![
+        register::<egress::Egress>(),
+        register::<ingress::Ingress>(),
+        register::<service::LoadBalancer>(),
+    ]
 }

@@ -36,6 +36,16 @@ impl WithConditions for tailnet_api::ingress::TailnetIngressStatus {
     }
 }
 
+/// A Service's status (kind `service`: a Service of the tailnet `loadBalancerClass`).
+impl WithConditions for k8s_openapi::api::core::v1::ServiceStatus {
+    fn conditions(&self) -> &[Condition] {
+        self.conditions.as_deref().unwrap_or_default()
+    }
+    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+        self.conditions.get_or_insert_with(Vec::new)
+    }
+}
+
 impl WithConditions for tailnet_api::tailnet::TailnetStatus {
     fn conditions(&self) -> &[Condition] {
         &self.conditions

@@ -108,11 +108,10 @@ impl<'i> TagCheck<'i> {
             ));
         }
         for i in &inputs.ingresses {
-            users.entry(i.tag.as_str()).or_default().push(format!(
-                "{} {}",
-                ResourceKind::TailnetIngress,
-                i.owner
-            ));
+            users
+                .entry(i.tag.as_str())
+                .or_default()
+                .push(format!("{} {}", i.kind, i.owner));
         }
         TagCheck {
             users,
@@ -329,7 +328,7 @@ fn ingress(
     grant_entries: &mut Vec<Entry>,
 ) -> Result<ResourceOutcome, RenderError> {
     let mut issues = Vec::new();
-    let tag_owner = tags.check(ResourceKind::TailnetIngress, &i.owner, &i.tag, &mut issues)?;
+    let tag_owner = tags.check(i.kind, &i.owner, &i.tag, &mut issues)?;
     let allowlist = &inputs.ingress_source_allowlist;
     let (allowed, offending): (Vec<String>, Vec<String>) = i
         .allow_from
@@ -357,13 +356,13 @@ fn ingress(
             ip: ports.iter().map(|p| format!("tcp:{p}")).collect(),
         };
         grant_entries.push(Entry {
-            comment: format!("{} {}", ResourceKind::TailnetIngress, i.owner),
+            comment: format!("{} {}", i.kind, i.owner),
             json: grant_json(&grant),
         });
         grants.push(grant);
     }
     Ok(ResourceOutcome {
-        kind: ResourceKind::TailnetIngress,
+        kind: i.kind,
         owner: i.owner.clone(),
         tag: i.tag.clone(),
         tag_owner,
@@ -521,7 +520,7 @@ impl References<'_> {
         }
         for r in resources
             .iter()
-            .filter(|r| r.kind == ResourceKind::TailnetIngress)
+            .filter(|r| matches!(r.kind, ResourceKind::TailnetIngress | ResourceKind::Service))
         {
             for s in r.grants.iter().flat_map(|g| &g.src) {
                 notices.extend(self.undefined(s, &format!("allowFrom of {}", r.owner)));

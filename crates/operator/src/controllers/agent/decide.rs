@@ -45,6 +45,10 @@ pub enum Admission<S> {
     Handle,
     /// Not honoured here: only this status is written (no finalizer, no objects).
     Refuse(S),
+    /// Not the controller's object at all (e.g. a Service of another `loadBalancerClass`):
+    /// never touched. One it handled before (it carries the finalizer) is released: its agent
+    /// and Headscale identity go, its status becomes [`Decide::released`], the finalizer goes.
+    Ignore,
 }
 
 /// The objects every agent has, borrowed from the kind's rendered objects (listed
@@ -84,8 +88,15 @@ pub trait Decide: Sized + std::fmt::Debug + Send + Sync + 'static {
     const OBSERVED_IF_KNOWN: &'static [&'static str];
 
     fn status(object: &Self::Object) -> Option<&Self::Status>;
-    /// The name of the Tailnet the object belongs to.
-    fn tailnet_name(object: &Self::Object) -> &str;
+    /// The name of the Tailnet the object belongs to; `None`: the default Tailnet (the only
+    /// one there is).
+    fn tailnet_name(object: &Self::Object) -> Option<&str>;
+    /// Whether the object is of the kind at all (a kind of a shared type, e.g. Services of one
+    /// `loadBalancerClass`, says no for the others: they get [`Admission::Ignore`] and are not
+    /// in the kind's `/metrics` conditions).
+    fn ours(_object: &Self::Object) -> bool {
+        true
+    }
     /// Whether the object is taken on (e.g. an egress outside the operator namespace is not).
     fn admit(
         _object: &Self::Object,
@@ -122,6 +133,12 @@ pub trait Decide: Sized + std::fmt::Debug + Send + Sync + 'static {
         object: &Self::Object,
         all: &[Arc<Self::Object>],
     ) -> Option<String>;
+    /// The status of an object the controller stops handling ([`Admission::Ignore`] after it
+    /// was handled): what the controller wrote is withdrawn (server-side apply drops the
+    /// fields it no longer sets).
+    fn released(_status: &Self::Status) -> Self::Status {
+        Self::Status::default()
+    }
     /// The decided status corrected by what the act step reported.
     fn amend(
         object: &Self::Object,

@@ -34,7 +34,7 @@ impl TailnetFanOut {
         tailnet: &Tailnet,
         resources: Vec<Arc<K>>,
         kind: &str,
-        tailnet_of: impl Fn(&K) -> &str,
+        tailnet_of: impl Fn(&K) -> Option<&str>,
         conditions_of: impl Fn(
             &K,
         )
@@ -67,7 +67,8 @@ impl TailnetFanOut {
             .unwrap_or_default();
         resources
             .iter()
-            .filter(|r| tailnet_of(r) == name)
+            // No name: the default Tailnet (the only one), so any Tailnet's.
+            .filter(|r| tailnet_of(r).is_none_or(|t| t == name))
             .filter(|r| {
                 changed || {
                     let key = format!(
@@ -149,7 +150,7 @@ mod tests {
                 tailnet,
                 resources,
                 "TailnetIngress",
-                |i: &TailnetIngress| i.spec.tailnet_ref.name.as_str(),
+                |i: &TailnetIngress| Some(i.spec.tailnet_ref.name.as_str()),
                 |i| i.status.as_ref().map(|s| s.conditions.as_slice()),
             ))
         };

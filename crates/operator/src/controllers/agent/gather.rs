@@ -8,7 +8,7 @@ use kube::{Api, Resource, ResourceExt};
 use tailnet_headscale::Client as HeadscaleClient;
 use tailnet_render::meta::Owner;
 
-use super::super::access::{TailnetAccess, tailnet_access};
+use super::super::access::{TailnetAccess, tailnet_access_of};
 use super::super::context::Context;
 use super::super::error::ReconcileError;
 use super::super::kube_io::from_cache_or_get;
@@ -25,7 +25,7 @@ pub async fn gather<K: AgentKind>(
     object: &K::Object,
     intent: &K::Intent,
 ) -> Result<(Observation<K::Observed>, Option<HeadscaleClient>), ReconcileError> {
-    let access = match tailnet_access(ctx, K::tailnet_name(object)).await {
+    let access = match tailnet_access_of(ctx, K::tailnet_name(object)).await {
         Ok(access) => access,
         Err(problem) => return Ok((Observation::only_access(Err(problem)), None)),
     };

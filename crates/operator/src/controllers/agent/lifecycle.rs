@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tailnet_render::meta::Owner;
 
-use super::super::access::tailnet_access;
+use super::super::access::tailnet_access_of;
 use super::super::context::Context;
 use super::super::error::ReconcileError;
 use super::super::publish::event;
@@ -24,7 +24,7 @@ use super::kind::AgentKind;
 use super::report::agent_pod_selector;
 
 /// Finalizer that removes the agent's Headscale node and keys before the object goes.
-pub const FINALIZER: &str = "tailnet-operator.dev/cleanup";
+pub const FINALIZER: &str = tailnet_api::FINALIZER;
 /// Field manager of the server-side apply that adds [`FINALIZER`].
 const FINALIZER_MANAGER: &str = "tailnet-operator-finalizer";
 /// How long deletion waits for the agent's pods to stop (it drains for up to its grace
@@ -118,7 +118,7 @@ pub async fn cleanup<K: AgentKind>(
     ctx: &Context,
     object: &K::Object,
 ) -> Result<Action, ReconcileError> {
-    let access = match tailnet_access(ctx, K::tailnet_name(object)).await {
+    let access = match tailnet_access_of(ctx, K::tailnet_name(object)).await {
         Ok(access) => access,
         Err(problem) => {
             tracing::warn!(object = %object.meta().name.clone().unwrap_or_default(), reason = problem.reason, message = %problem.message, "Tailnet gone: nothing to clean up in Headscale");
@@ -167,4 +167,92 @@ pub async fn cleanup<K: AgentKind>(
     )
     .await;
     Ok(Action::await_change())
+}
+
+/// An object the controller handled and no longer takes on (e.g. a Service whose
+/// `loadBalancerClass` went away): while it carries [`FINALIZER`], its agent is stopped and
+/// its identity forgotten ([`cleanup`]), the agent's objects are deleted (they are owned by an
+/// object that stays), the status the controller wrote is withdrawn, then the finalizer goes.
+/// Objects without the finalizer are not touched at all.
+pub async fn release<K: AgentKind>(
+    ctx: &Context,
+    api: &Api<K::Object>,
+    object: &K::Object,
+) -> Result<Action, ReconcileError> {
+    let meta = object.meta();
+    if !meta.finalizers.iter().flatten().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    cleanup::<K>(ctx, object).await?;
+    if let Ok(access) = tailnet_access_of(ctx, K::tailnet_name(object)).await {
+        let owner = Owner::from_meta(K::AGENT, meta, &access.tailnet.name_any())?;
+        delete_agent_objects(ctx, &owner).await?;
+    }
+    let previous = K::status(object).cloned().unwrap_or_default();
+    let released = K::released(&previous);
+    super::super::publish::write_status(ctx, api, object, &previous, &released).await?;
+    let name = object.name_any();
+    let finalizers: Vec<&String> = meta
+        .finalizers
+        .iter()
+        .flatten()
+        .filter(|f| *f != FINALIZER)
+        .collect();
+    let patch = serde_json::json!({
+        "metadata": {"finalizers": finalizers, "resourceVersion": meta.resource_version},
+    });
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(ReconcileError::kube(format!(
+            "remove finalizer from {name}"
+        )))?;
+    event(
+        ctx,
+        object,
+        EventType::Normal,
+        "Released",
+        "Reconcile",
+        "no longer handled by tailnet-operator: its agent, tailnet node and status entries are gone"
+            .to_string(),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+/// Deletes the agent's objects by name (a missing one is already gone).
+async fn delete_agent_objects(ctx: &Context, owner: &Owner) -> Result<(), ReconcileError> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let names = owner.names();
+    let ns = &owner.namespace;
+    delete::<Deployment>(ctx, ns, &names.base).await?;
+    delete::<NetworkPolicy>(ctx, ns, &names.base).await?;
+    delete::<RoleBinding>(ctx, ns, &names.base).await?;
+    delete::<Role>(ctx, ns, &names.base).await?;
+    delete::<ServiceAccount>(ctx, ns, &names.base).await?;
+    delete::<ConfigMap>(ctx, ns, &names.config).await?;
+    for secret in [&names.state_secret, &names.auth_secret, &names.tls] {
+        delete::<Secret>(ctx, ns, secret).await?;
+    }
+    ctx.applied.forget_prefixed(ns, &names.base);
+    Ok(())
+}
+
+async fn delete<T>(ctx: &Context, namespace: &str, name: &str) -> Result<(), ReconcileError>
+where
+    T: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug,
+{
+    let api: Api<T> = Api::namespaced(ctx.client.clone(), namespace);
+    match api.delete(name, &kube::api::DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(ReconcileError::kube(format!(
+            "delete {} {namespace}/{name}",
+            T::kind(&())
+        ))(e)),
+    }
 }

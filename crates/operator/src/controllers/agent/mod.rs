@@ -19,8 +19,11 @@
 //! its API type and an `AgentKind` variant (`tailnet_api::naming`), its rendered objects
 //! (`tailnet_render`, with `pod::agent_pods` saying how many pods it runs), the CLI's offline
 //! render, RBAC in the chart, and docs. A kind that reconciles only some objects of a type
-//! (a Service of one `loadBalancerClass`) adds an "ignore" outcome to [`decide::Admission`]
-//! (with the release of a finalizer it left behind) in `reconcile.rs`.
+//! (the `service` kind: Services of one `loadBalancerClass`) answers
+//! [`decide::Admission::Ignore`] for the others; one it handled before is released
+//! (`lifecycle::release`: agent, identity, status, finalizer). Its objects' owner references
+//! take the kind's `apiVersion` (`AgentKind::api_version`), and its Tailnet may be the default
+//! one ([`decide::Decide::tailnet_name`] returns `None`).
 
 pub mod act;
 pub mod conditions;

@@ -17,7 +17,7 @@ use super::act::act;
 use super::decide::{Admission, decide, validated};
 use super::gather::gather;
 use super::kind::AgentKind;
-use super::lifecycle::{FINALIZER, cleanup, ensure_finalizer};
+use super::lifecycle::{FINALIZER, cleanup, ensure_finalizer, release};
 
 /// The object's key in metrics, logs and the backoff table: `<controller>/<namespace>/<name>`.
 fn key<K: AgentKind>(object: &K::Object) -> String {
@@ -54,11 +54,16 @@ async fn run<K: AgentKind>(
     ctx: &Context,
 ) -> Result<Action, ReconcileError> {
     let api = api::<K>(ctx, &object);
-    if let Admission::Refuse(status) = K::admit(&object, &ctx.config, Timestamp::now()) {
-        // Not honoured here: no finalizer, no objects, just say so.
-        let previous = K::status(&object).cloned().unwrap_or_default();
-        write_status(ctx, &api, &*object, &previous, &status).await?;
-        return Ok(Action::await_change());
+    match K::admit(&object, &ctx.config, Timestamp::now()) {
+        Admission::Handle => {}
+        Admission::Refuse(status) => {
+            // Not honoured here: no finalizer, no objects, just say so.
+            let previous = K::status(&object).cloned().unwrap_or_default();
+            write_status(ctx, &api, &*object, &previous, &status).await?;
+            return Ok(Action::await_change());
+        }
+        // Not ours: untouched, unless it still carries the finalizer of when it was.
+        Admission::Ignore => return release::<K>(ctx, &api, &object).await,
     }
     let object = ensure_finalizer(&api, object).await?;
     finalizer(&api, FINALIZER, object, |event| async move {

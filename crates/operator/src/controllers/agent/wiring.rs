@@ -137,7 +137,9 @@ impl<K: AgentKind> Wired for Wiring<K> {
 
     fn conditions(&self) -> ConditionSource {
         ConditionSource::scoped(self.store(), |o: &K::Object| {
-            K::status(o).map(WithConditions::conditions)
+            K::status(o)
+                .filter(|_| K::ours(o))
+                .map(WithConditions::conditions)
         })
     }
 
@@ -147,10 +149,20 @@ impl<K: AgentKind> Wired for Wiring<K> {
         client: &kube::Client,
     ) -> Controller<Tailnet> {
         for (part, _) in &self.parts {
+            // An object without a Tailnet name belongs to the default one (the only one): it
+            // triggers every Tailnet there is.
+            let tailnets = controller.store();
             controller = controller.watches(
                 api_in::<K::Object>(client, part.as_deref()),
                 K::watcher_config(),
-                |o: K::Object| Some(ObjectRef::<Tailnet>::new(K::tailnet_name(&o))),
+                move |o: K::Object| match K::tailnet_name(&o) {
+                    Some(name) => vec![ObjectRef::<Tailnet>::new(name)],
+                    None => tailnets
+                        .state()
+                        .iter()
+                        .map(|t| ObjectRef::from_obj(&**t))
+                        .collect(),
+                },
             );
         }
         controller

@@ -86,8 +86,8 @@ impl Decide for Egress {
         egress.status.as_ref()
     }
 
-    fn tailnet_name(egress: &TailnetEgress) -> &str {
-        &egress.spec.tailnet_ref.name
+    fn tailnet_name(egress: &TailnetEgress) -> Option<&str> {
+        Some(&egress.spec.tailnet_ref.name)
     }
 
     fn admit(

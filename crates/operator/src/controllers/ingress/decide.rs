@@ -17,6 +17,7 @@ use tailnet_api::{Tailnet, TailnetIngress};
 use tailnet_headscale::Node;
 use tailnet_render::RenderError;
 use tailnet_render::ingress::IngressObjects;
+use tailnet_render::meta::Owner;
 
 use super::super::agent::conditions as shared;
 use super::super::agent::decide::{AgentObjects, AgentStatus, Decide, Input, Planned};
@@ -56,6 +57,13 @@ pub struct IngressPlan {
     not_allowed: Vec<String>,
 }
 
+impl IngressPlan {
+    /// `allowFrom` entries outside the Tailnet's allowlist.
+    pub fn not_allowed(&self) -> &[String] {
+        &self.not_allowed
+    }
+}
+
 /// What the ingress's act step reports back.
 #[derive(Debug, Default)]
 pub struct Acted {
@@ -92,8 +100,8 @@ impl Decide for Ingress {
         ingress.status.as_ref()
     }
 
-    fn tailnet_name(ingress: &TailnetIngress) -> &str {
-        &ingress.spec.tailnet_ref.name
+    fn tailnet_name(ingress: &TailnetIngress) -> Option<&str> {
+        Some(&ingress.spec.tailnet_ref.name)
     }
 
     fn intent(ingress: &TailnetIngress) -> Result<ValidIngress, Vec<FieldError>> {
@@ -125,7 +133,13 @@ impl Decide for Ingress {
         let plan = &planned.plan;
         status.exposes = expose_status(&plan.names, plan.serve_http);
         status.urls = urls(&plan.names);
-        policy_effective(c, input.object, input.tailnet, &plan.not_allowed);
+        policy_effective(
+            c,
+            input.object,
+            input.owner,
+            input.tailnet,
+            &plan.not_allowed,
+        );
         status.summary = Some(summary(&status.hostnames));
         shared::reachability(
             c,
@@ -206,7 +220,7 @@ fn plan(
         Err(errors) => return Ok(out_of_context(c, &errors)),
     };
     let not_allowed = sources_allowed(c, ingress, tailnet);
-    let names = match desired::names(&intent, &observed.others, &render_ctx) {
+    let names = match desired::names(&intent, &observed.others, &observed.entrances, &render_ctx) {
         Ok(names) => names,
         Err(errors) => return Ok(out_of_context(c, &errors)),
     };
@@ -216,6 +230,7 @@ fn plan(
         backends: &observed.backends,
         certificate_ready: serve_http,
         tag: &tag,
+        kind: input.owner.kind,
     };
     let desired = desired::objects(ingress, input.intent, names, &render_ctx, &wanted)?;
     let unwatched = unwatched_backends(&ingress.metadata, input.intent, input.config);
@@ -376,7 +391,7 @@ fn hostnames_unique(c: &mut ConditionSet, claimed: &BTreeMap<String, String>) {
         c.ok(
             types::HOSTNAMES_UNIQUE,
             reasons::READY,
-            "no other TailnetIngress claims these names",
+            "no other TailnetIngress or Service claims these names",
         );
         return;
     }
@@ -602,11 +617,13 @@ fn urls(names: &[ExposeNames]) -> Vec<String> {
 fn policy_effective(
     c: &mut ConditionSet,
     ingress: &TailnetIngress,
+    owner: &Owner,
     tailnet: &Tailnet,
     not_allowed: &[String],
 ) {
     let resource_key = format!(
-        "TailnetIngress/{}/{}",
+        "{}/{}/{}",
+        owner.kind.resource_kind(),
         ingress.namespace().unwrap_or_default(),
         ingress.name_any()
     );

@@ -52,9 +52,12 @@ pub fn intent(
 
 /// The ingress's hostnames after the claims of the older ingresses among `others` (the
 /// composition's step; only those that claimed first are read).
+/// `entrances`: the intents of the Tailnet's other entrances (Services of the tailnet
+/// `loadBalancerClass`), which claim names like ingresses.
 pub fn names(
     intent: &IngressIntent,
     others: &[Arc<TailnetIngress>],
+    entrances: &[IngressIntent],
     ctx: &RenderContext,
 ) -> Result<IngressNames, Vec<FieldError>> {
     let scope = scope(ctx);
@@ -63,7 +66,7 @@ pub fn names(
         .filter(|o| desired::may_claim_before(&intent.claim, o))
         .map(|o| IngressIntent::new(o, &scope))
         .collect();
-    compose::ingress_names_among(intent, &earlier)
+    compose::ingress_names_among(intent, earlier.iter().chain(entrances))
 }
 
 /// What the cluster knows of the ingress, for [`objects`].
@@ -71,6 +74,8 @@ pub struct Observed<'a> {
     pub backends: &'a tailnet_render::backends::ObservedBackends,
     pub certificate_ready: bool,
     pub tag: &'a str,
+    /// `Ingress`, or `Service` for a Service read as an ingress.
+    pub kind: tailnet_api::naming::AgentKind,
 }
 
 /// Backends resolved and, when all resolve, the agent's objects (the pipeline
@@ -86,6 +91,7 @@ pub fn objects(
         backends: observed.backends,
         certificate_ready: observed.certificate_ready,
         tag: observed.tag,
+        kind: observed.kind,
     };
     desired::ingress(&ingress.metadata, valid, names, ctx, &wanted)
 }

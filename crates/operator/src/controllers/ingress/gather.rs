@@ -15,6 +15,7 @@ use tailnet_render::meta::Owner;
 use super::super::agent::keys::read_secret;
 use super::super::agent::kind::GatherInput;
 use super::super::context::Context;
+use super::super::entrances::service_intents;
 use super::super::error::ReconcileError;
 use super::super::kube_io::get_opt_cached;
 use super::desired;
@@ -41,8 +42,13 @@ pub async fn gather(
     let tag = Some(desired::tag(ingress, &tailnet_name, prefix, &others));
     let backends = backends(ctx, valid, &namespace).await?;
     let tls_certificate = tls_certificate(ctx, ingress, input.owner).await?;
+    let entrances = service_intents(ctx, tailnet, None)
+        .into_iter()
+        .map(|s| s.intent)
+        .collect();
     Ok(IngressObserved {
         others,
+        entrances,
         tag,
         backends,
         tls_certificate,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tailnet_api::TailnetIngress;
 use tailnet_render::backends::ObservedBackends;
+use tailnet_render::intent::IngressIntent;
 use tailnet_render::meta::Owner;
 
 /// The ingress's own observations (besides the agent's and the Tailnet's).
@@ -13,6 +14,9 @@ pub struct IngressObserved {
     /// The other TailnetIngresses of the same Tailnet (watch cache): the first to claim a
     /// hostname keeps it.
     pub others: Vec<Arc<TailnetIngress>>,
+    /// The intents of the Tailnet's Services of the tailnet `loadBalancerClass` (for a
+    /// Service: the other ones): they claim names like ingresses.
+    pub entrances: Vec<IngressIntent>,
     /// This ingress's tag from the assignment over the Tailnet's ingresses
     /// (`desired::ingress_tags`: injective, first claim keeps today's form, recorded tags
     /// stay); `Err(holder)`: no tag of its own (`namespace/name` of the ingress holding it).

@@ -134,6 +134,7 @@ fn healthy() -> IngressObservation {
         },
         kind: IngressObserved {
             others: Vec::new(),
+            entrances: Vec::new(),
             tag: Some(Ok(tag())),
             backends: ObservedBackends {
                 services: BTreeMap::from([

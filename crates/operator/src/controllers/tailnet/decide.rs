@@ -428,8 +428,12 @@ pub fn desired_inputs(
         spec: &tailnet.spec,
         operator_namespace: &config.operator_namespace,
     };
-    let (egresses, ingresses) =
-        tailnet_render::compose::intents(&scope, &observed.egresses, &observed.ingresses);
+    let (egresses, ingresses) = tailnet_render::compose::intents(
+        &scope,
+        &observed.egresses,
+        &observed.ingresses,
+        &observed.services,
+    );
     // With route approval off, route approval is left to the Headscale admin and no
     // autoApprovers are rendered either.
     let policy = desired::policy(

@@ -98,6 +98,7 @@ mod tests {
                 }],
             }],
             ingresses: vec![IngressPolicy {
+                kind: tailnet_policy::ResourceKind::TailnetIngress,
                 owner: "team-a/i".into(),
                 tag: "tag:tno-ingress-team-a-i".into(),
                 allow_from: vec!["group:team-a".into()],

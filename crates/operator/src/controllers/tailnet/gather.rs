@@ -20,6 +20,7 @@ use tailnet_render::dns::{EXTRA_RECORDS_KEY, HOSTS_KEY, SERVER_BLOCK_KEY};
 
 use super::super::access::read_api_key;
 use super::super::context::Context;
+use super::super::entrances::services_of;
 use super::super::error::ReconcileError;
 use super::super::status::Problem;
 use super::contributions::{parse_store, store_config_map};
@@ -47,6 +48,10 @@ pub async fn gather(
         .state()
         .iter()
         .map(|i| (**i).clone())
+        .collect();
+    let services: Vec<_> = services_of(ctx, &tailnet.name_any())
+        .iter()
+        .map(|s| (**s).clone())
         .collect();
     let (egress_cluster_ips, dns_config_map) = match dns_config_map_location(tailnet, &ctx.config) {
         Some((namespace, name)) => (
@@ -79,6 +84,7 @@ pub async fn gather(
         base,
         egresses,
         ingresses,
+        services,
         egress_cluster_ips,
         dns_config_map,
     };

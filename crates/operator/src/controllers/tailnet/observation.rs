@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use k8s_openapi::api::core::v1::Service;
 use serde::{Deserialize, Serialize};
 use tailnet_api::{TailnetEgress, TailnetIngress};
 use tailnet_policy::ObservedNode;
@@ -30,6 +31,9 @@ pub struct TailnetObservation {
     pub base: Result<Option<String>, Problem>,
     pub egresses: Vec<TailnetEgress>,
     pub ingresses: Vec<TailnetIngress>,
+    /// The Services of the tailnet `loadBalancerClass` that belong to this Tailnet (read as
+    /// ingresses).
+    pub services: Vec<Service>,
     /// Egress Services (operator namespace) → ClusterIP (read only when DNS is configured).
     pub egress_cluster_ips: BTreeMap<ObjectKey, IpAddr>,
     /// The DNS ConfigMap as it is; `None` when DNS is not configured or it does not exist.

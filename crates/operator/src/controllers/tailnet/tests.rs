@@ -111,6 +111,7 @@ fn observation() -> TailnetObservation {
         base: Ok(Some(BASE.to_string())),
         egresses: vec![],
         ingresses: vec![],
+        services: vec![],
         egress_cluster_ips: BTreeMap::new(),
         dns_config_map: None,
         contributor_reads: vec![],
