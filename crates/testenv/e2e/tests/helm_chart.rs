@@ -218,7 +218,7 @@ fn rendered_prometheus_rule_passes_promtool() {
         &promtool,
         &["check", "rules", file.to_str().expect("UTF-8")],
     );
-    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 10 rules found"), "{out}");
     let alerts: Vec<&Value> = rule["spec"]["groups"][0]["rules"]
         .as_array()
         .expect("rules")

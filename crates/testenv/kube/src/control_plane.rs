@@ -69,27 +69,10 @@ impl ControlPlane {
         )?;
         let service_account_key = pki::generate_service_account_key(&pki_dir)?;
 
-        let etcd_port = free_port()?;
-        let etcd_peer_port = free_port()?;
+        let (etcd, etcd_port) = start_etcd(&bins.etcd, dir).await?;
         let api_port = free_port()?;
         let controller_manager_port = free_port()?;
         let server = format!("https://127.0.0.1:{api_port}");
-
-        let mut etcd_cmd = Command::new(&bins.etcd);
-        etcd_cmd.args([
-            "--name=tno",
-            &format!("--data-dir={}", dir.join("etcd-data").display()),
-            &format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
-            &format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
-            &format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
-            &format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
-            &format!("--initial-cluster=tno=http://127.0.0.1:{etcd_peer_port}"),
-            // A throwaway store: durability costs time and buys nothing here.
-            "--unsafe-no-fsync",
-            "--log-level=warn",
-        ]);
-        let mut etcd = ManagedProcess::spawn("etcd", etcd_cmd, &dir.join("etcd.log"))?;
-        wait_for_tcp(&mut etcd, etcd_port).await?;
 
         let admin_cert = ca.issue_client(&pki_dir, "admin", "tno-admin", &["system:masters"])?;
         let admin_kubeconfig = dir.join("admin.kubeconfig");
@@ -390,6 +373,46 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
             source,
         })?;
     kube::Client::try_from(config).map_err(Error::ClientBuild)
+}
+
+/// etcd on two probed ports. Another process can take a probed port before etcd binds it
+/// (`free_port`'s race, seen when test groups run side by side): a start that fails with
+/// "address already in use" is retried on fresh ports and a fresh data directory, up to three
+/// times. Returns etcd and its client port.
+async fn start_etcd(binary: &Path, dir: &Path) -> Result<(ManagedProcess, u16)> {
+    let mut attempt = 1;
+    loop {
+        let client_port = free_port()?;
+        let peer_port = free_port()?;
+        let data_dir = if attempt == 1 {
+            dir.join("etcd-data")
+        } else {
+            dir.join(format!("etcd-data-{attempt}"))
+        };
+        let mut cmd = Command::new(binary);
+        cmd.args([
+            "--name=tno",
+            &format!("--data-dir={}", data_dir.display()),
+            &format!("--listen-client-urls=http://127.0.0.1:{client_port}"),
+            &format!("--advertise-client-urls=http://127.0.0.1:{client_port}"),
+            &format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+            &format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+            &format!("--initial-cluster=tno=http://127.0.0.1:{peer_port}"),
+            // A throwaway store: durability costs time and buys nothing here.
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ]);
+        let mut etcd = ManagedProcess::spawn("etcd", cmd, &dir.join("etcd.log"))?;
+        match wait_for_tcp(&mut etcd, client_port).await {
+            Ok(()) => return Ok((etcd, client_port)),
+            Err(error) if attempt < 3 && error.to_string().contains("address already in use") => {
+                tracing::warn!(attempt, %error, "etcd lost a probed port; retrying on fresh ports");
+                drop(etcd);
+                attempt += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 async fn wait_for_tcp(process: &mut ManagedProcess, port: u16) -> Result<()> {
