@@ -29,7 +29,7 @@ pub const AGENT_SELECTOR: &str =
 pub fn cache_of<K>(
     api: Api<K>,
     config: watcher::Config,
-    mut trim: impl FnMut(&mut K) + Send + 'static,
+    trim: impl FnMut(&mut K) + Send + 'static,
 ) -> reflector::Store<K>
 where
     K: kube::Resource<DynamicType = ()>
@@ -41,6 +41,26 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store::<K>();
+    spawn_reflector(writer, api, config, trim);
+    store
+}
+
+/// Keeps `writer`'s store filled from a watch of `api` (managed fields dropped, `trim`
+/// applied), with the watch backoff, in a task of its own.
+fn spawn_reflector<K>(
+    writer: reflector::store::Writer<K>,
+    api: Api<K>,
+    config: watcher::Config,
+    mut trim: impl FnMut(&mut K) + Send + 'static,
+) where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
     tokio::spawn(
         reflector::reflector(
             writer,
@@ -52,7 +72,6 @@ where
         .backoff(WatchBackoff::default())
         .for_each(|_| async {}),
     );
-    store
 }
 
 /// How many object references a shared cache buffers per subscriber before its watch waits
@@ -68,7 +87,7 @@ pub fn shared_cache_of<K>(
     config: watcher::Config,
     lead: &CancellationToken,
     subscribers: usize,
-    mut trim: impl FnMut(&mut K) + Send + 'static,
+    trim: impl FnMut(&mut K) + Send + 'static,
 ) -> Subscriptions<K>
 where
     K: kube::Resource<DynamicType = ()>
@@ -88,17 +107,7 @@ where
             HeldSubscription::new(handle, lead.clone())
         })
         .collect();
-    tokio::spawn(
-        reflector::reflector(
-            writer,
-            watcher(api, config).modify(move |object| {
-                object.meta_mut().managed_fields = None;
-                trim(object);
-            }),
-        )
-        .backoff(WatchBackoff::default())
-        .for_each(|_| async {}),
-    );
+    spawn_reflector(writer, api, config, trim);
     Subscriptions { store, held }
 }
 
