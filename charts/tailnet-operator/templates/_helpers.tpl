@@ -31,14 +31,35 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default (include "tailnet-operator.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
-{{/* image reference: repository:tag[@digest]; ctx = dict "image" <values> "default" <tag> */}}
+{{/* image reference: [registry/]repository:tag[@digest]; ctx = dict "image" <values> "default"
+<tag> "global" <.Values.global>. The registry (image.registry, else global.imageRegistry) is a
+prefix of the repository, e.g. a pull-through mirror: mirror.example.net/ghcr.io/… */}}
 {{- define "tailnet-operator.image" -}}
 {{- $tag := default .default .image.tag -}}
-{{- if .image.digest -}}
-{{- printf "%s:%s@%s" .image.repository $tag .image.digest -}}
-{{- else -}}
-{{- printf "%s:%s" .image.repository $tag -}}
+{{- $registry := default (dig "imageRegistry" "" (default dict .global)) .image.registry -}}
+{{- $repository := .image.repository -}}
+{{- if $registry -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository -}}
 {{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s:%s@%s" $repository $tag .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The operator pod's imagePullSecrets: global.imagePullSecrets, then imagePullSecrets. */}}
+{{- define "tailnet-operator.imagePullSecrets" -}}
+{{- $secrets := concat (default list .Values.global.imagePullSecrets) (default list .Values.imagePullSecrets) | uniq -}}
+{{- with $secrets }}
+{{- toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Whether the cluster serves a monitoring.coreos.com/v1 kind (ctx: dict "root" $ "kind" <Kind>);
+"true" or empty. `helm template` without --api-versions assumes it does not. */}}
+{{- define "tailnet-operator.hasMonitoringKind" -}}
+{{- if .root.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind) -}}true{{- end -}}
 {{- end -}}
 
 {{- /*

@@ -35,7 +35,7 @@ Examples:
 
 /// Flags added after the environment names got the `TAILNET_OPERATOR_` prefix (no old name).
 #[cfg(test)]
-pub const ENV_WITHOUT_OLD_NAME: &[&str] = &["watch_namespaces"];
+pub const ENV_WITHOUT_OLD_NAME: &[&str] = &["watch_namespaces", "apply_tailnet"];
 
 /// Flag id, the environment variable of earlier releases, its `TAILNET_OPERATOR_` name.
 pub const DEPRECATED_ENV: &[(&str, &str, &str)] = &[
@@ -207,6 +207,11 @@ pub struct RunArgs {
         default_value = "cluster.local"
     )]
     pub cluster_domain: String,
+    /// A Tailnet manifest (YAML) to server-side apply at start, retried until the Tailnet CRD
+    /// is served (field manager `tailnet-operator-chart`). The Helm chart's `tailnet.create`
+    /// mounts its Tailnet here, so CRDs and Tailnet come with one `helm install`.
+    #[arg(long, env = "TAILNET_OPERATOR_APPLY_TAILNET")]
+    pub apply_tailnet: Option<std::path::PathBuf>,
 }
 
 fn init_tracing(format: LogFormat) {
@@ -223,6 +228,12 @@ fn init_tracing(format: LogFormat) {
 
 pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     init_tracing(args.log_format);
+    // A bad manifest is a configuration error: refused at start, before anything runs.
+    let apply_tailnet = args
+        .apply_tailnet
+        .as_deref()
+        .map(runtime::chart_tailnet::ChartTailnet::read)
+        .transpose()?;
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
@@ -244,6 +255,7 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
             scope: crate::scope::WatchScope::new(&args.operator_namespace, &args.watch_namespaces),
         },
         installation_id: args.installation_id.clone(),
+        apply_tailnet,
         admin_address: args.admin_address,
         lease: LeaseConfig {
             name: args.lease_name.clone(),

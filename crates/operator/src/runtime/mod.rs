@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod caches;
+pub mod chart_tailnet;
 pub mod leader;
 
 use std::sync::Arc;
@@ -74,6 +75,8 @@ pub enum RunError {
 pub struct RunSettings {
     pub operator: OperatorConfig,
     pub installation_id: Option<String>,
+    /// `--apply-tailnet`: applied at start by every replica (idempotent).
+    pub apply_tailnet: Option<chart_tailnet::ChartTailnet>,
     pub admin_address: std::net::SocketAddr,
     pub lease: LeaseConfig,
 }
@@ -106,6 +109,13 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
     let shutdown = CancellationToken::new();
     shutdown_on_signal(shutdown.clone());
     return_freed_memory();
+    if let Some(tailnet) = settings.apply_tailnet.clone() {
+        tokio::spawn(chart_tailnet::apply_until_done(
+            client.clone(),
+            tailnet,
+            shutdown.clone(),
+        ));
+    }
     let metrics = Metrics::default();
     let health = Health::default();
     let listener = admin::bind(settings.admin_address)
