@@ -63,10 +63,11 @@ impl ChartTailnet {
             path: path.to_path_buf(),
             reason,
         };
-        let object: Value = serde_yaml::from_str(text).map_err(|source| ChartTailnetError::Yaml {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let object: Value =
+            serde_yaml::from_str(text).map_err(|source| ChartTailnetError::Yaml {
+                path: path.to_path_buf(),
+                source,
+            })?;
         if object["apiVersion"] != "tailnet-operator.dev/v1alpha1" || object["kind"] != "Tailnet" {
             return Err(invalid(format!(
                 "apiVersion/kind must be tailnet-operator.dev/v1alpha1 Tailnet, got {} {}",
@@ -164,7 +165,10 @@ spec:
                 GOOD.replace("name: main", "name: main\n  namespace: x"),
                 "cluster-scoped",
             ),
-            (GOOD.replace("  name: main\n", "  labels: {}\n"), "metadata.name"),
+            (
+                GOOD.replace("  name: main\n", "  labels: {}\n"),
+                "metadata.name",
+            ),
             (GOOD.replace("mode: DryRun", "mode: Sometimes"), "spec"),
             ("[1, 2".to_string(), "not YAML"),
         ] {

@@ -76,6 +76,25 @@ fn template(helm: &Path, release: &str, namespace: &str, extra: &[&str]) -> Vec<
         .collect()
 }
 
+/// The Tailnet of `tailnet.create`: the manifest in the ConfigMap the operator applies.
+fn chart_tailnet(docs: &[Value]) -> Value {
+    let config_map = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ConfigMap"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("-tailnet"))
+        })
+        .expect("the Tailnet manifest ConfigMap");
+    let text = config_map["data"]["tailnet.yaml"]
+        .as_str()
+        .expect("tailnet.yaml");
+    let tailnet: Value = serde_yaml::from_str(text).expect("the manifest is YAML");
+    assert_eq!(tailnet["kind"], "Tailnet", "{text}");
+    tailnet
+}
+
 fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     docs.iter()
         .find(|d| d["kind"] == kind)
@@ -205,6 +224,11 @@ fn rendered_prometheus_rule_passes_promtool() {
             "metrics.serviceMonitor.enabled=true",
             "--set",
             "metrics.prometheusRule.runbookBaseUrl=https://docs.example.net/troubleshooting",
+            // Rendered only where the cluster serves the kinds.
+            "--api-versions",
+            "monitoring.coreos.com/v1/PrometheusRule",
+            "--api-versions",
+            "monitoring.coreos.com/v1/ServiceMonitor",
         ],
     );
     let rule = find(&docs, "PrometheusRule");
@@ -896,7 +920,10 @@ fn chart_rbac_grants_exactly_the_reasoned_table() {
     );
     // Default: the whole cluster through the ClusterRole.
     let docs = template(&helm, "ops", "tailnet-system", &[]);
-    let mut granted = expand("cluster", find(&docs, "ClusterRole"));
+    let mut granted = expand(
+        "cluster",
+        find_named(&docs, "ClusterRole", "", "ops-tailnet-operator"),
+    );
     granted.extend(expand("namespace", find(&docs, "Role")));
     let mut expected = table_rows("cluster", "cluster");
     expected.extend(table_rows("workload", "cluster"));
@@ -927,7 +954,10 @@ fn chart_rbac_grants_exactly_the_reasoned_table() {
     );
     assert_same_grants(
         "namespace-scoped install: ClusterRole",
-        &expand("cluster", find(&docs, "ClusterRole")),
+        &expand(
+            "cluster",
+            find_named(&docs, "ClusterRole", "", "ops-tailnet-operator"),
+        ),
         &table_rows("cluster", "cluster"),
     );
     assert_same_grants(
@@ -1044,7 +1074,8 @@ async fn templated_manifests_pass_server_side_dry_run() {
         "Deployment",
         "Service",
         "Secret",
-        "Tailnet",
+        "ConfigMap",
+        "NetworkPolicy",
     ] {
         assert!(kinds.contains(kind), "{kind} not rendered: {kinds:?}");
     }
@@ -1084,6 +1115,9 @@ fn chart_schema_pdb_overrides_podmonitor_crds_and_agent_scheduling_render_as_doc
         "operator.logFormat=xml",
         "typo=1",
         "image.digest=latest",
+        // Was accepted and ignored: the agents use Kubernetes' default pull policy.
+        "agent.image.pullPolicy=Always",
+        "networkPolicy.typo=1",
     ] {
         let output = Command::new(&helm)
             .args(["template", "x", chart, "--set", bad])
@@ -1150,6 +1184,8 @@ fn chart_schema_pdb_overrides_podmonitor_crds_and_agent_scheduling_render_as_doc
             "agent.podMonitor.enabled=true",
             "--set",
             "crds.install=false",
+            "--api-versions",
+            "monitoring.coreos.com/v1/PodMonitor",
         ],
     );
     let pdb = find(&docs, "PodDisruptionBudget");
@@ -1194,9 +1230,194 @@ fn chart_schema_pdb_overrides_podmonitor_crds_and_agent_scheduling_render_as_doc
             "agent.scheduling.tolerations[0].key=dedicated",
         ],
     );
-    let agent = &find(&docs, "Tailnet")["spec"]["agent"];
+    let agent = &chart_tailnet(&docs)["spec"]["agent"];
     assert_eq!(agent["nodeSelector"]["pool"], "edge");
     assert_eq!(agent["priorityClassName"], "tailnet-agents");
     assert_eq!(agent["imagePullSecrets"][0]["name"], "mirror");
     assert_eq!(agent["tolerations"][0]["key"], "dedicated");
+}
+
+#[test]
+fn chart_tailnet_registry_extras_aggregated_roles_network_policy_and_monitoring_gates_render() {
+    let Some(helm) = deps_binary("helm", "helm") else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("tno-helm-values-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let values = dir.join("values.yaml");
+    std::fs::write(
+        &values,
+        r#"
+global: {imageRegistry: mirror.example.net, imagePullSecrets: [{name: global-pull}]}
+image: {pullPolicy: Always}
+agent:
+  image: {registry: agents.example.net}
+  resources: {requests: {cpu: 10m}}
+  tailscaleResources: {limits: {memory: 64Mi}}
+tailnet:
+  create: true
+  name: main
+  server: https://headscale.example.net
+  policy: {tagOwners: ["group:platform"]}
+  dns: {hostsConfigMap: tailnet-hosts, ingressNameTemplate: "{name}.{namespace}.example.net", magicDNSDomain: ts.example.net}
+  defaults: {tls: {issuerRef: {name: apps-ca}}}
+extraEnv: [{name: SSL_CERT_FILE, value: /etc/ca/ca.crt}]
+extraVolumes: [{name: ca, configMap: {name: headscale-ca}}]
+extraVolumeMounts: [{name: ca, mountPath: /etc/ca, readOnly: true}]
+strategy: {type: Recreate}
+metrics: {serviceMonitor: {enabled: true}, prometheusRule: {enabled: true}}
+"#,
+    )
+    .expect("values");
+    let values = values.to_str().expect("UTF-8");
+    let docs = template(&helm, "ops", "tailnet-system", &["-f", values]);
+    // Monitoring kinds not served (helm template's default capabilities): not rendered.
+    for kind in ["ServiceMonitor", "PrometheusRule", "PodMonitor", "Tailnet"] {
+        assert!(docs.iter().all(|d| d["kind"] != kind), "{kind} rendered");
+    }
+    let deployment = find(&docs, "Deployment");
+    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(deployment["spec"]["revisionHistoryLimit"], 10);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["imagePullSecrets"],
+        serde_json::json!([{"name": "global-pull"}])
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["image"],
+        "mirror.example.net/ghcr.io/tailnet-operator/tailnet-operator:v0.1.0"
+    );
+    assert_eq!(container["imagePullPolicy"], "Always");
+    let args = container["args"].to_string();
+    for expected in [
+        "--agent-image=agents.example.net/ghcr.io/tailnet-operator/tailnet-agent:v0.1.0",
+        "--tailscale-image=mirror.example.net/ghcr.io/tailscale/tailscale:",
+        "--apply-tailnet=/etc/tailnet-operator/tailnet/tailnet.yaml",
+    ] {
+        assert!(args.contains(expected), "{expected} not in {args}");
+    }
+    assert!(
+        container["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .any(|e| e["name"] == "SSL_CERT_FILE"),
+        "extraEnv"
+    );
+    let mounts = container["volumeMounts"].to_string();
+    assert!(
+        mounts.contains("/etc/tailnet-operator/tailnet") && mounts.contains("/etc/ca"),
+        "{mounts}"
+    );
+    let volumes = pod["volumes"].to_string();
+    assert!(
+        volumes.contains("ops-tailnet-operator-tailnet") && volumes.contains("headscale-ca"),
+        "{volumes}"
+    );
+    assert!(
+        deployment["spec"]["template"]["metadata"]["annotations"]["checksum/tailnet"].is_string(),
+        "a changed Tailnet manifest rolls the pods"
+    );
+    let tailnet = chart_tailnet(&docs);
+    assert_eq!(tailnet["metadata"]["name"], "main");
+    let spec = &tailnet["spec"];
+    assert_eq!(
+        spec["dns"]["ingressNameTemplate"],
+        "{name}.{namespace}.example.net"
+    );
+    assert_eq!(spec["dns"]["magicDNSDomain"], "ts.example.net");
+    assert_eq!(spec["defaults"]["tls"]["issuerRef"]["name"], "apps-ca");
+    assert_eq!(
+        spec["defaults"]["tls"]["issuerRef"]["kind"],
+        "ClusterIssuer"
+    );
+    assert_eq!(spec["agent"]["resources"]["requests"]["cpu"], "10m");
+    assert_eq!(
+        spec["agent"]["tailscaleResources"]["limits"]["memory"],
+        "64Mi"
+    );
+    assert_eq!(spec["agent"]["imagePullSecrets"][0]["name"], "global-pull");
+    // The manifest is a Tailnet the operator's types accept.
+    serde_json::from_value::<tailnet_api::Tailnet>(tailnet.clone()).expect("a valid Tailnet");
+    // The only extra grant: applying this one Tailnet.
+    let operator_role = find_named(&docs, "ClusterRole", "", "ops-tailnet-operator");
+    let extra: BTreeSet<Grant> = expand("cluster", operator_role)
+        .difference(&{
+            let mut rows = table_rows("cluster", "cluster");
+            rows.extend(table_rows("workload", "cluster"));
+            rows
+        })
+        .cloned()
+        .collect();
+    let want: BTreeSet<Grant> = ["create", "patch"]
+        .iter()
+        .map(|verb| {
+            (
+                "cluster".to_string(),
+                "tailnet-operator.dev".to_string(),
+                "tailnets".to_string(),
+                verb.to_string(),
+                "main".to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        extra, want,
+        "tailnet.create grants create/patch of its Tailnet only"
+    );
+    // Aggregated roles: view reads the three kinds; edit writes the two namespaced ones.
+    let view = find_named(&docs, "ClusterRole", "", "ops-tailnet-operator-view");
+    assert_eq!(
+        view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"],
+        "true"
+    );
+    assert_eq!(
+        view["rules"][0]["verbs"],
+        serde_json::json!(["get", "list", "watch"])
+    );
+    let edit = find_named(&docs, "ClusterRole", "", "ops-tailnet-operator-edit");
+    assert_eq!(
+        edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"],
+        "true"
+    );
+    assert!(
+        !edit["rules"].to_string().contains("\"tailnets\""),
+        "Tailnets stay administrative"
+    );
+    // NetworkPolicy: ingress to the admin port only; egress unrestricted by default.
+    let policy = find(&docs, "NetworkPolicy");
+    assert_eq!(
+        policy["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"])
+    );
+    assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], 8080);
+    let docs = template(
+        &helm,
+        "ops",
+        "tailnet-system",
+        &[
+            "-f",
+            values,
+            "--set",
+            "networkPolicy.egress.enabled=true",
+            "--set",
+            "aggregatedRoles.enabled=false",
+        ],
+    );
+    let policy = find(&docs, "NetworkPolicy");
+    assert_eq!(
+        policy["spec"]["policyTypes"],
+        serde_json::json!(["Ingress", "Egress"])
+    );
+    assert!(
+        policy["spec"]["egress"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty())
+    );
+    assert_eq!(
+        docs.iter().filter(|d| d["kind"] == "ClusterRole").count(),
+        1
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
