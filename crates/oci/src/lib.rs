@@ -7,9 +7,11 @@
 //!   `oci-spec` types, serialised as canonical JSON (object keys sorted) so that maps such as
 //!   labels do not reorder between runs.
 //! - [`layout`]: an OCI image layout directory (`oci-layout`, `index.json`, `blobs/sha256/`).
+//! - [`auth`]: credentials from the user's Docker config, `WWW-Authenticate` challenges.
 //! - [`registry`]: push a layout to a registry by digest (and a tag), pull an image by
 //!   reference with every blob's digest verified, unpack its layers into a directory.
 
+pub mod auth;
 pub mod image;
 pub mod layer;
 pub mod layout;
@@ -49,6 +51,14 @@ pub enum Error {
         what: String,
         expected: String,
         actual: String,
+    },
+    #[error(transparent)]
+    Auth(#[from] auth::AuthError),
+    #[error("{method} {url}: the registry refused access ({reason})")]
+    Unauthorized {
+        method: &'static str,
+        url: String,
+        reason: String,
     },
     #[error("bad image reference {reference:?}: {reason}")]
     Reference { reference: String, reason: String },

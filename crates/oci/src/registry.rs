@@ -1,12 +1,18 @@
 //! A small OCI distribution client: push a layout by digest, pull an image by reference with
-//! every blob verified, unpack layers. Anonymous access only (the lab's loopback registry; CI
-//! pushes to real registries with its own tooling). Plain HTTP for loopback registries, HTTPS
+//! every blob verified, unpack layers. Anonymous, or with credentials
+//! ([`Client::with_credentials`], e.g. from [`crate::auth::docker_credentials`]): a request the
+//! registry answers `401` is retried once after the challenge in its `WWW-Authenticate` header
+//! (`Basic`: the credentials; `Bearer realm,service,scope`: a token from the realm, fetched with
+//! the credentials, or anonymously without). Plain HTTP for loopback registries, HTTPS
 //! otherwise.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use oci_spec::image::{ImageConfiguration, ImageIndex, ImageManifest, MediaType};
 
+use crate::auth::{Challenge, Credentials};
 use crate::image::Blob;
 use crate::layout::Layout;
 use crate::{Error, IoContext, Platform, Result, sha256_digest};
@@ -94,10 +100,14 @@ const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \
     application/vnd.docker.distribution.manifest.list.v2+json, \
     application/vnd.docker.distribution.manifest.v2+json";
 
-/// Anonymous registry client.
+/// Registry client; anonymous unless given credentials.
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
+    credentials: Option<Credentials>,
+    /// `Authorization` values that worked, by `registry/repository` (Bearer tokens are scoped
+    /// to a repository). Never logged.
+    authorization: Arc<Mutex<HashMap<String, String>>>,
 }
 
 impl Default for Client {
@@ -122,6 +132,16 @@ impl Client {
     pub fn new() -> Self {
         Self {
             http: reqwest::Client::new(),
+            credentials: None,
+            authorization: Arc::default(),
+        }
+    }
+
+    /// A client that answers the registry's challenges with `credentials`.
+    pub fn with_credentials(credentials: Option<Credentials>) -> Self {
+        Self {
+            credentials,
+            ..Self::new()
         }
     }
 
@@ -134,17 +154,135 @@ impl Client {
         format!("{scheme}://{registry}")
     }
 
+    /// Sends the request `build` makes, with the authorization that worked for `scope`
+    /// (`registry/repository`) before; on `401`, answers the challenge and sends it once more.
     async fn send(
         &self,
         method: &'static str,
         url: &str,
-        request: reqwest::RequestBuilder,
+        scope: &str,
+        build: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response> {
+        let cached = self.cached_authorization(scope);
+        let response = self.attempt(method, url, &build, cached.as_deref()).await?;
+        if response.status() != reqwest::StatusCode::UNAUTHORIZED {
+            return Ok(response);
+        }
+        let challenge = response
+            .headers()
+            .get(reqwest::header::WWW_AUTHENTICATE)
+            .and_then(|value| value.to_str().ok())
+            .and_then(Challenge::parse)
+            .ok_or_else(|| Error::Unauthorized {
+                method,
+                url: url.to_string(),
+                reason: "401 without a WWW-Authenticate challenge".into(),
+            })?;
+        let authorization = self.answer(method, url, &challenge).await?;
+        let response = self
+            .attempt(method, url, &build, Some(&authorization))
+            .await?;
+        if response.status() == reqwest::StatusCode::UNAUTHORIZED {
+            return Err(Error::Unauthorized {
+                method,
+                url: url.to_string(),
+                reason: if self.credentials.is_some() {
+                    "401 with the credentials from the Docker config".into()
+                } else {
+                    "401 and no credentials for this registry in the Docker config".into()
+                },
+            });
+        }
+        if let Ok(mut cache) = self.authorization.lock() {
+            cache.insert(scope.to_string(), authorization);
+        }
+        Ok(response)
+    }
+
+    fn cached_authorization(&self, scope: &str) -> Option<String> {
+        self.authorization
+            .lock()
+            .ok()
+            .and_then(|cache| cache.get(scope).cloned())
+    }
+
+    async fn attempt(
+        &self,
+        method: &'static str,
+        url: &str,
+        build: &impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
+        authorization: Option<&str>,
+    ) -> Result<reqwest::Response> {
+        let mut request = build(&self.http);
+        if let Some(value) = authorization {
+            request = request.header(reqwest::header::AUTHORIZATION, value);
+        }
         request.send().await.map_err(|source| Error::Http {
             method,
             url: url.to_string(),
             source,
         })
+    }
+
+    /// The `Authorization` value answering `challenge`: Basic credentials, or a Bearer token
+    /// from the realm (`GET realm?service=…&scope=…`, with Basic credentials if any).
+    async fn answer(
+        &self,
+        method: &'static str,
+        url: &str,
+        challenge: &Challenge,
+    ) -> Result<String> {
+        let refused = |reason: String| Error::Unauthorized {
+            method,
+            url: url.to_string(),
+            reason,
+        };
+        match challenge.scheme.as_str() {
+            "basic" => self
+                .credentials
+                .as_ref()
+                .map(Credentials::basic_header)
+                .ok_or_else(|| {
+                    refused("Basic authentication asked, no credentials for this registry in the Docker config".into())
+                }),
+            "bearer" => {
+                let realm = challenge
+                    .param("realm")
+                    .ok_or_else(|| refused("Bearer challenge without a realm".into()))?;
+                let mut query = Vec::new();
+                for name in ["service", "scope"] {
+                    if let Some(value) = challenge.param(name) {
+                        query.push((name, value));
+                    }
+                }
+                let mut request = self.http.get(realm).query(&query);
+                if let Some(credentials) = &self.credentials {
+                    request = request.header(
+                        reqwest::header::AUTHORIZATION,
+                        credentials.basic_header(),
+                    );
+                }
+                let response = request.send().await.map_err(|source| Error::Http {
+                    method: "GET",
+                    url: realm.to_string(),
+                    source,
+                })?;
+                if !response.status().is_success() {
+                    return Err(refused(format!(
+                        "the token service {realm} answered {}",
+                        response.status().as_u16()
+                    )));
+                }
+                let body: serde_json::Value =
+                    serde_json::from_slice(&Self::body("GET", realm, response).await?)?;
+                let token = body["token"]
+                    .as_str()
+                    .or_else(|| body["access_token"].as_str())
+                    .ok_or_else(|| refused(format!("the token service {realm} sent no token")))?;
+                Ok(format!("Bearer {token}"))
+            }
+            other => Err(refused(format!("unsupported authentication scheme {other:?}"))),
+        }
     }
 
     async fn expect_success(
@@ -181,12 +319,17 @@ impl Client {
     pub async fn push_blob(&self, registry: &str, repository: &str, blob: &Blob) -> Result<()> {
         let base = Self::base(registry);
         let url = format!("{base}/v2/{repository}/blobs/{}", blob.digest);
-        let head = self.send("HEAD", &url, self.http.head(&url)).await?;
+        let scope = format!("{registry}/{repository}");
+        let head = self
+            .send("HEAD", &url, &scope, |http| http.head(&url))
+            .await?;
         if head.status().is_success() {
             return Ok(());
         }
         let start = format!("{base}/v2/{repository}/blobs/uploads/");
-        let response = self.send("POST", &start, self.http.post(&start)).await?;
+        let response = self
+            .send("POST", &start, &scope, |http| http.post(&start))
+            .await?;
         let response = Self::expect_success("POST", &start, response).await?;
         let location = response
             .headers()
@@ -201,14 +344,11 @@ impl Client {
         let separator = if location.contains('?') { '&' } else { '?' };
         let put = format!("{location}{separator}digest={}", blob.digest);
         let response = self
-            .send(
-                "PUT",
-                &put,
-                self.http
-                    .put(&put)
+            .send("PUT", &put, &scope, |http| {
+                http.put(&put)
                     .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
-                    .body(blob.bytes.clone()),
-            )
+                    .body(blob.bytes.clone())
+            })
             .await?;
         Self::expect_success("PUT", &put, response).await?;
         Ok(())
@@ -227,14 +367,11 @@ impl Client {
             Self::base(registry)
         );
         let response = self
-            .send(
-                "PUT",
-                &url,
-                self.http
-                    .put(&url)
+            .send("PUT", &url, &format!("{registry}/{repository}"), |http| {
+                http.put(&url)
                     .header(reqwest::header::CONTENT_TYPE, blob.media_type.to_string())
-                    .body(blob.bytes.clone()),
-            )
+                    .body(blob.bytes.clone())
+            })
             .await?;
         Self::expect_success("PUT", &url, response).await?;
         Ok(())
@@ -273,13 +410,10 @@ impl Client {
             reference.repository
         );
         let response = self
-            .send(
-                "GET",
-                &url,
-                self.http
-                    .get(&url)
-                    .header(reqwest::header::ACCEPT, MANIFEST_ACCEPT),
-            )
+            .send("GET", &url, &scope_of(reference), |http| {
+                http.get(&url)
+                    .header(reqwest::header::ACCEPT, MANIFEST_ACCEPT)
+            })
             .await?;
         let response = Self::expect_success("GET", &url, response).await?;
         let media_type = response
@@ -301,7 +435,9 @@ impl Client {
             Self::base(&reference.registry),
             reference.repository
         );
-        let response = self.send("GET", &url, self.http.get(&url)).await?;
+        let response = self
+            .send("GET", &url, &scope_of(reference), |http| http.get(&url))
+            .await?;
         let response = Self::expect_success("GET", &url, response).await?;
         let bytes = Self::body("GET", &url, response).await?;
         verify(&url, digest, &bytes)?;
@@ -360,6 +496,10 @@ impl Client {
             layers,
         })
     }
+}
+
+fn scope_of(reference: &Reference) -> String {
+    format!("{}/{}", reference.registry, reference.repository)
 }
 
 fn verify(what: &str, expected: &str, bytes: &[u8]) -> Result<()> {
