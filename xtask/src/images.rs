@@ -23,7 +23,10 @@
 //! (digests, sizes). `--push <registry>/<prefix>` pushes each layout by digest (and the tag)
 //! to `<registry>/<prefix>/<name>`; `--chart` then packages the Helm chart with those
 //! repositories and digests filled into its values and pushes it with `helm push` to
-//! `oci://<registry>/<prefix>/charts`.
+//! `oci://<registry>/<prefix>/charts`. Both use the user's credentials for the registry from
+//! the Docker config (`$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`, `auths`;
+//! a registry served by a credential helper is refused with the helper's name), anonymous
+//! without an entry; helm is `TNO_BIN_HELM`, the deps cache, else `helm` on `PATH`.
 //!
 //! `--dockerfile` builds `images/*.Dockerfile` instead, with docker/podman/buildah (for users
 //! with a container daemon; same file system layout, see `images/rootfs.sh`).
@@ -385,7 +388,8 @@ pub fn images(root: &Path, options: &Options) -> Result<(), String> {
             .enable_all()
             .build()
             .map_err(|e| format!("tokio: {e}"))?;
-        let client = tno_oci::registry::Client::new();
+        let credentials = registry_credentials(registry)?;
+        let client = tno_oci::registry::Client::with_credentials(credentials);
         for image in &built {
             let layout = tno_oci::layout::Layout::read(&image.layout).map_err(|e| e.to_string())?;
             let repository = join_repo(prefix, &image.name);
@@ -416,6 +420,21 @@ pub fn images(root: &Path, options: &Options) -> Result<(), String> {
         push_chart(&chart, target)?;
     }
     Ok(())
+}
+
+/// The user's credentials for `registry` from the Docker config (`$DOCKER_CONFIG/config.json`,
+/// else `~/.docker/config.json`); `None`: anonymous. Says which it uses, never the password.
+fn registry_credentials(registry: &str) -> Result<Option<tno_oci::auth::Credentials>, String> {
+    let credentials = tno_oci::auth::docker_credentials(registry).map_err(|e| e.to_string())?;
+    let config = tno_oci::auth::docker_config_path().map_or_else(
+        || "no Docker config".to_string(),
+        |p| p.display().to_string(),
+    );
+    match &credentials {
+        Some(c) => println!("{registry}: user {} from {config}", c.username),
+        None => println!("{registry}: no credentials in {config}; pushing anonymously"),
+    }
+    Ok(credentials)
 }
 
 fn split_registry(target: &str) -> (&str, &str) {
@@ -564,13 +583,52 @@ fn push_chart(chart: &Path, target: &str) -> Result<(), String> {
     if tno_oci::registry::is_loopback_host(registry) {
         command.arg("--plain-http");
     }
-    let status = command
-        .status()
-        .map_err(|e| format!("{}: {e}", helm.display()))?;
+    // The same credentials as the image push, in a registry config of helm's own (Docker
+    // config format, mode 0600, removed afterwards): not on helm's command line.
+    let registry_config = match registry_credentials(registry)? {
+        Some(credentials) => {
+            let path = chart
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join(".helm-registry-config.json");
+            write_private(&path, &helm_registry_config(registry, &credentials))?;
+            command.arg("--registry-config").arg(&path);
+            Some(path)
+        }
+        None => None,
+    };
+    let status = command.status();
+    if let Some(path) = &registry_config {
+        let _ = std::fs::remove_file(path);
+    }
+    let status = status.map_err(|e| format!("{}: {e}", helm.display()))?;
     if !status.success() {
         return Err(format!("helm push {} {url}: {status}", chart.display()));
     }
     Ok(())
+}
+
+/// `{"auths": {"<registry>": {"auth": "<base64 user:password>"}}}`.
+fn helm_registry_config(registry: &str, credentials: &tno_oci::auth::Credentials) -> String {
+    let auth = credentials
+        .basic_header()
+        .trim_start_matches("Basic ")
+        .to_string();
+    serde_json::json!({ "auths": { registry: { "auth": auth } } }).to_string()
+}
+
+fn write_private(path: &Path, text: &str) -> Result<(), String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let _ = std::fs::remove_file(path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {

@@ -268,8 +268,13 @@ impl Client {
                     source,
                 })?;
                 if !response.status().is_success() {
+                    let hint = if self.credentials.is_some() {
+                        "for the credentials from the Docker config"
+                    } else {
+                        "to an anonymous request; no credentials for this registry in the Docker config"
+                    };
                     return Err(refused(format!(
-                        "the token service {realm} answered {}",
+                        "the token service {realm} answered {} {hint}",
                         response.status().as_u16()
                     )));
                 }

@@ -13,6 +13,7 @@ pub mod network;
 pub mod oci_registry;
 pub mod pki;
 pub mod process;
+pub mod registry_auth;
 
 pub use env::{KubeEnv, KubeEnvOptions, TestNamespace, shared};
 pub use error::{Error, Result, error_chain};
