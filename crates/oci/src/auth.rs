@@ -119,14 +119,14 @@ pub fn credentials_in(
         helper: helper.to_string(),
         key,
     };
-    if let Some(helpers) = config["credHelpers"].as_object() {
-        if let Some(helper) = helpers
+    let helper = config["credHelpers"].as_object().and_then(|helpers| {
+        helpers
             .iter()
             .find(|(key, _)| registry_of_key(key) == registry)
             .and_then(|(_, helper)| helper.as_str())
-        {
-            return Err(helper_error(helper, "credHelpers"));
-        }
+    });
+    if let Some(helper) = helper {
+        return Err(helper_error(helper, "credHelpers"));
     }
     let entry = config["auths"].as_object().and_then(|auths| {
         auths
@@ -153,15 +153,12 @@ pub fn credentials_in(
             password: password.to_string(),
         }));
     }
-    if let Some(entry) = entry {
-        if let (Some(username), Some(password)) =
-            (entry["username"].as_str(), entry["password"].as_str())
-        {
-            return Ok(Some(Credentials {
-                username: username.to_string(),
-                password: password.to_string(),
-            }));
-        }
+    let fields = entry.map(|entry| (entry["username"].as_str(), entry["password"].as_str()));
+    if let Some((Some(username), Some(password))) = fields {
+        return Ok(Some(Credentials {
+            username: username.to_string(),
+            password: password.to_string(),
+        }));
     }
     // An entry without credentials (Docker Desktop writes `{}`) or none at all: with a
     // credsStore the secret is in the store.

@@ -1275,50 +1275,7 @@ metrics: {serviceMonitor: {enabled: true}, prometheusRule: {enabled: true}}
     for kind in ["ServiceMonitor", "PrometheusRule", "PodMonitor", "Tailnet"] {
         assert!(docs.iter().all(|d| d["kind"] != kind), "{kind} rendered");
     }
-    let deployment = find(&docs, "Deployment");
-    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
-    assert_eq!(deployment["spec"]["revisionHistoryLimit"], 10);
-    let pod = &deployment["spec"]["template"]["spec"];
-    assert_eq!(
-        pod["imagePullSecrets"],
-        serde_json::json!([{"name": "global-pull"}])
-    );
-    let container = &pod["containers"][0];
-    assert_eq!(
-        container["image"],
-        "mirror.example.net/ghcr.io/tailnet-operator/tailnet-operator:v0.1.0"
-    );
-    assert_eq!(container["imagePullPolicy"], "Always");
-    let args = container["args"].to_string();
-    for expected in [
-        "--agent-image=agents.example.net/ghcr.io/tailnet-operator/tailnet-agent:v0.1.0",
-        "--tailscale-image=mirror.example.net/ghcr.io/tailscale/tailscale:",
-        "--apply-tailnet=/etc/tailnet-operator/tailnet/tailnet.yaml",
-    ] {
-        assert!(args.contains(expected), "{expected} not in {args}");
-    }
-    assert!(
-        container["env"]
-            .as_array()
-            .expect("env")
-            .iter()
-            .any(|e| e["name"] == "SSL_CERT_FILE"),
-        "extraEnv"
-    );
-    let mounts = container["volumeMounts"].to_string();
-    assert!(
-        mounts.contains("/etc/tailnet-operator/tailnet") && mounts.contains("/etc/ca"),
-        "{mounts}"
-    );
-    let volumes = pod["volumes"].to_string();
-    assert!(
-        volumes.contains("ops-tailnet-operator-tailnet") && volumes.contains("headscale-ca"),
-        "{volumes}"
-    );
-    assert!(
-        deployment["spec"]["template"]["metadata"]["annotations"]["checksum/tailnet"].is_string(),
-        "a changed Tailnet manifest rolls the pods"
-    );
+    check_deployment_extras(find(&docs, "Deployment"));
     let tailnet = chart_tailnet(&docs);
     assert_eq!(tailnet["metadata"]["name"], "main");
     let spec = &tailnet["spec"];
@@ -1366,32 +1323,7 @@ metrics: {serviceMonitor: {enabled: true}, prometheusRule: {enabled: true}}
         extra, want,
         "tailnet.create grants create/patch of its Tailnet only"
     );
-    // Aggregated roles: view reads the three kinds; edit writes the two namespaced ones.
-    let view = find_named(&docs, "ClusterRole", "", "ops-tailnet-operator-view");
-    assert_eq!(
-        view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"],
-        "true"
-    );
-    assert_eq!(
-        view["rules"][0]["verbs"],
-        serde_json::json!(["get", "list", "watch"])
-    );
-    let edit = find_named(&docs, "ClusterRole", "", "ops-tailnet-operator-edit");
-    assert_eq!(
-        edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"],
-        "true"
-    );
-    assert!(
-        !edit["rules"].to_string().contains("\"tailnets\""),
-        "Tailnets stay administrative"
-    );
-    // NetworkPolicy: ingress to the admin port only; egress unrestricted by default.
-    let policy = find(&docs, "NetworkPolicy");
-    assert_eq!(
-        policy["spec"]["policyTypes"],
-        serde_json::json!(["Ingress"])
-    );
-    assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], 8080);
+    check_aggregated_roles_and_network_policy(&docs);
     let docs = template(
         &helm,
         "ops",
@@ -1420,4 +1352,81 @@ metrics: {serviceMonitor: {enabled: true}, prometheusRule: {enabled: true}}
         1
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The Deployment of the values in
+/// `chart_tailnet_registry_extras_aggregated_roles_network_policy_and_monitoring_gates_render`.
+fn check_deployment_extras(deployment: &Value) {
+    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(deployment["spec"]["revisionHistoryLimit"], 10);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["imagePullSecrets"],
+        serde_json::json!([{"name": "global-pull"}])
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["image"],
+        "mirror.example.net/ghcr.io/tailnet-operator/tailnet-operator:v0.1.0"
+    );
+    assert_eq!(container["imagePullPolicy"], "Always");
+    let args = container["args"].to_string();
+    for expected in [
+        "--agent-image=agents.example.net/ghcr.io/tailnet-operator/tailnet-agent:v0.1.0",
+        "--tailscale-image=mirror.example.net/ghcr.io/tailscale/tailscale:",
+        "--apply-tailnet=/etc/tailnet-operator/tailnet/tailnet.yaml",
+    ] {
+        assert!(args.contains(expected), "{expected} not in {args}");
+    }
+    assert!(
+        container["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .any(|e| e["name"] == "SSL_CERT_FILE"),
+        "extraEnv"
+    );
+    let mounts = container["volumeMounts"].to_string();
+    assert!(
+        mounts.contains("/etc/tailnet-operator/tailnet") && mounts.contains("/etc/ca"),
+        "{mounts}"
+    );
+    let volumes = pod["volumes"].to_string();
+    assert!(
+        volumes.contains("ops-tailnet-operator-tailnet") && volumes.contains("headscale-ca"),
+        "{volumes}"
+    );
+    assert!(
+        deployment["spec"]["template"]["metadata"]["annotations"]["checksum/tailnet"].is_string(),
+        "a changed Tailnet manifest rolls the pods"
+    );
+}
+
+fn check_aggregated_roles_and_network_policy(docs: &[Value]) {
+    // Aggregated roles: view reads the three kinds; edit writes the two namespaced ones.
+    let view = find_named(docs, "ClusterRole", "", "ops-tailnet-operator-view");
+    assert_eq!(
+        view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"],
+        "true"
+    );
+    assert_eq!(
+        view["rules"][0]["verbs"],
+        serde_json::json!(["get", "list", "watch"])
+    );
+    let edit = find_named(docs, "ClusterRole", "", "ops-tailnet-operator-edit");
+    assert_eq!(
+        edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"],
+        "true"
+    );
+    assert!(
+        !edit["rules"].to_string().contains("\"tailnets\""),
+        "Tailnets stay administrative"
+    );
+    // NetworkPolicy: ingress to the admin port only; egress unrestricted by default.
+    let policy = find(docs, "NetworkPolicy");
+    assert_eq!(
+        policy["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"])
+    );
+    assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], 8080);
 }
