@@ -17,6 +17,10 @@ pub const DEFAULT_AGENT_IMAGE: &str = concat!(
 pub struct Images {
     pub agent: String,
     pub tailscale: String,
+    /// `imagePullPolicy` of the tailnet-agent container (`None`: Kubernetes' default).
+    pub agent_pull_policy: Option<String>,
+    /// `imagePullPolicy` of the tailscale container (`None`: Kubernetes' default).
+    pub tailscale_pull_policy: Option<String>,
 }
 
 impl Images {
@@ -29,6 +33,8 @@ impl Images {
             tailscale: overrides
                 .and_then(|o| o.tailscale_image.clone())
                 .unwrap_or_else(|| defaults.tailscale.clone()),
+            agent_pull_policy: defaults.agent_pull_policy.clone(),
+            tailscale_pull_policy: defaults.tailscale_pull_policy.clone(),
         }
     }
 }
@@ -38,6 +44,8 @@ impl Default for Images {
         Images {
             agent: DEFAULT_AGENT_IMAGE.to_string(),
             tailscale: DEFAULT_TAILSCALE_IMAGE.to_string(),
+            agent_pull_policy: None,
+            tailscale_pull_policy: None,
         }
     }
 }

@@ -219,6 +219,7 @@ fn tailscale_container(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> 
     Container {
         name: "tailscale".to_string(),
         image: Some(ctx.images.tailscale.clone()),
+        image_pull_policy: ctx.images.tailscale_pull_policy.clone(),
         env: Some(vec![
             env("TS_KUBE_SECRET", &names.state_secret),
             env("TS_AUTH_ONCE", "true"),
@@ -289,6 +290,7 @@ fn agent_container(ctx: &RenderContext, parts: &PodParts) -> Container {
     Container {
         name: "tailnet-agent".to_string(),
         image: Some(ctx.images.agent.clone()),
+        image_pull_policy: ctx.images.agent_pull_policy.clone(),
         args: Some(vec!["--config".to_string(), CONFIG_PATH.to_string()]),
         env: Some(vec![
             env_field("POD_IP", "status.podIP"),

@@ -654,3 +654,26 @@ fn agent_pods_get_the_tailnets_scheduling() {
     );
     assert_eq!(pod.priority_class_name.as_deref(), Some("tailnet-agents"));
 }
+
+#[test]
+fn agent_containers_get_the_operators_pull_policies_or_the_kubernetes_default() {
+    let tailnet: Tailnet = load("10-tailnet.yaml");
+    let egress: TailnetEgress = load("20-egress.yaml");
+    let policies = |deployment: &k8s_openapi::api::apps::v1::Deployment| {
+        let pod = pod(deployment);
+        (
+            container(pod, "tailnet-agent").image_pull_policy.clone(),
+            container(pod, "tailscale").image_pull_policy.clone(),
+        )
+    };
+    let objects = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    assert_eq!(policies(&objects.deployment), (None, None));
+    let mut with_policies = ctx(&tailnet);
+    with_policies.images.agent_pull_policy = Some("Always".into());
+    with_policies.images.tailscale_pull_policy = Some("Never".into());
+    let objects = egress::render(&egress, &with_policies, &BTreeMap::new()).expect("render");
+    assert_eq!(
+        policies(&objects.deployment),
+        (Some("Always".into()), Some("Never".into()))
+    );
+}

@@ -35,7 +35,12 @@ Examples:
 
 /// Flags added after the environment names got the `TAILNET_OPERATOR_` prefix (no old name).
 #[cfg(test)]
-pub const ENV_WITHOUT_OLD_NAME: &[&str] = &["watch_namespaces", "apply_tailnet"];
+pub const ENV_WITHOUT_OLD_NAME: &[&str] = &[
+    "watch_namespaces",
+    "apply_tailnet",
+    "agent_image_pull_policy",
+    "tailscale_image_pull_policy",
+];
 
 /// Flag id, the environment variable of earlier releases, its `TAILNET_OPERATOR_` name.
 pub const DEPRECATED_ENV: &[(&str, &str, &str)] = &[
@@ -195,6 +200,13 @@ pub struct RunArgs {
     /// Default image of the tailscale container (spec.agent.tailscaleImage overrides it).
     #[arg(long, env = "TAILNET_OPERATOR_TAILSCALE_IMAGE", default_value = tailnet_render::images::DEFAULT_TAILSCALE_IMAGE)]
     pub tailscale_image: String,
+    /// `imagePullPolicy` of the agent pods' tailnet-agent container (default: Kubernetes'
+    /// default, IfNotPresent unless the tag is `latest`).
+    #[arg(long, env = "TAILNET_OPERATOR_AGENT_IMAGE_PULL_POLICY", value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub agent_image_pull_policy: Option<String>,
+    /// `imagePullPolicy` of the agent pods' tailscale container (default as above).
+    #[arg(long, env = "TAILNET_OPERATOR_TAILSCALE_IMAGE_PULL_POLICY", value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub tailscale_image_pull_policy: Option<String>,
     /// Approve routes that cover IP egress targets: render `autoApprovers` for them and approve
     /// what approver nodes already advertise (Apply mode). `false` leaves route approval to
     /// the Headscale admin.
@@ -247,6 +259,8 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
             images: tailnet_render::images::Images {
                 agent: args.agent_image.clone(),
                 tailscale: args.tailscale_image.clone(),
+                agent_pull_policy: args.agent_image_pull_policy.clone(),
+                tailscale_pull_policy: args.tailscale_image_pull_policy.clone(),
             },
             cluster_domain: args.cluster_domain.clone(),
             approve_routes: args.route_approval,

@@ -1115,8 +1115,7 @@ fn chart_schema_pdb_overrides_podmonitor_crds_and_agent_scheduling_render_as_doc
         "operator.logFormat=xml",
         "typo=1",
         "image.digest=latest",
-        // Was accepted and ignored: the agents use Kubernetes' default pull policy.
-        "agent.image.pullPolicy=Always",
+        "agent.image.pullPolicy=Sometimes",
         "networkPolicy.typo=1",
     ] {
         let output = Command::new(&helm)
@@ -1251,7 +1250,8 @@ fn chart_tailnet_registry_extras_aggregated_roles_network_policy_and_monitoring_
 global: {imageRegistry: mirror.example.net, imagePullSecrets: [{name: global-pull}]}
 image: {pullPolicy: Always}
 agent:
-  image: {registry: agents.example.net}
+  image: {registry: agents.example.net, pullPolicy: Always}
+  tailscaleImage: {pullPolicy: Never}
   resources: {requests: {cpu: 10m}}
   tailscaleResources: {limits: {memory: 64Mi}}
 tailnet:
@@ -1375,6 +1375,8 @@ fn check_deployment_extras(deployment: &Value) {
         "--agent-image=agents.example.net/ghcr.io/tailnet-operator/tailnet-agent:v0.1.0",
         "--tailscale-image=mirror.example.net/ghcr.io/tailscale/tailscale:",
         "--apply-tailnet=/etc/tailnet-operator/tailnet/tailnet.yaml",
+        "--agent-image-pull-policy=Always",
+        "--tailscale-image-pull-policy=Never",
     ] {
         assert!(args.contains(expected), "{expected} not in {args}");
     }
