@@ -336,3 +336,106 @@ fn check_tailnet(spec: &Value) {
         "agent.resources: {spec}"
     );
 }
+
+/// The order a real `helm install` cannot promise: the operator starts before the Tailnet CRD
+/// is served. It keeps running, logs each refused attempt, and applies the Tailnet once the
+/// CRDs are installed (no restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_applies_the_chart_tailnet_once_the_crds_appear() {
+    let Ok(operator) = tno_testenv_kube::binaries::workspace_binary("tailnet-operator") else {
+        return skip_or_panic("tailnet-operator missing (cargo build -p tailnet-operator)");
+    };
+    let binaries = Binaries::discover().expect("deps/versions.env");
+    let dir = std::env::temp_dir().join(format!("tno-helm-late-crds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let control_plane = ControlPlane::start(
+        &binaries,
+        &dir.join("cluster"),
+        std::net::Ipv4Addr::LOCALHOST,
+        &tno_testenv_kube::network::ClusterNetwork::PRIMARY,
+    )
+    .await
+    .expect("a bare control plane");
+    let admin = control_plane.admin_client().await.expect("admin client");
+    prerequisites(&admin).await;
+    let manifest = dir.join("tailnet.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: tailnet-operator.dev/v1alpha1\nkind: Tailnet\nmetadata:\n  name: late\n\
+         spec:\n  server: https://headscale.example.net\n  apiSecretRef: {name: headscale-api-key, key: api-key}\n\
+         \x20 dns: {ingressNameTemplate: \"{name}.{namespace}.example.net\"}\n\
+         \x20 policy: {mode: DryRun, tagOwners: [\"group:platform\"]}\n",
+    )
+    .expect("manifest");
+    let port = tno_testenv_kube::process::free_port().expect("port");
+    let log = dir.join("operator.log");
+    let child = Command::new(&operator)
+        .args([
+            "run",
+            "--operator-namespace",
+            NAMESPACE,
+            "--log-format",
+            "text",
+        ])
+        .arg(format!("--admin-address=127.0.0.1:{port}"))
+        .arg(format!("--apply-tailnet={}", manifest.display()))
+        .env("KUBECONFIG", &control_plane.admin_kubeconfig)
+        .env("TAILNET_OPERATOR_POD_NAME", "operator-0")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("the operator starts");
+    let mut operator = Running(child);
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    tno_testenv_kube::process::poll_until(
+        "a refused attempt in the operator's log (no Tailnet CRD yet)",
+        Duration::from_secs(60),
+        || async {
+            read_log()
+                .contains("cannot apply the chart's Tailnet yet")
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+    assert!(
+        operator.0.try_wait().expect("status").is_none(),
+        "the operator keeps running without the CRDs:\n{}",
+        read_log()
+    );
+
+    let crds = tno_testenv_kube::crds::read_crds(
+        &tno_testenv_kube::crds::yaml_files(&root().join("deploy/crds")).expect("CRD files"),
+    )
+    .expect("CRDs");
+    tno_testenv_kube::crds::install_crds(&admin, &crds, Duration::from_secs(60))
+        .await
+        .expect("CRDs installed");
+    let mut resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "tailnet-operator.dev",
+        "v1alpha1",
+        "Tailnet",
+    ));
+    resource.plural = "tailnets".into();
+    let tailnets: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
+    // The retry backoff is capped at 30 s.
+    let tailnet = tno_testenv_kube::process::poll_until(
+        "the Tailnet `late` after the CRDs appeared",
+        Duration::from_secs(90),
+        || async { tailnets.get_opt("late").await.ok().flatten() },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+    assert_eq!(
+        tailnet.data["spec"]["dns"]["ingressNameTemplate"],
+        "{name}.{namespace}.example.net"
+    );
+    assert!(
+        read_log().contains("applied the chart's Tailnet"),
+        "{}",
+        read_log()
+    );
+    drop(operator);
+    drop(control_plane);
+    let _ = std::fs::remove_dir_all(&dir);
+}
