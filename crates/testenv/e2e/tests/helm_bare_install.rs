@@ -8,6 +8,8 @@
 //! with the Deployment's own arguments (read back from the apiserver), the mounted ConfigMap's
 //! manifest and the chart's ServiceAccount token (so only the chart's RBAC), and applies the
 //! Tailnet at start. No kubelet here: the operator runs as a process, as the pod would.
+//! A second test starts the operator before the CRDs exist: it keeps running, logs the refused
+//! attempts, and applies the Tailnet once they are installed.
 //!
 //! helm or the operator binary missing: skips unless TNO_REQUIRE_REAL_ENV=1.
 
