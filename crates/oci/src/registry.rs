@@ -163,10 +163,24 @@ impl Client {
         scope: &str,
         build: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response> {
-        let cached = self.cached_authorization(scope);
+        let registry = scope
+            .split_once('/')
+            .map_or(scope, |(registry, _)| registry);
+        let cached = self
+            .cached_authorization(scope)
+            .filter(|_| url.starts_with(&format!("{}/", Self::base(registry))));
         let response = self.attempt(method, url, &build, cached.as_deref()).await?;
         if response.status() != reqwest::StatusCode::UNAUTHORIZED {
             return Ok(response);
+        }
+        // Credentials and tokens go to the registry only, never to another host (an upload
+        // Location may point at storage elsewhere).
+        if !url.starts_with(&format!("{}/", Self::base(registry))) {
+            return Err(Error::Unauthorized {
+                method,
+                url: url.to_string(),
+                reason: format!("401 from a host other than the registry {registry}"),
+            });
         }
         let challenge = response
             .headers()
