@@ -79,6 +79,9 @@ pub struct ClientOptions {
     pub max_attempts: u32,
     /// Backoff before the second attempt; doubles each time.
     pub initial_backoff: Duration,
+    /// PEM certificates of a private CA trusted besides the system roots (the Tailnet's
+    /// `spec.serverCA`).
+    pub server_ca_pem: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -88,8 +91,31 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_secs(5),
             max_attempts: 3,
             initial_backoff: Duration::from_millis(200),
+            server_ca_pem: None,
         }
     }
+}
+
+/// The certificates of a PEM bundle (at least one; anything that is not a `CERTIFICATE`
+/// block is ignored, as with `ca.crt` files that carry comments).
+pub fn server_ca_certificates(pem: &str) -> Result<Vec<reqwest::Certificate>, Error> {
+    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(Error::InvalidServerCa {
+            message: "no \"-----BEGIN CERTIFICATE-----\" block in it".to_string(),
+        });
+    }
+    let certificates =
+        reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| {
+            Error::InvalidServerCa {
+                message: e.to_string(),
+            }
+        })?;
+    if certificates.is_empty() {
+        return Err(Error::InvalidServerCa {
+            message: "no certificate could be read from it".to_string(),
+        });
+    }
+    Ok(certificates)
 }
 
 /// A Headscale API client. Cheap to clone.
@@ -127,12 +153,16 @@ impl Client {
             let path = format!("{}/", base.path());
             base.set_path(&path);
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(options.timeout)
             .connect_timeout(options.connect_timeout)
-            .user_agent(concat!("tailnet-operator/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(Error::Client)?;
+            .user_agent(concat!("tailnet-operator/", env!("CARGO_PKG_VERSION")));
+        if let Some(pem) = &options.server_ca_pem {
+            for certificate in server_ca_certificates(pem)? {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        let http = builder.build().map_err(Error::Client)?;
         Ok(Client {
             base,
             http,
@@ -140,6 +170,11 @@ impl Client {
             options,
             observer: None,
         })
+    }
+
+    /// Whether it trusts a private CA ([`ClientOptions::server_ca_pem`]).
+    pub fn trusts_private_ca(&self) -> bool {
+        self.options.server_ca_pem.is_some()
     }
 
     /// Reports every attempt to `observer`.
