@@ -153,16 +153,28 @@ impl Client {
             let path = format!("{}/", base.path());
             base.set_path(&path);
         }
-        let mut builder = reqwest::Client::builder()
-            .timeout(options.timeout)
-            .connect_timeout(options.connect_timeout)
-            .user_agent(concat!("tailnet-operator/", env!("CARGO_PKG_VERSION")));
-        if let Some(pem) = &options.server_ca_pem {
-            for certificate in server_ca_certificates(pem)? {
-                builder = builder.add_root_certificate(certificate);
+        let builder = || {
+            reqwest::Client::builder()
+                .timeout(options.timeout)
+                .connect_timeout(options.connect_timeout)
+                .user_agent(concat!("tailnet-operator/", env!("CARGO_PKG_VERSION")))
+        };
+        let http = match &options.server_ca_pem {
+            None => builder().build().map_err(Error::Client)?,
+            Some(pem) => {
+                let with_ca = server_ca_certificates(pem)?
+                    .into_iter()
+                    .fold(builder(), |b, certificate| b.add_root_certificate(certificate));
+                // The TLS backend parses the certificates only here: a block that is not a
+                // certificate fails the build, which the client without them would not.
+                with_ca.build().map_err(|e| match builder().build() {
+                    Ok(_) => Error::InvalidServerCa {
+                        message: format!("a certificate in it cannot be used as a root: {e}"),
+                    },
+                    Err(_) => Error::Client(e),
+                })?
             }
-        }
-        let http = builder.build().map_err(Error::Client)?;
+        };
         Ok(Client {
             base,
             http,

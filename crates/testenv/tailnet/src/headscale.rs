@@ -126,6 +126,11 @@ impl Headscale {
         self.ca.cert_pem()
     }
 
+    /// The lab CA itself (to issue certificates for test proxies in front of Headscale).
+    pub fn ca(&self) -> &LabCa {
+        &self.ca
+    }
+
     /// A directory holding only the lab CA's `ca.crt`: `SSL_CERT_DIR` of tailscaled.
     pub fn ca_dir(&self) -> &Path {
         self.ca.dir()
