@@ -34,12 +34,33 @@ while IFS='=' read -r key value; do
   VERSIONS[$key]=$value
 done < <(grep -E '^[A-Z][A-Z0-9_]*=[^[:space:]]+$' "$DEPS_ROOT/versions.env")
 
+# version_of C: the pinned version, or TNO_<C>_VERSION from the environment (a
+# version matrix run, e.g. TNO_HEADSCALE_VERSION=v0.29.2). A version other than
+# the pinned one is built from its own wrapper module deps/go/<c>-<version>/.
 version_of() {
-  local key
+  local key override
   key="$(tr 'a-z-' 'A-Z_' <<<"$1")_VERSION"
+  override="TNO_$key"
+  if [[ -n ${!override:-} ]]; then
+    printf '%s\n' "${!override}"
+    return
+  fi
   [[ -n ${VERSIONS[$key]:-} ]] || die "$key missing from deps/versions.env"
   printf '%s\n' "${VERSIONS[$key]}"
 }
+
+# wrapper_dir C: the wrapper module that pins C's modules at version_of C.
+wrapper_dir() {
+  local key ver
+  key="$(tr 'a-z-' 'A-Z_' <<<"$1")_VERSION"
+  ver=$(version_of "$1")
+  if [[ $ver == "${VERSIONS[$key]:-}" ]]; then
+    printf '%s\n' "$DEPS_ROOT/go/$1"
+  else
+    printf '%s\n' "$DEPS_ROOT/go/$1-$ver"
+  fi
+}
+
 
 # ------------------------------------------------------- component tables
 # binaries_of C: the programs component C provides (the --print-env names).
@@ -124,8 +145,8 @@ setup_go() {
   export CGO_ENABLED=0
   export GOWORK=off
   export GOFLAGS=-buildvcs=false  # our own checkout's VCS state is not the component's
-  # The approved toolchain is the machine's Go (1.26.x); no component needs newer.
-  # If one ever does: put GOTOOLCHAIN=go1.27.3 into the environment of every build.
+  # The approved toolchain is the machine's Go (1.26.x); no component needs newer
+  # (tailscale 1.104.x would: see deps/versions.env).
   export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
   GO_P=${TNO_DEPS_GO_P:-2}
 }
@@ -211,7 +232,8 @@ tags_of() {
 # the way components are built changes.
 RECIPE_REV=2
 recipe_of() {
-  local c=$1 dir=$DEPS_ROOT/go/$1
+  local c=$1 dir
+  dir=$(wrapper_dir "$c")
   {
     echo "component=$c version=$(version_of "$c") recipe=$RECIPE_REV"
     echo "packages=$(packages_of "$c")"
@@ -252,7 +274,8 @@ publish() {
 
 # check_wrapper C: the committed wrapper go.mod pins the versions.env version.
 check_wrapper() {
-  local c=$1 dir=$DEPS_ROOT/go/$1 want got mod
+  local c=$1 dir want got mod
+  dir=$(wrapper_dir "$c")
   want=$(version_of "$c")
   mod=$(main_module_of "$c")
   [[ -f $dir/go.mod ]] || die "$dir/go.mod missing; run deps/build.sh --pin $c"
@@ -271,7 +294,7 @@ check_wrapper() {
 build_go_component() {
   local c=$1 ver dir tmp t0 t1 t2 ldflags tags pair name pkg out
   ver=$(version_of "$c")
-  dir=$DEPS_ROOT/go/$c
+  dir=$(wrapper_dir "$c")
   mkdir -p "$CACHE_ROOT"
   tmp=$(mktemp -d "$CACHE_ROOT/.tmp-$c-$ver.XXXXXX")
   # shellcheck disable=SC2064
@@ -318,7 +341,7 @@ build_go_component() {
 build_cert_manager() {
   local c=cert-manager ver dir tmp src t0 f n
   ver=$(version_of "$c")
-  dir=$DEPS_ROOT/go/$c
+  dir=$(wrapper_dir "$c")
   t0=$(date +%s)
   check_wrapper "$c"
   src=$(module_meta "$dir" "$(main_module_of "$c")" Dir)
@@ -378,7 +401,7 @@ build_cert_manager() {
 build_headscale() {
   local c=headscale ver dir tmp t0 t1 t2 pkg pair modcache
   ver=$(version_of "$c")
-  dir=$DEPS_ROOT/go/$c
+  dir=$(wrapper_dir "$c")
   pair=$(packages_of "$c"); pkg=${pair#*=}
   mkdir -p "$CACHE_ROOT"
   tmp=$(mktemp -d "$CACHE_ROOT/.tmp-$c-$ver.XXXXXX")
@@ -431,7 +454,8 @@ build_component() {
 
 # -------------------------------------------------------------- --pin
 write_tool_gomod() {  # write_tool_gomod C  (go.mod with tool directives, then tidy)
-  local c=$1 dir=$DEPS_ROOT/go/$1 ver mod pair
+  local c=$1 dir ver mod pair
+  dir=$(wrapper_dir "$c")
   ver=$(version_of "$c")
   mod=$(main_module_of "$c")
   mkdir -p "$dir"
@@ -468,7 +492,8 @@ write_tool_gomod() {  # write_tool_gomod C  (go.mod with tool directives, then t
 }
 
 pin_component() {
-  local c=$1 dir=$DEPS_ROOT/go/$1 ver mod
+  local c=$1 dir ver mod
+  dir=$(wrapper_dir "$c")
   ver=$(version_of "$c")
   mod=$(main_module_of "$c")
   log "pinning $c $ver in $dir"

@@ -70,6 +70,10 @@ pub mod reasons {
     pub const SECRET_MISSING: &str = "SecretMissing";
     pub const SECRET_UNREADABLE: &str = "SecretUnreadable";
     pub const SECRET_KEY_MISSING: &str = "SecretKeyMissing";
+    /// `spec.serverCA` names a ConfigMap or key that does not exist.
+    pub const SERVER_CA_MISSING: &str = "ServerCAMissing";
+    /// `spec.serverCA`'s key holds no PEM certificate.
+    pub const SERVER_CA_INVALID: &str = "ServerCAInvalid";
     // Tailnet: BaseValid.
     pub const VALID: &str = "Valid";
     pub const CONFIG_MAP_NOT_FOUND: &str = "ConfigMapNotFound";
@@ -159,6 +163,9 @@ pub mod reasons {
         pub const DNS_ERROR: &str = "DNSError";
         pub const CONNECTION_FAILED: &str = "ConnectionFailed";
         pub const TLS_ERROR: &str = "TLSError";
+        /// Headscale's certificate is not signed by a CA the operator trusts (set or fix
+        /// `spec.serverCA`) or not valid for the server's name.
+        pub const CERTIFICATE_UNTRUSTED: &str = "CertificateUntrusted";
         pub const TIMEOUT: &str = "Timeout";
         pub const TRANSPORT_ERROR: &str = "TransportError";
         pub const UNAUTHORIZED: &str = "Unauthorized";
@@ -170,6 +177,7 @@ pub mod reasons {
         pub const ALL: &[&str] = &[
             DNS_ERROR,
             CONNECTION_FAILED,
+            CERTIFICATE_UNTRUSTED,
             TLS_ERROR,
             TIMEOUT,
             TRANSPORT_ERROR,
@@ -178,6 +186,9 @@ pub mod reasons {
             UNEXPECTED_RESPONSE,
             INVALID_URL,
             CLIENT_ERROR,
+            // The client refuses a `spec.serverCA` bundle it cannot read (the operator names
+            // that before building a client; this is the client's own check).
+            super::SERVER_CA_INVALID,
         ];
     }
 }

@@ -50,6 +50,21 @@ pub struct TailnetSpec {
     /// Overrides for the agent pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentOverrides>,
+    /// The private CA that signed `server`'s certificate (a PEM bundle in a ConfigMap of the
+    /// operator namespace). The operator's Headscale client trusts it besides the system
+    /// roots, and every agent's tailscale container gets it (`SSL_CERT_DIR`), so tailscaled
+    /// logs in over it. Not needed for a publicly trusted certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "serverCA")]
+    pub server_ca: Option<ServerCa>,
+}
+
+/// Where the CA bundle of the Headscale server is.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerCa {
+    /// A key of a ConfigMap in the operator namespace holding one or more PEM certificates
+    /// (e.g. `{name: headscale-ca, key: ca.crt}`).
+    pub config_map_ref: KeyRef,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]

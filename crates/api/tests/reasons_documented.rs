@@ -97,6 +97,7 @@ fn headscale_client_reasons_are_mirrored() {
     let kinds = [
         TransportKind::Dns,
         TransportKind::Connect,
+        TransportKind::CertificateUntrusted,
         TransportKind::Tls,
         TransportKind::Timeout,
         TransportKind::Other,
@@ -127,6 +128,9 @@ fn headscale_client_reasons_are_mirrored() {
             message: String::new(),
         },
         Error::Client(builder_error()),
+        Error::InvalidServerCa {
+            message: String::new(),
+        },
     ]);
     // A new variant must be added above: this match fails to compile until it is.
     for error in &errors {
@@ -136,7 +140,8 @@ fn headscale_client_reasons_are_mirrored() {
             | Error::Api { .. }
             | Error::Decode { .. }
             | Error::InvalidUrl { .. }
-            | Error::Client(_) => {}
+            | Error::Client(_)
+            | Error::InvalidServerCa { .. } => {}
         }
         assert!(
             reasons::headscale::ALL.contains(&error.reason()),

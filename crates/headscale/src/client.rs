@@ -79,6 +79,9 @@ pub struct ClientOptions {
     pub max_attempts: u32,
     /// Backoff before the second attempt; doubles each time.
     pub initial_backoff: Duration,
+    /// PEM certificates of a private CA trusted besides the system roots (the Tailnet's
+    /// `spec.serverCA`).
+    pub server_ca_pem: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -88,8 +91,30 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_secs(5),
             max_attempts: 3,
             initial_backoff: Duration::from_millis(200),
+            server_ca_pem: None,
         }
     }
+}
+
+/// The certificates of a PEM bundle (at least one; anything that is not a `CERTIFICATE`
+/// block is ignored, as with `ca.crt` files that carry comments).
+pub fn server_ca_certificates(pem: &str) -> Result<Vec<reqwest::Certificate>, Error> {
+    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(Error::InvalidServerCa {
+            message: "no \"-----BEGIN CERTIFICATE-----\" block in it".to_string(),
+        });
+    }
+    let certificates = reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| {
+        Error::InvalidServerCa {
+            message: e.to_string(),
+        }
+    })?;
+    if certificates.is_empty() {
+        return Err(Error::InvalidServerCa {
+            message: "no certificate could be read from it".to_string(),
+        });
+    }
+    Ok(certificates)
 }
 
 /// A Headscale API client. Cheap to clone.
@@ -127,12 +152,30 @@ impl Client {
             let path = format!("{}/", base.path());
             base.set_path(&path);
         }
-        let http = reqwest::Client::builder()
-            .timeout(options.timeout)
-            .connect_timeout(options.connect_timeout)
-            .user_agent(concat!("tailnet-operator/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(Error::Client)?;
+        let builder = || {
+            reqwest::Client::builder()
+                .timeout(options.timeout)
+                .connect_timeout(options.connect_timeout)
+                .user_agent(concat!("tailnet-operator/", env!("CARGO_PKG_VERSION")))
+        };
+        let http = match &options.server_ca_pem {
+            None => builder().build().map_err(Error::Client)?,
+            Some(pem) => {
+                let with_ca = server_ca_certificates(pem)?
+                    .into_iter()
+                    .fold(builder(), |b, certificate| {
+                        b.add_root_certificate(certificate)
+                    });
+                // The TLS backend parses the certificates only here: a block that is not a
+                // certificate fails the build, which the client without them would not.
+                with_ca.build().map_err(|e| match builder().build() {
+                    Ok(_) => Error::InvalidServerCa {
+                        message: format!("a certificate in it cannot be used as a root: {e}"),
+                    },
+                    Err(_) => Error::Client(e),
+                })?
+            }
+        };
         Ok(Client {
             base,
             http,
@@ -140,6 +183,11 @@ impl Client {
             options,
             observer: None,
         })
+    }
+
+    /// Whether it trusts a private CA ([`ClientOptions::server_ca_pem`]).
+    pub fn trusts_private_ca(&self) -> bool {
+        self.options.server_ca_pem.is_some()
     }
 
     /// Reports every attempt to `observer`.

@@ -9,7 +9,10 @@ pub enum TransportKind {
     Dns,
     /// TCP connection refused or unreachable.
     Connect,
-    /// TLS handshake or certificate verification failed.
+    /// The server's certificate is not signed by a trusted CA (e.g. a private CA that the
+    /// client was not given) or not valid for the server's name.
+    CertificateUntrusted,
+    /// Another TLS handshake failure.
     Tls,
     /// No answer in time.
     Timeout,
@@ -22,6 +25,7 @@ impl TransportKind {
         match self {
             TransportKind::Dns => "DNSError",
             TransportKind::Connect => "ConnectionFailed",
+            TransportKind::CertificateUntrusted => "CertificateUntrusted",
             TransportKind::Tls => "TLSError",
             TransportKind::Timeout => "Timeout",
             TransportKind::Other => "TransportError",
@@ -63,6 +67,9 @@ pub enum Error {
     InvalidUrl { url: String, message: String },
     #[error("building the HTTP client: {0}")]
     Client(#[source] reqwest::Error),
+    /// The CA bundle given for the server holds no usable PEM certificate.
+    #[error("the server CA bundle is not usable: {message}")]
+    InvalidServerCa { message: String },
 }
 
 impl Error {
@@ -75,6 +82,7 @@ impl Error {
             Error::Decode { .. } => "UnexpectedResponse",
             Error::InvalidUrl { .. } => "InvalidURL",
             Error::Client(_) => "ClientError",
+            Error::InvalidServerCa { .. } => "ServerCAInvalid",
         }
     }
 
@@ -111,6 +119,11 @@ impl Error {
             || lower.contains("name or service not known")
         {
             TransportKind::Dns
+        } else if lower.contains("unknownissuer")
+            || lower.contains("notvalidforname")
+            || lower.contains("invalid peer certificate")
+        {
+            TransportKind::CertificateUntrusted
         } else if lower.contains("certificate")
             || lower.contains("tls")
             || lower.contains("handshake")

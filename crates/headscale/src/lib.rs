@@ -14,7 +14,7 @@ mod error;
 mod secret;
 mod types;
 
-pub use client::{CallObserver, Client, ClientOptions, Endpoint};
+pub use client::{CallObserver, Client, ClientOptions, Endpoint, server_ca_certificates};
 pub use error::{Error, TransportKind};
 pub use secret::Secret;
 pub use types::*;

@@ -1,5 +1,6 @@
-//! The client against a real Headscale 0.29.2 (started by the test environment, with a real
-//! subnet router advertising 192.0.2.0/24 and 198.51.100.0/24).
+//! The client against a real Headscale 0.29 (started by the test environment over HTTPS with
+//! a certificate of the run's lab CA, with a real subnet router advertising 192.0.2.0/24 and
+//! 198.51.100.0/24).
 
 use std::time::Duration;
 
@@ -12,7 +13,10 @@ fn client(env: &TailnetEnv, key: &str) -> Client {
     Client::new(
         &env.headscale.root_url(),
         Secret::new(key),
-        ClientOptions::default(),
+        ClientOptions {
+            server_ca_pem: Some(env.headscale.ca_pem().to_owned()),
+            ..ClientOptions::default()
+        },
     )
     .expect("client")
 }
@@ -71,6 +75,46 @@ async fn version_health_and_failures(env: &TailnetEnv, hs: &Client) {
     .expect("client");
     let err = dead.version().await.expect_err("refused");
     assert_eq!(err.reason(), "ConnectionFailed", "{err}");
+
+    server_certificate_trust(env).await;
+}
+
+/// Headscale's certificate is only trusted with the CA that signed it: the system roots alone
+/// and another CA are `CertificateUntrusted`; a bundle without a certificate is refused when
+/// the client is built.
+async fn server_certificate_trust(env: &TailnetEnv) {
+    let with_ca = |ca: Option<String>| {
+        Client::new(
+            &env.headscale.root_url(),
+            Secret::new(env.headscale.api_key()),
+            ClientOptions {
+                server_ca_pem: ca,
+                max_attempts: 1,
+                ..ClientOptions::default()
+            },
+        )
+    };
+    let system_roots_only = with_ca(None).expect("client");
+    let err = system_roots_only.version().await.expect_err("untrusted");
+    assert_eq!(err.reason(), "CertificateUntrusted", "{err}");
+
+    let dir = std::env::temp_dir().join(format!("other-ca-{}", std::process::id()));
+    let other = tno_testenv_tailnet::LabCa::generate(&dir, "another CA").expect("other CA");
+    let other_ca = with_ca(Some(other.cert_pem().to_owned())).expect("client");
+    let err = other_ca.version().await.expect_err("untrusted");
+    assert_eq!(err.reason(), "CertificateUntrusted", "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let err = with_ca(Some("# only a comment\n".into())).expect_err("no certificate");
+    assert_eq!(err.reason(), "ServerCAInvalid", "{err}");
+    let err = with_ca(Some(
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n".into(),
+    ))
+    .expect_err("not a certificate");
+    assert_eq!(err.reason(), "ServerCAInvalid", "{err}");
+
+    let trusted = with_ca(Some(env.headscale.ca_pem().to_owned())).expect("client");
+    assert!(trusted.version().await.is_ok());
 }
 
 async fn policy_round_trip(hs: &Client) {

@@ -160,6 +160,7 @@ fn controllers_output(
     let access = TailnetView {
         tailnet: tailnet.clone(),
         headscale: Err(Problem::new("Unknown", "not asked")),
+        server_ca: None,
     };
     let (mut objects, target_kinds) =
         egress_decisions(&egresses, &access, &headscale_nodes(observed), &config, now);

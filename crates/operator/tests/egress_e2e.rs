@@ -527,7 +527,33 @@ async fn ready_and_bytes_cross(site: &Site<'_>) -> (TailnetEgressStatus, String)
         "echo through the egress failed:\n{run}\n{}",
         env.diagnostics(Some(ns))
     );
+    tailscaled_logged_in_over_the_lab_ca(site).await;
     (status, node_id)
+}
+
+/// The agent's tailscaled fetched the control key from the HTTPS Headscale (a TLS connection
+/// verified against the lab CA the operator mounted from `spec.serverCA`; the system roots do
+/// not know that CA) and logged in: its own log says so.
+async fn tailscaled_logged_in_over_the_lab_ca(site: &Site<'_>) {
+    let pods = agent_pods(site.pods, "tailnet-egress-site")
+        .await
+        .expect("agent pods");
+    let pod = pods
+        .first()
+        .and_then(|p| p.metadata.name.clone())
+        .expect("agent pod");
+    let log = site.ops.container_log(&pod, "tailscale");
+    let wanted = format!("control server key from {}", site.env.headscale_url());
+    let line = log
+        .lines()
+        .find(|l| l.contains(&wanted))
+        .unwrap_or_else(|| panic!("no {wanted:?} in the tailscale container's log:\n{log}"));
+    assert!(wanted.contains("https://"), "{wanted}");
+    assert!(
+        !log.contains("x509: certificate signed by unknown authority"),
+        "tailscaled distrusted the lab CA:\n{log}"
+    );
+    println!("egress agent {pod}, tailscale container: {}", line.trim());
 }
 
 async fn bulk_transfer_and_direct_dial(site: &Site<'_>) {

@@ -400,7 +400,10 @@ async fn setup(env: Arc<E2eEnv>) -> Result<(Fixture, tno_testenv::E2eNamespace<'
     let headscale = Headscale::new(
         &env.headscale_root_url(),
         Secret::new(env.api_key().to_string()),
-        ClientOptions::default(),
+        ClientOptions {
+            server_ca_pem: Some(env.tailnet().headscale.ca_pem().to_owned()),
+            ..ClientOptions::default()
+        },
     )
     .map_err(|e| e.to_string())?;
     let client_net = env

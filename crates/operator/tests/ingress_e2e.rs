@@ -666,7 +666,10 @@ async fn forced_re_mint_leaves_exactly_one_valid_key(
     let headscale = tailnet_headscale::Client::new(
         &env.tailnet().headscale.root_url(),
         tailnet_headscale::Secret::new(env.tailnet().headscale.api_key()),
-        Default::default(),
+        tailnet_headscale::ClientOptions {
+            server_ca_pem: Some(env.tailnet().headscale.ca_pem().to_owned()),
+            ..Default::default()
+        },
     )
     .expect("headscale client");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &quota_ns);

@@ -2,8 +2,10 @@
 //! kube-apiserver and a real Headscale 0.29.
 //!
 //! Two operator processes share a Lease (6 s). The first one (the leader) reaches the
-//! apiserver through a TCP proxy of this test and Headscale through a counting HTTP proxy
-//! (`HTTP_PROXY`, so every Headscale request of that process is seen and timed). The test
+//! apiserver through a TCP proxy of this test and Headscale (HTTPS behind the lab CA) through a
+//! counting proxy (`HTTPS_PROXY`; the proxy answers `CONNECT`, terminates TLS with a
+//! certificate of the same lab CA and opens its own TLS connection to Headscale, so every
+//! Headscale request of that process is seen and timed). The test
 //! freezes the leader's apiserver proxy (connections stay open, no byte moves: a hung
 //! connection, not a refused one), then changes the base policy. The standby takes the Lease
 //! and writes the new policy; the old leader's caches are frozen at the old policy, so if it
@@ -131,28 +133,38 @@ impl Seen {
     }
 }
 
-/// A plain-HTTP forward proxy to one upstream (Headscale) that records every request line:
-/// the old leader's Headscale traffic, and only its, goes through it (`HTTP_PROXY`).
+/// A forward proxy to one upstream (the HTTPS Headscale) that records every request line: the
+/// old leader's Headscale traffic, and only its, goes through it (`HTTPS_PROXY`). It answers
+/// the `CONNECT`, terminates the tunnelled TLS with `acceptor` (a lab CA certificate, trusted
+/// by the operator through `spec.serverCA`) and forwards over its own TLS connection.
 struct CountingProxy {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl CountingProxy {
-    async fn start(upstream: SocketAddr) -> CountingProxy {
+    async fn start(
+        upstream: SocketAddr,
+        ca_pem: &str,
+        acceptor: tokio_rustls::TlsAcceptor,
+    ) -> CountingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy addr");
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
+        let ca_pem = ca_pem.to_owned();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let log = log.clone();
+                let (log, ca_pem, acceptor) = (log.clone(), ca_pem.clone(), acceptor.clone());
                 tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(upstream).await else {
+                    let Some(client) = accept_connect(client, &acceptor).await else {
                         return;
                     };
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut sr, mut sw) = server.into_split();
+                    let Ok(server) = support::lab_tls::connect(upstream, &ca_pem).await else {
+                        return;
+                    };
+                    let (mut cr, mut cw) = tokio::io::split(client);
+                    let (mut sr, mut sw) = tokio::io::split(server);
                     let requests = async {
                         forward_requests(&mut cr, &mut sw, &log).await;
                         let _ = sw.shutdown().await;
@@ -173,12 +185,35 @@ impl CountingProxy {
     }
 }
 
+/// Reads the proxy request (`CONNECT host:port`, nothing else is expected), answers 200 and
+/// terminates the client's TLS inside the tunnel.
+async fn accept_connect(
+    mut client: TcpStream,
+    acceptor: &tokio_rustls::TlsAcceptor,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > 8192 || client.read(&mut byte).await.ok()? == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    if !head.starts_with(b"CONNECT ") {
+        return None;
+    }
+    client
+        .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        .await
+        .ok()?;
+    acceptor.accept(client).await.ok()
+}
+
 /// Forwards requests one after another on a kept-alive connection, recording each request
 /// line: head, then Content-Length bytes of body (the client sends no chunked bodies).
-/// Absolute-form request targets pass through unchanged: Go's server takes them.
 async fn forward_requests(
-    from: &mut tokio::net::tcp::OwnedReadHalf,
-    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    from: &mut (impl tokio::io::AsyncRead + Unpin),
+    to: &mut (impl tokio::io::AsyncWrite + Unpin),
     log: &Mutex<Vec<Seen>>,
 ) {
     let mut pending: Vec<u8> = Vec::new();
@@ -274,9 +309,9 @@ impl Replica {
             .stdout(Stdio::null())
             .stderr(file);
         if let Some(proxy) = http_proxy {
-            // Headscale is plain HTTP: reqwest sends its requests through the proxy; the
-            // apiserver (HTTPS) is not affected.
-            command.env("HTTP_PROXY", format!("http://{proxy}"));
+            // reqwest (the Headscale client) tunnels its HTTPS requests through the proxy;
+            // the kube client ignores proxy variables (only a kubeconfig's proxy-url counts).
+            command.env("HTTPS_PROXY", format!("http://{proxy}"));
         }
         Replica {
             child: command.spawn().expect("start tailnet-operator"),
@@ -375,7 +410,10 @@ async fn scenario(
     let hs = tailnet_headscale::Client::new(
         &env.headscale.root_url(),
         tailnet_headscale::Secret::new(env.headscale.api_key()),
-        Default::default(),
+        tailnet_headscale::ClientOptions {
+            server_ca_pem: Some(env.headscale.ca_pem().to_owned()),
+            ..Default::default()
+        },
     )
     .expect("headscale client");
     let tailnet = tailnet_name(ns);
@@ -402,7 +440,12 @@ async fn scenario(
     // The first replica: apiserver through the freezable proxy, Headscale through the
     // counting one.
     let api_proxy = FreezeProxy::start(socket_addr(&kube.api_server_url())).await;
-    let hs_proxy = CountingProxy::start(socket_addr(&env.headscale.root_url())).await;
+    let hs_proxy = CountingProxy::start(
+        socket_addr(&env.headscale.root_url()),
+        env.headscale.ca_pem(),
+        support::lab_tls::acceptor(env.headscale.ca(), logs, "counting-proxy"),
+    )
+    .await;
     let via_proxy = kubeconfig_via(
         kube.kubeconfig(),
         &format!("https://{}", api_proxy.addr),
@@ -529,6 +572,24 @@ async fn create_bootstrap_secret(env: &TailnetEnv, ns: &str, client: &kube::Clie
         )
         .await
         .expect("bootstrap secret");
+    // The lab CA of Headscale's certificate (the Tailnet's spec.serverCA).
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: kube::api::ObjectMeta {
+                    name: Some("headscale-ca".into()),
+                    ..Default::default()
+                },
+                data: Some(BTreeMap::from([(
+                    "ca.crt".to_string(),
+                    env.headscale.ca_pem().to_owned(),
+                )])),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("lab CA ConfigMap");
 }
 
 async fn apply_tailnet(env: &TailnetEnv, client: &kube::Client, tailnet: &str) {
@@ -540,6 +601,7 @@ async fn apply_tailnet(env: &TailnetEnv, client: &kube::Client, tailnet: &str) {
             "metadata": {"name": tailnet},
             "spec": {
                 "server": env.headscale.root_url(),
+                "serverCA": {"configMapRef": {"name": "headscale-ca", "key": "ca.crt"}},
                 "apiSecretRef": {"name": "headscale-bootstrap", "key": "apiKey"},
                 "policy": {"baseConfigMap": "tailnet-policy", "mode": "Apply",
                            "tagOwners": ["group:platform"]}

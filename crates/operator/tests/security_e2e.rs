@@ -163,7 +163,10 @@ async fn run() {
     let headscale = tailnet_headscale::Client::new(
         &env.headscale_root_url(),
         tailnet_headscale::Secret::new(env.api_key()),
-        tailnet_headscale::ClientOptions::default(),
+        tailnet_headscale::ClientOptions {
+            server_ca_pem: Some(env.tailnet().headscale.ca_pem().to_owned()),
+            ..Default::default()
+        },
     )
     .expect("headscale client");
     let sec = Sec {

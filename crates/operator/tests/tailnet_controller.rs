@@ -79,6 +79,7 @@ fn tailnet_object(name: &str, server: &str, mode: &str, dns: Value) -> Value {
         "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet", "metadata": {"name": name},
         "spec": {
             "server": server,
+            "serverCA": {"configMapRef": {"name": "headscale-ca", "key": "ca.crt"}},
             "apiSecretRef": {"name": "headscale-bootstrap", "key": "apiKey"},
             "dns": dns,
             "policy": {"baseConfigMap": "tailnet-policy", "mode": mode, "tagOwners": ["group:platform"],
@@ -153,38 +154,44 @@ struct ProxyState {
 }
 
 impl EditingProxy {
-    async fn start(upstream: &str, api_key: &str) -> EditingProxy {
+    /// Plain HTTP towards the operator (the test reads the requests), TLS towards the lab's
+    /// HTTPS Headscale `upstream` (trusting `ca_pem`).
+    async fn start(upstream: &str, api_key: &str, ca_pem: &str) -> EditingProxy {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("proxy listener");
         let url = format!("http://{}", listener.local_addr().expect("proxy address"));
-        let upstream_addr = upstream
-            .strip_prefix("http://")
-            .expect("plain http Headscale")
+        let upstream_addr: std::net::SocketAddr = upstream
+            .strip_prefix("https://")
+            .expect("HTTPS Headscale")
             .trim_end_matches('/')
-            .to_string();
+            .parse()
+            .expect("host:port");
         let state = std::sync::Arc::new(std::sync::Mutex::new(ProxyState::default()));
         let hs = tailnet_headscale::Client::new(
             upstream,
             tailnet_headscale::Secret::new(api_key),
-            Default::default(),
+            tailnet_headscale::ClientOptions {
+                server_ca_pem: Some(ca_pem.to_owned()),
+                ..Default::default()
+            },
         )
         .expect("headscale client");
+        let ca_pem = ca_pem.to_owned();
         let shared = state.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
                     return;
                 };
-                let (state, hs, upstream_addr) =
-                    (shared.clone(), hs.clone(), upstream_addr.clone());
+                let (state, hs, ca_pem) = (shared.clone(), hs.clone(), ca_pem.clone());
                 tokio::spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect(&upstream_addr).await else {
+                    let Ok(server) = support::lab_tls::connect(upstream_addr, &ca_pem).await else {
                         return;
                     };
                     let (mut client_read, mut client_write) = client.into_split();
-                    let (mut server_read, mut server_write) = server.into_split();
+                    let (mut server_read, mut server_write) = tokio::io::split(server);
                     let down = tokio::spawn(async move {
                         let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
                     });
@@ -364,7 +371,10 @@ async fn scenario(
         hs: tailnet_headscale::Client::new(
             &env.headscale.root_url(),
             tailnet_headscale::Secret::new(env.headscale.api_key()),
-            Default::default(),
+            tailnet_headscale::ClientOptions {
+                server_ca_pem: Some(env.headscale.ca_pem().to_owned()),
+                ..Default::default()
+            },
         )
         .expect("headscale client"),
         tailnets: Api::all(client.clone()),
@@ -386,6 +396,7 @@ async fn scenario(
     let good = owned_elsewhere(&s, &first, &live).await;
     broken_bases(&s, &good).await;
     wrong_key(&s, &first).await;
+    server_ca(&s).await;
     short_lived_key(&s, &first).await;
     let mut second = leader_handover(&s, first).await;
     headscale_outage(&s, &mut second).await;
@@ -411,6 +422,13 @@ async fn declare(s: &Scenario<'_>) {
         )
         .await
         .expect("base");
+    s.cms
+        .create(
+            &PostParams::default(),
+            &cm("headscale-ca", ns, "ca.crt", s.env.headscale.ca_pem()),
+        )
+        .await
+        .expect("lab CA");
     s.apply_tailnet(&s.server, "DryRun", own_hosts_config_map(), "Tailnet")
         .await;
     apply(
@@ -648,6 +666,93 @@ async fn short_lived_key(s: &Scenario<'_>, first: &LocalOperator) {
     reachable_message(s, |m| !m.contains(public.as_str())).await;
 }
 
+/// (In Apply mode, as the phases before leave it.) The Tailnet's `spec.serverCA` against the
+/// lab's HTTPS Headscale: another CA, no CA at all,
+/// a missing key and a text without a certificate are each a named `HeadscaleReachable`
+/// reason saying which; the lab CA back, reachable again.
+async fn server_ca(s: &Scenario<'_>) {
+    let set_ca = |text: String| async move {
+        s.cms
+            .replace(
+                "headscale-ca",
+                &PostParams::default(),
+                &cm("headscale-ca", s.ns, "ca.crt", &text),
+            )
+            .await
+            .expect("CA ConfigMap replaced");
+    };
+    let message_of = |t: &Tailnet| {
+        t.condition("HeadscaleReachable")
+            .map(|c| c.message.clone())
+            .unwrap_or_default()
+    };
+    let scratch = s.logs.join(format!("other-ca-{}", s.ns));
+    let other = tno_testenv_tailnet::LabCa::generate(&scratch, "another CA").expect("other CA");
+    set_ca(other.cert_pem().to_owned()).await;
+    let t = s
+        .tailnet_becomes("HeadscaleReachable", "False", "CertificateUntrusted")
+        .await;
+    let message = message_of(&t);
+    eprintln!("another CA: HeadscaleReachable=False/CertificateUntrusted: {message}");
+    assert!(
+        message.contains("spec.serverCA, ConfigMap headscale-ca key \"ca.crt\""),
+        "{message}"
+    );
+
+    set_ca("not a certificate".to_owned()).await;
+    let t = s
+        .tailnet_becomes("HeadscaleReachable", "False", "ServerCAInvalid")
+        .await;
+    eprintln!(
+        "garbage: HeadscaleReachable=False/ServerCAInvalid: {}",
+        message_of(&t)
+    );
+
+    s.cms
+        .delete("headscale-ca", &Default::default())
+        .await
+        .expect("CA ConfigMap deleted");
+    let t = s
+        .tailnet_becomes("HeadscaleReachable", "False", "ServerCAMissing")
+        .await;
+    let message = message_of(&t);
+    eprintln!("no ConfigMap: HeadscaleReachable=False/ServerCAMissing: {message}");
+    assert!(message.contains("headscale-ca"), "{message}");
+
+    // Without spec.serverCA: the system roots do not know the lab CA.
+    let mut without = tailnet_object(&s.tailnet_name, &s.server, "Apply", own_hosts_config_map());
+    without["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("serverCA");
+    apply(&s.tailnets, &s.tailnet_name, without)
+        .await
+        .expect("Tailnet without serverCA");
+    let t = s
+        .tailnet_becomes("HeadscaleReachable", "False", "CertificateUntrusted")
+        .await;
+    let message = message_of(&t);
+    eprintln!("no serverCA: HeadscaleReachable=False/CertificateUntrusted: {message}");
+    assert!(message.contains("system roots only"), "{message}");
+
+    s.cms
+        .create(
+            &PostParams::default(),
+            &cm("headscale-ca", s.ns, "ca.crt", s.env.headscale.ca_pem()),
+        )
+        .await
+        .expect("lab CA back");
+    s.apply_tailnet(
+        &s.server,
+        "Apply",
+        own_hosts_config_map(),
+        "Tailnet with serverCA",
+    )
+    .await;
+    s.tailnet_becomes("HeadscaleReachable", "True", "Reachable")
+        .await;
+}
+
 /// Waits until the Tailnet's `HeadscaleReachable` is True with a message that `wanted`
 /// accepts; returns that message.
 async fn reachable_message(s: &Scenario<'_>, wanted: impl Fn(&str) -> bool) -> String {
@@ -807,7 +912,12 @@ async fn edit_during_check(s: &Scenario<'_>) {
     let env = s.env;
     let ns = s.ns;
     let events = &s.events;
-    let proxy = EditingProxy::start(&env.headscale.root_url(), env.headscale.api_key()).await;
+    let proxy = EditingProxy::start(
+        &env.headscale.root_url(),
+        env.headscale.api_key(),
+        env.headscale.ca_pem(),
+    )
+    .await;
     apply(
         tailnets,
         tailnet_name,

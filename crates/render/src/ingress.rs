@@ -125,7 +125,7 @@ pub fn render_valid(
         role: pod::role(&owner),
         role_binding: pod::role_binding(&owner),
         state_secret: pod::state_secret(&owner),
-        config_map: pod::config_map(&owner, &config_json),
+        config_map: pod::config_map(&owner, &config_json, ctx.server_ca_pem),
         deployment: pod::deployment(&owner, ctx, &parts),
         network_policy: network_policy(&owner),
         certificate,

@@ -33,6 +33,9 @@ pub struct RenderContext<'a> {
     pub images: images::Images,
     /// Cluster DNS domain, for backend Service names.
     pub cluster_domain: &'a str,
+    /// The Tailnet's `spec.serverCA` bundle (PEM), read by the operator: the agents' tailscale
+    /// containers trust it. `None` offline and without `spec.serverCA`.
+    pub server_ca_pem: Option<&'a str>,
 }
 
 /// Errors that stop rendering an agent (invalid input was validated before; these are the

@@ -36,6 +36,14 @@ use crate::meta::Owner;
 
 /// Key of the pre-auth key in the auth Secret.
 pub const AUTH_KEY: &str = "authkey";
+/// Key of the Tailnet's `spec.serverCA` bundle in the agent's ConfigMap.
+pub const SERVER_CA_KEY: &str = "server-ca.crt";
+/// Where the tailscale container finds that bundle: a directory holding only `ca.crt`.
+pub const SERVER_CA_DIR: &str = "/etc/tailnet-operator/server-ca";
+/// `SSL_CERT_DIR` of the tailscale container with a server CA: Go's crypto/x509 (tailscaled's
+/// control and DERP clients) reads every certificate file in these directories, besides the
+/// system bundle file it reads anyway; `/etc/ssl/certs` keeps the image's own directory.
+pub const SERVER_CA_CERT_DIRS: &str = "/etc/tailnet-operator/server-ca:/etc/ssl/certs";
 /// Non-root UID/GID of both containers.
 pub const RUN_AS: i64 = 65532;
 
@@ -191,6 +199,26 @@ fn service_account_volume() -> Volume {
     }
 }
 
+/// The volume of the tailscale container's CA directory: the agent ConfigMap's
+/// [`SERVER_CA_KEY`] as `ca.crt`.
+const SERVER_CA_VOLUME: &str = "server-ca";
+
+fn server_ca_volume(config_map: &str) -> Volume {
+    Volume {
+        name: SERVER_CA_VOLUME.to_string(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map.to_string(),
+            items: Some(vec![KeyToPath {
+                key: SERVER_CA_KEY.to_string(),
+                path: "ca.crt".to_string(),
+                mode: None,
+            }]),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}
+
 fn empty_dir(name: &str) -> Volume {
     Volume {
         name: name.to_string(),
@@ -220,40 +248,56 @@ fn tailscale_container(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> 
         name: "tailscale".to_string(),
         image: Some(ctx.images.tailscale.clone()),
         image_pull_policy: ctx.images.tailscale_pull_policy.clone(),
-        env: Some(vec![
-            env("TS_KUBE_SECRET", &names.state_secret),
-            env("TS_AUTH_ONCE", "true"),
-            env("TS_USERSPACE", "true"),
-            env("TS_SOCKET", LOCALAPI_SOCKET),
-            env("TS_HOSTNAME", &parts.hostname),
-            env("TS_EXTRA_ARGS", extra_args),
-            env("TS_ACCEPT_DNS", accept_dns),
-            // Self-hosted control: never upload logs to a third party.
-            env("TS_NO_LOGS_NO_SUPPORT", "true"),
-            EnvVar {
-                name: "TS_AUTHKEY".to_string(),
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector {
-                        name: names.auth_secret.clone(),
-                        key: AUTH_KEY.to_string(),
-                        // After the first login the key is gone; the node key lives in the
-                        // state Secret.
-                        optional: Some(true),
+        env: Some(
+            vec![
+                env("TS_KUBE_SECRET", &names.state_secret),
+                env("TS_AUTH_ONCE", "true"),
+                env("TS_USERSPACE", "true"),
+                env("TS_SOCKET", LOCALAPI_SOCKET),
+                env("TS_HOSTNAME", &parts.hostname),
+                env("TS_EXTRA_ARGS", extra_args),
+                env("TS_ACCEPT_DNS", accept_dns),
+                // Self-hosted control: never upload logs to a third party.
+                env("TS_NO_LOGS_NO_SUPPORT", "true"),
+                EnvVar {
+                    name: "TS_AUTHKEY".to_string(),
+                    value_from: Some(EnvVarSource {
+                        secret_key_ref: Some(SecretKeySelector {
+                            name: names.auth_secret.clone(),
+                            key: AUTH_KEY.to_string(),
+                            // After the first login the key is gone; the node key lives in the
+                            // state Secret.
+                            optional: Some(true),
+                        }),
+                        ..EnvVarSource::default()
                     }),
-                    ..EnvVarSource::default()
-                }),
-                ..EnvVar::default()
-            },
-            env_field("POD_IP", "status.podIP"),
-            env_field("POD_NAME", "metadata.name"),
-            env_field("POD_UID", "metadata.uid"),
-        ]),
-        volume_mounts: Some(vec![
-            mount("tailscale-socket", SOCKET_DIR, false),
-            mount("tailscale-tmp", "/tmp", false),
-            // containerboot keeps the node state in its Secret (`TS_KUBE_SECRET`).
-            mount(SERVICE_ACCOUNT_VOLUME, SERVICE_ACCOUNT_DIR, true),
-        ]),
+                    ..EnvVar::default()
+                },
+                env_field("POD_IP", "status.podIP"),
+                env_field("POD_NAME", "metadata.name"),
+                env_field("POD_UID", "metadata.uid"),
+            ]
+            .into_iter()
+            .chain(
+                ctx.server_ca_pem
+                    .map(|_| env("SSL_CERT_DIR", SERVER_CA_CERT_DIRS)),
+            )
+            .collect(),
+        ),
+        volume_mounts: Some(
+            [
+                mount("tailscale-socket", SOCKET_DIR, false),
+                mount("tailscale-tmp", "/tmp", false),
+                // containerboot keeps the node state in its Secret (`TS_KUBE_SECRET`).
+                mount(SERVICE_ACCOUNT_VOLUME, SERVICE_ACCOUNT_DIR, true),
+            ]
+            .into_iter()
+            .chain(
+                ctx.server_ca_pem
+                    .map(|_| mount(SERVER_CA_VOLUME, SERVER_CA_DIR, true)),
+            )
+            .collect(),
+        ),
         security_context: Some(restricted_container_security()),
         resources: Some(
             overrides
@@ -336,7 +380,15 @@ pub fn deployment(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Deplo
         empty_dir("tailscale-tmp"),
         service_account_volume(),
     ];
+    if ctx.server_ca_pem.is_some() {
+        volumes.push(server_ca_volume(&names.config));
+    }
     volumes.extend(parts.agent_volumes.iter().map(|(v, _)| v.clone()));
+    // A new CA bundle restarts the pod: Go reads its roots once, at the first TLS dial.
+    let config_hash = match ctx.server_ca_pem {
+        Some(pem) => config_hash(&[&parts.config_hash, pem]),
+        None => parts.config_hash.clone(),
+    };
     let scheduling = ctx.tailnet.agent.as_ref();
     let sysctls = parts.unprivileged_port_start.map(|start| {
         vec![Sysctl {
@@ -362,7 +414,7 @@ pub fn deployment(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Deplo
                     labels: Some(owner.labels()),
                     annotations: Some(BTreeMap::from([(
                         labels::CONFIG_HASH.to_string(),
-                        parts.config_hash.clone(),
+                        config_hash,
                     )])),
                     ..ObjectMeta::default()
                 }),
@@ -474,14 +526,20 @@ pub fn auth_secret(owner: &Owner, pre_auth_key: &str) -> k8s_openapi::api::core:
     }
 }
 
-/// The agent's ConfigMap.
-pub fn config_map(owner: &Owner, config_json: &str) -> k8s_openapi::api::core::v1::ConfigMap {
+/// The agent's ConfigMap: its config, and the Tailnet's server CA bundle when it has one
+/// (copied: the agent may run in another namespace than the operator's ConfigMap).
+pub fn config_map(
+    owner: &Owner,
+    config_json: &str,
+    server_ca_pem: Option<&str>,
+) -> k8s_openapi::api::core::v1::ConfigMap {
+    let mut data = BTreeMap::from([(CONFIG_KEY.to_string(), config_json.to_string())]);
+    if let Some(pem) = server_ca_pem {
+        data.insert(SERVER_CA_KEY.to_string(), pem.to_string());
+    }
     k8s_openapi::api::core::v1::ConfigMap {
         metadata: owner.meta(&owner.names().config),
-        data: Some(BTreeMap::from([(
-            CONFIG_KEY.to_string(),
-            config_json.to_string(),
-        )])),
+        data: Some(data),
         ..Default::default()
     }
 }

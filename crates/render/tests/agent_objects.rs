@@ -30,6 +30,7 @@ fn ctx(tailnet: &Tailnet) -> RenderContext<'_> {
         tailnet: &tailnet.spec,
         images: Images::default(),
         cluster_domain: "cluster.local",
+        server_ca_pem: None,
     }
 }
 
@@ -676,4 +677,95 @@ fn agent_containers_get_the_operators_pull_policies_or_the_kubernetes_default() 
         policies(&objects.deployment),
         (Some("Always".into()), Some("Never".into()))
     );
+}
+
+/// A Tailnet with `spec.serverCA`: the bundle is copied into the agent's ConfigMap and only
+/// the tailscale container mounts it, with `SSL_CERT_DIR` pointing at it; another bundle rolls
+/// the pod; without one nothing of it is rendered.
+#[test]
+fn the_server_ca_reaches_only_the_tailscale_container() {
+    let tailnet: Tailnet = load("10-tailnet.yaml");
+    let egress: TailnetEgress = load("20-egress.yaml");
+    let ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    let with_ca = |pem: &'static str| RenderContext {
+        server_ca_pem: Some(pem),
+        ..ctx(&tailnet)
+    };
+    let objects = egress::render(&egress, &with_ca(ca), &BTreeMap::new()).expect("render");
+    let data = objects.config_map.data.clone().expect("data");
+    assert_eq!(data.get("server-ca.crt").map(String::as_str), Some(ca));
+    let spec = pod(&objects.deployment);
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "server-ca")
+        .expect("server-ca volume");
+    let source = volume
+        .config_map
+        .as_ref()
+        .expect("from the agent ConfigMap");
+    assert_eq!(
+        source.name,
+        objects.config_map.metadata.name.clone().expect("name")
+    );
+    let items = source.items.clone().unwrap_or_default();
+    assert_eq!(
+        (items[0].key.as_str(), items[0].path.as_str()),
+        ("server-ca.crt", "ca.crt")
+    );
+    let tailscale = container(spec, "tailscale");
+    assert_eq!(
+        env(tailscale).get("SSL_CERT_DIR").map(String::as_str),
+        Some("/etc/tailnet-operator/server-ca:/etc/ssl/certs")
+    );
+    assert!(
+        tailscale
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "server-ca"
+                && m.mount_path == "/etc/tailnet-operator/server-ca"
+                && m.read_only == Some(true))
+    );
+    let agent = container(spec, "tailnet-agent");
+    assert!(!env(agent).contains_key("SSL_CERT_DIR"));
+    assert!(
+        !agent
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "server-ca")
+    );
+
+    let hash = |o: &egress::EgressObjects| {
+        o.deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.annotations.clone())
+            .expect("annotations")["tailnet-operator.dev/config-hash"]
+            .clone()
+    };
+    let rotated = egress::render(
+        &egress,
+        &with_ca("-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n"),
+        &objects.ports,
+    )
+    .expect("render");
+    assert_ne!(hash(&objects), hash(&rotated), "a new CA rolls the pod");
+
+    let without = egress::render(&egress, &ctx(&tailnet), &objects.ports).expect("render");
+    assert_ne!(hash(&objects), hash(&without));
+    assert!(
+        !without
+            .config_map
+            .data
+            .clone()
+            .unwrap_or_default()
+            .contains_key("server-ca.crt")
+    );
+    let spec = pod(&without.deployment);
+    assert!(!spec.volumes.iter().flatten().any(|v| v.name == "server-ca"));
+    assert!(!env(container(spec, "tailscale")).contains_key("SSL_CERT_DIR"));
 }

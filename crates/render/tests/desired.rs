@@ -72,6 +72,7 @@ fn ctx(tailnet: &Tailnet) -> RenderContext<'_> {
         tailnet: &tailnet.spec,
         images: Images::default(),
         cluster_domain: "cluster.local",
+        server_ca_pem: None,
     }
 }
 

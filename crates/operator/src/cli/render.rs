@@ -553,6 +553,8 @@ fn render_tailnet(
             tailnet: spec,
             images: Images::resolve(&Images::default(), spec.agent.as_ref()),
             cluster_domain: &args.cluster_domain,
+            // Offline: the ConfigMap is not read (the agents' CA volume is left out).
+            server_ca_pem: None,
         },
         marker: &marker,
         route_approval: args.route_approval,

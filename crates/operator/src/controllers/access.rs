@@ -1,7 +1,7 @@
 //! Access to a Tailnet and its Headscale server (gather step of every controller): the
 //! Tailnet object, its API key Secret, a Headscale client — or the problem that prevents it.
 
-use k8s_openapi::api::core::v1::Secret as K8sSecret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret as K8sSecret};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tailnet_api::Tailnet;
@@ -18,6 +18,8 @@ use super::status::Problem;
 pub struct TailnetAccess {
     pub tailnet: Tailnet,
     pub headscale: Result<HeadscaleClient, Problem>,
+    /// The PEM bundle of `spec.serverCA` (when set and readable).
+    pub server_ca: Option<String>,
 }
 
 impl TailnetAccess {
@@ -26,6 +28,7 @@ impl TailnetAccess {
         TailnetView {
             tailnet: self.tailnet.clone(),
             headscale: self.headscale.as_ref().map(|_| ()).map_err(Clone::clone),
+            server_ca: self.server_ca.clone(),
         }
     }
 }
@@ -79,13 +82,81 @@ pub async fn tailnet_access(ctx: &Context, name: &str) -> Result<TailnetAccess, 
             ));
         }
     };
-    let headscale = match read_api_key(ctx, &tailnet).await {
-        Ok(key) => ctx
-            .headscale(&tailnet.spec.server, &key)
+    let server_ca = read_server_ca(ctx, &tailnet).await;
+    let headscale = match (read_api_key(ctx, &tailnet).await, &server_ca) {
+        (Ok(key), Ok(ca)) => ctx
+            .headscale(&tailnet.spec.server, &key, ca.as_deref())
             .map_err(|e| Problem::headscale(&e, e.to_string())),
-        Err(problem) => Err(problem),
+        (Err(problem), _) => Err(problem),
+        (_, Err(problem)) => Err(problem.clone()),
     };
-    Ok(TailnetAccess { tailnet, headscale })
+    Ok(TailnetAccess {
+        tailnet,
+        headscale,
+        server_ca: server_ca.ok().flatten(),
+    })
+}
+
+/// The PEM bundle of the Tailnet's `spec.serverCA` (a ConfigMap key in the operator
+/// namespace); `None` without `spec.serverCA`. The PEM is checked (at least one certificate)
+/// so that a wrong key is named here, not as a TLS failure later.
+pub async fn read_server_ca(ctx: &Context, tailnet: &Tailnet) -> Result<Option<String>, Problem> {
+    let Some(server_ca) = &tailnet.spec.server_ca else {
+        return Ok(None);
+    };
+    let reference = &server_ca.config_map_ref;
+    let ns = &ctx.config.operator_namespace;
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    let read = from_cache_or_get(
+        &ctx.caches.operator_config_maps,
+        &api,
+        &ObjectRef::new(&reference.name).within(ns),
+    )
+    .await;
+    let config_map = match read {
+        Ok(Some(config_map)) => config_map,
+        Ok(None) => {
+            return Err(Problem::new(
+                reasons::SERVER_CA_MISSING,
+                format!(
+                    "ConfigMap {ns}/{} (spec.serverCA.configMapRef) does not exist; create it with the PEM certificate of the CA that signed {}'s certificate under key {:?}",
+                    reference.name, tailnet.spec.server, reference.key
+                ),
+            ));
+        }
+        Err(e) => {
+            return Err(Problem::new(
+                reasons::SERVER_CA_MISSING,
+                format!(
+                    "reading ConfigMap {ns}/{} (spec.serverCA): {e}",
+                    reference.name
+                ),
+            ));
+        }
+    };
+    let Some(pem) = config_map
+        .data
+        .as_ref()
+        .and_then(|data| data.get(&reference.key))
+    else {
+        return Err(Problem::new(
+            reasons::SERVER_CA_MISSING,
+            format!(
+                "ConfigMap {ns}/{} has no key {:?} (spec.serverCA.configMapRef.key)",
+                reference.name, reference.key
+            ),
+        ));
+    };
+    match tailnet_headscale::server_ca_certificates(pem) {
+        Ok(_) => Ok(Some(pem.clone())),
+        Err(e) => Err(Problem::new(
+            reasons::SERVER_CA_INVALID,
+            format!(
+                "ConfigMap {ns}/{} key {:?} (spec.serverCA) is not a PEM CA bundle: {e}",
+                reference.name, reference.key
+            ),
+        )),
+    }
 }
 
 /// The Headscale API key from the Tailnet's `spec.apiSecretRef` (operator namespace).

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret as K8sSecret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret as K8sSecret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
@@ -51,6 +51,8 @@ pub struct Caches {
     pub network_policies: ScopedStore<NetworkPolicy>,
     /// Secrets in the operator namespace (API keys, agent auth Secrets).
     pub operator_secrets: Store<K8sSecret>,
+    /// ConfigMaps in the operator namespace (the Tailnets' `spec.serverCA` bundles).
+    pub operator_config_maps: Store<ConfigMap>,
 }
 
 /// The watch caches of every registered agent kind's objects, by object type (each kind's
@@ -125,7 +127,7 @@ pub struct Context {
     /// The live policy text per Headscale server (a list of one), shared like the nodes.
     pub live_policies: SharedList<String>,
     grant_checks: Mutex<HashMap<String, (Instant, bool)>>,
-    headscale_clients: Mutex<HashMap<(String, String), HeadscaleClient>>,
+    headscale_clients: Mutex<HashMap<(String, String, String), HeadscaleClient>>,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -180,19 +182,22 @@ impl Context {
         checks.insert(key, (Instant::now(), granted));
     }
 
-    /// A Headscale client for `server` with `key`, reused while both stay the same (the key is
-    /// part of the cache key only as a SHA-256, never stored in clear beside it).
+    /// A Headscale client for `server` with `key`, trusting `server_ca` (PEM) besides the
+    /// system roots, reused while all three stay the same (the key is part of the cache key
+    /// only as a SHA-256, never stored in clear beside it).
     pub fn headscale(
         &self,
         server: &str,
         key: &Secret,
+        server_ca: Option<&str>,
     ) -> Result<HeadscaleClient, tailnet_headscale::Error> {
-        use sha2::{Digest, Sha256};
-        let fingerprint: String = Sha256::digest(key.expose().as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let cache_key = (server.to_string(), fingerprint);
+        let cache_key = (
+            server.to_string(),
+            tailnet_api::digest::sha256_hex(key.expose()),
+            server_ca
+                .map(tailnet_api::digest::sha256_hex)
+                .unwrap_or_default(),
+        );
         let mut clients = self
             .headscale_clients
             .lock()
@@ -202,11 +207,12 @@ impl Context {
         }
         let options = ClientOptions {
             timeout: self.config.headscale_timeout,
+            server_ca_pem: server_ca.map(str::to_owned),
             ..ClientOptions::default()
         };
         let client = HeadscaleClient::new(server, key.clone(), options)?
             .with_observer(std::sync::Arc::new(self.metrics.clone()));
-        clients.retain(|(s, _), _| s != server);
+        clients.retain(|(s, _, _), _| s != server);
         clients.insert(cache_key, client.clone());
         Ok(client)
     }

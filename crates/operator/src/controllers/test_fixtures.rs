@@ -87,6 +87,7 @@ pub fn access(tailnet: Tailnet) -> TailnetView {
     TailnetView {
         tailnet,
         headscale: Ok(()),
+        server_ca: None,
     }
 }
 

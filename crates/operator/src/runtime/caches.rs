@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
 use kube::runtime::reflector::{self, ReflectHandle};
@@ -306,6 +306,9 @@ pub struct AgentChildren {
     pub network_policies: ScopedStore<NetworkPolicy>,
     /// The operator namespace's Secrets (API keys, agent auth Secrets).
     pub operator_secrets: reflector::Store<Secret>,
+    /// The operator namespace's ConfigMaps (the Tailnets' `spec.serverCA` bundles, read by
+    /// every reconcile that builds a Headscale client).
+    pub operator_config_maps: reflector::Store<ConfigMap>,
 }
 
 impl AgentChildren {
@@ -346,11 +349,17 @@ impl AgentChildren {
             watcher::Config::default(),
             |_| {},
         );
+        let operator_config_maps = cache_of::<ConfigMap>(
+            Api::namespaced(client.clone(), operator_namespace),
+            watcher::Config::default(),
+            |_| {},
+        );
         AgentChildren {
             deployments,
             services,
             network_policies,
             operator_secrets,
+            operator_config_maps,
         }
     }
 

@@ -257,6 +257,7 @@ impl SharedCaches {
                 services: children.services.store.clone(),
                 network_policies: children.network_policies.clone(),
                 operator_secrets: children.operator_secrets.clone(),
+                operator_config_maps: children.operator_config_maps.clone(),
             },
         ));
         let tailnet_conditions =

@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod conditions;
 pub mod lab_operator;
+pub mod lab_tls;
 pub mod local_operator;
 pub mod objects;
 pub mod tailnet;

@@ -60,12 +60,20 @@ pub fn parse_versions(text: &str) -> HashMap<String, String> {
         .collect()
 }
 
-/// The pinned version of `component` (`HELM_VERSION` for `helm`, `KUBE_ROUTER_VERSION` for
+/// The version of `component` the tests use: `TNO_<COMPONENT>_VERSION` from the environment
+/// (a version-matrix run, e.g. `TNO_HEADSCALE_VERSION=v0.29.2`; `deps/build.sh` reads the same
+/// variable), else the pinned one (`HELM_VERSION` for `helm`, `KUBE_ROUTER_VERSION` for
 /// `kube-router`) from `<workspace>/deps/versions.env`.
 pub fn pinned_version(workspace: &Path, component: &str) -> Result<String, String> {
+    let key = format!("{}_VERSION", component.to_uppercase().replace('-', "_"));
+    if let Some(version) = std::env::var(format!("TNO_{key}"))
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        return Ok(version);
+    }
     let path = workspace.join("deps/versions.env");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let key = format!("{}_VERSION", component.to_uppercase().replace('-', "_"));
     parse_versions(&text)
         .remove(&key)
         .ok_or_else(|| format!("{key} missing from {}", path.display()))

@@ -23,6 +23,9 @@ pub const BOOTSTRAP_SECRET: &str = "headscale-bootstrap";
 pub const API_KEY_KEY: &str = "apiKey";
 /// Name of the base-policy ConfigMap (the Tailnet's `spec.policy.baseConfigMap`).
 pub const BASE_POLICY_CONFIG_MAP: &str = "tailnet-policy";
+/// ConfigMap (operator namespace) with the lab CA that signed Headscale's certificate, under
+/// [`tno_testenv_tailnet::LAB_CA_FILE`]: the Tailnet's `spec.serverCA`.
+pub const SERVER_CA_CONFIG_MAP: &str = "headscale-ca";
 /// Key of the HuJSON document in [`BASE_POLICY_CONFIG_MAP`].
 pub const BASE_POLICY_KEY: &str = "policy.hujson";
 /// The DNS hosts ConfigMap the operator renders (the Tailnet's `spec.dns.hostsConfigMap`).
@@ -148,13 +151,13 @@ impl E2eEnv {
         self.startup
     }
 
-    /// `http://10.244.0.1:<port>`: Headscale as pods, the operator and tailnet nodes reach it
+    /// `https://10.244.0.1:<port>`: Headscale as pods, the operator and tailnet nodes reach it
     /// (its `server_url`, and the Tailnet's `spec.server` in e2e tests).
     pub fn headscale_url(&self) -> String {
         self.tailnet.headscale.lab_url()
     }
 
-    /// `http://127.0.0.1:<port>`: Headscale as the test process reaches it.
+    /// `https://127.0.0.1:<port>`: Headscale as the test process reaches it.
     pub fn headscale_root_url(&self) -> String {
         self.tailnet.headscale.root_url()
     }
@@ -251,11 +254,38 @@ impl E2eEnv {
                     e,
                 )
             })?;
+        self.create_server_ca(client, namespace).await
+    }
+
+    /// The ConfigMap [`SERVER_CA_CONFIG_MAP`] with the lab CA of Headscale's certificate.
+    pub async fn create_server_ca(&self, client: &kube::Client, namespace: &str) -> Result<()> {
+        let config_map = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(SERVER_CA_CONFIG_MAP.into()),
+                namespace: Some(namespace.into()),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([(
+                tno_testenv_tailnet::LAB_CA_FILE.to_owned(),
+                self.tailnet.headscale.ca_pem().to_owned(),
+            )])),
+            ..ConfigMap::default()
+        };
+        Api::<ConfigMap>::namespaced(client.clone(), namespace)
+            .create(&PostParams::default(), &config_map)
+            .await
+            .map_err(|e| {
+                E2eError::kube(
+                    format!("creating ConfigMap {namespace}/{SERVER_CA_CONFIG_MAP}"),
+                    e,
+                )
+            })?;
         Ok(())
     }
 
     /// A Tailnet object for this environment (apply it with server-side apply): `spec.server`
-    /// is [`E2eEnv::headscale_url`], the bootstrap names of [`E2eEnv::create_bootstrap`], tag
+    /// is [`E2eEnv::headscale_url`] (HTTPS), `spec.serverCA` the lab CA's ConfigMap, the
+    /// bootstrap names of [`E2eEnv::create_bootstrap`], tag
     /// owners [`PLATFORM_GROUP`], route approvers `tag:router`, ingress sources
     /// `group:team-a`. `mode` is `DryRun` or `Apply`.
     pub fn tailnet_object(&self, name: &str, mode: &str) -> Value {
@@ -265,6 +295,10 @@ impl E2eEnv {
             "metadata": { "name": name },
             "spec": {
                 "server": self.headscale_url(),
+                "serverCA": { "configMapRef": {
+                    "name": SERVER_CA_CONFIG_MAP,
+                    "key": tno_testenv_tailnet::LAB_CA_FILE,
+                } },
                 "apiSecretRef": { "name": BOOTSTRAP_SECRET, "key": API_KEY_KEY },
                 "dns": {
                     "hostsConfigMap": HOSTS_CONFIG_MAP,

@@ -42,7 +42,7 @@ pub use apiserver_metrics::{
 };
 pub use env::{
     API_KEY_KEY, BASE_POLICY_CONFIG_MAP, BASE_POLICY_KEY, BOOTSTRAP_SECRET, E2eEnv, E2eNamespace,
-    HOSTS_CONFIG_MAP, PLATFORM_GROUP,
+    HOSTS_CONFIG_MAP, PLATFORM_GROUP, SERVER_CA_CONFIG_MAP,
 };
 pub use error::{E2eError, Result};
 pub use network_policy::NetworkPolicyEnforcer;

@@ -845,7 +845,6 @@ async fn push_lab_tailscale_image(env: &E2eEnv, registry: &LabRegistry) -> (Stri
             env: vec![
                 "PATH=/usr/local/bin:/usr/bin:/bin".into(),
                 "TS_NO_LOGS_NO_SUPPORT=true".into(),
-                "TS_DEBUG_USE_DERP_HTTP=1".into(),
             ],
             user: String::new(),
             working_dir: "/".into(),

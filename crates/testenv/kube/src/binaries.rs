@@ -66,19 +66,17 @@ impl Binaries {
     /// not checked here: see [`Binaries::require_all`].
     pub fn discover() -> Result<Self> {
         let root = workspace_root();
-        let versions_path = root.join("deps/versions.env");
-        let versions_text = std::fs::read_to_string(&versions_path)
-            .io_context(|| format!("reading {}", versions_path.display()))?;
-        let versions = tno_deps::parse_versions(&versions_text);
         let cache = tno_deps::cache_dir().ok_or_else(|| Error::MissingBinary {
             name: "deps cache".into(),
             hint: "neither TNO_DEPS_DIR nor HOME is set".into(),
         })?;
+        // The pinned version, or a matrix run's `TNO_<COMPONENT>_VERSION`.
         let component_dir = |component: &str| -> Result<PathBuf> {
-            let key = format!("{}_VERSION", component.to_uppercase().replace('-', "_"));
-            let version = versions.get(&key).ok_or_else(|| Error::MissingBinary {
-                name: component.into(),
-                hint: format!("{key} missing from {}", versions_path.display()),
+            let version = tno_deps::pinned_version(&root, component).map_err(|hint| {
+                Error::MissingBinary {
+                    name: component.into(),
+                    hint,
+                }
             })?;
             Ok(cache.join(format!("{component}-{version}")))
         };

@@ -384,10 +384,10 @@ fn builtin_images(binaries: &Binaries) -> Vec<LocalImage> {
             .concat(),
             &["containerboot"],
         )
-        // The lab has no Internet: no log uploads (nor DNS bootstrap for them), and the test
-        // Headscale's embedded DERP speaks plain HTTP.
-        .with_env("TS_NO_LOGS_NO_SUPPORT", "true")
-        .with_env("TS_DEBUG_USE_DERP_HTTP", "1"),
+        // The lab has no Internet: no log uploads (nor DNS bootstrap for them). The test
+        // Headscale serves HTTPS (its DERP too) behind the lab CA, which the pod must be given
+        // (the operator mounts a Tailnet's `spec.serverCA` and sets `SSL_CERT_DIR`).
+        .with_env("TS_NO_LOGS_NO_SUPPORT", "true"),
         LocalImage::new(
             "coredns",
             ImageMatcher::RepositorySuffix("coredns/coredns".into()),

@@ -35,9 +35,13 @@ fn tailscale_pod(name: &str, login_server: &str) -> Pod {
                     { "name": "TS_HOSTNAME", "value": HOSTNAME },
                     { "name": "TS_EXTRA_ARGS", "value": format!("--login-server={login_server}") },
                     { "name": "TS_AUTHKEY", "valueFrom": { "secretKeyRef": { "name": "ts-auth", "key": "authkey" } } },
+                    // Headscale serves HTTPS behind the lab CA (as the operator wires it).
+                    { "name": "SSL_CERT_DIR", "value": "/etc/headscale-ca:/etc/ssl/certs" },
                 ],
+                "volumeMounts": [{ "name": "headscale-ca", "mountPath": "/etc/headscale-ca", "readOnly": true }],
                 "securityContext": { "runAsUser": 1000, "runAsGroup": 1000 },
             }],
+            "volumes": [{ "name": "headscale-ca", "configMap": { "name": "headscale-ca" } }],
         },
     }))
 }
@@ -95,6 +99,9 @@ async fn containerboot_keeps_its_node_in_the_state_secret_across_pod_recreation(
             "stringData": { "authkey": key.key } }),
         serde_json::json!({ "apiVersion": "v1", "kind": "Secret",
             "metadata": { "name": "ts-state", "namespace": ns } }),
+        serde_json::json!({ "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "headscale-ca", "namespace": ns },
+            "data": { (tno_testenv_tailnet::LAB_CA_FILE): headscale.ca_pem() } }),
     ];
     tno_testenv_kube::network::apply_all(&client, &manifests)
         .await

@@ -137,9 +137,26 @@ impl PreAuthKeyRequest {
 
 impl HeadscaleApi {
     /// `base_url` like `http://127.0.0.1:8080` (no trailing slash).
+    /// A client with the system roots only (a plain-http Headscale, or a stand-in).
     pub fn new(base_url: impl Into<String>, api_key: impl Into<String>) -> Self {
         HeadscaleApi {
             http: reqwest::Client::new(),
+            base_url: base_url.into(),
+            api_key: api_key.into(),
+        }
+    }
+
+    /// A client that also trusts the CA of `ca_pem` (the lab CA of an HTTPS Headscale). An
+    /// unusable PEM leaves only the system roots, so the first call names the TLS failure.
+    pub fn with_ca(base_url: impl Into<String>, api_key: impl Into<String>, ca_pem: &str) -> Self {
+        let mut builder = reqwest::Client::builder();
+        for certificate in
+            reqwest::Certificate::from_pem_bundle(ca_pem.as_bytes()).unwrap_or_default()
+        {
+            builder = builder.add_root_certificate(certificate);
+        }
+        HeadscaleApi {
+            http: builder.build().unwrap_or_default(),
             base_url: base_url.into(),
             api_key: api_key.into(),
         }

@@ -34,11 +34,17 @@ impl Binaries {
                     .unwrap_or_default();
                 home.join(".cache/tailnet-operator/deps")
             });
+        // A matrix run's `TNO_<KEY>` (e.g. `TNO_HEADSCALE_VERSION=v0.29.2`) wins, as in
+        // `deps/build.sh`.
         let pinned = |key: &'static str| {
-            pinned_version(&versions, key).ok_or_else(|| TailnetError::VersionNotPinned {
-                path: versions_path.to_owned(),
-                key,
-            })
+            std::env::var(format!("TNO_{key}"))
+                .ok()
+                .filter(|v| !v.is_empty())
+                .or_else(|| pinned_version(&versions, key))
+                .ok_or_else(|| TailnetError::VersionNotPinned {
+                    path: versions_path.to_owned(),
+                    key,
+                })
         };
         let headscale_dir = deps_dir.join(format!("headscale-{}", pinned("HEADSCALE_VERSION")?));
         let tailscale_dir = deps_dir.join(format!("tailscale-{}", pinned("TAILSCALE_VERSION")?));

@@ -249,6 +249,7 @@ impl TailnetEnv {
         let router_config = NodeConfig {
             hostname: "router".into(),
             login_server: headscale.lab_url(),
+            server_ca_dir: Some(headscale.ca_dir().to_owned()),
             auth_key: router_key.key,
             advertise_routes: SITE_ROUTES.iter().map(|route| route.to_string()).collect(),
             accept_routes: false,
@@ -256,6 +257,7 @@ impl TailnetEnv {
         let laptop_config = NodeConfig {
             hostname: "laptop".into(),
             login_server: headscale.lab_url(),
+            server_ca_dir: Some(headscale.ca_dir().to_owned()),
             auth_key: laptop_key.key,
             advertise_routes: Vec::new(),
             accept_routes: true,
@@ -354,6 +356,7 @@ impl TailnetEnv {
         let config = NodeConfig {
             hostname: hostname.to_owned(),
             login_server: self.headscale.lab_url(),
+            server_ca_dir: Some(self.headscale.ca_dir().to_owned()),
             auth_key: key.key,
             advertise_routes: options.advertise_routes,
             accept_routes: options.accept_routes,
@@ -409,6 +412,7 @@ impl TailnetEnv {
         let config = NodeConfig {
             hostname: DEVICE_HOSTNAME.into(),
             login_server: self.headscale.lab_url(),
+            server_ca_dir: Some(self.headscale.ca_dir().to_owned()),
             auth_key: key.key,
             advertise_routes: Vec::new(),
             accept_routes: false,

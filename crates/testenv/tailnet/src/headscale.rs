@@ -1,5 +1,8 @@
 //! A real Headscale server for one test run: root netns, 127.0.0.1 with free ports, exposed in
-//! the lab on the gateway address so tailscaled in any netns reaches it.
+//! the lab on the gateway address so tailscaled in any netns reaches it. It serves HTTPS with a
+//! certificate of the run's own [`LabCa`] (for `127.0.0.1` and the lab gateway), as real
+//! installations with a home or company CA do; its embedded DERP server rides on the same TLS
+//! listener.
 
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -13,6 +16,7 @@ use tno_netlab::{ChildProcess, Lab, TcpForwarder};
 use crate::api::HeadscaleApi;
 use crate::binaries::Binaries;
 use crate::error::{Result, TailnetError};
+use crate::lab_ca::LabCa;
 
 /// MagicDNS base domain of the test tailnet.
 pub const BASE_DOMAIN: &str = "tailnet.test";
@@ -34,6 +38,7 @@ pub struct Headscale {
     port: u16,
     lab_gateway: Ipv4Addr,
     api_key: String,
+    ca: LabCa,
 }
 
 /// One entry of Headscale's `dns.extra_records_path` file.
@@ -63,8 +68,17 @@ impl Headscale {
         std::fs::create_dir_all(dir)
             .map_err(|e| TailnetError::io(format!("creating {}", dir.display()), e))?;
         let port = free_tcp_port()?;
+        let ca = LabCa::generate(&dir.join("ca"), "tno lab CA")?;
+        let tls = ca.issue_server(
+            dir,
+            "headscale-tls",
+            &["headscale.lab.test"],
+            &[Ipv4Addr::LOCALHOST.into(), lab.gateway().into()],
+        )?;
         let config = HeadscaleConfig {
             dir,
+            tls_cert: &tls.cert,
+            tls_key: &tls.key,
             port,
             lab_gateway: lab.gateway(),
             metrics_port: free_tcp_port()?,
@@ -89,20 +103,37 @@ impl Headscale {
             port,
             lab_gateway: lab.gateway(),
             api_key: String::new(),
+            ca,
         };
         headscale.wait_healthy().await?;
         headscale.api_key = headscale.create_api_key().await?;
         Ok(headscale)
     }
 
-    /// `http://127.0.0.1:<port>`: for the test process (root netns).
+    /// `https://127.0.0.1:<port>`: for the test process (root netns).
     pub fn root_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("https://127.0.0.1:{}", self.port)
     }
 
-    /// `http://10.244.0.1:<port>`: Headscale's `server_url`, for tailscaled in any lab netns.
+    /// `https://10.244.0.1:<port>`: Headscale's `server_url`, for tailscaled in any lab netns.
     pub fn lab_url(&self) -> String {
-        format!("http://{}:{}", self.lab_gateway, self.port)
+        format!("https://{}:{}", self.lab_gateway, self.port)
+    }
+
+    /// The lab CA that signed Headscale's certificate (PEM): what a Tailnet's `spec.serverCA`
+    /// ConfigMap holds.
+    pub fn ca_pem(&self) -> &str {
+        self.ca.cert_pem()
+    }
+
+    /// The lab CA itself (to issue certificates for test proxies in front of Headscale).
+    pub fn ca(&self) -> &LabCa {
+        &self.ca
+    }
+
+    /// A directory holding only the lab CA's `ca.crt`: `SSL_CERT_DIR` of tailscaled.
+    pub fn ca_dir(&self) -> &Path {
+        self.ca.dir()
     }
 
     pub fn port(&self) -> u16 {
@@ -116,7 +147,7 @@ impl Headscale {
 
     /// A fresh REST client (create one per test; see [`HeadscaleApi::new`]).
     pub fn api(&self) -> HeadscaleApi {
-        HeadscaleApi::new(self.root_url(), self.api_key.clone())
+        HeadscaleApi::with_ca(self.root_url(), self.api_key.clone(), self.ca_pem())
     }
 
     pub fn config_path(&self) -> &Path {
@@ -239,7 +270,7 @@ impl Headscale {
     }
 
     async fn wait_healthy(&self) -> Result<()> {
-        let api = HeadscaleApi::new(self.root_url(), String::new());
+        let api = HeadscaleApi::with_ca(self.root_url(), String::new(), self.ca_pem());
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
             let last = match api.health().await {
@@ -284,6 +315,8 @@ impl Headscale {
 
 struct HeadscaleConfig<'a> {
     dir: &'a Path,
+    tls_cert: &'a Path,
+    tls_key: &'a Path,
     port: u16,
     lab_gateway: Ipv4Addr,
     metrics_port: u16,
@@ -292,8 +325,8 @@ struct HeadscaleConfig<'a> {
 }
 
 impl HeadscaleConfig<'_> {
-    /// Minimal Headscale 0.29 config: sqlite, database policy, embedded DERP (plain HTTP, so
-    /// clients need `TS_DEBUG_USE_DERP_HTTP=1`), MagicDNS with an extra-records file.
+    /// Minimal Headscale 0.29 config: HTTPS (the lab CA's certificate), sqlite, database
+    /// policy, embedded DERP (on the same TLS listener), MagicDNS with an extra-records file.
     fn render(&self) -> String {
         let path = |name: &str| quoted(&self.dir.join(name).to_string_lossy());
         let HeadscaleConfig {
@@ -305,8 +338,10 @@ impl HeadscaleConfig<'_> {
             ..
         } = self;
         format!(
-            r#"server_url: "http://{lab_gateway}:{port}"
+            r#"server_url: "https://{lab_gateway}:{port}"
 listen_addr: "127.0.0.1:{port}"
+tls_cert_path: {tls_cert}
+tls_key_path: {tls_key}
 metrics_listen_addr: "127.0.0.1:{metrics_port}"
 grpc_listen_addr: "127.0.0.1:{grpc_port}"
 grpc_allow_insecure: false
@@ -356,6 +391,8 @@ unix_socket_permission: "0770"
 logtail:
   enabled: false
 "#,
+            tls_cert = quoted(&self.tls_cert.to_string_lossy()),
+            tls_key = quoted(&self.tls_key.to_string_lossy()),
             noise_key = path("noise_private.key"),
             derp_key = path("derp_server_private.key"),
             database = path("db.sqlite"),

@@ -1,9 +1,10 @@
 //! Real Headscale 0.29 and real tailscaled nodes for tests, on top of the [`tno_netlab`] lab.
 //!
-//! - [`Headscale`]: runs in the root netns on `127.0.0.1:<port>` (sqlite, `policy.mode:
-//!   database`, embedded DERP over plain HTTP, MagicDNS base domain [`BASE_DOMAIN`],
-//!   `dns.extra_records_path`), exposed in the lab as `http://10.244.0.1:<port>` (its
-//!   `server_url`); an admin API key is created with the CLI. [`HeadscaleApi`] covers users,
+//! - [`Headscale`]: runs in the root netns on `127.0.0.1:<port>`, HTTPS with a certificate of
+//!   the run's [`LabCa`] (sqlite, `policy.mode: database`, embedded DERP on the same TLS
+//!   listener, MagicDNS base domain [`BASE_DOMAIN`], `dns.extra_records_path`), exposed in the
+//!   lab as `https://10.244.0.1:<port>` (its `server_url`); an admin API key is created with
+//!   the CLI. [`HeadscaleApi`] covers users,
 //!   pre-auth keys (always with `expiration`), nodes, route approval and policy.
 //! - [`TailscaleNode`]: `tailscaled --tun=userspace-networking` inside a netns, with its own
 //!   state dir and LocalAPI socket, logged in with `tailscale up --authkey`. [`LocalApi`] is an
@@ -25,6 +26,7 @@ mod binaries;
 mod env;
 mod error;
 mod headscale;
+mod lab_ca;
 mod localapi;
 mod node;
 mod servers;
@@ -40,6 +42,7 @@ pub use env::{
 };
 pub use error::{Result, TailnetError};
 pub use headscale::{BASE_DOMAIN, ExtraRecord, Headscale};
+pub use lab_ca::{LAB_CA_FILE, LabCa, ServingCert};
 pub use localapi::{
     Dialed, DialedStream, LocalApi, LocalApiError, PeerStatus, Status, UserProfile, WhoIs,
     WhoIsNode,

@@ -18,8 +18,11 @@ const LOGIN_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct NodeConfig {
     /// Also the directory name under the run's `nodes/`.
     pub hostname: String,
-    /// `http://10.244.0.1:<port>` ([`crate::Headscale::lab_url`]).
+    /// `https://10.244.0.1:<port>` ([`crate::Headscale::lab_url`]).
     pub login_server: String,
+    /// A directory of CA certificates tailscaled trusts besides the system roots
+    /// (`SSL_CERT_DIR`; [`crate::Headscale::ca_dir`] for the lab's HTTPS Headscale).
+    pub server_ca_dir: Option<PathBuf>,
     pub auth_key: String,
     pub advertise_routes: Vec<String>,
     pub accept_routes: bool,
@@ -33,6 +36,8 @@ pub struct TailscaleNode {
     state_dir: PathBuf,
     process: Mutex<ChildProcess>,
     local_api: LocalApi,
+    /// How tailscaled reaches the control server (kept for restarts).
+    control_env: Vec<(&'static str, String)>,
 }
 
 impl TailscaleNode {
@@ -49,13 +54,16 @@ impl TailscaleNode {
         std::fs::create_dir_all(&state_dir)
             .map_err(|e| TailnetError::io(format!("creating {}", state_dir.display()), e))?;
         let socket = state_dir.join("tailscaled.sock");
-        let process = spawn_tailscaled(binaries, netns, &config.hostname, &state_dir)?;
+        let control_env = control_env(config);
+        let process =
+            spawn_tailscaled(binaries, netns, &config.hostname, &state_dir, &control_env)?;
         let node = TailscaleNode {
             hostname: config.hostname.clone(),
             netns_name: netns.name().to_owned(),
             state_dir,
             process: Mutex::new(process),
             local_api: LocalApi::new(socket),
+            control_env,
         };
         node.wait_for(SOCKET_TIMEOUT, "tailscaled LocalAPI socket", |_| true)
             .await?;
@@ -123,7 +131,13 @@ impl TailscaleNode {
     pub async fn restart(&self, binaries: &Binaries) -> Result<()> {
         self.kill();
         let netns = Netns::adopt(self.netns_name.clone());
-        let process = spawn_tailscaled(binaries, &netns, &self.hostname, &self.state_dir)?;
+        let process = spawn_tailscaled(
+            binaries,
+            &netns,
+            &self.hostname,
+            &self.state_dir,
+            &self.control_env,
+        )?;
         *self.process() = process;
         self.wait_for(LOGIN_TIMEOUT, "tailscaled Running again", |status| {
             status.backend_state == "Running"
@@ -243,6 +257,20 @@ impl TailscaleNode {
     }
 }
 
+/// The environment that lets tailscaled trust the control server: the CA directory as
+/// `SSL_CERT_DIR` (Go's crypto/x509 reads every file there besides the system bundle); for a
+/// plain-http server `TS_DEBUG_USE_DERP_HTTP=1`, as its embedded DERP then has no TLS either.
+fn control_env(config: &NodeConfig) -> Vec<(&'static str, String)> {
+    let mut env = Vec::new();
+    if let Some(dir) = &config.server_ca_dir {
+        env.push(("SSL_CERT_DIR", dir.display().to_string()));
+    }
+    if config.login_server.starts_with("http://") {
+        env.push(("TS_DEBUG_USE_DERP_HTTP", "1".to_owned()));
+    }
+    env
+}
+
 /// `tailscaled --tun=userspace-networking` in `netns` with its state and socket in
 /// `state_dir`, logging to `state_dir/tailscaled.log` (appended).
 fn spawn_tailscaled(
@@ -250,6 +278,7 @@ fn spawn_tailscaled(
     netns: &Netns,
     hostname: &str,
     state_dir: &Path,
+    control_env: &[(&'static str, String)],
 ) -> Result<ChildProcess> {
     let socket = state_dir.join("tailscaled.sock");
     let mut command = netns.command(&binaries.tailscaled)?;
@@ -259,8 +288,7 @@ fn spawn_tailscaled(
         .arg(format!("--socket={}", socket.display()))
         .arg("--port=0")
         .arg("--no-logs-no-support")
-        // Headscale's embedded DERP runs without TLS.
-        .env("TS_DEBUG_USE_DERP_HTTP", "1")
+        .envs(control_env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("TS_NO_LOGS_NO_SUPPORT", "true");
     Ok(ChildProcess::spawn(
         format!("tailscaled {hostname}"),

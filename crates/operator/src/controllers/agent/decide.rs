@@ -178,6 +178,12 @@ impl<K: Decide> Input<'_, K> {
             tailnet: &self.tailnet.spec,
             images: Images::resolve(&self.config.images, self.tailnet.spec.agent.as_ref()),
             cluster_domain: &self.config.cluster_domain,
+            server_ca_pem: self
+                .observed
+                .access
+                .as_ref()
+                .ok()
+                .and_then(|view| view.server_ca.as_deref()),
         }
     }
 }

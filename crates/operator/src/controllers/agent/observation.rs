@@ -21,6 +21,8 @@ pub type NodeList = Result<Arc<Vec<Node>>, Problem>;
 pub struct TailnetView {
     pub tailnet: Tailnet,
     pub headscale: Result<(), Problem>,
+    /// The PEM bundle of `spec.serverCA` (given to the agents' tailscale containers).
+    pub server_ca: Option<String>,
 }
 
 /// What the gather step knows of the agent's auth Secret.

@@ -18,7 +18,7 @@ use tailnet_policy::ObservedNode;
 use tailnet_render::backends::ObjectKey;
 use tailnet_render::dns::{EXTRA_RECORDS_KEY, HOSTS_KEY, SERVER_BLOCK_KEY};
 
-use super::super::access::read_api_key;
+use super::super::access::{read_api_key, read_server_ca};
 use super::super::context::Context;
 use super::super::entrances::services_of;
 use super::super::error::ReconcileError;
@@ -112,14 +112,22 @@ async fn observe_headscale(ctx: &Context, tailnet: &Tailnet) -> HeadscaleState {
         Ok(key) => key,
         Err(problem) => return failed(problem),
     };
-    let client = match ctx.headscale(&tailnet.spec.server, &key) {
+    let server_ca = match read_server_ca(ctx, tailnet).await {
+        Ok(ca) => ca,
+        Err(problem) => return failed(problem),
+    };
+    let client = match ctx.headscale(&tailnet.spec.server, &key, server_ca.as_deref()) {
         Ok(client) => client,
         Err(e) => return failed(Problem::headscale(&e, format!("{e}; fix spec.server"))),
     };
     let version = match client.version().await {
         Ok(v) => v.version,
         Err(e) => {
-            let message = format!("Headscale at {} is not reachable: {e}", tailnet.spec.server);
+            let message = format!(
+                "Headscale at {} is not reachable: {e}{}",
+                tailnet.spec.server,
+                untrusted_hint(&e, tailnet)
+            );
             return failed(Problem::headscale(&e, message));
         }
     };
@@ -147,6 +155,27 @@ async fn observe_headscale(ctx: &Context, tailnet: &Tailnet) -> HeadscaleState {
         nodes,
         live_policy,
         api_key,
+    }
+}
+
+/// What to do about a certificate the client does not trust: which CA it was checked against.
+fn untrusted_hint(error: &tailnet_headscale::Error, tailnet: &Tailnet) -> String {
+    let untrusted = matches!(
+        error,
+        tailnet_headscale::Error::Transport {
+            kind: tailnet_headscale::TransportKind::CertificateUntrusted,
+            ..
+        }
+    );
+    if !untrusted {
+        return String::new();
+    }
+    match &tailnet.spec.server_ca {
+        Some(ca) => format!(
+            " (checked against the system roots and spec.serverCA, ConfigMap {} key {:?}: that CA did not sign the server's certificate, or the certificate does not name the server's host; put the right CA there)",
+            ca.config_map_ref.name, ca.config_map_ref.key
+        ),
+        None => " (checked against the system roots only: if a private CA signed it, set spec.serverCA to a ConfigMap key with that CA's PEM certificate)".to_string(),
     }
 }
 

@@ -115,6 +115,10 @@ fn by_config_map(
             .filter(|t| {
                 t.spec.policy.base_config_map.as_deref() == Some(name.as_str())
                     || t.spec
+                        .server_ca
+                        .as_ref()
+                        .is_some_and(|ca| ca.config_map_ref.name == name)
+                    || t.spec
                         .dns
                         .as_ref()
                         .and_then(|d| d.hosts_config_map.as_deref())

@@ -87,6 +87,12 @@ async fn up(demo: bool, once: bool, second_cluster: bool) -> tno_testenv::Result
         "  Headscale in lab:    {} (server_url; use it as the Tailnet's spec.server)",
         env.headscale_url()
     );
+    println!(
+        "  Headscale's CA:      {}/{} (HTTPS behind the lab CA; ConfigMap {} in the operator namespace, the Tailnet's spec.serverCA)",
+        env.tailnet().headscale.ca_dir().display(),
+        tno_testenv_tailnet::LAB_CA_FILE,
+        tno_testenv::SERVER_CA_CONFIG_MAP,
+    );
     // A throwaway key of a throwaway Headscale: printing it is the point.
     println!("  Headscale API key:   {}", env.api_key());
     println!(
@@ -488,6 +494,10 @@ async fn run_second_cluster_demo(
         .map_err(|e| e.to_string())?;
     let mut tailnet = example("second-cluster/10-tailnet.yaml")?;
     tailnet["spec"]["server"] = serde_json::json!(env.headscale_url());
+    tailnet["spec"]["serverCA"] = serde_json::json!({"configMapRef": {
+        "name": tno_testenv::SERVER_CA_CONFIG_MAP,
+        "key": tno_testenv_tailnet::LAB_CA_FILE,
+    }});
     let tailnets_b: Api<kube::api::DynamicObject> =
         Api::all_with(client_b.clone(), &tailnet_resource("Tailnet", "tailnets"));
     tailnets_b
