@@ -309,9 +309,11 @@ impl Replica {
             .stdout(Stdio::null())
             .stderr(file);
         if let Some(proxy) = http_proxy {
-            // reqwest (the Headscale client) tunnels its HTTPS requests through the proxy;
-            // the kube client ignores proxy variables (only a kubeconfig's proxy-url counts).
+            // reqwest (the Headscale client) tunnels its HTTPS requests to Headscale's lab
+            // address (the Tailnet's spec.server) through the proxy. The kube client honours
+            // HTTPS_PROXY too: NO_PROXY keeps its apiserver connections (127.0.0.1) direct.
             command.env("HTTPS_PROXY", format!("http://{proxy}"));
+            command.env("NO_PROXY", "127.0.0.1");
         }
         Replica {
             child: command.spawn().expect("start tailnet-operator"),
@@ -443,7 +445,12 @@ async fn scenario(
     let hs_proxy = CountingProxy::start(
         socket_addr(&env.headscale.root_url()),
         env.headscale.ca_pem(),
-        support::lab_tls::acceptor(env.headscale.ca(), logs, "counting-proxy"),
+        support::lab_tls::acceptor(
+            env.headscale.ca(),
+            logs,
+            "counting-proxy",
+            &[env.lab.gateway().into()],
+        ),
     )
     .await;
     let via_proxy = kubeconfig_via(
@@ -600,7 +607,9 @@ async fn apply_tailnet(env: &TailnetEnv, client: &kube::Client, tailnet: &str) {
             "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "Tailnet",
             "metadata": {"name": tailnet},
             "spec": {
-                "server": env.headscale.root_url(),
+                // The lab address (reachable from the root netns too): unlike 127.0.0.1 it is
+                // not in the proxied replica's NO_PROXY.
+                "server": env.headscale.lab_url(),
                 "serverCA": {"configMapRef": {"name": "headscale-ca", "key": "ca.crt"}},
                 "apiSecretRef": {"name": "headscale-bootstrap", "key": "apiKey"},
                 "policy": {"baseConfigMap": "tailnet-policy", "mode": "Apply",

@@ -34,10 +34,18 @@ pub async fn connect(addr: SocketAddr, ca_pem: &str) -> std::io::Result<TlsStrea
         .await
 }
 
-/// A TLS acceptor serving a certificate for 127.0.0.1 issued by `ca` (files under `dir`).
-pub fn acceptor(ca: &tno_testenv_tailnet::LabCa, dir: &Path, name: &str) -> TlsAcceptor {
+/// A TLS acceptor serving a certificate for 127.0.0.1 and `ips` issued by `ca` (files under
+/// `dir`).
+pub fn acceptor(
+    ca: &tno_testenv_tailnet::LabCa,
+    dir: &Path,
+    name: &str,
+    ips: &[IpAddr],
+) -> TlsAcceptor {
+    let mut all = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
+    all.extend_from_slice(ips);
     let files = ca
-        .issue_server(dir, name, &[], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
+        .issue_server(dir, name, &[], &all)
         .expect("proxy certificate");
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
         .expect("proxy certificate file")
