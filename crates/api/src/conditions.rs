@@ -164,6 +164,7 @@ pub mod reasons {
         pub const UNAUTHORIZED: &str = "Unauthorized";
         pub const API_ERROR: &str = "APIError";
         pub const UNEXPECTED_RESPONSE: &str = "UnexpectedResponse";
+        pub const RESPONSE_TOO_LARGE: &str = "ResponseTooLarge";
         pub const INVALID_URL: &str = "InvalidURL";
         pub const CLIENT_ERROR: &str = "ClientError";
 
@@ -176,6 +177,7 @@ pub mod reasons {
             UNAUTHORIZED,
             API_ERROR,
             UNEXPECTED_RESPONSE,
+            RESPONSE_TOO_LARGE,
             INVALID_URL,
             CLIENT_ERROR,
         ];

@@ -122,6 +122,10 @@ fn headscale_client_reasons_are_mirrored() {
             endpoint: "test",
             source: decode_error(),
         },
+        Error::TooLarge {
+            endpoint: "test",
+            limit: 1,
+        },
         Error::InvalidUrl {
             url: String::new(),
             message: String::new(),
@@ -135,6 +139,7 @@ fn headscale_client_reasons_are_mirrored() {
             | Error::Unauthorized { .. }
             | Error::Api { .. }
             | Error::Decode { .. }
+            | Error::TooLarge { .. }
             | Error::InvalidUrl { .. }
             | Error::Client(_) => {}
         }
