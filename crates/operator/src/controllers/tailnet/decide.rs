@@ -501,11 +501,14 @@ fn compose(
                     .as_object()
                     .map(|o| o.keys().cloned().collect())
                     .unwrap_or_default(),
+                // Pending names (no node yet, or no node list) are the owner's claims too:
+                // a contributor cannot take them while they wait.
                 names: dns_inputs
                     .egress_aliases
                     .iter()
                     .chain(dns_inputs.ingress_names.iter())
                     .map(|e| e.hostname.clone())
+                    .chain(dns_inputs.pending.iter().map(|p| p.hostname.clone()))
                     .collect(),
             };
             let owner = contributions::OwnerFacts {
