@@ -65,10 +65,15 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
     let outcome = act::sync_policy(ctx, tailnet, client.as_ref(), &plan, &previous).await;
     let approvals = decide::approvals_after(&plan, outcome.as_ref());
     act::approve_routes(ctx, tailnet, client.as_ref(), approvals).await;
-    act::write_dns(ctx, &plan).await?;
-    act::write_contributions(ctx, &plan).await?;
+    // The status is written whatever becomes of the DNS and store writes (one failed write
+    // must not freeze the owner's status); their first error is returned afterwards, so the
+    // reconcile is retried with backoff.
+    let dns_written = act::write_dns(ctx, &plan).await;
+    let store_written = act::write_contributions(ctx, &plan).await;
     let status = decide::finish(plan, outcome.as_ref());
     act::condition_metrics(ctx, &status);
     write_status(ctx, &api, tailnet, &previous, &status).await?;
+    dns_written?;
+    store_written?;
     Ok(poll)
 }
