@@ -59,10 +59,10 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
         return Ok(poll);
     }
     let (observed, client) = gather::gather(ctx, tailnet).await?;
-    let plan = decide::plan(tailnet, &observed, &ctx.config, Timestamp::now());
+    let mut plan = decide::plan(tailnet, &observed, &ctx.config, Timestamp::now());
     act::plan_metrics(ctx, tailnet, &observed, &plan);
     act::plan_events(ctx, tailnet, &plan).await;
-    let outcome = act::sync_policy(ctx, tailnet, client.as_ref(), &plan, &previous).await;
+    let outcome = act::sync_policy(ctx, tailnet, client.as_ref(), &mut plan, &previous).await;
     let approvals = decide::approvals_after(&plan, outcome.as_ref());
     act::approve_routes(ctx, tailnet, client.as_ref(), approvals).await;
     // The status is written whatever becomes of the DNS and store writes (one failed write

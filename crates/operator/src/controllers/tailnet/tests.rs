@@ -1806,3 +1806,79 @@ fn a_failed_node_list_keeps_the_dns_names_and_pending_names_stay_claimed() {
         hosts_of(&plan)
     );
 }
+
+/// Issue 26 item 4: Headscale refuses the merged document (here: cosmos grants to a host
+/// alias the base does not define), and accepts it without cosmos's entries. The owner
+/// applies that one — its own egress's grant included —, cosmos's `status.contributors[]`
+/// entry and `ContributionsAccepted` carry Headscale's reason, and nothing of cosmos's new
+/// fragment is persisted as last accepted. Before: the check's refusal stopped the whole sync
+/// (`PolicyApplied` Rejected, nothing applied) and the store kept the refused fragment.
+#[test]
+fn a_contributor_headscale_refuses_is_left_out_and_the_owner_applies() {
+    let t = owner_of_cosmos();
+    let mut fragment: serde_json::Value =
+        serde_json::from_str(&cosmos_fragment("192.0.2.10/32")).expect("fragment");
+    fragment["grants"][0]["dst"] = serde_json::json!(["db.site.internal"]);
+    let mut config = config();
+    config.approve_routes = false;
+    let mut t = t;
+    t.spec.policy.contributors[0].limits.egress_destinations =
+        vec!["192.0.2.0/24".into(), "db.site.internal".into()];
+    let o = TailnetObservation {
+        egresses: vec![egress()],
+        live_policy: Some(String::new()),
+        ..with_fragment(Ok(fragment.to_string()))
+    };
+    let previous = t.status.clone().unwrap_or_default();
+    let mut plan = decide::plan(&t, &o, &config, now());
+    let merged = plan.sync.as_ref().expect("a sync").document.clone();
+    assert!(merged.contains("db.site.internal"), "{merged}");
+    assert_eq!(plan.exclusions.len(), 1, "one contributor: one exclusion");
+    assert!(
+        plan.store_changed(),
+        "the merge wants cosmos's fragment stored"
+    );
+    // Headscale: the merged document is refused, the one without cosmos accepted.
+    let reason = r#"host "db.site.internal" is not defined in the policy"#;
+    let without = plan.exclusions[0].sync.document.clone();
+    assert!(!without.contains("db.site.internal") && !without.contains("tag:cos-"));
+    assert!(
+        without.contains("192.0.2.10"),
+        "the owner's own grant stays: {without}"
+    );
+    decide::exclude(&mut plan, 0, reason);
+    let sync = plan.sync.clone().expect("sync");
+    assert_eq!(sync.document, without);
+    let outcome = match decide::after_check(&sync, Ok(()), &previous) {
+        PolicyStep::Put { event } => decide::after_set(&sync, event, Ok(())),
+        PolicyStep::Done(outcome) => outcome,
+    };
+    assert!(
+        plan.contribution_store.is_none(),
+        "nothing of cosmos is persisted as accepted"
+    );
+    let status = decide::finish(plan, Some(&outcome));
+    let applied = conditions::find(&status.conditions, types::POLICY_APPLIED).expect("applied");
+    assert_eq!(
+        (applied.status.as_str(), applied.reason.as_str()),
+        ("True", reasons::APPLIED),
+        "{}",
+        applied.message
+    );
+    assert_eq!(
+        status.policy.as_ref().and_then(|p| p.applied_hash.clone()),
+        Some(decide::sha256(&without))
+    );
+    let cosmos = &status.contributors[0];
+    assert_eq!(cosmos.state, "Refused");
+    assert!(cosmos.refused[0].contains(reason), "{:?}", cosmos.refused);
+    assert!(cosmos.merged_hash.is_none());
+    let accepted = conditions::find(&status.conditions, types::CONTRIBUTIONS_ACCEPTED)
+        .expect("ContributionsAccepted");
+    assert_eq!(accepted.reason, reasons::CONTRIBUTION_REFUSED);
+    assert!(
+        accepted.message.contains("cosmos") && accepted.message.contains(reason),
+        "{}",
+        accepted.message
+    );
+}
