@@ -116,13 +116,6 @@ pub struct TailnetPlan {
     pub exclusions: Vec<Exclusion>,
 }
 
-impl TailnetPlan {
-    /// The store of accepted fragments is to be written.
-    pub fn store_changed(&self) -> bool {
-        self.contribution_store.is_some()
-    }
-}
-
 /// What the owner applies instead when Headscale refuses the merged document and accepts it
 /// without `contributors`' entries (see [`exclude`]).
 #[derive(Clone, Debug)]
