@@ -1835,7 +1835,7 @@ fn a_contributor_headscale_refuses_is_left_out_and_the_owner_applies() {
     assert!(merged.contains("db.site.internal"), "{merged}");
     assert_eq!(plan.exclusions.len(), 1, "one contributor: one exclusion");
     assert!(
-        plan.store_changed(),
+        plan.contribution_store.is_some(),
         "the merge wants cosmos's fragment stored"
     );
     // Headscale: the merged document is refused, the one without cosmos accepted.
