@@ -497,7 +497,7 @@ pub fn exclude(plan: &mut TailnetPlan, index: usize, reason: &str) {
             status.state = tailnet_api::tailnet::contributor_state::REFUSED.to_string();
             status.merged_hash = None;
             status.merged = None;
-            status.refused = vec![note.clone()];
+            status.refused.insert(0, note.clone());
         }
     }
     plan.conditions.fail(
