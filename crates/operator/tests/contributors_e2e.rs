@@ -831,9 +831,23 @@ async fn refused_by_headscale(lab: &Lab<'_>, a: &mut OwnerSide, b: &ContributorS
     const ALIAS: &str = "db.site.internal";
     a.owner_spec["spec"]["policy"]["contributors"][0]["limits"]["egressDestinations"] =
         json!(["192.0.2.0/24", ALIAS]);
-    apply(&a.tailnets, &a.owner, a.owner_spec.clone())
+    let generation = apply(&a.tailnets, &a.owner, a.owner_spec.clone())
         .await
-        .expect("owner limits allowing the alias by name");
+        .expect("owner limits allowing the alias by name")
+        .metadata
+        .generation;
+    // The owner judges with the new limits before the delivery (under the old ones the grant
+    // would be refused by the limits, and the fragment stored as accepted without it).
+    wait_for("the owner to see the new limits", WAIT, || async {
+        let t = a.tailnets.get(&a.owner).await.map_err(|e| e.to_string())?;
+        let seen = t.status.as_ref().and_then(|s| s.observed_generation);
+        if seen == generation {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    })
+    .await;
     let fragment_name = tailnet_api::fragment::fragment_config_map(CONTRIBUTOR);
     let fragment = Api::<ConfigMap>::namespaced(b.client_b.clone(), &b.ns_b)
         .get(&fragment_name)

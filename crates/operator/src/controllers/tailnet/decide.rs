@@ -521,6 +521,17 @@ pub fn exclude(plan: &mut TailnetPlan, index: usize, reason: &str) {
     plan.contribution_store = exclusion.contribution_store;
 }
 
+/// After the sync: a document Headscale refused (no exclusion it accepted either) persists
+/// nothing new as last accepted — the store of accepted fragments is not written.
+pub fn keep_store_unless_accepted(plan: &mut TailnetPlan, outcome: Option<&PolicyOutcome>) {
+    let refused = outcome.is_some_and(|outcome| {
+        matches!(&outcome.verdict, Verdict::False(problem) if problem.reason == reasons::REJECTED)
+    });
+    if refused {
+        plan.contribution_store = None;
+    }
+}
+
 /// `HeadscaleReachable` (with the insecure-server note) and the version seen.
 fn reachability(
     tailnet: &Tailnet,

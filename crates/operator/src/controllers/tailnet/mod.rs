@@ -63,6 +63,7 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
     act::plan_metrics(ctx, tailnet, &observed, &plan);
     act::plan_events(ctx, tailnet, &plan).await;
     let outcome = act::sync_policy(ctx, tailnet, client.as_ref(), &mut plan, &previous).await;
+    decide::keep_store_unless_accepted(&mut plan, outcome.as_ref());
     let approvals = decide::approvals_after(&plan, outcome.as_ref());
     act::approve_routes(ctx, tailnet, client.as_ref(), approvals).await;
     // The status is written whatever becomes of the DNS and store writes (one failed write

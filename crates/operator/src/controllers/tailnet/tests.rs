@@ -1882,3 +1882,24 @@ fn a_contributor_headscale_refuses_is_left_out_and_the_owner_applies() {
         accepted.message
     );
 }
+
+/// Issue 26 item 4: when Headscale refuses the merged document and no exclusion helps (here
+/// the scripted refusal covers everything), the store is not written: the refused fragment
+/// is not persisted as last accepted. Before, the store was written whatever Headscale said.
+#[test]
+fn a_refused_document_persists_nothing_as_accepted() {
+    let t = owner_of_cosmos();
+    let o = with_fragment(Ok(cosmos_fragment("192.0.2.10/32")));
+    let run = drive(&t, &o, &config(), rejected("no"), Ok(()));
+    let mut plan = run.plan.clone();
+    assert!(
+        plan.contribution_store.is_some(),
+        "the merge wants it stored"
+    );
+    decide::keep_store_unless_accepted(&mut plan, run.outcome.as_ref());
+    assert!(plan.contribution_store.is_none());
+    let accepted = drive(&t, &o, &config(), Ok(()), Ok(()));
+    let mut plan = accepted.plan.clone();
+    decide::keep_store_unless_accepted(&mut plan, accepted.outcome.as_ref());
+    assert!(plan.contribution_store.is_some(), "accepted: stored");
+}
