@@ -1,5 +1,11 @@
 //! Admin listener on the pod IP: `/metrics`, `/livez`, `/readyz`, `/status`. Never on
 //! loopback: tailscaled forwards the tailnet IP's unclaimed ports there.
+//!
+//! At most [`ADMIN_MAX_CONNECTIONS`] connections are open at once (kubelet's probes and a
+//! Prometheus scrape need a handful); one beyond is reset at once and counted in
+//! `tailnet_agent_admin_connections_refused_total`, so a client that opens connections and
+//! sends nothing cannot pile up tasks and buffers (each also ends after 10 s without a full
+//! request head).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,6 +21,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::limits::{Gate, refuse};
 use crate::metrics::Metrics;
 use crate::state::AgentState;
 
@@ -25,7 +32,15 @@ pub struct Admin {
     pub state: Arc<AgentState>,
 }
 
+/// Admin connections open at once; more are reset.
+pub const ADMIN_MAX_CONNECTIONS: u32 = 32;
+
 pub async fn serve(listener: TcpListener, admin: Admin, stop: CancellationToken) {
+    serve_limited(listener, admin, stop, ADMIN_MAX_CONNECTIONS).await;
+}
+
+async fn serve_limited(listener: TcpListener, admin: Admin, stop: CancellationToken, limit: u32) {
+    let gate = Gate::new(limit);
     loop {
         let (stream, peer) = tokio::select! {
             () = stop.cancelled() => return,
@@ -38,8 +53,15 @@ pub async fn serve(listener: TcpListener, admin: Admin, stop: CancellationToken)
                 }
             },
         };
+        let Some(slot) = gate.try_enter() else {
+            admin.metrics.admin_connections_refused.inc();
+            debug!(%peer, "admin connection limit reached; resetting the connection");
+            refuse(stream);
+            continue;
+        };
         let admin = admin.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |request| {
                 let admin = admin.clone();
                 async move { Ok::<_, Infallible>(answer(&admin, &request)) }
@@ -122,4 +144,73 @@ fn with_type(
         http::HeaderValue::from_static(content_type),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    async fn get_livez(address: std::net::SocketAddr) -> std::io::Result<String> {
+        let mut stream = TcpStream::connect(address).await?;
+        stream
+            .write_all(b"GET /livez HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        Ok(answer)
+    }
+
+    /// The bug: the admin listener spawned a task per connection without bound. Now the
+    /// connection beyond the limit is reset while the open ones sit idle, and served again
+    /// once one of them closed.
+    #[tokio::test]
+    async fn connections_beyond_the_limit_are_reset_and_counted() -> std::io::Result<()> {
+        const LIMIT: u32 = 3;
+        let mut registry = Registry::default();
+        let metrics = Arc::new(Metrics::new(&mut registry));
+        let admin = Admin {
+            registry: Arc::new(registry),
+            metrics: metrics.clone(),
+            state: Arc::new(AgentState::new()),
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let address = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        tokio::spawn(serve_limited(listener, admin, stop.clone(), LIMIT));
+        // Idle connections (no request) fill the slots …
+        let mut idle = Vec::new();
+        for _ in 0..LIMIT {
+            idle.push(TcpStream::connect(address).await?);
+        }
+        // … so the next one is reset at once (before the 10 s header timeout of the others).
+        let refused = tokio::time::timeout(Duration::from_secs(5), get_livez(address))
+            .await
+            .map_err(std::io::Error::other)?;
+        assert!(
+            refused.as_ref().is_err() || refused.as_ref().is_ok_and(String::is_empty),
+            "served beyond the limit: {refused:?}"
+        );
+        assert_eq!(metrics.admin_connections_refused.get(), 1);
+        // One idle connection closes: served again (its slot is freed when the server sees
+        // the close, so poll).
+        drop(idle.pop());
+        let served = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Ok(answer) = get_livez(address).await
+                    && answer.contains("200 OK")
+                {
+                    return answer;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .map_err(std::io::Error::other)?;
+        assert!(served.ends_with("ok\n"), "{served}");
+        stop.cancel();
+        Ok(())
+    }
 }

@@ -88,10 +88,21 @@ pub fn validate(config: &AgentConfig) -> Result<(), ConfigError> {
             "limits.maxConnectionsPerListener",
             config.limits.max_connections_per_listener,
         ),
+        (
+            "limits.maxConnectionsPerSource",
+            config.limits.max_connections_per_source,
+        ),
     ] {
         if !(1..=ceiling).contains(&value) {
             return Err(invalid(field, format!("must be 1-{ceiling}")));
         }
+    }
+    let longest = tailnet_api::agent_config::MAX_IDLE_TIMEOUT_SECONDS;
+    if !(1..=longest).contains(&config.limits.idle_timeout_seconds) {
+        return Err(invalid(
+            "limits.idleTimeoutSeconds",
+            format!("must be 1-{longest}"),
+        ));
     }
     // Admin and egress listeners share the pod IP; ingress listeners share 127.0.0.1.
     let mut pod_ip_ports = BTreeMap::from([(config.admin_port, "adminPort".to_string())]);
@@ -346,6 +357,22 @@ mod tests {
                     c["limits"] = json!({"maxConnections": 1, "maxConnectionsPerListener": 100000})
                 }),
                 "limits.maxConnectionsPerListener",
+            ),
+            (
+                "zero per-source limit",
+                Box::new(|c| {
+                    c["limits"] = json!({"maxConnections": 10, "maxConnectionsPerListener": 5,
+                                         "maxConnectionsPerSource": 0})
+                }),
+                "limits.maxConnectionsPerSource",
+            ),
+            (
+                "zero idle timeout",
+                Box::new(|c| {
+                    c["limits"] = json!({"maxConnections": 10, "maxConnectionsPerListener": 5,
+                                         "idleTimeoutSeconds": 0})
+                }),
+                "limits.idleTimeoutSeconds",
             ),
             (
                 "zero probe interval",

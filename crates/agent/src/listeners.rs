@@ -69,7 +69,7 @@ async fn accept_loop<F>(
         tokio::select! {
             () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => match limits::admit(&gate, &shared.agent_gate) {
+                Ok((stream, peer)) => match limits::admit(&gate, &shared.agent_gate, peer.ip()) {
                     Ok(admission) => {
                         if admission.reclaimed() > 0 {
                             shared.metrics.count_reclaimed(&name);
@@ -172,6 +172,7 @@ pub async fn handle_egress(
             idle: shared.half_closed_idle,
             reclaim: Some(&admission),
         },
+        admission.idle_timeout(),
     )
     .await;
     debug!(
@@ -190,7 +191,7 @@ pub async fn handle_tcp(
     peer: SocketAddr,
     spec: TcpForward,
     shared: Shared,
-    _admission: Admission,
+    admission: Admission,
 ) {
     let _active = ActiveConnection::open(&shared.metrics, &spec.name);
     tune_tcp(&stream);
@@ -214,7 +215,14 @@ pub async fn handle_tcp(
     tune_tcp(&backend);
     let inbound = Tally::new(shared.metrics.bytes_counter(&spec.name, Direction::In));
     let outbound = Tally::new(shared.metrics.bytes_counter(&spec.name, Direction::Out));
-    let result = crate::splice::relay_tcp(stream, backend, &inbound, &outbound).await;
+    let result = crate::splice::relay_tcp(
+        stream,
+        backend,
+        &inbound,
+        &outbound,
+        admission.idle_timeout(),
+    )
+    .await;
     debug!(
         listener = %spec.name,
         %peer,

@@ -120,7 +120,9 @@ pub struct Metrics {
     pub localapi_errors: Counter,
     pub certificate_loaded: Gauge,
     pub certificate_reloads: Counter,
+    pub certificate_reload_failures: Counter,
     pub config_reload_failures: Counter,
+    pub admin_connections_refused: Counter,
     pub ready: Gauge,
 }
 
@@ -152,7 +154,9 @@ impl Metrics {
             localapi_errors: Counter::default(),
             certificate_loaded: Gauge::default(),
             certificate_reloads: Counter::default(),
+            certificate_reload_failures: Counter::default(),
             config_reload_failures: Counter::default(),
+            admin_connections_refused: Counter::default(),
             ready: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("tailnet_agent");
@@ -255,6 +259,16 @@ impl Metrics {
             "certificate_reloads",
             "Serving certificates (re)loaded from disk",
             metrics.certificate_reloads.clone(),
+        );
+        registry.register(
+            "certificate_reload_failures",
+            "Changed certificate files that were rejected (unreadable, not PEM, or a key that does not match the certificate); the previous certificate keeps serving",
+            metrics.certificate_reload_failures.clone(),
+        );
+        registry.register(
+            "admin_connections_refused",
+            "Admin listener connections reset because ADMIN_MAX_CONNECTIONS were open",
+            metrics.admin_connections_refused.clone(),
         );
         registry.register(
             "config_reload_failures",

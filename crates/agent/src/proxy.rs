@@ -681,6 +681,7 @@ fn tunnel_upgrade(
                     &inbound,
                     &outbound,
                     HalfClose::Propagate,
+                    None,
                 )
                 .await;
                 debug!(%route, bytes_in = inbound.total(), bytes_out = outbound.total(), ?result, "upgraded connection closed");

@@ -68,9 +68,40 @@ impl Tally {
     }
 }
 
+/// Ends a relay after `every` in which no byte moved (either way): the timer is checked
+/// only when it fires, so bytes cost nothing here.
+pub struct IdleBound {
+    every: Duration,
+    seen: u64,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl IdleBound {
+    pub fn new(every: Duration, moved: u64) -> Self {
+        IdleBound {
+            every,
+            seen: moved,
+            timer: Box::pin(tokio::time::sleep(every)),
+        }
+    }
+
+    /// True once `every` passed without `moved` changing.
+    pub fn expired(&mut self, cx: &mut Context<'_>, moved: u64) -> bool {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            if moved == self.seen {
+                return true;
+            }
+            self.seen = moved;
+            self.timer.as_mut().reset(Instant::now() + self.every);
+        }
+        false
+    }
+}
+
 /// Copies both ways until both directions are done (or, with
-/// [`HalfClose::HoldUntilUpstreamCloses`], until the upstream is done). The first I/O error
-/// ends the relay; dropping the streams then closes both connections.
+/// [`HalfClose::HoldUntilUpstreamCloses`], until the upstream is done), or until
+/// `idle_timeout` passed without a byte either way. The first I/O error ends the relay;
+/// dropping the streams then closes both connections.
 ///
 /// Both directions are polled by one future that owns both streams (like
 /// `tokio::io::copy_bidirectional`, which cannot be used as is: it counts bytes only at the
@@ -82,6 +113,7 @@ pub async fn relay<C, U>(
     inbound: &Tally,
     outbound: &Tally,
     half_close: HalfClose<'_>,
+    idle_timeout: Option<Duration>,
 ) -> io::Result<()>
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -89,39 +121,50 @@ where
 {
     let mut upload = Pump::new(inbound, matches!(half_close, HalfClose::Propagate));
     let mut download = Pump::new(outbound, true);
+    let moved = || inbound.total().wrapping_add(outbound.total());
+    let mut idle_bound = idle_timeout.map(|every| IdleBound::new(every, moved()));
     match half_close {
         HalfClose::Propagate => {
             std::future::poll_fn(|cx| {
                 let up = upload.poll_copy(cx, &mut client, &mut upstream)?;
                 let down = download.poll_copy(cx, &mut upstream, &mut client)?;
                 if up.is_ready() && down.is_ready() {
-                    Poll::Ready(Ok(()))
-                } else {
-                    Poll::Pending
+                    return Poll::Ready(Ok(()));
                 }
+                if idle_bound
+                    .as_mut()
+                    .is_some_and(|bound| bound.expired(cx, moved()))
+                {
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Pending
             })
             .await
         }
         HalfClose::HoldUntilUpstreamCloses { idle, reclaim } => {
             let mut upload_done = false;
-            let mut seen = outbound.total();
             // Armed at the client's EOF: from then on, the relay ends after `idle` in which
-            // the upstream sent nothing, or when a new connection takes its slots.
-            let mut silence: Option<Pin<Box<Sleep>>> = None;
-            let mut held: Option<(Hold, Pin<Box<_>>)> = None;
+            // the upstream sent nothing, or when a new connection takes its slots (only while
+            // the download is idle: the pump marks its hold busy before writing).
+            let mut silence: Option<IdleBound> = None;
+            let mut reclaimed: Option<Pin<Box<_>>> = None;
             std::future::poll_fn(|cx| {
                 if !upload_done && upload.poll_copy(cx, &mut client, &mut upstream)?.is_ready() {
                     upload_done = true;
-                    seen = outbound.total();
-                    silence = Some(Box::pin(tokio::time::sleep(idle)));
-                    held = reclaim.map(|admission| {
+                    silence = Some(IdleBound::new(idle, outbound.total()));
+                    if let Some(admission) = reclaim {
                         let hold = admission.hold();
-                        let reclaimed = Box::pin(hold.reclaimed());
-                        (hold, reclaimed)
-                    });
+                        if download.start < download.end {
+                            // Still writing what it read: busy, not to be taken.
+                            hold.busy();
+                        }
+                        reclaimed = Some(Box::pin(hold.reclaimed()));
+                        download.hold = Some(hold);
+                    }
                 }
-                if let Some((_, reclaimed)) = held.as_mut()
-                    && reclaimed.as_mut().poll(cx).is_ready()
+                if reclaimed
+                    .as_mut()
+                    .is_some_and(|taken| taken.as_mut().poll(cx).is_ready())
                 {
                     return Poll::Ready(Ok(()));
                 }
@@ -131,14 +174,17 @@ where
                 {
                     return Poll::Ready(Ok(()));
                 }
-                if let Some(timer) = silence.as_mut() {
-                    while timer.as_mut().poll(cx).is_ready() {
-                        if outbound.total() == seen {
-                            return Poll::Ready(Ok(()));
-                        }
-                        seen = outbound.total();
-                        timer.as_mut().reset(Instant::now() + idle);
-                    }
+                if silence
+                    .as_mut()
+                    .is_some_and(|bound| bound.expired(cx, outbound.total()))
+                {
+                    return Poll::Ready(Ok(()));
+                }
+                if idle_bound
+                    .as_mut()
+                    .is_some_and(|bound| bound.expired(cx, moved()))
+                {
+                    return Poll::Ready(Ok(()));
                 }
                 Poll::Pending
             })
@@ -158,6 +204,8 @@ struct Pump<'a> {
     need_flush: bool,
     shutdown_on_eof: bool,
     tally: &'a Tally,
+    /// A held connection's offer: marked busy before bytes read are written, idle after.
+    hold: Option<Hold>,
 }
 
 impl<'a> Pump<'a> {
@@ -170,6 +218,7 @@ impl<'a> Pump<'a> {
             need_flush: false,
             shutdown_on_eof,
             tally,
+            hold: None,
         }
     }
 
@@ -193,6 +242,10 @@ impl<'a> Pump<'a> {
                         let filled = read.filled().len();
                         if filled == 0 {
                             self.read_done = true;
+                        } else if self.hold.as_ref().is_some_and(|hold| !hold.busy()) {
+                            // Taken by a newcomer while idle: these bytes are not written, the
+                            // relay ends (it polls the reclaim before this pump again).
+                            return Poll::Pending;
                         } else {
                             (self.start, self.end) = (0, filled);
                         }
@@ -218,6 +271,11 @@ impl<'a> Pump<'a> {
                 self.start += written;
                 self.need_flush = true;
                 self.tally.add(written);
+                if self.start == self.end
+                    && let Some(hold) = &self.hold
+                {
+                    hold.idle();
+                }
             }
             if self.read_done {
                 if self.need_flush {
@@ -255,6 +313,8 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, duplex};
 
+    const LOCAL: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
     fn tally() -> Tally {
         Tally::new(Counter::default())
     }
@@ -264,7 +324,14 @@ mod tests {
         let (client, mut client_peer) = duplex(1024);
         let (upstream, mut upstream_peer) = duplex(1024);
         let (inbound, outbound) = (tally(), tally());
-        let relay = relay(client, upstream, &inbound, &outbound, HalfClose::Propagate);
+        let relay = relay(
+            client,
+            upstream,
+            &inbound,
+            &outbound,
+            HalfClose::Propagate,
+            None,
+        );
         let peers = async {
             client_peer.write_all(b"request").await?;
             client_peer.shutdown().await?;
@@ -297,6 +364,7 @@ mod tests {
                 idle: Duration::from_secs(5),
                 reclaim: None,
             },
+            None,
         );
         let peers = async {
             client_peer.write_all(b"ping").await?;
@@ -339,6 +407,7 @@ mod tests {
                     idle: Duration::from_millis(100),
                     reclaim: None,
                 },
+                None,
             ),
         )
         .await;
@@ -349,7 +418,8 @@ mod tests {
     #[tokio::test]
     async fn a_held_connection_ends_when_a_newcomer_takes_its_slots() {
         let (listener, agent) = (crate::limits::Gate::new(1), crate::limits::Gate::new(10));
-        let admission = crate::limits::admit(&listener, &agent).unwrap_or_else(|r| panic!("{r:?}"));
+        let admission =
+            crate::limits::admit(&listener, &agent, LOCAL).unwrap_or_else(|r| panic!("{r:?}"));
         let (client, mut client_peer) = duplex(1024);
         let (upstream, mut upstream_peer) = duplex(1024);
         let (inbound, outbound) = (tally(), tally());
@@ -362,18 +432,19 @@ mod tests {
                 idle: Duration::from_secs(30),
                 reclaim: Some(&admission),
             },
+            None,
         );
         let newcomer = async {
             // Before the client's EOF the connection is active: a newcomer is refused.
             client_peer.write_all(b"ping").await?;
             let mut request = [0u8; 4];
             upstream_peer.read_exact(&mut request).await?;
-            assert!(crate::limits::admit(&listener, &agent).is_err());
+            assert!(crate::limits::admit(&listener, &agent, LOCAL).is_err());
             client_peer.shutdown().await?;
             // Held now: the next newcomer takes its slots.
             let started = std::time::Instant::now();
             loop {
-                if let Ok(taken) = crate::limits::admit(&listener, &agent) {
+                if let Ok(taken) = crate::limits::admit(&listener, &agent, LOCAL) {
                     return io::Result::Ok((taken, started.elapsed()));
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -390,5 +461,118 @@ mod tests {
         assert!(waited < Duration::from_secs(2), "{waited:?}");
         drop(admission);
         assert_eq!(listener.active(), 1, "only the newcomer's slot is left");
+    }
+
+    /// The bug: a held tunnel was offered from the client's EOF on, so a newcomer at the
+    /// limit ended it while the answer was still streaming, and the client got a clean FIN
+    /// after a prefix. Now only a tunnel that relayed nothing for `RECLAIM_QUIET` is taken.
+    #[tokio::test]
+    async fn a_streaming_held_connection_is_not_taken_and_its_answer_arrives_whole() {
+        const ANSWER: usize = 2 << 20;
+        let (listener, agent) = (crate::limits::Gate::new(1), crate::limits::Gate::new(10));
+        let admission =
+            crate::limits::admit(&listener, &agent, LOCAL).unwrap_or_else(|r| panic!("{r:?}"));
+        let (client, mut client_peer) = duplex(4096);
+        let (upstream, mut upstream_peer) = duplex(4096);
+        let (inbound, outbound) = (tally(), tally());
+        let relay = relay(
+            client,
+            upstream,
+            &inbound,
+            &outbound,
+            HalfClose::HoldUntilUpstreamCloses {
+                idle: Duration::from_secs(30),
+                reclaim: Some(&admission),
+            },
+            None,
+        );
+        let streamed = std::sync::atomic::AtomicBool::new(false);
+        let upstream_side = async {
+            let mut request = [0u8; 4];
+            upstream_peer.read_exact(&mut request).await?;
+            upstream_peer.write_all(&vec![7u8; ANSWER]).await?;
+            streamed.store(true, std::sync::atomic::Ordering::SeqCst);
+            // Then silent and open: only a reclaim or the 30 s bound ends the relay.
+            std::future::pending::<()>().await;
+            io::Result::Ok(())
+        };
+        let client_side = async {
+            client_peer.write_all(b"ping").await?;
+            client_peer.shutdown().await?;
+            let mut answer = Vec::new();
+            client_peer.read_to_end(&mut answer).await?;
+            io::Result::Ok(answer.len())
+        };
+        let newcomer = async {
+            loop {
+                if let Ok(taken) = crate::limits::admit(&listener, &agent, LOCAL) {
+                    return (taken, streamed.load(std::sync::atomic::Ordering::SeqCst));
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        let outcome = tokio::time::timeout(Duration::from_secs(20), async {
+            tokio::select! {
+                ended = upstream_side => panic!(
+                    "the relay closed the upstream before its answer was through: {ended:?}"
+                ),
+                all = async { tokio::join!(relay, client_side, newcomer) } => all,
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the held relay was never taken"));
+        let (relayed, received, (taken, after_stream)) = outcome;
+        assert!(relayed.is_ok(), "{relayed:?}");
+        let received = received.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            received, ANSWER,
+            "the client got the whole answer before the FIN"
+        );
+        assert!(
+            after_stream,
+            "taken only once the upstream had written everything"
+        );
+        assert_eq!(taken.reclaimed(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_idle_timeout_ends_a_silent_relay_and_spares_a_talking_one() {
+        let (client, mut client_peer) = duplex(1024);
+        let (upstream, mut upstream_peer) = duplex(1024);
+        let (inbound, outbound) = (tally(), tally());
+        let relay = relay(
+            client,
+            upstream,
+            &inbound,
+            &outbound,
+            HalfClose::Propagate,
+            Some(Duration::from_millis(300)),
+        );
+        let peers = async {
+            // 10 round trips 50 ms apart: 500 ms in all, longer than the timeout, never idle.
+            for _ in 0..10 {
+                client_peer.write_all(b"x").await?;
+                let mut byte = [0u8; 1];
+                upstream_peer.read_exact(&mut byte).await?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // Then silence: the relay ends and both peers see EOF.
+            let mut rest = Vec::new();
+            client_peer.read_to_end(&mut rest).await?;
+            upstream_peer.read_to_end(&mut rest).await?;
+            io::Result::Ok(rest.len())
+        };
+        let (relayed, peers) = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::join!(relay, peers)
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the idle relay did not end"));
+        assert!(relayed.is_ok(), "{relayed:?}");
+        assert_eq!(peers.ok(), Some(0));
+        assert_eq!(
+            inbound.total(),
+            10,
+            "every byte of the talking phase passed"
+        );
     }
 }

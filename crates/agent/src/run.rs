@@ -462,16 +462,30 @@ impl Supervisor {
         let Some(store) = self.certificate.clone() else {
             return Err("no certificate store".into());
         };
-        let result = match store.reload() {
+        let (result, message) = match store.reload() {
             Ok(Reload::Loaded) => {
                 self.metrics.certificate_reloads.inc();
                 info!(cert = %files.cert_file, "serving certificate loaded");
-                Ok(store)
+                (Ok(store), String::new())
             }
-            Ok(Reload::Unchanged) => Ok(store),
-            Err(error) => Err(format!("no valid certificate: {}", error_chain(&error))),
+            Ok(Reload::Unchanged) => (Ok(store), String::new()),
+            Err(rejected) => {
+                let reason = error_chain(&rejected.error);
+                if !rejected.repeated {
+                    self.metrics.certificate_reload_failures.inc();
+                    error!(cert = %files.cert_file, error = %reason, "certificate files rejected");
+                }
+                if store.current().is_some() {
+                    // The previous pair keeps serving.
+                    let message =
+                        format!("certificate files rejected, serving the previous one: {reason}");
+                    (Ok(store), message)
+                } else {
+                    let message = format!("no valid certificate: {reason}");
+                    (Err(message.clone()), message)
+                }
+            }
         };
-        let message = result.as_ref().err().cloned().unwrap_or_default();
         if message != self.certificate_message {
             if !message.is_empty() && needed {
                 warn!(detail = %message, "http listeners do not serve until the certificate is valid");
@@ -526,8 +540,8 @@ impl Supervisor {
             let gate = self
                 .gates
                 .entry(wanted.key.clone())
-                .or_insert_with(|| Gate::new(limits.max_connections_per_listener));
-            gate.set_limit(limits.max_connections_per_listener);
+                .or_insert_with(|| Gate::for_listener(&limits));
+            gate.configure_listener(&limits);
             self.state.set_listener_gate(&wanted.key, gate.clone());
         }
 
@@ -664,7 +678,7 @@ impl Supervisor {
             .gates
             .get(&wanted.key)
             .cloned()
-            .unwrap_or_else(|| Gate::new(self.config.limits.max_connections_per_listener));
+            .unwrap_or_else(|| Gate::for_listener(&self.config.limits));
         let (task, update) = match (&wanted.payload, site) {
             (Payload::Egress(egress), _) => {
                 let (sender, receiver) = watch::channel(egress.clone());

@@ -42,12 +42,13 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags, fcntl, splice};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::relay::{RELAY_BUFFER_BYTES, Tally};
+use crate::relay::{IdleBound, RELAY_BUFFER_BYTES, Tally};
 
 /// Bytes asked for per `splice` into the pipe: the default pipe capacity. The kernel moves
 /// what fits and what the socket holds.
@@ -60,8 +61,9 @@ pub async fn relay_tcp(
     upstream: TcpStream,
     inbound: &Tally,
     outbound: &Tally,
+    idle_timeout: Option<Duration>,
 ) -> io::Result<()> {
-    relay_counting_splices(client, upstream, inbound, outbound)
+    relay_counting_splices(client, upstream, inbound, outbound, idle_timeout)
         .await
         .0
 }
@@ -72,17 +74,25 @@ async fn relay_counting_splices(
     mut upstream: TcpStream,
     inbound: &Tally,
     outbound: &Tally,
+    idle_timeout: Option<Duration>,
 ) -> (io::Result<()>, bool, bool) {
     let mut upload = Pump::new(inbound);
     let mut download = Pump::new(outbound);
+    let moved = || inbound.total().wrapping_add(outbound.total());
+    let mut idle_bound = idle_timeout.map(|every| IdleBound::new(every, moved()));
     let result = std::future::poll_fn(|cx| {
         let up = upload.poll_copy(cx, &mut client, &mut upstream)?;
         let down = download.poll_copy(cx, &mut upstream, &mut client)?;
         if up.is_ready() && down.is_ready() {
-            Poll::Ready(Ok(()))
-        } else {
-            Poll::Pending
+            return Poll::Ready(Ok(()));
         }
+        if idle_bound
+            .as_mut()
+            .is_some_and(|bound| bound.expired(cx, moved()))
+        {
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Pending
     })
     .await;
     (result, upload.spliced(), download.spliced())
@@ -326,7 +336,7 @@ mod tests {
         let task = tokio::spawn(async move {
             let (inbound, outbound) = (tally(), tally());
             let (result, up, down) =
-                relay_counting_splices(client, upstream, &inbound, &outbound).await;
+                relay_counting_splices(client, upstream, &inbound, &outbound, None).await;
             (result, inbound.total(), outbound.total(), (up, down))
         });
         Ok((client_peer, upstream_peer, task))
@@ -499,5 +509,44 @@ mod tests {
         result?;
         assert_eq!((inbound, outbound), (200 * 64, 200 * 64));
         Ok(())
+    }
+
+    /// A relayed TCP connection without a byte either way for the idle timeout ends (both
+    /// peers see EOF); one that keeps talking is not ended early.
+    #[tokio::test]
+    async fn the_idle_timeout_ends_a_silent_connection_only() -> io::Result<()> {
+        let (mut client_peer, client) = socket_pair().await?;
+        let (upstream, mut upstream_peer) = socket_pair().await?;
+        let task = tokio::spawn(async move {
+            let (inbound, outbound) = (tally(), tally());
+            let timeout = Some(Duration::from_millis(300));
+            relay_counting_splices(client, upstream, &inbound, &outbound, timeout)
+                .await
+                .0
+        });
+        // 10 round trips 50 ms apart (500 ms, longer than the timeout): still open.
+        for round in 0..10u32 {
+            let message = pattern(16, round);
+            client_peer.write_all(&message).await?;
+            let mut got = [0u8; 16];
+            upstream_peer.read_exact(&mut got).await?;
+            upstream_peer.write_all(&got).await?;
+            client_peer.read_exact(&mut got).await?;
+            assert_eq!(got.as_slice(), message.as_slice(), "round {round}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Silence: the relay ends and closes both.
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client_peer.read_to_end(&mut rest))
+            .await
+            .map_err(io::Error::other)??;
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            upstream_peer.read_to_end(&mut rest),
+        )
+        .await
+        .map_err(io::Error::other)??;
+        assert!(rest.is_empty());
+        task.await.map_err(io::Error::other)?
     }
 }

@@ -103,15 +103,37 @@ pub enum Reload {
     Loaded,
 }
 
+/// A reload that found files it could not use; the store keeps what it had.
+#[derive(Debug)]
+pub struct Rejected {
+    pub error: TlsError,
+    /// The same files were rejected at the previous reload already (count and log once).
+    pub repeated: bool,
+}
+
 /// The serving certificate of all `http` listeners. Files are re-read on every poll and
 /// compared by content: kubelet swaps Secret volumes by symlink, so mtimes of the visible
 /// paths are not reliable.
+///
+/// The certificate and key are read as one pair, parsed, and checked to belong together (the
+/// key's public key is the leaf's) before the pair replaces the served one in one swap. A
+/// pair that fails — a file missing or unreadable, not PEM, a key that does not match (such
+/// as a read that caught kubelet's swap between the two files) — is rejected and the
+/// previous certificate keeps serving. Only removed files (not found) unload it: the `http`
+/// listeners then stop serving.
 #[derive(Debug)]
 pub struct CertStore {
     cert_file: PathBuf,
     key_file: PathBuf,
     current: RwLock<Option<Arc<CertifiedKey>>>,
-    last_files: Mutex<Option<(Vec<u8>, Vec<u8>)>>,
+    /// The files of the served certificate, and those last rejected.
+    files: Mutex<Files>,
+}
+
+#[derive(Debug, Default)]
+struct Files {
+    loaded: Option<(Vec<u8>, Vec<u8>)>,
+    rejected: Option<Option<(Vec<u8>, Vec<u8>)>>,
 }
 
 impl CertStore {
@@ -120,7 +142,7 @@ impl CertStore {
             cert_file: cert_file.into(),
             key_file: key_file.into(),
             current: RwLock::new(None),
-            last_files: Mutex::new(None),
+            files: Mutex::new(Files::default()),
         }
     }
 
@@ -135,41 +157,44 @@ impl CertStore {
             .clone()
     }
 
-    /// Re-reads both files. Missing or invalid files unload the certificate: an `http`
-    /// listener then stops serving instead of falling back to anything.
-    pub fn reload(&self) -> Result<Reload, TlsError> {
-        let files = read(&self.cert_file).and_then(|cert| Ok((cert, read(&self.key_file)?)));
-        let mut last = self
-            .last_files
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let (cert_pem, key_pem) = match files {
-            Ok(files) => files,
+    /// Re-reads both files; a valid, matching, changed pair replaces the served certificate,
+    /// removed files unload it, anything else keeps it.
+    pub fn reload(&self) -> Result<Reload, Rejected> {
+        let pair = read(&self.cert_file).and_then(|cert| Ok((cert, read(&self.key_file)?)));
+        let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+        let parsed = match pair {
+            Ok(pair) if files.loaded.as_ref() == Some(&pair) => {
+                files.rejected = None;
+                return Ok(Reload::Unchanged);
+            }
+            Ok(pair) => match certified_key(&pair.0, &pair.1, &self.cert_file, &self.key_file) {
+                Ok(key) => Ok((key, pair)),
+                Err(error) => Err((error, Some(pair))),
+            },
             Err(error) => {
-                *last = None;
-                self.set(None);
-                return Err(error);
+                if let TlsError::Read { source, .. } = &error
+                    && source.kind() == std::io::ErrorKind::NotFound
+                {
+                    // Removed files are an explicit "stop serving", not a torn update.
+                    *self.current.write().unwrap_or_else(PoisonError::into_inner) = None;
+                    files.loaded = None;
+                }
+                Err((error, None))
             }
         };
-        if last.as_ref() == Some(&(cert_pem.clone(), key_pem.clone())) && self.current().is_some() {
-            return Ok(Reload::Unchanged);
-        }
-        let parsed = certified_key(&cert_pem, &key_pem, &self.cert_file, &self.key_file);
-        *last = Some((cert_pem, key_pem));
         match parsed {
-            Ok(key) => {
-                self.set(Some(Arc::new(key)));
+            Ok((key, pair)) => {
+                *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(key));
+                files.loaded = Some(pair);
+                files.rejected = None;
                 Ok(Reload::Loaded)
             }
-            Err(error) => {
-                self.set(None);
-                Err(error)
+            Err((error, pair)) => {
+                let repeated = files.rejected.as_ref() == Some(&pair);
+                files.rejected = Some(pair);
+                Err(Rejected { error, repeated })
             }
         }
-    }
-
-    fn set(&self, key: Option<Arc<CertifiedKey>>) {
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = key;
     }
 }
 
@@ -299,7 +324,17 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
         let (cert_path, key_path) = (dir.join("tls.crt"), dir.join("tls.key"));
         let store = CertStore::new(&cert_path, &key_path);
-        assert!(matches!(store.reload(), Err(TlsError::Read { .. })));
+        assert!(matches!(
+            store.reload(),
+            Err(Rejected {
+                error: TlsError::Read { .. },
+                repeated: false
+            })
+        ));
+        assert!(matches!(
+            store.reload(),
+            Err(Rejected { repeated: true, .. })
+        ));
         assert!(store.current().is_none());
 
         let (cert, key) = self_signed("a.example");
@@ -318,12 +353,24 @@ mod tests {
             &store.current().unwrap_or_else(|| panic!("reloaded"))
         ));
 
+        let served = store.current().unwrap_or_else(|| panic!("reloaded"));
         std::fs::write(&key_path, "garbage").unwrap_or_else(|e| panic!("{e}"));
-        assert!(store.reload().is_err());
+        assert!(matches!(
+            store.reload(),
+            Err(Rejected {
+                repeated: false,
+                ..
+            })
+        ));
         assert!(
-            store.current().is_none(),
-            "invalid files unload the certificate"
+            store
+                .current()
+                .is_some_and(|current| Arc::ptr_eq(&current, &served)),
+            "a rejected pair keeps the previous certificate"
         );
+        std::fs::remove_file(&key_path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(store.reload().is_err());
+        assert!(store.current().is_none(), "removed files unload it");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -335,5 +382,57 @@ mod tests {
         ));
         let (cert, _) = self_signed("ca.example");
         assert!(backend_client_config(cert.as_bytes(), Path::new("ca.crt")).is_ok());
+    }
+
+    /// The bug: crt and key were read separately and a pair that did not match unloaded the
+    /// certificate (the `http` listeners stopped). Now a mismatched pair — here the new
+    /// certificate with the old key, as a read between kubelet's two file swaps would see —
+    /// is rejected, counted once, and the old certificate keeps serving until a matching pair
+    /// arrives.
+    #[test]
+    fn a_mismatched_pair_keeps_the_old_certificate_until_a_matching_one_arrives() {
+        let dir =
+            std::env::temp_dir().join(format!("tailnet-agent-tls-pair-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let (cert_path, key_path) = (dir.join("tls.crt"), dir.join("tls.key"));
+        let write = |cert: &str, key: &str| {
+            std::fs::write(&cert_path, cert).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(&key_path, key).unwrap_or_else(|e| panic!("{e}"));
+        };
+        let store = CertStore::new(&cert_path, &key_path);
+        let (old_cert, old_key) = self_signed("a.example");
+        write(&old_cert, &old_key);
+        assert_eq!(store.reload().ok(), Some(Reload::Loaded));
+        let old = store.current().unwrap_or_else(|| panic!("loaded"));
+
+        let (new_cert, new_key) = self_signed("a.example");
+        write(&new_cert, &old_key);
+        let rejected = store
+            .reload()
+            .err()
+            .unwrap_or_else(|| panic!("mismatch loaded"));
+        assert!(
+            matches!(rejected.error, TlsError::KeyMismatch { .. }),
+            "{:?}",
+            rejected.error
+        );
+        assert!(!rejected.repeated);
+        assert!(matches!(
+            store.reload(),
+            Err(Rejected { repeated: true, .. })
+        ));
+        let served = store
+            .current()
+            .unwrap_or_else(|| panic!("the certificate was unloaded"));
+        assert!(Arc::ptr_eq(&served, &old), "the old pair keeps serving");
+
+        write(&new_cert, &new_key);
+        assert_eq!(store.reload().ok(), Some(Reload::Loaded));
+        let served = store.current().unwrap_or_else(|| panic!("loaded"));
+        assert!(
+            !Arc::ptr_eq(&served, &old),
+            "the matching new pair replaced it"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -572,6 +572,50 @@ fn certificate_missing_reloaded_and_removed() {
         assert_eq!(status, 200);
         assert!(common::metric_in(&body, "tailnet_agent_certificate_reloads_total", &[]) >= 2.0);
 
+        // A pair that does not match (a new certificate with another key, as a read between
+        // two file swaps would see) is rejected and counted; the renewed one keeps serving.
+        // Before: the certificate was unloaded and the listener closed.
+        let renewed = presented_certificate(config.clone()).await;
+        let failures = || async {
+            let (_, body) = admin_get("/metrics").await;
+            common::metric_in(
+                &body,
+                "tailnet_agent_certificate_reload_failures_total",
+                &[],
+            )
+        };
+        // (The renewal above wrote the two files one after the other: a poll between them may
+        // have rejected a torn pair already.)
+        let before = failures().await;
+        let (cert, _) = pki.leaf(&["portal.test"]);
+        let temporary = tls_dir.join("tls.crt.new");
+        std::fs::write(&temporary, cert).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::rename(&temporary, tls_dir.join("tls.crt")).unwrap_or_else(|e| panic!("{e}"));
+        eventually(
+            Duration::from_secs(10),
+            "mismatched pair rejected",
+            || async { (failures().await == before + 1.0).then_some(()) },
+        )
+        .await;
+        assert_eq!(presented_certificate(config.clone()).await, renewed);
+        let (_, status_json) = admin_get("/status").await;
+        let report: serde_json::Value = serde_json::from_str(&status_json).unwrap_or_default();
+        assert_eq!(report["certificate"]["loaded"], true, "{report}");
+        assert!(
+            report["certificate"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("serving the previous one")),
+            "{report}"
+        );
+        let (cert, key) = pki.leaf(&["portal.test"]);
+        std::fs::write(tls_dir.join("tls.crt"), cert).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(tls_dir.join("tls.key"), key).unwrap_or_else(|e| panic!("{e}"));
+        eventually(Duration::from_secs(10), "matching pair served", || {
+            let (config, renewed) = (config.clone(), renewed.clone());
+            async move { (presented_certificate(config).await != renewed).then_some(()) }
+        })
+        .await;
+
         // Routes change with the config, in the running listener: portal.test is gone.
         let temporary = config_path.with_extension("new");
         common::write_json(&temporary, &renamed);

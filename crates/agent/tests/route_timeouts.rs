@@ -151,7 +151,7 @@ async fn the_backend_request_timeout_fires_after_500ms_not_a_second() {
     let store = Arc::new(CertStore::new(dir.join("tls.crt"), dir.join("tls.key")));
     store
         .reload()
-        .unwrap_or_else(|e| panic!("certificate: {e}"));
+        .unwrap_or_else(|e| panic!("certificate: {}", e.error));
 
     let (backend, _backend_task) = silent_backend().await;
     let route: HttpRoute = serde_json::from_value(serde_json::json!({
@@ -188,7 +188,8 @@ async fn the_backend_request_timeout_fires_after_500ms_not_a_second() {
                 .await
                 .unwrap_or_else(|e| panic!("accept: {e}"));
             let gate = Gate::new(8);
-            let admission = limits::admit(&gate, &gate).unwrap_or_else(|_| panic!("admission"));
+            let admission = limits::admit(&gate, &gate, std::net::Ipv4Addr::LOCALHOST.into())
+                .unwrap_or_else(|_| panic!("admission"));
             serve_connection(site, context, tcp, peer, shutdown, admission).await;
         })
     };

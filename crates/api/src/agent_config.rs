@@ -54,6 +54,14 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 1024;
 pub const DEFAULT_MAX_CONNECTIONS_PER_LISTENER: u32 = 512;
 /// The largest limit the API accepts (per agent and per listener).
 pub const MAX_CONNECTIONS_CEILING: u32 = 2048;
+/// Default of [`ConnectionLimits::max_connections_per_source`]: half a listener's default
+/// slots, so one client address cannot take all of them from the others.
+pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: u32 = 256;
+/// Default of [`ConnectionLimits::idle_timeout_seconds`]: an hour without a byte either way
+/// ends a relayed TCP connection (database sessions idle for minutes keep theirs).
+pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u32 = 3600;
+/// The longest relay idle timeout the agent accepts (a week).
+pub const MAX_IDLE_TIMEOUT_SECONDS: u32 = 7 * 24 * 3600;
 
 /// Concurrent connections the agent serves; beyond them a new connection is accepted and
 /// reset at once (counted in `tailnet_agent_connections_refused_total`).
@@ -64,6 +72,22 @@ pub struct ConnectionLimits {
     pub max_connections: u32,
     /// Per listener (an egress target, a tcp expose, an https port).
     pub max_connections_per_listener: u32,
+    /// Per client address on one listener (loopback addresses are not counted: ingress
+    /// connections all arrive from tailscaled on 127.0.0.1).
+    #[serde(default = "default_max_connections_per_source")]
+    pub max_connections_per_source: u32,
+    /// A relayed TCP connection (`egress`, `tcp` ingress) ends after this many seconds
+    /// without a byte either way.
+    #[serde(default = "default_idle_timeout_seconds")]
+    pub idle_timeout_seconds: u32,
+}
+
+fn default_max_connections_per_source() -> u32 {
+    DEFAULT_MAX_CONNECTIONS_PER_SOURCE
+}
+
+fn default_idle_timeout_seconds() -> u32 {
+    DEFAULT_IDLE_TIMEOUT_SECONDS
 }
 
 impl Default for ConnectionLimits {
@@ -71,6 +95,8 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_listener: DEFAULT_MAX_CONNECTIONS_PER_LISTENER,
+            max_connections_per_source: DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
+            idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
         }
     }
 }

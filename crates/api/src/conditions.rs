@@ -171,6 +171,7 @@ pub mod reasons {
         pub const UNAUTHORIZED: &str = "Unauthorized";
         pub const API_ERROR: &str = "APIError";
         pub const UNEXPECTED_RESPONSE: &str = "UnexpectedResponse";
+        pub const RESPONSE_TOO_LARGE: &str = "ResponseTooLarge";
         pub const INVALID_URL: &str = "InvalidURL";
         pub const CLIENT_ERROR: &str = "ClientError";
 
@@ -184,6 +185,7 @@ pub mod reasons {
             UNAUTHORIZED,
             API_ERROR,
             UNEXPECTED_RESPONSE,
+            RESPONSE_TOO_LARGE,
             INVALID_URL,
             CLIENT_ERROR,
             // The client refuses a `spec.serverCA` bundle it cannot read (the operator names

@@ -944,5 +944,6 @@ fn resolve_limits(
     ConnectionLimits {
         max_connections,
         max_connections_per_listener: per_listener.min(max_connections),
+        ..defaults
     }
 }

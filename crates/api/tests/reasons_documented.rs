@@ -123,6 +123,10 @@ fn headscale_client_reasons_are_mirrored() {
             endpoint: "test",
             source: decode_error(),
         },
+        Error::TooLarge {
+            endpoint: "test",
+            limit: 1,
+        },
         Error::InvalidUrl {
             url: String::new(),
             message: String::new(),
@@ -139,6 +143,7 @@ fn headscale_client_reasons_are_mirrored() {
             | Error::Unauthorized { .. }
             | Error::Api { .. }
             | Error::Decode { .. }
+            | Error::TooLarge { .. }
             | Error::InvalidUrl { .. }
             | Error::Client(_)
             | Error::InvalidServerCa { .. } => {}

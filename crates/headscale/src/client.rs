@@ -270,10 +270,8 @@ impl Client {
         };
         let status = response.status();
         self.observe(endpoint, status.as_str(), started);
-        let text = response
-            .text()
-            .await
-            .map_err(|e| Error::transport(endpoint.label(), e))?;
+        let body = read_capped(response, endpoint.label(), MAX_RESPONSE_BYTES).await?;
+        let text = String::from_utf8_lossy(&body);
         if !status.is_success() {
             return Err(Error::from_response(
                 endpoint.label(),
@@ -284,7 +282,7 @@ impl Client {
         let text = if text.trim().is_empty() {
             "{}"
         } else {
-            text.as_str()
+            text.as_ref()
         };
         serde_json::from_str(text).map_err(|source| Error::Decode {
             endpoint: endpoint.label(),
@@ -506,6 +504,38 @@ impl Client {
     }
 }
 
+/// The largest Headscale response body read, in bytes: a node list of thousands of nodes
+/// (about 2 KiB each) fits; reading stops here, before anything is parsed.
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Reads a response body chunk by chunk and stops with [`Error::TooLarge`] once it holds more
+/// than `limit` bytes (a declared `Content-Length` above it is refused before reading).
+async fn read_capped(
+    mut response: reqwest::Response,
+    endpoint: &'static str,
+    limit: usize,
+) -> Result<Vec<u8>, Error> {
+    let too_large = || Error::TooLarge { endpoint, limit };
+    if response
+        .content_length()
+        .is_some_and(|length| length > u64::try_from(limit).unwrap_or(u64::MAX))
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| Error::transport(endpoint, e))?
+    {
+        if body.len().saturating_add(chunk.len()) > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 fn missing(endpoint: Endpoint, field: &str) -> Error {
     Error::Api {
         endpoint: endpoint.label(),
@@ -564,5 +594,76 @@ mod tests {
         assert!(!Endpoint::CreateApiKey.idempotent());
         assert!(Endpoint::SetPolicy.idempotent());
         assert!(Endpoint::ApproveRoutes.idempotent());
+    }
+
+    /// Issue 26 item 6: a Headscale answer is read with a byte cap. A server answering with a
+    /// body that never ends (no Content-Length) gets a named error after `limit` bytes and the
+    /// connection is dropped; one declaring a larger Content-Length is refused before reading.
+    /// Before, `response.text()` read the whole answer into memory.
+    #[tokio::test]
+    async fn response_bodies_are_read_with_a_cap() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = written.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let mut head = [0u8; 4096];
+                    let Ok(n) = stream.read(&mut head).await else {
+                        return;
+                    };
+                    let declared = String::from_utf8_lossy(&head[..n]).contains("declared");
+                    if declared {
+                        let answer = "HTTP/1.1 200 OK\r\ncontent-length: 99999999\r\n\r\n";
+                        let _ = stream.write_all(answer.as_bytes()).await;
+                        return;
+                    }
+                    let answer = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+                    if stream.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let chunk = format!("{:x}\r\n{}\r\n", 64 * 1024, " ".repeat(64 * 1024));
+                    // At most 1 GiB, so a client that never stops cannot hang the test.
+                    for _ in 0..16 * 1024 {
+                        if stream.write_all(chunk.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        count.fetch_add(64 * 1024, std::sync::atomic::Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        let http = reqwest::Client::new();
+        for (path, declared) in [("endless", false), ("declared", true)] {
+            let response = http
+                .get(format!("http://{address}/{path}"))
+                .send()
+                .await
+                .expect("answer");
+            let error = read_capped(response, "test", 1024 * 1024)
+                .await
+                .expect_err("refused");
+            assert!(
+                matches!(
+                    error,
+                    Error::TooLarge {
+                        limit: 1_048_576,
+                        ..
+                    }
+                ),
+                "{declared}: {error}"
+            );
+            assert_eq!(error.reason(), "ResponseTooLarge");
+        }
+        let at_refusal = written.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            at_refusal < 64 * 1024 * 1024,
+            "the server wrote {at_refusal} bytes: the read did not stop"
+        );
     }
 }

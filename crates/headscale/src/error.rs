@@ -63,6 +63,12 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// The answer was larger than the client reads (it stopped reading there).
+    #[error("{endpoint}: the answer is larger than {limit} bytes; stopped reading it")]
+    TooLarge {
+        endpoint: &'static str,
+        limit: usize,
+    },
     #[error("invalid Headscale URL {url:?}: {message}")]
     InvalidUrl { url: String, message: String },
     #[error("building the HTTP client: {0}")]
@@ -80,6 +86,7 @@ impl Error {
             Error::Unauthorized { .. } => "Unauthorized",
             Error::Api { .. } => "APIError",
             Error::Decode { .. } => "UnexpectedResponse",
+            Error::TooLarge { .. } => "ResponseTooLarge",
             Error::InvalidUrl { .. } => "InvalidURL",
             Error::Client(_) => "ClientError",
             Error::InvalidServerCa { .. } => "ServerCAInvalid",

@@ -216,6 +216,7 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     let a_ip = owner_keeps_working(&lab, &ops, &a, &delivered).await;
     let live = only_accepted_entries_live(&lab, &a).await;
     malformed_delivery(&lab, &a, &live).await;
+    refused_by_headscale(&lab, &mut a, &b).await;
     read_through_b_api(&lab, &mut a, &b, &delivered).await;
     quiet_while_idle(&a).await;
     b_apiserver_stopped(&lab, &mut a, &b, &b_ip).await;
@@ -819,6 +820,144 @@ async fn malformed_delivery(lab: &Lab<'_>, a: &OwnerSide, live: &str) {
     );
 }
 
+/// Issue 26 item 4: B delivers a grant to a host alias the base does not define (its limits
+/// allow the name, so the owner's own check passes it; Headscale refuses the merged
+/// document). At the same time A adds an egress of its own. B's entries are left out and
+/// named with Headscale's reason in `status.contributors[]`, A's new grant goes live. Before,
+/// the refusal stopped the whole sync: A's change never reached Headscale
+/// (`PolicyApplied` Rejected) and the refused fragment was stored as last accepted.
+async fn refused_by_headscale(lab: &Lab<'_>, a: &mut OwnerSide, b: &ContributorSide) {
+    let headscale = lab.headscale;
+    const ALIAS: &str = "db.site.internal";
+    a.owner_spec["spec"]["policy"]["contributors"][0]["limits"]["egressDestinations"] =
+        json!(["192.0.2.0/24", ALIAS]);
+    let generation = apply(&a.tailnets, &a.owner, a.owner_spec.clone())
+        .await
+        .expect("owner limits allowing the alias by name")
+        .metadata
+        .generation;
+    // The owner judges with the new limits before the delivery (under the old ones the grant
+    // would be refused by the limits, and the fragment stored as accepted without it).
+    wait_for("the owner to see the new limits", WAIT, || async {
+        let t = a.tailnets.get(&a.owner).await.map_err(|e| e.to_string())?;
+        let seen = t.status.as_ref().and_then(|s| s.observed_generation);
+        if seen == generation {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    })
+    .await;
+    let fragment_name = tailnet_api::fragment::fragment_config_map(CONTRIBUTOR);
+    let fragment = Api::<ConfigMap>::namespaced(b.client_b.clone(), &b.ns_b)
+        .get(&fragment_name)
+        .await
+        .expect("B's fragment")
+        .data
+        .and_then(|d| d.get(tailnet_api::fragment::FRAGMENT_KEY).cloned())
+        .expect("fragment.json");
+    let mut fragment: Value = serde_json::from_str(&fragment).expect("fragment JSON");
+    let own_egress_tag = fragment["tags"]
+        .as_array()
+        .and_then(|tags| {
+            tags.iter()
+                .filter_map(Value::as_str)
+                .find(|t| t.contains("egress"))
+        })
+        .map(str::to_owned)
+        .expect("B's egress tag in the fragment");
+    fragment["grants"]
+        .as_array_mut()
+        .expect("grants")
+        .push(json!({"owner": "TailnetEgress/alias", "src": [own_egress_tag], "dst": [ALIAS], "ip": ["tcp:5432"]}));
+    a.config_maps
+        .patch(
+            "cosmos-fragment",
+            &PatchParams::apply("git-delivery").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "cosmos-fragment"},
+                "data": {"fragment.json": fragment.to_string()}
+            })),
+        )
+        .await
+        .expect("deliver a fragment with a grant to an undefined host alias");
+    // A's own change in the same window.
+    apply_egress(
+        &a.egresses,
+        &a.ns,
+        "site-two",
+        &a.owner,
+        json!([{"name": "remote-two", "address": "192.0.2.11", "port": 5432}]),
+    )
+    .await
+    .expect("A's second egress");
+    let (tailnets, owner) = (&a.tailnets, &a.owner);
+    let refused = wait_for(
+        "B's entries left out with Headscale's reason, A's new egress live",
+        WAIT,
+        || async {
+            let t = tailnets.get(owner).await.map_err(|e| e.to_string())?;
+            let live = headscale.get_policy().await.map_err(|e| e.to_string())?;
+            let contributor = t
+                .status
+                .as_ref()
+                .and_then(|s| s.contributors.first())
+                .cloned();
+            match contributor {
+                Some(c)
+                    if c.state == "Refused"
+                        && c.refused
+                            .iter()
+                            .any(|r| r.contains("Headscale refused the merged policy"))
+                        && live.contains("192.0.2.11")
+                        && !live.contains(ALIAS) =>
+                {
+                    Ok((c, t))
+                }
+                other => Err(format!("{other:?}\n{}", t.describe())),
+            }
+        },
+    )
+    .await;
+    let (contributor, t) = refused;
+    eprintln!(
+        "owner, grant to an undefined host alias: {:?}",
+        contributor.refused
+    );
+    let conditions = t.status.clone().unwrap_or_default().conditions;
+    let applied = conditions
+        .iter()
+        .find(|c| c.type_ == "PolicyApplied")
+        .expect("PolicyApplied");
+    assert_eq!(applied.status, "True", "{}", t.describe());
+    let accepted = conditions
+        .iter()
+        .find(|c| c.type_ == "ContributionsAccepted")
+        .expect("ContributionsAccepted");
+    assert!(
+        accepted.reason == "ContributionRefused" && accepted.message.contains(CONTRIBUTOR),
+        "{}",
+        t.describe()
+    );
+    // Only what Headscale accepted is stored: the refused grant is not in the store.
+    let store = a
+        .config_maps
+        .get_opt(&format!("{owner}-contributions"))
+        .await
+        .expect("the store")
+        .and_then(|cm| cm.data)
+        .unwrap_or_default();
+    assert!(
+        !store.values().any(|v| v.contains(ALIAS)),
+        "the refused fragment was stored as last accepted: {store:?}"
+    );
+    a.egresses
+        .delete("site-two", &DeleteParams::default())
+        .await
+        .expect("delete A's second egress");
+}
+
 /// Whether the owner, at `generation` (any, when `None`), read cosmos's fragment through B's
 /// API: partly refused (B's own entries outside its limits) but without the claim on A's tag
 /// that only the tampered delivery carried.
@@ -870,6 +1009,7 @@ async fn read_through_b_api(
         .fragment_reader(b_ns, fragment_name, reader)
         .await
         .expect("the fragment reader's ServiceAccount, Role, RoleBinding and token in B");
+    token_file_refused(a, b_ns, fragment_name, &kubeconfig).await;
     apply(
         &Api::<Secret>::namespaced(a.client.clone(), &a.ns),
         "cosmos-kubeconfig",
@@ -894,6 +1034,60 @@ async fn read_through_b_api(
         !a.operator.log_text().contains(&token),
         "the kubeconfig's token reached the owner's log"
     );
+}
+
+/// Issue 26 item 2 in the e2e: the same kubeconfig with `tokenFile` (pointing at the owner
+/// pod's ServiceAccount token path) instead of the token is refused before a client exists;
+/// the owner's status for cosmos names the field and says nothing was sent.
+async fn token_file_refused(
+    a: &mut OwnerSide,
+    b_ns: &str,
+    fragment_name: &str,
+    kubeconfig: &Value,
+) {
+    let mut with_file = kubeconfig.clone();
+    for user in with_file["users"].as_array_mut().expect("users") {
+        if let Some(entry) = user["user"].as_object_mut() {
+            entry.remove("token");
+            entry.insert(
+                "tokenFile".into(),
+                json!("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+            );
+        }
+    }
+    apply(
+        &Api::<Secret>::namespaced(a.client.clone(), &a.ns),
+        "cosmos-kubeconfig",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cosmos-kubeconfig"},
+               "stringData": {"kubeconfig": with_file.to_string()}}),
+    )
+    .await
+    .expect("kubeconfig Secret with tokenFile in A");
+    a.owner_spec["spec"]["policy"]["contributors"][0]["source"] = json!({"kubeconfig": {
+        "secretRef": {"name": "cosmos-kubeconfig", "key": "kubeconfig"},
+        "namespace": b_ns, "configMap": fragment_name}});
+    apply(&a.tailnets, &a.owner, a.owner_spec.clone())
+        .await
+        .expect("owner Tailnet reading through B's API");
+    let (tailnets, owner) = (&a.tailnets, &a.owner);
+    let error = wait_for(
+        "the owner to refuse the tokenFile kubeconfig",
+        WAIT,
+        || async {
+            let t = tailnets.get(owner).await.map_err(|e| e.to_string())?;
+            let error = t
+                .status
+                .as_ref()
+                .and_then(|s| s.contributors.first())
+                .and_then(|c| c.error.clone());
+            match error {
+                Some(e) if e.contains("tokenFile") && e.contains("nothing was sent") => Ok(e),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    eprintln!("owner, kubeconfig with tokenFile: {error}");
 }
 
 /// The sum of the operator's `headscale_api_calls` samples for `endpoint`.

@@ -557,6 +557,7 @@ fn connection_limits_reach_the_agent_config() {
         ConnectionLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_listener: DEFAULT_MAX_CONNECTIONS_PER_LISTENER,
+            ..ConnectionLimits::default()
         }
     );
     egress.spec.limits = Some(AgentLimits {
@@ -570,6 +571,7 @@ fn connection_limits_reach_the_agent_config() {
         ConnectionLimits {
             max_connections: 300,
             max_connections_per_listener: 300,
+            ..ConnectionLimits::default()
         }
     );
     let json = objects

@@ -75,23 +75,53 @@ pub fn plan_metrics(
     }
 }
 
-/// Publishes the rendered-policy ConfigMap, asks Headscale to check the document, PUTs it
+/// Asks Headscale to check the merged document; when it refuses it, checks it again without
+/// each contributor's entries in turn (`plan.exclusions`) and, at the first one it accepts,
+/// makes that the plan ([`decide::exclude`]): the contributor is left out and named, the
+/// owner's own changes go on. The answer for the document now in `plan.sync`.
+async fn check_or_exclude(
+    tailnet: &Tailnet,
+    client: &HeadscaleClient,
+    plan: &mut TailnetPlan,
+) -> Option<Answer> {
+    let sync = plan.sync.as_ref()?;
+    let check = answer(client.check_policy(&sync.document).await);
+    let Err(Refusal::Rejected(reason)) = &check else {
+        return Some(check);
+    };
+    for (index, exclusion) in plan.exclusions.iter().enumerate() {
+        if answer(client.check_policy(&exclusion.sync.document).await).is_ok() {
+            tracing::warn!(
+                tailnet = %tailnet.name_any(),
+                contributors = %exclusion.contributors.join(", "),
+                %reason,
+                "Headscale refused the merged policy; leaving out these contributors' entries"
+            );
+            let reason = reason.clone();
+            decide::exclude(plan, index, &reason);
+            return Some(Ok(()));
+        }
+    }
+    Some(check)
+}
+
+/// Asks Headscale to check the document (leaving out a contributor whose entries it refuses,
+/// see [`check_or_exclude`]), publishes the rendered-policy ConfigMap, PUTs the document
 /// when `decide` says so. `None`: there was nothing to compare (no sync or no client).
 pub async fn sync_policy(
     ctx: &Context,
     tailnet: &Tailnet,
     client: Option<&HeadscaleClient>,
-    plan: &TailnetPlan,
+    plan: &mut TailnetPlan,
     previous: &TailnetStatus,
 ) -> Option<PolicyOutcome> {
-    let (Some(sync), Some(client)) = (&plan.sync, client) else {
-        return None;
-    };
+    let client = client?;
+    let check = check_or_exclude(tailnet, client, plan).await?;
+    let sync = plan.sync.as_ref()?;
     // A debugging copy: failing to write it must not stop the sync itself.
     if let Err(error) = write_rendered_policy(ctx, sync).await {
         tracing::warn!(tailnet = %tailnet.name_any(), %error, "writing the rendered-policy ConfigMap failed; syncing the policy anyway");
     }
-    let check = answer(client.check_policy(&sync.document).await);
     let outcome = match decide::after_check(sync, check, previous) {
         PolicyStep::Done(outcome) => outcome,
         PolicyStep::Put { event } => {

@@ -111,6 +111,25 @@ pub struct TailnetPlan {
     pub contribution_store: Option<ConfigMap>,
     /// Owner or contributor, as decided from the spec.
     pub role: Role,
+    /// Owner with merged contributions: the same sync without each contributor's entries in
+    /// turn (then without all of them), for when Headscale refuses the merged document.
+    pub exclusions: Vec<Exclusion>,
+}
+
+/// What the owner applies instead when Headscale refuses the merged document and accepts it
+/// without `contributors`' entries (see [`exclude`]).
+#[derive(Clone, Debug)]
+pub struct Exclusion {
+    /// Whose entries are left out.
+    pub contributors: Vec<String>,
+    pub sync: PolicySync,
+    pub rendered: RenderedPolicy,
+    pub approvals: Vec<RouteApproval>,
+    /// The DNS ConfigMap without their records (`None`: unchanged).
+    pub dns: Option<ConfigMap>,
+    /// The store with their entries as they were (`None`: unchanged): only what Headscale
+    /// accepted is persisted as last accepted.
+    pub contribution_store: Option<ConfigMap>,
 }
 
 /// Event reason: `spec.server` is plain `http://` to a host outside the machine and the
@@ -330,11 +349,18 @@ pub fn plan(
         }
     };
     status.fragment = target.fragment_status;
+    let exclusions = match (&role, &target.sync) {
+        (Role::Owner { mode, .. }, Some(_)) => {
+            exclusions(*mode, tailnet, observed, config, &composed, &c)
+        }
+        _ => Vec::new(),
+    };
     let Composed {
         inputs: _,
         dns_inputs,
         merge,
         rendered,
+        base: _,
     } = composed;
     let dns = dns::decide(
         tailnet,
@@ -360,6 +386,149 @@ pub fn plan(
         approvals: target.approvals,
         dns,
         events,
+        exclusions,
+    }
+}
+
+/// The owner's sync without each merged contributor's entries in turn, then (with two or
+/// more) without all of them: what [`exclude`] picks from when Headscale refuses the merged
+/// document. Empty without contributions.
+fn exclusions(
+    mode: OwnerMode,
+    tailnet: &Tailnet,
+    observed: &TailnetObservation,
+    config: &OperatorConfig,
+    composed: &Composed,
+    c: &ConditionSet,
+) -> Vec<Exclusion> {
+    let (Some(base), Some(live)) = (&composed.base, live_policy(observed)) else {
+        return Vec::new();
+    };
+    let names: Vec<String> = composed
+        .inputs
+        .contributions
+        .iter()
+        .map(|contribution| contribution.contributor.clone())
+        .collect();
+    let mut groups: Vec<Vec<String>> = names.iter().map(|name| vec![name.clone()]).collect();
+    if names.len() > 1 {
+        groups.push(names);
+    }
+    groups
+        .into_iter()
+        .filter_map(|left_out| {
+            let mut inputs = composed.inputs.clone();
+            inputs
+                .contributions
+                .retain(|contribution| !left_out.contains(&contribution.contributor));
+            let rendered = render(base, &inputs).ok()?;
+            let sync = policy_sync(mode, tailnet, config, &rendered, live);
+            let approvals = if mode == OwnerMode::Apply
+                && config.approve_routes
+                && observed.headscale.is_ok()
+                && observed.nodes.is_some()
+            {
+                tailnet_policy::routes_needing_approval(&inputs)
+            } else {
+                Vec::new()
+            };
+            let records: Vec<_> = composed
+                .merge
+                .dns_records
+                .iter()
+                .filter(|(contributor, _)| !left_out.contains(contributor))
+                .cloned()
+                .collect();
+            let dns = dns::decide(
+                tailnet,
+                observed,
+                config,
+                composed.dns_inputs.clone(),
+                &records,
+                &mut c.clone(),
+            );
+            let contribution_store =
+                store_without(&composed.merge, &observed.contribution_store, &left_out)
+                    .map(|store| contributions::store_object(tailnet, config, &store));
+            Some(Exclusion {
+                contributors: left_out,
+                sync,
+                rendered,
+                approvals,
+                dns,
+                contribution_store,
+            })
+        })
+        .collect()
+}
+
+/// The store as the merge wants it, but with `left_out`'s entries as they were stored
+/// (`None`: that is the stored one).
+fn store_without(
+    merge: &contributions::OwnerMerge,
+    stored: &BTreeMap<String, super::observation::StoredFragment>,
+    left_out: &[String],
+) -> Option<BTreeMap<String, super::observation::StoredFragment>> {
+    let mut store = merge.store.clone()?;
+    for name in left_out {
+        match stored.get(name) {
+            Some(previous) => store.insert(name.clone(), previous.clone()),
+            None => store.remove(name),
+        };
+    }
+    (store != *stored).then_some(store)
+}
+
+/// Headscale refused the merged document (`reason`) and accepted `plan.exclusions[index]`:
+/// that one becomes the plan — its document, approvals, DNS and store — and the left-out
+/// contributors' `status.contributors[]` entries and `ContributionsAccepted` say why. The
+/// owner's own changes apply; nothing of the refused entries is persisted as accepted.
+pub fn exclude(plan: &mut TailnetPlan, index: usize, reason: &str) {
+    if index >= plan.exclusions.len() {
+        return;
+    }
+    let exclusion = plan.exclusions.swap_remove(index);
+    plan.exclusions.clear();
+    let note = format!(
+        "Headscale refused the merged policy with this contributor's entries, which are left out (the owner's policy applies without them): {reason}"
+    );
+    for status in &mut plan.status.contributors {
+        if exclusion.contributors.contains(&status.name) {
+            status.state = tailnet_api::tailnet::contributor_state::REFUSED.to_string();
+            status.merged_hash = None;
+            status.merged = None;
+            status.refused.insert(0, note.clone());
+        }
+    }
+    plan.conditions.fail(
+        types::CONTRIBUTIONS_ACCEPTED,
+        Problem::new(
+            reasons::CONTRIBUTION_REFUSED,
+            format!(
+                "Headscale refused the merged policy; left out the entries of {}: {reason}",
+                exclusion.contributors.join(", ")
+            ),
+        ),
+    );
+    if let Some(policy) = plan.status.policy.as_mut() {
+        policy.rendered_hash = Some(sha256(&exclusion.rendered.document));
+        policy.summary = Some(short_summary(&exclusion.rendered));
+    }
+    plan.sync = Some(exclusion.sync);
+    plan.rendered = Some(exclusion.rendered);
+    plan.approvals = exclusion.approvals;
+    plan.dns = exclusion.dns;
+    plan.contribution_store = exclusion.contribution_store;
+}
+
+/// After the sync: a document Headscale refused (no exclusion it accepted either) persists
+/// nothing new as last accepted — the store of accepted fragments is not written.
+pub fn keep_store_unless_accepted(plan: &mut TailnetPlan, outcome: Option<&PolicyOutcome>) {
+    let refused = outcome.is_some_and(|outcome| {
+        matches!(&outcome.verdict, Verdict::False(problem) if problem.reason == reasons::REJECTED)
+    });
+    if refused {
+        plan.contribution_store = None;
     }
 }
 
@@ -466,6 +635,8 @@ struct Composed {
     merge: contributions::OwnerMerge,
     /// `None`: the base is invalid (see `BaseValid`).
     rendered: Option<RenderedPolicy>,
+    /// The parsed base (owner; for the exclusions).
+    base: Option<BasePolicy>,
 }
 
 /// Sets `ContributionsAccepted` (owner) and `BaseValid`, and renders the policy.
@@ -501,11 +672,14 @@ fn compose(
                     .as_object()
                     .map(|o| o.keys().cloned().collect())
                     .unwrap_or_default(),
+                // Pending names (no node yet, or no node list) are the owner's claims too:
+                // a contributor cannot take them while they wait.
                 names: dns_inputs
                     .egress_aliases
                     .iter()
                     .chain(dns_inputs.ingress_names.iter())
                     .map(|e| e.hostname.clone())
+                    .chain(dns_inputs.pending.iter().map(|p| p.hostname.clone()))
                     .collect(),
             };
             let owner = contributions::OwnerFacts {
@@ -527,7 +701,10 @@ fn compose(
         }
         _ => contributions::OwnerMerge::default(),
     };
-    let rendered = base.and_then(|base| render(&base, &inputs));
+    let rendered = base
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|base| render(base, &inputs));
     match &rendered {
         Ok(_) => c.ok(types::BASE_VALID, reasons::VALID, valid_message),
         Err(problem) => c.fail(types::BASE_VALID, problem.clone()),
@@ -537,6 +714,7 @@ fn compose(
         dns_inputs,
         merge,
         rendered: rendered.ok(),
+        base: base.ok(),
     }
 }
 

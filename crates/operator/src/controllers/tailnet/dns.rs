@@ -10,7 +10,7 @@ use tailnet_render::desired;
 use tailnet_render::dns::{self, RenderedDns};
 
 use super::super::config::OperatorConfig;
-use super::super::status::ConditionSet;
+use super::super::status::{ConditionSet, Problem};
 use super::locations::dns_config_map_location;
 use super::observation::TailnetObservation;
 
@@ -43,6 +43,22 @@ pub fn decide(
             });
         }
     }
+    let current = observed.dns_config_map.as_ref();
+    if observed.nodes.is_none() && current.is_some() {
+        // Without Headscale's node list every ingress name would go pending and every
+        // contributed record unchecked: the ConfigMap keeps its last entries instead of
+        // flapping to fewer.
+        c.unknown(
+            types::DNS_RENDERED,
+            Problem::new(
+                reasons::HEADSCALE_UNREACHABLE,
+                format!(
+                    "Headscale's node list could not be read: ConfigMap {cm_namespace}/{cm_name} keeps its last entries until it can (ingress names and contributed records need the node list)"
+                ),
+            ),
+        );
+        return None;
+    }
     let rendered = dns::render(&inputs);
     c.ok(
         types::DNS_RENDERED,
@@ -52,7 +68,6 @@ pub fn decide(
     // The ConfigMap may live where CoreDNS runs and may be shared with other keys (e.g.
     // kube-system/coredns): only our two keys are applied, and it is owned by the Tailnet
     // (garbage-collected with it) only if the operator created it.
-    let current = observed.dns_config_map.as_ref();
     let ours = current.is_none_or(|c| {
         tailnet
             .metadata

@@ -261,21 +261,22 @@ async fn read_base(ctx: &Context, tailnet: &Tailnet) -> Result<Option<String>, P
     }
 }
 
+/// The largest answer read for a contributor's ConfigMap, in bytes: the 512 KiB fragment,
+/// JSON-escaped inside the ConfigMap (at most doubled), and its metadata. Reading stops at
+/// this many bytes, before anything is parsed.
+pub const MAX_CONTRIBUTOR_ANSWER_BYTES: usize = 2 * 1024 * 1024;
+
 /// A contributor's `fragment.json`: from a ConfigMap of the operator namespace, or through
-/// the contributor cluster's API with the kubeconfig in a Secret (bounded in time; the
-/// kubeconfig never reaches a message).
+/// the contributor cluster's API with the kubeconfig in a Secret (bounded in time and size;
+/// the kubeconfig never reaches a message).
 async fn read_fragment(ctx: &Context, contributor: &Contributor) -> Result<String, Problem> {
     let ns = &ctx.config.operator_namespace;
     let unreadable = |message: String| Problem::new(reasons::CONTRIBUTOR_STALE, message);
-    let (api, namespace, name): (Api<ConfigMap>, String, String) = match (
+    let (client, namespace, name): (kube::Client, String, String) = match (
         &contributor.source.config_map,
         &contributor.source.kubeconfig,
     ) {
-        (Some(name), _) => (
-            Api::namespaced(ctx.client.clone(), ns),
-            ns.clone(),
-            name.clone(),
-        ),
+        (Some(name), _) => (ctx.client.clone(), ns.clone(), name.clone()),
         (None, Some(source)) => {
             let secret_name = &source.secret_ref.name;
             let secrets: Api<k8s_openapi::api::core::v1::Secret> =
@@ -296,25 +297,24 @@ async fn read_fragment(ctx: &Context, contributor: &Contributor) -> Result<Strin
             let client = contributor_client(&bytes.0, ctx.config.headscale_timeout)
                 .await
                 .map_err(|e| unreadable(format!("Secret {ns}/{secret_name}: {e}")))?;
-            (
-                Api::namespaced(client, &source.namespace),
-                source.namespace.clone(),
-                source.config_map.clone(),
-            )
+            (client, source.namespace.clone(), source.config_map.clone())
         }
         (None, None) => {
             return Err(unreadable("no source set".to_string()));
         }
     };
-    let read = tokio::time::timeout(ctx.config.headscale_timeout, api.get_opt(&name))
-        .await
-        .map_err(|_| {
-            unreadable(format!(
-                "reading ConfigMap {namespace}/{name} timed out after {:?}",
-                ctx.config.headscale_timeout
-            ))
-        })?
-        .map_err(|e| unreadable(format!("reading ConfigMap {namespace}/{name}: {e}")))?;
+    let read = tokio::time::timeout(
+        ctx.config.headscale_timeout,
+        get_config_map_capped(&client, &namespace, &name, MAX_CONTRIBUTOR_ANSWER_BYTES),
+    )
+    .await
+    .map_err(|_| {
+        unreadable(format!(
+            "reading ConfigMap {namespace}/{name} timed out after {:?}",
+            ctx.config.headscale_timeout
+        ))
+    })?
+    .map_err(|e| unreadable(format!("reading ConfigMap {namespace}/{name}: {e}")))?;
     let Some(config_map) = read else {
         return Err(unreadable(format!(
             "ConfigMap {namespace}/{name} does not exist"
@@ -328,6 +328,72 @@ async fn read_fragment(ctx: &Context, contributor: &Contributor) -> Result<Strin
                 "ConfigMap {namespace}/{name} has no key {FRAGMENT_KEY:?}"
             ))
         })
+}
+
+/// Why a capped read gave no ConfigMap.
+#[derive(Debug, thiserror::Error)]
+pub enum CappedReadError {
+    #[error("the answer is larger than {limit} bytes; stopped reading it")]
+    TooLarge { limit: usize },
+    #[error("the request failed")]
+    Request(#[source] kube::Error),
+    #[error("reading the answer failed")]
+    Body(#[source] kube::Error),
+    #[error("HTTP {status}")]
+    Status { status: u16 },
+    #[error("the answer is not a ConfigMap")]
+    Decode(#[source] serde_json::Error),
+}
+
+/// A ConfigMap read with a byte cap: the answer is read frame by frame and the read stops
+/// (dropping the connection) as soon as it exceeds `limit`, before anything is parsed.
+/// `Ok(None)` when it does not exist.
+pub async fn get_config_map_capped(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    limit: usize,
+) -> Result<Option<ConfigMap>, CappedReadError> {
+    let request = http::Request::get(format!("/api/v1/namespaces/{namespace}/configmaps/{name}"))
+        .body(kube::client::Body::from(Vec::new()))
+        .map_err(|e| CappedReadError::Request(kube::Error::HttpError(e)))?;
+    let response = client
+        .send(request)
+        .await
+        .map_err(CappedReadError::Request)?;
+    let status = response.status();
+    let body = read_capped(response.into_body(), limit).await?;
+    if status == http::StatusCode::NOT_FOUND {
+        return Ok(None);
+    }
+    if !status.is_success() {
+        return Err(CappedReadError::Status {
+            status: status.as_u16(),
+        });
+    }
+    serde_json::from_slice(&body)
+        .map(Some)
+        .map_err(CappedReadError::Decode)
+}
+
+/// Reads a body frame by frame; stops with [`CappedReadError::TooLarge`] once it holds more
+/// than `limit` bytes.
+async fn read_capped(
+    mut body: kube::client::Body,
+    limit: usize,
+) -> Result<Vec<u8>, CappedReadError> {
+    use http_body_util::BodyExt;
+    let mut read = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(CappedReadError::Body)?;
+        if let Some(data) = frame.data_ref() {
+            if read.len().saturating_add(data.len()) > limit {
+                return Err(CappedReadError::TooLarge { limit });
+            }
+            read.extend_from_slice(data);
+        }
+    }
+    Ok(read)
 }
 
 /// A client for a contributor's cluster from the kubeconfig in its Secret, honoured only for
@@ -446,6 +512,12 @@ mod tests {
     /// Authorization header and answers 404 (no such ConfigMap). Returns its CA (the
     /// self-signed certificate), its port and what it saw.
     async fn recording_apiserver() -> (String, u16, Seen) {
+        recording_apiserver_answering(false).await
+    }
+
+    /// With `endless`, every answer is `200 OK` with a chunked body that never ends (JSON
+    /// whitespace); `seen` then gets one entry per MiB written.
+    async fn recording_apiserver_answering(endless: bool) -> (String, u16, Seen) {
         let key = rcgen::KeyPair::generate().expect("key");
         let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
             .expect("params")
@@ -489,6 +561,23 @@ mod tests {
                         .map_or_else(|| "<none>".to_string(), str::to_string);
                     if let Ok(mut seen) = record.lock() {
                         seen.push(authorization);
+                    }
+                    if endless {
+                        let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+                        if tls.write_all(head.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        let chunk = format!("{:x}\r\n{}\r\n", 1 << 20, " ".repeat(1 << 20));
+                        // At most 1 GiB, so a client that never stops cannot hang the test.
+                        for _ in 0..1024 {
+                            if tls.write_all(chunk.as_bytes()).await.is_err() {
+                                return;
+                            }
+                            if let Ok(mut seen) = record.lock() {
+                                seen.push("MiB".to_string());
+                            }
+                        }
+                        return;
                     }
                     let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
                     let answer = format!(
@@ -564,6 +653,66 @@ mod tests {
             error.contains("users[\"reader\"].user.tokenFile")
                 && error.contains("nothing was sent"),
             "{error}"
+        );
+    }
+
+    /// Issue 26 item 6: a contributor's answer is read with a byte cap before parsing. The
+    /// stand-in apiserver answers 200 with a body that never ends; the read stops with a named
+    /// error after about `MAX_CONTRIBUTOR_ANSWER_BYTES`, and the server could write only a few
+    /// MiB more (socket buffers) before the connection closed. Before, `Api::get_opt` read the
+    /// whole answer into memory before the fragment's 512 KiB check (here: until the server's
+    /// 1 GiB, or the owner ran out of memory).
+    #[tokio::test]
+    async fn a_contributors_answer_is_read_with_a_cap() {
+        let (ca, port, written) = recording_apiserver_answering(true).await;
+        let ca_data = serde_json::to_value(k8s_openapi::ByteString(ca.into_bytes()))
+            .expect("base64")
+            .as_str()
+            .map(str::to_string)
+            .expect("string");
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: b\n\
+             clusters:\n- name: b\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority-data: {ca_data}\n\
+             users:\n- name: reader\n  user:\n    token: inline-token\n\
+             contexts:\n- name: b\n  context:\n    cluster: b\n    user: reader\n"
+        );
+        let client = contributor_client(kubeconfig.as_bytes(), Duration::from_secs(5))
+            .await
+            .expect("client");
+        let result = tokio::time::timeout(
+            Duration::from_secs(30),
+            super::get_config_map_capped(
+                &client,
+                "cosmos",
+                "cosmos-fragment",
+                super::MAX_CONTRIBUTOR_ANSWER_BYTES,
+            ),
+        )
+        .await
+        .expect("the capped read ended");
+        let error = result.expect_err("an endless answer is refused");
+        assert!(
+            matches!(error, super::CappedReadError::TooLarge { limit } if limit == super::MAX_CONTRIBUTOR_ANSWER_BYTES),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("larger than 2097152 bytes"),
+            "{error}"
+        );
+        // The server stops once the connection is gone (its writes fail).
+        let mut last = 0;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let now = seen(&written).len();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        let mib = seen(&written).iter().filter(|e| *e == "MiB").count();
+        assert!(
+            mib < 64,
+            "the server wrote {mib} MiB: the read did not stop"
         );
     }
 }

@@ -59,16 +59,22 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
         return Ok(poll);
     }
     let (observed, client) = gather::gather(ctx, tailnet).await?;
-    let plan = decide::plan(tailnet, &observed, &ctx.config, Timestamp::now());
+    let mut plan = decide::plan(tailnet, &observed, &ctx.config, Timestamp::now());
     act::plan_metrics(ctx, tailnet, &observed, &plan);
     act::plan_events(ctx, tailnet, &plan).await;
-    let outcome = act::sync_policy(ctx, tailnet, client.as_ref(), &plan, &previous).await;
+    let outcome = act::sync_policy(ctx, tailnet, client.as_ref(), &mut plan, &previous).await;
+    decide::keep_store_unless_accepted(&mut plan, outcome.as_ref());
     let approvals = decide::approvals_after(&plan, outcome.as_ref());
     act::approve_routes(ctx, tailnet, client.as_ref(), approvals).await;
-    act::write_dns(ctx, &plan).await?;
-    act::write_contributions(ctx, &plan).await?;
+    // The status is written whatever becomes of the DNS and store writes (one failed write
+    // must not freeze the owner's status); their first error is returned afterwards, so the
+    // reconcile is retried with backoff.
+    let dns_written = act::write_dns(ctx, &plan).await;
+    let store_written = act::write_contributions(ctx, &plan).await;
     let status = decide::finish(plan, outcome.as_ref());
     act::condition_metrics(ctx, &status);
     write_status(ctx, &api, tailnet, &previous, &status).await?;
+    dns_written?;
+    store_written?;
     Ok(poll)
 }

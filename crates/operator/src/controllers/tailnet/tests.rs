@@ -1674,3 +1674,232 @@ fn insecure_server_is_plain_http_outside_loopback_and_the_cluster() {
         assert_eq!(decide::insecure_server(server), insecure, "{server}");
     }
 }
+
+/// Issue 26 item 6: a failed Headscale node list keeps the last known DNS names (the
+/// ConfigMap is not rewritten; before, every ingress name went pending and was dropped), and
+/// a pending owner name stays the owner's claim (before, a contributor could take it).
+#[test]
+fn a_failed_node_list_keeps_the_dns_names_and_pending_names_stay_claimed() {
+    let mut t = owner_of_cosmos();
+    if let Some(dns) = t.spec.dns.as_mut() {
+        dns.ingress_alias_template = Some("{name}.cosmos.example.net".to_string());
+    }
+    let ingress: tailnet_api::TailnetIngress = serde_json::from_value(serde_json::json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1",
+        "kind": "TailnetIngress",
+        "metadata": {"name": "portal", "namespace": "team-a", "uid": "portal-uid",
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {
+            "tailnetRef": {"name": "demo"},
+            "allowFrom": ["group:platform"],
+            "exposes": [{"name": "web", "dnsLabel": "portal", "alias": true, "mode": "tcp",
+                         "port": 443, "backend": {"service": "frontend", "port": 8080}}]
+        }
+    }))
+    .expect("ingress fixture");
+    let agent = ObservedNode {
+        id: 2,
+        name: "agent-team-a".to_string(),
+        tags: vec![tailnet_api::naming::ingress_tag(
+            &t.spec.policy.tag_prefix,
+            "team-a",
+            "portal",
+        )],
+        ip_addresses: vec!["100.64.0.2".parse().expect("ip")],
+        available_routes: vec![],
+        approved_routes: vec![],
+        online: true,
+    };
+    let cosmos_node = ObservedNode {
+        id: 5,
+        name: "cosmos-agent".to_string(),
+        tags: vec!["tag:cos-egress-site".to_string()],
+        ip_addresses: vec!["100.64.0.5".parse().expect("ip")],
+        available_routes: vec![],
+        approved_routes: vec![],
+        online: true,
+    };
+    let hosts_of = |plan: &TailnetPlan| {
+        plan.dns
+            .as_ref()
+            .and_then(|cm| cm.data.as_ref())
+            .and_then(|d| d.get("hosts"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let listed = TailnetObservation {
+        ingresses: vec![ingress.clone()],
+        nodes: Some(vec![agent.clone(), cosmos_node.clone()]),
+        ..observation()
+    };
+    let written = decide::plan(&t, &listed, &config(), now());
+    let hosts = hosts_of(&written);
+    assert!(
+        hosts.contains("100.64.0.2 portal.cosmos.example.net"),
+        "{hosts}"
+    );
+    let keys = written
+        .dns
+        .as_ref()
+        .and_then(|cm| cm.data.clone())
+        .expect("keys");
+
+    // The node list fails: the ConfigMap keeps what it has, DNSRendered says why.
+    let failed = TailnetObservation {
+        nodes: None,
+        dns_config_map: Some(CurrentDns {
+            keys,
+            owner_uids: vec!["tailnet-uid".to_string()],
+        }),
+        ..listed.clone()
+    };
+    let plan = decide::plan(&t, &failed, &config(), now());
+    assert!(
+        plan.dns.is_none(),
+        "the DNS ConfigMap was rewritten without the node list: {}",
+        hosts_of(&plan)
+    );
+    let c = plan.conditions.clone().finish(&super::role::REQUIRED, &[]);
+    let dns = conditions::find(&c, types::DNS_RENDERED).expect("DNSRendered");
+    assert_eq!(
+        (dns.status.as_str(), dns.reason.as_str()),
+        ("Unknown", reasons::HEADSCALE_UNREACHABLE)
+    );
+    assert!(
+        dns.message.contains("keeps its last entries"),
+        "{}",
+        dns.message
+    );
+
+    // The owner's agent has no node yet (its name is pending): cosmos claims the same name
+    // for its own node and is refused.
+    let mut fragment: serde_json::Value =
+        serde_json::from_str(&cosmos_fragment("192.0.2.10/32")).expect("fragment");
+    fragment["dnsRecords"] = serde_json::json!([
+        {"name": "portal.cosmos.example.net", "type": "A", "value": "100.64.0.5"}
+    ]);
+    let pending = TailnetObservation {
+        nodes: Some(vec![cosmos_node]),
+        ..with_fragment(Ok(fragment.to_string()))
+    };
+    let pending = TailnetObservation {
+        ingresses: vec![ingress],
+        ..pending
+    };
+    let plan = decide::plan(&t, &pending, &config(), now());
+    let status = plan
+        .status
+        .contributors
+        .iter()
+        .find(|s| s.name == "cosmos")
+        .expect("cosmos status");
+    assert!(
+        status
+            .refused
+            .iter()
+            .any(|r| r.contains("portal.cosmos.example.net")),
+        "a contributor took the owner's pending name: {status:?}"
+    );
+    assert!(
+        !hosts_of(&plan).contains("portal.cosmos.example.net"),
+        "{}",
+        hosts_of(&plan)
+    );
+}
+
+/// Issue 26 item 4: Headscale refuses the merged document (here: cosmos grants to a host
+/// alias the base does not define), and accepts it without cosmos's entries. The owner
+/// applies that one — its own egress's grant included —, cosmos's `status.contributors[]`
+/// entry and `ContributionsAccepted` carry Headscale's reason, and nothing of cosmos's new
+/// fragment is persisted as last accepted. Before: the check's refusal stopped the whole sync
+/// (`PolicyApplied` Rejected, nothing applied) and the store kept the refused fragment.
+#[test]
+fn a_contributor_headscale_refuses_is_left_out_and_the_owner_applies() {
+    let t = owner_of_cosmos();
+    let mut fragment: serde_json::Value =
+        serde_json::from_str(&cosmos_fragment("192.0.2.10/32")).expect("fragment");
+    fragment["grants"][0]["dst"] = serde_json::json!(["db.site.internal"]);
+    let mut config = config();
+    config.approve_routes = false;
+    let mut t = t;
+    t.spec.policy.contributors[0].limits.egress_destinations =
+        vec!["192.0.2.0/24".into(), "db.site.internal".into()];
+    let o = TailnetObservation {
+        egresses: vec![egress()],
+        live_policy: Some(String::new()),
+        ..with_fragment(Ok(fragment.to_string()))
+    };
+    let previous = t.status.clone().unwrap_or_default();
+    let mut plan = decide::plan(&t, &o, &config, now());
+    let merged = plan.sync.as_ref().expect("a sync").document.clone();
+    assert!(merged.contains("db.site.internal"), "{merged}");
+    assert_eq!(plan.exclusions.len(), 1, "one contributor: one exclusion");
+    assert!(
+        plan.contribution_store.is_some(),
+        "the merge wants cosmos's fragment stored"
+    );
+    // Headscale: the merged document is refused, the one without cosmos accepted.
+    let reason = r#"host "db.site.internal" is not defined in the policy"#;
+    let without = plan.exclusions[0].sync.document.clone();
+    assert!(!without.contains("db.site.internal") && !without.contains("tag:cos-"));
+    assert!(
+        without.contains("192.0.2.10"),
+        "the owner's own grant stays: {without}"
+    );
+    decide::exclude(&mut plan, 0, reason);
+    let sync = plan.sync.clone().expect("sync");
+    assert_eq!(sync.document, without);
+    let outcome = match decide::after_check(&sync, Ok(()), &previous) {
+        PolicyStep::Put { event } => decide::after_set(&sync, event, Ok(())),
+        PolicyStep::Done(outcome) => outcome,
+    };
+    assert!(
+        plan.contribution_store.is_none(),
+        "nothing of cosmos is persisted as accepted"
+    );
+    let status = decide::finish(plan, Some(&outcome));
+    let applied = conditions::find(&status.conditions, types::POLICY_APPLIED).expect("applied");
+    assert_eq!(
+        (applied.status.as_str(), applied.reason.as_str()),
+        ("True", reasons::APPLIED),
+        "{}",
+        applied.message
+    );
+    assert_eq!(
+        status.policy.as_ref().and_then(|p| p.applied_hash.clone()),
+        Some(decide::sha256(&without))
+    );
+    let cosmos = &status.contributors[0];
+    assert_eq!(cosmos.state, "Refused");
+    assert!(cosmos.refused[0].contains(reason), "{:?}", cosmos.refused);
+    assert!(cosmos.merged_hash.is_none());
+    let accepted = conditions::find(&status.conditions, types::CONTRIBUTIONS_ACCEPTED)
+        .expect("ContributionsAccepted");
+    assert_eq!(accepted.reason, reasons::CONTRIBUTION_REFUSED);
+    assert!(
+        accepted.message.contains("cosmos") && accepted.message.contains(reason),
+        "{}",
+        accepted.message
+    );
+}
+
+/// Issue 26 item 4: when Headscale refuses the merged document and no exclusion helps (here
+/// the scripted refusal covers everything), the store is not written: the refused fragment
+/// is not persisted as last accepted. Before, the store was written whatever Headscale said.
+#[test]
+fn a_refused_document_persists_nothing_as_accepted() {
+    let t = owner_of_cosmos();
+    let o = with_fragment(Ok(cosmos_fragment("192.0.2.10/32")));
+    let run = drive(&t, &o, &config(), rejected("no"), Ok(()));
+    let mut plan = run.plan.clone();
+    assert!(
+        plan.contribution_store.is_some(),
+        "the merge wants it stored"
+    );
+    decide::keep_store_unless_accepted(&mut plan, run.outcome.as_ref());
+    assert!(plan.contribution_store.is_none());
+    let accepted = drive(&t, &o, &config(), Ok(()), Ok(()));
+    let mut plan = accepted.plan.clone();
+    decide::keep_store_unless_accepted(&mut plan, accepted.outcome.as_ref());
+    assert!(plan.contribution_store.is_some(), "accepted: stored");
+}
