@@ -175,6 +175,19 @@ pub fn validate(config: &AgentConfig) -> Result<(), ConfigError> {
             }
         }
     }
+    // In-cluster twins of the ingress listeners bind the pod IP, beside admin and egress.
+    if config.in_cluster {
+        for (index, listener) in config.ingress.iter().enumerate() {
+            let port = match listener {
+                IngressListener::Tcp { port, .. } | IngressListener::Http { port, .. } => *port,
+            };
+            claim_port(
+                &mut pod_ip_ports,
+                port,
+                &format!("ingress[{index}].port (inCluster: also on the pod IP)"),
+            )?;
+        }
+    }
     if has_http && config.tls.is_none() {
         return Err(invalid(
             "tls",

@@ -196,7 +196,10 @@ pub fn policy(
 
 /// The DNS entries of one Tailnet: egress aliases → the ClusterIP of the target's Service
 /// (`service_cluster_ips`, keyed by Service), ingress names → the tailnet IPs of the Headscale
-/// node tagged with the ingress's tag; a name without its address is pending, with the reason.
+/// node tagged with the ingress's tag (extra records) and, for an ingress listing
+/// `spec.inCluster.namespaces`, → the ClusterIP of its in-cluster Service (also in
+/// `service_cluster_ips`; the cluster's records); a name without its address is pending, with
+/// the reason.
 /// Egresses outside the operator namespace and intents of other Tailnets are skipped.
 pub fn dns_inputs(
     tailnet: &Tailnet,
@@ -235,7 +238,29 @@ pub fn dns_inputs(
             .filter(|n| n.tags.contains(tag))
             .flat_map(|n| n.ip_addresses.iter().copied())
             .collect();
+        let in_cluster = ingress.in_cluster.then(|| {
+            let service = ObjectKey::new(
+                &ingress.claim.namespace,
+                &crate::ingress::in_cluster_service_name(ingress.claim.kind, &ingress.claim.name),
+            );
+            let ip = service_cluster_ips.get(&service).copied();
+            (service, ip)
+        });
         for hostname in names.iter().flat_map(|n| n.hostnames.iter()) {
+            match &in_cluster {
+                Some((_, Some(address))) => inputs.in_cluster_names.push(DnsEntry {
+                    hostname: hostname.clone(),
+                    address: *address,
+                    owner: owner.clone(),
+                    rank: ingress.claim.rank(),
+                }),
+                Some((service, None)) => inputs.pending.push(PendingName {
+                    hostname: hostname.clone(),
+                    owner: owner.clone(),
+                    reason: format!("in-cluster Service {service} has no ClusterIP yet"),
+                }),
+                None => {}
+            }
             if ips.is_empty() {
                 inputs.pending.push(PendingName {
                     hostname: hostname.clone(),

@@ -4,14 +4,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, KeyToPath, Secret, SecretVolumeSource, ServiceAccount,
-    Volume, VolumeMount,
+    ConfigMap, ConfigMapVolumeSource, KeyToPath, Secret, SecretVolumeSource, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPort, NetworkPolicySpec,
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
 };
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tailnet_api::TailnetIngress;
 use tailnet_api::agent_config::{
@@ -37,6 +40,9 @@ pub struct IngressObjects {
     pub config_map: ConfigMap,
     pub deployment: Deployment,
     pub network_policy: NetworkPolicy,
+    /// The in-cluster ClusterIP Service in front of the agent (split horizon), when
+    /// `spec.inCluster.namespaces` lists any; named like the agent ([`in_cluster_service_name`]).
+    pub in_cluster_service: Option<Service>,
     /// Present when no `tls.secretName` is given and http exposes exist.
     pub certificate: Option<Certificate>,
     pub config: AgentConfig,
@@ -105,6 +111,7 @@ pub fn render_valid(
             key_file: format!("{TLS_DIR}/tls.key"),
         }),
         limits: spec.limits,
+        in_cluster: !spec.in_cluster_namespaces.is_empty(),
     };
     let config_json =
         serde_json::to_string_pretty(&config).map_err(|e| RenderError::Config(e.to_string()))?;
@@ -127,7 +134,8 @@ pub fn render_valid(
         state_secret: pod::state_secret(&owner),
         config_map: pod::config_map(&owner, &config_json, ctx.server_ca_pem),
         deployment: pod::deployment(&owner, ctx, &parts),
-        network_policy: network_policy(&owner),
+        network_policy: network_policy(&owner, spec),
+        in_cluster_service: in_cluster_service(&owner, spec),
         certificate,
         config,
         hostnames: all_hostnames.into_iter().collect(),
@@ -346,9 +354,30 @@ fn agent_volumes(
     volumes
 }
 
-/// Ingress agents accept nothing in-cluster but the admin port: their traffic arrives through
-/// tailscaled on loopback.
-fn network_policy(owner: &Owner) -> NetworkPolicy {
+/// Ingress agents accept nothing in-cluster but the admin port (their tailnet traffic arrives
+/// through tailscaled on loopback) and, with `spec.inCluster.namespaces`, their expose ports
+/// from pods of those namespaces (split horizon: the in-cluster Service's clients).
+pub fn network_policy(owner: &Owner, spec: &ValidIngress) -> NetworkPolicy {
+    let mut rules = vec![NetworkPolicyIngressRule {
+        from: None,
+        ports: Some(vec![tcp_port(ADMIN_PORT)]),
+    }];
+    if !spec.in_cluster_namespaces.is_empty() {
+        rules.push(NetworkPolicyIngressRule {
+            from: Some(vec![NetworkPolicyPeer {
+                namespace_selector: Some(LabelSelector {
+                    match_labels: None,
+                    match_expressions: Some(vec![LabelSelectorRequirement {
+                        key: NAMESPACE_NAME_LABEL.to_string(),
+                        operator: "In".to_string(),
+                        values: Some(spec.in_cluster_namespaces.clone()),
+                    }]),
+                }),
+                ..NetworkPolicyPeer::default()
+            }]),
+            ports: Some(expose_ports(spec).into_iter().map(tcp_port).collect()),
+        });
+    }
     NetworkPolicy {
         metadata: owner.meta(&owner.names().base),
         spec: Some(NetworkPolicySpec {
@@ -357,15 +386,59 @@ fn network_policy(owner: &Owner) -> NetworkPolicy {
                 match_expressions: None,
             }),
             policy_types: Some(vec!["Ingress".to_string()]),
-            ingress: Some(vec![NetworkPolicyIngressRule {
-                from: None,
-                ports: Some(vec![NetworkPolicyPort {
-                    port: Some(IntOrString::Int(i32::from(ADMIN_PORT))),
-                    protocol: Some("TCP".to_string()),
-                    end_port: None,
-                }]),
-            }]),
+            ingress: Some(rules),
             ..NetworkPolicySpec::default()
         }),
     }
+}
+
+/// The label the apiserver sets on every namespace to its name.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+fn tcp_port(port: u16) -> NetworkPolicyPort {
+    NetworkPolicyPort {
+        port: Some(IntOrString::Int(i32::from(port))),
+        protocol: Some("TCP".to_string()),
+        end_port: None,
+    }
+}
+
+/// The distinct expose ports, ascending.
+fn expose_ports(spec: &ValidIngress) -> Vec<u16> {
+    let ports: BTreeSet<u16> = spec.exposes.iter().map(|e| e.port).collect();
+    ports.into_iter().collect()
+}
+
+/// Name of the in-cluster Service of an agent: the agent's base name.
+pub fn in_cluster_service_name(kind: AgentKind, resource_name: &str) -> String {
+    tailnet_api::naming::AgentNames::new(kind, resource_name).base
+}
+
+/// The ClusterIP Service in-cluster clients reach the agent through (split horizon): every
+/// expose port, to the same port on the agent's pod IP. `None` without
+/// `spec.inCluster.namespaces`.
+pub fn in_cluster_service(owner: &Owner, spec: &ValidIngress) -> Option<Service> {
+    if spec.in_cluster_namespaces.is_empty() {
+        return None;
+    }
+    let ports = expose_ports(spec)
+        .into_iter()
+        .map(|port| ServicePort {
+            name: Some(format!("port-{port}")),
+            port: i32::from(port),
+            target_port: Some(IntOrString::Int(i32::from(port))),
+            protocol: Some("TCP".to_string()),
+            ..ServicePort::default()
+        })
+        .collect();
+    Some(Service {
+        metadata: owner.meta(&in_cluster_service_name(owner.kind, &owner.name)),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".to_string()),
+            selector: Some(owner.selector_labels()),
+            ports: Some(ports),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    })
 }

@@ -42,6 +42,7 @@ impl AgentKind for LoadBalancer {
         service: &Service,
         plan: &AgentPlan<LoadBalancer>,
     ) -> Result<(), ReconcileError> {
+        super::ingress::act::in_cluster_service(ctx, &plan.owner, plan.objects.as_ref()).await?;
         let previous = service
             .status
             .as_ref()
