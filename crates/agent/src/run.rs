@@ -782,3 +782,62 @@ fn replace_if_changed<T: Clone + PartialEq>(current: &mut T, new: &T) -> bool {
     *current = new.clone();
     true
 }
+
+#[cfg(test)]
+mod in_cluster_tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// Every ingress listener once on loopback (tailscaled forwards the tailnet there) and,
+    /// with `inCluster`, once more on the pod IP under its own name (no tailnet identity).
+    #[test]
+    fn in_cluster_twins_bind_the_pod_ip() {
+        let config: AgentConfig = serde_json::from_value(serde_json::json!({
+            "localapiSocket": "/var/run/tailscale/tailscaled.sock",
+            "adminPort": 9180,
+            "ingress": [
+                {"mode": "tcp", "name": "db", "port": 5432,
+                 "backend": {"host": "db.a.svc", "port": 5432}},
+                {"mode": "http", "port": 443, "routes": [{"name": "web",
+                 "hostnames": ["portal.example.net"],
+                 "backend": {"host": "web.a.svc", "port": 80}}]}
+            ],
+            "tls": {"certFile": "/tls/tls.crt", "keyFile": "/tls/tls.key"},
+            "inCluster": true
+        }))
+        .expect("config");
+        let pod_ip: IpAddr = "10.244.0.7".parse().expect("ip");
+        let seen = |config: &AgentConfig| -> Vec<(String, String, bool)> {
+            desired_listeners(config, pod_ip)
+                .into_iter()
+                .map(|d| (d.name, d.address.to_string(), d.in_cluster))
+                .collect()
+        };
+        assert_eq!(
+            seen(&config),
+            vec![
+                ("db".to_string(), "127.0.0.1:5432".to_string(), false),
+                ("https-443".to_string(), "127.0.0.1:443".to_string(), false),
+                ("db/in-cluster".to_string(), "10.244.0.7:5432".to_string(), true),
+                (
+                    "https-443/in-cluster".to_string(),
+                    "10.244.0.7:443".to_string(),
+                    true
+                ),
+            ]
+        );
+        let keys: BTreeSet<String> = desired_listeners(&config, pod_ip)
+            .into_iter()
+            .map(|d| d.key)
+            .collect();
+        assert_eq!(keys.len(), 4, "each listener has a key of its own");
+        let loopback_only = AgentConfig {
+            in_cluster: false,
+            ..config
+        };
+        assert!(seen(&loopback_only).iter().all(|(_, address, in_cluster)| {
+            address.starts_with("127.0.0.1:") && !in_cluster
+        }));
+    }
+}

@@ -340,3 +340,87 @@ fn every_reason_of_the_service_decisions_has_a_case() {
         &[include_str!("decide.rs"), include_str!("mod.rs"), SHARED],
     );
 }
+
+/// Issue 29 item 2: on a Tailnet without `ingressNameTemplate` a Service's tcp ports are
+/// still served, and `hostname` is its node's MagicDNS name (`<givenName>.<magicDNSDomain>`);
+/// without the domain only the addresses are published.
+#[test]
+fn without_a_name_template_the_hostname_is_the_nodes_magic_dns_name() {
+    let untemplated = |domain: Option<&str>| {
+        with(|o| {
+            if let Ok(access) = o.access.as_mut()
+                && let Some(dns) = access.tailnet.spec.dns.as_mut()
+            {
+                dns.ingress_name_template = None;
+                dns.ingress_alias_template = None;
+                dns.magic_dns_domain = domain.map(str::to_string);
+            }
+        })
+    };
+    let decision = run(&service(), &untemplated(Some("ts.example.net")));
+    let list = conditions(&decision.status);
+    assert_eq!(
+        fx::condition(list, types::READY),
+        ("True", reasons::READY),
+        "{list:#?}"
+    );
+    let magic = format!("{}.ts.example.net", tailnet_api::naming::tag_hostname(&tag()));
+    assert_eq!(
+        load_balancer(&decision.status),
+        ["100.64.0.7", "fd7a:115c:a1e0::7", magic.as_str()]
+    );
+    let objects = decision.agent.and_then(|p| p.objects).expect("objects");
+    assert!(objects.hostnames.is_empty(), "{:?}", objects.hostnames);
+    assert_eq!(objects.config.ingress.len(), 2);
+
+    let decision = run(&service(), &untemplated(None));
+    assert_eq!(
+        load_balancer(&decision.status),
+        ["100.64.0.7", "fd7a:115c:a1e0::7"]
+    );
+    // Nothing Headscale sends is published unchecked.
+    let mut odd = agent_node(true);
+    odd.given_name = "bad name".into();
+    assert_eq!(
+        super::decide::magic_dns_name(&odd, Some("ts.example.net")),
+        None
+    );
+}
+
+/// Split horizon for Services: the annotation lists the namespaces; the agent gets its
+/// in-cluster Service and serves the ports on its pod IP.
+#[test]
+fn the_in_cluster_annotation_adds_the_in_cluster_service() {
+    let listed = service_with(
+        Some(tailnet_api::service::LOAD_BALANCER_CLASS),
+        serde_json::json!({
+            "tailnet-operator.dev/allow-from": "group:team-a",
+            "tailnet-operator.dev/dns-label": "portal",
+            "tailnet-operator.dev/in-cluster-namespaces": "team-b",
+        }),
+    );
+    let decision = run(&listed, &healthy());
+    let objects = decision.agent.and_then(|p| p.objects).expect("objects");
+    assert!(objects.config.in_cluster);
+    let in_cluster = objects.in_cluster_service.expect("in-cluster Service");
+    assert_eq!(
+        in_cluster.metadata.name.as_deref(),
+        Some("tailnet-service-web")
+    );
+    let ports: Vec<i32> = in_cluster
+        .spec
+        .iter()
+        .flat_map(|s| s.ports.iter().flatten())
+        .map(|p| p.port)
+        .collect();
+    assert_eq!(ports, [80, 5432]);
+    let plain = run(&service(), &healthy());
+    assert!(
+        plain
+            .agent
+            .and_then(|p| p.objects)
+            .expect("objects")
+            .in_cluster_service
+            .is_none()
+    );
+}
