@@ -101,7 +101,7 @@ anything not listed).
   verbs: [get, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services/status]
   verbs: [patch]

@@ -819,7 +819,11 @@ mod in_cluster_tests {
             vec![
                 ("db".to_string(), "127.0.0.1:5432".to_string(), false),
                 ("https-443".to_string(), "127.0.0.1:443".to_string(), false),
-                ("db/in-cluster".to_string(), "10.244.0.7:5432".to_string(), true),
+                (
+                    "db/in-cluster".to_string(),
+                    "10.244.0.7:5432".to_string(),
+                    true
+                ),
                 (
                     "https-443/in-cluster".to_string(),
                     "10.244.0.7:443".to_string(),
@@ -836,8 +840,10 @@ mod in_cluster_tests {
             in_cluster: false,
             ..config
         };
-        assert!(seen(&loopback_only).iter().all(|(_, address, in_cluster)| {
-            address.starts_with("127.0.0.1:") && !in_cluster
-        }));
+        assert!(
+            seen(&loopback_only).iter().all(|(_, address, in_cluster)| {
+                address.starts_with("127.0.0.1:") && !in_cluster
+            })
+        );
     }
 }

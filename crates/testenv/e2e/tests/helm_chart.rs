@@ -533,6 +533,22 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
     (
         "workload",
         "",
+        "services",
+        "create",
+        "",
+        "split horizon: the in-cluster Service in front of an ingress's agent (server-side apply)",
+    ),
+    (
+        "workload",
+        "",
+        "services",
+        "delete",
+        "",
+        "split horizon: the in-cluster Service once inCluster lists no namespace",
+    ),
+    (
+        "workload",
+        "",
         "services/status",
         "patch",
         "",

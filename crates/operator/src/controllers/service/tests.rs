@@ -364,7 +364,10 @@ fn without_a_name_template_the_hostname_is_the_nodes_magic_dns_name() {
         ("True", reasons::READY),
         "{list:#?}"
     );
-    let magic = format!("{}.ts.example.net", tailnet_api::naming::tag_hostname(&tag()));
+    let magic = format!(
+        "{}.ts.example.net",
+        tailnet_api::naming::tag_hostname(&tag())
+    );
     assert_eq!(
         load_balancer(&decision.status),
         ["100.64.0.7", "fd7a:115c:a1e0::7", magic.as_str()]
