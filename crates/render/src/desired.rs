@@ -241,7 +241,7 @@ pub fn dns_inputs(
         let in_cluster = ingress.in_cluster.then(|| {
             let service = ObjectKey::new(
                 &ingress.claim.namespace,
-                &crate::ingress::in_cluster_service_name(ingress.claim.kind, &ingress.claim.name),
+                crate::ingress::in_cluster_service_name(ingress.claim.kind, &ingress.claim.name),
             );
             let ip = service_cluster_ips.get(&service).copied();
             (service, ip)

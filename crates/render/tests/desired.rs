@@ -184,7 +184,7 @@ fn dns_inputs_point_in_cluster_names_at_the_in_cluster_service() {
         &tailnet,
         "tailnet-system",
         &[],
-        &ingress_intents(&tailnet, &[listed.clone()]),
+        &ingress_intents(&tailnet, std::slice::from_ref(&listed)),
         &with_ip,
         &nodes,
     );
