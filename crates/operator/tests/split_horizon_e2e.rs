@@ -13,6 +13,9 @@
 //!   from a pod of an unlisted namespace it is refused while that pod demonstrably reaches the
 //!   agent pod (its metrics port) and the listed namespace's pod;
 //! - tailnet clients are unchanged: the laptop still gets the portal with its identity;
+//! - a Service of the tailnet `loadBalancerClass` with the annotation
+//!   `tailnet-operator.dev/in-cluster-namespaces` gets the same: its name maps to its own
+//!   in-cluster Service, and a pod of the listed namespace reaches its TCP port by name;
 //! - without listed namespaces the in-cluster Service goes and the name leaves the cluster's
 //!   records.
 
@@ -146,6 +149,7 @@ async fn in_cluster_clients_of_listed_namespaces_reach_the_ingress_by_name() {
         "{response}"
     );
 
+    load_balancer_in_cluster(&env, &client, &ns, &tailnet, &listed).await;
     without_listed_namespaces(&client, &ns, &ingresses, &portal).await;
     let forward = enforcer
         .packets_through("FORWARD")
@@ -552,4 +556,68 @@ async fn without_listed_namespaces(
         records.contains(portal),
         "tailnet clients keep the name: {records}"
     );
+}
+
+/// The same entrance for a Service of the tailnet `loadBalancerClass`: a TCP echo behind it,
+/// the annotation listing `listed`; a pod there reaches the port by the Service's name.
+async fn load_balancer_in_cluster(
+    env: &E2eEnv,
+    client: &kube::Client,
+    ns: &str,
+    tailnet: &str,
+    listed: &tno_testenv::E2eNamespace<'_>,
+) {
+    apply(
+        &Api::<Deployment>::namespaced(client.clone(), ns),
+        "echo",
+        test_server_deployment(ns, "echo", json!(["tcp-echo", "--listen", "0.0.0.0:5432"])),
+    )
+    .await
+    .expect("echo Deployment");
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    apply(
+        &services,
+        "echo",
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "echo", "namespace": ns, "annotations": {
+                "tailnet-operator.dev/tailnet": tailnet,
+                "tailnet-operator.dev/allow-from": tno_testenv_tailnet::TEAM_A_GROUP,
+                "tailnet-operator.dev/in-cluster-namespaces": listed.name(),
+            }},
+            "spec": {"type": "LoadBalancer",
+                     "loadBalancerClass": "tailnet-operator.dev/tailnet",
+                     "allocateLoadBalancerNodePorts": false,
+                     "selector": {"app": "echo"},
+                     "ports": [{"name": "db", "port": 5432, "targetPort": 5432}]},
+        }),
+    )
+    .await
+    .expect("Service of the tailnet class");
+    let in_cluster = wait_for("the Service's in-cluster Service", WAIT, || async {
+        services
+            .get_opt("tailnet-service-echo")
+            .await
+            .map_err(|e| e.to_string())?
+            .and_then(|s| s.spec.and_then(|s| s.cluster_ip))
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    let name = format!("echo.{ns}.lab.example.net");
+    hosts_point_at_the_service(client, &name, &in_cluster).await;
+    let run = env
+        .tcp_check(
+            listed.client(),
+            listed.name(),
+            "lb-by-name",
+            &format!("{name}:5432"),
+            60,
+        )
+        .await
+        .expect("tcp-check pod");
+    eprintln!(
+        "listed namespace, tcp {name}:5432 by name (Service of the tailnet class):\n{}",
+        run.log("client")
+    );
+    assert!(run.succeeded(), "{run}\n{}", env.diagnostics(Some(ns)));
 }
