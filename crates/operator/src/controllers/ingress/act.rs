@@ -54,8 +54,17 @@ pub async fn in_cluster_service(
         apply_cached(ctx, &api, namespace, service, watched).await?;
         return Ok(());
     }
+    delete_in_cluster_service(ctx, owner).await
+}
+
+/// Deletes the agent's in-cluster Service (split horizon) if the Service cache has it and it
+/// is ours: labelled for this agent by the operator (a Service of that name the user made is
+/// never touched).
+pub async fn delete_in_cluster_service(ctx: &Context, owner: &Owner) -> Result<(), ReconcileError> {
+    let namespace = &owner.namespace;
+    let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
+    let store = ctx.kinds.store::<Service>();
     let name = in_cluster_service_name(owner.kind, &owner.name);
-    // Only ours (labelled for this agent) is deleted, and only when the cache has it.
     let ours = store
         .and_then(|s| s.cached(&ObjectRef::new(&name).within(namespace)))
         .is_some_and(|live| {
