@@ -80,6 +80,10 @@ anything not listed).
   resources: [namespaces]
   resourceNames: [kube-system]
   verbs: [get]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  resourceNames: [kubernetes]
+  verbs: [get]
 {{- end -}}
 
 {{- /* Where TailnetIngresses, Services of the tailnet loadBalancerClass and their agents live: the ClusterRole (whole cluster) or a Role in each watched namespace. */ -}}

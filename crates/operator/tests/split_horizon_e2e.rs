@@ -16,6 +16,9 @@
 //! - a Service of the tailnet `loadBalancerClass` with the annotation
 //!   `tailnet-operator.dev/in-cluster-namespaces` gets the same: its name maps to its own
 //!   in-cluster Service, and a pod of the listed namespace reaches its TCP port by name;
+//! - that Service's agent reaches only the Service's pods in-cluster (issue 29 item 4): from
+//!   its pod netns the echo pod answers on its target port, while the frontend pod and the
+//!   listed namespace's pod (which the unlisted one reaches) are refused;
 //! - without listed namespaces the in-cluster Service goes and the name leaves the cluster's
 //!   records.
 
@@ -158,12 +161,18 @@ async fn in_cluster_clients_of_listed_namespaces_reach_the_ingress_by_name() {
     );
 
     load_balancer_in_cluster(&env, &client, &ns, &tailnet, &listed).await;
-    without_listed_namespaces(&client, &ns, &ingresses, &portal).await;
-    if let Some(enforcer) = enforcer {
+    load_balancer_agent_egress(&env, &client, &ns, &w).await;
+    // Read before the policies change again (kube-router rewrites its chains then).
+    if let Some(enforcer) = &enforcer {
         let forward = enforcer
             .packets_through("FORWARD")
             .expect("filter counters");
-        assert!(forward > 0, "routed pod traffic never reached kube-router");
+        let input = enforcer.packets_through("INPUT").expect("filter counters");
+        eprintln!("kube-router's jumps saw {forward} packets in FORWARD, {input} in INPUT");
+        assert!(forward + input > 0, "pod traffic never reached kube-router");
+    }
+    without_listed_namespaces(&client, &ns, &ingresses, &portal).await;
+    if let Some(enforcer) = enforcer {
         enforcer
             .stop()
             .expect("kube-router stops and its rules are removed");
@@ -630,4 +639,94 @@ async fn load_balancer_in_cluster(
         run.log("client")
     );
     assert!(run.succeeded(), "{run}\n{}", env.diagnostics(Some(ns)));
+}
+
+/// The egress NetworkPolicy of the Service's agent: it reaches the Service's pods (the echo
+/// on 5432; also what served the by-name check above), not other pods.
+async fn load_balancer_agent_egress(env: &E2eEnv, client: &kube::Client, ns: &str, w: &Witnesses) {
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), ns);
+    let policy = policies
+        .get("tailnet-service-echo")
+        .await
+        .expect("the agent's NetworkPolicy");
+    let spec = policy.spec.clone().unwrap_or_default();
+    eprintln!(
+        "NetworkPolicy tailnet-service-echo: policyTypes {:?}, egress {}",
+        spec.policy_types,
+        serde_json::to_string(&spec.egress).unwrap_or_default()
+    );
+    assert_eq!(
+        spec.policy_types,
+        Some(vec!["Ingress".to_string(), "Egress".to_string()])
+    );
+    // Under that policy the agent still logs in (Kubernetes API for its state Secret,
+    // Headscale): the Service becomes Ready (NodeOnline, PolicyEffective, BackendsReachable).
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        "Service echo Ready under the egress policy",
+        WAIT,
+        || async {
+            let service = services.get("echo").await.map_err(|e| e.to_string())?;
+            let conditions = service
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default();
+            if conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+            {
+                Ok(())
+            } else {
+                Err(support::conditions::describe(&conditions))
+            }
+        },
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let agent = wait_for("the Service's agent pod Ready", WAIT, || async {
+        let found = agent_pods(&pods, "tailnet-service-echo")
+            .await
+            .map_err(|e| e.to_string())?;
+        found
+            .into_iter()
+            .find(|p| ready_pod_ip(p).is_ok())
+            .ok_or_else(|| "no Ready agent pod".to_string())
+    })
+    .await;
+    let agent_netns = Arc::new(env.pod_netns(agent.metadata.uid.as_deref().expect("uid")));
+    let pod_ip = |app: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let list = pods
+                .list(&kube::api::ListParams::default().labels(&format!("app={app}")))
+                .await
+                .expect("pods");
+            list.items
+                .iter()
+                .find_map(|p| ready_pod_ip(p).ok())
+                .unwrap_or_else(|| panic!("a Ready {app} pod"))
+        }
+    };
+    let echo: SocketAddr = format!("{}:5432", pod_ip("echo").await)
+        .parse()
+        .expect("address");
+    wait_for("the agent reaching the Service's pod", WAIT, || async {
+        echo_from(&agent_netns, echo).await
+    })
+    .await;
+    let frontend: SocketAddr = format!("{}:8080", pod_ip("frontend").await)
+        .parse()
+        .expect("address");
+    let listed: SocketAddr = format!("{}:8080", w.listed_ip).parse().expect("address");
+    for target in [frontend, listed] {
+        let mut seen = Vec::new();
+        for _ in 0..DENIED_ATTEMPTS {
+            match connect_from(&agent_netns, target).await {
+                Ok(_) => panic!("the Service's agent reached {target}, not one of its endpoints"),
+                Err(error) => seen.push(error),
+            }
+        }
+        eprintln!("Service agent → {target} refused: {seen:?}");
+    }
 }

@@ -162,6 +162,7 @@ pub fn ingress(
             serve_http: observed.certificate_ready,
             node_hostname: tailnet_api::naming::tag_hostname(observed.tag),
             kind: observed.kind,
+            egress: agent_egress(&namespace, valid, observed),
         };
         Some(ingress::render_valid(metadata, valid, ctx, &inputs)?)
     } else {
@@ -172,6 +173,32 @@ pub fn ingress(
         backend_ports: resolved.ports,
         problems: resolved.problems,
         objects,
+    })
+}
+
+/// What the agent of a Service of the tailnet `loadBalancerClass` may reach (its egress
+/// NetworkPolicy): the Service's own pods on their target ports, and the control plane.
+/// `None` for other kinds, and for a Service without a selector (its endpoints are not pods
+/// a NetworkPolicy can name: its egress stays open, as an ingress's).
+fn agent_egress(
+    namespace: &str,
+    valid: &ValidIngress,
+    observed: &IngressObserved,
+) -> Option<ingress::AgentEgress> {
+    if observed.kind != tailnet_api::naming::AgentKind::Service {
+        return None;
+    }
+    let backend = &valid.exposes.first()?.backend;
+    let key = backends::ObjectKey::new(backend.namespace_or(namespace), &backend.service);
+    let endpoints = observed.backends.endpoints.get(&key)?;
+    // Without the control plane's addresses the agent would be cut off from it: unrestricted.
+    if observed.backends.control_plane.is_empty() {
+        return None;
+    }
+    Some(ingress::AgentEgress {
+        selector: endpoints.selector.clone(),
+        ports: endpoints.tcp_target_ports.clone(),
+        control_plane: observed.backends.control_plane.clone(),
     })
 }
 

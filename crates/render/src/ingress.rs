@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{
     ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
-    NetworkPolicySpec,
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, NetworkPolicySpec,
 };
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
@@ -70,6 +70,19 @@ pub struct IngressInputs {
     pub node_hostname: String,
     /// Whose agent it is (`Ingress`, or `Service` for a Service read as an ingress).
     pub kind: AgentKind,
+    /// What the agent may reach, when its egress is restricted (a Service's agent).
+    pub egress: Option<AgentEgress>,
+}
+
+/// The egress of a Service's agent: its backend pods, DNS and the control plane.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentEgress {
+    /// The Service's selector (its pods, in the agent's namespace).
+    pub selector: BTreeMap<String, String>,
+    /// The Service's TCP target ports.
+    pub ports: Vec<IntOrString>,
+    /// Kubernetes API and Headscale endpoints.
+    pub control_plane: Vec<std::net::SocketAddr>,
 }
 
 /// Renders the agent of `ingress`, validating its spec first (the first error is returned);
@@ -134,7 +147,7 @@ pub fn render_valid(
         state_secret: pod::state_secret(&owner),
         config_map: pod::config_map(&owner, &config_json, ctx.server_ca_pem),
         deployment: pod::deployment(&owner, ctx, &parts),
-        network_policy: network_policy(&owner, spec),
+        network_policy: network_policy(&owner, spec, inputs.egress.as_ref()),
         in_cluster_service: in_cluster_service(&owner, spec),
         certificate,
         config,
@@ -357,7 +370,11 @@ fn agent_volumes(
 /// Ingress agents accept nothing in-cluster but the admin port (their tailnet traffic arrives
 /// through tailscaled on loopback) and, with `spec.inCluster.namespaces`, their expose ports
 /// from pods of those namespaces (split horizon: the in-cluster Service's clients).
-pub fn network_policy(owner: &Owner, spec: &ValidIngress) -> NetworkPolicy {
+pub fn network_policy(
+    owner: &Owner,
+    spec: &ValidIngress,
+    egress: Option<&AgentEgress>,
+) -> NetworkPolicy {
     let mut rules = vec![NetworkPolicyIngressRule {
         from: None,
         ports: Some(vec![tcp_port(ADMIN_PORT)]),
@@ -378,6 +395,10 @@ pub fn network_policy(owner: &Owner, spec: &ValidIngress) -> NetworkPolicy {
             ports: Some(expose_ports(spec).into_iter().map(tcp_port).collect()),
         });
     }
+    let mut policy_types = vec!["Ingress".to_string()];
+    if egress.is_some() {
+        policy_types.push("Egress".to_string());
+    }
     NetworkPolicy {
         metadata: owner.meta(&owner.names().base),
         spec: Some(NetworkPolicySpec {
@@ -385,11 +406,71 @@ pub fn network_policy(owner: &Owner, spec: &ValidIngress) -> NetworkPolicy {
                 match_labels: Some(owner.selector_labels()),
                 match_expressions: None,
             }),
-            policy_types: Some(vec!["Ingress".to_string()]),
+            policy_types: Some(policy_types),
             ingress: Some(rules),
-            ..NetworkPolicySpec::default()
+            egress: egress.map(egress_rules),
         }),
     }
+}
+
+/// A Service's agent reaches: the Service's pods on its target ports; DNS; the Kubernetes API
+/// and Headscale at their observed addresses; and, for the tailnet's transport, UDP anywhere
+/// (WireGuard to peers, STUN) and TCP 443 anywhere (DERP relays). Nothing else in-cluster.
+fn egress_rules(egress: &AgentEgress) -> Vec<NetworkPolicyEgressRule> {
+    let port = |protocol: &str, port: Option<IntOrString>| NetworkPolicyPort {
+        port,
+        protocol: Some(protocol.to_string()),
+        end_port: None,
+    };
+    let mut rules = vec![
+        NetworkPolicyEgressRule {
+            to: Some(vec![NetworkPolicyPeer {
+                pod_selector: Some(LabelSelector {
+                    match_labels: Some(egress.selector.clone()),
+                    match_expressions: None,
+                }),
+                ..NetworkPolicyPeer::default()
+            }]),
+            ports: Some(
+                egress
+                    .ports
+                    .iter()
+                    .map(|p| port("TCP", Some(p.clone())))
+                    .collect(),
+            ),
+        },
+        NetworkPolicyEgressRule {
+            to: None,
+            ports: Some(vec![
+                port("UDP", Some(IntOrString::Int(53))),
+                port("TCP", Some(IntOrString::Int(53))),
+            ]),
+        },
+        NetworkPolicyEgressRule {
+            to: None,
+            ports: Some(vec![
+                port("UDP", None),
+                port("TCP", Some(IntOrString::Int(443))),
+            ]),
+        },
+    ];
+    for address in &egress.control_plane {
+        let cidr = match address.ip() {
+            std::net::IpAddr::V4(ip) => format!("{ip}/32"),
+            std::net::IpAddr::V6(ip) => format!("{ip}/128"),
+        };
+        rules.push(NetworkPolicyEgressRule {
+            to: Some(vec![NetworkPolicyPeer {
+                ip_block: Some(IPBlock { cidr, except: None }),
+                ..NetworkPolicyPeer::default()
+            }]),
+            ports: Some(vec![port(
+                "TCP",
+                Some(IntOrString::Int(i32::from(address.port()))),
+            )]),
+        });
+    }
+    rules
 }
 
 /// The label the apiserver sets on every namespace to its name.

@@ -279,6 +279,7 @@ fn ingress_inputs(tailnet: &Tailnet, ingress: &TailnetIngress, serve_http: bool)
         serve_http,
         node_hostname: "tno-ingress-team-a-portal".to_string(),
         kind: tailnet_api::naming::AgentKind::Ingress,
+        egress: None,
     }
 }
 
@@ -396,6 +397,7 @@ fn without_a_ready_certificate_http_is_not_served_but_tcp_is() {
         serve_http: false,
         node_hostname: "tno-ingress-team-a-portal".to_string(),
         kind: tailnet_api::naming::AgentKind::Ingress,
+        egress: None,
     };
     let objects = ingress::render(&ingress, &ctx(&tailnet), &inputs).expect("render");
     assert_eq!(objects.config.ingress.len(), 1, "only the tcp listener");

@@ -107,6 +107,7 @@ fn backends() -> ObservedBackends {
             ObjectKey::new("team-a", "backend-ca"),
             BTreeSet::from(["ca.crt".to_string()]),
         )]),
+        ..ObservedBackends::default()
     }
 }
 

@@ -739,6 +739,14 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "default installation id = uid of kube-system",
     ),
     (
+        "cluster",
+        "discovery.k8s.io",
+        "endpointslices",
+        "get",
+        "kubernetes",
+        "Service kind: the Kubernetes API's endpoints its agent's egress NetworkPolicy admits",
+    ),
+    (
         "namespace",
         "",
         "secrets",

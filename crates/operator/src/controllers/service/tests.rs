@@ -427,3 +427,106 @@ fn the_in_cluster_annotation_adds_the_in_cluster_service() {
             .is_none()
     );
 }
+
+/// Issue 29 item 4: the agent of a Service reaches the Service's pods on their target ports,
+/// DNS, the observed control plane (Kubernetes API, Headscale) and the tailnet's transport
+/// (UDP, TCP 443) only; without the control plane's addresses its egress is left open rather
+/// than cut off.
+#[test]
+fn the_agent_of_a_service_reaches_only_its_endpoints_and_the_control_plane() {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let open = run(&service(), &healthy());
+    let policy = open
+        .agent
+        .and_then(|p| p.objects)
+        .expect("objects")
+        .network_policy;
+    let spec = policy.spec.expect("spec");
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
+    assert!(spec.egress.is_none());
+
+    let observed = with(|o| {
+        o.kind.backends.control_plane = vec![
+            "192.0.2.1:6443".parse().expect("addr"),
+            "192.0.2.2:8443".parse().expect("addr"),
+        ];
+    });
+    let decision = run(&service(), &observed);
+    let spec = decision
+        .agent
+        .and_then(|p| p.objects)
+        .expect("objects")
+        .network_policy
+        .spec
+        .expect("spec");
+    assert_eq!(
+        spec.policy_types,
+        Some(vec!["Ingress".to_string(), "Egress".to_string()])
+    );
+    let rules = spec.egress.expect("egress rules");
+    let backend = &rules[0];
+    let peer = &backend.to.as_ref().expect("to")[0];
+    assert_eq!(
+        peer.pod_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone()),
+        Some(std::collections::BTreeMap::from([(
+            "app".to_string(),
+            "web".to_string()
+        )]))
+    );
+    assert!(peer.namespace_selector.is_none() && peer.ip_block.is_none());
+    let ports: Vec<(Option<String>, Option<IntOrString>)> = backend
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.protocol.clone(), p.port.clone()))
+        .collect();
+    assert_eq!(
+        ports,
+        vec![
+            (Some("TCP".into()), Some(IntOrString::Int(8080))),
+            (Some("TCP".into()), Some(IntOrString::Int(5432))),
+        ],
+        "the TCP target ports, not the UDP one"
+    );
+    let blocks: Vec<(String, Option<IntOrString>)> = rules
+        .iter()
+        .filter_map(|r| {
+            let block = r.to.as_ref()?.first()?.ip_block.as_ref()?;
+            Some((block.cidr.clone(), r.ports.as_ref()?.first()?.port.clone()))
+        })
+        .collect();
+    assert_eq!(
+        blocks,
+        vec![
+            ("192.0.2.1/32".to_string(), Some(IntOrString::Int(6443))),
+            ("192.0.2.2/32".to_string(), Some(IntOrString::Int(8443))),
+        ]
+    );
+    // Nothing else names a peer: DNS and the transport rules restrict ports only.
+    let peerless: Vec<Vec<(Option<String>, Option<IntOrString>)>> = rules
+        .iter()
+        .filter(|r| r.to.is_none())
+        .map(|r| {
+            r.ports
+                .iter()
+                .flatten()
+                .map(|p| (p.protocol.clone(), p.port.clone()))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        peerless,
+        vec![
+            vec![
+                (Some("UDP".into()), Some(IntOrString::Int(53))),
+                (Some("TCP".into()), Some(IntOrString::Int(53))),
+            ],
+            vec![
+                (Some("UDP".into()), None),
+                (Some("TCP".into()), Some(IntOrString::Int(443))),
+            ],
+        ]
+    );
+}
