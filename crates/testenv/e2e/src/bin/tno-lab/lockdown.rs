@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use tno_testenv::E2eEnv;
 
-use crate::{print_kubectl, tailnet_resource, OPERATOR_NAMESPACE};
+use crate::{OPERATOR_NAMESPACE, print_kubectl, tailnet_resource};
 
 /// The demo's base without its rules (and without `tests`, which assert rule-based access):
 /// groups and tag owners only.
@@ -84,7 +84,9 @@ pub async fn demo(
     let headscale = env.headscale_api();
     let live_before = headscale.get_policy().await.map_err(|e| e.to_string())?;
     let base = env.base_policy().map_err(|e| e.to_string())?;
-    println!("\ndemo: the base policy loses its rules (Headscale's allow-all) while the Tailnet is in Apply …");
+    println!(
+        "\ndemo: the base policy loses its rules (Headscale's allow-all) while the Tailnet is in Apply …"
+    );
     set_base(client, &ruleless(&base)?).await?;
     let message = policy_applied(client, "WouldLockDown").await?;
     println!("demo:   PolicyApplied=False WouldLockDown: {message}");
