@@ -1014,21 +1014,28 @@ fn apply_step(sync: &PolicySync, previous: &TailnetStatus) -> PolicyStep {
 
 /// Why applying `sync` would lock the tailnet down by surprise, or `None`. The document
 /// turns a base without rules deny-by-default (not accepted by the Tailnet); that is a
-/// surprise unless the live policy already is ours and states rules (deny-by-default
-/// already, since an earlier apply). A live policy that does not parse counts as a surprise.
+/// surprise unless the live policy already is ours and was rendered from a rule-less base as
+/// well (deny-by-default already, since an earlier accepted apply: only generated parts
+/// change). A live policy of ours whose base part had rules would lose them; a foreign live
+/// policy allows all or has rules of its own; one that does not parse is not known.
 pub fn lockdown_refusal(sync: &PolicySync) -> Option<String> {
     if !sync.locks_down {
         return None;
     }
     let ours = tailnet_policy::ownership_marker(&sync.document);
     let live_is_ours = ours.is_some() && tailnet_policy::ownership_marker(&sync.live) == ours;
-    if live_is_ours && tailnet_policy::states_rules(&sync.live) == Some(true) {
-        return None;
-    }
-    let now = match tailnet_policy::states_rules(&sync.live) {
-        Some(false) => "the live policy allows all (neither acls nor grants)",
-        Some(true) => "the live policy's own rules would be replaced",
-        None => "the live policy does not parse",
+    let now = if live_is_ours {
+        match tailnet_policy::base_states_rules(&sync.live) {
+            Some(false) => return None,
+            Some(true) => "the live policy's rules from the earlier base would be dropped",
+            None => "the live policy does not parse",
+        }
+    } else {
+        match tailnet_policy::states_rules(&sync.live) {
+            Some(false) => "the live policy allows all (neither acls nor grants)",
+            Some(true) => "the live policy's own rules would be replaced",
+            None => "the live policy does not parse",
+        }
     };
     Some(format!(
         "the base states no acls or grants (Headscale's allow-all) and {now}: applying adds deny-by-default for everything but the generated grants; give the base its own rules (docs/prerequisites.md has a starter that keeps today's access) or accept the change with spec.policy.acceptedNotices: [BaseHadNoRules]"
