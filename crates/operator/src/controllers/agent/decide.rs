@@ -283,6 +283,11 @@ pub fn decide<K: Decide>(
         planned.objects.is_some(),
         now,
     );
+    // Without a Headscale key, the owner's key for the tag (or waiting for it).
+    let identity = match &view.owner_keys {
+        Some(keys) => identity::from_owner(identity, keys.get(&planned.tag).copied(), now),
+        None => identity,
+    };
     if let Some(node) = identity.node() {
         status.record_node(node);
     }
