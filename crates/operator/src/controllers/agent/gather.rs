@@ -48,7 +48,7 @@ pub async fn gather<K: AgentKind>(
     };
     let keys = match (&access.feed, access.headscale) {
         (Some(Ok(feed)), _) => KeySource::Owner(feed.clone()),
-        (None, Ok(client)) => KeySource::Headscale(client),
+        (None, Ok(client)) => KeySource::Headscale(Box::new(client)),
         _ => KeySource::Unusable,
     };
     Ok((observation, keys))

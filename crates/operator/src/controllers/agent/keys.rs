@@ -77,7 +77,7 @@ pub async fn read_secret(
 #[derive(Clone)]
 pub enum KeySource {
     /// This installation's own Headscale key: it mints and expires keys.
-    Headscale(HeadscaleClient),
+    Headscale(Box<HeadscaleClient>),
     /// A contributor without a Headscale key: the owner's feed holds the keys.
     Owner(Arc<OwnerFeed>),
     /// Neither can be used now: nothing is done about keys.
@@ -88,7 +88,7 @@ impl KeySource {
     /// The Headscale client, when this installation has one.
     pub fn headscale(&self) -> Option<&HeadscaleClient> {
         match self {
-            KeySource::Headscale(client) => Some(client),
+            KeySource::Headscale(client) => Some(client.as_ref()),
             _ => None,
         }
     }
@@ -130,7 +130,7 @@ pub async fn act_on_key(
             ctx.applied.forget(&child);
             match source {
                 KeySource::Headscale(headscale) => {
-                    mint(ctx, headscale, owner, tag, action, &secrets).await
+                    mint(ctx, headscale.as_ref(), owner, tag, action, &secrets).await
                 }
                 KeySource::Owner(feed) => take_owners_key(owner, tag, action, feed, &secrets).await,
                 KeySource::Unusable => Ok(false),
