@@ -29,7 +29,9 @@ pub async fn act<K: AgentKind>(
     // interactive login for a minute (fault e2e test: leader killed mid-apply). Also while
     // nothing is deployed: a spent key is retired once the node exists.
     act_on_agent_key(ctx, object, keys, &plan.owner, &plan.tag, &plan.key).await?;
-    if let Some(objects) = &plan.objects {
+    if let Some(objects) = &plan.objects
+        && !plan.hold_deployment
+    {
         apply_deployment(ctx, namespace, K::agent_objects(objects).deployment).await?;
     }
     Ok(acted)

@@ -213,6 +213,9 @@ pub struct AgentPlan<K: Decide> {
     pub tag: String,
     pub objects: Option<K::Objects>,
     pub key: KeyAction,
+    /// A contributor without a Headscale key waits for the owner's key: the Deployment is not
+    /// applied yet (a pod started without its key waits for an interactive login instead).
+    pub hold_deployment: bool,
     /// The kind's own part.
     pub kind: K::Plan,
 }
@@ -298,6 +301,7 @@ pub fn decide<K: Decide>(
         owner: owner.clone(),
         tag,
         objects,
+        hold_deployment: identity.key_state == identity::KeyState::AwaitingOwner,
         key: identity.key,
         kind: plan,
     };
