@@ -31,6 +31,11 @@ pub struct OwnerFeed {
     pub headscale_version: String,
     /// The contributor's tag prefix this feed is for.
     pub tag_prefix: String,
+    /// RFC 3339: until when the owner vouches for these facts. The owner rewrites it well
+    /// before; a contributor does not use a feed past it (the owner no longer lists it, or
+    /// cannot reach its cluster).
+    #[serde(default)]
+    pub valid_until: String,
     /// Nodes: the contributor's own (a tag under its prefix) in full; others only as far as
     /// its limits reach (addresses inside `egressDestinations`; the owner's route approvers
     /// with routes inside them).

@@ -178,12 +178,20 @@ pub async fn read_owner_feed(ctx: &Context, tailnet: &Tailnet) -> Result<OwnerFe
             "Secret {ns}/{name} has no {FEED_KEY} yet"
         )));
     };
-    parse_feed(&bytes.0, &tailnet.spec.policy.tag_prefix).map_err(|e| {
+    let feed = parse_feed(&bytes.0, &tailnet.spec.policy.tag_prefix).map_err(|e| {
         Problem::new(
             reasons::OWNER_FEED_INVALID,
             format!("Secret {ns}/{name}: {e}; the owner rewrites it on its next poll"),
         )
-    })
+    })?;
+    let valid_until = feed.valid_until.parse::<jiff::Timestamp>().ok();
+    match valid_until {
+        Some(until) if until > jiff::Timestamp::now() => Ok(feed),
+        _ => Err(awaiting(format!(
+            "the owner's facts in Secret {ns}/{name} expired at {:?} (the owner refreshes them while it lists this installation and can reach this cluster)",
+            feed.valid_until
+        ))),
+    }
 }
 
 /// The PEM bundle of the Tailnet's `spec.serverCA` (a ConfigMap key in the operator

@@ -336,6 +336,13 @@ pub fn plan(
     let composed = compose(&role, tailnet, observed, config, desired, &mut c, now);
     status.contributors = composed.merge.statuses.clone();
     let mut policy = previous.policy.clone().unwrap_or_default();
+    if role == Role::Contributor
+        && tailnet.spec.api_secret_ref.is_none()
+        && live_policy(observed).is_none()
+    {
+        // Without a key, no (or an expired) feed from the owner: nothing is known to be live.
+        policy.effective_for.clear();
+    }
     policy.rendered_hash = composed.rendered.as_ref().map(|r| sha256(&r.document));
     if let Some(rendered) = &composed.rendered {
         policy.summary = Some(short_summary(rendered));

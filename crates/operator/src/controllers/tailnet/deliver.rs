@@ -129,6 +129,7 @@ async fn one(ctx: &Context, headscale: &HeadscaleClient, job: &Job<'_>) -> Resul
         accepted_tags: job.tags,
         keys: listed.as_ref().ok().map(|k| k.as_slice()),
         current: held.as_ref(),
+        lease: feed::lease(ctx.config.headscale_poll),
         now: Timestamp::now(),
     });
     let changed_keys = !plan.expire.is_empty() || !plan.mint.is_empty();

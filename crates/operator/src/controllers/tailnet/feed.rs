@@ -51,7 +51,30 @@ pub struct FeedInputs<'a> {
     pub keys: Option<&'a [PreAuthKey]>,
     /// The feed now in the contributor's Secret (`None`: empty or unparsable).
     pub current: Option<&'a OwnerFeed>,
+    /// How long the owner vouches for a feed ([`lease`]).
+    pub lease: SignedDuration,
     pub now: Timestamp,
+}
+
+/// How long a feed is valid: ten poll intervals, at least a minute. It is rewritten once
+/// less than half of it is left, so a contributor the owner stops writing to (removed from
+/// the list, or unreachable) stops trusting its facts within one lease.
+pub fn lease(poll: std::time::Duration) -> SignedDuration {
+    let ten = SignedDuration::try_from(poll.saturating_mul(10)).unwrap_or(SignedDuration::MAX);
+    ten.max(SignedDuration::from_mins(1))
+}
+
+/// The current feed's `validUntil` while more than half the lease is left (so an unchanged
+/// feed is not rewritten), else a new one.
+fn valid_until(current: Option<&OwnerFeed>, lease: SignedDuration, now: Timestamp) -> String {
+    let half = lease / 2;
+    current
+        .map(|f| f.valid_until.as_str())
+        .filter(|v| {
+            v.parse::<Timestamp>()
+                .is_ok_and(|t| t > now + half && t <= now + lease)
+        })
+        .map_or_else(|| rfc3339(&(now + lease)), str::to_string)
 }
 
 /// The feed to write once `mint` is done, and the keys to expire first.
@@ -93,6 +116,7 @@ pub fn plan(inputs: &FeedInputs<'_>) -> FeedPlan {
         kind: FEED_KIND.into(),
         headscale_version: inputs.headscale_version.to_string(),
         tag_prefix: prefix.clone(),
+        valid_until: valid_until(inputs.current, inputs.lease, inputs.now),
         nodes,
         live_policy,
         keys: Vec::new(),
@@ -475,8 +499,33 @@ mod tests {
             accepted_tags: accepted,
             keys,
             current,
+            lease: lease(std::time::Duration::from_secs(2)),
             now: now(),
         }
+    }
+
+    #[test]
+    fn the_lease_is_kept_while_more_than_half_is_left() {
+        let c = contributor();
+        assert_eq!(
+            lease(std::time::Duration::from_secs(2)),
+            SignedDuration::from_mins(1)
+        );
+        assert_eq!(
+            lease(std::time::Duration::from_secs(30)),
+            SignedDuration::from_mins(5)
+        );
+        let first = plan(&inputs(&[], Some(&[]), None, &[], &c)).feed;
+        assert_eq!(first.valid_until, "2026-01-01T00:01:00Z");
+        let later = |seconds: i64| {
+            plan(&FeedInputs {
+                now: now() + SignedDuration::from_secs(seconds),
+                ..inputs(&[], Some(&[]), Some(&first), &[], &c)
+            })
+            .feed
+        };
+        assert_eq!(later(20), first, "unchanged: not rewritten");
+        assert_eq!(later(40).valid_until, "2026-01-01T00:01:40Z");
     }
 
     #[test]
