@@ -4,6 +4,12 @@
 //! 10.245.0.0/16, Services in 10.97.0.0/16) runs Tailnet `cosmos` in `mode: Contribute`
 //! (prefix `cob`) under its own operator. The clusters share only Headscale and the tailnet.
 //!
+//! Cluster B holds **no Headscale key** (issue 26 item 8): its Tailnet has no `apiSecretRef`
+//! and no API key Secret exists in B. The owner lists cosmos with `keys` and writes its
+//! agents' single-use pre-auth keys and node facts into B's Secret `cosmos-owner-keys`
+//! through a kubeconfig whose Role in B allows exactly that Secret besides the fragment;
+//! until the owner merged B's tags, B's egress says `NodeOnline=False/AwaitingOwnerKey`.
+//!
 //! Checked, with bytes in every step:
 //! - the fragment delivered through Git (here copied by the test, with two entries added in
 //!   transit: A's own tag and a grant to it) is merged partly: B's tag claim on A's tag, its
