@@ -186,6 +186,8 @@ struct Delivered {
     a_tag: String,
     /// The fragment's ConfigMap in B.
     fragment_name: String,
+    /// The pre-auth keys the owner wrote into B's Secret (tag, key).
+    keys: Vec<(String, String)>,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -220,6 +222,19 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     let delivered = deliver_tampered_fragment(&a, &b).await;
     owner_refuses_what_the_limits_forbid(&a, &delivered.a_tag).await;
     let b_ip = contributor_sees_what_is_live(&lab, &a, &b).await;
+    let tags: Vec<&str> = delivered.keys.iter().map(|(t, _)| t.as_str()).collect();
+    eprintln!("the owner wrote pre-auth keys into B's Secret for {tags:?}");
+    for (tag, key) in &delivered.keys {
+        for (who, log) in [
+            ("owner", a.operator.log_text()),
+            ("B", b.operator_b.log_text()),
+        ] {
+            assert!(
+                !log.contains(key.as_str()),
+                "{tag}'s pre-auth key reached {who}'s log"
+            );
+        }
+    }
     let a_ip = owner_keeps_working(&lab, &ops, &a, &delivered).await;
     let live = only_accepted_entries_live(&lab, &a).await;
     malformed_delivery(&lab, &a, &live).await;
@@ -486,6 +501,7 @@ async fn deliver_tampered_fragment(a: &OwnerSide, b: &ContributorSide) -> Delive
     )
     .await;
     deliver(config_maps, tamper(&first, &a_tag, &a_ip)).await;
+    let keys = owners_keys_in_b(client_b, ns_b).await;
     let fragment = published_fragment(
         &config_maps_b,
         &fragment_name,
@@ -497,7 +513,31 @@ async fn deliver_tampered_fragment(a: &OwnerSide, b: &ContributorSide) -> Delive
         a_ingress,
         a_tag,
         fragment_name,
+        keys,
     }
+}
+
+/// The pre-auth keys the owner wrote into B's Secret once there are some (tag, key), to
+/// check later that none reaches a log.
+async fn owners_keys_in_b(client_b: &kube::Client, ns_b: &str) -> Vec<(String, String)> {
+    let secrets: Api<Secret> = Api::namespaced(client_b.clone(), ns_b);
+    let name = tailnet_api::owner_feed::owner_keys_secret(CONTRIBUTOR);
+    wait_for("the owner's pre-auth keys in B's Secret", WAIT, || async {
+        let secret = secrets.get(&name).await.map_err(|e| e.to_string())?;
+        let bytes = secret
+            .data
+            .and_then(|d| d.get(tailnet_api::owner_feed::FEED_KEY).cloned())
+            .ok_or("no feed.json yet")?;
+        let feed = tailnet_api::owner_feed::parse_feed(&bytes.0, CONTRIBUTOR_PREFIX)
+            .map_err(|e| e.to_string())?;
+        let keys: Vec<(String, String)> = feed.keys.into_iter().map(|k| (k.tag, k.key)).collect();
+        if keys.is_empty() {
+            Err("no key yet".to_string())
+        } else {
+            Ok(keys)
+        }
+    })
+    .await
 }
 
 /// B's published fragment once it contains every one of `needles`.

@@ -301,7 +301,10 @@ pub fn decide<K: Decide>(
         owner: owner.clone(),
         tag,
         objects,
-        hold_deployment: identity.key_state == identity::KeyState::AwaitingOwner,
+        // Without a Headscale key: no pod before it has the owner's key (or a node).
+        hold_deployment: view.owner_keys.is_some()
+            && identity.node().is_none()
+            && !matches!(identity.key_state, identity::KeyState::Waiting { .. }),
         key: identity.key,
         kind: plan,
     };
