@@ -114,6 +114,8 @@ pub struct TailnetPlan {
     /// Owner with merged contributions: the same sync without each contributor's entries in
     /// turn (then without all of them), for when Headscale refuses the merged document.
     pub exclusions: Vec<Exclusion>,
+    /// Owner: each contributor's accepted tags (the keys it may get, see `feed.rs`).
+    pub contributed_tags: BTreeMap<String, Vec<String>>,
 }
 
 /// What the owner applies instead when Headscale refuses the merged document and accepts it
@@ -334,6 +336,13 @@ pub fn plan(
     let composed = compose(&role, tailnet, observed, config, desired, &mut c, now);
     status.contributors = composed.merge.statuses.clone();
     let mut policy = previous.policy.clone().unwrap_or_default();
+    if role == Role::Contributor
+        && tailnet.spec.api_secret_ref.is_none()
+        && live_policy(observed).is_none()
+    {
+        // Without a key, no (or an expired) feed from the owner: nothing is known to be live.
+        policy.effective_for.clear();
+    }
     policy.rendered_hash = composed.rendered.as_ref().map(|r| sha256(&r.document));
     if let Some(rendered) = &composed.rendered {
         policy.summary = Some(short_summary(rendered));
@@ -374,7 +383,13 @@ pub fn plan(
         .store
         .as_ref()
         .map(|store| contributions::store_object(tailnet, config, store));
+    let contributed_tags = merge
+        .contributions
+        .iter()
+        .map(|c| (c.contributor.clone(), c.tags.clone()))
+        .collect();
     TailnetPlan {
+        contributed_tags,
         fragment: target.fragment,
         contribution_store,
         role,
@@ -557,6 +572,18 @@ fn reachability(
         }
     };
     match &observed.headscale {
+        Ok(version) if tailnet.spec.api_secret_ref.is_none() => {
+            status.headscale_version = Some(version.clone());
+            c.ok(
+                types::HEADSCALE_REACHABLE,
+                reasons::REACHABLE,
+                with_note(format!(
+                    "Headscale {version} at {}, as the owner reports it in Secret {}: this installation holds no Headscale key (its agents' pre-auth keys and node facts come from that Secret)",
+                    tailnet.spec.server,
+                    tailnet_api::owner_feed::owner_keys_secret(&tailnet.name_any())
+                )),
+            );
+        }
         Ok(version) => {
             status.headscale_version = Some(version.clone());
             c.ok(
@@ -1213,6 +1240,15 @@ fn unknown(reason: &'static str, message: String) -> PolicyOutcome {
         event: None,
         applied: false,
         written: false,
+    }
+}
+
+/// The policy Headscale enforces after the act step: the document just written, else the
+/// live one as observed.
+pub fn live_after<'p>(plan: &'p TailnetPlan, outcome: Option<&PolicyOutcome>) -> Option<&'p str> {
+    match (outcome, &plan.sync) {
+        (Some(outcome), Some(sync)) if outcome.written => Some(sync.document.as_str()),
+        _ => plan.live_policy.as_deref(),
     }
 }
 

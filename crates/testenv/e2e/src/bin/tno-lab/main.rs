@@ -530,6 +530,7 @@ async fn run_second_cluster_demo(
         .fragment_reader(
             OPERATOR_NAMESPACE,
             "cosmos-policy-fragment",
+            None,
             "policy-owner-reader",
         )
         .await
