@@ -531,35 +531,7 @@ async fn scenario(
     let mut stepped_down: Option<Duration> = None;
     let takeover = wait_for_takeover(&leases, &lease, &mut old, frozen_at, &mut stepped_down).await;
     let takeover_at = frozen_at + takeover;
-    let tailnets: Api<Tailnet> = Api::all(client.clone());
-    wait_for("operator-2 to apply the changed policy", WAIT, || {
-        let (live, tailnets, name) = (live_has("tcp:7101"), tailnets.clone(), tailnet.clone());
-        async move {
-            match live.await {
-                Ok(found) => Ok(found),
-                // Say what the Tailnet reports (operator-2's view) beside the live policy.
-                Err(error) => {
-                    let conditions = tailnets
-                        .get(&name)
-                        .await
-                        .ok()
-                        .and_then(|t| t.status)
-                        .map(|s| {
-                            s.conditions
-                                .iter()
-                                .map(|c| {
-                                    format!("{}={}/{}: {}", c.type_, c.status, c.reason, c.message)
-                                })
-                                .collect::<Vec<_>>()
-                                .join("; ")
-                        })
-                        .unwrap_or_default();
-                    Err(format!("{error}; Tailnet: {conditions}"))
-                }
-            }
-        }
-    })
-    .await;
+    wait_for_policy_of_operator_2(client, &tailnet, live_has).await;
     let applied = frozen_at.elapsed();
 
     // The partition heals: whatever operator-1 still had in flight goes on now (without the
@@ -603,6 +575,40 @@ async fn scenario(
         takeover,
         &old_log,
     );
+}
+
+/// Waits until the live policy carries the changed base (`live_has("tcp:7101")`); while it
+/// does not, says what the Tailnet reports (operator-2's view).
+async fn wait_for_policy_of_operator_2<F, Fut>(client: &kube::Client, tailnet: &str, live_has: F)
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: std::future::Future<Output = Result<tailnet_headscale::Policy, String>>,
+{
+    let tailnets: Api<Tailnet> = Api::all(client.clone());
+    wait_for("operator-2 to apply the changed policy", WAIT, || {
+        let (live, tailnets) = (live_has("tcp:7101"), tailnets.clone());
+        async move {
+            let error = match live.await {
+                Ok(_) => return Ok(()),
+                Err(error) => error,
+            };
+            let conditions = tailnets
+                .get(tailnet)
+                .await
+                .ok()
+                .and_then(|t| t.status)
+                .map(|s| {
+                    s.conditions
+                        .iter()
+                        .map(|c| format!("{}={}/{}: {}", c.type_, c.status, c.reason, c.message))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                })
+                .unwrap_or_default();
+            Err(format!("{error}; Tailnet: {conditions}"))
+        }
+    })
+    .await;
 }
 
 async fn create_bootstrap_secret(env: &TailnetEnv, ns: &str, client: &kube::Client) {
