@@ -30,6 +30,7 @@ fn contributor() -> Contributor {
             egress_destinations: vec!["192.0.2.0/24".into(), "db.site.internal".into()],
             dns_suffixes: vec!["cosmos.example.net".into()],
         },
+        keys: None,
     }
 }
 

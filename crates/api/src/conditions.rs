@@ -99,6 +99,14 @@ pub mod reasons {
     pub const FRAGMENT_NOT_LIVE: &str = "FragmentNotLive";
     /// PolicyEffective of a contributor's resources is judged on the owner's live policy.
     pub const CONTRIBUTING: &str = "Contributing";
+    /// A contributor without a Headscale key (no `apiSecretRef`): the owner has not written
+    /// its Secret `<tailnet>-owner-keys` yet (HeadscaleReachable, TailnetReady), or the one
+    /// it wrote does not parse (`OwnerFeedInvalid`).
+    pub const AWAITING_OWNER: &str = "AwaitingOwner";
+    pub const OWNER_FEED_INVALID: &str = "OwnerFeedInvalid";
+    /// NodeOnline of a contributor's agent without a node: the owner has not written a
+    /// pre-auth key for its tag yet (transient: it does once its fragment's tag is live).
+    pub const AWAITING_OWNER_KEY: &str = "AwaitingOwnerKey";
     // Tailnet: DNSRendered.
     pub const RENDERED: &str = "Rendered";
     pub const NOT_CONFIGURED: &str = "NotConfigured";

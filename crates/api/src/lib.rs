@@ -13,6 +13,7 @@ pub mod egress;
 pub mod fragment;
 pub mod ingress;
 pub mod naming;
+pub mod owner_feed;
 pub mod patterns;
 pub mod service;
 pub mod tailnet;

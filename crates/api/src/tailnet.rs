@@ -30,6 +30,7 @@ use crate::common::KeyRef;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.apiSecretRef) || (has(self.policy.mode) && self.policy.mode == 'Contribute')").message("spec.apiSecretRef is required unless spec.policy.mode is Contribute (a contributor without a key gets its agents' pre-auth keys and node facts from the owner)"))]
 pub struct TailnetSpec {
     /// URL of the Headscale server, e.g. `https://control.example.net`.
     #[schemars(
@@ -38,7 +39,12 @@ pub struct TailnetSpec {
     )]
     pub server: String,
     /// Secret in the operator namespace holding the bootstrap API key. The operator only reads it.
-    pub api_secret_ref: KeyRef,
+    /// Required unless `policy.mode` is `Contribute`: a contributor without it holds no
+    /// Headscale key and reads its agents' pre-auth keys and node facts from Secret
+    /// `<tailnet>-owner-keys` (operator namespace), which the owner writes (see
+    /// docs/several-clusters.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_secret_ref: Option<KeyRef>,
     /// DNS entries the operator renders (it is not a DNS server; see docs/dns.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns: Option<TailnetDns>,
@@ -263,6 +269,34 @@ pub struct Contributor {
     /// What the contributor's entries may name beyond its own tags.
     #[serde(default)]
     pub limits: ContributorLimits,
+    /// Where the owner writes the contributor's agents' pre-auth keys and the node facts its
+    /// status needs, so that the contributor holds no Headscale key (its Tailnet has no
+    /// `apiSecretRef`). Unset: nothing is written (the contributor holds its own key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<KeysDelivery>,
+}
+
+/// One Secret in a contributor's cluster that the owner writes (keys `feed.json`): its
+/// agents' single-use pre-auth keys (tags under its prefix, only for tags its accepted
+/// fragment lists and that have no node yet) and the node facts its conditions need.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeysDelivery {
+    /// Secret (operator namespace) and key holding a kubeconfig for the contributor's cluster
+    /// (may be the fragment's): its user may `get`, `update` and `patch` that one Secret.
+    pub secret_ref: KeyRef,
+    /// The contributor's operator namespace.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub namespace: String,
+    /// Name of the Secret there: `<its tailnet>-owner-keys` (its operator creates it empty).
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub secret: String,
 }
 
 /// Where a contributor's fragment is read: exactly one of the two.
@@ -434,6 +468,10 @@ pub struct ContributorStatus {
     /// Why the fragment could not be read or parsed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// With `keys`: what the owner delivered to the contributor's Secret (how many nodes,
+    /// which tags have a pre-auth key waiting), or why it could not. Never a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<String>,
 }
 
 /// A contributor's published fragment.

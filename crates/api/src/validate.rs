@@ -315,14 +315,25 @@ pub fn valid_tailnet(spec: &TailnetSpec) -> Result<ValidTailnet, Vec<FieldError>
             ),
         ));
     }
-    check_match(
-        &mut errors,
-        &DNS_SUBDOMAIN,
-        253,
-        "spec.apiSecretRef.name".into(),
-        &spec.api_secret_ref.name,
-        "a Secret name",
-    );
+    match &spec.api_secret_ref {
+        Some(reference) => {
+            check_match(
+                &mut errors,
+                &DNS_SUBDOMAIN,
+                253,
+                "spec.apiSecretRef.name".into(),
+                &reference.name,
+                "a Secret name",
+            );
+        }
+        None if spec.policy.mode != crate::tailnet::PolicyMode::Contribute => {
+            errors.push(FieldError::new(
+                "spec.apiSecretRef",
+                "required unless spec.policy.mode is Contribute (a contributor without a key gets its agents' pre-auth keys and node facts from the owner)",
+            ));
+        }
+        None => {}
+    }
     let dns = spec.dns.clone().unwrap_or_default();
     if let Some(ns) = &dns.hosts_config_map_namespace {
         check_match(

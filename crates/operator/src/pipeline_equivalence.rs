@@ -161,6 +161,7 @@ fn controllers_output(
         tailnet: tailnet.clone(),
         headscale: Err(Problem::new("Unknown", "not asked")),
         server_ca: None,
+        owner_keys: None,
     };
     let (mut objects, target_kinds) =
         egress_decisions(&egresses, &access, &headscale_nodes(observed), &config, now);

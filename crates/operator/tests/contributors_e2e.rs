@@ -4,6 +4,12 @@
 //! 10.245.0.0/16, Services in 10.97.0.0/16) runs Tailnet `cosmos` in `mode: Contribute`
 //! (prefix `cob`) under its own operator. The clusters share only Headscale and the tailnet.
 //!
+//! Cluster B holds **no Headscale key** (issue 26 item 8): its Tailnet has no `apiSecretRef`
+//! and no API key Secret exists in B. The owner lists cosmos with `keys` and writes its
+//! agents' single-use pre-auth keys and node facts into B's Secret `cosmos-owner-keys`
+//! through a kubeconfig whose Role in B allows exactly that Secret besides the fragment;
+//! until the owner merged B's tags, B's egress says `NodeOnline=False/AwaitingOwnerKey`.
+//!
 //! Checked, with bytes in every step:
 //! - the fragment delivered through Git (here copied by the test, with two entries added in
 //!   transit: A's own tag and a grant to it) is merged partly: B's tag claim on A's tag, its
@@ -180,6 +186,8 @@ struct Delivered {
     a_tag: String,
     /// The fragment's ConfigMap in B.
     fragment_name: String,
+    /// The pre-auth keys the owner wrote into B's Secret (tag, key).
+    keys: Vec<(String, String)>,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,14 +218,28 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     let mut a = owner_in_a(&lab, &ops).await;
     let ops_b = cosmos.namespace("cosmos").await.expect("namespace in B");
     let mut b = contributor_in_b(&lab, &ops_b).await;
+    let reader = owner_delivers_keys(&lab, &mut a, &b).await;
     let delivered = deliver_tampered_fragment(&a, &b).await;
     owner_refuses_what_the_limits_forbid(&a, &delivered.a_tag).await;
     let b_ip = contributor_sees_what_is_live(&lab, &a, &b).await;
+    let tags: Vec<&str> = delivered.keys.iter().map(|(t, _)| t.as_str()).collect();
+    eprintln!("the owner wrote pre-auth keys into B's Secret for {tags:?}");
+    for (tag, key) in &delivered.keys {
+        for (who, log) in [
+            ("owner", a.operator.log_text()),
+            ("B", b.operator_b.log_text()),
+        ] {
+            assert!(
+                !log.contains(key.as_str()),
+                "{tag}'s pre-auth key reached {who}'s log"
+            );
+        }
+    }
     let a_ip = owner_keeps_working(&lab, &ops, &a, &delivered).await;
     let live = only_accepted_entries_live(&lab, &a).await;
     malformed_delivery(&lab, &a, &live).await;
     refused_by_headscale(&lab, &mut a, &b).await;
-    read_through_b_api(&lab, &mut a, &b, &delivered).await;
+    read_through_b_api(&mut a, &b, &delivered, &reader).await;
     quiet_while_idle(&a).await;
     b_apiserver_stopped(&lab, &mut a, &b, &b_ip).await;
     b_apiserver_back(&lab, &a, &mut b, &delivered).await;
@@ -316,11 +338,16 @@ async fn contributor_in_b(
     let (env, cosmos) = (lab.env, lab.cosmos);
     let client_b = ops_b.client().clone();
     let ns_b = ops_b.name().to_string();
-    env.create_bootstrap(&client_b, &ns_b, &env.base_policy().expect("base policy"))
+    // Issue 26 item 8: B holds no Headscale key. Only the lab CA (its agents' tailscaled
+    // trust Headscale's certificate with it); no API key Secret, no apiSecretRef.
+    env.create_server_ca(&client_b, &ns_b)
         .await
-        .expect("B's bootstrap (API key)");
+        .expect("B's server CA ConfigMap");
     let tailnets_b: Api<Tailnet> = Api::all(client_b.clone());
     let mut contributor_spec = env.tailnet_object(CONTRIBUTOR, "Contribute");
+    if let Some(spec) = contributor_spec["spec"].as_object_mut() {
+        spec.remove("apiSecretRef");
+    }
     contributor_spec["spec"]["policy"]["tagPrefix"] = json!(CONTRIBUTOR_PREFIX);
     // B's own allowlist is wider than what the owner allows it: the owner's check decides.
     contributor_spec["spec"]["policy"]["ingressSourceAllowlist"] =
@@ -459,27 +486,102 @@ async fn deliver_tampered_fragment(a: &OwnerSide, b: &ContributorSide) -> Delive
         .expect("A's ingress tag");
     let config_maps_b: Api<ConfigMap> = Api::namespaced(client_b.clone(), ns_b);
     let fragment_name = tailnet_api::fragment::fragment_config_map(CONTRIBUTOR);
-    let fragment = wait_for(
-        "B's fragment with its egresses, ingresses and DNS record",
-        WAIT,
-        || async {
-            let cm = config_maps_b
-                .get_opt(&fragment_name)
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or("not published yet")?;
-            let text = cm
-                .data
-                .and_then(|d| d.get(tailnet_api::fragment::FRAGMENT_KEY).cloned())
-                .ok_or("no fragment.json")?;
-            let complete = ["198.51.100.7", "192.0.2.10", "autogroup:member", portal]
-                .iter()
-                .all(|needle| text.contains(needle));
-            if complete { Ok(text) } else { Err(text) }
-        },
+    let a_ip = a_ingress
+        .status
+        .as_ref()
+        .and_then(|s| s.tailnet_ips.first().cloned())
+        .expect("A's ingress tailnet IP");
+    // B's agents get their keys only once the owner merged their tags, and B's ingress DNS
+    // record needs its node: Git delivers B's fragment twice, as a pipeline would when B's
+    // fragment changes — first without the record, then with it.
+    let first = published_fragment(
+        &config_maps_b,
+        &fragment_name,
+        &["198.51.100.7", "192.0.2.10", "autogroup:member"],
     )
     .await;
-    let mut tampered: Value = serde_json::from_str(&fragment).expect("fragment JSON");
+    deliver(config_maps, tamper(&first, &a_tag, &a_ip)).await;
+    let keys = owners_keys_in_b(client_b, ns_b).await;
+    let fragment = published_fragment(
+        &config_maps_b,
+        &fragment_name,
+        &["198.51.100.7", "192.0.2.10", "autogroup:member", portal],
+    )
+    .await;
+    deliver(config_maps, tamper(&fragment, &a_tag, &a_ip)).await;
+    Delivered {
+        a_ingress,
+        a_tag,
+        fragment_name,
+        keys,
+    }
+}
+
+/// The pre-auth keys the owner wrote into B's Secret once there are some (tag, key), to
+/// check later that none reaches a log.
+async fn owners_keys_in_b(client_b: &kube::Client, ns_b: &str) -> Vec<(String, String)> {
+    let secrets: Api<Secret> = Api::namespaced(client_b.clone(), ns_b);
+    let name = tailnet_api::owner_feed::owner_keys_secret(CONTRIBUTOR);
+    wait_for("the owner's pre-auth keys in B's Secret", WAIT, || async {
+        let secret = secrets.get(&name).await.map_err(|e| e.to_string())?;
+        let bytes = secret
+            .data
+            .and_then(|d| d.get(tailnet_api::owner_feed::FEED_KEY).cloned())
+            .ok_or("no feed.json yet")?;
+        let feed = tailnet_api::owner_feed::parse_feed(&bytes.0, CONTRIBUTOR_PREFIX)
+            .map_err(|e| e.to_string())?;
+        let keys: Vec<(String, String)> = feed.keys.into_iter().map(|k| (k.tag, k.key)).collect();
+        if keys.is_empty() {
+            Err("no key yet".to_string())
+        } else {
+            Ok(keys)
+        }
+    })
+    .await
+}
+
+/// B's published fragment once it contains every one of `needles`.
+async fn published_fragment(
+    config_maps_b: &Api<ConfigMap>,
+    fragment_name: &str,
+    needles: &[&str],
+) -> String {
+    wait_for(&format!("B's fragment with {needles:?}"), WAIT, || async {
+        let cm = config_maps_b
+            .get_opt(fragment_name)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("not published yet")?;
+        let text = cm
+            .data
+            .and_then(|d| d.get(tailnet_api::fragment::FRAGMENT_KEY).cloned())
+            .ok_or("no fragment.json")?;
+        let complete = needles.iter().all(|needle| text.contains(needle));
+        if complete { Ok(text) } else { Err(text) }
+    })
+    .await
+}
+
+/// Git delivery of `fragment` into A's ConfigMap `cosmos-fragment`.
+async fn deliver(config_maps: &Api<ConfigMap>, fragment: Value) {
+    config_maps
+        .patch(
+            "cosmos-fragment",
+            &PatchParams::apply("git-delivery").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "cosmos-fragment"},
+                "data": {"fragment.json": fragment.to_string()}
+            })),
+        )
+        .await
+        .expect("deliver the fragment to A");
+}
+
+/// B's fragment with what a hostile contributor could add in transit: A's ingress tag and a
+/// grant to it, a DNS name with a space, a valid name pointing at A's node, an exit route.
+fn tamper(fragment: &str, a_tag: &str, a_ip: &str) -> Value {
+    let mut tampered: Value = serde_json::from_str(fragment).expect("fragment JSON");
     let own_egress_tag = tampered["tags"]
         .as_array()
         .and_then(|tags| {
@@ -499,11 +601,6 @@ async fn deliver_tampered_fragment(a: &OwnerSide, b: &ContributorSide) -> Delive
         .push(json!({"owner": "TailnetEgress/forged", "src": [own_egress_tag], "dst": [a_tag], "ip": ["tcp:6000"]}));
     // Issue 26: a DNS name with a space (it would make the owner's CoreDNS block
     // authoritative for svc.cluster.local), a valid name pointing at A's node, an exit route.
-    let a_ip = a_ingress
-        .status
-        .as_ref()
-        .and_then(|s| s.tailnet_ips.first().cloned())
-        .expect("A's ingress tailnet IP");
     tampered["dnsRecords"].as_array_mut().expect("dnsRecords").extend([
         json!({"name": format!("svc.cluster.local x.{CONTRIBUTOR_DNS_SUFFIX}"), "type": "A", "value": a_ip}),
         json!({"name": format!("steal.{CONTRIBUTOR_DNS_SUFFIX}"), "type": "A", "value": a_ip}),
@@ -512,23 +609,7 @@ async fn deliver_tampered_fragment(a: &OwnerSide, b: &ContributorSide) -> Delive
         .as_array_mut()
         .expect("routes")
         .push(json!({"route": "0.0.0.0/0", "approvers": ["tag:router"]}));
-    config_maps
-        .patch(
-            "cosmos-fragment",
-            &PatchParams::apply("git-delivery").force(),
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "cosmos-fragment"},
-                "data": {"fragment.json": tampered.to_string()}
-            })),
-        )
-        .await
-        .expect("deliver the fragment to A");
-    Delivered {
-        a_ingress,
-        a_tag,
-        fragment_name,
-    }
+    tampered
 }
 
 /// The owner: partly refused, every refused entry named, the rest merged.
@@ -686,6 +767,27 @@ async fn contributor_sees_what_is_live(
     .await;
     let b_ip = tailnet_ipv4(&b_portal.status.clone().unwrap_or_default().tailnet_ips)
         .expect("B's ingress tailnet IPv4");
+    // Every agent of B logged in with the owner's key: none is waiting any more.
+    let delivered = wait_for(
+        "the owner's delivery to B with no key waiting",
+        WAIT,
+        || async {
+            let t = a.tailnets.get(&a.owner).await.map_err(|e| e.to_string())?;
+            let keys = t
+                .status
+                .as_ref()
+                .and_then(|s| s.contributors.first())
+                .and_then(|c| c.keys.clone())
+                .unwrap_or_default();
+            if keys.contains("no pre-auth key waiting") {
+                Ok(keys)
+            } else {
+                Err(keys)
+            }
+        },
+    )
+    .await;
+    eprintln!("owner, status.contributors[cosmos].keys: {delivered}");
     let response = wait_for(
         &format!("https://{portal}/hello from the laptop (MagicDNS)"),
         WAIT,
@@ -988,12 +1090,11 @@ async fn owner_read_through_b(
 /// (the documented Role). The delivered copy goes first, so only B's API can serve it;
 /// without the tampering, B's tag claim on A's tag disappears from the refusals.
 async fn read_through_b_api(
-    lab: &Lab<'_>,
     a: &mut OwnerSide,
     b: &ContributorSide,
     delivered: &Delivered,
+    reader: &FragmentReader,
 ) {
-    let cosmos = lab.cosmos;
     let Delivered {
         a_tag,
         fragment_name,
@@ -1004,12 +1105,8 @@ async fn read_through_b_api(
         .delete("cosmos-fragment", &DeleteParams::default())
         .await
         .expect("delete the delivered fragment");
-    let reader = "policy-owner-reader";
-    let FragmentReader { token, kubeconfig } = cosmos
-        .fragment_reader(b_ns, fragment_name, reader)
-        .await
-        .expect("the fragment reader's ServiceAccount, Role, RoleBinding and token in B");
-    token_file_refused(a, b_ns, fragment_name, &kubeconfig).await;
+    let FragmentReader { token, kubeconfig } = reader;
+    token_file_refused(a, b_ns, fragment_name, kubeconfig).await;
     apply(
         &Api::<Secret>::namespaced(a.client.clone(), &a.ns),
         "cosmos-kubeconfig",
@@ -1031,9 +1128,82 @@ async fn read_through_b_api(
     })
     .await;
     assert!(
-        !a.operator.log_text().contains(&token),
+        !a.operator.log_text().contains(token.as_str()),
         "the kubeconfig's token reached the owner's log"
     );
+}
+
+/// Issue 26 item 8: B holds no Headscale key (no `apiSecretRef`, no API key Secret in B).
+/// The owner gets the documented Role in B — the fragment ConfigMap, and `get`, `update`,
+/// `patch` on B's Secret `cosmos-owner-keys` — and lists cosmos with `keys`. B's Tailnet
+/// learns Headscale's version from that Secret; until the owner has merged B's tags, B's
+/// agents say `AwaitingOwnerKey`.
+async fn owner_delivers_keys(
+    lab: &Lab<'_>,
+    a: &mut OwnerSide,
+    b: &ContributorSide,
+) -> FragmentReader {
+    let fragment_name = tailnet_api::fragment::fragment_config_map(CONTRIBUTOR);
+    let keys_secret = tailnet_api::owner_feed::owner_keys_secret(CONTRIBUTOR);
+    let reader = lab
+        .cosmos
+        .fragment_reader(
+            &b.ns_b,
+            &fragment_name,
+            Some(&keys_secret),
+            "policy-owner-reader",
+        )
+        .await
+        .expect("the owner's ServiceAccount, Role, RoleBinding and token in B");
+    apply(
+        &Api::<Secret>::namespaced(a.client.clone(), &a.ns),
+        "cosmos-kubeconfig",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cosmos-kubeconfig"},
+               "stringData": {"kubeconfig": reader.kubeconfig.to_string()}}),
+    )
+    .await
+    .expect("kubeconfig Secret in A");
+    a.owner_spec["spec"]["policy"]["contributors"][0]["keys"] = json!({
+        "secretRef": {"name": "cosmos-kubeconfig", "key": "kubeconfig"},
+        "namespace": b.ns_b, "secret": keys_secret});
+    apply(&a.tailnets, &a.owner, a.owner_spec.clone())
+        .await
+        .expect("owner Tailnet delivering cosmos's keys");
+    let b_tailnet = wait_for_condition(
+        &b.tailnets_b,
+        CONTRIBUTOR,
+        ConditionIs::new("HeadscaleReachable", "True"),
+        Some(&b.operator_b),
+    )
+    .await;
+    assert!(b_tailnet.spec.api_secret_ref.is_none());
+    eprintln!("B's Tailnet without apiSecretRef: {}", b_tailnet.describe());
+    let api_key = lab.env.api_key();
+    let b_secrets = Api::<Secret>::namespaced(b.client_b.clone(), &b.ns_b)
+        .list(&Default::default())
+        .await
+        .expect("B's Secrets");
+    for secret in &b_secrets.items {
+        for value in secret.data.iter().flat_map(|d| d.values()) {
+            assert!(
+                !String::from_utf8_lossy(&value.0).contains(api_key),
+                "a Headscale API key in B's Secret {:?}",
+                secret.metadata.name
+            );
+        }
+    }
+    let waiting = wait_for_condition(
+        &b.egresses_b,
+        "b-site",
+        ConditionIs::new("NodeOnline", "False").reason("AwaitingOwnerKey"),
+        None,
+    )
+    .await;
+    eprintln!(
+        "B's egress before the owner merged its tags: {}",
+        waiting.describe()
+    );
+    reader
 }
 
 /// Issue 26 item 2 in the e2e: the same kubeconfig with `tokenFile` (pointing at the owner

@@ -346,6 +346,14 @@ impl Replica {
 
 impl Drop for Replica {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let text = self.log_text();
+            let tail: Vec<&str> = text.lines().rev().take(60).collect();
+            eprintln!("--- {} (last 60 lines) ---", self.log.display());
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -501,7 +509,18 @@ async fn scenario(
         hs_proxy.seen()
     );
 
-    let mut new = standby_replica(kube, ns, &installation, &lease, logs).await;
+    let hs_proxy_2 = CountingProxy::start(
+        socket_addr(&env.headscale.root_url()),
+        env.headscale.ca_pem(),
+        support::lab_tls::acceptor(
+            env.headscale.ca(),
+            logs,
+            "proxy-2",
+            &[env.lab.gateway().into()],
+        ),
+    )
+    .await;
+    let mut new = standby_replica(kube, ns, &installation, &lease, logs, hs_proxy_2.addr).await;
 
     // Freeze operator-1's apiserver connections, then change the base policy.
     api_proxy.freeze(true);
@@ -512,10 +531,7 @@ async fn scenario(
     let mut stepped_down: Option<Duration> = None;
     let takeover = wait_for_takeover(&leases, &lease, &mut old, frozen_at, &mut stepped_down).await;
     let takeover_at = frozen_at + takeover;
-    wait_for("operator-2 to apply the changed policy", WAIT, || {
-        live_has("tcp:7101")
-    })
-    .await;
+    wait_for_policy_of_operator_2(client, &tailnet, live_has).await;
     let applied = frozen_at.elapsed();
 
     // The partition heals: whatever operator-1 still had in flight goes on now (without the
@@ -559,6 +575,40 @@ async fn scenario(
         takeover,
         &old_log,
     );
+}
+
+/// Waits until the live policy carries the changed base (`live_has("tcp:7101")`); while it
+/// does not, says what the Tailnet reports (operator-2's view).
+async fn wait_for_policy_of_operator_2<F, Fut>(client: &kube::Client, tailnet: &str, live_has: F)
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: std::future::Future<Output = Result<tailnet_headscale::Policy, String>>,
+{
+    let tailnets: Api<Tailnet> = Api::all(client.clone());
+    wait_for("operator-2 to apply the changed policy", WAIT, || {
+        let (live, tailnets) = (live_has("tcp:7101"), tailnets.clone());
+        async move {
+            let error = match live.await {
+                Ok(_) => return Ok(()),
+                Err(error) => error,
+            };
+            let conditions = tailnets
+                .get(tailnet)
+                .await
+                .ok()
+                .and_then(|t| t.status)
+                .map(|s| {
+                    s.conditions
+                        .iter()
+                        .map(|c| format!("{}={}/{}: {}", c.type_, c.status, c.reason, c.message))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                })
+                .unwrap_or_default();
+            Err(format!("{error}; Tailnet: {conditions}"))
+        }
+    })
+    .await;
 }
 
 async fn create_bootstrap_secret(env: &TailnetEnv, ns: &str, client: &kube::Client) {
@@ -622,12 +672,15 @@ async fn apply_tailnet(env: &TailnetEnv, client: &kube::Client, tailnet: &str) {
 }
 
 /// operator-2, straight to the apiserver, standing by.
+/// Headscale's lab address (the Tailnet's `spec.server`) is served in the lab netns only, so
+/// operator-2 reaches it through a proxy of its own (`headscale_proxy`, not inspected).
 async fn standby_replica(
     kube: &tno_testenv_kube::KubeEnv,
     ns: &str,
     installation: &str,
     lease: &str,
     logs: &Path,
+    headscale_proxy: SocketAddr,
 ) -> Replica {
     let new = Replica::start(
         kube.kubeconfig(),
@@ -636,7 +689,7 @@ async fn standby_replica(
         lease,
         logs,
         "operator-2",
-        None,
+        Some(headscale_proxy),
     );
     wait_for("operator-2 to stand by", WAIT, || async {
         let standing_by = new

@@ -3,6 +3,7 @@
 use jsonc_parser::tokens::Token;
 
 use crate::hujson::{parse_ast, parse_value, strip_bom};
+use crate::render::{BEGIN_GENERATED, END_GENERATED};
 use crate::{CompareError, MARKER_PREFIX};
 
 fn marker_in(comment: &str) -> Option<String> {
@@ -68,6 +69,38 @@ pub fn states_rules(document: &str) -> Option<bool> {
     match parse_value(document) {
         Ok(None) => Some(false),
         Ok(Some(value)) => Some(value.get("acls").is_some() || value.get("grants").is_some()),
+        Err(_) => None,
+    }
+}
+
+/// Whether the *base part* of a document this crate rendered states rules of its own: the
+/// document without its generated blocks (the lines from a `tailnet-operator: begin
+/// generated` comment to its `end generated` comment) has a non-empty `acls` or `grants`
+/// list. A `grants` list the renderer opened for its generated grants is empty once they are
+/// cut out, so a document rendered from a rule-less base answers `false`. `None`: the rest
+/// does not parse.
+pub fn base_states_rules(document: &str) -> Option<bool> {
+    let mut inside = false;
+    let mut base = String::with_capacity(document.len());
+    for line in strip_bom(document).lines() {
+        let comment = line.trim_start().strip_prefix("//").map(str::trim_start);
+        if comment.is_some_and(|c| c.starts_with(BEGIN_GENERATED)) {
+            inside = true;
+        } else if comment.is_some_and(|c| c.starts_with(END_GENERATED)) {
+            inside = false;
+        } else if !inside {
+            base.push_str(line);
+            base.push('\n');
+        }
+    }
+    let non_empty = |v: &serde_json::Value, key: &str| {
+        v.get(key)
+            .and_then(serde_json::Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+    };
+    match parse_value(&base) {
+        Ok(None) => Some(false),
+        Ok(Some(value)) => Some(non_empty(&value, "acls") || non_empty(&value, "grants")),
         Err(_) => None,
     }
 }

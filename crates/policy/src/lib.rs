@@ -126,7 +126,9 @@ mod tags;
 use serde_json::Value;
 use thiserror::Error;
 
-pub use compare::{diff, ownership_marker, semantically_equal, states_rules, up_to_date};
+pub use compare::{
+    base_states_rules, diff, ownership_marker, semantically_equal, states_rules, up_to_date,
+};
 pub use issues::{PolicyIssue, PolicyNotice};
 pub use model::{
     AutoApproverRoute, ContributedGrant, Contribution, CoveringRoute, EgressPolicy, EgressTarget,

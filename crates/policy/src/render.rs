@@ -30,6 +30,8 @@ use crate::{BasePolicy, RenderError};
 /// Comment text that opens a generated block; also used to detect a rendered document
 /// being fed back in as a base.
 pub(crate) const BEGIN_GENERATED: &str = "tailnet-operator: begin generated";
+/// Comment text that closes a generated block.
+pub(crate) const END_GENERATED: &str = "tailnet-operator: end generated";
 
 /// Renders the complete policy document. See the crate docs for the layout and rules.
 /// Locate the base's containers → decide the entries → place them as text edits.

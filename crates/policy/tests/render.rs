@@ -1049,6 +1049,36 @@ fn states_rules_tells_allow_all_documents_apart() {
     assert_eq!(states_rules("{\"grants\": [,"), None);
 }
 
+/// The lockdown guard tells a live document rendered from a rule-less base (deny-by-default
+/// already: only generated grants) from one whose base had rules of its own.
+#[test]
+fn base_states_rules_looks_past_the_generated_blocks() {
+    use tailnet_policy::{base_states_rules, states_rules};
+    let from_ruleless = render(&parse_base("{}").expect("base"), &demo_inputs())
+        .expect("render")
+        .document;
+    assert_eq!(
+        states_rules(&from_ruleless),
+        Some(true),
+        "generated grants are rules"
+    );
+    assert_eq!(
+        base_states_rules(&from_ruleless),
+        Some(false),
+        "the grants list the renderer opened holds only generated grants:\n{from_ruleless}"
+    );
+    let from_demo = render_demo(&demo_inputs()).document;
+    assert_eq!(base_states_rules(&from_demo), Some(true), "{from_demo}");
+    // A hand-written document without markers is judged on everything it has.
+    assert_eq!(
+        base_states_rules(r#"{"acls": [{"action": "accept"}]}"#),
+        Some(true)
+    );
+    assert_eq!(base_states_rules(r#"{"groups": {}}"#), Some(false));
+    assert_eq!(base_states_rules(""), Some(false));
+    assert_eq!(base_states_rules("{\"grants\": [,"), None);
+}
+
 /// Issue 26 item 3: an exit route reaches neither `autoApprovers` nor the catch-up
 /// approval, even when it comes in as an accepted contribution (the owner's check refuses it
 /// first; this is the renderer's own guard), and even with an owner egress inside it.

@@ -211,7 +211,7 @@ fn ports_valid(ip: &[String]) -> bool {
 
 /// A contributed route lies inside one of the contributor's `egressDestinations` (CIDRs or
 /// addresses; a host name limit covers no route).
-fn route_within_limits(route: &IpNet, limits: &[String]) -> bool {
+pub fn route_within_limits(route: &IpNet, limits: &[String]) -> bool {
     limits.iter().any(|limit| {
         limit
             .parse::<IpNet>()
@@ -499,6 +499,7 @@ mod tests {
                 egress_destinations: vec!["192.0.2.0/24".into(), "db.site.internal".into()],
                 dns_suffixes: vec!["cosmos.example.net".into()],
             },
+            keys: None,
         }
     }
 

@@ -1,11 +1,15 @@
 //! Access to a Tailnet and its Headscale server (gather step of every controller): the
 //! Tailnet object, its API key Secret, a Headscale client — or the problem that prevents it.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{ConfigMap, Secret as K8sSecret};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tailnet_api::Tailnet;
 use tailnet_api::conditions::reasons;
+use tailnet_api::owner_feed::{FEED_KEY, OwnerFeed, owner_keys_secret, parse_feed};
 use tailnet_headscale::{Client as HeadscaleClient, Secret};
 
 use super::agent::observation::TailnetView;
@@ -20,15 +24,35 @@ pub struct TailnetAccess {
     pub headscale: Result<HeadscaleClient, Problem>,
     /// The PEM bundle of `spec.serverCA` (when set and readable).
     pub server_ca: Option<String>,
+    /// A contributor without a Headscale key (no `spec.apiSecretRef`): the owner's feed
+    /// (keys and node facts) instead of a client, or why it cannot be used. `None`: the
+    /// installation has its own key.
+    pub feed: Option<Result<Arc<OwnerFeed>, Problem>>,
 }
 
 impl TailnetAccess {
-    /// What `decide` may know of it: the Tailnet, and whether Headscale can be used.
+    /// What `decide` may know of it: the Tailnet, and whether Headscale (or, without a key,
+    /// the owner's feed) can be used.
     pub fn view(&self) -> TailnetView {
+        let headscale = match &self.feed {
+            Some(feed) => feed.as_ref().map(|_| ()).map_err(Clone::clone),
+            None => self.headscale.as_ref().map(|_| ()).map_err(Clone::clone),
+        };
+        let owner_keys = match &self.feed {
+            Some(Ok(feed)) => Some(
+                feed.keys
+                    .iter()
+                    .filter_map(|k| Some((k.tag.clone(), k.expires.parse().ok()?)))
+                    .collect(),
+            ),
+            Some(Err(_)) => Some(BTreeMap::new()),
+            None => None,
+        };
         TailnetView {
             tailnet: self.tailnet.clone(),
-            headscale: self.headscale.as_ref().map(|_| ()).map_err(Clone::clone),
+            headscale,
             server_ca: self.server_ca.clone(),
+            owner_keys,
         }
     }
 }
@@ -83,6 +107,15 @@ pub async fn tailnet_access(ctx: &Context, name: &str) -> Result<TailnetAccess, 
         }
     };
     let server_ca = read_server_ca(ctx, &tailnet).await;
+    if tailnet.spec.api_secret_ref.is_none() {
+        let feed = read_owner_feed(ctx, &tailnet).await.map(Arc::new);
+        return Ok(TailnetAccess {
+            headscale: Err(no_api_key(&tailnet)),
+            server_ca: server_ca.ok().flatten(),
+            feed: Some(feed),
+            tailnet,
+        });
+    }
     let headscale = match (read_api_key(ctx, &tailnet).await, &server_ca) {
         (Ok(key), Ok(ca)) => ctx
             .headscale(&tailnet.spec.server, &key, ca.as_deref())
@@ -94,7 +127,71 @@ pub async fn tailnet_access(ctx: &Context, name: &str) -> Result<TailnetAccess, 
         tailnet,
         headscale,
         server_ca: server_ca.ok().flatten(),
+        feed: None,
     })
+}
+
+/// Why there is no Headscale client for a Tailnet without `spec.apiSecretRef`.
+pub fn no_api_key(tailnet: &Tailnet) -> Problem {
+    Problem::new(
+        reasons::AWAITING_OWNER,
+        format!(
+            "Tailnet {} has no spec.apiSecretRef: this installation holds no Headscale key and reads its agents' keys and node facts from Secret {} (written by the owner)",
+            tailnet.name_any(),
+            owner_keys_secret(&tailnet.name_any())
+        ),
+    )
+}
+
+/// The owner's feed for a keyless contributor: Secret `<tailnet>-owner-keys` (operator
+/// namespace), key `feed.json`, size-capped and checked for this Tailnet's tag prefix.
+pub async fn read_owner_feed(ctx: &Context, tailnet: &Tailnet) -> Result<OwnerFeed, Problem> {
+    let ns = &ctx.config.operator_namespace;
+    let name = owner_keys_secret(&tailnet.name_any());
+    let api: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), ns);
+    let read = from_cache_or_get(
+        &ctx.caches.operator_secrets,
+        &api,
+        &ObjectRef::new(&name).within(ns),
+    )
+    .await;
+    let awaiting = |what: String| {
+        Problem::new(
+            reasons::AWAITING_OWNER,
+            format!(
+                "{what}: the owner writes its Headscale facts and this installation's pre-auth keys there once its Tailnet lists this one under policy.contributors with keys (see docs/several-clusters.md); no API key is used here"
+            ),
+        )
+    };
+    let secret = match read {
+        Ok(Some(secret)) => secret,
+        Ok(None) => return Err(awaiting(format!("Secret {ns}/{name} does not exist yet"))),
+        Err(e) => {
+            return Err(Problem::new(
+                reasons::SECRET_UNREADABLE,
+                format!("reading Secret {ns}/{name}: {e}"),
+            ));
+        }
+    };
+    let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(FEED_KEY)) else {
+        return Err(awaiting(format!(
+            "Secret {ns}/{name} has no {FEED_KEY} yet"
+        )));
+    };
+    let feed = parse_feed(&bytes.0, &tailnet.spec.policy.tag_prefix).map_err(|e| {
+        Problem::new(
+            reasons::OWNER_FEED_INVALID,
+            format!("Secret {ns}/{name}: {e}; the owner rewrites it on its next poll"),
+        )
+    })?;
+    let valid_until = feed.valid_until.parse::<jiff::Timestamp>().ok();
+    match valid_until {
+        Some(until) if until > jiff::Timestamp::now() => Ok(feed),
+        _ => Err(awaiting(format!(
+            "the owner's facts in Secret {ns}/{name} expired at {:?} (the owner refreshes them while it lists this installation and can reach this cluster)",
+            feed.valid_until
+        ))),
+    }
 }
 
 /// The PEM bundle of the Tailnet's `spec.serverCA` (a ConfigMap key in the operator
@@ -161,7 +258,9 @@ pub async fn read_server_ca(ctx: &Context, tailnet: &Tailnet) -> Result<Option<S
 
 /// The Headscale API key from the Tailnet's `spec.apiSecretRef` (operator namespace).
 pub async fn read_api_key(ctx: &Context, tailnet: &Tailnet) -> Result<Secret, Problem> {
-    let reference = &tailnet.spec.api_secret_ref;
+    let Some(reference) = &tailnet.spec.api_secret_ref else {
+        return Err(no_api_key(tailnet));
+    };
     let ns = &ctx.config.operator_namespace;
     let api: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), ns);
     // Read on every reconcile of every resource: from the watch cache when it has it.

@@ -88,6 +88,7 @@ pub fn access(tailnet: Tailnet) -> TailnetView {
         tailnet,
         headscale: Ok(()),
         server_ca: None,
+        owner_keys: None,
     }
 }
 

@@ -6,7 +6,7 @@ use jsonc_parser::ast::Object;
 use jsonc_parser::tokens::TokenAndRange;
 
 use super::locate::Located;
-use super::{BEGIN_GENERATED, Entry, Plan};
+use super::{BEGIN_GENERATED, END_GENERATED, Entry, Plan};
 use crate::hujson::prop_name;
 use crate::hujson_edit::{Container, EditCtx, Edits, Line, comment_safe, expect_array, wrap_key};
 use crate::{MARKER_PREFIX, RenderError};
@@ -135,9 +135,6 @@ fn block(what: &str, entries: &[Entry]) -> Vec<Line> {
         lines.push(Line(0, format!("// {}", comment_safe(&e.comment))));
         lines.push(Line(0, format!("{},", e.json)));
     }
-    lines.push(Line(
-        0,
-        format!("// tailnet-operator: end generated {what}"),
-    ));
+    lines.push(Line(0, format!("// {END_GENERATED} {what}")));
     lines
 }

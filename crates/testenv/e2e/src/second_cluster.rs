@@ -179,20 +179,28 @@ impl SecondCluster {
     /// (docs/several-clusters.md): ServiceAccount `reader` in `namespace`, a Role allowing
     /// `get`/`watch` on ConfigMap `config_map` only, its RoleBinding (named `reader` too;
     /// delete it to revoke), and a kubeconfig (the lab URL, valid in both labs) whose only
-    /// user is a one-hour token of that ServiceAccount. Never log the kubeconfig.
+    /// user is a one-hour token of that ServiceAccount. With `owner_keys` (a contributor
+    /// without a Headscale key), the Role also allows `get`, `update`, `patch` on that one
+    /// Secret, which the owner writes its agents' keys into. Never log the kubeconfig.
     pub async fn fragment_reader(
         &self,
         namespace: &str,
         config_map: &str,
+        owner_keys: Option<&str>,
         reader: &str,
     ) -> Result<FragmentReader> {
         let client = self.client().await?;
         let apply = PatchParams::apply("tno-testenv").force();
+        let mut rules = vec![json!({"apiGroups": [""], "resources": ["configmaps"],
+                                    "resourceNames": [config_map], "verbs": ["get", "watch"]})];
+        if let Some(secret) = owner_keys {
+            rules.push(json!({"apiGroups": [""], "resources": ["secrets"],
+                              "resourceNames": [secret], "verbs": ["get", "update", "patch"]}));
+        }
         let objects = (
             json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": reader}}),
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": reader},
-                   "rules": [{"apiGroups": [""], "resources": ["configmaps"],
-                              "resourceNames": [config_map], "verbs": ["get", "watch"]}]}),
+                   "rules": rules}),
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": reader},
                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": reader},
                    "subjects": [{"kind": "ServiceAccount", "name": reader, "namespace": namespace}]}),

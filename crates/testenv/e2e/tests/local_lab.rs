@@ -29,6 +29,8 @@ fn the_local_lab_demo_runs_once() {
     for expected in [
         "demo: OK — egress",
         "demo: OK — ingress",
+        "demo: OK — lockdown refused: the live policy is unchanged",
+        "WouldLockDown",
         "HTTP/1.1 200",
         "tailnetegress.tailnet-operator.dev/team-a",
         "tailnetingress.tailnet-operator.dev/portal",

@@ -5,20 +5,19 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
-use tailnet_headscale::Client as HeadscaleClient;
 
 use super::super::context::Context;
 use super::super::error::ReconcileError;
 use super::super::kube_io::{Watched, apply_cached, apply_in};
 use super::decide::{AgentObjects, AgentPlan};
-use super::keys::act_on_agent_key;
+use super::keys::{KeySource, act_on_agent_key};
 use super::kind::AgentKind;
 
 pub async fn act<K: AgentKind>(
     ctx: &Context,
     object: &K::Object,
     plan: &AgentPlan<K>,
-    headscale: Option<&HeadscaleClient>,
+    keys: &KeySource,
 ) -> Result<K::Acted, ReconcileError> {
     let namespace = &plan.owner.namespace;
     if let Some(objects) = &plan.objects {
@@ -29,8 +28,10 @@ pub async fn act<K: AgentKind>(
     // (TS_AUTHKEY is optional, the Secret goes once the node exists) and waits for an
     // interactive login for a minute (fault e2e test: leader killed mid-apply). Also while
     // nothing is deployed: a spent key is retired once the node exists.
-    act_on_agent_key(ctx, object, headscale, &plan.owner, &plan.tag, &plan.key).await?;
-    if let Some(objects) = &plan.objects {
+    act_on_agent_key(ctx, object, keys, &plan.owner, &plan.tag, &plan.key).await?;
+    if let Some(objects) = &plan.objects
+        && !plan.hold_deployment
+    {
         apply_deployment(ctx, namespace, K::agent_objects(objects).deployment).await?;
     }
     Ok(acted)

@@ -97,6 +97,13 @@ pub fn node_online(c: &mut ConditionSet, nodes: &NodeList, node: Option<&Node>, 
                 format!("waiting for the agent to log in with its pre-auth key (valid until {expires})"),
             ),
         ),
+        (None, KeyState::AwaitingOwner) => c.fail(
+            types::NODE_ONLINE,
+            Problem::new(
+                reasons::AWAITING_OWNER_KEY,
+                "this installation holds no Headscale key: the owner writes a single-use pre-auth key for this agent's tag into Secret <tailnet>-owner-keys once the tag is live in its policy (see the Tailnet's FragmentLive); the agent logs in then",
+            ),
+        ),
         // Not reached: a key state of NodeExists comes with a node.
         (None, KeyState::NodeExists) => {}
     }

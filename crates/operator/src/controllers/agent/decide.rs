@@ -213,6 +213,9 @@ pub struct AgentPlan<K: Decide> {
     pub tag: String,
     pub objects: Option<K::Objects>,
     pub key: KeyAction,
+    /// A contributor without a Headscale key waits for the owner's key: the Deployment is not
+    /// applied yet (a pod started without its key waits for an interactive login instead).
+    pub hold_deployment: bool,
     /// The kind's own part.
     pub kind: K::Plan,
 }
@@ -283,6 +286,11 @@ pub fn decide<K: Decide>(
         planned.objects.is_some(),
         now,
     );
+    // Without a Headscale key, the owner's key for the tag (or waiting for it).
+    let identity = match &view.owner_keys {
+        Some(keys) => identity::from_owner(identity, keys.get(&planned.tag).copied(), now),
+        None => identity,
+    };
     if let Some(node) = identity.node() {
         status.record_node(node);
     }
@@ -293,6 +301,10 @@ pub fn decide<K: Decide>(
         owner: owner.clone(),
         tag,
         objects,
+        // Without a Headscale key: no pod before it has the owner's key (or a node).
+        hold_deployment: view.owner_keys.is_some()
+            && identity.node().is_none()
+            && !matches!(identity.key_state, identity::KeyState::Waiting { .. }),
         key: identity.key,
         kind: plan,
     };

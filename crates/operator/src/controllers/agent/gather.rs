@@ -2,10 +2,11 @@
 //! then what every agent shares (Headscale's node list, the auth Secret, the agent
 //! Deployment, the agent's own report), then the kind's own reads.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
-use tailnet_headscale::Client as HeadscaleClient;
 use tailnet_render::meta::Owner;
 
 use super::super::access::{TailnetAccess, tailnet_access_of};
@@ -13,21 +14,24 @@ use super::super::context::Context;
 use super::super::error::ReconcileError;
 use super::super::kube_io::from_cache_or_get;
 use super::super::status::Problem;
-use super::keys::gather_auth_secret;
+use super::super::tailnet::feed::node_of;
+use super::keys::{KeySource, gather_auth_secret};
 use super::kind::{AgentKind, GatherInput};
 use super::observation::{AgentObserved, Observation, nodes_unobservable};
 use super::report::agent_status;
 
-/// Everything `decide` needs of one object, read once, and the Headscale client for the act
-/// step (`None` when Headscale is not usable).
+/// Everything `decide` needs of one object, read once, and where the act step gets keys
+/// (this installation's Headscale client, or the owner's feed without a key).
 pub async fn gather<K: AgentKind>(
     ctx: &Context,
     object: &K::Object,
     intent: &K::Intent,
-) -> Result<(Observation<K::Observed>, Option<HeadscaleClient>), ReconcileError> {
+) -> Result<(Observation<K::Observed>, KeySource), ReconcileError> {
     let access = match tailnet_access_of(ctx, K::tailnet_name(object)).await {
         Ok(access) => access,
-        Err(problem) => return Ok((Observation::only_access(Err(problem)), None)),
+        Err(problem) => {
+            return Ok((Observation::only_access(Err(problem)), KeySource::Unusable));
+        }
     };
     let owner = Owner::from_meta(K::AGENT, object.meta(), &access.tailnet.name_any())?;
     let agent = gather_agent(ctx, &access, &owner).await?;
@@ -42,7 +46,12 @@ pub async fn gather<K: AgentKind>(
         agent,
         kind,
     };
-    Ok((observation, access.headscale.ok()))
+    let keys = match (&access.feed, access.headscale) {
+        (Some(Ok(feed)), _) => KeySource::Owner(feed.clone()),
+        (None, Ok(client)) => KeySource::Headscale(Box::new(client)),
+        _ => KeySource::Unusable,
+    };
+    Ok((observation, keys))
 }
 
 /// What every agent shares, as observed.
@@ -51,13 +60,15 @@ async fn gather_agent(
     access: &TailnetAccess,
     owner: &Owner,
 ) -> Result<AgentObserved, ReconcileError> {
-    let nodes = match &access.headscale {
-        Ok(headscale) => ctx
+    let nodes = match (&access.feed, &access.headscale) {
+        // Without a key: the nodes the owner wrote into the feed.
+        (Some(Ok(feed)), _) => Ok(Arc::new(feed.nodes.iter().map(node_of).collect())),
+        (Some(Err(_)), _) | (None, Err(_)) => Err(nodes_unobservable()),
+        (None, Ok(headscale)) => ctx
             .nodes
             .get(headscale.server(), || headscale.list_nodes())
             .await
             .map_err(|e| Problem::headscale(&e, format!("listing Headscale nodes failed: {e}"))),
-        Err(_) => Err(nodes_unobservable()),
     };
     let auth_secret = gather_auth_secret(ctx, owner).await?;
     let namespace = &owner.namespace;

@@ -167,6 +167,9 @@ pub enum KeyState {
     Waiting { expires: Timestamp },
     /// No agent is deployed yet, so no key is minted.
     NotDeployable,
+    /// A contributor without a Headscale key: the owner has not written a usable key for the
+    /// tag into the feed yet.
+    AwaitingOwner,
 }
 
 /// Keeps exactly one valid single-use key while no node exists, none once it does. Never
@@ -210,6 +213,37 @@ pub fn decide_key(
         KeyAction::Mint { held, expires },
         KeyState::Waiting { expires },
     )
+}
+
+/// The identity of a contributor's agent without a Headscale key: a planned mint takes the
+/// owner's key for the tag (`owner_key`: until when it is valid) when it is valid for long
+/// enough, else waits for it (nothing to mint here); a spent key is retired by deleting the
+/// auth Secret only (the owner expires what is unused). Other decisions stand.
+pub fn from_owner(
+    mut identity: Identity,
+    owner_key: Option<Timestamp>,
+    now: Timestamp,
+) -> Identity {
+    match identity.key {
+        KeyAction::Mint { held, .. } => match owner_key {
+            Some(expires) if expires > now + PENDING_KEY_MARGIN => {
+                identity.key = KeyAction::Mint { held, expires };
+                identity.key_state = KeyState::Waiting { expires };
+            }
+            _ => {
+                identity.key = KeyAction::Keep;
+                identity.key_state = KeyState::AwaitingOwner;
+            }
+        },
+        KeyAction::Retire { delete_secret, .. } => {
+            identity.key = KeyAction::Retire {
+                key_id: None,
+                delete_secret,
+            };
+        }
+        KeyAction::Keep => {}
+    }
+    identity
 }
 
 /// What an auth Secret says about its key (`None`: it does not exist).
@@ -387,6 +421,59 @@ mod tests {
         assert_eq!(
             confirm_mint(&KeyAction::Keep, &AuthSecret::Absent, now),
             KeyAction::Keep
+        );
+    }
+
+    /// Without a Headscale key the agent takes the owner's key for its tag, or waits for it
+    /// (`AwaitingOwner`); a spent one is retired without a Headscale call.
+    #[test]
+    fn a_keyless_agent_takes_the_owners_key_or_waits() {
+        let now = now();
+        let nodes: NodeList = Ok(std::sync::Arc::new(Vec::new()));
+        let fresh = || {
+            decide(
+                "tag:cob-a",
+                vec!["agent".into()],
+                &nodes,
+                &AuthSecret::Absent,
+                true,
+                now,
+            )
+        };
+        let owner = now + SignedDuration::from_mins(50);
+        let taken = from_owner(fresh(), Some(owner), now);
+        assert_eq!(
+            taken.key,
+            KeyAction::Mint {
+                held: None,
+                expires: owner
+            }
+        );
+        assert_eq!(taken.key_state, KeyState::Waiting { expires: owner });
+        for missing in [None, Some(now + SignedDuration::from_mins(1))] {
+            let waiting = from_owner(fresh(), missing, now);
+            assert_eq!(waiting.key, KeyAction::Keep);
+            assert_eq!(waiting.key_state, KeyState::AwaitingOwner);
+        }
+        let with_node: NodeList = Ok(std::sync::Arc::new(vec![node(1, "tag:cob-a", true)]));
+        let present = AuthSecret::Present {
+            key_id: Some(4),
+            expires: Some(owner),
+        };
+        let spent = decide(
+            "tag:cob-a",
+            vec!["agent".into()],
+            &with_node,
+            &present,
+            true,
+            now,
+        );
+        assert_eq!(
+            from_owner(spent, None, now).key,
+            KeyAction::Retire {
+                key_id: None,
+                delete_secret: true
+            }
         );
     }
 

@@ -3,12 +3,14 @@
 //! forgetting the identity when the resource goes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Secret as K8sSecret;
 use kube::Api;
 use kube::api::DeleteParams;
 use kube::runtime::reflector::ObjectRef;
+use tailnet_api::owner_feed::OwnerFeed;
 use tailnet_headscale::{Client as HeadscaleClient, CreatePreAuthKey};
 use tailnet_render::meta::Owner;
 
@@ -71,10 +73,31 @@ pub async fn read_secret(
         .map_err(ReconcileError::kube(format!("get Secret {name}")))
 }
 
-/// Carries out a key decision. Returns whether a key was minted.
+/// Where an agent's pre-auth keys come from in the act step.
+#[derive(Clone)]
+pub enum KeySource {
+    /// This installation's own Headscale key: it mints and expires keys.
+    Headscale(Box<HeadscaleClient>),
+    /// A contributor without a Headscale key: the owner's feed holds the keys.
+    Owner(Arc<OwnerFeed>),
+    /// Neither can be used now: nothing is done about keys.
+    Unusable,
+}
+
+impl KeySource {
+    /// The Headscale client, when this installation has one.
+    pub fn headscale(&self) -> Option<&HeadscaleClient> {
+        match self {
+            KeySource::Headscale(client) => Some(client.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// Carries out a key decision. Returns whether a key was minted (or taken from the owner).
 pub async fn act_on_key(
     ctx: &Context,
-    headscale: &HeadscaleClient,
+    source: &KeySource,
     owner: &Owner,
     tag: &str,
     action: &KeyAction,
@@ -88,7 +111,7 @@ pub async fn act_on_key(
             key_id,
             delete_secret,
         } => {
-            if let Some(id) = key_id
+            if let (Some(id), Some(headscale)) = (key_id, source.headscale())
                 && let Err(e) = headscale.expire_pre_auth_key(*id).await
             {
                 tracing::debug!(key_id = id, error = %e, "expiring a used pre-auth key failed");
@@ -105,9 +128,52 @@ pub async fn act_on_key(
         }
         KeyAction::Mint { .. } => {
             ctx.applied.forget(&child);
-            mint(ctx, headscale, owner, tag, action, &secrets).await
+            match source {
+                KeySource::Headscale(headscale) => {
+                    mint(ctx, headscale.as_ref(), owner, tag, action, &secrets).await
+                }
+                KeySource::Owner(feed) => take_owners_key(owner, tag, action, feed, &secrets).await,
+                KeySource::Unusable => Ok(false),
+            }
         }
     }
+}
+
+/// The auth Secret holding `key` (id and expiry annotated; the key itself nowhere else).
+fn auth_secret_with(owner: &Owner, key: &str, id: u64, expires: &Timestamp) -> K8sSecret {
+    let mut secret = tailnet_render::pod::auth_secret(owner, key);
+    secret.metadata.annotations = Some(BTreeMap::from([
+        (KEY_ID_ANNOTATION.to_string(), id.to_string()),
+        (KEY_EXPIRES_ANNOTATION.to_string(), expires.to_string()),
+    ]));
+    secret
+}
+
+/// A contributor without a Headscale key: copies the owner's key for `tag` from the feed
+/// into the agent's auth Secret, after the same strong read as a mint. Returns whether it did.
+async fn take_owners_key(
+    owner: &Owner,
+    tag: &str,
+    action: &KeyAction,
+    feed: &OwnerFeed,
+    secrets: &Api<K8sSecret>,
+) -> Result<bool, ReconcileError> {
+    let name = owner.names().auth_secret;
+    let fresh = secrets
+        .get_opt(&name)
+        .await
+        .map_err(ReconcileError::kube(format!("get Secret {name}")))?;
+    let KeyAction::Mint { expires, .. } =
+        confirm_mint(action, &auth_secret_of(fresh.as_ref()), Timestamp::now())
+    else {
+        return Ok(false);
+    };
+    let Some(key) = feed.keys.iter().find(|k| k.tag == tag) else {
+        return Ok(false);
+    };
+    let secret = auth_secret_with(owner, &key.key, key.id, &expires);
+    apply(secrets, &name, &secret).await?;
+    Ok(true)
 }
 
 /// Mints a key for `tag` after a strong read of the auth Secret (see [`confirm_mint`]),
@@ -162,11 +228,7 @@ async fn mint(
     let key = minted.map_err(ReconcileError::headscale(format!(
         "mint pre-auth key for {tag}"
     )))?;
-    let mut secret = tailnet_render::pod::auth_secret(owner, key.key.expose());
-    secret.metadata.annotations = Some(BTreeMap::from([
-        (KEY_ID_ANNOTATION.to_string(), key.id.to_string()),
-        (KEY_EXPIRES_ANNOTATION.to_string(), expires.to_string()),
-    ]));
+    let secret = auth_secret_with(owner, key.key.expose(), key.id, expires);
     if let Err(e) = apply(secrets, &name, &secret).await {
         // Do not leave a valid key behind that nobody holds.
         let _ = headscale.expire_pre_auth_key(key.id).await;
@@ -175,12 +237,13 @@ async fn mint(
     Ok(true)
 }
 
-/// Carries out a key decision for an agent of `object` when Headscale is usable (`headscale`
-/// is its client), and publishes `PreAuthKeyMinted` when a key was minted.
+/// Carries out a key decision for an agent of `object` (`source`: where keys come from), and
+/// publishes `PreAuthKeyMinted` (or, from the owner, `PreAuthKeyReceived`) when a key went
+/// into the auth Secret.
 pub async fn act_on_agent_key<K>(
     ctx: &Context,
     object: &K,
-    headscale: Option<&HeadscaleClient>,
+    source: &KeySource,
     owner: &Owner,
     tag: &str,
     action: &KeyAction,
@@ -188,19 +251,31 @@ pub async fn act_on_agent_key<K>(
 where
     K: kube::Resource<DynamicType = ()>,
 {
-    let (Some(headscale), false) = (headscale, *action == KeyAction::Keep) else {
+    if matches!(source, KeySource::Unusable) || *action == KeyAction::Keep {
         return Ok(());
-    };
-    if act_on_key(ctx, headscale, owner, tag, action).await?
+    }
+    if act_on_key(ctx, source, owner, tag, action).await?
         && let KeyAction::Mint { expires, .. } = action
     {
+        let (reason, note) = match source {
+            KeySource::Owner(_) => (
+                "PreAuthKeyReceived",
+                format!(
+                    "took the single-use pre-auth key the owner wrote for {tag}, valid until {expires}"
+                ),
+            ),
+            _ => (
+                "PreAuthKeyMinted",
+                format!("minted a single-use pre-auth key for {tag}, valid until {expires}"),
+            ),
+        };
         event(
             ctx,
             object,
             kube::runtime::events::EventType::Normal,
-            "PreAuthKeyMinted",
+            reason,
             "Reconcile",
-            format!("minted a single-use pre-auth key for {tag}, valid until {expires}"),
+            note,
         )
         .await;
     }

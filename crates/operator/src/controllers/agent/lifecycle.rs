@@ -132,6 +132,10 @@ pub async fn cleanup<K: AgentKind>(
         tracing::warn!(object = %object.meta().name.clone().unwrap_or_default(), "no tag of its own: leaving Headscale alone");
         return Ok(Action::await_change());
     };
+    let owner = Owner::from_meta(K::AGENT, object.meta(), &access.tailnet.name_any())?;
+    if access.feed.is_some() {
+        return cleanup_keyless(ctx, object, &owner, &tag).await;
+    }
     let headscale = match &access.headscale {
         Ok(headscale) => headscale,
         Err(problem) => {
@@ -145,7 +149,6 @@ pub async fn cleanup<K: AgentKind>(
     // Stop the agent first: a pod that is still running (or still starting) can register a
     // node after its identity was forgotten and leave it behind (seen in the egress e2e
     // test). Garbage collection would only stop it after the finalizer is gone: too late.
-    let owner = Owner::from_meta(K::AGENT, object.meta(), &access.tailnet.name_any())?;
     stop_agent(ctx, &owner).await?;
     let hostnames = K::hostnames(&owner.names(), &tag);
     forget_identity(headscale, &tag, &hostnames).await?;
@@ -164,6 +167,36 @@ pub async fn cleanup<K: AgentKind>(
         "Cleaned",
         "Reconcile",
         format!("deleted the Headscale node(s) and expired the keys of {tag}"),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+/// Deletion without a Headscale key (a contributor fed by the owner): the agent is stopped and
+/// nothing is asked of Headscale. The owner expires the tag's unused keys once the tag leaves
+/// the fragment; the node stays registered (offline, its grants gone) until a Headscale admin
+/// deletes it.
+async fn cleanup_keyless<O>(
+    ctx: &Context,
+    object: &O,
+    owner: &Owner,
+    tag: &str,
+) -> Result<Action, ReconcileError>
+where
+    O: kube::Resource<DynamicType = ()>,
+{
+    stop_agent(ctx, owner).await?;
+    ctx.applied
+        .forget_prefixed(&owner.namespace, &owner.names().base);
+    event(
+        ctx,
+        object,
+        EventType::Normal,
+        "Cleaned",
+        "Reconcile",
+        format!(
+            "stopped the agent of {tag}; this installation holds no Headscale key: the owner expires the tag's unused pre-auth keys once it leaves the fragment, and its node stays in Headscale (offline) until an admin deletes it"
+        ),
     )
     .await;
     Ok(Action::await_change())

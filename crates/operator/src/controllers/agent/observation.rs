@@ -1,6 +1,7 @@
 //! What the generic gather step observed about an agent-backed resource, as plain data (no
 //! I/O here: `decide` reads these, `gather.rs` fills them).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -23,6 +24,9 @@ pub struct TailnetView {
     pub headscale: Result<(), Problem>,
     /// The PEM bundle of `spec.serverCA` (given to the agents' tailscale containers).
     pub server_ca: Option<String>,
+    /// A contributor without a Headscale key: the tags the owner wrote a pre-auth key for,
+    /// and until when it is valid (`None`: this installation mints its own keys).
+    pub owner_keys: Option<BTreeMap<String, Timestamp>>,
 }
 
 /// What the gather step knows of the agent's auth Secret.

@@ -85,12 +85,12 @@ async fn apply<K: AgentKind>(object: &K::Object, ctx: &Context) -> Result<Action
     let status = match validated::<K>(object, Timestamp::now()) {
         Err(refused) => refused.status,
         Ok(intent) => {
-            let (observed, headscale) = gather::<K>(ctx, object, &intent).await?;
+            let (observed, keys) = gather::<K>(ctx, object, &intent).await?;
             let now = Timestamp::now();
             let decision = decide::<K>(object, &intent, &observed, &ctx.config, now)?;
             match &decision.agent {
                 Some(plan) => {
-                    let acted = act::<K>(ctx, object, plan, headscale.as_ref()).await?;
+                    let acted = act::<K>(ctx, object, plan, &keys).await?;
                     K::amend(object, decision.status, &acted, now)
                 }
                 None => decision.status,

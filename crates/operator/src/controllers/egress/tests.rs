@@ -217,6 +217,21 @@ fn cases() -> Vec<Case> {
             vec![(types::NODE_ONLINE, "False", reasons::NODE_NOT_REGISTERED)],
         ),
         case(
+            "no Headscale key, the owner has not written one for the tag yet",
+            &ip,
+            with(|o| {
+                o.agent.nodes = Ok(Arc::new(vec![fx::router(
+                    &["192.0.2.0/24"],
+                    &["192.0.2.0/24"],
+                )]));
+                o.agent.auth_secret = AuthSecret::Absent;
+                if let Ok(view) = &mut o.access {
+                    view.owner_keys = Some(Default::default());
+                }
+            }),
+            vec![(types::NODE_ONLINE, "False", reasons::AWAITING_OWNER_KEY)],
+        ),
+        case(
             "agent not ready",
             &ip,
             with(|o| o.agent.deployment = Some(fx::deployment(0))),

@@ -284,6 +284,18 @@ fn tailnet_and_headscale_cases() -> Vec<Case> {
             vec![(types::NODE_ONLINE, "False", reasons::NODE_NOT_REGISTERED)],
         ),
         case(
+            "no Headscale key, the owner has not written one for the tag yet",
+            &i,
+            with(|o| {
+                o.agent.nodes = Ok(Arc::new(vec![]));
+                o.agent.auth_secret = AuthSecret::Absent;
+                if let Ok(view) = &mut o.access {
+                    view.owner_keys = Some(Default::default());
+                }
+            }),
+            vec![(types::NODE_ONLINE, "False", reasons::AWAITING_OWNER_KEY)],
+        ),
+        case(
             "agent not ready",
             &i,
             with(|o| o.agent.deployment = Some(fx::deployment(0))),

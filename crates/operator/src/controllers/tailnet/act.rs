@@ -242,3 +242,37 @@ pub fn condition_metrics(ctx: &Context, status: &TailnetStatus) {
             .set(1);
     }
 }
+
+/// A contributor without a Headscale key: creates Secret `<tailnet>-owner-keys` (empty,
+/// owned by the Tailnet) when it does not exist, so that the owner, whose Role there allows
+/// only `get`, `update` and `patch` on that one name, can write its feed. Never overwrites it.
+pub async fn ensure_owner_keys_secret(
+    ctx: &Context,
+    tailnet: &Tailnet,
+) -> Result<(), ReconcileError> {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::PostParams;
+    use kube::runtime::reflector::ObjectRef;
+    let ns = &ctx.config.operator_namespace;
+    let name = tailnet_api::owner_feed::owner_keys_secret(&tailnet.name_any());
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let existing = super::super::kube_io::from_cache_or_get(
+        &ctx.caches.operator_secrets,
+        &api,
+        &ObjectRef::new(&name).within(ns),
+    )
+    .await
+    .map_err(ReconcileError::kube(format!("get Secret {name}")))?;
+    if existing.is_some() {
+        return Ok(());
+    }
+    let secret = Secret {
+        metadata: super::contributions::owned_meta(tailnet, &ctx.config, name.clone()),
+        ..Secret::default()
+    };
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(ReconcileError::kube(format!("create Secret {name}"))(e)),
+    }
+}

@@ -114,6 +114,8 @@ pub struct TailnetPlan {
     /// Owner with merged contributions: the same sync without each contributor's entries in
     /// turn (then without all of them), for when Headscale refuses the merged document.
     pub exclusions: Vec<Exclusion>,
+    /// Owner: each contributor's accepted tags (the keys it may get, see `feed.rs`).
+    pub contributed_tags: BTreeMap<String, Vec<String>>,
 }
 
 /// What the owner applies instead when Headscale refuses the merged document and accepts it
@@ -334,6 +336,13 @@ pub fn plan(
     let composed = compose(&role, tailnet, observed, config, desired, &mut c, now);
     status.contributors = composed.merge.statuses.clone();
     let mut policy = previous.policy.clone().unwrap_or_default();
+    if role == Role::Contributor
+        && tailnet.spec.api_secret_ref.is_none()
+        && live_policy(observed).is_none()
+    {
+        // Without a key, no (or an expired) feed from the owner: nothing is known to be live.
+        policy.effective_for.clear();
+    }
     policy.rendered_hash = composed.rendered.as_ref().map(|r| sha256(&r.document));
     if let Some(rendered) = &composed.rendered {
         policy.summary = Some(short_summary(rendered));
@@ -374,7 +383,13 @@ pub fn plan(
         .store
         .as_ref()
         .map(|store| contributions::store_object(tailnet, config, store));
+    let contributed_tags = merge
+        .contributions
+        .iter()
+        .map(|c| (c.contributor.clone(), c.tags.clone()))
+        .collect();
     TailnetPlan {
+        contributed_tags,
         fragment: target.fragment,
         contribution_store,
         role,
@@ -557,6 +572,18 @@ fn reachability(
         }
     };
     match &observed.headscale {
+        Ok(version) if tailnet.spec.api_secret_ref.is_none() => {
+            status.headscale_version = Some(version.clone());
+            c.ok(
+                types::HEADSCALE_REACHABLE,
+                reasons::REACHABLE,
+                with_note(format!(
+                    "Headscale {version} at {}, as the owner reports it in Secret {}: this installation holds no Headscale key (its agents' pre-auth keys and node facts come from that Secret)",
+                    tailnet.spec.server,
+                    tailnet_api::owner_feed::owner_keys_secret(&tailnet.name_any())
+                )),
+            );
+        }
         Ok(version) => {
             status.headscale_version = Some(version.clone());
             c.ok(
@@ -1014,21 +1041,28 @@ fn apply_step(sync: &PolicySync, previous: &TailnetStatus) -> PolicyStep {
 
 /// Why applying `sync` would lock the tailnet down by surprise, or `None`. The document
 /// turns a base without rules deny-by-default (not accepted by the Tailnet); that is a
-/// surprise unless the live policy already is ours and states rules (deny-by-default
-/// already, since an earlier apply). A live policy that does not parse counts as a surprise.
+/// surprise unless the live policy already is ours and was rendered from a rule-less base as
+/// well (deny-by-default already, since an earlier accepted apply: only generated parts
+/// change). A live policy of ours whose base part had rules would lose them; a foreign live
+/// policy allows all or has rules of its own; one that does not parse is not known.
 pub fn lockdown_refusal(sync: &PolicySync) -> Option<String> {
     if !sync.locks_down {
         return None;
     }
     let ours = tailnet_policy::ownership_marker(&sync.document);
     let live_is_ours = ours.is_some() && tailnet_policy::ownership_marker(&sync.live) == ours;
-    if live_is_ours && tailnet_policy::states_rules(&sync.live) == Some(true) {
-        return None;
-    }
-    let now = match tailnet_policy::states_rules(&sync.live) {
-        Some(false) => "the live policy allows all (neither acls nor grants)",
-        Some(true) => "the live policy's own rules would be replaced",
-        None => "the live policy does not parse",
+    let now = if live_is_ours {
+        match tailnet_policy::base_states_rules(&sync.live) {
+            Some(false) => return None,
+            Some(true) => "the live policy's rules from the earlier base would be dropped",
+            None => "the live policy does not parse",
+        }
+    } else {
+        match tailnet_policy::states_rules(&sync.live) {
+            Some(false) => "the live policy allows all (neither acls nor grants)",
+            Some(true) => "the live policy's own rules would be replaced",
+            None => "the live policy does not parse",
+        }
     };
     Some(format!(
         "the base states no acls or grants (Headscale's allow-all) and {now}: applying adds deny-by-default for everything but the generated grants; give the base its own rules (docs/prerequisites.md has a starter that keeps today's access) or accept the change with spec.policy.acceptedNotices: [BaseHadNoRules]"
@@ -1206,6 +1240,15 @@ fn unknown(reason: &'static str, message: String) -> PolicyOutcome {
         event: None,
         applied: false,
         written: false,
+    }
+}
+
+/// The policy Headscale enforces after the act step: the document just written, else the
+/// live one as observed.
+pub fn live_after<'p>(plan: &'p TailnetPlan, outcome: Option<&PolicyOutcome>) -> Option<&'p str> {
+    match (outcome, &plan.sync) {
+        (Some(outcome), Some(sync)) if outcome.written => Some(sync.document.as_str()),
+        _ => plan.live_policy.as_deref(),
     }
 }
 

@@ -18,12 +18,13 @@ use tailnet_policy::ObservedNode;
 use tailnet_render::backends::ObjectKey;
 use tailnet_render::dns::{EXTRA_RECORDS_KEY, HOSTS_KEY, SERVER_BLOCK_KEY};
 
-use super::super::access::{read_api_key, read_server_ca};
+use super::super::access::{read_api_key, read_owner_feed, read_server_ca};
 use super::super::context::Context;
 use super::super::entrances::services_of;
 use super::super::error::ReconcileError;
 use super::super::status::Problem;
 use super::contributions::{parse_store, store_config_map};
+use super::feed::node_of;
 use super::locations::{BASE_POLICY_KEY, dns_config_map_location};
 // The observation's types live in a module without I/O (decide reads them); re-exported
 // here for callers that name them by the step that fills them.
@@ -109,6 +110,24 @@ async fn observe_headscale(ctx: &Context, tailnet: &Tailnet) -> HeadscaleState {
         live_policy: None,
         api_key: None,
     };
+    if tailnet.spec.api_secret_ref.is_none() {
+        // A contributor without a key: what the owner wrote into its Secret.
+        return match read_owner_feed(ctx, tailnet).await {
+            Ok(feed) => HeadscaleState {
+                client: None,
+                version: Ok(feed.headscale_version.clone()),
+                nodes: Some(
+                    feed.nodes
+                        .iter()
+                        .map(|n| observed_node(&node_of(n)))
+                        .collect(),
+                ),
+                live_policy: feed.live_policy,
+                api_key: None,
+            },
+            Err(problem) => failed(problem),
+        };
+    }
     let key = match read_api_key(ctx, tailnet).await {
         Ok(key) => key,
         Err(problem) => return failed(problem),
@@ -279,25 +298,9 @@ async fn read_fragment(ctx: &Context, contributor: &Contributor) -> Result<Strin
     ) {
         (Some(name), _) => (ctx.client.clone(), ns.clone(), name.clone()),
         (None, Some(source)) => {
-            let secret_name = &source.secret_ref.name;
-            let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-                Api::namespaced(ctx.client.clone(), ns);
-            let secret = secrets
-                .get_opt(secret_name)
+            let client = kubeconfig_client(ctx, &source.secret_ref)
                 .await
-                .map_err(|e| unreadable(format!("reading Secret {ns}/{secret_name}: {e}")))?;
-            let bytes = secret
-                .and_then(|s| s.data)
-                .and_then(|d| d.get(&source.secret_ref.key).cloned())
-                .ok_or_else(|| {
-                    unreadable(format!(
-                        "Secret {ns}/{secret_name} has no key {:?} (the contributor's kubeconfig)",
-                        source.secret_ref.key
-                    ))
-                })?;
-            let client = contributor_client(&bytes.0, ctx.config.headscale_timeout)
-                .await
-                .map_err(|e| unreadable(format!("Secret {ns}/{secret_name}: {e}")))?;
+                .map_err(unreadable)?;
             (client, source.namespace.clone(), source.config_map.clone())
         }
         (None, None) => {
@@ -331,6 +334,34 @@ async fn read_fragment(ctx: &Context, contributor: &Contributor) -> Result<Strin
         })
 }
 
+/// A client for a contributor's cluster from the kubeconfig in Secret `reference` (operator
+/// namespace), honoured as [`contributor_client`] says. The error names the Secret and the
+/// field, never a value.
+pub async fn kubeconfig_client(
+    ctx: &Context,
+    reference: &tailnet_api::common::KeyRef,
+) -> Result<kube::Client, String> {
+    let ns = &ctx.config.operator_namespace;
+    let secret_name = &reference.name;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let secret = secrets
+        .get_opt(secret_name)
+        .await
+        .map_err(|e| format!("reading Secret {ns}/{secret_name}: {e}"))?;
+    let bytes = secret
+        .and_then(|s| s.data)
+        .and_then(|d| d.get(&reference.key).cloned())
+        .ok_or_else(|| {
+            format!(
+                "Secret {ns}/{secret_name} has no key {:?} (the contributor's kubeconfig)",
+                reference.key
+            )
+        })?;
+    contributor_client(&bytes.0, ctx.config.headscale_timeout)
+        .await
+        .map_err(|e| format!("Secret {ns}/{secret_name}: {e}"))
+}
+
 /// Why a capped read gave no ConfigMap.
 #[derive(Debug, thiserror::Error)]
 pub enum CappedReadError {
@@ -342,7 +373,7 @@ pub enum CappedReadError {
     Body(#[source] kube::Error),
     #[error("HTTP {status}")]
     Status { status: u16 },
-    #[error("the answer is not a ConfigMap")]
+    #[error("the answer is not the object asked for")]
     Decode(#[source] serde_json::Error),
 }
 
@@ -355,7 +386,21 @@ pub async fn get_config_map_capped(
     name: &str,
     limit: usize,
 ) -> Result<Option<ConfigMap>, CappedReadError> {
-    let request = http::Request::get(format!("/api/v1/namespaces/{namespace}/configmaps/{name}"))
+    get_capped(
+        client,
+        &format!("/api/v1/namespaces/{namespace}/configmaps/{name}"),
+        limit,
+    )
+    .await
+}
+
+/// A GET of `path` read with a byte cap, as [`get_config_map_capped`]; `Ok(None)` on 404.
+pub async fn get_capped<T: serde::de::DeserializeOwned>(
+    client: &kube::Client,
+    path: &str,
+    limit: usize,
+) -> Result<Option<T>, CappedReadError> {
+    let request = http::Request::get(path)
         .body(kube::client::Body::from(Vec::new()))
         .map_err(|e| CappedReadError::Request(kube::Error::HttpError(e)))?;
     let response = client

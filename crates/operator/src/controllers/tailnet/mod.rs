@@ -7,8 +7,10 @@
 pub mod act;
 pub mod contributions;
 pub mod decide;
+pub mod deliver;
 pub mod dns;
 pub mod effective;
+pub mod feed;
 pub mod gather;
 pub mod kubeconfig;
 pub mod locations;
@@ -58,6 +60,11 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
         write_status(ctx, &api, tailnet, &previous, &status).await?;
         return Ok(poll);
     }
+    if tailnet.spec.api_secret_ref.is_none()
+        && role::Role::of(&tailnet.spec.policy) == role::Role::Contributor
+    {
+        act::ensure_owner_keys_secret(ctx, tailnet).await?;
+    }
     let (observed, client) = gather::gather(ctx, tailnet).await?;
     let mut plan = decide::plan(tailnet, &observed, &ctx.config, Timestamp::now());
     act::plan_metrics(ctx, tailnet, &observed, &plan);
@@ -66,12 +73,24 @@ async fn reconcile_tailnet(tailnet: &Tailnet, ctx: &Context) -> Result<Action, R
     decide::keep_store_unless_accepted(&mut plan, outcome.as_ref());
     let approvals = decide::approvals_after(&plan, outcome.as_ref());
     act::approve_routes(ctx, tailnet, client.as_ref(), approvals).await;
+    // Keyless contributors: their agents' keys and node facts, through their kubeconfig.
+    let version = observed.headscale.as_ref().ok().map(String::as_str);
+    let delivered = deliver::deliver(
+        ctx,
+        tailnet,
+        client.as_ref(),
+        &plan,
+        outcome.as_ref(),
+        version,
+    )
+    .await;
     // The status is written whatever becomes of the DNS and store writes (one failed write
     // must not freeze the owner's status); their first error is returned afterwards, so the
     // reconcile is retried with backoff.
     let dns_written = act::write_dns(ctx, &plan).await;
     let store_written = act::write_contributions(ctx, &plan).await;
-    let status = decide::finish(plan, outcome.as_ref());
+    let mut status = decide::finish(plan, outcome.as_ref());
+    deliver::record(&mut status, &delivered);
     act::condition_metrics(ctx, &status);
     write_status(ctx, &api, tailnet, &previous, &status).await?;
     dns_written?;

@@ -851,6 +851,20 @@ fn accepting(mut t: Tailnet) -> Tailnet {
 /// lockdown of ours lets it through.
 fn lockdown_cases() -> Vec<Case> {
     let ours_locked = document_of(&accepting(tailnet()), &ruleless(""), &config());
+    // The base had a rule of its own (an empty `grants` list would be deny-by-default
+    // already: no rule of the base is lost, like `ours_locked`).
+    let ours_with_rules = document_of(
+        &tailnet(),
+        &TailnetObservation {
+            base: Ok(Some(BASE.replace(
+                r#""grants": []"#,
+                r#""grants": [{"src": ["group:platform"], "dst": ["*"], "ip": ["*"]}]"#,
+            ))),
+            egresses: vec![egress()],
+            ..observation()
+        },
+        &config(),
+    );
     vec![
         Case {
             more: |run| {
@@ -945,6 +959,24 @@ fn lockdown_cases() -> Vec<Case> {
                 // changed: the PUT changes nothing outside the generated parts.
                 ruleless(&ours_locked.replacen("5432", "5433", 1)),
                 vec![(types::POLICY_APPLIED, "True", reasons::APPLIED)],
+            )
+        },
+        Case {
+            more: |run| {
+                assert_eq!(run.puts, 0, "the base's rules must not vanish silently");
+                let c = conditions::find(&run.status.conditions, types::POLICY_APPLIED)
+                    .expect("PolicyApplied");
+                assert!(
+                    c.message
+                        .contains("rules from the earlier base would be dropped"),
+                    "{}",
+                    c.message
+                );
+            },
+            ..case(
+                "the live policy is ours, rendered from a base with rules that are now gone",
+                ruleless(&ours_with_rules),
+                vec![(types::POLICY_APPLIED, "False", reasons::WOULD_LOCK_DOWN)],
             )
         },
         Case {

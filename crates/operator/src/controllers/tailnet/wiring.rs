@@ -136,7 +136,8 @@ fn by_config_map(
     }
 }
 
-/// The Tailnets whose API key a Secret holds.
+/// The Tailnets whose API key a Secret holds, or (a contributor without a key) whose owner's
+/// feed it is.
 fn by_secret(
     tailnets: Store<Tailnet>,
 ) -> impl Fn(Secret) -> Vec<ObjectRef<Tailnet>> + Send + Sync + 'static {
@@ -145,7 +146,10 @@ fn by_secret(
         tailnets
             .state()
             .iter()
-            .filter(|t| t.spec.api_secret_ref.name == name)
+            .filter(|t| match &t.spec.api_secret_ref {
+                Some(reference) => reference.name == name,
+                None => tailnet_api::owner_feed::owner_keys_secret(&t.name_any()) == name,
+            })
             .map(|t| ObjectRef::from_obj(&**t))
             .collect::<Vec<_>>()
     }

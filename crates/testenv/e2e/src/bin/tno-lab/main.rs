@@ -10,6 +10,8 @@ use tno_testenv::E2eEnv;
 use tno_testenv_kube::binaries::Binaries;
 use tno_testenv_kube::{KubeEnv, KubeEnvOptions};
 
+mod lockdown;
+
 #[derive(Parser)]
 #[command(
     about = "The tailnet-operator local lab: etcd, kube-apiserver, controller-manager, test \
@@ -227,7 +229,8 @@ fn example(file: &str) -> Result<serde_json::Value, String> {
 /// example TailnetEgress and TailnetIngress. Then a pod in team-a sends bytes to
 /// remote-db.tailnet-system.svc.cluster.local:5432 and gets them echoed by 192.0.2.10:5432
 /// behind the site's subnet router, and the laptop (alice, group:team-a) opens
-/// https://portal.team-a.lab.example.net through the tailnet.
+/// https://portal.team-a.lab.example.net through the tailnet. Last, the lockdown guard
+/// ([`lockdown::demo`]).
 async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
     let client = env.kube().client().await.map_err(|e| e.to_string())?;
     let apply = PatchParams::apply("tno-lab").force();
@@ -267,6 +270,7 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
     };
     demo_egress(env, &client, &apply).await?;
     demo_ingress(env, &client, &apply, &admin_tls, &ca_pem).await?;
+    lockdown::demo(env, &client, &state.operator).await?;
     print_kubectl(env, &["get", "tailnet,tailnetegress,tailnetingress", "-A"]);
     println!(
         "demo: success — one egress connection and one HTTPS ingress request crossed the tailnet."
@@ -526,6 +530,7 @@ async fn run_second_cluster_demo(
         .fragment_reader(
             OPERATOR_NAMESPACE,
             "cosmos-policy-fragment",
+            None,
             "policy-owner-reader",
         )
         .await
