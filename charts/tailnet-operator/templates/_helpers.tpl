@@ -80,6 +80,10 @@ anything not listed).
   resources: [namespaces]
   resourceNames: [kube-system]
   verbs: [get]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  resourceNames: [kubernetes]
+  verbs: [get]
 {{- end -}}
 
 {{- /* Where TailnetIngresses, Services of the tailnet loadBalancerClass and their agents live: the ClusterRole (whole cluster) or a Role in each watched namespace. */ -}}
@@ -101,7 +105,7 @@ anything not listed).
   verbs: [get, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services/status]
   verbs: [patch]

@@ -175,6 +175,19 @@ pub fn validate(config: &AgentConfig) -> Result<(), ConfigError> {
             }
         }
     }
+    // In-cluster twins of the ingress listeners bind the pod IP, beside admin and egress.
+    if config.in_cluster {
+        for (index, listener) in config.ingress.iter().enumerate() {
+            let port = match listener {
+                IngressListener::Tcp { port, .. } | IngressListener::Http { port, .. } => *port,
+            };
+            claim_port(
+                &mut pod_ip_ports,
+                port,
+                &format!("ingress[{index}].port (inCluster: also on the pod IP)"),
+            )?;
+        }
+    }
     if has_http && config.tls.is_none() {
         return Err(invalid(
             "tls",
@@ -333,6 +346,32 @@ mod tests {
     #[test]
     fn accepts_a_rendered_config() {
         assert!(config(base()).is_ok());
+    }
+
+    /// `inCluster` binds every ingress port on the pod IP too, where the admin port and the
+    /// egress listeners are: a collision there fails loudly.
+    #[test]
+    fn in_cluster_ports_must_not_collide_on_the_pod_ip() {
+        let mut in_cluster = base();
+        in_cluster["egress"] = json!([]);
+        in_cluster["inCluster"] = json!(true);
+        assert!(config(in_cluster.clone()).expect("valid").in_cluster);
+        let mut on_admin = in_cluster.clone();
+        on_admin["ingress"][0]["port"] = json!(9180);
+        assert_eq!(
+            error_field(on_admin.clone()),
+            "ingress[0].port (inCluster: also on the pod IP)"
+        );
+        // Without inCluster the same port is only on loopback.
+        on_admin["inCluster"] = json!(false);
+        assert!(config(on_admin).is_ok());
+        let mut on_egress = in_cluster;
+        on_egress["egress"] = base()["egress"].clone();
+        on_egress["egress"][0]["listenPort"] = json!(443);
+        assert_eq!(
+            error_field(on_egress),
+            "ingress[1].port (inCluster: also on the pod IP)"
+        );
     }
 
     #[test]

@@ -76,6 +76,10 @@ pub struct ProxyDefaults {
 /// Everything an `http` listener serves for one config generation.
 pub struct HttpSite {
     pub listener: String,
+    /// Serves in-cluster clients on the pod IP (split horizon): their connections are never
+    /// looked up in tailscaled (no tailnet identity headers; the ones a client sends are
+    /// dropped as always).
+    in_cluster: bool,
     routes: RouteTable,
     acceptor: TlsAcceptor,
     backends: HashMap<String, Arc<RouteBackend>>,
@@ -97,6 +101,13 @@ struct RouteBackend {
 }
 
 impl HttpSite {
+    /// The same site for in-cluster clients (`true`): no whois, no identity headers.
+    #[must_use]
+    pub fn in_cluster(mut self, in_cluster: bool) -> Self {
+        self.in_cluster = in_cluster;
+        self
+    }
+
     pub fn new(
         listener: String,
         routes: &[tailnet_api::agent_config::HttpRoute],
@@ -145,6 +156,7 @@ impl HttpSite {
         }
         Ok(HttpSite {
             listener,
+            in_cluster: false,
             routes: table,
             acceptor,
             backends,
@@ -281,8 +293,13 @@ pub async fn serve_connection(
     let (_, session) = tls.get_ref();
     let sni = session.server_name().map(str::to_owned);
     let http2 = session.alpn_protocol() == Some(b"h2".as_slice());
-    // The handshake means bytes arrived, so tailscaled has the connection in its map.
-    let identity = whois(&context.localapi, peer).await;
+    // The handshake means bytes arrived, so tailscaled has the connection in its map. An
+    // in-cluster client has no tailnet identity: tailscaled is not asked at all.
+    let identity = if site.in_cluster {
+        None
+    } else {
+        whois(&context.localapi, peer).await
+    };
     let (dedicated, driver) = if http2 {
         (None, None)
     } else {

@@ -269,6 +269,8 @@ struct Desired {
     kind: ListenerKind,
     address: SocketAddr,
     payload: Payload,
+    /// On the pod IP for in-cluster clients (split horizon): never a tailnet identity.
+    in_cluster: bool,
 }
 
 enum Update {
@@ -315,40 +317,67 @@ fn desired_listeners(config: &AgentConfig, pod_ip: IpAddr) -> Vec<Desired> {
             kind: ListenerKind::Egress,
             address,
             payload: Payload::Egress(egress.clone()),
+            in_cluster: false,
         });
     }
-    for ingress in &config.ingress {
-        match ingress {
-            IngressListener::Tcp {
-                port,
-                name,
-                backend,
-            } => {
-                let address = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), *port);
-                desired.push(Desired {
-                    key: format!("tcp:{address}"),
-                    name: name.clone(),
-                    kind: ListenerKind::Tcp,
-                    address,
-                    payload: Payload::Tcp(TcpForward {
-                        name: name.clone(),
-                        backend: backend.clone(),
-                    }),
-                });
-            }
-            IngressListener::Http { port, routes } => {
-                let address = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), *port);
-                desired.push(Desired {
-                    key: format!("http:{address}"),
-                    name: format!("https-{port}"),
-                    kind: ListenerKind::Http,
-                    address,
-                    payload: Payload::Http(routes.clone()),
-                });
-            }
+    let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    // Tailnet clients arrive through tailscaled on loopback; with `inCluster`, pods reach the
+    // same listener on the pod IP (named `<name>/in-cluster`: its own metrics and limits).
+    let mut hosts = vec![(loopback, false)];
+    if config.in_cluster {
+        hosts.push((pod_ip, true));
+    }
+    for (host, in_cluster) in hosts {
+        let suffix = if in_cluster { IN_CLUSTER_SUFFIX } else { "" };
+        for ingress in &config.ingress {
+            desired.push(ingress_listener(ingress, host, suffix, in_cluster));
         }
     }
     desired
+}
+
+/// Suffix of the names of the in-cluster twins of ingress listeners (a `/` no expose name
+/// has, so they never collide).
+pub const IN_CLUSTER_SUFFIX: &str = "/in-cluster";
+
+fn ingress_listener(
+    ingress: &IngressListener,
+    host: IpAddr,
+    suffix: &str,
+    in_cluster: bool,
+) -> Desired {
+    match ingress {
+        IngressListener::Tcp {
+            port,
+            name,
+            backend,
+        } => {
+            let address = SocketAddr::new(host, *port);
+            let name = format!("{name}{suffix}");
+            Desired {
+                key: format!("tcp:{address}"),
+                name: name.clone(),
+                kind: ListenerKind::Tcp,
+                address,
+                payload: Payload::Tcp(TcpForward {
+                    name,
+                    backend: backend.clone(),
+                }),
+                in_cluster,
+            }
+        }
+        IngressListener::Http { port, routes } => {
+            let address = SocketAddr::new(host, *port);
+            Desired {
+                key: format!("http:{address}"),
+                name: format!("https-{port}{suffix}"),
+                kind: ListenerKind::Http,
+                address,
+                payload: Payload::Http(routes.clone()),
+                in_cluster,
+            }
+        }
+    }
 }
 
 fn probe_specs(config: &AgentConfig, options: &Options) -> Vec<ProbeSpec> {
@@ -589,7 +618,9 @@ impl Supervisor {
                                 new_routes,
                                 new_store.clone(),
                                 defaults,
-                            ) {
+                            )
+                            .map(|site| site.in_cluster(wanted.in_cluster))
+                            {
                                 Ok(new_site) => {
                                     site.send_replace(Arc::new(new_site));
                                     *routes = new_routes.clone();
@@ -662,7 +693,8 @@ impl Supervisor {
                     store.clone(),
                     self.proxy_defaults(),
                 )
-                .map_err(|error| error_chain(&error))?,
+                .map_err(|error| error_chain(&error))?
+                .in_cluster(wanted.in_cluster),
                 routes.clone(),
                 store.clone(),
             )),
@@ -749,4 +781,69 @@ fn replace_if_changed<T: Clone + PartialEq>(current: &mut T, new: &T) -> bool {
     }
     *current = new.clone();
     true
+}
+
+#[cfg(test)]
+mod in_cluster_tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// Every ingress listener once on loopback (tailscaled forwards the tailnet there) and,
+    /// with `inCluster`, once more on the pod IP under its own name (no tailnet identity).
+    #[test]
+    fn in_cluster_twins_bind_the_pod_ip() {
+        let config: AgentConfig = serde_json::from_value(serde_json::json!({
+            "localapiSocket": "/var/run/tailscale/tailscaled.sock",
+            "adminPort": 9180,
+            "ingress": [
+                {"mode": "tcp", "name": "db", "port": 5432,
+                 "backend": {"host": "db.a.svc", "port": 5432}},
+                {"mode": "http", "port": 443, "routes": [{"name": "web",
+                 "hostnames": ["portal.example.net"],
+                 "backend": {"host": "web.a.svc", "port": 80}}]}
+            ],
+            "tls": {"certFile": "/tls/tls.crt", "keyFile": "/tls/tls.key"},
+            "inCluster": true
+        }))
+        .expect("config");
+        let pod_ip: IpAddr = "10.244.0.7".parse().expect("ip");
+        let seen = |config: &AgentConfig| -> Vec<(String, String, bool)> {
+            desired_listeners(config, pod_ip)
+                .into_iter()
+                .map(|d| (d.name, d.address.to_string(), d.in_cluster))
+                .collect()
+        };
+        assert_eq!(
+            seen(&config),
+            vec![
+                ("db".to_string(), "127.0.0.1:5432".to_string(), false),
+                ("https-443".to_string(), "127.0.0.1:443".to_string(), false),
+                (
+                    "db/in-cluster".to_string(),
+                    "10.244.0.7:5432".to_string(),
+                    true
+                ),
+                (
+                    "https-443/in-cluster".to_string(),
+                    "10.244.0.7:443".to_string(),
+                    true
+                ),
+            ]
+        );
+        let keys: BTreeSet<String> = desired_listeners(&config, pod_ip)
+            .into_iter()
+            .map(|d| d.key)
+            .collect();
+        assert_eq!(keys.len(), 4, "each listener has a key of its own");
+        let loopback_only = AgentConfig {
+            in_cluster: false,
+            ..config
+        };
+        assert!(
+            seen(&loopback_only).iter().all(|(_, address, in_cluster)| {
+                address.starts_with("127.0.0.1:") && !in_cluster
+            })
+        );
+    }
 }

@@ -65,6 +65,7 @@ fn rendered_admin_route(timeouts: serde_json::Value) -> (HttpRoute, serde_json::
         serve_http: true,
         node_hostname: "tno-ingress-team-a-portal".to_string(),
         kind: tailnet_api::naming::AgentKind::Ingress,
+        egress: None,
     };
     let ctx = RenderContext {
         operator_namespace: "tailnet-system",

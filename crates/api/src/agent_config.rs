@@ -43,6 +43,13 @@ pub struct AgentConfig {
     /// Concurrent connection limits; absent: [`ConnectionLimits::default`].
     #[serde(default, skip_serializing_if = "ConnectionLimits::is_default")]
     pub limits: ConnectionLimits,
+    /// Split horizon: every ingress listener is also served on the pod IP (same port) for
+    /// in-cluster clients, which reach it through the ingress's in-cluster Service. They get
+    /// the same certificate and virtual hosts, but never a tailnet identity: no whois, and
+    /// identity headers they send are dropped as any client's are. Absent: false (configs
+    /// without it stay byte for byte what older agents read).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_cluster: bool,
 }
 
 /// Default of [`ConnectionLimits::max_connections`]: with two 32 KiB relay buffers and the

@@ -53,6 +53,40 @@ pub struct TailnetIngressSpec {
     /// listener, i.e. per tcp expose or https port).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<crate::egress::AgentLimits>,
+    /// In-cluster clients (split horizon): the cluster's DNS never answers these names with a
+    /// tailnet address (pods cannot route to one). With namespaces listed, the names resolve
+    /// in-cluster to a ClusterIP Service in front of the agent, which serves the same
+    /// certificate, virtual hosts and tcp exposes on its pod IP to pods of these namespaces
+    /// only (its NetworkPolicy), without tailnet identity headers. Without (the default), the
+    /// names are not in the cluster's records at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_cluster: Option<InCluster>,
+}
+
+/// Who may use an ingress from inside the cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InCluster {
+    /// Namespaces whose pods may connect to the in-cluster Service (empty: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 32),
+        inner(
+            length(min = 1, max = 63),
+            regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+        )
+    )]
+    pub namespaces: Vec<String>,
+}
+
+impl TailnetIngressSpec {
+    /// The namespaces of `spec.inCluster` (empty: no in-cluster entrance).
+    pub fn in_cluster_namespaces(&self) -> &[String] {
+        self.in_cluster
+            .as_ref()
+            .map(|c| c.namespaces.as_slice())
+            .unwrap_or_default()
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::common::TailnetRef;
-use crate::ingress::{Backend, Expose, ExposeMode, TailnetIngressSpec};
+use crate::ingress::{Backend, Expose, ExposeMode, InCluster, TailnetIngressSpec};
 use crate::validate::FieldError;
 
 /// The `spec.loadBalancerClass` the operator implements.
@@ -23,6 +23,10 @@ pub mod annotations {
     pub const ALLOW_FROM: &str = "tailnet-operator.dev/allow-from";
     /// Fills `{name}` of the Tailnet's `ingressNameTemplate` (default: the Service's name).
     pub const DNS_LABEL: &str = "tailnet-operator.dev/dns-label";
+    /// Comma-separated namespaces whose pods may use the entrance in-cluster (split horizon,
+    /// as a TailnetIngress's `spec.inCluster.namespaces`; default: none, and then the name is
+    /// not in the cluster's DNS records at all).
+    pub const IN_CLUSTER_NAMESPACES: &str = "tailnet-operator.dev/in-cluster-namespaces";
 }
 
 /// Whether the operator implements this Service: `type: LoadBalancer` and our class.
@@ -118,15 +122,8 @@ pub struct ServiceEntrance {
 /// whose field names [`annotation_field`] maps back to the annotations).
 pub fn service_entrance(service: &Service, tailnet: &str) -> ServiceEntrance {
     let name = service.metadata.name.clone().unwrap_or_default();
-    let allow_from: Vec<String> = annotation(service, annotations::ALLOW_FROM)
-        .map(|v| {
-            v.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
+    let allow_from = list_annotation(service, annotations::ALLOW_FROM);
+    let in_cluster_namespaces = list_annotation(service, annotations::IN_CLUSTER_NAMESPACES);
     let dns_label = annotation(service, annotations::DNS_LABEL)
         .unwrap_or(&name)
         .to_string();
@@ -172,15 +169,37 @@ pub fn service_entrance(service: &Service, tailnet: &str) -> ServiceEntrance {
             tls: None,
             exposes,
             limits: None,
+            in_cluster: (!in_cluster_namespaces.is_empty()).then_some(InCluster {
+                namespaces: in_cluster_namespaces,
+            }),
         },
         refused,
     }
+}
+
+/// A comma-separated annotation as a list (entries trimmed, empty ones dropped).
+fn list_annotation(service: &Service, key: &str) -> Vec<String> {
+    annotation(service, key)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Where a field of the TailnetIngress spec a Service is read as comes from in the Service.
 pub fn annotation_field(field: &str) -> String {
     if field.starts_with("spec.allowFrom") {
         return format!("metadata.annotations[{}]", annotations::ALLOW_FROM);
+    }
+    if field.starts_with("spec.inCluster") {
+        return format!(
+            "metadata.annotations[{}]",
+            annotations::IN_CLUSTER_NAMESPACES
+        );
     }
     if field.ends_with(".dnsLabel") {
         return format!("metadata.annotations[{}]", annotations::DNS_LABEL);
@@ -276,6 +295,39 @@ mod tests {
         );
         let valid = crate::validate::valid_ingress(&entrance.spec).expect("valid");
         assert_eq!(valid.exposes.len(), 2);
+    }
+
+    #[test]
+    fn in_cluster_namespaces_come_from_their_annotation() {
+        let plain = service(
+            Some(LOAD_BALANCER_CLASS),
+            &[(annotations::ALLOW_FROM, "group:a")],
+        );
+        assert_eq!(service_entrance(&plain, "demo").spec.in_cluster, None);
+        let listed = service(
+            Some(LOAD_BALANCER_CLASS),
+            &[
+                (annotations::ALLOW_FROM, "group:a"),
+                (annotations::IN_CLUSTER_NAMESPACES, " team-b, team-a ,"),
+            ],
+        );
+        let spec = service_entrance(&listed, "demo").spec;
+        assert_eq!(spec.in_cluster_namespaces(), ["team-b", "team-a"]);
+        let valid = crate::validate::valid_ingress(&spec).expect("valid");
+        assert_eq!(valid.in_cluster_namespaces, vec!["team-a", "team-b"]);
+        let bad = service(
+            Some(LOAD_BALANCER_CLASS),
+            &[
+                (annotations::ALLOW_FROM, "group:a"),
+                (annotations::IN_CLUSTER_NAMESPACES, "Bad_NS"),
+            ],
+        );
+        let errors = crate::validate::valid_ingress(&service_entrance(&bad, "demo").spec)
+            .expect_err("bad namespace");
+        assert_eq!(
+            service_errors(errors)[0].field,
+            "metadata.annotations[tailnet-operator.dev/in-cluster-namespaces]"
+        );
     }
 
     #[test]

@@ -534,13 +534,56 @@ pub fn valid_ingress(spec: &TailnetIngressSpec) -> Result<ValidIngress, Vec<Fiel
         .filter_map(|expose| valid_expose(&mut errors, spec, expose, &mut seen))
         .collect();
     let limits = resolve_limits(spec.limits.as_ref(), &mut errors);
+    let in_cluster_namespaces = valid_in_cluster(&mut errors, spec);
     finish(errors, || ValidIngress {
         allow_from: spec.allow_from.clone(),
         tls_secret_name: secret_name,
         exposes,
         limits,
+        in_cluster_namespaces,
     })
 }
+
+/// `spec.inCluster.namespaces` checked (DNS labels, at most [`MAX_IN_CLUSTER_NAMESPACES`]),
+/// sorted and unique. With any listed, the agent serves every expose port on its pod IP too,
+/// where its admin port already listens: no expose may use that port.
+fn valid_in_cluster(errors: &mut Vec<FieldError>, spec: &TailnetIngressSpec) -> Vec<String> {
+    let namespaces = spec.in_cluster_namespaces();
+    if namespaces.len() > MAX_IN_CLUSTER_NAMESPACES {
+        errors.push(FieldError::new(
+            "spec.inCluster.namespaces",
+            format!(
+                "lists {} namespaces; at most {MAX_IN_CLUSTER_NAMESPACES}",
+                namespaces.len()
+            ),
+        ));
+        return Vec::new();
+    }
+    for namespace in namespaces {
+        check_match(
+            errors,
+            &DNS_LABEL,
+            63,
+            "spec.inCluster.namespaces".to_string(),
+            namespace,
+            "a namespace name",
+        );
+    }
+    if !namespaces.is_empty() {
+        let admin = i32::from(crate::agent_config::ADMIN_PORT);
+        for expose in spec.exposes.iter().filter(|e| e.port == admin) {
+            errors.push(FieldError::new(
+                format!("spec.exposes[{}].port", expose.name),
+                format!("port {admin} is the agent's admin port on its pod IP, where in-cluster clients (spec.inCluster) are served too; use another port"),
+            ));
+        }
+    }
+    let unique: BTreeSet<String> = namespaces.iter().cloned().collect();
+    unique.into_iter().collect()
+}
+
+/// The most namespaces `spec.inCluster.namespaces` may list (as the CRD schema says).
+pub const MAX_IN_CLUSTER_NAMESPACES: usize = 32;
 
 /// Expose names and (dnsLabel, port) pairs seen so far: each must be unique.
 #[derive(Default)]
@@ -808,6 +851,50 @@ pub fn ingress_in_context(
         has_secret,
         tailnet_name,
         tailnet,
+        NameSource::Template,
+    )
+}
+
+/// Where an entrance's hostnames come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameSource {
+    /// The Tailnet's `ingressNameTemplate` (required): a TailnetIngress.
+    Template,
+    /// The template when the Tailnet has one, else none of its own: a Service of the tailnet
+    /// `loadBalancerClass` is then named by its node's MagicDNS name (`<node>.<magicDNSDomain>`).
+    TemplateOrMagicDns,
+}
+
+/// [`ingress_in_context`] for the TailnetIngress spec a Service of the tailnet
+/// `loadBalancerClass` is read as: without the Tailnet's `ingressNameTemplate` its exposes
+/// have no names of their own (its node's MagicDNS name serves them).
+pub fn service_in_context(
+    namespace: &str,
+    operator_namespace: &str,
+    spec: &TailnetIngressSpec,
+    tailnet_name: &str,
+    tailnet: &TailnetSpec,
+) -> Result<Vec<ExposeNames>, Vec<FieldError>> {
+    let facts: Vec<ExposeFacts> = spec
+        .exposes
+        .iter()
+        .map(|e| ExposeFacts {
+            name: &e.name,
+            dns_label: &e.dns_label,
+            alias: e.alias,
+            mode: e.mode,
+            port: u16::try_from(e.port).ok(),
+            backend_namespace: e.backend.namespace.as_deref(),
+        })
+        .collect();
+    names_in_context(
+        namespace,
+        operator_namespace,
+        &facts,
+        false,
+        tailnet_name,
+        tailnet,
+        NameSource::TemplateOrMagicDns,
     )
 }
 
@@ -838,6 +925,7 @@ pub fn ingress_names(
         ingress.tls_secret_name.is_some(),
         tailnet_name,
         tailnet,
+        NameSource::Template,
     )
 }
 
@@ -848,6 +936,7 @@ fn names_in_context(
     has_secret: bool,
     tailnet_name: &str,
     tailnet: &TailnetSpec,
+    source: NameSource,
 ) -> Result<Vec<ExposeNames>, Vec<FieldError>> {
     let mut errors = Vec::new();
     let mut result = Vec::new();
@@ -869,6 +958,8 @@ fn names_in_context(
                 Ok(name) => hostnames.push(name),
                 Err(e) => errors.push(e),
             },
+            // Named by its node's MagicDNS name (no name of its own in the records).
+            None if source == NameSource::TemplateOrMagicDns && expose.mode == ExposeMode::Tcp => {}
             None => errors.push(FieldError::new(
                 format!("Tailnet {tailnet_name}: spec.dns.ingressNameTemplate"),
                 "is not set; ingresses need it to name their exposes (e.g. \"{name}.{namespace}.lab.example.net\")",

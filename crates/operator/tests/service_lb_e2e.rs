@@ -4,7 +4,8 @@
 //! the Service's conditions; `status.loadBalancer.ingress` carries the node's tailnet
 //! addresses and name. Switching the Service to `ClusterIP` releases it (node, status,
 //! finalizer gone); deleting it removes its node and its grant. A Service of another class
-//! is never touched.
+//! is never touched. On a Tailnet without `ingressNameTemplate` (issue 29 item 2) the Service
+//! is still served and its `hostname` is its node's MagicDNS name, which the laptop resolves.
 
 mod support;
 
@@ -78,6 +79,7 @@ async fn service_of_the_tailnet_class_is_exposed_and_others_are_untouched() {
     let (ip_again, _) = served(&services, &laptop, &hostname).await;
     eprintln!("served again at {ip_again} (first {ip})");
     deleted(&env, &services, &ns, &tag).await;
+    magic_dns_name_without_a_template(&env, &client, &services, &ns, &tailnet_name, &laptop).await;
     records_sync.abort();
     operator.terminate().await.expect("operator stops cleanly");
 }
@@ -427,4 +429,49 @@ async fn deleted(env: &E2eEnv, services: &Api<Service>, ns: &str, tag: &str) {
     })
     .await;
     eprintln!("deleted: no node tagged {tag} and no grant left");
+}
+
+/// Issue 29 item 2: the Tailnet loses its `ingressNameTemplate` and names its MagicDNS domain;
+/// the Service is served again, its `hostname` is `<node>.<magicDNSDomain>` (Headscale's given
+/// name), and the laptop reaches both TCP ports by that name through MagicDNS.
+async fn magic_dns_name_without_a_template(
+    env: &E2eEnv,
+    client: &kube::Client,
+    services: &Api<Service>,
+    ns: &str,
+    tailnet: &str,
+    laptop: &LocalApi,
+) {
+    use kube::api::{Patch, PatchParams};
+    Api::<tailnet_api::Tailnet>::all(client.clone())
+        .patch(
+            tailnet,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"dns": {
+                "ingressNameTemplate": null,
+                "magicDNSDomain": tno_testenv_tailnet::BASE_DOMAIN,
+            }}})),
+        )
+        .await
+        .expect("Tailnet without ingressNameTemplate");
+    apply(services, "web", service(ns, "web", Some(CLASS), tailnet))
+        .await
+        .expect("the tailnet class on a Tailnet without a name template");
+    let tag = tailnet_api::naming::entrance_tag(
+        tailnet_api::naming::AgentKind::Service,
+        &tailnet_api::tailnet::default_tag_prefix(),
+        ns,
+        "web",
+    );
+    let magic = format!(
+        "{}.{}",
+        tailnet_api::naming::tag_hostname(&tag),
+        tno_testenv_tailnet::BASE_DOMAIN
+    );
+    let (ip, _) = served(services, laptop, &magic).await;
+    eprintln!(
+        "without ingressNameTemplate: hostname {magic} at {ip}\nkubectl get svc -o wide\n{}",
+        kubectl_get_svc(env, ns)
+    );
+    deleted(env, services, ns, &tag).await;
 }

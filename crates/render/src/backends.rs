@@ -48,6 +48,21 @@ pub struct ObservedBackends {
     pub services: BTreeMap<ObjectKey, Vec<ServicePortInfo>>,
     /// Data keys of each observed ConfigMap (only CA ConfigMaps are needed).
     pub config_maps: BTreeMap<ObjectKey, BTreeSet<String>>,
+    /// The pods behind each observed Service that has a selector (the egress NetworkPolicy
+    /// of a Service's agent admits exactly these).
+    pub endpoints: BTreeMap<ObjectKey, ServiceEndpoints>,
+    /// Addresses an agent's containers must reach besides its backends: the Kubernetes API's
+    /// endpoints (containerboot keeps its state in a Secret) and Headscale's (control and its
+    /// embedded DERP). Observed by the operator; empty offline.
+    pub control_plane: Vec<std::net::SocketAddr>,
+}
+
+/// The pods behind a Service: its selector and its TCP ports' targets (`targetPort`, a number
+/// or a container port's name; the port itself without one).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceEndpoints {
+    pub selector: BTreeMap<String, String>,
+    pub tcp_target_ports: Vec<k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
 }
 
 impl ObservedBackends {
@@ -71,6 +86,28 @@ impl ObservedBackends {
                     .collect()
             })
             .unwrap_or_default();
+        let spec = service.spec.as_ref();
+        let selector = spec
+            .and_then(|s| s.selector.clone())
+            .filter(|s| !s.is_empty());
+        if let Some(selector) = selector {
+            use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+            let mut tcp_target_ports: Vec<IntOrString> = spec
+                .and_then(|s| s.ports.as_ref())
+                .into_iter()
+                .flatten()
+                .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+                .map(|p| p.target_port.clone().unwrap_or(IntOrString::Int(p.port)))
+                .collect();
+            tcp_target_ports.dedup();
+            self.endpoints.insert(
+                key.clone(),
+                ServiceEndpoints {
+                    selector,
+                    tcp_target_ports,
+                },
+            );
+        }
         self.services.insert(key, ports);
     }
 
@@ -281,6 +318,7 @@ mod tests {
                 key("team-a", "backend-ca"),
                 BTreeSet::from(["ca.crt".to_string()]),
             )]),
+            ..ObservedBackends::default()
         }
     }
 

@@ -162,6 +162,7 @@ pub fn ingress(
             serve_http: observed.certificate_ready,
             node_hostname: tailnet_api::naming::tag_hostname(observed.tag),
             kind: observed.kind,
+            egress: agent_egress(&namespace, valid, observed),
         };
         Some(ingress::render_valid(metadata, valid, ctx, &inputs)?)
     } else {
@@ -172,6 +173,32 @@ pub fn ingress(
         backend_ports: resolved.ports,
         problems: resolved.problems,
         objects,
+    })
+}
+
+/// What the agent of a Service of the tailnet `loadBalancerClass` may reach (its egress
+/// NetworkPolicy): the Service's own pods on their target ports, and the control plane.
+/// `None` for other kinds, and for a Service without a selector (its endpoints are not pods
+/// a NetworkPolicy can name: its egress stays open, as an ingress's).
+fn agent_egress(
+    namespace: &str,
+    valid: &ValidIngress,
+    observed: &IngressObserved,
+) -> Option<ingress::AgentEgress> {
+    if observed.kind != tailnet_api::naming::AgentKind::Service {
+        return None;
+    }
+    let backend = &valid.exposes.first()?.backend;
+    let key = backends::ObjectKey::new(backend.namespace_or(namespace), &backend.service);
+    let endpoints = observed.backends.endpoints.get(&key)?;
+    // Without the control plane's addresses the agent would be cut off from it: unrestricted.
+    if observed.backends.control_plane.is_empty() {
+        return None;
+    }
+    Some(ingress::AgentEgress {
+        selector: endpoints.selector.clone(),
+        ports: endpoints.tcp_target_ports.clone(),
+        control_plane: observed.backends.control_plane.clone(),
     })
 }
 
@@ -196,7 +223,10 @@ pub fn policy(
 
 /// The DNS entries of one Tailnet: egress aliases → the ClusterIP of the target's Service
 /// (`service_cluster_ips`, keyed by Service), ingress names → the tailnet IPs of the Headscale
-/// node tagged with the ingress's tag; a name without its address is pending, with the reason.
+/// node tagged with the ingress's tag (extra records) and, for an ingress listing
+/// `spec.inCluster.namespaces`, → the ClusterIP of its in-cluster Service (also in
+/// `service_cluster_ips`; the cluster's records); a name without its address is pending, with
+/// the reason.
 /// Egresses outside the operator namespace and intents of other Tailnets are skipped.
 pub fn dns_inputs(
     tailnet: &Tailnet,
@@ -235,7 +265,29 @@ pub fn dns_inputs(
             .filter(|n| n.tags.contains(tag))
             .flat_map(|n| n.ip_addresses.iter().copied())
             .collect();
+        let in_cluster = ingress.in_cluster.then(|| {
+            let service = ObjectKey::new(
+                &ingress.claim.namespace,
+                crate::ingress::in_cluster_service_name(ingress.claim.kind, &ingress.claim.name),
+            );
+            let ip = service_cluster_ips.get(&service).copied();
+            (service, ip)
+        });
         for hostname in names.iter().flat_map(|n| n.hostnames.iter()) {
+            match &in_cluster {
+                Some((_, Some(address))) => inputs.in_cluster_names.push(DnsEntry {
+                    hostname: hostname.clone(),
+                    address: *address,
+                    owner: owner.clone(),
+                    rank: ingress.claim.rank(),
+                }),
+                Some((service, None)) => inputs.pending.push(PendingName {
+                    hostname: hostname.clone(),
+                    owner: owner.clone(),
+                    reason: format!("in-cluster Service {service} has no ClusterIP yet"),
+                }),
+                None => {}
+            }
             if ips.is_empty() {
                 inputs.pending.push(PendingName {
                     hostname: hostname.clone(),

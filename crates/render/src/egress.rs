@@ -109,6 +109,7 @@ pub fn render_valid(
         ingress: Vec::new(),
         tls: None,
         limits: egress.limits,
+        in_cluster: false,
     };
     let config_json =
         serde_json::to_string_pretty(&config).map_err(|e| RenderError::Config(e.to_string()))?;

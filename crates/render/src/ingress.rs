@@ -4,14 +4,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, KeyToPath, Secret, SecretVolumeSource, ServiceAccount,
-    Volume, VolumeMount,
+    ConfigMap, ConfigMapVolumeSource, KeyToPath, Secret, SecretVolumeSource, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPort, NetworkPolicySpec,
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, NetworkPolicySpec,
 };
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tailnet_api::TailnetIngress;
 use tailnet_api::agent_config::{
@@ -37,6 +40,9 @@ pub struct IngressObjects {
     pub config_map: ConfigMap,
     pub deployment: Deployment,
     pub network_policy: NetworkPolicy,
+    /// The in-cluster ClusterIP Service in front of the agent (split horizon), when
+    /// `spec.inCluster.namespaces` lists any; named like the agent ([`in_cluster_service_name`]).
+    pub in_cluster_service: Option<Service>,
     /// Present when no `tls.secretName` is given and http exposes exist.
     pub certificate: Option<Certificate>,
     pub config: AgentConfig,
@@ -64,6 +70,19 @@ pub struct IngressInputs {
     pub node_hostname: String,
     /// Whose agent it is (`Ingress`, or `Service` for a Service read as an ingress).
     pub kind: AgentKind,
+    /// What the agent may reach, when its egress is restricted (a Service's agent).
+    pub egress: Option<AgentEgress>,
+}
+
+/// The egress of a Service's agent: its backend pods, DNS and the control plane.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentEgress {
+    /// The Service's selector (its pods, in the agent's namespace).
+    pub selector: BTreeMap<String, String>,
+    /// The Service's TCP target ports.
+    pub ports: Vec<IntOrString>,
+    /// Kubernetes API and Headscale endpoints.
+    pub control_plane: Vec<std::net::SocketAddr>,
 }
 
 /// Renders the agent of `ingress`, validating its spec first (the first error is returned);
@@ -105,6 +124,7 @@ pub fn render_valid(
             key_file: format!("{TLS_DIR}/tls.key"),
         }),
         limits: spec.limits,
+        in_cluster: !spec.in_cluster_namespaces.is_empty(),
     };
     let config_json =
         serde_json::to_string_pretty(&config).map_err(|e| RenderError::Config(e.to_string()))?;
@@ -127,7 +147,8 @@ pub fn render_valid(
         state_secret: pod::state_secret(&owner),
         config_map: pod::config_map(&owner, &config_json, ctx.server_ca_pem),
         deployment: pod::deployment(&owner, ctx, &parts),
-        network_policy: network_policy(&owner),
+        network_policy: network_policy(&owner, spec, inputs.egress.as_ref()),
+        in_cluster_service: in_cluster_service(&owner, spec),
         certificate,
         config,
         hostnames: all_hostnames.into_iter().collect(),
@@ -346,9 +367,38 @@ fn agent_volumes(
     volumes
 }
 
-/// Ingress agents accept nothing in-cluster but the admin port: their traffic arrives through
-/// tailscaled on loopback.
-fn network_policy(owner: &Owner) -> NetworkPolicy {
+/// Ingress agents accept nothing in-cluster but the admin port (their tailnet traffic arrives
+/// through tailscaled on loopback) and, with `spec.inCluster.namespaces`, their expose ports
+/// from pods of those namespaces (split horizon: the in-cluster Service's clients).
+pub fn network_policy(
+    owner: &Owner,
+    spec: &ValidIngress,
+    egress: Option<&AgentEgress>,
+) -> NetworkPolicy {
+    let mut rules = vec![NetworkPolicyIngressRule {
+        from: None,
+        ports: Some(vec![tcp_port(ADMIN_PORT)]),
+    }];
+    if !spec.in_cluster_namespaces.is_empty() {
+        rules.push(NetworkPolicyIngressRule {
+            from: Some(vec![NetworkPolicyPeer {
+                namespace_selector: Some(LabelSelector {
+                    match_labels: None,
+                    match_expressions: Some(vec![LabelSelectorRequirement {
+                        key: NAMESPACE_NAME_LABEL.to_string(),
+                        operator: "In".to_string(),
+                        values: Some(spec.in_cluster_namespaces.clone()),
+                    }]),
+                }),
+                ..NetworkPolicyPeer::default()
+            }]),
+            ports: Some(expose_ports(spec).into_iter().map(tcp_port).collect()),
+        });
+    }
+    let mut policy_types = vec!["Ingress".to_string()];
+    if egress.is_some() {
+        policy_types.push("Egress".to_string());
+    }
     NetworkPolicy {
         metadata: owner.meta(&owner.names().base),
         spec: Some(NetworkPolicySpec {
@@ -356,16 +406,120 @@ fn network_policy(owner: &Owner) -> NetworkPolicy {
                 match_labels: Some(owner.selector_labels()),
                 match_expressions: None,
             }),
-            policy_types: Some(vec!["Ingress".to_string()]),
-            ingress: Some(vec![NetworkPolicyIngressRule {
-                from: None,
-                ports: Some(vec![NetworkPolicyPort {
-                    port: Some(IntOrString::Int(i32::from(ADMIN_PORT))),
-                    protocol: Some("TCP".to_string()),
-                    end_port: None,
-                }]),
-            }]),
-            ..NetworkPolicySpec::default()
+            policy_types: Some(policy_types),
+            ingress: Some(rules),
+            egress: egress.map(egress_rules),
         }),
     }
+}
+
+/// A Service's agent reaches: the Service's pods on its target ports; DNS; the Kubernetes API
+/// and Headscale at their observed addresses; and, for the tailnet's transport, UDP anywhere
+/// (WireGuard to peers, STUN) and TCP 443 anywhere (DERP relays). Nothing else in-cluster.
+fn egress_rules(egress: &AgentEgress) -> Vec<NetworkPolicyEgressRule> {
+    let port = |protocol: &str, port: Option<IntOrString>| NetworkPolicyPort {
+        port,
+        protocol: Some(protocol.to_string()),
+        end_port: None,
+    };
+    let mut rules = vec![
+        NetworkPolicyEgressRule {
+            to: Some(vec![NetworkPolicyPeer {
+                pod_selector: Some(LabelSelector {
+                    match_labels: Some(egress.selector.clone()),
+                    match_expressions: None,
+                }),
+                ..NetworkPolicyPeer::default()
+            }]),
+            ports: Some(
+                egress
+                    .ports
+                    .iter()
+                    .map(|p| port("TCP", Some(p.clone())))
+                    .collect(),
+            ),
+        },
+        NetworkPolicyEgressRule {
+            to: None,
+            ports: Some(vec![
+                port("UDP", Some(IntOrString::Int(53))),
+                port("TCP", Some(IntOrString::Int(53))),
+            ]),
+        },
+        NetworkPolicyEgressRule {
+            to: None,
+            ports: Some(vec![
+                port("UDP", None),
+                port("TCP", Some(IntOrString::Int(443))),
+            ]),
+        },
+    ];
+    for address in &egress.control_plane {
+        let cidr = match address.ip() {
+            std::net::IpAddr::V4(ip) => format!("{ip}/32"),
+            std::net::IpAddr::V6(ip) => format!("{ip}/128"),
+        };
+        rules.push(NetworkPolicyEgressRule {
+            to: Some(vec![NetworkPolicyPeer {
+                ip_block: Some(IPBlock { cidr, except: None }),
+                ..NetworkPolicyPeer::default()
+            }]),
+            ports: Some(vec![port(
+                "TCP",
+                Some(IntOrString::Int(i32::from(address.port()))),
+            )]),
+        });
+    }
+    rules
+}
+
+/// The label the apiserver sets on every namespace to its name.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+fn tcp_port(port: u16) -> NetworkPolicyPort {
+    NetworkPolicyPort {
+        port: Some(IntOrString::Int(i32::from(port))),
+        protocol: Some("TCP".to_string()),
+        end_port: None,
+    }
+}
+
+/// The distinct expose ports, ascending.
+fn expose_ports(spec: &ValidIngress) -> Vec<u16> {
+    let ports: BTreeSet<u16> = spec.exposes.iter().map(|e| e.port).collect();
+    ports.into_iter().collect()
+}
+
+/// Name of the in-cluster Service of an agent: the agent's base name.
+pub fn in_cluster_service_name(kind: AgentKind, resource_name: &str) -> String {
+    tailnet_api::naming::AgentNames::new(kind, resource_name).base
+}
+
+/// The ClusterIP Service in-cluster clients reach the agent through (split horizon): every
+/// expose port, to the same port on the agent's pod IP. `None` without
+/// `spec.inCluster.namespaces`.
+pub fn in_cluster_service(owner: &Owner, spec: &ValidIngress) -> Option<Service> {
+    if spec.in_cluster_namespaces.is_empty() {
+        return None;
+    }
+    let ports = expose_ports(spec)
+        .into_iter()
+        .map(|port| ServicePort {
+            name: Some(format!("port-{port}")),
+            port: i32::from(port),
+            target_port: Some(IntOrString::Int(i32::from(port))),
+            protocol: Some("TCP".to_string()),
+            ..ServicePort::default()
+        })
+        .collect();
+    Some(Service {
+        metadata: owner.meta(&in_cluster_service_name(owner.kind, &owner.name)),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".to_string()),
+            selector: Some(owner.selector_labels()),
+            ports: Some(ports),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    })
 }

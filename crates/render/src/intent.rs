@@ -156,6 +156,9 @@ pub struct IngressIntent {
     /// certificate source), before other ingresses' claims; computed once. Also for an
     /// invalid spec: its names still claim (as they did before the spec broke).
     pub names: Result<Vec<ExposeNames>, Vec<FieldError>>,
+    /// It lists `spec.inCluster.namespaces`: in-cluster, its names resolve to its in-cluster
+    /// Service (split horizon); otherwise they are not in the cluster's records.
+    pub in_cluster: bool,
 }
 
 impl IngressIntent {
@@ -164,8 +167,12 @@ impl IngressIntent {
     }
 
     fn of_spec(claim: Claim, spec: &TailnetIngressSpec, scope: &TailnetScope) -> Self {
+        let in_context = match claim.kind {
+            AgentKind::Service => validate::service_in_context,
+            _ => validate::ingress_in_context,
+        };
         IngressIntent {
-            names: validate::ingress_in_context(
+            names: in_context(
                 &claim.namespace,
                 scope.operator_namespace,
                 spec,
@@ -173,8 +180,27 @@ impl IngressIntent {
                 scope.spec,
             ),
             spec: validate::valid_ingress(spec),
+            in_cluster: !spec.in_cluster_namespaces().is_empty(),
             claim,
         }
+    }
+
+    /// The intent of `ingress` as the agent kind `kind` decides it: a Service of the tailnet
+    /// `loadBalancerClass` (read as a TailnetIngress) takes its names from the Tailnet's
+    /// template or, without one, from its node's MagicDNS name
+    /// ([`validate::service_in_context`]); the claim stays the ingress's.
+    pub fn of_kind(ingress: &TailnetIngress, scope: &TailnetScope, kind: AgentKind) -> Self {
+        let mut intent = Self::new(ingress, scope);
+        if kind == AgentKind::Service {
+            intent.names = validate::service_in_context(
+                &intent.claim.namespace,
+                scope.operator_namespace,
+                &ingress.spec,
+                scope.name,
+                scope.spec,
+            );
+        }
+        intent
     }
 
     /// Intents of the ingresses of `scope`'s Tailnet among `ingresses` (others are skipped).

@@ -279,6 +279,7 @@ fn ingress_inputs(tailnet: &Tailnet, ingress: &TailnetIngress, serve_http: bool)
         serve_http,
         node_hostname: "tno-ingress-team-a-portal".to_string(),
         kind: tailnet_api::naming::AgentKind::Ingress,
+        egress: None,
     }
 }
 
@@ -396,6 +397,7 @@ fn without_a_ready_certificate_http_is_not_served_but_tcp_is() {
         serve_http: false,
         node_hostname: "tno-ingress-team-a-portal".to_string(),
         kind: tailnet_api::naming::AgentKind::Ingress,
+        egress: None,
     };
     let objects = ingress::render(&ingress, &ctx(&tailnet), &inputs).expect("render");
     assert_eq!(objects.config.ingress.len(), 1, "only the tcp listener");
@@ -770,4 +772,107 @@ fn the_server_ca_reaches_only_the_tailscale_container() {
     let spec = pod(&without.deployment);
     assert!(!spec.volumes.iter().flatten().any(|v| v.name == "server-ca"));
     assert!(!env(container(spec, "tailscale")).contains_key("SSL_CERT_DIR"));
+}
+
+/// Split horizon: without `spec.inCluster` nothing in-cluster is added (no Service, no
+/// listener on the pod IP, only the admin port admitted); with it a ClusterIP Service in
+/// front of the agent, the listeners on the pod IP too, and the expose ports admitted from
+/// the listed namespaces only.
+#[test]
+fn in_cluster_namespaces_add_a_service_and_admit_only_those_namespaces() {
+    let tailnet: Tailnet = load("10-tailnet.yaml");
+    let mut ingress: TailnetIngress = load("30-ingress.yaml");
+    let inputs = ingress_inputs(&tailnet, &ingress, true);
+    let plain = ingress::render(&ingress, &ctx(&tailnet), &inputs).expect("render");
+    assert!(plain.in_cluster_service.is_none());
+    assert!(!plain.config.in_cluster);
+    let rules = plain
+        .network_policy
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress.clone())
+        .expect("rules");
+    assert_eq!(rules.len(), 1, "only the admin port: {rules:?}");
+
+    ingress.spec.in_cluster = Some(tailnet_api::ingress::InCluster {
+        namespaces: vec!["team-b".into(), "team-a".into(), "team-b".into()],
+    });
+    let objects = ingress::render(&ingress, &ctx(&tailnet), &inputs).expect("render");
+    assert!(objects.config.in_cluster);
+    let service = objects
+        .in_cluster_service
+        .as_ref()
+        .expect("in-cluster Service");
+    assert_eq!(
+        service.metadata.name.as_deref(),
+        Some("tailnet-ingress-portal")
+    );
+    assert_eq!(service.metadata.namespace.as_deref(), Some("team-a"));
+    let spec = service.spec.as_ref().expect("spec");
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(
+        spec.selector,
+        objects
+            .deployment
+            .spec
+            .as_ref()
+            .and_then(|d| d.selector.match_labels.clone())
+    );
+    let ports: Vec<(i32, Option<String>)> = spec
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            (
+                p.port,
+                p.target_port.as_ref().map(|t| match t {
+                    k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i) => {
+                        i.to_string()
+                    }
+                    k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(s) => {
+                        s.clone()
+                    }
+                }),
+            )
+        })
+        .collect();
+    assert_eq!(ports, vec![(443, Some("443".to_string()))]);
+    let rules = objects
+        .network_policy
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress.clone())
+        .expect("rules");
+    assert_eq!(rules.len(), 2);
+    let from = rules[1].from.as_ref().expect("peers");
+    let selector = from[0].namespace_selector.as_ref().expect("namespaces");
+    let expression = &selector.match_expressions.as_ref().expect("expressions")[0];
+    assert_eq!(expression.key, "kubernetes.io/metadata.name");
+    assert_eq!(expression.operator, "In");
+    assert_eq!(
+        expression.values,
+        Some(vec!["team-a".to_string(), "team-b".to_string()])
+    );
+    assert!(from[0].pod_selector.is_none() && from[0].ip_block.is_none());
+    let admitted: Vec<_> = rules[1]
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.port.clone())
+        .collect();
+    assert_eq!(
+        admitted,
+        vec![Some(
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(443)
+        )]
+    );
+    let json = serde_json::to_value(&objects.config).expect("json");
+    assert_eq!(json["inCluster"], serde_json::json!(true));
+    assert!(
+        serde_json::to_value(&plain.config)
+            .expect("json")
+            .get("inCluster")
+            .is_none(),
+        "configs without it stay what older agents read"
+    );
 }

@@ -107,6 +107,7 @@ fn backends() -> ObservedBackends {
             ObjectKey::new("team-a", "backend-ca"),
             BTreeSet::from(["ca.crt".to_string()]),
         )]),
+        ..ObservedBackends::default()
     }
 }
 
@@ -156,6 +157,68 @@ fn dns_inputs_point_aliases_at_cluster_ips_and_names_at_the_agent_node() {
         ]
     );
     assert_eq!(inputs.pending, vec![]);
+}
+
+/// Split horizon: an ingress listing `inCluster.namespaces` has its names → its in-cluster
+/// Service's ClusterIP in the cluster's inputs (pending until the Service has one); one
+/// without has none there; the tailnet addresses stay for the extra records.
+#[test]
+fn dns_inputs_point_in_cluster_names_at_the_in_cluster_service() {
+    let tailnet = tailnet();
+    let listed: TailnetIngress = load("30-ingress.yaml", |v| {
+        v["spec"]["inCluster"] = serde_json::json!({"namespaces": ["team-c"]});
+    });
+    let nodes = vec![node(INGRESS_TAG, &["100.64.0.7"])];
+    let service = ObjectKey::new("team-a", "tailnet-ingress-portal");
+    let with_ip = BTreeMap::from([(service.clone(), ip("10.96.0.40"))]);
+    let plain = desired::dns_inputs(
+        &tailnet,
+        "tailnet-system",
+        &[],
+        &ingress_intents(&tailnet, &[ingress()]),
+        &with_ip,
+        &nodes,
+    );
+    assert!(plain.in_cluster_names.is_empty());
+    assert_eq!(plain.ingress_names.len(), 3);
+    let inputs = desired::dns_inputs(
+        &tailnet,
+        "tailnet-system",
+        &[],
+        &ingress_intents(&tailnet, std::slice::from_ref(&listed)),
+        &with_ip,
+        &nodes,
+    );
+    let names: Vec<(&str, String)> = inputs
+        .in_cluster_names
+        .iter()
+        .map(|e| (e.hostname.as_str(), e.address.to_string()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("portal.team-a.lab.example.net", "10.96.0.40".to_string()),
+            ("portal.lab.example.net", "10.96.0.40".to_string()),
+            ("admin.team-a.lab.example.net", "10.96.0.40".to_string()),
+        ]
+    );
+    assert_eq!(inputs.ingress_names.len(), 3);
+    let rendered = tailnet_render::dns::render(&inputs);
+    assert!(!rendered.hosts.contains("100.64."), "{}", rendered.hosts);
+    assert!(rendered.extra_records_json.contains("100.64.0.7"));
+    let waiting = desired::dns_inputs(
+        &tailnet,
+        "tailnet-system",
+        &[],
+        &ingress_intents(&tailnet, &[listed]),
+        &BTreeMap::new(),
+        &nodes,
+    );
+    assert!(waiting.in_cluster_names.is_empty());
+    assert_eq!(
+        waiting.pending[0].reason,
+        "in-cluster Service team-a/tailnet-ingress-portal has no ClusterIP yet"
+    );
 }
 
 #[test]
@@ -452,13 +515,27 @@ fn dns_config_map_lives_where_the_tailnet_says() {
 fn a_contested_name_points_at_the_first_claim_not_the_lowest_address() {
     let tailnet = tailnet();
     let at = |t: &str| serde_json::Value::from(t);
+    let in_cluster = || serde_json::json!({"namespaces": ["team-c"]});
     let older: TailnetIngress = load("30-ingress.yaml", |v| {
         v["metadata"]["namespace"] = "team-b".into();
         v["metadata"]["creationTimestamp"] = at("2026-01-01T00:00:00Z");
+        v["spec"]["inCluster"] = in_cluster();
     });
     let newer: TailnetIngress = load("30-ingress.yaml", |v| {
         v["metadata"]["creationTimestamp"] = at("2026-01-02T00:00:00Z");
+        v["spec"]["inCluster"] = in_cluster();
     });
+    // Their in-cluster Services (split horizon): the cluster's records point there.
+    let cluster_ips = BTreeMap::from([
+        (
+            ObjectKey::new("team-b", "tailnet-ingress-portal"),
+            "10.96.0.9".parse().expect("ip"),
+        ),
+        (
+            ObjectKey::new("team-a", "tailnet-ingress-portal"),
+            "10.96.0.2".parse().expect("ip"),
+        ),
+    ]);
     let prefix = &tailnet.spec.policy.tag_prefix;
     let older_tag = tailnet_api::naming::ingress_tag(prefix, "team-b", "portal");
     let newer_tag = tailnet_api::naming::ingress_tag(prefix, "team-a", "portal");
@@ -474,20 +551,21 @@ fn a_contested_name_points_at_the_first_claim_not_the_lowest_address() {
             "tailnet-system",
             &[],
             &ingress_intents(&tailnet, &ingresses),
-            &BTreeMap::new(),
+            &cluster_ips,
             &[newer_node.clone(), older_node.clone()],
         );
         let rendered = tailnet_render::dns::render(&inputs);
         assert!(
-            rendered.hosts.contains("100.64.0.9 portal.lab.example.net"),
+            rendered.hosts.contains("10.96.0.9 portal.lab.example.net"),
             "{}",
             rendered.hosts
         );
         assert!(
-            !rendered.hosts.contains("100.64.0.2 portal.lab.example.net"),
+            !rendered.hosts.contains("10.96.0.2 portal.lab.example.net"),
             "{}",
             rendered.hosts
         );
+        assert!(!rendered.hosts.contains("100.64."), "{}", rendered.hosts);
         let records: serde_json::Value =
             serde_json::from_str(&rendered.extra_records_json).expect("json");
         let alias: Vec<&serde_json::Value> = records

@@ -618,3 +618,73 @@ fn gep_2257_durations_are_accepted() {
         assert_eq!(parse_duration("f", text), Ok(expected), "{text}");
     }
 }
+
+#[test]
+fn in_cluster_namespaces_are_checked_sorted_and_keep_the_admin_port_free() {
+    let spec: TailnetIngressSpec =
+        edited(
+            INGRESS,
+            |v| v["inCluster"] = serde_json::json!({"namespaces": ["team-b", "team-a", "team-b"]}),
+        );
+    let valid = valid_ingress(&spec).expect("valid");
+    assert_eq!(valid.in_cluster_namespaces, vec!["team-a", "team-b"]);
+    let plain: TailnetIngressSpec = edited(INGRESS, |_| {});
+    assert!(
+        valid_ingress(&plain)
+            .expect("valid")
+            .in_cluster_namespaces
+            .is_empty()
+    );
+
+    let bad: TailnetIngressSpec = edited(INGRESS, |v| {
+        v["inCluster"] = serde_json::json!({"namespaces": ["Team A"]})
+    });
+    assert_eq!(
+        fields(&valid_ingress(&bad).expect_err("bad namespace")),
+        vec!["spec.inCluster.namespaces: \"Team A\" is not a namespace name"]
+    );
+    let too_many: TailnetIngressSpec = edited(INGRESS, |v| {
+        v["inCluster"] = serde_json::json!({"namespaces": (0..33).map(|i| format!("ns-{i}")).collect::<Vec<_>>()})
+    });
+    assert_eq!(
+        fields(&valid_ingress(&too_many).expect_err("too many")),
+        vec!["spec.inCluster.namespaces: lists 33 namespaces; at most 32"]
+    );
+    // The admin port is only in the way once the listeners also bind the pod IP.
+    let admin_port = |in_cluster: bool| -> TailnetIngressSpec {
+        edited(INGRESS, |v| {
+            v["exposes"] = serde_json::json!([{"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 9180, "backend": {"service": "db", "port": 5432}}]);
+            if in_cluster {
+                v["inCluster"] = serde_json::json!({"namespaces": ["team-a"]});
+            }
+        })
+    };
+    assert!(valid_ingress(&admin_port(false)).is_ok());
+    assert_eq!(
+        fields(&valid_ingress(&admin_port(true)).expect_err("admin port")),
+        vec![
+            "spec.exposes[db].port: port 9180 is the agent's admin port on its pod IP, where in-cluster clients (spec.inCluster) are served too; use another port"
+        ]
+    );
+}
+
+/// Issue 29 item 2: a Service read as an ingress needs no `ingressNameTemplate` for its tcp
+/// exposes (its node's MagicDNS name names it); a TailnetIngress still does.
+#[test]
+fn services_fall_back_to_magic_dns_without_a_name_template() {
+    let mut tn = tailnet_spec();
+    if let Some(dns) = tn.dns.as_mut() {
+        dns.ingress_name_template = None;
+    }
+    let tcp: TailnetIngressSpec = edited(INGRESS, |v| {
+        v["exposes"] = serde_json::json!([{"name": "db", "dnsLabel": "db", "mode": "tcp", "port": 5432, "backend": {"service": "db", "port": 5432}}]);
+    });
+    let names = service_in_context("team-a", "tailnet-system", &tcp, "demo", &tn).expect("valid");
+    assert_eq!(names.len(), 1);
+    assert!(names[0].hostnames.is_empty());
+    assert!(ingress_in_context("team-a", "tailnet-system", &tcp, "demo", &tn).is_err());
+    // With the template, a Service's names are the template's as before.
+    let names = service_in_context("team-a", "tailnet-system", &tcp, "demo", &tailnet_spec())
+        .expect("valid");
+    assert_eq!(names[0].hostnames, vec!["db.team-a.lab.example.net"]);
+}

@@ -66,6 +66,8 @@ pub struct ValidIngress {
     pub exposes: Vec<ValidExpose>,
     /// `spec.limits` resolved against the defaults.
     pub limits: crate::agent_config::ConnectionLimits,
+    /// `spec.inCluster.namespaces`, sorted and unique (empty: no in-cluster entrance).
+    pub in_cluster_namespaces: Vec<String>,
 }
 
 /// One checked expose.

@@ -792,6 +792,9 @@ fn ingress_objects(
     out.objects.push(json(&rendered.config_map)?);
     out.objects.push(json(&rendered.deployment)?);
     out.objects.push(json(&rendered.network_policy)?);
+    if let Some(service) = &rendered.in_cluster_service {
+        out.objects.push(json(service)?);
+    }
     if let Some(cert) = &rendered.certificate {
         out.objects.push(
             serde_json::to_value(cert).map_err(|e| RenderCommandError::Policy {

@@ -533,6 +533,22 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
     (
         "workload",
         "",
+        "services",
+        "create",
+        "",
+        "split horizon: the in-cluster Service in front of an ingress's agent (server-side apply)",
+    ),
+    (
+        "workload",
+        "",
+        "services",
+        "delete",
+        "",
+        "split horizon: the in-cluster Service once inCluster lists no namespace",
+    ),
+    (
+        "workload",
+        "",
         "services/status",
         "patch",
         "",
@@ -721,6 +737,14 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "get",
         "kube-system",
         "default installation id = uid of kube-system",
+    ),
+    (
+        "cluster",
+        "discovery.k8s.io",
+        "endpointslices",
+        "get",
+        "kubernetes",
+        "Service kind: the Kubernetes API's endpoints its agent's egress NetworkPolicy admits",
     ),
     (
         "namespace",

@@ -268,6 +268,7 @@ async fn delete_agent_objects(ctx: &Context, owner: &Owner) -> Result<(), Reconc
     for secret in [&names.state_secret, &names.auth_secret, &names.tls] {
         delete::<Secret>(ctx, ns, secret).await?;
     }
+    super::super::ingress::act::delete_in_cluster_service(ctx, owner).await?;
     ctx.applied.forget_prefixed(ns, &names.base);
     Ok(())
 }

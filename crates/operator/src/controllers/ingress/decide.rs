@@ -157,6 +157,7 @@ impl Decide for Ingress {
             config_map,
             deployment,
             network_policy,
+            in_cluster_service: _,
             certificate: _,
             config: _,
             hostnames: _,
@@ -215,7 +216,7 @@ fn plan(
     let render_ctx = input.render_context();
     // Context rules (cross-namespace backends, templates, a certificate source), then the
     // hostnames an older ingress keeps (first claim wins).
-    let intent = match desired::intent(ingress, &render_ctx) {
+    let intent = match desired::intent(ingress, &render_ctx, input.owner.kind) {
         Ok(intent) => intent,
         Err(errors) => return Ok(out_of_context(c, &errors)),
     };

@@ -42,8 +42,9 @@ fn scope<'a>(ctx: &'a RenderContext) -> TailnetScope<'a> {
 pub fn intent(
     ingress: &TailnetIngress,
     ctx: &RenderContext,
+    kind: tailnet_api::naming::AgentKind,
 ) -> Result<IngressIntent, Vec<FieldError>> {
-    let intent = IngressIntent::new(ingress, &scope(ctx));
+    let intent = IngressIntent::of_kind(ingress, &scope(ctx), kind);
     match &intent.names {
         Ok(_) => Ok(intent),
         Err(errors) => Err(errors.clone()),

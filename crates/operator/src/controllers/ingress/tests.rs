@@ -148,6 +148,7 @@ fn healthy() -> IngressObservation {
                     ),
                 ]),
                 config_maps: BTreeMap::new(),
+                ..ObservedBackends::default()
             },
             tls_certificate: Some(valid_cert()),
         },

@@ -171,7 +171,18 @@ impl Decide for LoadBalancer {
                 &mut ingress_status,
             );
         });
-        load_balancer_names(status, identity, &planned.plan.hostnames);
+        let magic_dns_domain = input
+            .tailnet
+            .spec
+            .dns
+            .as_ref()
+            .and_then(|d| d.magic_dns_domain.as_deref());
+        load_balancer_names(
+            status,
+            identity.node(),
+            &planned.plan.hostnames,
+            magic_dns_domain,
+        );
     }
 
     fn agent_objects(objects: &IngressObjects) -> AgentObjects<'_> {
@@ -329,15 +340,38 @@ pub fn ports_problem(refused: &[RefusedPort]) -> Option<Problem> {
 }
 
 /// Its hostnames beside the node's addresses in `status.loadBalancer.ingress`, once the node
-/// exists (before it, the load balancer has no address at all).
-fn load_balancer_names(status: &mut ServiceStatus, identity: &Identity, hostnames: &[String]) {
-    if identity.node().is_none() {
+/// exists (before it, the load balancer has no address at all). Without names of its own (the
+/// Tailnet has no `ingressNameTemplate`), its node's MagicDNS name
+/// ([`magic_dns_name`]).
+pub fn load_balancer_names(
+    status: &mut ServiceStatus,
+    node: Option<&Node>,
+    hostnames: &[String],
+    magic_dns_domain: Option<&str>,
+) {
+    let Some(node) = node else {
         return;
-    }
+    };
+    let fallback = magic_dns_name(node, magic_dns_domain);
+    let names: Vec<String> = if hostnames.is_empty() {
+        fallback.into_iter().collect()
+    } else {
+        hostnames.to_vec()
+    };
     let lb = status.load_balancer.get_or_insert_with(Default::default);
     let entries = lb.ingress.get_or_insert_with(Vec::new);
-    entries.extend(hostnames.iter().map(|h| LoadBalancerIngress {
-        hostname: Some(h.clone()),
+    entries.extend(names.into_iter().map(|h| LoadBalancerIngress {
+        hostname: Some(h),
         ..LoadBalancerIngress::default()
     }));
+}
+
+/// The node's MagicDNS name: Headscale's `givenName` under the Tailnet's `magicDNSDomain`
+/// (`dns.base_domain` of Headscale); `None` without the domain or when the result is not a
+/// valid DNS name (nothing Headscale sends is published unchecked).
+pub fn magic_dns_name(node: &Node, magic_dns_domain: Option<&str>) -> Option<String> {
+    let domain = magic_dns_domain?.trim_end_matches('.');
+    let name = format!("{}.{domain}", node.given_name.to_ascii_lowercase());
+    tailnet_render::dns::check_dns_name(&name).ok()?;
+    Some(name)
 }

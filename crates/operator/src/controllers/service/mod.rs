@@ -32,7 +32,7 @@ impl AgentKind for LoadBalancer {
         intent: &ServiceIntent,
         input: GatherInput<'_>,
     ) -> Result<IngressObserved, ReconcileError> {
-        gather::gather(ctx, service, intent, input)
+        gather::gather(ctx, service, intent, input).await
     }
 
     /// Warning Events when a port or a source is refused (once per change of what is
@@ -42,6 +42,7 @@ impl AgentKind for LoadBalancer {
         service: &Service,
         plan: &AgentPlan<LoadBalancer>,
     ) -> Result<(), ReconcileError> {
+        super::ingress::act::in_cluster_service(ctx, &plan.owner, plan.objects.as_ref()).await?;
         let previous = service
             .status
             .as_ref()

@@ -340,3 +340,193 @@ fn every_reason_of_the_service_decisions_has_a_case() {
         &[include_str!("decide.rs"), include_str!("mod.rs"), SHARED],
     );
 }
+
+/// Issue 29 item 2: on a Tailnet without `ingressNameTemplate` a Service's tcp ports are
+/// still served, and `hostname` is its node's MagicDNS name (`<givenName>.<magicDNSDomain>`);
+/// without the domain only the addresses are published.
+#[test]
+fn without_a_name_template_the_hostname_is_the_nodes_magic_dns_name() {
+    let untemplated = |domain: Option<&str>| {
+        with(|o| {
+            if let Ok(access) = o.access.as_mut()
+                && let Some(dns) = access.tailnet.spec.dns.as_mut()
+            {
+                dns.ingress_name_template = None;
+                dns.ingress_alias_template = None;
+                dns.magic_dns_domain = domain.map(str::to_string);
+            }
+        })
+    };
+    let decision = run(&service(), &untemplated(Some("ts.example.net")));
+    let list = conditions(&decision.status);
+    assert_eq!(
+        fx::condition(list, types::READY),
+        ("True", reasons::READY),
+        "{list:#?}"
+    );
+    let magic = format!(
+        "{}.ts.example.net",
+        tailnet_api::naming::tag_hostname(&tag())
+    );
+    assert_eq!(
+        load_balancer(&decision.status),
+        ["100.64.0.7", "fd7a:115c:a1e0::7", magic.as_str()]
+    );
+    let objects = decision.agent.and_then(|p| p.objects).expect("objects");
+    assert!(objects.hostnames.is_empty(), "{:?}", objects.hostnames);
+    assert_eq!(objects.config.ingress.len(), 2);
+
+    let decision = run(&service(), &untemplated(None));
+    assert_eq!(
+        load_balancer(&decision.status),
+        ["100.64.0.7", "fd7a:115c:a1e0::7"]
+    );
+    // Nothing Headscale sends is published unchecked.
+    let mut odd = agent_node(true);
+    odd.given_name = "bad name".into();
+    assert_eq!(
+        super::decide::magic_dns_name(&odd, Some("ts.example.net")),
+        None
+    );
+}
+
+/// Split horizon for Services: the annotation lists the namespaces; the agent gets its
+/// in-cluster Service and serves the ports on its pod IP.
+#[test]
+fn the_in_cluster_annotation_adds_the_in_cluster_service() {
+    let listed = service_with(
+        Some(tailnet_api::service::LOAD_BALANCER_CLASS),
+        serde_json::json!({
+            "tailnet-operator.dev/allow-from": "group:team-a",
+            "tailnet-operator.dev/dns-label": "portal",
+            "tailnet-operator.dev/in-cluster-namespaces": "team-b",
+        }),
+    );
+    let decision = run(&listed, &healthy());
+    let objects = decision.agent.and_then(|p| p.objects).expect("objects");
+    assert!(objects.config.in_cluster);
+    let in_cluster = objects.in_cluster_service.expect("in-cluster Service");
+    assert_eq!(
+        in_cluster.metadata.name.as_deref(),
+        Some("tailnet-service-web")
+    );
+    let ports: Vec<i32> = in_cluster
+        .spec
+        .iter()
+        .flat_map(|s| s.ports.iter().flatten())
+        .map(|p| p.port)
+        .collect();
+    assert_eq!(ports, [80, 5432]);
+    let plain = run(&service(), &healthy());
+    assert!(
+        plain
+            .agent
+            .and_then(|p| p.objects)
+            .expect("objects")
+            .in_cluster_service
+            .is_none()
+    );
+}
+
+/// Issue 29 item 4: the agent of a Service reaches the Service's pods on their target ports,
+/// DNS, the observed control plane (Kubernetes API, Headscale) and the tailnet's transport
+/// (UDP, TCP 443) only; without the control plane's addresses its egress is left open rather
+/// than cut off.
+#[test]
+fn the_agent_of_a_service_reaches_only_its_endpoints_and_the_control_plane() {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let open = run(&service(), &healthy());
+    let policy = open
+        .agent
+        .and_then(|p| p.objects)
+        .expect("objects")
+        .network_policy;
+    let spec = policy.spec.expect("spec");
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
+    assert!(spec.egress.is_none());
+
+    let observed = with(|o| {
+        o.kind.backends.control_plane = vec![
+            "192.0.2.1:6443".parse().expect("addr"),
+            "192.0.2.2:8443".parse().expect("addr"),
+        ];
+    });
+    let decision = run(&service(), &observed);
+    let spec = decision
+        .agent
+        .and_then(|p| p.objects)
+        .expect("objects")
+        .network_policy
+        .spec
+        .expect("spec");
+    assert_eq!(
+        spec.policy_types,
+        Some(vec!["Ingress".to_string(), "Egress".to_string()])
+    );
+    let rules = spec.egress.expect("egress rules");
+    let backend = &rules[0];
+    let peer = &backend.to.as_ref().expect("to")[0];
+    assert_eq!(
+        peer.pod_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone()),
+        Some(std::collections::BTreeMap::from([(
+            "app".to_string(),
+            "web".to_string()
+        )]))
+    );
+    assert!(peer.namespace_selector.is_none() && peer.ip_block.is_none());
+    let ports: Vec<(Option<String>, Option<IntOrString>)> = backend
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.protocol.clone(), p.port.clone()))
+        .collect();
+    assert_eq!(
+        ports,
+        vec![
+            (Some("TCP".into()), Some(IntOrString::Int(8080))),
+            (Some("TCP".into()), Some(IntOrString::Int(5432))),
+        ],
+        "the TCP target ports, not the UDP one"
+    );
+    let blocks: Vec<(String, Option<IntOrString>)> = rules
+        .iter()
+        .filter_map(|r| {
+            let block = r.to.as_ref()?.first()?.ip_block.as_ref()?;
+            Some((block.cidr.clone(), r.ports.as_ref()?.first()?.port.clone()))
+        })
+        .collect();
+    assert_eq!(
+        blocks,
+        vec![
+            ("192.0.2.1/32".to_string(), Some(IntOrString::Int(6443))),
+            ("192.0.2.2/32".to_string(), Some(IntOrString::Int(8443))),
+        ]
+    );
+    // Nothing else names a peer: DNS and the transport rules restrict ports only.
+    let peerless: Vec<Vec<(Option<String>, Option<IntOrString>)>> = rules
+        .iter()
+        .filter(|r| r.to.is_none())
+        .map(|r| {
+            r.ports
+                .iter()
+                .flatten()
+                .map(|p| (p.protocol.clone(), p.port.clone()))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        peerless,
+        vec![
+            vec![
+                (Some("UDP".into()), Some(IntOrString::Int(53))),
+                (Some("TCP".into()), Some(IntOrString::Int(53))),
+            ],
+            vec![
+                (Some("UDP".into()), None),
+                (Some("TCP".into()), Some(IntOrString::Int(443))),
+            ],
+        ]
+    );
+}

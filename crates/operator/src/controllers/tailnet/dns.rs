@@ -91,7 +91,12 @@ fn message(rendered: &RenderedDns, cm_namespace: &str, cm_name: &str) -> String 
         .lines()
         .filter(|l| !l.starts_with('#'))
         .count();
-    let mut message = format!("{names} entries in ConfigMap {cm_namespace}/{cm_name}");
+    let records = serde_json::from_str::<Vec<serde_json::Value>>(&rendered.extra_records_json)
+        .map(|r| r.len())
+        .unwrap_or_default();
+    let mut message = format!(
+        "{names} entries in ConfigMap {cm_namespace}/{cm_name} (the cluster's; {records} tailnet records)"
+    );
     if !rendered.pending.is_empty() {
         message.push_str(&format!(
             "; {} pending: {}",

@@ -55,10 +55,11 @@ pub async fn gather(
         .map(|s| (**s).clone())
         .collect();
     let (egress_cluster_ips, dns_config_map) = match dns_config_map_location(tailnet, &ctx.config) {
-        Some((namespace, name)) => (
-            egress_cluster_ips(ctx, tailnet).await?,
-            current_dns(ctx, &namespace, &name).await?,
-        ),
+        Some((namespace, name)) => {
+            let mut ips = egress_cluster_ips(ctx, tailnet).await?;
+            ips.extend(in_cluster_ips(ctx, &tailnet.name_any()));
+            (ips, current_dns(ctx, &namespace, &name).await?)
+        }
         None => (BTreeMap::new(), None),
     };
     // Only an owner merges fragments.
@@ -505,6 +506,26 @@ async fn egress_cluster_ips(
             Some((ObjectKey::new(ns, s.name_any()), ip))
         })
         .collect())
+}
+
+/// ClusterIPs of this Tailnet's in-cluster entrance Services (split horizon: an ingress's or a
+/// load balancer's names resolve to them in-cluster), from the Service cache of the watched
+/// namespaces; only Services the operator labelled for an agent of this Tailnet.
+fn in_cluster_ips(ctx: &Context, tailnet: &str) -> Vec<(ObjectKey, IpAddr)> {
+    ctx.kinds
+        .objects::<Service>()
+        .iter()
+        .filter(|s| {
+            let labels = s.labels();
+            labels.get(labels::MANAGED_BY).map(String::as_str) == Some("tailnet-operator")
+                && labels.get(labels::TAILNET).map(String::as_str) == Some(tailnet)
+                && labels.get(labels::NAME).map(String::as_str) == Some("tailnet-agent")
+        })
+        .filter_map(|s| {
+            let ip = s.spec.as_ref()?.cluster_ip.as_deref()?.parse().ok()?;
+            Some((ObjectKey::new(s.namespace()?, s.name_any()), ip))
+        })
+        .collect()
 }
 
 /// Our keys and the owners of the DNS ConfigMap, `None` when it does not exist.

@@ -1658,21 +1658,21 @@ fn a_contested_dns_name_goes_to_the_first_claim_not_the_lowest_address() {
         ..observation()
     };
     let plan = decide::plan(&t, &observed, &config(), now());
-    let hosts = plan
+    // Tailnet addresses are for tailnet clients (the extra records): split horizon.
+    let records = plan
         .dns
         .as_ref()
         .and_then(|cm| cm.data.as_ref())
-        .and_then(|d| d.get("hosts"))
+        .and_then(|d| d.get("extra-records.json"))
         .cloned()
-        .expect("hosts");
-    assert!(
-        hosts.contains("100.64.0.9 portal.lab.example.net"),
-        "{hosts}"
-    );
-    assert!(
-        !hosts.contains("100.64.0.2 portal.lab.example.net"),
-        "{hosts}"
-    );
+        .expect("extra records");
+    let records: Vec<serde_json::Value> = serde_json::from_str(&records).expect("json");
+    let alias: Vec<&serde_json::Value> = records
+        .iter()
+        .filter(|r| r["name"] == "portal.lab.example.net")
+        .map(|r| &r["value"])
+        .collect();
+    assert_eq!(alias, ["100.64.0.9"], "{records:?}");
     let c = plan.conditions.clone().finish(&super::role::REQUIRED, &[]);
     let dns = conditions::find(&c, types::DNS_RENDERED).expect("DNSRendered");
     assert!(
@@ -1765,10 +1765,16 @@ fn a_failed_node_list_keeps_the_dns_names_and_pending_names_stay_claimed() {
         ..observation()
     };
     let written = decide::plan(&t, &listed, &config(), now());
-    let hosts = hosts_of(&written);
+    let records = written
+        .dns
+        .as_ref()
+        .and_then(|cm| cm.data.as_ref())
+        .and_then(|d| d.get("extra-records.json"))
+        .cloned()
+        .unwrap_or_default();
     assert!(
-        hosts.contains("100.64.0.2 portal.cosmos.example.net"),
-        "{hosts}"
+        records.contains("portal.cosmos.example.net") && records.contains("100.64.0.2"),
+        "{records}"
     );
     let keys = written
         .dns

@@ -116,6 +116,10 @@ enum Command {
         expect: String,
         #[arg(long, default_value_t = 30)]
         attempts: u32,
+        /// Written after the handshake (e.g. an HTTP request with `Connection: close`; `\r\n`
+        /// and `\n` escapes are expanded); default: nothing (the server speaks first).
+        #[arg(long, default_value = "")]
+        send: String,
     },
     /// Connects to `target` (an echo server, `host:port`), writes `bytes` deterministic
     /// pseudo-random bytes (from `seed`) while reading the echo, and exits 0 only if exactly
@@ -227,7 +231,11 @@ async fn main() -> anyhow::Result<()> {
             ca_pem,
             expect,
             attempts,
-        } => tls_check(&target, &server_name, &ca_pem, &expect, attempts).await,
+            send,
+        } => {
+            let send = send.replace("\\r", "\r").replace("\\n", "\n");
+            tls_check(&target, &server_name, &ca_pem, &expect, attempts, &send).await
+        }
         Command::TcpBulk {
             target,
             bytes,
@@ -358,6 +366,7 @@ async fn tls_check(
     ca_pem: &str,
     expect: &str,
     attempts: u32,
+    send: &str,
 ) -> anyhow::Result<()> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
@@ -390,6 +399,10 @@ async fn tls_check(
                 .1
                 .peer_certificates()
                 .map_or(0, |chain| chain.len());
+            if !send.is_empty() {
+                tls.write_all(send.as_bytes()).await.context("sending")?;
+                tls.flush().await.context("sending")?;
+            }
             let mut text = String::new();
             // Servers that close without close_notify end with an error after the data.
             let _ = tls.read_to_string(&mut text).await;
