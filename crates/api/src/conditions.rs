@@ -95,6 +95,10 @@ pub mod reasons {
     pub const ACCEPTED: &str = "Accepted";
     pub const CONTRIBUTION_REFUSED: &str = "ContributionRefused";
     pub const CONTRIBUTOR_STALE: &str = "ContributorStale";
+    /// Named in a contributor's refused entries (`ContributionRefused`): a DNS record over
+    /// the DNS ConfigMap's budget, a fragment over its share of the contributions store.
+    pub const DNS_BUDGET_EXCEEDED: &str = "DnsBudgetExceeded";
+    pub const STORE_BUDGET_EXCEEDED: &str = "StoreBudgetExceeded";
     pub const FRAGMENT_LIVE: &str = "FragmentLive";
     pub const FRAGMENT_NOT_LIVE: &str = "FragmentNotLive";
     /// PolicyEffective of a contributor's resources is judged on the owner's live policy.
@@ -215,7 +219,8 @@ pub fn condition(
         type_: type_.to_string(),
         status: status.as_str().to_string(),
         reason: reason.to_string(),
-        message: message.into(),
+        // Messages can grow with their inputs (names, contributors' entries): bounded.
+        message: crate::bounded::bounded(&message.into(), crate::bounded::MAX_MESSAGE_BYTES),
         observed_generation,
         last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     }

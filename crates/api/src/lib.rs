@@ -5,6 +5,7 @@
 
 pub mod agent_config;
 pub mod agent_status;
+pub mod bounded;
 pub mod common;
 pub mod conditions;
 pub mod crd;

@@ -24,13 +24,27 @@ use tailnet_render::fragment::{
 
 use super::super::config::OperatorConfig;
 use super::super::status::{ConditionSet, Problem};
+use super::dns::entry_bytes;
 use super::observation::{ContributorRead, StoredFragment};
+use tailnet_api::bounded::{MAX_MESSAGE_BYTES, bounded, bounded_lines};
 
 /// SHA-256 of `text`, hex (the fragment's and the stored copy's identity).
 use tailnet_api::digest::sha256_hex as sha256;
 
 /// Refused entries listed per contributor in the status (the condition gives the count).
 const REFUSED_LISTED: usize = 20;
+
+/// Budget of the entries in `spec.dns.hostsConfigMap` (a ConfigMap holds at most 1 MiB): the
+/// owner's own names count first and are never refused; contributed records that do not fit
+/// are refused with `DnsBudgetExceeded`.
+pub const DNS_BUDGET_BYTES: usize = 512 * 1024;
+
+/// Most bytes one contributor's fragment may take in the contributions store.
+pub const STORE_SHARE_BYTES: usize = 256 * 1024;
+
+/// Most bytes all contributors' fragments may take in the contributions store (a ConfigMap
+/// holds at most 1 MiB).
+pub const STORE_BUDGET_BYTES: usize = 768 * 1024;
 
 /// Name of the owner's ConfigMap with each contributor's last accepted fragment.
 pub fn store_config_map(tailnet: &str) -> String {
@@ -54,6 +68,9 @@ pub struct OwnerMerge {
 pub struct Taken {
     pub tags: BTreeSet<String>,
     pub names: BTreeSet<String>,
+    /// Bytes of the DNS ConfigMap's entries admitted so far (the owner's own first), against
+    /// [`DNS_BUDGET_BYTES`].
+    pub dns_bytes: usize,
 }
 
 /// What the owner knows besides the taken tags and names when it checks fragments.
@@ -85,6 +102,7 @@ pub fn merge(
     let mut findings = Findings::default();
     for contributor in contributors {
         let classified = classify(contributor, reads, stored);
+        let classified = within_store_budget(contributor, classified, stored, &next_store);
         let (mut status, fragment) =
             in_force(contributor, classified, now, &mut next_store, &mut findings);
         if let Some(fragment) = fragment {
@@ -113,6 +131,12 @@ enum Classified {
     },
     /// Unreadable or malformed, and nothing usable stored: nothing of it is merged.
     Refused { error: String },
+    /// Read now and parsed, but over its share of the store: not stored as accepted; the
+    /// stored copy (if any) stays in force.
+    OverStoreBudget {
+        error: String,
+        kept: Option<(StoredFragment, PolicyFragment)>,
+    },
 }
 
 /// Classifies a contributor by what was read now and what the store keeps.
@@ -136,18 +160,71 @@ fn classify(
         Some(Err(e)) => e,
         None => "not read yet".to_string(),
     };
-    let previous = stored.get(&contributor.name).and_then(|s| {
-        parse_fragment(&s.fragment, contributor)
-            .ok()
-            .map(|f| (s.clone(), f))
-    });
-    match previous {
+    match previous(contributor, stored) {
         Some((kept, fragment)) => Classified::Stale {
             error,
             kept,
             fragment,
         },
         None => Classified::Refused { error },
+    }
+}
+
+/// The stored copy of a contributor's fragment, if it still parses.
+fn previous(
+    contributor: &Contributor,
+    stored: &BTreeMap<String, StoredFragment>,
+) -> Option<(StoredFragment, PolicyFragment)> {
+    stored.get(&contributor.name).and_then(|s| {
+        parse_fragment(&s.fragment, contributor)
+            .ok()
+            .map(|f| (s.clone(), f))
+    })
+}
+
+/// Bytes a fragment takes in the store ConfigMap: its key and its entry (the fragment's text
+/// JSON-escaped, its hash and read time).
+fn stored_bytes(name: &str, fragment: &str) -> usize {
+    const HASH_AND_READ_TIME: usize = 160;
+    let escaped = serde_json::to_string(fragment).map_or(usize::MAX / 2, |s| s.len());
+    name.len() + escaped + HASH_AND_READ_TIME
+}
+
+/// A fresh fragment over its share of the store ([`STORE_SHARE_BYTES`]), or over what the
+/// contributors before it left of [`STORE_BUDGET_BYTES`], is not stored as accepted: the
+/// stored copy stays in force (`StoreBudgetExceeded`). Anything else passes unchanged.
+fn within_store_budget(
+    contributor: &Contributor,
+    classified: Classified,
+    stored: &BTreeMap<String, StoredFragment>,
+    next_store: &BTreeMap<String, StoredFragment>,
+) -> Classified {
+    let Classified::Fresh { text, .. } = &classified else {
+        return classified;
+    };
+    let bytes = stored_bytes(&contributor.name, text);
+    let used: usize = next_store
+        .iter()
+        .map(|(name, s)| stored_bytes(name, &s.fragment))
+        .sum();
+    let over = if bytes > STORE_SHARE_BYTES {
+        format!("its share of {STORE_SHARE_BYTES} bytes")
+    } else if used.saturating_add(bytes) > STORE_BUDGET_BYTES {
+        format!(
+            "the {} bytes the contributors before it left of {STORE_BUDGET_BYTES}",
+            STORE_BUDGET_BYTES.saturating_sub(used)
+        )
+    } else {
+        return classified;
+    };
+    let error = format!(
+        "{}: the fragment would take {bytes} bytes of ConfigMap {}, over {over}; it is not stored as accepted",
+        reasons::STORE_BUDGET_EXCEEDED,
+        store_config_map("<tailnet>"),
+    );
+    Classified::OverStoreBudget {
+        error,
+        kept: previous(contributor, stored),
     }
 }
 
@@ -199,7 +276,7 @@ fn in_force(
                 "{}: {error}; its fragment of {} stays merged",
                 contributor.name, kept.last_read
             ));
-            status.error = Some(error);
+            status.error = Some(bounded(&error, MAX_MESSAGE_BYTES));
             next_store.insert(contributor.name.clone(), kept);
             Some(fragment)
         }
@@ -209,8 +286,27 @@ fn in_force(
                 "{}: {error}; nothing of it is merged",
                 contributor.name
             ));
-            status.error = Some(error);
+            status.error = Some(bounded(&error, MAX_MESSAGE_BYTES));
             None
+        }
+        Classified::OverStoreBudget { error, kept } => {
+            let outcome = match &kept {
+                Some((kept, _)) => format!("its fragment of {} stays merged", kept.last_read),
+                None => "nothing of it is merged".to_string(),
+            };
+            findings
+                .problems
+                .push(format!("{}: {error}; {outcome}", contributor.name));
+            status.error = Some(bounded(&error, MAX_MESSAGE_BYTES));
+            let Some((kept, fragment)) = kept else {
+                status.state = contributor_state::REFUSED.into();
+                return (status, None);
+            };
+            status.state = contributor_state::STALE.into();
+            status.merged_hash = Some(kept.hash.clone());
+            status.last_read = Some(kept.last_read.clone());
+            next_store.insert(contributor.name.clone(), kept);
+            Some(fragment)
         }
     };
     (status, fragment)
@@ -224,7 +320,7 @@ fn check(
     owner: &OwnerFacts<'_>,
     taken: &mut Taken,
 ) -> CheckedFragment {
-    let checked = check_fragment(
+    let mut checked = check_fragment(
         contributor,
         fragment,
         &OwnerContext {
@@ -236,11 +332,35 @@ fn check(
             nodes: owner.nodes,
         },
     );
+    admit_dns_within_budget(&mut checked, &mut taken.dns_bytes);
     taken.tags.extend(checked.accepted.tags.iter().cloned());
     taken
         .names
         .extend(checked.dns_records.iter().map(|r| r.name.clone()));
     checked
+}
+
+/// Admits a contributor's checked DNS records, sorted by name, while they fit in what is left
+/// of [`DNS_BUDGET_BYTES`] (`used`: the owner's entries and earlier contributors' admitted
+/// ones); a record that does not fit is refused with `DnsBudgetExceeded`.
+fn admit_dns_within_budget(checked: &mut CheckedFragment, used: &mut usize) {
+    let mut records = std::mem::take(&mut checked.dns_records);
+    records.sort_by(|a, b| (&a.name, &a.value).cmp(&(&b.name, &b.value)));
+    for record in records {
+        let bytes = entry_bytes(&record.name, &record.value);
+        if used.saturating_add(bytes) <= DNS_BUDGET_BYTES {
+            *used += bytes;
+            checked.dns_records.push(record);
+        } else {
+            checked.refused.push(format!(
+                "{}: DNS record {} → {}: its {bytes} bytes do not fit in the DNS ConfigMap's budget of {DNS_BUDGET_BYTES} bytes ({} used by the owner and the records admitted before it)",
+                reasons::DNS_BUDGET_EXCEEDED,
+                record.name,
+                record.value,
+                *used
+            ));
+        }
+    }
 }
 
 /// The check's verdict into the contributor's status, the findings and the merge.
@@ -274,12 +394,7 @@ fn record_checked(
                 .join("; ")
         ));
     }
-    status.refused = checked
-        .refused
-        .iter()
-        .take(REFUSED_LISTED)
-        .cloned()
-        .collect();
+    status.refused = bounded_lines(&checked.refused, REFUSED_LISTED);
     out.dns_records.extend(
         checked
             .dns_records

@@ -708,6 +708,7 @@ fn compose(
                     .map(|e| e.hostname.clone())
                     .chain(dns_inputs.pending.iter().map(|p| p.hostname.clone()))
                     .collect(),
+                dns_bytes: dns::owner_entry_bytes(&dns_inputs),
             };
             let owner = contributions::OwnerFacts {
                 policy: &tailnet.spec.policy,

@@ -84,6 +84,23 @@ pub fn decide(
     }
 }
 
+/// Upper bound of the bytes one name takes in the DNS ConfigMap: its `hosts` line, its zone
+/// and line in the server block, and its extra record (what [`dns::render`] writes for it).
+pub fn entry_bytes(hostname: &str, address: &str) -> usize {
+    const PER_ENTRY_OVERHEAD: usize = 80;
+    4 * hostname.len() + 3 * address.len() + PER_ENTRY_OVERHEAD
+}
+
+/// Bytes of the owner's own names in the DNS ConfigMap (counted before any contributor's).
+pub fn owner_entry_bytes(inputs: &dns::DnsInputs) -> usize {
+    inputs
+        .egress_aliases
+        .iter()
+        .chain(inputs.ingress_names.iter())
+        .map(|e| entry_bytes(&e.hostname, &e.address.to_string()))
+        .sum()
+}
+
 /// `DNSRendered`'s message: how many entries, what is pending, which names conflict.
 fn message(rendered: &RenderedDns, cm_namespace: &str, cm_name: &str) -> String {
     let names = rendered

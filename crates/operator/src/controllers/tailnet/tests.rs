@@ -1323,6 +1323,8 @@ fn decision_table() {
     assert!(ready.message.contains("spec.server"), "{}", ready.message);
     assert!(decide::refuse_invalid(&tailnet(), now()).is_none());
     seen.insert(ready.reason.clone());
+    // Named in status.contributors[] lines, not as a condition's reason.
+    seen.extend(budget_refusals_named());
 
     assert_every_reason_has_a_case(
         &seen,
@@ -1940,4 +1942,173 @@ fn a_refused_document_persists_nothing_as_accepted() {
     let mut plan = accepted.plan.clone();
     decide::keep_store_unless_accepted(&mut plan, accepted.outcome.as_ref());
     assert!(plan.contribution_store.is_some(), "accepted: stored");
+}
+
+/// `count` DNS records of `cosmos`, all pointing at its node 100.64.0.5, with long valid names
+/// (`r0000.aaa….bbb….ccc….cosmos.example.net`, 207 characters) sorted as their numbers.
+fn cosmos_fragment_with_records(count: usize) -> String {
+    let labels = ["a", "b", "c"].map(|l| l.repeat(60)).join(".");
+    let records: Vec<serde_json::Value> = (0..count)
+        .map(|i| {
+            serde_json::json!({"name": format!("r{i:04}.{labels}.cosmos.example.net"),
+                               "type": "A", "value": "100.64.0.5"})
+        })
+        .collect();
+    let mut fragment: serde_json::Value =
+        serde_json::from_str(&cosmos_fragment("192.0.2.10/32")).expect("fragment");
+    fragment["dnsRecords"] = serde_json::Value::Array(records);
+    fragment.to_string()
+}
+
+fn cosmos_node() -> ObservedNode {
+    ObservedNode {
+        id: 5,
+        name: "cosmos-agent".to_string(),
+        tags: vec!["tag:cos-egress-site".to_string()],
+        ip_addresses: vec!["100.64.0.5".parse().expect("ip")],
+        available_routes: vec![],
+        approved_routes: vec![],
+        online: true,
+    }
+}
+
+/// The budget refusals the two budget scenarios name in `status.contributors[]`.
+fn budget_refusals_named() -> BTreeSet<String> {
+    let lines = |plan: TailnetPlan| -> Vec<String> {
+        plan.status
+            .contributors
+            .into_iter()
+            .flat_map(|s| s.refused.into_iter().chain(s.error))
+            .collect()
+    };
+    let mut all = lines(over_dns_budget());
+    all.extend(lines(over_store_share(true)));
+    [reasons::DNS_BUDGET_EXCEEDED, reasons::STORE_BUDGET_EXCEEDED]
+        .into_iter()
+        .filter(|reason| all.iter().any(|line| line.starts_with(reason)))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The owner merging a `cosmos` fragment with 700 long DNS records (about 1.6 MiB of DNS
+/// ConfigMap if all were written).
+fn over_dns_budget() -> TailnetPlan {
+    let observed = TailnetObservation {
+        nodes: Some(vec![cosmos_node()]),
+        ..with_fragment(Ok(cosmos_fragment_with_records(700)))
+    };
+    decide::plan(&owner_of_cosmos(), &observed, &config(), now())
+}
+
+/// The owner merging a `cosmos` fragment over its store share, with or without a previously
+/// stored one.
+fn over_store_share(previously_stored: bool) -> TailnetPlan {
+    let big = cosmos_fragment_with_records(1300);
+    assert!(big.len() > super::contributions::STORE_SHARE_BYTES);
+    let observed = TailnetObservation {
+        nodes: Some(vec![cosmos_node()]),
+        contribution_store: if previously_stored {
+            BTreeMap::from([("cosmos".to_string(), stored_cosmos())])
+        } else {
+            BTreeMap::new()
+        },
+        ..with_fragment(Ok(big))
+    };
+    decide::plan(&owner_of_cosmos(), &observed, &config(), now())
+}
+
+/// Issue 26 item 6: a contributor whose DNS records would bring the DNS ConfigMap over its
+/// budget gets the records that do not fit refused, named `DnsBudgetExceeded`; the ones
+/// that fit (sorted first) stay, the ConfigMap stays well under Kubernetes' 1 MiB, and the
+/// status lists at most 20 refused lines and counts the rest. Before: every record was
+/// written, whatever the size (700 of these names: about 1.6 MiB of ConfigMap).
+#[test]
+fn a_contributor_over_the_dns_budget_gets_the_excess_refused_by_name() {
+    let plan = over_dns_budget();
+    let data = plan
+        .dns
+        .as_ref()
+        .and_then(|cm| cm.data.clone())
+        .expect("DNS ConfigMap");
+    let hosts = data.get("hosts").cloned().unwrap_or_default();
+    assert!(hosts.contains("100.64.0.5 r0000."), "the first records fit");
+    assert!(
+        !hosts.contains(" r0699."),
+        "the last records are over the budget"
+    );
+    let total: usize = data.values().map(String::len).sum();
+    assert!(
+        total <= super::contributions::DNS_BUDGET_BYTES,
+        "{total} bytes in the DNS ConfigMap"
+    );
+    let status = &plan.status.contributors[0];
+    assert_eq!(status.state, "PartlyRefused", "{status:?}");
+    assert_eq!(status.refused.len(), 21, "20 listed and a count");
+    assert!(
+        status.refused[0].starts_with(reasons::DNS_BUDGET_EXCEEDED),
+        "{}",
+        status.refused[0]
+    );
+    assert!(
+        status.refused[20].starts_with("… and "),
+        "{}",
+        status.refused[20]
+    );
+    let c = plan.conditions.clone().finish(&super::role::REQUIRED, &[]);
+    let accepted = conditions::find(&c, types::CONTRIBUTIONS_ACCEPTED).expect("condition");
+    assert_eq!(
+        (accepted.status.as_str(), accepted.reason.as_str()),
+        ("False", reasons::CONTRIBUTION_REFUSED)
+    );
+    assert!(accepted.message.contains(reasons::DNS_BUDGET_EXCEEDED));
+    for condition in &c {
+        assert!(
+            condition.message.len() <= tailnet_api::bounded::MAX_MESSAGE_BYTES,
+            "{}: {} bytes",
+            condition.type_,
+            condition.message.len()
+        );
+    }
+    // The grant (not a DNS record) is merged all the same.
+    let document = &plan.rendered.as_ref().expect("rendered").document;
+    assert!(document.contains("contributor cosmos: TailnetEgress/ops/site"));
+}
+
+/// Issue 26 item 6: a fragment over its share of the contributions store is not stored as
+/// accepted; the previously accepted one stays in force and in the store, and the refusal is
+/// named `StoreBudgetExceeded`. Before: any fragment that parsed was stored (several of
+/// these pass the store ConfigMap's 1 MiB).
+#[test]
+fn a_fragment_over_its_store_share_is_not_stored_and_the_previous_stays() {
+    let plan = over_store_share(true);
+    assert!(
+        plan.contribution_store.is_none(),
+        "the store keeps the previous fragment (unchanged)"
+    );
+    let status = &plan.status.contributors[0];
+    assert_eq!(status.state, "Stale", "{status:?}");
+    assert_eq!(status.merged_hash.as_deref(), Some("h1"));
+    let error = status.error.as_deref().unwrap_or_default();
+    assert!(error.starts_with(reasons::STORE_BUDGET_EXCEEDED), "{error}");
+    let c = plan.conditions.clone().finish(&super::role::REQUIRED, &[]);
+    let accepted = conditions::find(&c, types::CONTRIBUTIONS_ACCEPTED).expect("condition");
+    assert_eq!(
+        (accepted.status.as_str(), accepted.reason.as_str()),
+        ("False", reasons::CONTRIBUTION_REFUSED)
+    );
+    // The stored fragment (its grant) stays merged; none of the new records is.
+    let document = &plan.rendered.as_ref().expect("rendered").document;
+    assert!(document.contains("contributor cosmos: TailnetEgress/ops/site"));
+    assert!(
+        plan.dns
+            .as_ref()
+            .and_then(|cm| cm.data.as_ref())
+            .and_then(|d| d.get("hosts"))
+            .is_none_or(|hosts| !hosts.contains("r0000."))
+    );
+
+    // Without a stored fragment, nothing of it is merged.
+    let plan = over_store_share(false);
+    assert_eq!(plan.status.contributors[0].state, "Refused");
+    assert!(plan.contribution_store.is_none());
 }
