@@ -50,6 +50,14 @@ async fn version_health_and_failures(env: &TailnetEnv, hs: &Client) {
     // Version and authenticated health.
     let version = hs.version().await.expect("version");
     assert!(version.version.contains("0.29"), "version {version:?}");
+    // The matrix run (TNO_HEADSCALE_VERSION) must really talk to the version it names.
+    if let Ok(wanted) = std::env::var("TNO_HEADSCALE_VERSION") {
+        assert!(
+            version.version.contains(wanted.trim_start_matches('v')),
+            "TNO_HEADSCALE_VERSION={wanted}, Headscale says {version:?}"
+        );
+    }
+    println!("real Headscale: {}", version.version);
     assert!(hs.health().await.expect("health"));
 
     // A wrong key is a typed 401 whose message never contains the key.
