@@ -239,7 +239,7 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     let live = only_accepted_entries_live(&lab, &a).await;
     malformed_delivery(&lab, &a, &live).await;
     refused_by_headscale(&lab, &mut a, &b).await;
-    read_through_b_api(&mut a, &b, &delivered, &reader).await;
+    read_through_b_api(&lab, &mut a, &b, &delivered, &reader).await;
     quiet_while_idle(&a).await;
     b_apiserver_stopped(&lab, &mut a, &b, &b_ip).await;
     b_apiserver_back(&lab, &a, &mut b, &delivered).await;
@@ -1090,6 +1090,7 @@ async fn owner_read_through_b(
 /// (the documented Role). The delivered copy goes first, so only B's API can serve it;
 /// without the tampering, B's tag claim on A's tag disappears from the refusals.
 async fn read_through_b_api(
+    lab: &Lab<'_>,
     a: &mut OwnerSide,
     b: &ContributorSide,
     delivered: &Delivered,
@@ -1106,7 +1107,7 @@ async fn read_through_b_api(
         .await
         .expect("delete the delivered fragment");
     let FragmentReader { token, kubeconfig } = reader;
-    token_file_refused(a, b_ns, fragment_name, kubeconfig).await;
+    token_file_refused(lab, a, b_ns, fragment_name, kubeconfig).await;
     apply(
         &Api::<Secret>::namespaced(a.client.clone(), &a.ns),
         "cosmos-kubeconfig",
@@ -1206,22 +1207,84 @@ async fn owner_delivers_keys(
     reader
 }
 
-/// Issue 26 item 2 in the e2e: the same kubeconfig with `tokenFile` (pointing at the owner
-/// pod's ServiceAccount token path) instead of the token is refused before a client exists;
-/// the owner's status for cosmos names the field and says nothing was sent.
+/// A stand-in for the contributor's apiserver: a TCP listener in the root netns, exposed in
+/// the lab at `gateway:port`, that counts every connection and keeps the first bytes each
+/// one sends (a TLS ClientHello, then the encrypted request with its `Authorization`).
+struct RecordingServer {
+    port: u16,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    _forwarder: tno_netlab::TcpForwarder,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RecordingServer {
+    async fn start(lab: &Lab<'_>) -> RecordingServer {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the stand-in");
+        let port = listener.local_addr().expect("stand-in address").port();
+        let forwarder = lab
+            .env
+            .lab()
+            .expose_root_port(port)
+            .expect("the stand-in exposed in the lab");
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = connections.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                drop(stream);
+            }
+        });
+        RecordingServer {
+            port,
+            connections,
+            _forwarder: forwarder,
+            task,
+        }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for RecordingServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Issue 26 item 2 in the e2e: the same kubeconfig with `tokenFile` (pointing at a marker file
+/// with a token) instead of the token, and `server` pointing at a recording stand-in, is
+/// refused before a client exists: the owner's status for cosmos names the field and says
+/// nothing was sent, and the stand-in saw no connection at all (while a connection of this
+/// test, the witness that it records, is counted).
 async fn token_file_refused(
+    lab: &Lab<'_>,
     a: &mut OwnerSide,
     b_ns: &str,
     fragment_name: &str,
     kubeconfig: &Value,
 ) {
+    let stand_in = RecordingServer::start(lab).await;
+    let marker = tempfile::NamedTempFile::new().expect("marker token file");
+    std::fs::write(marker.path(), "marker-token-that-must-not-travel").expect("marker token");
     let mut with_file = kubeconfig.clone();
+    for cluster in with_file["clusters"].as_array_mut().expect("clusters") {
+        cluster["cluster"]["server"] = json!(format!(
+            "https://{}:{}",
+            lab.env.lab().gateway(),
+            stand_in.port
+        ));
+    }
     for user in with_file["users"].as_array_mut().expect("users") {
         if let Some(entry) = user["user"].as_object_mut() {
             entry.remove("token");
             entry.insert(
                 "tokenFile".into(),
-                json!("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+                json!(marker.path().display().to_string()),
             );
         }
     }
@@ -1257,7 +1320,27 @@ async fn token_file_refused(
         },
     )
     .await;
-    eprintln!("owner, kubeconfig with tokenFile: {error}");
+    // The witness: the stand-in counts a connection made from the root netns.
+    let seen_before_witness = stand_in.connections();
+    drop(
+        tokio::net::TcpStream::connect(("127.0.0.1", stand_in.port))
+            .await
+            .expect("the stand-in accepts"),
+    );
+    wait_for("the stand-in to count the witness", WAIT, || async {
+        match stand_in.connections() {
+            n if n > seen_before_witness => Ok(()),
+            n => Err(format!("{n} connections")),
+        }
+    })
+    .await;
+    assert_eq!(
+        seen_before_witness, 0,
+        "the owner connected to the server of a kubeconfig it refused"
+    );
+    eprintln!(
+        "owner, kubeconfig with tokenFile: {error}; the stand-in apiserver saw 0 connections from the owner (1 from the witness)"
+    );
 }
 
 /// The sum of the operator's `headscale_api_calls` samples for `endpoint`.
@@ -1316,8 +1399,10 @@ async fn quiet_while_idle(a: &OwnerSide) {
         );
     }
     // One check per 2 s poll (a little slack for timing); status writes: none expected, two
-    // tolerated (a condition still settling when the window opened; under CI load a change
-    // and its revert, printed above). Before the fix: one write per poll, about 30.
+    // tolerated: the previous phase's change still settling when the window opens (measured
+    // 2026-12-03: the removed egress leaving the policy summary) and, right after it, one
+    // write that differs only in `lastRead` (the next poll compared against the watch cache
+    // before it had the first write). Before the fix: one write per poll, about 30.
     assert!(checks <= 33.0, "{checks} policy/check calls in {WINDOW:?}");
     assert!(
         versions.len() <= 2,
