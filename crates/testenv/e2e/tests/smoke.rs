@@ -55,9 +55,14 @@ fn tailscale_pod(login_server: &str, hostname: &str) -> Pod {
                     { "name": "TS_HOSTNAME", "value": hostname },
                     { "name": "TS_EXTRA_ARGS", "value": format!("--login-server={login_server}") },
                     { "name": "TS_AUTHKEY", "valueFrom": { "secretKeyRef": { "name": "ts-auth", "key": "authkey" } } },
+                    // Headscale serves HTTPS behind the lab CA: trusted the way the operator
+                    // gives it to agents (spec.serverCA mounted, SSL_CERT_DIR).
+                    { "name": "SSL_CERT_DIR", "value": "/etc/tailnet-operator/server-ca:/etc/ssl/certs" },
                 ],
+                "volumeMounts": [{ "name": "server-ca", "mountPath": "/etc/tailnet-operator/server-ca", "readOnly": true }],
                 "securityContext": { "runAsUser": 1000, "runAsGroup": 1000 },
             }],
+            "volumes": [{ "name": "server-ca", "configMap": { "name": tno_testenv::SERVER_CA_CONFIG_MAP } }],
         },
     }))
 }
@@ -106,6 +111,9 @@ async fn containerboot_pod_joins_the_tailnet_and_keeps_its_node_across_recreatio
     tno_testenv_kube::network::apply_all(&client, &manifests)
         .await
         .expect("RBAC and Secrets applied");
+    env.create_server_ca(&client, &ns)
+        .await
+        .expect("the lab CA ConfigMap");
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
