@@ -65,69 +65,7 @@ async fn up(demo: bool, once: bool, second_cluster: bool) -> tno_testenv::Result
         kube.startup_time()
     );
     let env = E2eEnv::start(kube.clone()).await?;
-    let tailnet = env.tailnet();
-    println!(
-        "Lab is up (kube {:.1?}, tailnet {:.1?}).",
-        kube.startup_time(),
-        env.startup_time()
-    );
-    println!(
-        "  kubeconfig:          {} (root netns)",
-        env.kubeconfig().display()
-    );
-    println!(
-        "  kubeconfig in lab:   {} (for processes in the lab netns)",
-        env.lab_kubeconfig().display()
-    );
-    println!("  apiserver:           {}", kube.api_server_url());
-    println!("  apiserver in lab:    {}", kube.api_server_url_in_lab());
-    println!(
-        "  Headscale:           {} (root netns)",
-        env.headscale_root_url()
-    );
-    println!(
-        "  Headscale in lab:    {} (server_url; use it as the Tailnet's spec.server)",
-        env.headscale_url()
-    );
-    println!(
-        "  Headscale's CA:      {}/{} (HTTPS behind the lab CA; ConfigMap {} in the operator namespace, the Tailnet's spec.serverCA)",
-        env.tailnet().headscale.ca_dir().display(),
-        tno_testenv_tailnet::LAB_CA_FILE,
-        tno_testenv::SERVER_CA_CONFIG_MAP,
-    );
-    // A throwaway key of a throwaway Headscale: printing it is the point.
-    println!("  Headscale API key:   {}", env.api_key());
-    println!(
-        "  headscale CLI:       {} -c {}",
-        tailnet.binaries.headscale.display(),
-        tailnet.headscale.config_path().display()
-    );
-    println!(
-        "  remote site:         {} behind router `{}` (routes {} advertised, not approved)",
-        tno_testenv_tailnet::SITE_ECHO,
-        tailnet.site.router.hostname(),
-        tno_testenv_tailnet::SITE_ROUTES.join(", ")
-    );
-    println!(
-        "  laptop:              user {} in {} (netns {})",
-        tno_testenv_tailnet::LAPTOP_USER,
-        tno_testenv_tailnet::TEAM_A_GROUP,
-        tailnet.laptop.netns.name()
-    );
-    println!(
-        "  lab netns:           {} (ip netns exec {} …)",
-        env.lab().netns().name(),
-        env.lab().netns().name()
-    );
-    println!(
-        "  run directory:       {} (logs)",
-        kube.run_id().scratch_dir().display()
-    );
-    println!();
-    println!(
-        "  kubectl --kubeconfig {} get pods -A",
-        env.kubeconfig().display()
-    );
+    print_lab(&kube, &env);
     let cosmos = if second_cluster {
         eprintln!("starting the second cluster…");
         let cosmos = env.start_second_cluster().await?;
@@ -205,6 +143,73 @@ async fn up(demo: bool, once: bool, second_cluster: bool) -> tno_testenv::Result
         Some(error) => Err(tno_testenv::E2eError::Demo(error)),
         None => Ok(()),
     }
+}
+
+/// How to reach the lab: kubeconfigs, URLs, Headscale's CA and key, the tailnet's nodes.
+fn print_lab(kube: &KubeEnv, env: &E2eEnv) {
+    let tailnet = env.tailnet();
+    println!(
+        "Lab is up (kube {:.1?}, tailnet {:.1?}).",
+        kube.startup_time(),
+        env.startup_time()
+    );
+    println!(
+        "  kubeconfig:          {} (root netns)",
+        env.kubeconfig().display()
+    );
+    println!(
+        "  kubeconfig in lab:   {} (for processes in the lab netns)",
+        env.lab_kubeconfig().display()
+    );
+    println!("  apiserver:           {}", kube.api_server_url());
+    println!("  apiserver in lab:    {}", kube.api_server_url_in_lab());
+    println!(
+        "  Headscale:           {} (root netns)",
+        env.headscale_root_url()
+    );
+    println!(
+        "  Headscale in lab:    {} (server_url; use it as the Tailnet's spec.server)",
+        env.headscale_url()
+    );
+    println!(
+        "  Headscale's CA:      {}/{} (HTTPS behind the lab CA; ConfigMap {} in the operator namespace, the Tailnet's spec.serverCA)",
+        env.tailnet().headscale.ca_dir().display(),
+        tno_testenv_tailnet::LAB_CA_FILE,
+        tno_testenv::SERVER_CA_CONFIG_MAP,
+    );
+    // A throwaway key of a throwaway Headscale: printing it is the point.
+    println!("  Headscale API key:   {}", env.api_key());
+    println!(
+        "  headscale CLI:       {} -c {}",
+        tailnet.binaries.headscale.display(),
+        tailnet.headscale.config_path().display()
+    );
+    println!(
+        "  remote site:         {} behind router `{}` (routes {} advertised, not approved)",
+        tno_testenv_tailnet::SITE_ECHO,
+        tailnet.site.router.hostname(),
+        tno_testenv_tailnet::SITE_ROUTES.join(", ")
+    );
+    println!(
+        "  laptop:              user {} in {} (netns {})",
+        tno_testenv_tailnet::LAPTOP_USER,
+        tno_testenv_tailnet::TEAM_A_GROUP,
+        tailnet.laptop.netns.name()
+    );
+    println!(
+        "  lab netns:           {} (ip netns exec {} …)",
+        env.lab().netns().name(),
+        env.lab().netns().name()
+    );
+    println!(
+        "  run directory:       {} (logs)",
+        kube.run_id().scratch_dir().display()
+    );
+    println!();
+    println!(
+        "  kubectl --kubeconfig {} get pods -A",
+        env.kubeconfig().display()
+    );
 }
 
 /// What keeps the demo going while the lab is up: the operator and the lab plumbing.
