@@ -63,6 +63,8 @@ pub enum E2eError {
         #[source]
         source: reqwest::Error,
     },
+    #[error("installing the product: {0}")]
+    Install(String),
     #[error("the lab demo failed: {0}")]
     Demo(String),
     #[error("cannot make a lab certificate: {0}")]

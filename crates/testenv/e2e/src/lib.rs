@@ -33,6 +33,7 @@ mod error;
 mod network_policy;
 mod operator;
 mod pods;
+pub mod product;
 mod second_cluster;
 mod stand_ins;
 mod tailnet_client;

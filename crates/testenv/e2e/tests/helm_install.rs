@@ -15,8 +15,7 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -36,46 +35,15 @@ fn root() -> PathBuf {
     tno_testenv_kube::binaries::workspace_root()
 }
 
-fn helm_binary() -> PathBuf {
-    tno_testenv_kube::binaries::helm().unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Runs helm, appends the command and its output to the transcript, returns stdout.
-struct Helm {
-    binary: PathBuf,
-    kubeconfig: PathBuf,
-    home: PathBuf,
-    transcript: Vec<String>,
-}
+/// helm through [`tno_testenv::product::Helm`]: each command printed as it runs, a failure
+/// fails the test.
+struct Helm(tno_testenv::product::Helm);
 
 impl Helm {
     fn run(&mut self, args: &[&str]) -> String {
-        let started = Instant::now();
-        let output = Command::new(&self.binary)
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            // helm's registry config, cache and repositories stay in the run directory.
-            .env("HELM_CONFIG_HOME", self.home.join("config"))
-            .env("HELM_CACHE_HOME", self.home.join("cache"))
-            .env("HELM_DATA_HOME", self.home.join("data"))
-            .output()
-            .expect("helm runs");
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-        let entry = format!(
-            "$ helm {}\n{stdout}{stderr}({} after {:.1?})\n",
-            args.join(" "),
-            output.status,
-            started.elapsed()
-        );
-        eprintln!("{entry}");
-        self.transcript.push(entry);
-        assert!(
-            output.status.success(),
-            "helm {} failed:\n{stdout}\n{stderr}",
-            args.join(" ")
-        );
-        stdout
+        let result = self.0.run(args);
+        eprintln!("{}", self.0.last_entry());
+        result.unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
@@ -193,14 +161,16 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
         .expect("registry");
     let chart_version = chart_version();
 
-    let pushed = push_images(&env, &registry, &layouts).await;
-    let mut helm = Helm {
-        binary: helm_binary(),
-        kubeconfig: env.kubeconfig().to_path_buf(),
-        home: env.dir().join("helm-home"),
-        transcript: Vec::new(),
-    };
-    let charts_url = publish_chart(&mut helm, &env, &registry, &chart_version);
+    let pushed = push_images(&env, &registry).await;
+    let mut helm = Helm(
+        tno_testenv::product::Helm::new(env.kubeconfig(), &env.dir().join("helm-home"))
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    let chart_ref = helm
+        .0
+        .publish_chart(&env.dir().join("chart"), &registry)
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{}", helm.0.transcript.join("\n"));
 
     // Inputs an admin creates: namespace, API key Secret, base policy, a Tailnet.
     let ops = env.namespace("helm").await.expect("operator namespace");
@@ -219,7 +189,6 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
     let release = ns.clone();
     // The chart's fullname: <release>-tailnet-operator.
     let fullname = format!("{release}-tailnet-operator");
-    let chart_ref = format!("{charts_url}/tailnet-operator");
     let r = Release {
         env: &env,
         ops: &ops,
@@ -243,7 +212,7 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
     upgrade_keeps_the_agents(&mut helm, &r, &pods, &leases, &first, &served, nodes_before).await;
     uninstall_leaves_the_resources(&mut helm, &r, &pods, &egresses, &served, agent_uids).await;
 
-    let transcript = helm.transcript.join("\n");
+    let transcript = helm.0.transcript.join("\n");
     let path = env.dir().join("helm-transcript.txt");
     std::fs::write(&path, &transcript).expect("transcript");
     eprintln!("transcript: {}", path.display());
@@ -289,59 +258,26 @@ struct Served {
 }
 
 /// Pushes what CI built, by digest.
-async fn push_images(env: &E2eEnv, registry: &LabRegistry, layouts: &[PathBuf]) -> Pushed {
-    let client = tno_oci::registry::Client::new();
-    let mut pushed = Vec::new();
-    for dir in layouts {
-        let layout = tno_oci::layout::Layout::read(dir).expect("layout");
-        let name = dir.file_name().and_then(|n| n.to_str()).expect("name");
-        let reference = client
-            .push_layout(&layout, registry.host(), &format!("tno/{name}"), None)
-            .await
-            .unwrap_or_else(|e| panic!("push {name}: {e}\n{}", registry.log_tail(20)));
-        eprintln!("pushed {reference}");
-        pushed.push((
-            format!("{}/tno/{name}", registry.host()),
-            layout.digest().to_string(),
-        ));
+async fn push_images(env: &E2eEnv, registry: &LabRegistry) -> Pushed {
+    let images = tno_testenv::product::push_product_images(
+        registry,
+        &root().join("target/images"),
+        env.kube().binaries(),
+        env.dir(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    for image in [&images.operator, &images.agent, &images.tailscale] {
+        eprintln!("pushed {}@{}", image.repository, image.digest);
     }
-    let (operator_repo, operator_digest) = pushed[0].clone();
-    let (agent_repo, agent_digest) = pushed[1].clone();
-    let (tailscale_repo, tailscale_digest) = push_lab_tailscale_image(env, registry).await;
     Pushed {
-        operator_repo,
-        operator_digest,
-        agent_repo,
-        agent_digest,
-        tailscale_repo,
-        tailscale_digest,
+        operator_repo: images.operator.repository,
+        operator_digest: images.operator.digest,
+        agent_repo: images.agent.repository,
+        agent_digest: images.agent.digest,
+        tailscale_repo: images.tailscale.repository,
+        tailscale_digest: images.tailscale.digest,
     }
-}
-
-/// Packages the chart and pushes it to the lab registry; returns the charts' OCI URL.
-fn publish_chart(
-    helm: &mut Helm,
-    env: &E2eEnv,
-    registry: &LabRegistry,
-    chart_version: &str,
-) -> String {
-    let package_dir = env.dir().join("chart");
-    let chart_dir = root().join("charts/tailnet-operator");
-    helm.run(&[
-        "package",
-        chart_dir.to_str().expect("path"),
-        "--destination",
-        package_dir.to_str().expect("path"),
-    ]);
-    let package = package_dir.join(format!("tailnet-operator-{chart_version}.tgz"));
-    let charts_url = format!("oci://{}/tno/charts", registry.host());
-    helm.run(&[
-        "push",
-        package.to_str().expect("path"),
-        &charts_url,
-        "--plain-http",
-    ]);
-    charts_url
 }
 
 /// `helm install` from the registry, two replicas, the pushed images by digest.
@@ -780,101 +716,9 @@ async fn uninstall_leaves_the_resources(
 }
 
 fn tailscale_version() -> String {
-    std::fs::read_to_string(root().join("deps/versions.env"))
-        .expect("versions")
-        .lines()
-        .find_map(|line| line.strip_prefix("TAILSCALE_VERSION=").map(str::to_string))
-        .expect("TAILSCALE_VERSION")
-}
-
-/// The lab's build of the tailscale image (not the official one): `containerboot`,
-/// `tailscaled` and `tailscale` from deps/ (tailscale.com at the pinned version) at the
-/// official image's paths (`/usr/local/bin/`) with its entrypoint (`containerboot`), on the
-/// same empty base as our images, plus the two settings the lab needs (no log uploads: no
-/// Internet; the test Headscale's DERP speaks plain HTTP). Pushed as `lab/tailscale-lab-build`.
-async fn push_lab_tailscale_image(env: &E2eEnv, registry: &LabRegistry) -> (String, String) {
-    use std::collections::BTreeMap;
-    use tno_oci::layer::LayerSpec;
-    let binaries = env.kube().binaries();
-    let mut base = LayerSpec::new();
-    base.host_file(
-        "etc/passwd",
-        0o644,
-        &root().join("images/rootfs/etc/passwd"),
-    )
-    .expect("passwd");
-    base.host_file("etc/group", 0o644, &root().join("images/rootfs/etc/group"))
-        .expect("group");
-    base.host_file(
-        "etc/ssl/certs/ca-certificates.crt",
-        0o644,
-        std::path::Path::new("/etc/ssl/certs/ca-certificates.crt"),
-    )
-    .expect("CA bundle");
-    base.dir("tmp", 0o1777, 0, 0).expect("tmp");
-    let mut programs = LayerSpec::new();
-    for (name, path) in [
-        ("containerboot", &binaries.containerboot),
-        ("tailscaled", &binaries.tailscaled),
-        ("tailscale", &binaries.tailscale),
-    ] {
-        programs
-            .host_file(&format!("usr/local/bin/{name}"), 0o755, path)
-            .expect("tailscale binary");
-    }
-    let version = tailscale_version();
-    let labels = BTreeMap::from([(
-        "org.opencontainers.image.title".to_string(),
-        format!(
-            "tailscale {version}: the tailnet-operator lab's build (deps/), not the official image"
-        ),
-    )]);
-    let platform = tno_oci::Platform::host().expect("amd64 or arm64");
-    let image = tno_oci::image::PlatformImage::build(
-        platform,
-        vec![
-            (base.build(0).expect("base"), "base".into()),
-            (
-                programs.build(0).expect("programs"),
-                "tailscale.com binaries".into(),
-            ),
-        ],
-        &tno_oci::image::RunConfig {
-            entrypoint: vec!["/usr/local/bin/containerboot".into()],
-            cmd: Vec::new(),
-            env: vec![
-                "PATH=/usr/local/bin:/usr/bin:/bin".into(),
-                "TS_NO_LOGS_NO_SUPPORT=true".into(),
-            ],
-            user: String::new(),
-            working_dir: "/".into(),
-            labels: labels.clone(),
-        },
-        "1970-01-01T00:00:00Z",
-        &labels,
-    )
-    .expect("image");
-    let index = tno_oci::image::index(std::slice::from_ref(&image), &labels).expect("index");
-    let dir = env.dir().join("lab-tailscale-image");
-    tno_oci::layout::write(&dir, &index, std::slice::from_ref(&image), &version).expect("layout");
-    let layout = tno_oci::layout::Layout::read(&dir).expect("layout");
-    let reference = tno_oci::registry::Client::new()
-        .push_layout(&layout, registry.host(), "lab/tailscale-lab-build", None)
-        .await
-        .expect("push the lab tailscale image");
-    eprintln!("pushed {reference}");
-    (
-        format!("{}/lab/tailscale-lab-build", registry.host()),
-        layout.digest().to_string(),
-    )
+    tno_testenv::product::tailscale_version().unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn chart_version() -> String {
-    let chart = std::fs::read_to_string(root().join("charts/tailnet-operator/Chart.yaml"))
-        .expect("Chart.yaml");
-    chart
-        .lines()
-        .find_map(|line| line.strip_prefix("version: "))
-        .map(|version| version.trim().trim_matches('"').to_string())
-        .expect("Chart.yaml version")
+    tno_testenv::product::chart_version().unwrap_or_else(|e| panic!("{e}"))
 }
