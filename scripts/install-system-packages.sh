@@ -5,7 +5,9 @@ packages=(iproute2 nftables conntrack iptables curl ca-certificates openssl
   # benchmarks and their CI smoke (crates/bench): the baselines and the HTTP load generator
   socat nginx-light wrk
   # cargo xtask images: ring for the static x86_64-unknown-linux-musl release binaries
-  musl-tools)
+  musl-tools
+  # kube-router, the lab's NetworkPolicy enforcer
+  ipset)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

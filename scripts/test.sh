@@ -18,7 +18,6 @@ bash scripts/install-system-packages.sh
 
 step "third-party binaries (deps/build.sh; cached in ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps})"
 bash deps/build.sh all
-command -v ipset >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ipset; } # kube-router (network_policy_e2e)
 
 step "static checks: rustfmt, clippy"
 cargo fmt --all -- --check

@@ -62,6 +62,8 @@ pub struct Options {
     pub push: Option<String>,
     pub chart: bool,
     pub verify_reproducible: bool,
+    /// Cargo profile the binaries are built with (`release`, or `lab` for the local lab).
+    pub profile: String,
 }
 
 impl Options {
@@ -75,6 +77,7 @@ impl Options {
             push: None,
             chart: false,
             verify_reproducible: false,
+            profile: "release".into(),
         }
     }
 }
@@ -269,7 +272,7 @@ pub fn assemble(
 }
 
 /// Builds the static release binaries for `platform` with cargo; returns their directory.
-fn cargo_build(root: &Path, platform: Platform) -> Result<PathBuf, String> {
+fn cargo_build(root: &Path, platform: Platform, profile: &str) -> Result<PathBuf, String> {
     let target = platform.rust_target();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let home = std::env::var("CARGO_HOME")
@@ -293,12 +296,19 @@ fn cargo_build(root: &Path, platform: Platform) -> Result<PathBuf, String> {
             .join(",")
     );
     println!(
-        "building release binaries for {} ({target})",
+        "building {profile} binaries for {} ({target})",
         platform.name()
     );
     let status = Command::new(cargo)
         .current_dir(&root)
-        .args(["build", "--locked", "--release", "--target", target])
+        .args([
+            "build",
+            "--locked",
+            "--profile",
+            profile,
+            "--target",
+            target,
+        ])
         .args(["--config", &rustflags])
         .args(["-p", "tailnet-operator", "--bin", "tailnet-operator"])
         .args(["-p", "tailnet-agent", "--bin", "tailnet-agent"])
@@ -306,7 +316,7 @@ fn cargo_build(root: &Path, platform: Platform) -> Result<PathBuf, String> {
         .map_err(|e| format!("cargo: {e}"))?;
     if !status.success() {
         return Err(format!(
-            "cargo build --release --target {target} failed: {status} (is the target installed? \
+            "cargo build --profile {profile} --target {target} failed: {status} (is the target installed? \
              `rustup target add {target}`; ring needs a C compiler for it, e.g. musl-tools)"
         ));
     }
@@ -321,7 +331,7 @@ fn cargo_build(root: &Path, platform: Platform) -> Result<PathBuf, String> {
             }
         })
         .unwrap_or_else(|| root.join("target"));
-    Ok(target_dir.join(target).join("release"))
+    Ok(target_dir.join(target).join(profile))
 }
 
 /// `cargo xtask images`.
@@ -335,7 +345,7 @@ pub fn images(root: &Path, options: &Options) -> Result<(), String> {
     for platform in &options.platforms {
         let dir = match &options.binaries {
             Some(dir) => dir.join(platform.rust_target()),
-            None => cargo_build(root, *platform)?,
+            None => cargo_build(root, *platform, &options.profile)?,
         };
         dirs.insert(platform.name(), dir);
     }

@@ -59,6 +59,10 @@ enum Task {
         /// Assemble every image a second time and fail unless the digests are equal.
         #[arg(long)]
         verify_reproducible: bool,
+        /// Cargo profile of the binaries: `release` (LTO; what releases ship) or `lab`
+        /// (the local lab's images: static, unoptimised, built in the time of a debug build).
+        #[arg(long, default_value = "release", value_parser = ["release", "lab"])]
+        profile: String,
         /// Build images/*.Dockerfile with a container builder instead (needs a daemon or
         /// podman/buildah), tagged <registry>/<name>:<tag>.
         #[arg(long)]
@@ -169,6 +173,7 @@ fn main() -> ExitCode {
             push,
             chart,
             verify_reproducible,
+            profile,
             dockerfile,
             registry,
             builder,
@@ -179,6 +184,7 @@ fn main() -> ExitCode {
                 images_options(tag, platforms, out, binaries, ca_bundle, push, chart)
                     .map(|mut options| {
                         options.verify_reproducible = verify_reproducible;
+                        options.profile = profile;
                         options
                     })
                     .and_then(|options| images::images(&root(), &options))

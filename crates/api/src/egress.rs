@@ -194,7 +194,7 @@ pub struct EgressTargetStatus {
     pub message: Option<String>,
 }
 
-/// The class of an egress target (SPEC §3).
+/// The class of an egress target: what the operator found the address to be.
 #[derive(
     Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
 )]

@@ -76,8 +76,9 @@ pub struct ServerCa {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct TailnetDns {
-    /// ConfigMap (operator namespace) that receives `hosts` (CoreDNS hosts format) and
-    /// `extra-records.json` (Headscale `dns.extra_records_path` format).
+    /// ConfigMap (in `hostsConfigMapNamespace`, default the operator namespace) that receives
+    /// three keys: `hosts` (CoreDNS hosts format), `tailnet.server` (a CoreDNS server block to
+    /// import) and `extra-records.json` (Headscale `dns.extra_records_path` format).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 253),
@@ -86,7 +87,7 @@ pub struct TailnetDns {
     pub hosts_config_map: Option<String>,
     /// Namespace of `hostsConfigMap` (default: the operator namespace). Point it at the
     /// namespace CoreDNS runs in (e.g. `kube-system`) so CoreDNS can mount it; the operator
-    /// server-side applies only its two keys, so a shared ConfigMap keeps its other keys.
+    /// server-side applies only its three keys, so a shared ConfigMap keeps its other keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 63),

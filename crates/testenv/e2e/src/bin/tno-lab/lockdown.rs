@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use tno_testenv::E2eEnv;
 
+use crate::install::DemoOperator;
 use crate::{OPERATOR_NAMESPACE, print_kubectl, tailnet_resource};
 
 /// The demo's base without its rules (and without `tests`, which assert rule-based access):
@@ -68,7 +69,7 @@ async fn policy_applied(client: &kube::Client, reason: &str) -> Result<String, S
 }
 
 /// The operator's refused syncs of the demo Tailnet (`…policy_syncs_total{result="would_lock_down"}`).
-async fn refused_syncs(operator: &tno_testenv::OperatorProcess) -> f64 {
+async fn refused_syncs(operator: &DemoOperator) -> f64 {
     operator
         .metric(r#"tailnet_operator_policy_syncs_total{tailnet="demo",result="would_lock_down"}"#)
         .await
@@ -79,7 +80,7 @@ async fn refused_syncs(operator: &tno_testenv::OperatorProcess) -> f64 {
 pub async fn demo(
     env: &E2eEnv,
     client: &kube::Client,
-    operator: &tno_testenv::OperatorProcess,
+    operator: &DemoOperator,
 ) -> Result<(), String> {
     let headscale = env.headscale_api();
     let live_before = headscale.get_policy().await.map_err(|e| e.to_string())?;

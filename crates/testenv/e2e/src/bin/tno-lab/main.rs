@@ -10,7 +10,11 @@ use tno_testenv::E2eEnv;
 use tno_testenv_kube::binaries::Binaries;
 use tno_testenv_kube::{KubeEnv, KubeEnvOptions};
 
+mod in_cluster;
+mod install;
 mod lockdown;
+
+use install::DemoOperator;
 
 #[derive(Parser)]
 #[command(
@@ -31,6 +35,65 @@ struct Cli {
     /// examples/second-cluster/: a contributing installation whose egress the owner merges.
     #[arg(long)]
     second_cluster: bool,
+    /// Run the operator as a local process from the workspace build (development) instead of
+    /// installing the chart from the lab registry.
+    #[arg(long)]
+    dev: bool,
+    /// The OCI layouts of tailnet-operator and tailnet-agent to push and install
+    /// (`cargo xtask images` output; scripts/lab.sh builds them with `--profile lab` into
+    /// target/lab-images). Relative paths are taken from the repository root.
+    #[arg(long, default_value = "target/lab-images")]
+    images: std::path::PathBuf,
+}
+
+/// How the demo runs the operator.
+#[derive(Clone)]
+enum OperatorMode {
+    /// `helm install` from the lab registry with these image layouts.
+    Chart(std::path::PathBuf),
+    /// `--dev`: the workspace binary as a process.
+    Process,
+}
+
+/// The lab's phases and how long each took, printed as they end and summed up at the end.
+pub struct Phases {
+    started: std::time::Instant,
+    last: std::time::Instant,
+    done: Vec<(String, std::time::Duration)>,
+}
+
+impl Phases {
+    fn new() -> Self {
+        let now = std::time::Instant::now();
+        Self {
+            started: now,
+            last: now,
+            done: Vec::new(),
+        }
+    }
+
+    /// Ends the current phase as `name`.
+    pub fn done(&mut self, name: &str) {
+        let now = std::time::Instant::now();
+        let took = now - self.last;
+        self.last = now;
+        eprintln!("[lab] {name}: {:.1} s", took.as_secs_f64());
+        self.done.push((name.to_string(), took));
+    }
+
+    fn print_summary(&self) {
+        println!(
+            "
+lab phases (tno-lab):"
+        );
+        for (name, took) in &self.done {
+            println!("  {:>6.1} s  {name}", took.as_secs_f64());
+        }
+        println!(
+            "  {:>6.1} s  total",
+            (self.last - self.started).as_secs_f64()
+        );
+    }
 }
 
 fn main() -> ExitCode {
@@ -46,7 +109,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(up(!cli.bare, cli.once, cli.second_cluster)) {
+    let mode = if cli.dev {
+        OperatorMode::Process
+    } else if cli.images.is_absolute() {
+        OperatorMode::Chart(cli.images.clone())
+    } else {
+        OperatorMode::Chart(tno_testenv_kube::binaries::workspace_root().join(&cli.images))
+    };
+    let demo = (!cli.bare).then_some(mode);
+    match runtime.block_on(up(demo, cli.once, cli.second_cluster)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("tno-lab: {error}");
@@ -55,7 +126,12 @@ fn main() -> ExitCode {
     }
 }
 
-async fn up(demo: bool, once: bool, second_cluster: bool) -> tno_testenv::Result<()> {
+async fn up(
+    demo: Option<OperatorMode>,
+    once: bool,
+    second_cluster: bool,
+) -> tno_testenv::Result<()> {
+    let mut phases = Phases::new();
     eprintln!("starting the Kubernetes environment…");
     let binaries = Binaries::discover()?;
     let options = KubeEnvOptions::from_repository(&binaries);
@@ -64,7 +140,9 @@ async fn up(demo: bool, once: bool, second_cluster: bool) -> tno_testenv::Result
         "Kubernetes environment up in {:.1?}; starting the tailnet…",
         kube.startup_time()
     );
+    phases.done("Kubernetes environment");
     let env = E2eEnv::start(kube.clone()).await?;
+    phases.done("tailnet (Headscale, remote site, laptop)");
     print_lab(&kube, &env);
     let cosmos = if second_cluster {
         eprintln!("starting the second cluster…");
@@ -98,8 +176,8 @@ async fn up(demo: bool, once: bool, second_cluster: bool) -> tno_testenv::Result
     let mut demo_state = None;
     let mut second_state = None;
     let mut demo_error = None;
-    if demo {
-        match run_demo(&env).await {
+    if let Some(mode) = demo {
+        match run_demo(&env, mode, &mut phases).await {
             Ok(state) => demo_state = Some(state),
             Err(error) if once => demo_error = Some(error),
             Err(error) => {
@@ -116,6 +194,7 @@ async fn up(demo: bool, once: bool, second_cluster: bool) -> tno_testenv::Result
             }
         }
     }
+    phases.print_summary();
     if !once {
         println!("Press Ctrl-C to stop.");
         if let Err(error) = tokio::signal::ctrl_c().await {
@@ -127,8 +206,8 @@ async fn up(demo: bool, once: bool, second_cluster: bool) -> tno_testenv::Result
         let _ = operator.terminate().await;
     }
     drop(cosmos);
-    if let Some(DemoState { mut operator, .. }) = demo_state {
-        let _ = operator.terminate().await;
+    if let Some(DemoState { operator, .. }) = demo_state {
+        operator.stop().await;
     }
     let scratch = kube.run_id().scratch_dir();
     // The tailnet side leaves the lab before the kube env (its owner) deletes it.
@@ -214,13 +293,14 @@ fn print_lab(kube: &KubeEnv, env: &E2eEnv) {
 
 /// What keeps the demo going while the lab is up: the operator and the lab plumbing.
 struct DemoState {
-    operator: tno_testenv::OperatorProcess,
+    operator: DemoOperator,
     _issuer: tno_testenv::LabIssuer,
     _records: tokio::task::JoinHandle<()>,
+    _enforcer: tno_testenv::NetworkPolicyEnforcer,
 }
 
-const OPERATOR_NAMESPACE: &str = "tailnet-system";
-const CONSUMER_NAMESPACE: &str = "team-a";
+pub const OPERATOR_NAMESPACE: &str = "tailnet-system";
+pub const CONSUMER_NAMESPACE: &str = "team-a";
 
 fn example(file: &str) -> Result<serde_json::Value, String> {
     let path = tno_testenv_kube::binaries::workspace_root()
@@ -230,18 +310,35 @@ fn example(file: &str) -> Result<serde_json::Value, String> {
     serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The demo: the operator (in the lab, like a pod), the example Tailnet in Apply mode, the
-/// example TailnetEgress and TailnetIngress. Then a pod in team-a sends bytes to
+/// The demo: the cluster's DNS wired as docs/dns.md says, NetworkPolicies enforced
+/// (kube-router), the product installed from the lab registry with `helm install` (or, with
+/// `--dev`, the operator as a process), the example Tailnet in Apply mode, the example
+/// TailnetEgress and TailnetIngress. Then a pod in team-a sends bytes to
 /// remote-db.tailnet-system.svc.cluster.local:5432 and gets them echoed by 192.0.2.10:5432
-/// behind the site's subnet router, and the laptop (alice, group:team-a) opens
-/// https://portal.team-a.lab.example.net through the tailnet. Last, the lockdown guard
+/// behind the site's subnet router, the laptop (alice, group:team-a) opens
+/// https://portal.team-a.lab.example.net through the tailnet, in-cluster clients use the same
+/// name and the egress alias ([`in_cluster::demo`]). Last, the lockdown guard
 /// ([`lockdown::demo`]).
-async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
+async fn run_demo(
+    env: &E2eEnv,
+    mode: OperatorMode,
+    phases: &mut Phases,
+) -> Result<DemoState, String> {
     let client = env.kube().client().await.map_err(|e| e.to_string())?;
     let apply = PatchParams::apply("tno-lab").force();
     apply_namespaces(&client, &[OPERATOR_NAMESPACE, CONSUMER_NAMESPACE]).await?;
-    // Lab plumbing a cluster would have: a CA ClusterIssuer (cert-manager stand-in) and the
-    // extra-records ConfigMap mounted into Headscale.
+    // What a cluster has before the operator: DNS wired to the Tailnet's ConfigMap, a
+    // NetworkPolicy enforcer, a CA ClusterIssuer (cert-manager stand-in) and the extra-records
+    // ConfigMap mounted into Headscale (a copy loop stands in for the mount).
+    in_cluster::wire_coredns(&client).await?;
+    let enforcer = env
+        .start_network_policy_enforcer()
+        .await
+        .map_err(|e| format!("the NetworkPolicy enforcer (kube-router): {e}"))?;
+    println!(
+        "demo: NetworkPolicies are enforced (kube-router's firewall controller, {})",
+        enforcer.iptables_backend()
+    );
     let ca = tno_testenv::LabCa::generate("tailnet-operator lab CA").map_err(|e| e.to_string())?;
     let ca_pem = ca.pem().to_string();
     let ca_path = env.kube().run_id().scratch_dir().join("lab-ca.pem");
@@ -256,26 +353,38 @@ async fn run_demo(env: &E2eEnv) -> Result<DemoState, String> {
     let issuer = tno_testenv::LabIssuer::spawn(client.clone(), ca);
     let records = tno_testenv::sync_extra_records(
         client.clone(),
-        OPERATOR_NAMESPACE.to_string(),
+        in_cluster::DNS_NAMESPACE.to_string(),
         tno_testenv::HOSTS_CONFIG_MAP.to_string(),
         env.tailnet().headscale.extra_records_path().to_path_buf(),
     );
+    phases.done("cluster add-ons (CoreDNS wiring, kube-router, lab issuer)");
 
     apply_demo_tailnet(env, &client, &apply).await?;
-    let operator = start_demo_operator(env, None).await?;
-    println!(
-        "demo: operator running in the lab (log {}, metrics {})",
-        operator.log_path().display(),
-        operator.metrics_url()
-    );
+    let operator = match mode {
+        OperatorMode::Chart(images) => {
+            DemoOperator::Pod(install::install_chart(env, &client, &images, phases).await?)
+        }
+        OperatorMode::Process => {
+            let operator = DemoOperator::Process(start_demo_operator(env, None).await?);
+            phases.done("operator process Ready (--dev)");
+            operator
+        }
+    };
+    println!("demo: {}", operator.describe());
     let state = DemoState {
         operator,
         _issuer: issuer,
         _records: records,
+        _enforcer: enforcer,
     };
     demo_egress(env, &client, &apply).await?;
+    phases.done("demo: egress Ready and bytes through");
     demo_ingress(env, &client, &apply, &admin_tls, &ca_pem).await?;
+    phases.done("demo: ingress Ready and HTTPS from the laptop");
+    in_cluster::demo(env, &client, &ca_pem).await?;
+    phases.done("demo: in-cluster clients (split horizon, egress alias)");
     lockdown::demo(env, &client, &state.operator).await?;
+    phases.done("demo: lockdown guard");
     print_kubectl(env, &["get", "tailnet,tailnetegress,tailnetingress", "-A"]);
     println!(
         "demo: success — one egress connection and one HTTPS ingress request crossed the tailnet."
@@ -309,6 +418,8 @@ async fn apply_demo_tailnet(
     tailnet["spec"]["dns"]["ingressAliasTemplate"] =
         example_tailnet["spec"]["dns"]["ingressAliasTemplate"].clone();
     tailnet["spec"]["defaults"] = example_tailnet["spec"]["defaults"].clone();
+    // docs/dns.md (kubeadm): the DNS ConfigMap beside CoreDNS, which mounts it.
+    tailnet["spec"]["dns"]["hostsConfigMapNamespace"] = in_cluster::DNS_NAMESPACE.into();
     tailnets
         .patch("demo", apply, &Patch::Apply(&tailnet))
         .await
@@ -606,7 +717,7 @@ async fn start_demo_operator(
 }
 
 /// Server-side applies the namespaces `names`.
-async fn apply_namespaces(client: &kube::Client, names: &[&str]) -> Result<(), String> {
+pub async fn apply_namespaces(client: &kube::Client, names: &[&str]) -> Result<(), String> {
     use k8s_openapi::api::core::v1::Namespace;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     for ns in names {
@@ -720,7 +831,7 @@ async fn apply_object(client: &kube::Client, object: &serde_json::Value) -> Resu
 }
 
 /// Runs the deps-built kubectl against the lab and prints its output (a note if it is missing).
-fn print_kubectl(env: &E2eEnv, args: &[&str]) {
+pub fn print_kubectl(env: &E2eEnv, args: &[&str]) {
     print_kubectl_with(env, env.kubeconfig(), args);
 }
 
