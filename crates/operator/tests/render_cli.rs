@@ -87,9 +87,10 @@ fn objects_are_valid_yaml_documents() {
             value["kind"].as_str().expect("kind").to_string()
         })
         .collect();
-    // Agents of the egresses team-a and devices and of the ingress portal.
+    // Agents of the egresses team-a and devices and of the ingress portal; the egress targets'
+    // Services and the portal's in-cluster Service (it lists team-a in spec.inCluster).
     assert_eq!(kinds.iter().filter(|k| *k == "Deployment").count(), 3);
-    assert_eq!(kinds.iter().filter(|k| *k == "Service").count(), 5);
+    assert_eq!(kinds.iter().filter(|k| *k == "Service").count(), 6);
 }
 
 /// Copies `examples/` into a temp dir, applies `edit` to one file, renders it with the

@@ -286,7 +286,9 @@ fn ingress_inputs(tailnet: &Tailnet, ingress: &TailnetIngress, serve_http: bool)
 #[test]
 fn ingress_agent_serves_vhosts_with_one_certificate() {
     let tailnet: Tailnet = load("10-tailnet.yaml");
-    let ingress: TailnetIngress = load("30-ingress.yaml");
+    let mut ingress: TailnetIngress = load("30-ingress.yaml");
+    // The example lists team-a for split horizon; this case is the tailnet-only entrance.
+    ingress.spec.in_cluster = None;
     let objects = ingress::render(
         &ingress,
         &ctx(&tailnet),
@@ -782,6 +784,9 @@ fn the_server_ca_reaches_only_the_tailscale_container() {
 fn in_cluster_namespaces_add_a_service_and_admit_only_those_namespaces() {
     let tailnet: Tailnet = load("10-tailnet.yaml");
     let mut ingress: TailnetIngress = load("30-ingress.yaml");
+    // The example lists team-a; start from an ingress without `spec.inCluster`.
+    let listed = ingress.spec.in_cluster.take();
+    assert!(listed.is_some(), "examples/30-ingress.yaml lists a namespace in spec.inCluster");
     let inputs = ingress_inputs(&tailnet, &ingress, true);
     let plain = ingress::render(&ingress, &ctx(&tailnet), &inputs).expect("render");
     assert!(plain.in_cluster_service.is_none());

@@ -37,8 +37,14 @@ fn egress() -> TailnetEgress {
     load("20-egress.yaml", |_| {})
 }
 
+/// examples/30-ingress.yaml without its `spec.inCluster` (the tailnet-only entrance; the
+/// split-horizon cases add their own).
 fn ingress() -> TailnetIngress {
-    load("30-ingress.yaml", |_| {})
+    load("30-ingress.yaml", |v| {
+        if let Some(spec) = v["spec"].as_object_mut() {
+            spec.remove("inCluster");
+        }
+    })
 }
 
 fn scope(tailnet: &Tailnet) -> TailnetScope<'_> {
