@@ -25,6 +25,8 @@ cd "$(dirname "$0")/.."
 # rustup installs cargo here; a non-login shell may not have it on PATH.
 command -v cargo >/dev/null || export PATH="$HOME/.cargo/bin:$PATH"
 
+# Cargo's output directory (CARGO_TARGET_DIR is honoured, relative to the repository root).
+target_dir=${CARGO_TARGET_DIR:-target}
 phase_started=$(date +%s)
 phase() {
   local now
@@ -54,7 +56,7 @@ if ! $dev && ! $bare; then
   musl_target="$(uname -m)-unknown-linux-musl"
   rustup target list --installed | grep -qx "$musl_target" || rustup target add "$musl_target"
   # Static binaries on an empty base, as releases (which use --profile release: LTO, slower).
-  cargo xtask images --profile lab --out target/lab-images
+  cargo xtask images --profile lab --out "$target_dir/lab-images"
   phase "images (cargo xtask images --profile lab)"
 fi
-exec target/debug/tno-lab --images target/lab-images "$@"
+exec "$target_dir/debug/tno-lab" --images "$target_dir/lab-images" "$@"

@@ -786,7 +786,10 @@ fn in_cluster_namespaces_add_a_service_and_admit_only_those_namespaces() {
     let mut ingress: TailnetIngress = load("30-ingress.yaml");
     // The example lists team-a; start from an ingress without `spec.inCluster`.
     let listed = ingress.spec.in_cluster.take();
-    assert!(listed.is_some(), "examples/30-ingress.yaml lists a namespace in spec.inCluster");
+    assert!(
+        listed.is_some(),
+        "examples/30-ingress.yaml lists a namespace in spec.inCluster"
+    );
     let inputs = ingress_inputs(&tailnet, &ingress, true);
     let plain = ingress::render(&ingress, &ctx(&tailnet), &inputs).expect("render");
     assert!(plain.in_cluster_service.is_none());

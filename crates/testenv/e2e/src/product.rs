@@ -126,38 +126,133 @@ pub fn chart_version() -> Result<String> {
 /// `tailscaled` and `tailscale` from deps/ (tailscale.com at the pinned version) at the
 /// official image's paths (`/usr/local/bin/`) with its entrypoint (`containerboot`), on the
 /// same empty base as our images, plus the setting the lab needs (no log uploads: no
-/// Internet). Pushed as [`LAB_TAILSCALE_REPOSITORY`]; its layout is written to
-/// `<scratch>/lab-tailscale-image`.
+/// Internet). Pushed as [`LAB_TAILSCALE_REPOSITORY`]. Its layout is assembled once per set of
+/// inputs and kept beside the binaries in the deps cache (gzip of ~70 MB of binaries), else
+/// (cache not writable) under `<scratch>/lab-tailscale-image`.
 pub async fn push_lab_tailscale_image(
     binaries: &Binaries,
     registry: &LabRegistry,
     scratch: &Path,
 ) -> Result<PushedImage> {
     let oci = |what: &str, e: &dyn std::fmt::Display| install_error(format!("{what}: {e}"));
+    let dir = lab_tailscale_layout(binaries, scratch)?;
+    let layout = tno_oci::layout::Layout::read(&dir).map_err(|e| oci("layout", &e))?;
+    tno_oci::registry::Client::new()
+        .push_layout(&layout, registry.host(), LAB_TAILSCALE_REPOSITORY, None)
+        .await
+        .map_err(|e| oci("push the lab tailscale image", &e))?;
+    Ok(PushedImage {
+        repository: format!("{}/{LAB_TAILSCALE_REPOSITORY}", registry.host()),
+        digest: layout.digest().to_string(),
+    })
+}
+
+/// The files of the lab's tailscale image: host path → path in the image, mode.
+fn lab_tailscale_files(binaries: &Binaries) -> Vec<(PathBuf, String, u32)> {
     let root = workspace_root();
-    let mut base = tno_oci::layer::LayerSpec::new();
-    base.host_file("etc/passwd", 0o644, &root.join("images/rootfs/etc/passwd"))
-        .map_err(|e| oci("passwd", &e))?;
-    base.host_file("etc/group", 0o644, &root.join("images/rootfs/etc/group"))
-        .map_err(|e| oci("group", &e))?;
-    base.host_file(
-        "etc/ssl/certs/ca-certificates.crt",
-        0o644,
-        Path::new("/etc/ssl/certs/ca-certificates.crt"),
-    )
-    .map_err(|e| oci("CA bundle", &e))?;
-    base.dir("tmp", 0o1777, 0, 0).map_err(|e| oci("tmp", &e))?;
-    let mut programs = tno_oci::layer::LayerSpec::new();
+    let mut files = vec![
+        (
+            root.join("images/rootfs/etc/passwd"),
+            "etc/passwd".into(),
+            0o644,
+        ),
+        (
+            root.join("images/rootfs/etc/group"),
+            "etc/group".into(),
+            0o644,
+        ),
+        (
+            PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
+            "etc/ssl/certs/ca-certificates.crt".into(),
+            0o644,
+        ),
+    ];
     for (name, path) in [
         ("containerboot", &binaries.containerboot),
         ("tailscaled", &binaries.tailscaled),
         ("tailscale", &binaries.tailscale),
     ] {
-        programs
-            .host_file(&format!("usr/local/bin/{name}"), 0o755, path)
-            .map_err(|e| oci(name, &e))?;
+        files.push((path.clone(), format!("usr/local/bin/{name}"), 0o755));
     }
+    files
+}
+
+/// The directory of the lab tailscale image's OCI layout, assembled if not cached: the key is
+/// the inputs' paths, sizes and modification times and the tailscale version.
+fn lab_tailscale_layout(binaries: &Binaries, scratch: &Path) -> Result<PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let files = lab_tailscale_files(binaries);
     let version = tailscale_version()?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    version.hash(&mut hasher);
+    for (path, target, mode) in &files {
+        let meta =
+            std::fs::metadata(path).map_err(|e| E2eError::io(path.display().to_string(), e))?;
+        (path, target, mode, meta.len(), meta.modified().ok()).hash(&mut hasher);
+    }
+    let cached = binaries
+        .tailscaled
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join(format!("lab-image-{:016x}", hasher.finish())));
+    if let Some(dir) = &cached
+        && dir.join("index.json").is_file()
+    {
+        return Ok(dir.clone());
+    }
+    let staging = scratch.join("lab-tailscale-image");
+    assemble_lab_tailscale_image(&files, &version, &staging)?;
+    // Keep it for the next start; a read-only cache only costs the assembly next time.
+    if let Some(dir) = cached
+        && copy_layout(&staging, &dir).is_ok()
+    {
+        return Ok(dir);
+    }
+    Ok(staging)
+}
+
+/// Copies a layout directory into place (through a temporary sibling, renamed at the end).
+fn copy_layout(from: &Path, to: &Path) -> std::io::Result<()> {
+    let temporary = to.with_extension(format!("tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&temporary);
+    copy_tree(from, &temporary)?;
+    std::fs::rename(&temporary, to)
+}
+
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the lab tailscale image's OCI layout into `dir`.
+fn assemble_lab_tailscale_image(
+    files: &[(PathBuf, String, u32)],
+    version: &str,
+    dir: &Path,
+) -> Result<()> {
+    let oci = |what: &str, e: &dyn std::fmt::Display| install_error(format!("{what}: {e}"));
+    let mut base = tno_oci::layer::LayerSpec::new();
+    let mut programs = tno_oci::layer::LayerSpec::new();
+    for (path, target, mode) in files {
+        let layer = if target.starts_with("usr/") {
+            &mut programs
+        } else {
+            &mut base
+        };
+        layer
+            .host_file(target, *mode, path)
+            .map_err(|e| oci(target, &e))?;
+    }
+    base.dir("tmp", 0o1777, 0, 0).map_err(|e| oci("tmp", &e))?;
     let labels = BTreeMap::from([(
         "org.opencontainers.image.title".to_string(),
         format!(
@@ -193,18 +288,9 @@ pub async fn push_lab_tailscale_image(
     .map_err(|e| oci("image", &e))?;
     let index = tno_oci::image::index(std::slice::from_ref(&image), &labels)
         .map_err(|e| oci("index", &e))?;
-    let dir = scratch.join("lab-tailscale-image");
-    tno_oci::layout::write(&dir, &index, std::slice::from_ref(&image), &version)
-        .map_err(|e| oci("layout", &e))?;
-    let layout = tno_oci::layout::Layout::read(&dir).map_err(|e| oci("layout", &e))?;
-    tno_oci::registry::Client::new()
-        .push_layout(&layout, registry.host(), LAB_TAILSCALE_REPOSITORY, None)
-        .await
-        .map_err(|e| oci("push the lab tailscale image", &e))?;
-    Ok(PushedImage {
-        repository: format!("{}/{LAB_TAILSCALE_REPOSITORY}", registry.host()),
-        digest: layout.digest().to_string(),
-    })
+    let _ = std::fs::remove_dir_all(dir);
+    tno_oci::layout::write(dir, &index, std::slice::from_ref(&image), version)
+        .map_err(|e| oci("layout", &e))
 }
 
 /// Runs helm with its config, cache and data under `home`, against `kubeconfig`; keeps the

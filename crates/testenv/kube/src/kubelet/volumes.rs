@@ -139,12 +139,14 @@ async fn fill_volume(
     };
     if let Some(source) = &volume.config_map {
         let data = config_map_data(context, &source.name, source.optional).await?;
-        return write_items(dir, &data, source.items.as_deref(), source.default_mode);
+        let items = source.items.as_deref();
+        return write_items(dir, &data, items, source.default_mode, source.optional);
     }
     if let Some(source) = &volume.secret {
         let name = source.secret_name.clone().unwrap_or_default();
         let data = secret_data(context, &name, source.optional).await?;
-        return write_items(dir, &data, source.items.as_deref(), source.default_mode);
+        let items = source.items.as_deref();
+        return write_items(dir, &data, items, source.default_mode, source.optional);
     }
     if let Some(source) = &volume.downward_api {
         let items = source.items.clone().unwrap_or_default();
@@ -173,11 +175,13 @@ async fn fill_volume(
             }
             if let Some(source) = &source.config_map {
                 let data = config_map_data(context, &source.name, source.optional).await?;
-                write_items(dir, &data, source.items.as_deref(), default_mode)?;
+                let items = source.items.as_deref();
+                write_items(dir, &data, items, default_mode, source.optional)?;
             }
             if let Some(source) = &source.secret {
                 let data = secret_data(context, &source.name, source.optional).await?;
-                write_items(dir, &data, source.items.as_deref(), default_mode)?;
+                let items = source.items.as_deref();
+                write_items(dir, &data, items, default_mode, source.optional)?;
             }
             if let Some(source) = &source.downward_api {
                 let items = source.items.clone().unwrap_or_default();
@@ -321,6 +325,7 @@ fn write_items(
     data: &Data,
     items: Option<&[KeyToPath]>,
     default_mode: Option<i32>,
+    optional: Option<bool>,
 ) -> Result<()> {
     let default_mode = default_mode.unwrap_or(DEFAULT_MODE);
     match items {
@@ -331,11 +336,17 @@ fn write_items(
         }
         Some(items) => {
             for item in items {
-                // A missing key in `items` fails the mount in Kubernetes too.
-                let value = data.get(&item.key).ok_or_else(|| Error::Pod {
-                    pod: dir.display().to_string(),
-                    reason: format!("key {} is not in the referenced object", item.key),
-                })?;
+                // A missing key in `items` fails the mount in Kubernetes too, unless the
+                // source is optional (which covers its keys as well as the object).
+                let Some(value) = data.get(&item.key) else {
+                    if optional == Some(true) {
+                        continue;
+                    }
+                    return Err(Error::Pod {
+                        pod: dir.display().to_string(),
+                        reason: format!("key {} is not in the referenced object", item.key),
+                    });
+                };
                 write_file(dir, &item.path, value, item.mode.unwrap_or(default_mode))?;
             }
         }
@@ -397,4 +408,32 @@ fn write_file(dir: &Path, relative: &str, contents: &[u8], mode: i32) -> Result<
 fn set_mode(path: &Path, mode: u32) -> Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .io_context(|| format!("setting the mode of {path:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(key: &str) -> KeyToPath {
+        KeyToPath {
+            key: key.into(),
+            path: key.into(),
+            mode: None,
+        }
+    }
+
+    /// `items` naming a key the object lacks: the mount fails unless the source is optional
+    /// (then the key is left out, as Kubernetes does: CoreDNS mounting a ConfigMap the
+    /// operator has not written yet).
+    #[test]
+    fn a_missing_item_key_fails_only_a_required_source() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = Data::from([("present".to_string(), b"x".to_vec())]);
+        let items = [item("present"), item("missing")];
+        let required = write_items(dir.path(), &data, Some(&items), None, None);
+        assert!(required.is_err_and(|e| e.to_string().contains("key missing")));
+        write_items(dir.path(), &data, Some(&items), None, Some(true)).expect("optional");
+        assert!(dir.path().join("present").is_file());
+        assert!(!dir.path().join("missing").exists());
+    }
 }

@@ -155,7 +155,7 @@ pub async fn demo(env: &E2eEnv, client: &kube::Client, ca_pem: &str) -> Result<(
     }
     println!(
         "demo: OK — in-cluster: {CONSUMER_NAMESPACE} → https://{portal}/ (cluster DNS → in-cluster Service → agent → frontend, certificate verified): {}",
-        first_line_with(listed.log("client"), "HTTP/1.1")
+        status_line(listed.log("client"))
     );
 
     crate::apply_namespaces(client, &[UNLISTED_NAMESPACE]).await?;
@@ -242,10 +242,12 @@ async fn run(
     .map_err(|e| e.to_string())
 }
 
-fn first_line_with(text: &str, needle: &str) -> String {
-    text.lines()
-        .find(|line| line.contains(needle))
-        .unwrap_or_default()
-        .trim()
-        .to_string()
+/// `HTTP/1.1 200 OK` out of tls-check's report of what it read.
+fn status_line(report: &str) -> String {
+    report
+        .split("HTTP/1.1 ")
+        .nth(1)
+        .and_then(|rest| rest.split("\\r\\n").next())
+        .map(|status| format!("HTTP/1.1 {status}"))
+        .unwrap_or_else(|| report.trim().to_string())
 }

@@ -65,28 +65,25 @@ impl DemoOperator {
 /// A release installed from the lab registry; the registry stays up while it lives (the
 /// kubelet pulls from it when pods restart).
 pub struct Installed {
-    client: kube::Client,
     pub pod: String,
-    admin_port: i32,
     pub images: ProductImages,
+    /// `kubectl port-forward` to the operator pod's admin port: listens in the root netns,
+    /// connects from the lab (the node), where pod addresses are routed.
+    admin: tno_netlab::TcpForwarder,
     _registry: LabRegistry,
 }
 
 impl Installed {
-    /// The operator pod's `/metrics`, through the apiserver's pod proxy (as
-    /// `kubectl get --raw` would read it).
+    /// The operator pod's `/metrics`.
     async fn metrics(&self) -> Result<String, String> {
-        let path = format!(
-            "/api/v1/namespaces/{OPERATOR_NAMESPACE}/pods/{}:{}/proxy/metrics",
-            self.pod, self.admin_port
-        );
-        let request = http::Request::get(&path)
-            .body(Vec::new())
-            .map_err(|e| e.to_string())?;
-        self.client
-            .request_text(request)
+        let url = format!("http://{}/metrics", self.admin.local_addr());
+        reqwest::get(&url)
             .await
-            .map_err(|e| format!("{path}: {e}"))
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| format!("{url}: {e}"))?
+            .text()
+            .await
+            .map_err(|e| format!("{url}: {e}"))
     }
 }
 
@@ -144,17 +141,23 @@ pub async fn install_chart(
     let installed = helm.run(&install);
     println!("install: {}", helm.last_entry().trim_end());
     installed.map_err(|e| e.to_string())?;
-    let (pod, admin_port) = ready_operator_pod(client).await?;
+    let (pod, admin) = ready_operator_pod(client).await?;
+    let admin = tno_netlab::TcpForwarder::start(
+        None,
+        std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)),
+        Some(env.lab().netns()),
+        admin,
+    )
+    .map_err(|e| format!("forwarding to the operator pod's admin port {admin}: {e}"))?;
     phases.done("helm install (operator pod Ready)");
     crate::print_kubectl(
         env,
         &["get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "wide"],
     );
     Ok(Installed {
-        client: client.clone(),
         pod,
-        admin_port,
         images,
+        admin,
         _registry: registry,
     })
 }
@@ -178,8 +181,10 @@ fn values_file(images: &ProductImages) -> Result<String, String> {
     ))
 }
 
-/// The release's Ready operator pod and its admin port.
-async fn ready_operator_pod(client: &kube::Client) -> Result<(String, i32), String> {
+/// The release's Ready operator pod and the address of its admin port.
+async fn ready_operator_pod(
+    client: &kube::Client,
+) -> Result<(String, std::net::SocketAddr), String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
     let selector =
         format!("app.kubernetes.io/instance={RELEASE},app.kubernetes.io/name=tailnet-operator");
@@ -204,9 +209,18 @@ async fn ready_operator_pod(client: &kube::Client) -> Result<(String, i32), Stri
                 .and_then(|spec| spec.containers.first())
                 .and_then(|c| c.ports.as_ref())
                 .and_then(|ports| ports.iter().find(|p| p.name.as_deref() == Some("admin")))
-                .map(|p| p.container_port)
+                .and_then(|p| u16::try_from(p.container_port).ok())
                 .ok_or("the operator container has no port named admin")?;
-            return Ok((pod.metadata.name.unwrap_or_default(), port));
+            let ip: std::net::IpAddr = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.as_deref())
+                .and_then(|ip| ip.parse().ok())
+                .ok_or("the operator pod has no IP")?;
+            return Ok((
+                pod.metadata.name.unwrap_or_default(),
+                std::net::SocketAddr::new(ip, port),
+            ));
         }
         if Instant::now() > deadline {
             return Err(format!("no Ready operator pod ({selector}) after 120 s"));
