@@ -612,6 +612,14 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
     ),
     (
         "workload",
+        "discovery.k8s.io",
+        "endpointslices",
+        "list",
+        "",
+        "the EndpointSlices of a backend Service without a selector: its agent's egress NetworkPolicy admits their addresses (controllers/reach.rs)",
+    ),
+    (
+        "workload",
         "apps",
         "replicasets",
         "list",
