@@ -144,7 +144,8 @@ fn unrestricted_when_something_the_agent_needs_is_not_known() {
             endpoints.join(", ")
         ))
     };
-    let table: Vec<(&str, &str, Box<dyn Fn(&mut ObservedBackends)>, Unrestricted)> = vec![
+    type Change = Box<dyn Fn(&mut ObservedBackends)>;
+    let table: Vec<(&str, &str, Change, Unrestricted)> = vec![
         (
             "control plane unknown (offline, or not observed)",
             WEB,
