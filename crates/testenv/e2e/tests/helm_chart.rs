@@ -974,6 +974,9 @@ fn chart_rbac_grants_exactly_the_reasoned_table() {
     let args =
         find(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     assert!(!args.contains("--watch-namespaces"), "{args}");
+    // Without operator.clusterCIDRs the agents' egress stays as before (no flag).
+    assert!(!args.contains("--cluster-cidrs"), "{args}");
+    assert!(!args.contains("--cluster-dns-pods"), "{args}");
 
     // Namespace-scoped: the ClusterRole keeps only the cluster rows; the workload rows are a
     // Role in each watched namespace (the release namespace included); Events about Tailnets
@@ -1281,6 +1284,7 @@ fn chart_tailnet_registry_extras_aggregated_roles_network_policy_and_monitoring_
         r#"
 global: {imageRegistry: mirror.example.net, imagePullSecrets: [{name: global-pull}]}
 image: {pullPolicy: Always}
+operator: {clusterCIDRs: [10.244.0.0/16, 10.96.0.0/12, "fd00:10:244::/56"], clusterDNSPods: dns/app=coredns}
 agent:
   image: {registry: agents.example.net, pullPolicy: Always}
   tailscaleImage: {pullPolicy: Never}
@@ -1409,6 +1413,8 @@ fn check_deployment_extras(deployment: &Value) {
         "--apply-tailnet=/etc/tailnet-operator/tailnet/tailnet.yaml",
         "--agent-image-pull-policy=Always",
         "--tailscale-image-pull-policy=Never",
+        "--cluster-cidrs=10.244.0.0/16,10.96.0.0/12,fd00:10:244::/56",
+        "--cluster-dns-pods=dns/app=coredns",
     ] {
         assert!(args.contains(expected), "{expected} not in {args}");
     }
