@@ -11,6 +11,7 @@ use kube::api::ListParams;
 use tailnet_render::backends::ObservedBackends;
 
 use super::context::Context;
+use super::kube_io::get_opt_cached;
 
 /// Fills what the egress decision reads besides the backend Services themselves (which the
 /// caller recorded already): the control plane's addresses and, for each backend Service
@@ -42,7 +43,8 @@ pub async fn observe(ctx: &Context, server: &str, backends: &mut ObservedBackend
 /// agent's egress is not restricted rather than cut off from its control plane.
 pub async fn control_plane(ctx: &Context, server: &str) -> Vec<SocketAddr> {
     let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), "default");
-    let api = match slices.get_opt("kubernetes").await {
+    // From the watch cache (resourceVersion=0): read on every reconcile of every entrance.
+    let api = match get_opt_cached(&slices, "kubernetes").await {
         Ok(Some(slice)) => api_endpoints(&slice),
         Ok(None) => Vec::new(),
         Err(error) => {

@@ -1,6 +1,8 @@
 //! The Service's own gather step: the Tailnet's TailnetIngresses and its other Services of
 //! the tailnet `loadBalancerClass` (claims on names; the tag among the Services), and the
-//! Service itself as the backend (it is in the watch cache already: nothing is read).
+//! Service itself as the backend (it is in the watch cache already: not read again); what its
+//! agent's egress admits (`super::super::reach`: the control plane's addresses and, for a
+//! Service without a selector, its EndpointSlices).
 
 use std::sync::Arc;
 
