@@ -123,6 +123,9 @@ mod tests {
             .unwrap_or_default();
         assert!(refused.contains("did you mean 10.244.0.0/16?"), "{refused}");
         assert!(parse(&["--cluster-dns-pods", "kube-dns"]).is_err());
+        assert!(parse(&[]).expect("parse").restrict_agent_egress);
+        let off = parse(&["--restrict-agent-egress", "false"]).expect("parse");
+        assert!(!off.restrict_agent_egress);
     }
 
     fn run_args(env: &[(&str, &str)]) -> (cli::run::RunArgs, Vec<String>) {

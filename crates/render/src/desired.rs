@@ -177,14 +177,18 @@ pub fn ingress(
 }
 
 /// What the agent may reach (its egress NetworkPolicy, [`crate::reach`]): its backends, DNS,
-/// the control plane and the tailnet's transport. `None` (unrestricted) when something it
-/// needs is not known, e.g. offline (no control plane observed).
+/// the control plane and the tailnet's transport. `None` (unrestricted) when the operator does
+/// not restrict agents' egress, or when something the agent needs is not known, e.g. offline
+/// (no control plane observed).
 fn agent_egress(
     namespace: &str,
     valid: &ValidIngress,
     ctx: &RenderContext,
     observed: &IngressObserved,
 ) -> Option<crate::reach::AgentEgress> {
+    if !ctx.restrict_agent_egress {
+        return None;
+    }
     crate::reach::agent_egress(
         namespace,
         &valid.exposes,

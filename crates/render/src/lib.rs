@@ -40,6 +40,9 @@ pub struct RenderContext<'a> {
     /// The cluster's own address ranges and DNS pods (`run --cluster-cidrs`): agents' egress
     /// to "anywhere" excludes them. `None`: not configured (and offline).
     pub cluster_network: Option<&'a reach::ClusterNetwork>,
+    /// Restrict the egress of TailnetIngress and Service agents (`run
+    /// --restrict-agent-egress`, default on); off: no egress rules at all.
+    pub restrict_agent_egress: bool,
 }
 
 /// Errors that stop rendering an agent (invalid input was validated before; these are the

@@ -32,6 +32,7 @@ fn ctx(tailnet: &Tailnet) -> RenderContext<'_> {
         cluster_domain: "cluster.local",
         server_ca_pem: None,
         cluster_network: None,
+        restrict_agent_egress: true,
     }
 }
 

@@ -557,6 +557,7 @@ fn render_tailnet(
             server_ca_pem: None,
             // Offline: no control plane is observed, so no agent gets egress rules anyway.
             cluster_network: None,
+            restrict_agent_egress: true,
         },
         marker: &marker,
         route_approval: args.route_approval,

@@ -42,6 +42,7 @@ pub const ENV_WITHOUT_OLD_NAME: &[&str] = &[
     "tailscale_image_pull_policy",
     "cluster_cidrs",
     "cluster_dns_pods",
+    "restrict_agent_egress",
 ];
 
 /// Flag id, the environment variable of earlier releases, its `TAILNET_OPERATOR_` name.
@@ -232,6 +233,12 @@ pub struct RunArgs {
     /// agents may reach when `--cluster-cidrs` is set.
     #[arg(long, env = "TAILNET_OPERATOR_CLUSTER_DNS_PODS", default_value = tailnet_render::reach::DEFAULT_DNS_PODS)]
     pub cluster_dns_pods: tailnet_render::reach::DnsPods,
+    /// Restrict the egress of TailnetIngress and Service agents to their backends, DNS, the
+    /// Kubernetes API, Headscale and the tailnet's transport. `false`: no egress rules (e.g. on
+    /// a CNI whose `ipBlock` does not match node addresses, such as Cilium without
+    /// `policy-cidr-match-mode: nodes`, where the Kubernetes API rule would cut agents off).
+    #[arg(long, env = "TAILNET_OPERATOR_RESTRICT_AGENT_EGRESS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub restrict_agent_egress: bool,
     /// A Tailnet manifest (YAML) to server-side apply at start, retried until the Tailnet CRD
     /// is served (field manager `tailnet-operator-chart`). The Helm chart's `tailnet.create`
     /// mounts its Tailnet here, so CRDs and Tailnet come with one `helm install`.
@@ -286,6 +293,7 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
                     dns: args.cluster_dns_pods.clone(),
                 }
             }),
+            restrict_agent_egress: args.restrict_agent_egress,
         },
         installation_id: args.installation_id.clone(),
         apply_tailnet,

@@ -1140,6 +1140,16 @@ fn the_ingress_agent_reaches_its_backends_and_with_cluster_ranges_nothing_else_i
             r#"{"ports":[{"port":6443,"protocol":"TCP"}],"to":[{"ipBlock":{"cidr":"192.0.2.1/32"}}]}]"#,
         )
     );
+    // `--restrict-agent-egress=false`: no egress rules whatever is known.
+    let off = OperatorConfig {
+        restrict_agent_egress: false,
+        ..fx::config()
+    };
+    let (types, egress) = egress_of(&observed, &off);
+    assert_eq!(
+        (types, egress.as_str()),
+        (Some(vec!["Ingress".to_string()]), "null")
+    );
     let mut config = fx::config();
     config.cluster_network = Some(tailnet_render::reach::ClusterNetwork {
         cidrs: vec![

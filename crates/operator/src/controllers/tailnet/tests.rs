@@ -45,6 +45,7 @@ fn config() -> OperatorConfig {
         max_concurrent_reconciles: 16,
         scope: crate::scope::WatchScope::Cluster,
         cluster_network: None,
+        restrict_agent_egress: true,
     }
 }
 
