@@ -25,6 +25,10 @@
 //!   echo pod answers on its target port, while the frontend pod and the listed namespace's pod
 //!   are refused; a pod listening on TCP 443 (reached by the unlisted pod) is refused to it,
 //!   while the same probe to 443 on the laptop's lab address (outside the ranges) connects;
+//! - a Service of the tailnet class without a selector, its EndpointSlice made by hand (an
+//!   address outside the cluster, the laptop's lab address, on 15432): its agent reaches that
+//!   address and port (the Service becomes Ready through it), not another port there (which a
+//!   pod reaches) nor the echo pod;
 //! - without listed namespaces the in-cluster Service goes and the name leaves the cluster's
 //!   records.
 
@@ -173,6 +177,7 @@ async fn in_cluster_clients_of_listed_namespaces_reach_the_ingress_by_name() {
 
     load_balancer_in_cluster(&env, &client, &ns, &tailnet, &listed).await;
     load_balancer_agent_egress(&env, &client, &ns, &w).await;
+    selector_less_service_egress(&env, &client, &ns, &tailnet, &w).await;
     // Read before the policies change again (kube-router rewrites its chains then).
     if let Some(enforcer) = &enforcer {
         let forward = enforcer
@@ -856,4 +861,143 @@ async fn load_balancer_agent_egress(env: &E2eEnv, client: &kube::Client, ns: &st
         "the Service's agent (a pod on 443)",
     )
     .await;
+}
+
+/// Accepts and drops connections on `addr` inside `netns` until the test ends (a stand-in for
+/// a machine outside the cluster behind hand-made endpoints).
+fn listen_outside(netns: &Netns, addr: SocketAddr) {
+    let listener = netns.bind_tcp(addr).expect("listener");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            drop(stream);
+        }
+    });
+}
+
+/// A Service of the tailnet class without a selector (issue 29 item 4, hand-made endpoints):
+/// its EndpointSlice names the laptop's lab address on 15432; its agent's egress admits that
+/// address on that port only.
+async fn selector_less_service_egress(
+    env: &E2eEnv,
+    client: &kube::Client,
+    ns: &str,
+    tailnet: &str,
+    w: &Witnesses,
+) {
+    let laptop = &env.tailnet().laptop.netns;
+    let endpoint = SocketAddr::from((tno_testenv_tailnet::LAPTOP_LAB_ADDR, 15432));
+    let other_port = SocketAddr::from((tno_testenv_tailnet::LAPTOP_LAB_ADDR, 15433));
+    listen_outside(laptop, endpoint);
+    listen_outside(laptop, other_port);
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    apply(
+        &services,
+        "manual",
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "manual", "namespace": ns, "annotations": {
+                "tailnet-operator.dev/tailnet": tailnet,
+                "tailnet-operator.dev/allow-from": tno_testenv_tailnet::TEAM_A_GROUP,
+            }},
+            "spec": {"type": "LoadBalancer",
+                     "loadBalancerClass": "tailnet-operator.dev/tailnet",
+                     "allocateLoadBalancerNodePorts": false,
+                     "ports": [{"name": "db", "port": 5432, "targetPort": 15432}]},
+        }),
+    )
+    .await
+    .expect("selector-less Service");
+    apply(
+        &Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(client.clone(), ns),
+        "manual-1",
+        json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "manual-1", "namespace": ns, "labels": {
+                "kubernetes.io/service-name": "manual",
+                "endpointslice.kubernetes.io/managed-by": "split-horizon-e2e",
+            }},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [endpoint.ip().to_string()]}],
+            "ports": [{"name": "db", "port": 15432, "protocol": "TCP"}],
+        }),
+    )
+    .await
+    .expect("hand-made EndpointSlice");
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), ns);
+    let egress = wait_for("the endpoint's ipBlock in the agent's policy", WAIT, || async {
+        let policy = policies
+            .get_opt("tailnet-service-manual")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "no NetworkPolicy yet".to_string())?;
+        let egress = serde_json::to_string(&policy.spec.unwrap_or_default().egress)
+            .map_err(|e| e.to_string())?;
+        let rule = format!(
+            r#"{{"ports":[{{"port":15432,"protocol":"TCP"}}],"to":[{{"ipBlock":{{"cidr":"{}/32"}}}}]}}"#,
+            endpoint.ip()
+        );
+        if egress.contains(&rule) {
+            Ok(egress)
+        } else {
+            Err(egress)
+        }
+    })
+    .await;
+    eprintln!("NetworkPolicy tailnet-service-manual: egress {egress}");
+    wait_for(
+        "Service manual Ready through its hand-made endpoint",
+        WAIT,
+        || async {
+            let service = services.get("manual").await.map_err(|e| e.to_string())?;
+            let conditions = service
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default();
+            if conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+            {
+                Ok(())
+            } else {
+                Err(support::conditions::describe(&conditions))
+            }
+        },
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let agent = wait_for(
+        "the selector-less Service's agent pod Ready",
+        WAIT,
+        || async {
+            let found = agent_pods(&pods, "tailnet-service-manual")
+                .await
+                .map_err(|e| e.to_string())?;
+            found
+                .into_iter()
+                .find_map(|p| p.metadata.uid.clone().filter(|_| ready_pod_ip(&p).is_ok()))
+                .ok_or_else(|| "no Ready agent pod".to_string())
+        },
+    )
+    .await;
+    let agent = Arc::new(env.pod_netns(&agent));
+    connect_from(&agent, endpoint)
+        .await
+        .expect("the agent reaches its hand-made endpoint");
+    eprintln!("the selector-less Service's agent → {endpoint} connected");
+    connect_from(&w.unlisted, other_port)
+        .await
+        .expect("a pod reaches the other port");
+    refused(
+        &agent,
+        other_port,
+        "the selector-less Service's agent (another port)",
+    )
+    .await;
+    let echo: SocketAddr = format!("{}:5432", ready_ip_of(&pods, "echo").await)
+        .parse()
+        .expect("address");
+    refused(&agent, echo, "the selector-less Service's agent (a pod)").await;
 }
