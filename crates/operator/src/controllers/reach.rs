@@ -16,8 +16,12 @@ use super::kube_io::get_opt_cached;
 /// Fills what the egress decision reads besides the backend Services themselves (which the
 /// caller recorded already): the control plane's addresses and, for each backend Service
 /// without a selector, its EndpointSlices (watched namespaces only; a Service whose slices
-/// cannot be read stays out, so the agent's egress is left unrestricted).
+/// cannot be read stays out, so the agent's egress is left unrestricted). Nothing is read
+/// with `--restrict-agent-egress=false`.
 pub async fn observe(ctx: &Context, server: &str, backends: &mut ObservedBackends) {
+    if !ctx.config.restrict_agent_egress {
+        return;
+    }
     backends.control_plane = control_plane(ctx, server).await;
     for service in backends.without_selector() {
         if !ctx.config.scope.contains(&service.namespace) {
