@@ -74,6 +74,8 @@ fn rendered_admin_route(timeouts: serde_json::Value) -> (HttpRoute, serde_json::
         images: Images::default(),
         cluster_domain: "cluster.local",
         server_ca_pem: None,
+        cluster_network: None,
+        restrict_agent_egress: true,
     };
     let objects =
         ingress::render(&ingress, &ctx, &inputs).unwrap_or_else(|e| panic!("render: {e}"));

@@ -30,7 +30,7 @@ enum Command {
     Crd(cli::crd::CrdArgs),
     /// Run the operator (controllers, leader election, admin server).
     #[command(after_help = cli::run::AFTER_HELP)]
-    Run(cli::run::RunArgs),
+    Run(Box<cli::run::RunArgs>),
     /// Offline preview: render the policy, DNS entries and Kubernetes objects from manifests.
     #[command(after_help = cli::render::AFTER_HELP)]
     Render(cli::render::RenderArgs),
@@ -56,7 +56,7 @@ fn main() -> ExitCode {
             for warning in &env_warnings {
                 eprintln!("warning: {warning}");
             }
-            cli::run::run(a).map_err(|e| (1, e.to_string()))
+            cli::run::run(*a).map_err(|e| (1, e.to_string()))
         }
     };
     match result {
@@ -93,6 +93,41 @@ mod tests {
         command.debug_assert();
     }
 
+    /// `--cluster-cidrs` takes network addresses (IPv4 and IPv6, comma-separated) and refuses a
+    /// host address naming the network it meant; `--cluster-dns-pods` has kube-dns's default.
+    #[test]
+    fn cluster_ranges_are_parsed_and_a_host_address_is_refused() {
+        let parse = |extra: &[&str]| {
+            let argv = ["tailnet-operator", "run"].iter().chain(extra);
+            Args::try_parse_from(argv).map(|a| match a.command {
+                Command::Run(args) => *args,
+                _ => unreachable!(),
+            })
+        };
+        let args = parse(&["--cluster-cidrs", "10.244.0.0/16,fd00:10:244::/56"]).expect("parse");
+        let cidrs: Vec<String> = args.cluster_cidrs.iter().map(ToString::to_string).collect();
+        assert_eq!(cidrs, ["10.244.0.0/16", "fd00:10:244::/56"]);
+        assert_eq!(
+            args.cluster_dns_pods.to_string(),
+            "kube-system/k8s-app=kube-dns"
+        );
+        assert!(parse(&[]).expect("parse").cluster_cidrs.is_empty());
+        let dns = parse(&["--cluster-dns-pods", "dns/app=coredns,tier=node"]).expect("parse");
+        assert_eq!(
+            dns.cluster_dns_pods.to_string(),
+            "dns/app=coredns,tier=node"
+        );
+        let refused = parse(&["--cluster-cidrs", "10.96.0.0/12,10.244.0.1/16"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(refused.contains("did you mean 10.244.0.0/16?"), "{refused}");
+        assert!(parse(&["--cluster-dns-pods", "kube-dns"]).is_err());
+        assert!(parse(&[]).expect("parse").restrict_agent_egress);
+        let off = parse(&["--restrict-agent-egress", "false"]).expect("parse");
+        assert!(!off.restrict_agent_egress);
+    }
+
     fn run_args(env: &[(&str, &str)]) -> (cli::run::RunArgs, Vec<String>) {
         let lookup = |name: &str| {
             env.iter()
@@ -104,7 +139,7 @@ mod tests {
             .try_get_matches_from(["tailnet-operator", "run"])
             .expect("parse");
         match Args::from_arg_matches(&matches).expect("args").command {
-            Command::Run(args) => (args, warnings),
+            Command::Run(args) => (*args, warnings),
             _ => unreachable!(),
         }
     }

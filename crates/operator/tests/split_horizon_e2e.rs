@@ -16,9 +16,19 @@
 //! - a Service of the tailnet `loadBalancerClass` with the annotation
 //!   `tailnet-operator.dev/in-cluster-namespaces` gets the same: its name maps to its own
 //!   in-cluster Service, and a pod of the listed namespace reaches its TCP port by name;
-//! - that Service's agent reaches only the Service's pods in-cluster (issue 29 item 4): from
-//!   its pod netns the echo pod answers on its target port, while the frontend pod and the
-//!   listed namespace's pod (which the unlisted one reaches) are refused;
+//! - the operator runs with `--cluster-cidrs` (the lab's pod and Service ranges): agents'
+//!   egress (issue 29 item 4) goes to their backends, DNS pods, control plane, and for the
+//!   tailnet's transport (UDP, TCP 443) only outside those ranges;
+//! - the ingress agent reaches its backend (the frontend pod on 8080) but not the listed
+//!   namespace's pod on the same port (which the unlisted namespace's pod reaches);
+//! - the Service's agent reaches only the Service's pods in-cluster: from its pod netns the
+//!   echo pod answers on its target port, while the frontend pod and the listed namespace's pod
+//!   are refused; a pod listening on TCP 443 (reached by the unlisted pod) is refused to it,
+//!   while the same probe to 443 on the laptop's lab address (outside the ranges) connects;
+//! - a Service of the tailnet class without a selector, its EndpointSlice made by hand (an
+//!   address outside the cluster, the laptop's lab address, on 15432): its agent reaches that
+//!   address and port (the Service becomes Ready through it), not another port there (which a
+//!   pod reaches) nor the echo pod;
 //! - without listed namespaces the in-cluster Service goes and the name leaves the cluster's
 //!   records.
 
@@ -96,7 +106,11 @@ async fn in_cluster_clients_of_listed_namespaces_reach_the_ingress_by_name() {
     )
     .await
     .expect("Tailnet");
-    let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
+    let mut args = OperatorArgs::new(&ns);
+    if with_cluster_cidrs() {
+        args.extra = vec!["--cluster-cidrs".into(), lab_cluster_cidrs()];
+    }
+    let mut operator = start_operator(&env, &args.to_args(), None)
         .await
         .expect("operator");
 
@@ -140,6 +154,7 @@ async fn in_cluster_clients_of_listed_namespaces_reach_the_ingress_by_name() {
     .await;
     no_identity_headers(&answer);
     unlisted_is_refused(&w, &cluster_ip, &portal, &cert_pem).await;
+    ingress_agent_egress(&env, &client, &ns, &w).await;
 
     // Tailnet clients are unchanged: the laptop gets the portal, with its identity.
     let laptop = env.tailnet().laptop.node.local_api();
@@ -162,6 +177,7 @@ async fn in_cluster_clients_of_listed_namespaces_reach_the_ingress_by_name() {
 
     load_balancer_in_cluster(&env, &client, &ns, &tailnet, &listed).await;
     load_balancer_agent_egress(&env, &client, &ns, &w).await;
+    selector_less_service_egress(&env, &client, &ns, &tailnet, &w).await;
     // Read before the policies change again (kube-router rewrites its chains then).
     if let Some(enforcer) = &enforcer {
         let forward = enforcer
@@ -346,12 +362,37 @@ fn no_identity_headers(answer: &str) {
     );
 }
 
-/// The client pods' network namespaces and the agent pod's IP.
+/// `TNO_CLUSTER_CIDRS=off` runs the operator without `--cluster-cidrs`, to see what the
+/// setting catches: the Service's agent then reaches the pod on TCP 443 and the test fails
+/// there.
+fn with_cluster_cidrs() -> bool {
+    let off = std::env::var("TNO_CLUSTER_CIDRS").as_deref() == Ok("off");
+    if off {
+        eprintln!("TNO_CLUSTER_CIDRS=off: the operator runs without --cluster-cidrs");
+    }
+    !off
+}
+
+/// The lab's cluster ranges for `--cluster-cidrs`: the Service CIDR and the pods' part of
+/// 10.244.0.0/16. Pods get 10.244.1.1 upward; 10.244.0.0/24 holds what a real cluster has
+/// outside its ranges (the node's gateway with Headscale and the apiserver, the laptop, the
+/// remote site), so it is left out: 10.244.1.0/24, 10.244.2.0/23, … 10.244.128.0/17.
+fn lab_cluster_cidrs() -> String {
+    let mut cidrs: Vec<String> = (17..=24u32)
+        .rev()
+        .map(|prefix| format!("10.244.{}.0/{prefix}", 1u32 << (24 - prefix)))
+        .collect();
+    cidrs.push(tno_testenv_kube::control_plane::SERVICE_CIDR.to_string());
+    cidrs.join(",")
+}
+
+/// The client pods' network namespaces and the agent pod's IP and uid.
 struct Witnesses {
     listed: Arc<Netns>,
     unlisted: Arc<Netns>,
     listed_ip: String,
     agent_ip: String,
+    agent_uid: String,
 }
 
 impl Witnesses {
@@ -362,18 +403,18 @@ impl Witnesses {
         listed: &tno_testenv::E2eNamespace<'_>,
         unlisted: &tno_testenv::E2eNamespace<'_>,
     ) -> Self {
-        let listed_pod = witness_pod(listed.client(), listed.name()).await;
-        let unlisted_pod = witness_pod(unlisted.client(), unlisted.name()).await;
+        let listed_pod = witness_pod(listed.client(), listed.name(), "witness", 8080).await;
+        let unlisted_pod = witness_pod(unlisted.client(), unlisted.name(), "witness", 8080).await;
         let netns_of =
             |pod: &Pod| Arc::new(env.pod_netns(pod.metadata.uid.as_deref().expect("pod uid")));
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-        let agent_ip = wait_for("the agent pod Ready", WAIT, || async {
+        let (agent_ip, agent_uid) = wait_for("the agent pod Ready", WAIT, || async {
             let found = agent_pods(&pods, IN_CLUSTER_SERVICE)
                 .await
                 .map_err(|e| e.to_string())?;
             found
                 .iter()
-                .find_map(|p| ready_pod_ip(p).ok())
+                .find_map(|p| Some((ready_pod_ip(p).ok()?, p.metadata.uid.clone()?)))
                 .ok_or_else(|| format!("{} agent pods, none Ready", found.len()))
         })
         .await;
@@ -382,34 +423,123 @@ impl Witnesses {
             unlisted: netns_of(&unlisted_pod),
             listed_ip: ready_pod_ip(&listed_pod).expect("listed pod IP"),
             agent_ip,
+            agent_uid,
         }
     }
 }
 
-/// A pod of the test-servers image echoing on 8080: a client netns, and a peer to reach.
-async fn witness_pod(client: &kube::Client, namespace: &str) -> Pod {
+/// A pod of the test-servers image echoing on `port` (labelled `app: <name>`): a client
+/// netns, and a peer to reach.
+async fn witness_pod(client: &kube::Client, namespace: &str, name: &str, port: u16) -> Pod {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "witness", "labels": {"app": "witness"}},
+        "metadata": {"name": name, "labels": {"app": name}},
         "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
             "name": "echo", "image": tno_testenv_kube::env::TEST_SERVERS_IMAGE,
-            "args": ["tcp-echo", "--listen", "0.0.0.0:8080"],
-            "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}]}
+            "args": ["tcp-echo", "--listen", format!("0.0.0.0:{port}")],
+            "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1}}]}
     }))
     .expect("witness pod manifest");
     pods.create(&PostParams::default(), &pod)
         .await
         .expect("witness pod");
     wait_for(
-        &format!("witness pod in {namespace} Ready"),
+        &format!("pod {name} in {namespace} Ready"),
         WAIT,
         || async {
-            let pod = pods.get("witness").await.map_err(|e| e.to_string())?;
+            let pod = pods.get(name).await.map_err(|e| e.to_string())?;
             ready_pod_ip(&pod).map(|_| pod)
         },
     )
     .await
+}
+
+/// Every one of [`DENIED_ATTEMPTS`] connections from `netns` to `target` is refused.
+async fn refused(netns: &Arc<Netns>, target: SocketAddr, who: &str) {
+    let mut seen = Vec::new();
+    for _ in 0..DENIED_ATTEMPTS {
+        match connect_from(netns, target).await {
+            Ok(_) => panic!("{who} reached {target}"),
+            Err(error) => seen.push(error),
+        }
+    }
+    eprintln!("{who} → {target} refused: {seen:?}");
+}
+
+/// The egress rules of an agent's NetworkPolicy, printed; they must restrict egress, and the
+/// transport rule must keep out of the cluster's ranges (`--cluster-cidrs`).
+async fn egress_policy(client: &kube::Client, ns: &str, name: &str) {
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), ns);
+    let spec = wait_for(
+        &format!("NetworkPolicy {name} with egress rules"),
+        WAIT,
+        || async {
+            let policy = policies.get(name).await.map_err(|e| e.to_string())?;
+            let spec = policy.spec.unwrap_or_default();
+            if spec.egress.is_some() {
+                Ok(spec)
+            } else {
+                Err(format!("policyTypes {:?}", spec.policy_types))
+            }
+        },
+    )
+    .await;
+    let egress = serde_json::to_string(&spec.egress).unwrap_or_default();
+    eprintln!(
+        "NetworkPolicy {name}: policyTypes {:?}, egress {egress}",
+        spec.policy_types
+    );
+    assert_eq!(
+        spec.policy_types,
+        Some(vec!["Ingress".to_string(), "Egress".to_string()])
+    );
+    if !with_cluster_cidrs() {
+        return;
+    }
+    assert!(
+        egress.contains(r#"{"ipBlock":{"cidr":"0.0.0.0/0","except":["10.244.1.0/24""#),
+        "the transport rule excludes the cluster's ranges: {egress}"
+    );
+    assert!(
+        egress.contains(r#""podSelector":{"matchLabels":{"k8s-app":"kube-dns"}}"#),
+        "DNS only to the cluster's DNS pods: {egress}"
+    );
+}
+
+/// The ingress agent's egress (TailnetIngress kind): it reaches its backend pod on its target
+/// port, not another pod on the same port (which the unlisted namespace's pod reaches).
+async fn ingress_agent_egress(env: &E2eEnv, client: &kube::Client, ns: &str, w: &Witnesses) {
+    egress_policy(client, ns, IN_CLUSTER_SERVICE).await;
+    let agent = Arc::new(env.pod_netns(&w.agent_uid));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let frontend: SocketAddr = format!("{}:8080", ready_ip_of(&pods, "frontend").await)
+        .parse()
+        .expect("address");
+    wait_for(
+        "the ingress agent reaching its backend pod",
+        WAIT,
+        || async { connect_from(&agent, frontend).await.map(|_| ()) },
+    )
+    .await;
+    let listed: SocketAddr = format!("{}:8080", w.listed_ip).parse().expect("address");
+    echo_from(&w.unlisted, listed)
+        .await
+        .expect("the unlisted pod reaches the listed pod on 8080");
+    refused(&agent, listed, "the ingress agent (not its backend)").await;
+}
+
+/// The IP of a Ready pod labelled `app=<app>`.
+async fn ready_ip_of(pods: &Api<Pod>, app: &str) -> String {
+    let list = pods
+        .list(&kube::api::ListParams::default().labels(&format!("app={app}")))
+        .await
+        .expect("pods");
+    list.items
+        .iter()
+        .find_map(|p| ready_pod_ip(p).ok())
+        .unwrap_or_else(|| panic!("a Ready {app} pod"))
 }
 
 /// A TCP connection from `netns` (blocking, so off the runtime), as a tokio stream.
@@ -642,24 +772,10 @@ async fn load_balancer_in_cluster(
 }
 
 /// The egress NetworkPolicy of the Service's agent: it reaches the Service's pods (the echo
-/// on 5432; also what served the by-name check above), not other pods.
+/// on 5432; also what served the by-name check above), not other pods; with the cluster's
+/// ranges configured, not a pod's TCP 443 either, while 443 outside the ranges connects.
 async fn load_balancer_agent_egress(env: &E2eEnv, client: &kube::Client, ns: &str, w: &Witnesses) {
-    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
-        Api::namespaced(client.clone(), ns);
-    let policy = policies
-        .get("tailnet-service-echo")
-        .await
-        .expect("the agent's NetworkPolicy");
-    let spec = policy.spec.clone().unwrap_or_default();
-    eprintln!(
-        "NetworkPolicy tailnet-service-echo: policyTypes {:?}, egress {}",
-        spec.policy_types,
-        serde_json::to_string(&spec.egress).unwrap_or_default()
-    );
-    assert_eq!(
-        spec.policy_types,
-        Some(vec!["Ingress".to_string(), "Egress".to_string()])
-    );
+    egress_policy(client, ns, "tailnet-service-echo").await;
     // Under that policy the agent still logs in (Kubernetes API for its state Secret,
     // Headscale): the Service becomes Ready (NodeOnline, PolicyEffective, BackendsReachable).
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
@@ -695,38 +811,193 @@ async fn load_balancer_agent_egress(env: &E2eEnv, client: &kube::Client, ns: &st
     })
     .await;
     let agent_netns = Arc::new(env.pod_netns(agent.metadata.uid.as_deref().expect("uid")));
-    let pod_ip = |app: &'static str| {
-        let pods = pods.clone();
-        async move {
-            let list = pods
-                .list(&kube::api::ListParams::default().labels(&format!("app={app}")))
-                .await
-                .expect("pods");
-            list.items
-                .iter()
-                .find_map(|p| ready_pod_ip(p).ok())
-                .unwrap_or_else(|| panic!("a Ready {app} pod"))
-        }
-    };
-    let echo: SocketAddr = format!("{}:5432", pod_ip("echo").await)
+    let echo: SocketAddr = format!("{}:5432", ready_ip_of(&pods, "echo").await)
         .parse()
         .expect("address");
     wait_for("the agent reaching the Service's pod", WAIT, || async {
         echo_from(&agent_netns, echo).await
     })
     .await;
-    let frontend: SocketAddr = format!("{}:8080", pod_ip("frontend").await)
+    let frontend: SocketAddr = format!("{}:8080", ready_ip_of(&pods, "frontend").await)
         .parse()
         .expect("address");
     let listed: SocketAddr = format!("{}:8080", w.listed_ip).parse().expect("address");
     for target in [frontend, listed] {
-        let mut seen = Vec::new();
-        for _ in 0..DENIED_ATTEMPTS {
-            match connect_from(&agent_netns, target).await {
-                Ok(_) => panic!("the Service's agent reached {target}, not one of its endpoints"),
-                Err(error) => seen.push(error),
-            }
-        }
-        eprintln!("Service agent → {target} refused: {seen:?}");
+        refused(
+            &agent_netns,
+            target,
+            "the Service's agent (not its endpoint)",
+        )
+        .await;
     }
+    // TCP 443, the DERP port every agent may use: a pod listening there (the unlisted pod
+    // reaches it) is refused to the agent, while the laptop's lab address, outside the
+    // cluster's ranges, accepts the same probe.
+    let https_pod = witness_pod(client, ns, "https-witness", 443).await;
+    let in_cluster: SocketAddr = format!("{}:443", ready_pod_ip(&https_pod).expect("pod IP"))
+        .parse()
+        .expect("address");
+    wait_for("the unlisted pod reaching the 443 pod", WAIT, || async {
+        echo_from(&w.unlisted, in_cluster).await
+    })
+    .await;
+    let outside = SocketAddr::from((tno_testenv_tailnet::LAPTOP_LAB_ADDR, 443));
+    let _listener = env
+        .tailnet()
+        .laptop
+        .netns
+        .bind_tcp(outside)
+        .expect("a listener on the laptop's lab address");
+    wait_for(
+        "the Service's agent reaching 443 outside the cluster",
+        WAIT,
+        || async { connect_from(&agent_netns, outside).await.map(|_| ()) },
+    )
+    .await;
+    eprintln!("the Service's agent → {outside} (outside the cluster's ranges) connected");
+    refused(
+        &agent_netns,
+        in_cluster,
+        "the Service's agent (a pod on 443)",
+    )
+    .await;
+}
+
+/// Accepts and drops connections on `addr` inside `netns` until the test ends (a stand-in for
+/// a machine outside the cluster behind hand-made endpoints).
+fn listen_outside(netns: &Netns, addr: SocketAddr) {
+    let listener = netns.bind_tcp(addr).expect("listener");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            drop(stream);
+        }
+    });
+}
+
+/// A Service of the tailnet class without a selector (issue 29 item 4, hand-made endpoints):
+/// its EndpointSlice names the laptop's lab address on 15432; its agent's egress admits that
+/// address on that port only.
+async fn selector_less_service_egress(
+    env: &E2eEnv,
+    client: &kube::Client,
+    ns: &str,
+    tailnet: &str,
+    w: &Witnesses,
+) {
+    let laptop = &env.tailnet().laptop.netns;
+    let endpoint = SocketAddr::from((tno_testenv_tailnet::LAPTOP_LAB_ADDR, 15432));
+    let other_port = SocketAddr::from((tno_testenv_tailnet::LAPTOP_LAB_ADDR, 15433));
+    listen_outside(laptop, endpoint);
+    listen_outside(laptop, other_port);
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    apply(
+        &services,
+        "manual",
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "manual", "namespace": ns, "annotations": {
+                "tailnet-operator.dev/tailnet": tailnet,
+                "tailnet-operator.dev/allow-from": tno_testenv_tailnet::TEAM_A_GROUP,
+            }},
+            "spec": {"type": "LoadBalancer",
+                     "loadBalancerClass": "tailnet-operator.dev/tailnet",
+                     "allocateLoadBalancerNodePorts": false,
+                     "ports": [{"name": "db", "port": 5432, "targetPort": 15432}]},
+        }),
+    )
+    .await
+    .expect("selector-less Service");
+    apply(
+        &Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(client.clone(), ns),
+        "manual-1",
+        json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "manual-1", "namespace": ns, "labels": {
+                "kubernetes.io/service-name": "manual",
+                "endpointslice.kubernetes.io/managed-by": "split-horizon-e2e",
+            }},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [endpoint.ip().to_string()]}],
+            "ports": [{"name": "db", "port": 15432, "protocol": "TCP"}],
+        }),
+    )
+    .await
+    .expect("hand-made EndpointSlice");
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), ns);
+    let egress = wait_for("the endpoint's ipBlock in the agent's policy", WAIT, || async {
+        let policy = policies
+            .get_opt("tailnet-service-manual")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "no NetworkPolicy yet".to_string())?;
+        let egress = serde_json::to_string(&policy.spec.unwrap_or_default().egress)
+            .map_err(|e| e.to_string())?;
+        let rule = format!(
+            r#"{{"ports":[{{"port":15432,"protocol":"TCP"}}],"to":[{{"ipBlock":{{"cidr":"{}/32"}}}}]}}"#,
+            endpoint.ip()
+        );
+        if egress.contains(&rule) {
+            Ok(egress)
+        } else {
+            Err(egress)
+        }
+    })
+    .await;
+    eprintln!("NetworkPolicy tailnet-service-manual: egress {egress}");
+    wait_for(
+        "Service manual Ready through its hand-made endpoint",
+        WAIT,
+        || async {
+            let service = services.get("manual").await.map_err(|e| e.to_string())?;
+            let conditions = service
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default();
+            if conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+            {
+                Ok(())
+            } else {
+                Err(support::conditions::describe(&conditions))
+            }
+        },
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let agent = wait_for(
+        "the selector-less Service's agent pod Ready",
+        WAIT,
+        || async {
+            let found = agent_pods(&pods, "tailnet-service-manual")
+                .await
+                .map_err(|e| e.to_string())?;
+            found
+                .into_iter()
+                .find_map(|p| p.metadata.uid.clone().filter(|_| ready_pod_ip(&p).is_ok()))
+                .ok_or_else(|| "no Ready agent pod".to_string())
+        },
+    )
+    .await;
+    let agent = Arc::new(env.pod_netns(&agent));
+    connect_from(&agent, endpoint)
+        .await
+        .expect("the agent reaches its hand-made endpoint");
+    eprintln!("the selector-less Service's agent → {endpoint} connected");
+    connect_from(&w.unlisted, other_port)
+        .await
+        .expect("a pod reaches the other port");
+    refused(
+        &agent,
+        other_port,
+        "the selector-less Service's agent (another port)",
+    )
+    .await;
+    let echo: SocketAddr = format!("{}:5432", ready_ip_of(&pods, "echo").await)
+        .parse()
+        .expect("address");
+    refused(&agent, echo, "the selector-less Service's agent (a pod)").await;
 }

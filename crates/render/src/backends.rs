@@ -6,8 +6,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tailnet_api::validate::{BackendPort, ValidExpose};
 
 /// `namespace/name` of an observed object.
@@ -48,21 +51,86 @@ pub struct ObservedBackends {
     pub services: BTreeMap<ObjectKey, Vec<ServicePortInfo>>,
     /// Data keys of each observed ConfigMap (only CA ConfigMaps are needed).
     pub config_maps: BTreeMap<ObjectKey, BTreeSet<String>>,
-    /// The pods behind each observed Service that has a selector (the egress NetworkPolicy
-    /// of a Service's agent admits exactly these).
+    /// Where each observed Service's TCP ports lead (its selector and `targetPort`s, or, without
+    /// a selector, the names its EndpointSlices' ports go by): what the egress NetworkPolicy
+    /// of an agent admits ([`crate::reach`]).
     pub endpoints: BTreeMap<ObjectKey, ServiceEndpoints>,
+    /// The EndpointSlices of each observed Service without a selector (hand-made endpoints),
+    /// when they were read; a Service missing here had its slices not read.
+    pub endpoint_slices: BTreeMap<ObjectKey, SliceEndpoints>,
     /// Addresses an agent's containers must reach besides its backends: the Kubernetes API's
     /// endpoints (containerboot keeps its state in a Secret) and Headscale's (control and its
     /// embedded DERP). Observed by the operator; empty offline.
     pub control_plane: Vec<std::net::SocketAddr>,
 }
 
-/// The pods behind a Service: its selector and its TCP ports' targets (`targetPort`, a number
-/// or a container port's name; the port itself without one).
+/// Where a Service's TCP ports lead.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceEndpoints {
-    pub selector: BTreeMap<String, String>,
-    pub tcp_target_ports: Vec<k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
+    /// `spec.selector` (`None`: no selector, or an empty one: hand-made EndpointSlices).
+    pub selector: Option<BTreeMap<String, String>>,
+    /// `type: ExternalName`: the backend is a DNS name outside the cluster's objects.
+    pub external_name: bool,
+    /// The TCP ports, in the Service's order.
+    pub tcp_ports: Vec<TcpServicePort>,
+}
+
+/// One TCP port of a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcpServicePort {
+    pub port: i32,
+    pub name: Option<String>,
+    /// `targetPort` (a number or a container port's name; the port itself without one).
+    pub target: IntOrString,
+}
+
+/// The endpoints of a Service without a selector, from its EndpointSlices.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SliceEndpoints {
+    /// Every endpoint address (ready or not) of its IPv4/IPv6 slices.
+    pub addresses: BTreeSet<IpAddr>,
+    /// TCP port number by the slice port's name (`""` for an unnamed port, as kube-proxy
+    /// matches them to the Service's port names).
+    pub tcp_ports: BTreeMap<String, Vec<u16>>,
+    /// A slice of `addressType: FQDN`: names no NetworkPolicy can hold.
+    pub fqdn: bool,
+}
+
+impl SliceEndpoints {
+    /// What the EndpointSlices of one Service say (those labelled
+    /// `kubernetes.io/service-name` with its name).
+    pub fn from_slices(slices: &[EndpointSlice]) -> Self {
+        let mut found = SliceEndpoints::default();
+        for slice in slices {
+            if slice.address_type == "FQDN" {
+                found.fqdn = true;
+                continue;
+            }
+            found.addresses.extend(
+                slice
+                    .endpoints
+                    .iter()
+                    .flat_map(|e| e.addresses.iter())
+                    .filter_map(|a| a.parse::<IpAddr>().ok()),
+            );
+            for port in slice.ports.iter().flatten() {
+                if port.protocol.as_deref().unwrap_or("TCP") != "TCP" {
+                    continue;
+                }
+                let Some(number) = port.port.and_then(|p| u16::try_from(p).ok()) else {
+                    continue;
+                };
+                let numbers = found
+                    .tcp_ports
+                    .entry(port.name.clone().unwrap_or_default())
+                    .or_default();
+                if !numbers.contains(&number) {
+                    numbers.push(number);
+                }
+            }
+        }
+        found
+    }
 }
 
 impl ObservedBackends {
@@ -87,28 +155,44 @@ impl ObservedBackends {
             })
             .unwrap_or_default();
         let spec = service.spec.as_ref();
-        let selector = spec
-            .and_then(|s| s.selector.clone())
-            .filter(|s| !s.is_empty());
-        if let Some(selector) = selector {
-            use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-            let mut tcp_target_ports: Vec<IntOrString> = spec
-                .and_then(|s| s.ports.as_ref())
-                .into_iter()
-                .flatten()
-                .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
-                .map(|p| p.target_port.clone().unwrap_or(IntOrString::Int(p.port)))
-                .collect();
-            tcp_target_ports.dedup();
-            self.endpoints.insert(
-                key.clone(),
-                ServiceEndpoints {
-                    selector,
-                    tcp_target_ports,
-                },
-            );
-        }
+        let tcp_ports = spec
+            .and_then(|s| s.ports.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+            .map(|p| TcpServicePort {
+                port: p.port,
+                name: p.name.clone(),
+                target: p.target_port.clone().unwrap_or(IntOrString::Int(p.port)),
+            })
+            .collect();
+        self.endpoints.insert(
+            key.clone(),
+            ServiceEndpoints {
+                selector: spec
+                    .and_then(|s| s.selector.clone())
+                    .filter(|s| !s.is_empty()),
+                external_name: spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName"),
+                tcp_ports,
+            },
+        );
         self.services.insert(key, ports);
+    }
+
+    /// The observed Services whose endpoints are hand-made (no selector, not `ExternalName`):
+    /// their EndpointSlices are read for [`ObservedBackends::add_endpoint_slices`].
+    pub fn without_selector(&self) -> Vec<ObjectKey> {
+        self.endpoints
+            .iter()
+            .filter(|(_, e)| e.selector.is_none() && !e.external_name)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Records the EndpointSlices of the Service `service` (see [`SliceEndpoints`]).
+    pub fn add_endpoint_slices(&mut self, service: ObjectKey, slices: &[EndpointSlice]) {
+        self.endpoint_slices
+            .insert(service, SliceEndpoints::from_slices(slices));
     }
 
     /// Records a ConfigMap's keys (`data` and `binaryData`).

@@ -162,7 +162,7 @@ pub fn ingress(
             serve_http: observed.certificate_ready,
             node_hostname: tailnet_api::naming::tag_hostname(observed.tag),
             kind: observed.kind,
-            egress: agent_egress(&namespace, valid, observed),
+            egress: agent_egress(&namespace, valid, ctx, observed),
         };
         Some(ingress::render_valid(metadata, valid, ctx, &inputs)?)
     } else {
@@ -176,30 +176,26 @@ pub fn ingress(
     })
 }
 
-/// What the agent of a Service of the tailnet `loadBalancerClass` may reach (its egress
-/// NetworkPolicy): the Service's own pods on their target ports, and the control plane.
-/// `None` for other kinds, and for a Service without a selector (its endpoints are not pods
-/// a NetworkPolicy can name: its egress stays open, as an ingress's).
+/// What the agent may reach (its egress NetworkPolicy, [`crate::reach`]): its backends, DNS,
+/// the control plane and the tailnet's transport. `None` (unrestricted) when the operator does
+/// not restrict agents' egress, or when something the agent needs is not known, e.g. offline
+/// (no control plane observed).
 fn agent_egress(
     namespace: &str,
     valid: &ValidIngress,
+    ctx: &RenderContext,
     observed: &IngressObserved,
-) -> Option<ingress::AgentEgress> {
-    if observed.kind != tailnet_api::naming::AgentKind::Service {
+) -> Option<crate::reach::AgentEgress> {
+    if !ctx.restrict_agent_egress {
         return None;
     }
-    let backend = &valid.exposes.first()?.backend;
-    let key = backends::ObjectKey::new(backend.namespace_or(namespace), &backend.service);
-    let endpoints = observed.backends.endpoints.get(&key)?;
-    // Without the control plane's addresses the agent would be cut off from it: unrestricted.
-    if observed.backends.control_plane.is_empty() {
-        return None;
-    }
-    Some(ingress::AgentEgress {
-        selector: endpoints.selector.clone(),
-        ports: endpoints.tcp_target_ports.clone(),
-        control_plane: observed.backends.control_plane.clone(),
-    })
+    crate::reach::agent_egress(
+        namespace,
+        &valid.exposes,
+        observed.backends,
+        ctx.cluster_network,
+    )
+    .ok()
 }
 
 /// The policy inputs of one Tailnet. `route_approval` is the operator's `--route-approval`:

@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{
     ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
-    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
-    NetworkPolicyPort, NetworkPolicySpec,
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
 };
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
@@ -28,6 +28,7 @@ use tailnet_api::validate::{self, ExposeNames, ValidIngress};
 use crate::certificate::{self, Certificate};
 use crate::meta::Owner;
 use crate::pod::{self, PodParts};
+use crate::reach::AgentEgress;
 use crate::{RenderContext, RenderError};
 
 /// Everything the controller applies for one ingress.
@@ -70,19 +71,8 @@ pub struct IngressInputs {
     pub node_hostname: String,
     /// Whose agent it is (`Ingress`, or `Service` for a Service read as an ingress).
     pub kind: AgentKind,
-    /// What the agent may reach, when its egress is restricted (a Service's agent).
+    /// What the agent may reach, when its egress is restricted ([`crate::reach`]).
     pub egress: Option<AgentEgress>,
-}
-
-/// The egress of a Service's agent: its backend pods, DNS and the control plane.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AgentEgress {
-    /// The Service's selector (its pods, in the agent's namespace).
-    pub selector: BTreeMap<String, String>,
-    /// The Service's TCP target ports.
-    pub ports: Vec<IntOrString>,
-    /// Kubernetes API and Headscale endpoints.
-    pub control_plane: Vec<std::net::SocketAddr>,
 }
 
 /// Renders the agent of `ingress`, validating its spec first (the first error is returned);
@@ -408,69 +398,9 @@ pub fn network_policy(
             }),
             policy_types: Some(policy_types),
             ingress: Some(rules),
-            egress: egress.map(egress_rules),
+            egress: egress.map(crate::reach::egress_rules),
         }),
     }
-}
-
-/// A Service's agent reaches: the Service's pods on its target ports; DNS; the Kubernetes API
-/// and Headscale at their observed addresses; and, for the tailnet's transport, UDP anywhere
-/// (WireGuard to peers, STUN) and TCP 443 anywhere (DERP relays). Nothing else in-cluster.
-fn egress_rules(egress: &AgentEgress) -> Vec<NetworkPolicyEgressRule> {
-    let port = |protocol: &str, port: Option<IntOrString>| NetworkPolicyPort {
-        port,
-        protocol: Some(protocol.to_string()),
-        end_port: None,
-    };
-    let mut rules = vec![
-        NetworkPolicyEgressRule {
-            to: Some(vec![NetworkPolicyPeer {
-                pod_selector: Some(LabelSelector {
-                    match_labels: Some(egress.selector.clone()),
-                    match_expressions: None,
-                }),
-                ..NetworkPolicyPeer::default()
-            }]),
-            ports: Some(
-                egress
-                    .ports
-                    .iter()
-                    .map(|p| port("TCP", Some(p.clone())))
-                    .collect(),
-            ),
-        },
-        NetworkPolicyEgressRule {
-            to: None,
-            ports: Some(vec![
-                port("UDP", Some(IntOrString::Int(53))),
-                port("TCP", Some(IntOrString::Int(53))),
-            ]),
-        },
-        NetworkPolicyEgressRule {
-            to: None,
-            ports: Some(vec![
-                port("UDP", None),
-                port("TCP", Some(IntOrString::Int(443))),
-            ]),
-        },
-    ];
-    for address in &egress.control_plane {
-        let cidr = match address.ip() {
-            std::net::IpAddr::V4(ip) => format!("{ip}/32"),
-            std::net::IpAddr::V6(ip) => format!("{ip}/128"),
-        };
-        rules.push(NetworkPolicyEgressRule {
-            to: Some(vec![NetworkPolicyPeer {
-                ip_block: Some(IPBlock { cidr, except: None }),
-                ..NetworkPolicyPeer::default()
-            }]),
-            ports: Some(vec![port(
-                "TCP",
-                Some(IntOrString::Int(i32::from(address.port()))),
-            )]),
-        });
-    }
-    rules
 }
 
 /// The label the apiserver sets on every namespace to its name.

@@ -17,6 +17,7 @@ pub mod meta;
 pub mod pod;
 pub mod policy_inputs;
 pub mod ports;
+pub mod reach;
 pub mod targets;
 
 use tailnet_api::tailnet::TailnetSpec;
@@ -36,6 +37,12 @@ pub struct RenderContext<'a> {
     /// The Tailnet's `spec.serverCA` bundle (PEM), read by the operator: the agents' tailscale
     /// containers trust it. `None` offline and without `spec.serverCA`.
     pub server_ca_pem: Option<&'a str>,
+    /// The cluster's own address ranges and DNS pods (`run --cluster-cidrs`): agents' egress
+    /// to "anywhere" excludes them. `None`: not configured (and offline).
+    pub cluster_network: Option<&'a reach::ClusterNetwork>,
+    /// Restrict the egress of TailnetIngress and Service agents (`run
+    /// --restrict-agent-egress`, default on); off: no egress rules at all.
+    pub restrict_agent_egress: bool,
 }
 
 /// Errors that stop rendering an agent (invalid input was validated before; these are the

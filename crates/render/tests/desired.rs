@@ -79,6 +79,8 @@ fn ctx(tailnet: &Tailnet) -> RenderContext<'_> {
         images: Images::default(),
         cluster_domain: "cluster.local",
         server_ca_pem: None,
+        cluster_network: None,
+        restrict_agent_egress: true,
     }
 }
 

@@ -555,6 +555,9 @@ fn render_tailnet(
             cluster_domain: &args.cluster_domain,
             // Offline: the ConfigMap is not read (the agents' CA volume is left out).
             server_ca_pem: None,
+            // Offline: no control plane is observed, so no agent gets egress rules anyway.
+            cluster_network: None,
+            restrict_agent_egress: true,
         },
         marker: &marker,
         route_approval: args.route_approval,

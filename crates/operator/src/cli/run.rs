@@ -40,6 +40,9 @@ pub const ENV_WITHOUT_OLD_NAME: &[&str] = &[
     "apply_tailnet",
     "agent_image_pull_policy",
     "tailscale_image_pull_policy",
+    "cluster_cidrs",
+    "cluster_dns_pods",
+    "restrict_agent_egress",
 ];
 
 /// Flag id, the environment variable of earlier releases, its `TAILNET_OPERATOR_` name.
@@ -219,6 +222,23 @@ pub struct RunArgs {
         default_value = "cluster.local"
     )]
     pub cluster_domain: String,
+    /// The cluster's own address ranges, comma-separated: pod and Service CIDRs (IPv4 and, on a
+    /// dual-stack cluster, IPv6), e.g. `10.244.0.0/16,10.96.0.0/12`. Set: the agents' egress
+    /// NetworkPolicy lets the tailnet's transport (UDP, TCP 443) go to any address outside
+    /// these ranges only, and DNS only to the cluster's DNS pods (`--cluster-dns-pods`).
+    /// Unset: transport and DNS may go to any address, in-cluster pods and Services included.
+    #[arg(long, env = "TAILNET_OPERATOR_CLUSTER_CIDRS", value_delimiter = ',', value_parser = tailnet_render::reach::parse_cidr)]
+    pub cluster_cidrs: Vec<ipnet::IpNet>,
+    /// The cluster's DNS pods, `namespace/key=value[,key=value...]`: the only DNS servers the
+    /// agents may reach when `--cluster-cidrs` is set.
+    #[arg(long, env = "TAILNET_OPERATOR_CLUSTER_DNS_PODS", default_value = tailnet_render::reach::DEFAULT_DNS_PODS)]
+    pub cluster_dns_pods: tailnet_render::reach::DnsPods,
+    /// Restrict the egress of TailnetIngress and Service agents to their backends, DNS, the
+    /// Kubernetes API, Headscale and the tailnet's transport. `false`: no egress rules (e.g. on
+    /// a CNI whose `ipBlock` does not match node addresses, such as Cilium without
+    /// `policy-cidr-match-mode: nodes`, where the Kubernetes API rule would cut agents off).
+    #[arg(long, env = "TAILNET_OPERATOR_RESTRICT_AGENT_EGRESS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub restrict_agent_egress: bool,
     /// A Tailnet manifest (YAML) to server-side apply at start, retried until the Tailnet CRD
     /// is served (field manager `tailnet-operator-chart`). The Helm chart's `tailnet.create`
     /// mounts its Tailnet here, so CRDs and Tailnet come with one `helm install`.
@@ -267,6 +287,13 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
             reapply_interval: args.reapply_interval,
             max_concurrent_reconciles: args.max_concurrent_reconciles,
             scope: crate::scope::WatchScope::new(&args.operator_namespace, &args.watch_namespaces),
+            cluster_network: (!args.cluster_cidrs.is_empty()).then(|| {
+                tailnet_render::reach::ClusterNetwork {
+                    cidrs: args.cluster_cidrs.clone(),
+                    dns: args.cluster_dns_pods.clone(),
+                }
+            }),
+            restrict_agent_egress: args.restrict_agent_egress,
         },
         installation_id: args.installation_id.clone(),
         apply_tailnet,

@@ -28,6 +28,14 @@ pub struct OperatorConfig {
     pub max_concurrent_reconciles: u16,
     /// The namespaces watched and acted in (`--watch-namespaces`).
     pub scope: WatchScope,
+    /// The cluster's own address ranges and DNS pods (`--cluster-cidrs`,
+    /// `--cluster-dns-pods`): the agents' egress to "anywhere" (the tailnet's transport)
+    /// excludes those ranges and DNS goes to those pods only. `None`: not configured.
+    pub cluster_network: Option<tailnet_render::reach::ClusterNetwork>,
+    /// Restrict the egress of TailnetIngress and Service agents (`--restrict-agent-egress`);
+    /// off: their NetworkPolicies carry no egress rules (for CNIs whose `ipBlock` does not
+    /// match node addresses, where the Kubernetes API rule would cut agents off).
+    pub restrict_agent_egress: bool,
 }
 
 /// The namespaces the operator watches and acts in.

@@ -27,6 +27,7 @@ pub mod kube_io;
 pub mod publish;
 #[cfg(test)]
 mod purity_check;
+pub mod reach;
 #[cfg(test)]
 pub mod reason_coverage;
 pub mod service;

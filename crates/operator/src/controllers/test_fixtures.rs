@@ -32,6 +32,8 @@ pub fn config() -> OperatorConfig {
         reapply_interval: Duration::from_secs(600),
         max_concurrent_reconciles: 16,
         scope: crate::scope::WatchScope::Cluster,
+        cluster_network: None,
+        restrict_agent_egress: true,
     }
 }
 

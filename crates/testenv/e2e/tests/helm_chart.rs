@@ -612,6 +612,14 @@ const GRANTS: &[(&str, &str, &str, &str, &str, &str)] = &[
     ),
     (
         "workload",
+        "discovery.k8s.io",
+        "endpointslices",
+        "list",
+        "",
+        "the EndpointSlices of a backend Service without a selector: its agent's egress NetworkPolicy admits their addresses (controllers/reach.rs)",
+    ),
+    (
+        "workload",
         "apps",
         "replicasets",
         "list",
@@ -966,6 +974,10 @@ fn chart_rbac_grants_exactly_the_reasoned_table() {
     let args =
         find(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     assert!(!args.contains("--watch-namespaces"), "{args}");
+    // Without operator.clusterCIDRs the agents' egress stays as before (no flag).
+    assert!(!args.contains("--cluster-cidrs"), "{args}");
+    assert!(!args.contains("--cluster-dns-pods"), "{args}");
+    assert!(args.contains("--restrict-agent-egress=true"), "{args}");
 
     // Namespace-scoped: the ClusterRole keeps only the cluster rows; the workload rows are a
     // Role in each watched namespace (the release namespace included); Events about Tailnets
@@ -1273,6 +1285,7 @@ fn chart_tailnet_registry_extras_aggregated_roles_network_policy_and_monitoring_
         r#"
 global: {imageRegistry: mirror.example.net, imagePullSecrets: [{name: global-pull}]}
 image: {pullPolicy: Always}
+operator: {clusterCIDRs: [10.244.0.0/16, 10.96.0.0/12, "fd00:10:244::/56"], clusterDNSPods: dns/app=coredns, restrictAgentEgress: false}
 agent:
   image: {registry: agents.example.net, pullPolicy: Always}
   tailscaleImage: {pullPolicy: Never}
@@ -1401,6 +1414,9 @@ fn check_deployment_extras(deployment: &Value) {
         "--apply-tailnet=/etc/tailnet-operator/tailnet/tailnet.yaml",
         "--agent-image-pull-policy=Always",
         "--tailscale-image-pull-policy=Never",
+        "--cluster-cidrs=10.244.0.0/16,10.96.0.0/12,fd00:10:244::/56",
+        "--cluster-dns-pods=dns/app=coredns",
+        "--restrict-agent-egress=false",
     ] {
         assert!(args.contains(expected), "{expected} not in {args}");
     }

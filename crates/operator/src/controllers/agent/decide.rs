@@ -184,6 +184,8 @@ impl<K: Decide> Input<'_, K> {
                 .as_ref()
                 .ok()
                 .and_then(|view| view.server_ca.as_deref()),
+            cluster_network: self.config.cluster_network.as_ref(),
+            restrict_agent_egress: self.config.restrict_agent_egress,
         }
     }
 }

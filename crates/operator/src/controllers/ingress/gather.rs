@@ -40,7 +40,8 @@ pub async fn gather(
         .collect();
     let prefix = &tailnet.spec.policy.tag_prefix;
     let tag = Some(desired::tag(ingress, &tailnet_name, prefix, &others));
-    let backends = backends(ctx, valid, &namespace).await?;
+    let mut backends = backends(ctx, valid, &namespace).await?;
+    super::super::reach::observe(ctx, &tailnet.spec.server, &mut backends).await;
     let tls_certificate = tls_certificate(ctx, ingress, input.owner).await?;
     let entrances = service_intents(ctx, tailnet, None)
         .into_iter()

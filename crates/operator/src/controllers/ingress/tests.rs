@@ -17,6 +17,7 @@ use super::super::agent::identity::KeyAction;
 use super::super::agent::observation::{
     AgentObserved, AuthSecret, Observation, nodes_unobservable,
 };
+use super::super::config::OperatorConfig;
 use super::super::reason_coverage::assert_every_reason_has_a_case;
 use super::super::status::Problem;
 use super::super::test_fixtures as fx;
@@ -1069,4 +1070,100 @@ fn a_namespace_scoped_operator_names_a_backend_outside_its_namespaces_and_render
         .expect("Ready");
     assert_eq!(ready.reason, reasons::BACKEND_NAMESPACE_NOT_WATCHED);
     assert!(decision.agent.is_none_or(|a| a.objects.is_none()));
+}
+
+/// Issue 29 item 4 for TailnetIngress agents (the Service kind's code path): the egress
+/// reaches the backends (a selector's pods on the targetPort; a selector-less Service's
+/// EndpointSlice addresses), DNS, the control plane and the transport; with the operator's
+/// cluster ranges, transport outside them and DNS to the DNS pods; unrestricted without the
+/// control plane's addresses.
+#[test]
+fn the_ingress_agent_reaches_its_backends_and_with_cluster_ranges_nothing_else_in_cluster() {
+    let service = |yaml: &str| -> k8s_openapi::api::core::v1::Service {
+        serde_yaml::from_str(yaml).expect("service")
+    };
+    let observed = with(|o| {
+        let backends = &mut o.kind.backends;
+        backends.add_service(&service(
+            "metadata: {name: frontend, namespace: team-a}\nspec: {selector: {app: web}, ports: [{name: http, port: 8080, targetPort: 80}]}",
+        ));
+        backends.add_service(&service(
+            "metadata: {name: db, namespace: team-a}\nspec: {ports: [{name: postgres, port: 5432}]}",
+        ));
+        let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_yaml::from_str(
+            "metadata: {name: db-1}\naddressType: IPv4\nendpoints: [{addresses: [192.0.2.40]}]\nports: [{name: postgres, port: 15432}]",
+        )
+        .expect("slice");
+        backends.add_endpoint_slices(ObjectKey::new(NAMESPACE, "db"), &[slice]);
+    });
+    let egress_of = |observed: &IngressObservation, config: &OperatorConfig| {
+        let ingress = ingress();
+        let valid = agent::validated::<Ingress>(&ingress, fx::now()).expect("valid");
+        let decision = agent::decide::<Ingress>(&ingress, &valid, observed, config, fx::now())
+            .expect("decide");
+        let spec = decision
+            .agent
+            .and_then(|a| a.objects)
+            .expect("objects")
+            .network_policy
+            .spec
+            .expect("spec");
+        (
+            spec.policy_types,
+            serde_json::to_string(&spec.egress).expect("json"),
+        )
+    };
+    // No control plane observed: unrestricted, as before.
+    let (types, egress) = egress_of(&observed, &fx::config());
+    assert_eq!(
+        (types, egress.as_str()),
+        (Some(vec!["Ingress".to_string()]), "null")
+    );
+
+    let observed = {
+        let mut observed = observed;
+        observed.kind.backends.control_plane = vec!["192.0.2.1:6443".parse().expect("addr")];
+        observed
+    };
+    let (types, open) = egress_of(&observed, &fx::config());
+    assert_eq!(
+        types,
+        Some(vec!["Ingress".to_string(), "Egress".to_string()])
+    );
+    assert_eq!(
+        open,
+        concat!(
+            r#"[{"ports":[{"port":80,"protocol":"TCP"}],"to":[{"podSelector":{"matchLabels":{"app":"web"}}}]},"#,
+            r#"{"ports":[{"port":15432,"protocol":"TCP"}],"to":[{"ipBlock":{"cidr":"192.0.2.40/32"}}]},"#,
+            r#"{"ports":[{"port":53,"protocol":"UDP"},{"port":53,"protocol":"TCP"}]},"#,
+            r#"{"ports":[{"protocol":"UDP"},{"port":443,"protocol":"TCP"}]},"#,
+            r#"{"ports":[{"port":6443,"protocol":"TCP"}],"to":[{"ipBlock":{"cidr":"192.0.2.1/32"}}]}]"#,
+        )
+    );
+    // `--restrict-agent-egress=false`: no egress rules whatever is known.
+    let off = OperatorConfig {
+        restrict_agent_egress: false,
+        ..fx::config()
+    };
+    let (types, egress) = egress_of(&observed, &off);
+    assert_eq!(
+        (types, egress.as_str()),
+        (Some(vec!["Ingress".to_string()]), "null")
+    );
+    let mut config = fx::config();
+    config.cluster_network = Some(tailnet_render::reach::ClusterNetwork {
+        cidrs: vec![
+            tailnet_render::reach::parse_cidr("10.244.0.0/16").expect("cidr"),
+            tailnet_render::reach::parse_cidr("10.96.0.0/12").expect("cidr"),
+        ],
+        dns: tailnet_render::reach::DnsPods::default(),
+    });
+    let (_, closed) = egress_of(&observed, &config);
+    assert!(
+        closed.contains(concat!(
+            r#"{"ports":[{"port":53,"protocol":"UDP"},{"port":53,"protocol":"TCP"}],"to":[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"kube-system"}},"podSelector":{"matchLabels":{"k8s-app":"kube-dns"}}}]},"#,
+            r#"{"ports":[{"protocol":"UDP"},{"port":443,"protocol":"TCP"}],"to":[{"ipBlock":{"cidr":"0.0.0.0/0","except":["10.244.0.0/16","10.96.0.0/12"]}},{"ipBlock":{"cidr":"::/0"}}]}"#,
+        )),
+        "{closed}"
+    );
 }
