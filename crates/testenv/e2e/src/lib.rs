@@ -46,7 +46,7 @@ pub use env::{
     HOSTS_CONFIG_MAP, PLATFORM_GROUP, SERVER_CA_CONFIG_MAP,
 };
 pub use error::{E2eError, Result};
-pub use network_policy::NetworkPolicyEnforcer;
+pub use network_policy::{NetworkPolicyEnforcer, lab_cluster_cidrs};
 pub use operator::{
     E2E_AGENT_IMAGE, E2E_TAILSCALE_IMAGE, OperatorArgs, OperatorProcess, workspace_operator_binary,
 };

@@ -266,3 +266,17 @@ fn restore(lab: &Lab, document: &str) -> Result<()> {
         })
     }
 }
+
+/// The lab cluster's own address ranges, as `run --cluster-cidrs` (chart
+/// `operator.clusterCIDRs`) takes them: the Service CIDR and the pods' part of 10.244.0.0/16.
+/// Pods get 10.244.1.1 upward; 10.244.0.0/24 holds what a real cluster has outside its ranges
+/// (the node's gateway with Headscale and the apiserver, the laptop, the remote site), so it
+/// is left out: 10.244.1.0/24, 10.244.2.0/23, … 10.244.128.0/17.
+pub fn lab_cluster_cidrs() -> Vec<String> {
+    let mut cidrs: Vec<String> = (17..=24u32)
+        .rev()
+        .map(|prefix| format!("10.244.{}.0/{prefix}", 1u32 << (24 - prefix)))
+        .collect();
+    cidrs.push(tno_testenv_kube::control_plane::SERVICE_CIDR.to_string());
+    cidrs
+}

@@ -162,16 +162,18 @@ pub async fn install_chart(
     })
 }
 
-/// The values the lab installs with: the pushed images by digest, a short Headscale poll
-/// interval (the demo waits on Headscale; the chart's default is 30s) and text logs.
+/// The values the lab installs with: the pushed images by digest, the cluster's own address
+/// ranges (agents' transport and DNS stay out of them), a short Headscale poll interval (the
+/// demo waits on Headscale; the chart's default is 30s) and text logs.
 fn values_file(images: &ProductImages) -> Result<String, String> {
     let tag = tno_testenv::product::tailscale_version().map_err(|e| e.to_string())?;
+    let cidrs = tno_testenv::lab_cluster_cidrs().join(", ");
     Ok(format!(
         "# tno-lab: the images pushed to the lab registry, by digest\n\
          image:\n  repository: {}\n  digest: {}\n\
          agent:\n  image:\n    repository: {}\n    digest: {}\n  \
          tailscaleImage:\n    repository: {}\n    tag: {tag}\n    digest: {}\n\
-         operator:\n  headscalePollInterval: 2s\n  logFormat: text\n",
+         operator:\n  headscalePollInterval: 2s\n  logFormat: text\n  clusterCIDRs: [{cidrs}]\n",
         images.operator.repository,
         images.operator.digest,
         images.agent.repository,
