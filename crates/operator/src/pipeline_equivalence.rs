@@ -405,6 +405,10 @@ fn ingress_decisions(inputs: &Inputs<'_>) -> Vec<Value> {
         if let Some(cert) = &o.certificate {
             objects.push(serde_json::to_value(cert).expect("certificate"));
         }
+        // Split horizon: applied by the ingress controller's act step (act.rs) too.
+        if let Some(service) = &o.in_cluster_service {
+            objects.push(typed(service));
+        }
     }
     objects
 }
