@@ -110,7 +110,10 @@ pub fn settings_names(settings: &str) -> Vec<String> {
     settings
         .lines()
         .filter_map(|line| line.trim().strip_prefix("export "))
-        .filter_map(|rest| rest.split_once('=').map(|(name, _)| name.trim().to_string()))
+        .filter_map(|rest| {
+            rest.split_once('=')
+                .map(|(name, _)| name.trim().to_string())
+        })
         .collect()
 }
 
@@ -171,7 +174,9 @@ impl Runner {
 
     fn run_block(&self, index: usize, name: &str, block: &Block) -> Result<(), String> {
         eprintln!("==== quick start {name}\n{}", block.text);
-        let script = self.dir.join(format!(".quick-start-block-{}.sh", index + 1));
+        let script = self
+            .dir
+            .join(format!(".quick-start-block-{}.sh", index + 1));
         // stderr into stdout: one stream, in order, for the transcript.
         let text = format!(
             "exec 2>&1\n# settings\n{}\n# {name}\n{}",
@@ -288,7 +293,10 @@ export GREETING=hello   # what to say\nexport NAME='the doc'\n```\n\n```sh\necho
     #[test]
     fn bad_markers_are_errors_not_skipped_blocks() {
         let unknown = extract("<!-- quick-start: runn -->\n```sh\ntrue\n```\n").unwrap_err();
-        assert!(unknown.contains("line 1") && unknown.contains("runn"), "{unknown}");
+        assert!(
+            unknown.contains("line 1") && unknown.contains("runn"),
+            "{unknown}"
+        );
         let no_fence = extract("<!-- quick-start: run -->\n\n```sh\ntrue\n```\n").unwrap_err();
         assert!(no_fence.contains("not followed"), "{no_fence}");
         let open = extract("<!-- quick-start: run -->\n```sh\ntrue\n").unwrap_err();
@@ -320,10 +328,7 @@ export GREETING=hello   # what to say\nexport NAME='the doc'\n```\n\n```sh\necho
             .expect_err("a block with `false` fails the run");
         let after = dir.join("after.txt").exists();
         let _ = std::fs::remove_dir_all(&dir);
-        assert!(
-            error.contains("block 3 (doc.md:22, run) failed"),
-            "{error}"
-        );
+        assert!(error.contains("block 3 (doc.md:22, run) failed"), "{error}");
         assert!(error.contains("before the failure"), "{error}");
         assert!(!after, "bash -e stops at the failing command");
         // An unset variable (a setting the runner does not provide) fails too (-u).

@@ -100,8 +100,7 @@ fn the_docs_settings_are_the_ones_the_test_provides() {
     let (_, settings) = doc_blocks();
     let names = quick_start::settings_names(&settings.text);
     assert_eq!(
-        names,
-        SETTINGS,
+        names, SETTINGS,
         "{DOC}:{}: the settings block sets other variables than this test provides",
         settings.line
     );
@@ -190,13 +189,10 @@ async fn lab_settings(env: &E2eEnv, registry: &LabRegistry, work: &Path) -> Sett
     let policy_file = work.join("policy/base.hujson");
     std::fs::create_dir_all(work.join("policy")).expect("policy dir");
     std::fs::write(&policy_file, env.base_policy().expect("base policy")).expect("policy");
-    let tailscale = tno_testenv::product::push_lab_tailscale_image(
-        env.kube().binaries(),
-        registry,
-        env.dir(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    let tailscale =
+        tno_testenv::product::push_lab_tailscale_image(env.kube().binaries(), registry, env.dir())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     eprintln!(
         "the tailscale mirror: {}@{}",
         tailscale.repository, tailscale.digest
@@ -220,13 +216,20 @@ async fn lab_settings(env: &E2eEnv, registry: &LabRegistry, work: &Path) -> Sett
 fn block_env(env: &E2eEnv, registry: &LabRegistry, work: &Path) -> Vec<(String, String)> {
     let bin = work.join(".bin");
     std::fs::create_dir_all(&bin).expect("bin dir");
-    let kubectl = env.kube().binaries().kube_apiserver.with_file_name("kubectl");
+    let kubectl = env
+        .kube()
+        .binaries()
+        .kube_apiserver
+        .with_file_name("kubectl");
     let helm = tno_testenv_kube::binaries::helm().expect("helm");
     let tailnet = env.tailnet();
     let wrappers = [
         (
             "kubectl".to_string(),
-            format!("exec {} \"$@\"\n", shell_quote(&kubectl.display().to_string())),
+            format!(
+                "exec {} \"$@\"\n",
+                shell_quote(&kubectl.display().to_string())
+            ),
         ),
         (
             "helm".to_string(),
@@ -335,9 +338,17 @@ async fn ingress_answers_the_laptop(
         .expect("Certificates")
         .items
         .iter()
-        .filter_map(|c| c.data["spec"]["issuerRef"]["name"].as_str().map(String::from))
+        .filter_map(|c| {
+            c.data["spec"]["issuerRef"]["name"]
+                .as_str()
+                .map(String::from)
+        })
         .collect();
-    assert_eq!(issuers, [issuer], "the ingress's Certificate names the issuer");
+    assert_eq!(
+        issuers,
+        [issuer],
+        "the ingress's Certificate names the issuer"
+    );
     let ingresses: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         APP_NAMESPACE,
@@ -348,7 +359,10 @@ async fn ingress_answers_the_laptop(
             "tailnetingresses",
         ),
     );
-    let ingress = ingresses.get("portal").await.expect("TailnetIngress portal");
+    let ingress = ingresses
+        .get("portal")
+        .await
+        .expect("TailnetIngress portal");
     let ip = ingress.data["status"]["tailnetIPs"]
         .as_array()
         .into_iter()
