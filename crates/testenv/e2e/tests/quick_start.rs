@@ -17,6 +17,8 @@
 //!   the lab's Headscale CLI with its config. helm is wrapped too: the lab registry speaks plain
 //!   HTTP (no TLS on loopback), so `helm install/upgrade oci://<lab registry>/…` get
 //!   `--plain-http` added; that is the wrapper's only change;
+//! - a cluster like the user's: the lab's own copy of our CRDs (installed from deploy/crds at
+//!   its start) is deleted first, so the doc's `helm install` creates them;
 //! - "your app" (namespace `team-a`, Service `frontend` port 8080) and what a cluster would
 //!   have: cert-manager as the [`LabIssuer`] stand-in (a ClusterIssuer object of the name the
 //!   settings give, Certificates signed by a lab CA), Headscale's extra-records file synced from
@@ -37,8 +39,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams};
 use serde_json::json;
 use tno_testenv::quick_start::{self, Block, Runner, shell_quote};
 use tno_testenv::{E2eEnv, LabCa, LabIssuer, sync_extra_records};
@@ -274,9 +277,33 @@ fn block_env(env: &E2eEnv, registry: &LabRegistry, work: &Path) -> Vec<(String, 
     ]
 }
 
-/// The app namespace with "your app" (an HTTP echo as Service `frontend`, port 8080) and the
-/// ClusterIssuer object the settings name (the [`LabIssuer`] signs its Certificates).
+/// A cluster as the user's: the lab installs our CRDs from deploy/crds when it starts, a
+/// user's cluster has none before `helm install` (which would refuse to adopt them), so they
+/// go first. Then the app namespace with "your app" (an HTTP echo as Service `frontend`, port
+/// 8080) and the ClusterIssuer object the settings name (the [`LabIssuer`] signs its
+/// Certificates).
 async fn the_cluster_and_the_app(client: &kube::Client, issuer: &str) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let names = [
+        "tailnets.tailnet-operator.dev",
+        "tailnetegresses.tailnet-operator.dev",
+        "tailnetingresses.tailnet-operator.dev",
+    ];
+    for name in names {
+        crds.delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting the lab's CRD {name}: {e}"));
+    }
+    tno_testenv_kube::process::poll_until("the lab's CRDs to be gone", WAIT, || async {
+        for name in names {
+            if crds.get_opt(name).await.ok()?.is_some() {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     apply_all(
         client,
         &[
