@@ -146,6 +146,7 @@ async fn the_quick_start_runs_as_written_and_carries_egress_and_ingress_traffic(
     let work = root().join(format!("target/quick-start/run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).expect("work dir");
+    let work = work.canonicalize().expect("work dir");
 
     let settings = lab_settings(&env, &registry, &work).await;
     // What a cluster would have: cert-manager with the ClusterIssuer, Headscale reading the
@@ -172,7 +173,8 @@ async fn the_quick_start_runs_as_written_and_carries_egress_and_ingress_traffic(
         .expect("runner thread");
     if let Err(error) = run {
         panic!(
-            "{error}\n==== operator namespace ====\n{}",
+            "{error}\n(the blocks' directory, kept: {})\n==== operator namespace ====\n{}",
+            work.display(),
             env.diagnostics(Some(OPERATOR_NAMESPACE))
         );
     }
