@@ -173,8 +173,9 @@ async fn the_quick_start_runs_as_written_and_carries_egress_and_ingress_traffic(
         .expect("runner thread");
     if let Err(error) = run {
         panic!(
-            "{error}\n(the blocks' directory, kept: {})\n==== operator namespace ====\n{}",
+            "{error}\n(the blocks' directory, kept: {})\n{}\n==== operator namespace ====\n{}",
             work.display(),
+            product_status(&env),
             env.diagnostics(Some(OPERATOR_NAMESPACE))
         );
     }
@@ -184,6 +185,34 @@ async fn the_quick_start_runs_as_written_and_carries_egress_and_ingress_traffic(
     eprintln!("quick start: every block ran; egress and ingress carried traffic");
     let _ = std::fs::remove_dir_all(&work);
     drop(registry);
+}
+
+/// What `kubectl get … -o wide` says about the Tailnet, egress and ingress (each `Reason`
+/// column names the first missing precondition), for a failure message.
+fn product_status(env: &E2eEnv) -> String {
+    let kubectl = env
+        .kube()
+        .binaries()
+        .kube_apiserver
+        .with_file_name("kubectl");
+    let output = std::process::Command::new(kubectl)
+        .args([
+            "get",
+            "tailnet,tailnetegress,tailnetingress",
+            "-A",
+            "-o",
+            "wide",
+        ])
+        .env("KUBECONFIG", env.kubeconfig())
+        .output();
+    match output {
+        Ok(output) => format!(
+            "$ kubectl get tailnet,tailnetegress,tailnetingress -A -o wide\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+        Err(e) => format!("kubectl: {e}"),
+    }
 }
 
 /// The lab's values of the settings; writes the user's files (Headscale's CA, the base policy)
