@@ -95,7 +95,9 @@ cargo build --workspace --bins --locked
 
 step "images: cargo xtask images (daemonless, static musl release binaries; assembled twice, digests compared)"
 # The same command the release workflow runs; helm_install (side group) pushes the layouts of
-# target/images to the lab's registry and installs the chart from there.
+# target/images to the lab's registry and installs the chart from there; quick_start (side
+# group) runs docs/quick-start.md's `cargo xtask images --push … --chart`, which then only
+# assembles and pushes (the release binaries are built here).
 rustup target list --installed | grep -qx x86_64-unknown-linux-musl || rustup target add x86_64-unknown-linux-musl
 cargo xtask images --verify-reproducible
 
@@ -113,7 +115,7 @@ cargo test --workspace --locked --no-run
 # (`--exact`). Adding a binary here is the only edit; a name that is not unique across all
 # test binaries would also be skipped elsewhere, so that is checked first.
 side_tests=(faults_e2e ingress_data_e2e egress_routes_e2e helm_rbac_e2e local_lab forged_agent_e2e leadership_e2e
-  helm_install network_policy_e2e egress_devices_e2e contributors_e2e service_lb_e2e split_horizon_e2e)
+  helm_install network_policy_e2e egress_devices_e2e contributors_e2e service_lb_e2e split_horizon_e2e quick_start)
 side_targets=()
 for t in "${side_tests[@]}"; do side_targets+=(--test "$t"); done
 list_tests() { cargo test --workspace --locked "$@" -- --list --format terse 2>/dev/null | sed -n 's/: test$//p'; }

@@ -1,4 +1,4 @@
-//! The image-building section of docs/quick-start.md ("2. Images"), run as written against the
+//! The image-building section of docs/quick-start.md ("3. Images and chart"), run against the
 //! lab registry with authentication on: `cargo xtask images --push <registry>/<prefix>
 //! --chart` (the xtask binary; prebuilt stand-in binaries via `--binaries` so that no release
 //! build runs here) pushes to `crane registry serve` behind the token-flow front of

@@ -94,6 +94,7 @@ const THIRD_PARTY_FLAGS: &[(&str, &str)] = &[
     ("advertise-tags", "tailscale up"),
     ("as", "kubectl (impersonation)"),
     ("field-selector", "kubectl get"),
+    ("for", "kubectl wait --for"),
     ("from-file", "kubectl create configmap/secret"),
     ("from-literal", "kubectl create secret"),
     ("index", "tailscale/headscale CLI listing"),

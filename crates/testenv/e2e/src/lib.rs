@@ -21,6 +21,7 @@
 //!   [`E2eEnv::start_operator_in`] runs an operator in it.
 //! - [`E2eEnv::start_network_policy_enforcer`]: kube-router's firewall controller in the lab
 //!   netns, so NetworkPolicies are enforced for the test that starts it ([`NetworkPolicyEnforcer`]).
+//! - [`quick_start`]: the marked blocks of docs/quick-start.md, extracted and run in order.
 //! - Lab plumbing: [`LabIssuer`] (cert-manager stand-in signing Certificates with a [`LabCa`])
 //!   and [`sync_extra_records`] (the ConfigMap volume Headscale would mount).
 //!
@@ -34,6 +35,7 @@ mod network_policy;
 mod operator;
 mod pods;
 pub mod product;
+pub mod quick_start;
 mod second_cluster;
 mod stand_ins;
 mod tailnet_client;

@@ -1,8 +1,8 @@
 //! One `helm install` on a bare cluster, as docs/quick-start.md says: a fresh control plane
 //! (etcd + kube-apiserver + kube-controller-manager, no CRDs at all, in particular none of the
-//! prometheus-operator's), the quick start's own values file (extracted from the doc: the
-//! `# values.yaml` block with `tailnet.create: true`, DNS, TLS and agent settings and the
-//! ServiceMonitor/PrometheusRule turned on). The install must succeed (CRDs created, the
+//! prometheus-operator's), the quick start's own values file (written by the doc's marked
+//! block `cat > values.yaml <<EOF`, run with the doc's example settings: `tailnet.create:
+//! true`, DNS, TLS and agent settings and the ServiceMonitor/PrometheusRule turned on). The install must succeed (CRDs created, the
 //! monitoring objects skipped because their kinds are not served), and the chart's Tailnet
 //! must reach the apiserver through the mechanism the chart ships: the operator binary is run
 //! with the Deployment's own arguments (read back from the apiserver), the mounted ConfigMap's
@@ -42,20 +42,26 @@ fn skip_or_panic(what: &str) {
     eprintln!("SKIP: {what}");
 }
 
-/// The quick start's values file: the ```yaml block that starts with `# values.yaml`, with
-/// the digest placeholders filled in (the images are never pulled here).
-fn quick_start_values() -> String {
-    let doc = std::fs::read_to_string(root().join("docs/quick-start.md")).expect("quick start");
-    let block = doc
-        .split("```yaml\n")
-        .skip(1)
-        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
-        .find(|block| block.starts_with("# values.yaml"))
-        .expect("docs/quick-start.md has a ```yaml block starting with `# values.yaml`");
-    let digest = format!("sha256:{}", "0".repeat(64));
-    block
-        .replace("sha256:<operator image digest>", &digest)
-        .replace("sha256:<agent image digest>", &digest)
+/// The quick start's values file: the doc's marked block that writes `values.yaml`, run (as
+/// `tno_testenv::quick_start` runs every block) with the doc's own example settings.
+fn quick_start_values(dir: &Path) -> String {
+    use tno_testenv::quick_start::{self, BlockKind, Runner};
+    let (blocks, settings) =
+        quick_start::read(&root().join("docs/quick-start.md")).unwrap_or_else(|e| panic!("{e}"));
+    let block = blocks
+        .iter()
+        .find(|b| b.kind == BlockKind::Run && b.text.contains("> values.yaml"))
+        .expect("docs/quick-start.md has a marked run block writing values.yaml");
+    let runner = Runner {
+        dir: dir.join("quick-start"),
+        settings: settings.text,
+        env: Vec::new(),
+        doc_name: "docs/quick-start.md".into(),
+    };
+    runner
+        .run(std::slice::from_ref(block))
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::read_to_string(runner.dir.join("values.yaml")).expect("values.yaml written")
 }
 
 /// Kills the process on drop.
@@ -238,7 +244,7 @@ async fn quick_start_helm_install_on_a_bare_cluster_creates_the_crds_and_the_tai
     prerequisites(&admin).await;
 
     let values = dir.join("values.yaml");
-    std::fs::write(&values, quick_start_values()).expect("values");
+    std::fs::write(&values, quick_start_values(&dir)).expect("values");
     let installed = helm_install(&helm, &control_plane.admin_kubeconfig, &dir, &values);
     assert!(installed.contains("STATUS: deployed"), "{installed}");
     for kind in ["ServiceMonitor", "PrometheusRule"] {
