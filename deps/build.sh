@@ -10,6 +10,8 @@
 #                                         from deps/versions.env (maintainers)
 #
 # Components: kubernetes etcd headscale tailscale coredns cert-manager
+#             cert-manager-controller (our thin main over cert-manager's controller
+#                           packages, deps/go/cert-manager-controller; cert-manager's version)
 #             helm prometheus caddy   (chart and monitoring-rule checks, benchmarks)
 #             crane actionlint        (the lab's OCI registry and image pushes; workflow lint)
 #             kube-router   (NetworkPolicy enforcer of the lab, network_policy_e2e)
@@ -23,7 +25,7 @@ set -euo pipefail
 
 DEPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE_ROOT=${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}
-COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager helm prometheus caddy crane actionlint kube-router)
+COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager cert-manager-controller helm prometheus caddy crane actionlint kube-router)
 
 log() { printf '[deps] %s\n' "$*" >&2; }
 die() { printf '[deps] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -34,12 +36,20 @@ while IFS='=' read -r key value; do
   VERSIONS[$key]=$value
 done < <(grep -E '^[A-Z][A-Z0-9_]*=[^[:space:]]+$' "$DEPS_ROOT/versions.env")
 
+# version_key C: the versions.env key of C (the controller wrapper shares cert-manager's).
+version_key() {
+  case $1 in
+    cert-manager-controller) echo CERT_MANAGER_VERSION ;;
+    *) echo "$(tr 'a-z-' 'A-Z_' <<<"$1")_VERSION" ;;
+  esac
+}
+
 # version_of C: the pinned version, or TNO_<C>_VERSION from the environment (a
 # version matrix run, e.g. TNO_HEADSCALE_VERSION=v0.29.2). A version other than
 # the pinned one is built from its own wrapper module deps/go/<c>-<version>/.
 version_of() {
   local key override
-  key="$(tr 'a-z-' 'A-Z_' <<<"$1")_VERSION"
+  key=$(version_key "$1")
   override="TNO_$key"
   if [[ -n ${!override:-} ]]; then
     printf '%s\n' "${!override}"
@@ -52,7 +62,7 @@ version_of() {
 # wrapper_dir C: the wrapper module that pins C's modules at version_of C.
 wrapper_dir() {
   local key ver
-  key="$(tr 'a-z-' 'A-Z_' <<<"$1")_VERSION"
+  key=$(version_key "$1")
   ver=$(version_of "$1")
   if [[ $ver == "${VERSIONS[$key]:-}" ]]; then
     printf '%s\n' "$DEPS_ROOT/go/$1"
@@ -72,8 +82,9 @@ binaries_of() {
     tailscale) echo tailscaled tailscale containerboot ;;
     coredns) echo coredns ;;
     cert-manager) echo ;;
+    cert-manager-controller) echo cert-manager-controller ;;
     helm) echo helm ;;
-    prometheus) echo promtool ;;
+    prometheus) echo promtool prometheus ;;
     caddy) echo caddy ;;
     crane) echo crane ;;
     actionlint) echo actionlint ;;
@@ -90,7 +101,7 @@ main_module_of() {
     headscale) echo github.com/juanfont/headscale ;;
     tailscale) echo tailscale.com ;;
     coredns) echo github.com/coredns/coredns ;;
-    cert-manager) echo github.com/cert-manager/cert-manager ;;
+    cert-manager | cert-manager-controller) echo github.com/cert-manager/cert-manager ;;
     helm) echo helm.sh/helm/v4 ;;
     prometheus) echo github.com/prometheus/prometheus ;;
     caddy) echo github.com/caddyserver/caddy/v2 ;;
@@ -117,10 +128,13 @@ packages_of() {
         containerboot=tailscale.com/cmd/containerboot ;;
     coredns)
       echo coredns=github.com/coredns/coredns ;;
+    cert-manager-controller)  # the wrapper module's own main package
+      echo cert-manager-controller=tailnet-operator.dev/deps/cert-manager-controller ;;
     helm)
       echo helm=helm.sh/helm/v4/cmd/helm ;;
     prometheus)
-      echo promtool=github.com/prometheus/prometheus/cmd/promtool ;;
+      echo promtool=github.com/prometheus/prometheus/cmd/promtool \
+        prometheus=github.com/prometheus/prometheus/cmd/prometheus ;;
     caddy)
       echo caddy=github.com/caddyserver/caddy/v2/cmd/caddy ;;
     crane)
@@ -208,6 +222,9 @@ ldflags_of() {
     caddy)  # caddy.Version() looks for caddy among the build's *dependencies*;
       # built by package path it is the main module, so set its documented override
       f+=("-X" "github.com/caddyserver/caddy/v2.CustomVersion=$ver") ;;
+    cert-manager-controller)  # as cert-manager's make/ldflags (pkg/util version variables)
+      f+=("-X" "github.com/cert-manager/cert-manager/pkg/util.AppVersion=$ver")
+      [[ -z $hash ]] || f+=("-X" "github.com/cert-manager/cert-manager/pkg/util.AppGitCommit=$hash") ;;
     kube-router)  # as its Makefile (Version = the git tag there)
       f+=("-X" "github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$ver"
         "-X" "github.com/cloudnativelabs/kube-router/v2/pkg/version.BuildDate=${time:-1970-01-01T00:00:00Z}") ;;
@@ -218,9 +235,11 @@ ldflags_of() {
 tags_of() {
   case $1 in
     kubernetes) echo selinux,notest,grpcnotrace ;;  # as hack/lib/golang.sh (non-debug)
-    # promtool is only used for rule checks: leave out the service-discovery
-    # plugins (upstream's build tag; half the packages, no cloud SDKs)
-    prometheus) echo remove_all_sd ;;
+    # promtool checks rules; the lab's prometheus server finds its targets through
+    # Kubernetes SD only: leave out every other service-discovery plugin (upstream's
+    # tags, plugins/plugin_kubernetes.go: !remove_all_sd || enable_kubernetes_sd;
+    # no cloud SDKs). Web UI assets are not embedded (no builtinassets tag).
+    prometheus) echo remove_all_sd,enable_kubernetes_sd ;;
     *) echo ;;
   esac
 }
@@ -242,6 +261,7 @@ recipe_of() {
     [[ $c != caddy ]] || echo "ldflags=CustomVersion"
     [[ $c != kube-router ]] || echo "ldflags=version.Version"
     [[ ! -f $dir/go.mod ]] || cat "$dir/go.mod" "$dir/go.sum"
+    [[ ! -f $dir/main.go ]] || cat "$dir/main.go"  # a wrapper main of ours
   } | sha256sum | cut -d' ' -f1
 }
 
@@ -507,6 +527,14 @@ pin_component() {
         "module tailnet-operator.dev/deps/$c" "" "go 1.26.0" "" "require $mod $ver" >"$dir/go.mod"
       (cd "$dir" && "$GO" mod download "$mod")
       grep -q "^$mod $ver " "$dir/go.sum" || die "go.sum for $mod not written" ;;
+    cert-manager-controller)
+      # main.go is ours (committed); go.mod requires the main module, tidy pins the rest
+      [[ -f $dir/main.go ]] || die "$dir/main.go missing"
+      rm -f "$dir/go.sum"
+      printf '%s\n' "// Generated by deps/build.sh --pin $c from deps/versions.env" \
+        "// (cert-manager's version). main.go is ours: a thin main over the module's controllers." \
+        "module tailnet-operator.dev/deps/$c" "" "go 1.26.0" "" "require $mod $ver" >"$dir/go.mod"
+      (cd "$dir" && "$GO" mod tidy) ;;
     *) write_tool_gomod "$c" ;;
   esac
 }
@@ -563,7 +591,8 @@ check_component() {
     prometheus)
       local rel=${ver#v0.}
       rel="${rel:0:1}.$((10#${rel:1:2})).${rel#*.}"
-      expect "promtool, version $rel" "$d/promtool" --version || return 1 ;;
+      expect "promtool, version $rel" "$d/promtool" --version || return 1
+      expect "prometheus, version $rel" "$d/prometheus" --version || return 1 ;;
     caddy)
       expect "$ver" "$d/caddy" version || return 1 ;;
     crane)
@@ -572,6 +601,8 @@ check_component() {
       expect "$ver" "$d/actionlint" -version || return 1 ;;
     kube-router)
       expect "version $ver" "$d/kube-router" --version || return 1 ;;
+    cert-manager-controller)
+      expect "cert-manager $ver" "$d/cert-manager-controller" -version || return 1 ;;
     cert-manager)
       local f
       f=$(crds_path)
@@ -618,7 +649,7 @@ main() {
     --print-env) print_env; return ;;
     --check) mode=check; shift ;;
     --pin) mode=pin; shift ;;
-    -h | --help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
+    -h | --help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
     -*) die "unknown option $1" ;;
   esac
   local comps c failed=0 t0

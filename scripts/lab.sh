@@ -47,7 +47,7 @@ bash scripts/install-system-packages.sh
 phase "system packages"
 # Only what the lab runs; scripts/test.sh builds the test-only tools (caddy, prometheus,
 # actionlint).
-bash deps/build.sh kubernetes etcd headscale tailscale coredns cert-manager helm crane kube-router
+bash deps/build.sh kubernetes etcd headscale tailscale coredns cert-manager cert-manager-controller helm crane kube-router
 phase "third-party programs (deps/build.sh; cached in ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps})"
 echo "[lab] building the Rust binaries (first run: several minutes)…" >&2
 cargo build --workspace --bins --locked

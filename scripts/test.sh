@@ -115,7 +115,8 @@ cargo test --workspace --locked --no-run
 # (`--exact`). Adding a binary here is the only edit; a name that is not unique across all
 # test binaries would also be skipped elsewhere, so that is checked first.
 side_tests=(faults_e2e ingress_data_e2e egress_routes_e2e helm_rbac_e2e local_lab forged_agent_e2e leadership_e2e
-  helm_install network_policy_e2e egress_devices_e2e contributors_e2e service_lb_e2e split_horizon_e2e quick_start)
+  helm_install network_policy_e2e egress_devices_e2e contributors_e2e service_lb_e2e split_horizon_e2e quick_start
+  two_headscales_e2e prometheus_e2e)
 side_targets=()
 for t in "${side_tests[@]}"; do side_targets+=(--test "$t"); done
 list_tests() { cargo test --workspace --locked "$@" -- --list --format terse 2>/dev/null | sed -n 's/: test$//p'; }

@@ -19,6 +19,9 @@ pub fn bench(args: &[String], root: &Path) -> Result<(), String> {
         "tno-bench",
         "-p",
         "tailnet-operator",
+        // tno-test-servers: the echo backends of the tailnet and startup benchmarks.
+        "-p",
+        "tno-testenv-kube",
     ]);
     if !smoke {
         build.arg("--release");

@@ -272,7 +272,14 @@ pub fn assemble(
 }
 
 /// Builds the static release binaries for `platform` with cargo; returns their directory.
-fn cargo_build(root: &Path, platform: Platform, profile: &str) -> Result<PathBuf, String> {
+/// `revision` becomes the binaries' `git_commit` label of `*_build_info` (`TNO_GIT_COMMIT`,
+/// read by crates/telemetry/build.rs), `-dirty` included.
+fn cargo_build(
+    root: &Path,
+    platform: Platform,
+    profile: &str,
+    revision: &str,
+) -> Result<PathBuf, String> {
     let target = platform.rust_target();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let home = std::env::var("CARGO_HOME")
@@ -310,6 +317,7 @@ fn cargo_build(root: &Path, platform: Platform, profile: &str) -> Result<PathBuf
             target,
         ])
         .args(["--config", &rustflags])
+        .env("TNO_GIT_COMMIT", revision)
         .args(["-p", "tailnet-operator", "--bin", "tailnet-operator"])
         .args(["-p", "tailnet-agent", "--bin", "tailnet-agent"])
         .status()
@@ -345,7 +353,7 @@ pub fn images(root: &Path, options: &Options) -> Result<(), String> {
     for platform in &options.platforms {
         let dir = match &options.binaries {
             Some(dir) => dir.join(platform.rust_target()),
-            None => cargo_build(root, *platform, &options.profile)?,
+            None => cargo_build(root, *platform, &options.profile, &revision)?,
         };
         dirs.insert(platform.name(), dir);
     }

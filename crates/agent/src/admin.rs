@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
+use tailnet_telemetry::exposition::Format;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -111,13 +112,14 @@ fn answer(admin: &Admin, request: &Request<Incoming>) -> Response<Full<Bytes>> {
                 .metrics
                 .ready
                 .set(i64::from(admin.state.readiness().is_ok()));
-            let mut body = String::new();
-            match prometheus_client::encoding::text::encode(&mut body, &admin.registry) {
-                Ok(()) => with_type(
-                    StatusCode::OK,
-                    body.into_bytes(),
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
+            // OpenMetrics when asked for (Prometheus), else the Prometheus text format.
+            let accept = request
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|value| value.to_str().ok());
+            let format = Format::negotiate(accept);
+            match format.encode(&admin.registry) {
+                Ok(body) => with_type(StatusCode::OK, body.into_bytes(), format.content_type()),
                 Err(error) => text(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     format!("metrics could not be encoded: {error}\n"),
@@ -161,6 +163,68 @@ mod tests {
         let mut answer = String::new();
         stream.read_to_string(&mut answer).await?;
         Ok(answer)
+    }
+
+    async fn get(
+        address: std::net::SocketAddr,
+        path: &str,
+        accept: &str,
+    ) -> std::io::Result<String> {
+        let mut stream = TcpStream::connect(address).await?;
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: a\r\n{accept}Connection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        Ok(answer)
+    }
+
+    /// The bug: only OpenMetrics was served, whose counter families are named without
+    /// `_total`, so `curl …/metrics | promtool check metrics` found 8 counters without HELP.
+    /// Now the text format unless the scraper asks for OpenMetrics, as Prometheus does.
+    #[tokio::test]
+    async fn metrics_follow_the_accept_header() -> std::io::Result<()> {
+        let mut registry = Registry::default();
+        let metrics = Arc::new(Metrics::new(&mut registry));
+        metrics.localapi_errors.inc();
+        drop(crate::metrics::ActiveConnection::open(&metrics, "db"));
+        let admin = Admin {
+            registry: Arc::new(registry),
+            metrics,
+            state: Arc::new(AgentState::new()),
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let address = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        tokio::spawn(serve_limited(listener, admin, stop.clone(), 4));
+        let text = get(address, "/metrics", "").await?;
+        for expected in [
+            "content-type: text/plain; version=0.0.4; charset=utf-8",
+            "# HELP tailnet_agent_connections_total Connections accepted, by listener.\n# TYPE tailnet_agent_connections_total counter\ntailnet_agent_connections_total{listener=\"db\"} 1\n",
+            "# HELP tailnet_agent_localapi_errors_total ",
+            "# TYPE tailnet_agent_build_info gauge",
+            "# TYPE process_cpu_seconds_total counter",
+        ] {
+            assert!(text.contains(expected), "{expected:?} missing:\n{text}");
+        }
+        assert!(!text.contains("# EOF"), "{text}");
+        let open = get(
+            address,
+            "/metrics",
+            "Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n",
+        )
+        .await?;
+        assert!(
+            open.contains("content-type: application/openmetrics-text; version=1.0.0"),
+            "{open}"
+        );
+        assert!(
+            open.contains("# HELP tailnet_agent_connections Connections accepted"),
+            "{open}"
+        );
+        assert!(open.ends_with("# EOF\n"), "{open}");
+        stop.cancel();
+        Ok(())
     }
 
     /// The bug: the admin listener spawned a task per connection without bound. Now the

@@ -20,6 +20,7 @@ pub mod headers;
 pub mod limits;
 pub mod listeners;
 pub mod localapi;
+pub mod login;
 pub mod metrics;
 pub mod probe;
 pub mod proxy;

@@ -1,4 +1,5 @@
-//! Client of tailscaled's LocalAPI on its unix socket: `status`, `whois` and `dial`.
+//! Client of tailscaled's LocalAPI on its unix socket: `status`, `whois`, `dial`, and the
+//! login retry (`reload-config` + `start`).
 //!
 //! The dial contract (tailscale `ipn/localapi/localapi.go` `serveDial`, client side
 //! `client/local/local.go` `UserDial`, ≥ 1.98): `POST /localapi/v0/dial` with
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode, header};
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Empty, Full, Limited};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
@@ -30,6 +31,8 @@ const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 const MAX_DIAL_ERROR_BYTES: usize = 4 * 1024;
 const DIAL_PATH: &str = "/localapi/v0/dial";
 const STATUS_PATH: &str = "/localapi/v0/status";
+const RELOAD_CONFIG_PATH: &str = "/localapi/v0/reload-config";
+const START_PATH: &str = "/localapi/v0/start";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalApiError {
@@ -250,6 +253,17 @@ impl LocalApi {
         self.get_json(STATUS_PATH).await
     }
 
+    /// Logs in again with the pre-auth key tailscaled's config file holds now: re-reads the
+    /// file (`reload-config`; the auth Secret's volume follows the Secret, so a key the
+    /// operator minted after tailscaled started is in it) and starts the backend (`start`,
+    /// which takes the key from the config while the node is not running). The key never
+    /// passes through the agent.
+    pub async fn retry_login(&self) -> Result<(), LocalApiError> {
+        self.post(RELOAD_CONFIG_PATH, "").await?;
+        // `start` decodes an ipn.Options; the empty one changes nothing but the login.
+        self.post(START_PATH, "{}").await
+    }
+
     /// The tailnet identity behind `addr` (`ip:port`; a loopback address with `proto=tcp`
     /// names a connection that tailscaled forwarded to a local listener). `Ok(None)` when
     /// tailscaled knows no such peer.
@@ -391,37 +405,46 @@ impl LocalApi {
                     path: path.into(),
                     source,
                 })?;
-        let status = response.status();
-        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-            .collect()
-            .await
-            .map_err(|source| LocalApiError::Body {
-                path: path.into(),
-                source,
-            })?
-            .to_bytes();
-        if status != StatusCode::OK {
-            return Err(LocalApiError::Status {
-                path: path.into(),
-                status: status.as_u16(),
-                body: String::from_utf8_lossy(&body)
-                    .trim()
-                    .chars()
-                    .take(512)
-                    .collect(),
-            });
-        }
+        let body = answer(path, response, MAX_ANSWER_BYTES, |s| s == StatusCode::OK).await?;
         serde_json::from_slice(&body).map_err(|source| LocalApiError::Decode {
             path: path.into(),
             source,
         })
     }
 
-    async fn handshake(
+    /// `POST path` with `body`; any 2xx is success.
+    async fn post(&self, path: &str, body: &'static str) -> Result<(), LocalApiError> {
+        let request = Request::post(path)
+            .header(header::HOST, LOCALAPI_HOST)
+            .header("Sec-Tailscale", "localapi")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .map_err(|source| LocalApiError::Request {
+                path: path.into(),
+                source,
+            })?;
+        let mut sender = self.handshake(path, false).await?;
+        let response =
+            sender
+                .send_request(request)
+                .await
+                .map_err(|source| LocalApiError::Http {
+                    path: path.into(),
+                    source,
+                })?;
+        answer(path, response, MAX_DIAL_ERROR_BYTES, |s| s.is_success()).await?;
+        Ok(())
+    }
+
+    async fn handshake<B>(
         &self,
         path: &str,
         with_upgrades: bool,
-    ) -> Result<hyper::client::conn::http1::SendRequest<Empty<Bytes>>, LocalApiError> {
+    ) -> Result<hyper::client::conn::http1::SendRequest<B>, LocalApiError>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let stream =
             UnixStream::connect(&self.socket)
                 .await
@@ -448,6 +471,37 @@ impl LocalApi {
         }
         Ok(sender)
     }
+}
+
+/// The body of a LocalAPI answer (at most `limit` bytes) whose status `accepted`; else the
+/// status with the start of the body as the error.
+async fn answer(
+    path: &str,
+    response: http::Response<hyper::body::Incoming>,
+    limit: usize,
+    accepted: fn(StatusCode) -> bool,
+) -> Result<Bytes, LocalApiError> {
+    let status = response.status();
+    let body = Limited::new(response.into_body(), limit)
+        .collect()
+        .await
+        .map_err(|source| LocalApiError::Body {
+            path: path.into(),
+            source,
+        })?
+        .to_bytes();
+    if !accepted(status) {
+        return Err(LocalApiError::Status {
+            path: path.into(),
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&body)
+                .trim()
+                .chars()
+                .take(512)
+                .collect(),
+        });
+    }
+    Ok(body)
 }
 
 /// Percent-encodes everything but unreserved characters (for `whois?addr=`).

@@ -57,14 +57,15 @@ struct Args {
     connection_threads: usize,
 }
 
+/// Logs on stdout; `RUST_LOG` filters (default `info`); JSON is flat, as the operator's.
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+    use std::io::IsTerminal as _;
+    use tailnet_telemetry::logging;
+    let format = match format {
+        LogFormat::Json => logging::LogFormat::Json,
+        LogFormat::Text => logging::LogFormat::Text,
+    };
+    logging::init(format, std::io::stdout, std::io::stdout().is_terminal());
 }
 
 async fn shutdown_signal() {

@@ -1,4 +1,6 @@
-//! Prometheus metrics of the agent (`/metrics` on the admin listener, text format).
+//! Prometheus metrics of the agent (`/metrics` on the admin listener; OpenMetrics or the
+//! Prometheus text format as the scraper asks), with `tailnet_agent_build_info` and the
+//! `process_*` metrics.
 //! Label values come from the config (listener, route and host names), never from clients,
 //! so cardinality stays bounded.
 
@@ -118,6 +120,7 @@ pub struct Metrics {
     pub tailnet_state: Family<TailnetStateLabels, Gauge>,
     pub tailnet_ips: Gauge,
     pub localapi_errors: Counter,
+    pub login_retries: Counter,
     pub certificate_loaded: Gauge,
     pub certificate_reloads: Counter,
     pub certificate_reload_failures: Counter,
@@ -152,6 +155,7 @@ impl Metrics {
             tailnet_state: Family::default(),
             tailnet_ips: Gauge::default(),
             localapi_errors: Counter::default(),
+            login_retries: Counter::default(),
             certificate_loaded: Gauge::default(),
             certificate_reloads: Counter::default(),
             certificate_reload_failures: Counter::default(),
@@ -159,128 +163,135 @@ impl Metrics {
             admin_connections_refused: Counter::default(),
             ready: Gauge::default(),
         };
+        metrics.register(registry);
+        metrics
+    }
+
+    /// Registers every family under `tailnet_agent_` (and the common build/process ones).
+    fn register(&self, registry: &mut Registry) {
+        tailnet_telemetry::register_common(registry, "tailnet_agent", env!("CARGO_PKG_VERSION"));
         let registry = registry.sub_registry_with_prefix("tailnet_agent");
         registry.register(
             "connections",
             "Connections accepted, by listener",
-            metrics.connections.clone(),
+            self.connections.clone(),
         );
         registry.register(
             "active_connections",
             "Connections open now, by listener",
-            metrics.active_connections.clone(),
+            self.active_connections.clone(),
         );
         registry.register(
             "connections_refused",
             "Connections reset at accept because a connection limit was reached, by listener and reason (limit = the listener's, agent_limit = the agent's)",
-            metrics.connections_refused.clone(),
+            self.connections_refused.clone(),
         );
         registry.register(
             "connections_reclaimed",
             "Held egress connections (client sent EOF, target silent) ended at accept to admit a new connection to a full listener or agent, by the new connection's listener",
-            metrics.connections_reclaimed.clone(),
+            self.connections_reclaimed.clone(),
         );
         registry.register(
             "bytes",
             "Bytes relayed, by listener and direction (in = client to target)",
-            metrics.bytes.clone(),
+            self.bytes.clone(),
         );
         registry.register(
             "dial_failures",
             "Egress dials through the tailnet that failed, by reason (dial_self = not routed through the tailnet, refused, timeout, error)",
-            metrics.dial_failures.clone(),
+            self.dial_failures.clone(),
         );
         registry.register(
             "probes",
             "Reachability probes by kind, name and result",
-            metrics.probes.clone(),
+            self.probes.clone(),
         );
         registry.register(
             "probe_reachable",
             "1 when the last probe of the target/backend reached it",
-            metrics.probe_reachable.clone(),
+            self.probe_reachable.clone(),
         );
         registry.register(
             "http_requests",
             "HTTP requests by route, host and status",
-            metrics.http_requests.clone(),
+            self.http_requests.clone(),
         );
         registry.register(
             "http_request_duration_seconds",
             "Time from request head to the end of the response, by route and host",
-            metrics.http_duration.clone(),
+            self.http_duration.clone(),
         );
         registry.register(
             "backend_failures",
             "Backend requests that got no response, by route and reason",
-            metrics.backend_failures.clone(),
+            self.backend_failures.clone(),
         );
         registry.register(
             "backend_tls_failures",
             "TLS handshakes with a backend that failed (verification or protocol), by route",
-            metrics.backend_tls_failures.clone(),
+            self.backend_tls_failures.clone(),
         );
         registry.register(
             "tls_handshake_failures",
             "Client TLS handshakes that failed, by listener",
-            metrics.tls_handshake_failures.clone(),
+            self.tls_handshake_failures.clone(),
         );
         registry.register(
             "listener_up",
             "1 when the listener is bound and serving",
-            metrics.listener_up.clone(),
+            self.listener_up.clone(),
         );
         registry.register(
             "tailnet_connected",
             "1 when tailscaled is Running with a tailnet IP",
-            metrics.tailnet_connected.clone(),
+            self.tailnet_connected.clone(),
         );
         registry.register(
             "tailnet_backend_state",
             "1 for tailscaled's current BackendState",
-            metrics.tailnet_state.clone(),
+            self.tailnet_state.clone(),
         );
         registry.register(
             "tailnet_ips",
             "Number of tailnet IPs of this node",
-            metrics.tailnet_ips.clone(),
+            self.tailnet_ips.clone(),
         );
         registry.register(
             "localapi_errors",
             "LocalAPI status requests that failed",
-            metrics.localapi_errors.clone(),
+            self.localapi_errors.clone(),
+        );
+        registry.register(
+            "login_retries",
+            "Times tailscaled, waiting for a login for 15 s, was made to re-read its login config (with the auth Secret's current pre-auth key) and start again",
+            self.login_retries.clone(),
         );
         registry.register(
             "certificate_loaded",
             "1 when a valid serving certificate is loaded",
-            metrics.certificate_loaded.clone(),
+            self.certificate_loaded.clone(),
         );
         registry.register(
             "certificate_reloads",
             "Serving certificates (re)loaded from disk",
-            metrics.certificate_reloads.clone(),
+            self.certificate_reloads.clone(),
         );
         registry.register(
             "certificate_reload_failures",
             "Changed certificate files that were rejected (unreadable, not PEM, or a key that does not match the certificate); the previous certificate keeps serving",
-            metrics.certificate_reload_failures.clone(),
+            self.certificate_reload_failures.clone(),
         );
         registry.register(
             "admin_connections_refused",
             "Admin listener connections reset because ADMIN_MAX_CONNECTIONS were open",
-            metrics.admin_connections_refused.clone(),
+            self.admin_connections_refused.clone(),
         );
         registry.register(
             "config_reload_failures",
             "Changed config files that were rejected",
-            metrics.config_reload_failures.clone(),
+            self.config_reload_failures.clone(),
         );
-        registry.register(
-            "ready",
-            "1 when /readyz answers ready",
-            metrics.ready.clone(),
-        );
-        metrics
+        registry.register("ready", "1 when /readyz answers ready", self.ready.clone());
     }
 
     pub fn listener(&self, listener: &str) -> ListenerLabels {

@@ -53,6 +53,7 @@ impl Prober {
             let wanted = keep.contains(key);
             if !wanted {
                 stop.cancel();
+                forget_series(&deps.metrics, key.0, &key.1);
             }
             wanted
         });
@@ -70,8 +71,13 @@ impl Prober {
             } else {
                 "probing is switched off"
             };
-            deps.state
-                .declare_probe(spec.kind, &spec.name, &spec.address(), initial);
+            deps.state.declare_probe(
+                spec.kind,
+                &spec.name,
+                &spec.address(),
+                initial,
+                spec.interval.is_some(),
+            );
             let stop = CancellationToken::new();
             if let Some(interval) = spec.interval {
                 tokio::spawn(probe_loop(
@@ -92,11 +98,72 @@ impl Prober {
     }
 }
 
-async fn probe_loop(spec: ProbeSpec, interval: Duration, deps: ProbeDeps, stop: CancellationToken) {
-    let kind_label = match spec.kind {
+/// The label of a probe kind in metrics.
+fn kind_label(kind: ProbeKind) -> &'static str {
+    match kind {
         ProbeKind::Target => "target",
         ProbeKind::Backend => "backend",
-    };
+    }
+}
+
+/// Drops the metric series of a probe that left the config: a removed target must not keep
+/// its last `probe_reachable` (an unreachable one would keep its alert firing).
+fn forget_series(metrics: &Metrics, kind: ProbeKind, name: &str) {
+    let kind = kind_label(kind);
+    metrics.probe_reachable.remove(&ProbeTargetLabels {
+        kind: kind.into(),
+        name: name.to_owned(),
+    });
+    for state in [
+        ProbeState::Unknown,
+        ProbeState::Reachable,
+        ProbeState::NoRoute,
+        ProbeState::Refused,
+        ProbeState::Timeout,
+        ProbeState::Error,
+    ] {
+        metrics.probes.remove(&ProbeLabels {
+            kind: kind.into(),
+            name: name.to_owned(),
+            state: state.label().into(),
+        });
+    }
+}
+
+/// The first retry after a failed probe; each further failure doubles it, up to the
+/// probe's interval. At start a target often fails once or twice (the remote peer has not
+/// yet got the netmap with this node): retried within seconds, not an interval later.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+
+/// The wait before the next probe: the interval after a success, a doubling backoff (from
+/// [`FIRST_RETRY`], capped at the interval) after consecutive failures.
+fn next_probe_delay(interval: Duration, consecutive_failures: u32) -> Duration {
+    if consecutive_failures == 0 {
+        return interval;
+    }
+    let doublings = (consecutive_failures - 1).min(16);
+    FIRST_RETRY.saturating_mul(1u32 << doublings).min(interval)
+}
+
+async fn probe_loop(spec: ProbeSpec, interval: Duration, deps: ProbeDeps, stop: CancellationToken) {
+    let kind_label = kind_label(spec.kind);
+    // A target is dialed through the tailnet: its first probe waits for the connection
+    // (a dial before it can only fail), and runs the moment it is up.
+    if spec.kind == ProbeKind::Target {
+        let mut connectivity = deps.state.connectivity();
+        if !*connectivity.borrow_and_update() {
+            deps.state.set_probe_pending(
+                spec.kind,
+                &spec.name,
+                "waiting for the tailnet connection",
+            );
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = connectivity.wait_for(|connected| *connected) => {}
+            }
+        }
+    }
+    let mut consecutive_failures = 0u32;
     loop {
         let (state, message) = tokio::select! {
             () = stop.cancelled() => return,
@@ -120,9 +187,14 @@ async fn probe_loop(spec: ProbeSpec, interval: Duration, deps: ProbeDeps, stop: 
             .set(i64::from(state == ProbeState::Reachable));
         deps.state
             .set_probe_result(spec.kind, &spec.name, state, message);
+        consecutive_failures = if state == ProbeState::Reachable {
+            0
+        } else {
+            consecutive_failures.saturating_add(1)
+        };
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(interval) => {}
+            () = tokio::time::sleep(next_probe_delay(interval, consecutive_failures)) => {}
         }
     }
 }
@@ -154,5 +226,52 @@ async fn probe_once(spec: &ProbeSpec, deps: &ProbeDeps) -> (ProbeState, String) 
                 ),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_that_leaves_the_config_leaves_no_series() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        for name in ["gone", "kept"] {
+            let target = ProbeTargetLabels {
+                kind: "target".into(),
+                name: name.into(),
+            };
+            metrics.probe_reachable.get_or_create(&target).set(0);
+            metrics
+                .probes
+                .get_or_create(&ProbeLabels {
+                    kind: "target".into(),
+                    name: name.into(),
+                    state: "Timeout".into(),
+                })
+                .inc();
+        }
+        forget_series(&metrics, ProbeKind::Target, "gone");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap_or_default();
+        assert!(!text.contains("name=\"gone\""), "{text}");
+        assert!(text.contains("name=\"kept\""), "{text}");
+    }
+
+    #[test]
+    fn failures_are_retried_sooner_than_the_interval_and_successes_wait_for_it() {
+        let interval = Duration::from_secs(30);
+        assert_eq!(next_probe_delay(interval, 0), interval);
+        let delays: Vec<u64> = (1..=7)
+            .map(|failures| next_probe_delay(interval, failures).as_secs())
+            .collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(
+            next_probe_delay(Duration::from_secs(2), 5),
+            Duration::from_secs(2),
+            "never longer than a short interval"
+        );
+        assert_eq!(next_probe_delay(interval, u32::MAX), interval);
     }
 }

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::registry::Registry;
 use tailnet_api::agent_config::{AgentConfig, EgressListener, HttpRoute, IngressListener};
@@ -25,6 +25,7 @@ use crate::dial::{TailnetDialer, error_chain};
 use crate::limits::Gate;
 use crate::listeners::{self, Shared, TcpForward};
 use crate::localapi::LocalApi;
+use crate::login::LoginWatch;
 use crate::metrics::{Metrics, TailnetStateLabels};
 use crate::probe::{ProbeDeps, ProbeSpec, Prober};
 use crate::proxy::{HttpSite, ProxyContext, ProxyDefaults};
@@ -33,6 +34,8 @@ use crate::tls::{CertStore, Reload};
 use crate::workers::ConnectionThreads;
 
 const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the LocalAPI status is read while the tailnet is not connected.
+const CONNECTING_STATUS_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Everything that is not in the config file.
 #[derive(Clone, Debug)]
@@ -202,24 +205,52 @@ async fn poll_status(
     stop: CancellationToken,
     mut last_logged: Option<(bool, String)>,
 ) {
+    let mut login = LoginWatch::default();
     loop {
+        // Until tailscaled is up, asked often: the connection starts the first target probes
+        // and readiness, and every second here is a second of the resource's start.
+        let wait = if state.tailnet().connected {
+            interval
+        } else {
+            interval.min(CONNECTING_STATUS_INTERVAL)
+        };
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(interval) => {}
+            () = tokio::time::sleep(wait) => {}
         }
-        refresh_status(&localapi, &state, &metrics, &mut last_logged).await;
+        let backend_state = refresh_status(&localapi, &state, &metrics, &mut last_logged).await;
+        if login.observe(backend_state.as_deref(), Instant::now()) {
+            metrics.login_retries.inc();
+            retry_login(&localapi).await;
+        }
     }
 }
 
-/// One LocalAPI status read into state and metrics; logs transitions only.
+/// tailscaled has been waiting for a login: it re-reads its config (with the key the auth
+/// Secret holds now) and starts again (see [`crate::login`]).
+async fn retry_login(localapi: &LocalApi) {
+    match tokio::time::timeout(STATUS_TIMEOUT, localapi.retry_login()).await {
+        Ok(Ok(())) => info!("tailscaled needs a login: had it re-read its login config and start"),
+        Ok(Err(error)) => warn!(error = %error_chain(&error), "retrying tailscaled's login failed"),
+        Err(_) => warn!(
+            "retrying tailscaled's login: no answer within {}s",
+            STATUS_TIMEOUT.as_secs()
+        ),
+    }
+}
+
+/// One LocalAPI status read into state and metrics; logs transitions only. Returns
+/// tailscaled's `BackendState` (`None` when the LocalAPI did not answer).
 async fn refresh_status(
     localapi: &LocalApi,
     state: &AgentState,
     metrics: &Metrics,
     last_logged: &mut Option<(bool, String)>,
-) {
+) -> Option<String> {
+    let mut backend_state = None;
     let outcome = match tokio::time::timeout(STATUS_TIMEOUT, localapi.status()).await {
         Ok(Ok(status)) => {
+            backend_state = Some(status.backend_state.clone());
             state.set_tailnet_status(&status);
             metrics.tailnet_state.clear();
             metrics
@@ -255,6 +286,7 @@ async fn refresh_status(
         }
         *last_logged = Some(current);
     }
+    backend_state
 }
 
 enum Payload {

@@ -4,9 +4,11 @@
 //! The `/status` document ([`StatusReport`]) is what the operator reads to fill
 //! `TargetsReachable`/`BackendsReachable`; its types derive `Deserialize` for that reader.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use tokio::sync::watch;
 
 use crate::limits::Gate;
 use crate::localapi::{self, DialFailureReason};
@@ -32,13 +34,31 @@ pub enum ProbeKind {
     Backend,
 }
 
+/// Whether the tailnet is connected, for tasks that wait for it (the first target probe).
+#[derive(Debug)]
+struct Connectivity(watch::Sender<bool>);
+
+impl Default for Connectivity {
+    fn default() -> Self {
+        Connectivity(watch::Sender::new(false))
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct AgentState {
     tailnet: RwLock<TailnetView>,
+    connectivity: Connectivity,
     listeners: RwLock<BTreeMap<String, ListenerView>>,
     /// The connection gates of the listeners, by key: `/status` reads their live counts.
     gates: RwLock<BTreeMap<String, Arc<Gate>>>,
     probes: RwLock<BTreeMap<(ProbeKind, String), ProbeView>>,
+    /// Probes (with an interval) that have no result yet. Until the agent is first ready, it
+    /// waits for them: a pod that turns ready has its first results in `/status`, so the
+    /// operator, woken by the readiness change, reports reachability at once.
+    first_results_pending: RwLock<BTreeSet<(ProbeKind, String)>>,
+    /// Set once the agent was ready: from then on probes never affect readiness (a target
+    /// added later must not take the pod out of its Service).
+    started: AtomicBool,
     certificate: RwLock<CertificateView>,
     config: RwLock<ConfigView>,
     shutting_down: AtomicBool,
@@ -82,6 +102,11 @@ impl AgentState {
                 status.version
             );
         }
+        self.connectivity.0.send_if_modified(|current| {
+            let changed = *current != connected;
+            *current = connected;
+            changed
+        });
         *write(&self.tailnet) = TailnetView {
             connected,
             backend_state: status.backend_state.clone(),
@@ -99,6 +124,14 @@ impl AgentState {
         tailnet.backend_state = String::new();
         tailnet.message = message;
         // The version stays as last seen: tailscaled restarting does not downgrade it.
+        self.connectivity
+            .0
+            .send_if_modified(|current| std::mem::replace(current, false));
+    }
+
+    /// Follows whether the tailnet is connected (`true`: Running with a tailnet IP).
+    pub fn connectivity(&self) -> watch::Receiver<bool> {
+        self.connectivity.0.subscribe()
     }
 
     pub fn tailnet(&self) -> TailnetView {
@@ -149,8 +182,16 @@ impl AgentState {
     }
 
     /// Registers a probed target/backend (state `Unknown`) or updates its address, keeping
-    /// the last result when the address is unchanged.
-    pub fn declare_probe(&self, kind: ProbeKind, name: &str, address: &str, message: &str) {
+    /// the last result when the address is unchanged. `probed`: an interval is set, so a
+    /// first result will come (readiness at start waits for it).
+    pub fn declare_probe(
+        &self,
+        kind: ProbeKind,
+        name: &str,
+        address: &str,
+        message: &str,
+        probed: bool,
+    ) {
         let mut probes = write(&self.probes);
         let entry = probes
             .entry((kind, name.to_owned()))
@@ -169,11 +210,28 @@ impl AgentState {
         } else if entry.state == ProbeState::Unknown {
             entry.message = message.to_owned();
         }
+        let mut pending = write(&self.first_results_pending);
+        let key = (kind, name.to_owned());
+        if probed && entry.last_probe.is_none() {
+            pending.insert(key);
+        } else {
+            pending.remove(&key);
+        }
     }
 
     /// Keeps only the probes named in `keep`.
     pub fn retain_probes(&self, keep: &[(ProbeKind, String)]) {
         write(&self.probes).retain(|key, _| keep.contains(key));
+        write(&self.first_results_pending).retain(|key| keep.contains(key));
+    }
+
+    /// The message of a probe that has no result yet (e.g. why it waits).
+    pub fn set_probe_pending(&self, kind: ProbeKind, name: &str, message: &str) {
+        if let Some(entry) = write(&self.probes).get_mut(&(kind, name.to_owned()))
+            && entry.last_probe.is_none()
+        {
+            entry.message = message.to_owned();
+        }
     }
 
     pub fn set_probe_result(
@@ -183,6 +241,7 @@ impl AgentState {
         state: ProbeState,
         message: String,
     ) {
+        write(&self.first_results_pending).remove(&(kind, name.to_owned()));
         if let Some(entry) = write(&self.probes).get_mut(&(kind, name.to_owned())) {
             entry.state = state;
             entry.message = message;
@@ -225,8 +284,35 @@ impl AgentState {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
-    /// Ready = tailnet connected AND every configured listener up (and not shutting down).
+    /// Ready = tailnet connected AND every configured listener up (and not shutting down);
+    /// the first time also every probe's first result known (see `first_results_pending`).
     pub fn readiness(&self) -> Result<(), Vec<String>> {
+        let mut reasons = self.serving_problems();
+        if !self.started.load(Ordering::SeqCst) {
+            reasons.extend(
+                read(&self.first_results_pending)
+                    .iter()
+                    .map(|(kind, name)| {
+                        let kind = match kind {
+                            ProbeKind::Target => "target",
+                            ProbeKind::Backend => "backend",
+                        };
+                        format!("starting: the first probe of {kind} {name} has no result yet")
+                    }),
+            );
+            if reasons.is_empty() {
+                self.started.store(true, Ordering::SeqCst);
+            }
+        }
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(reasons)
+        }
+    }
+
+    /// Why the agent cannot serve now (shutting down, tailnet, listeners).
+    fn serving_problems(&self) -> Vec<String> {
         let mut reasons = Vec::new();
         if self.is_shutting_down() {
             reasons.push("shutting down".to_owned());
@@ -245,11 +331,7 @@ impl AgentState {
                 ));
             }
         }
-        if reasons.is_empty() {
-            Ok(())
-        } else {
-            Err(reasons)
-        }
+        reasons
     }
 
     pub fn report(&self) -> StatusReport {
@@ -320,6 +402,46 @@ mod tests {
     }
 
     #[test]
+    fn the_first_readiness_waits_for_every_probe_s_first_result_and_later_ones_do_not() {
+        let state = AgentState::new();
+        state.set_tailnet_status(&status("Running", "1.102.5", &["100.64.0.7"]));
+        state.set_listener("a", listener(true));
+        state.declare_probe(ProbeKind::Target, "db", "192.0.2.10:5432", "waiting", true);
+        state.declare_probe(ProbeKind::Target, "off", "192.0.2.11:5432", "off", false);
+        let reasons = state.readiness().err().unwrap_or_default();
+        assert_eq!(
+            reasons,
+            ["starting: the first probe of target db has no result yet"],
+            "a probe without interval is not waited for"
+        );
+        // A failed first result counts: readiness is about knowing, not about reachability.
+        state.set_probe_result(ProbeKind::Target, "db", ProbeState::Timeout, "t".into());
+        assert_eq!(state.readiness(), Ok(()));
+        // Once started, a new target (not probed yet) does not take the pod out of service.
+        state.declare_probe(ProbeKind::Target, "new", "192.0.2.12:5432", "waiting", true);
+        assert_eq!(state.readiness(), Ok(()));
+        // The tailnet still matters.
+        state.set_tailnet_unreachable("socket gone".into());
+        assert!(state.readiness().is_err());
+    }
+
+    #[test]
+    fn connectivity_follows_the_tailnet_state() {
+        let state = AgentState::new();
+        let mut connected = state.connectivity();
+        assert!(!*connected.borrow_and_update());
+        state.set_tailnet_status(&status("Starting", "1.102.5", &[]));
+        assert!(
+            !connected.has_changed().unwrap_or(true),
+            "no change, no wake-up"
+        );
+        state.set_tailnet_status(&status("Running", "1.102.5", &["100.64.0.7"]));
+        assert!(*connected.borrow_and_update());
+        state.set_tailnet_unreachable("socket gone".into());
+        assert!(!*connected.borrow_and_update());
+    }
+
+    #[test]
     fn dialing_is_gated_on_a_dial_self_capable_tailscaled() {
         let state = AgentState::new();
         assert!(state.dial_permitted().is_err(), "version unknown");
@@ -340,18 +462,36 @@ mod tests {
     #[test]
     fn probes_keep_results_until_their_address_changes() {
         let state = AgentState::new();
-        state.declare_probe(ProbeKind::Target, "db", "192.0.2.10:5432", "not probed yet");
+        state.declare_probe(
+            ProbeKind::Target,
+            "db",
+            "192.0.2.10:5432",
+            "not probed yet",
+            true,
+        );
         state.set_probe_result(
             ProbeKind::Target,
             "db",
             ProbeState::Reachable,
             String::new(),
         );
-        state.declare_probe(ProbeKind::Target, "db", "192.0.2.10:5432", "not probed yet");
+        state.declare_probe(
+            ProbeKind::Target,
+            "db",
+            "192.0.2.10:5432",
+            "not probed yet",
+            true,
+        );
         let db = &state.probes(ProbeKind::Target)[0];
         assert_eq!(db.state, ProbeState::Reachable);
         assert!(db.last_probe.is_some());
-        state.declare_probe(ProbeKind::Target, "db", "192.0.2.11:5432", "not probed yet");
+        state.declare_probe(
+            ProbeKind::Target,
+            "db",
+            "192.0.2.11:5432",
+            "not probed yet",
+            true,
+        );
         assert_eq!(
             state.probes(ProbeKind::Target)[0].state,
             ProbeState::Unknown
@@ -363,7 +503,13 @@ mod tests {
     #[test]
     fn the_status_document_has_the_documented_shape() {
         let state = AgentState::new();
-        state.declare_probe(ProbeKind::Target, "db", "192.0.2.10:5432", "not probed yet");
+        state.declare_probe(
+            ProbeKind::Target,
+            "db",
+            "192.0.2.10:5432",
+            "not probed yet",
+            true,
+        );
         state.set_probe_result(
             ProbeKind::Target,
             "db",

@@ -303,7 +303,24 @@ async fn leak_witness(lab_addr: Ipv4Addr) -> Arc<AtomicUsize> {
 /// Ready, then bytes through the router both ways (throughput next to a direct LocalAPI
 /// dial), and a half-close that keeps the tunnel until the answer.
 async fn egress_phase(direct_api: &tno_testenv_tailnet::LocalApi) {
+    // While the agent starts, its targets' states as /status shows them: a normal start has
+    // no `Error` (target probes wait for the tailnet instead of failing before it).
+    let seen_states = std::sync::Mutex::new(std::collections::BTreeSet::new());
     let ready = eventually(Duration::from_secs(60), "agent ready", || async {
+        if let Ok((200, body)) = common::raw_http(
+            common::admin_address(),
+            "GET /status HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        {
+            let report: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            for target in report["targets"].as_array().into_iter().flatten() {
+                let state = format!("{}={}", target["name"], target["state"]);
+                if let Ok(mut seen) = seen_states.lock() {
+                    seen.insert((state, target["message"].to_string()));
+                }
+            }
+        }
         let (status, body) = common::raw_http(
             common::admin_address(),
             "GET /readyz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
@@ -314,6 +331,36 @@ async fn egress_phase(direct_api: &tno_testenv_tailnet::LocalApi) {
     })
     .await;
     assert_eq!(ready, "ok\n");
+    let seen = seen_states.into_inner().unwrap_or_default();
+    assert!(
+        !seen.is_empty(),
+        "the status was never read during the start"
+    );
+    let errors: Vec<_> = seen
+        .iter()
+        .filter(|(s, _)| s.ends_with("\"Error\""))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "a probe reported Error during a normal start: {errors:?}"
+    );
+    // The first readiness waits for every probed target's first result.
+    let (_, body) = common::raw_http(
+        common::admin_address(),
+        "GET /status HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("status: {e}"));
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let targets = report["targets"].as_array().cloned().unwrap_or_default();
+    assert_eq!(targets.len(), 5, "{report}");
+    for target in &targets {
+        assert!(
+            target["lastProbe"].is_string(),
+            "ready before the first result of {}: {target}",
+            target["name"]
+        );
+    }
 
     // Bytes reach 192.0.2.10:5432 behind the subnet router and come back.
     let mut last = String::new();

@@ -20,7 +20,8 @@ pub const TLS_DIR: &str = "/etc/tailnet-agent/tls";
 /// Where backend CA bundles are mounted (one sub-directory per ConfigMap).
 pub const CA_DIR: &str = "/etc/tailnet-agent/ca";
 /// Port of the agent's admin listener (`/metrics`, `/readyz`, `/livez`) on the pod IP; not
-/// containerboot's 9002, so the two can never collide.
+/// the tailscale image's usual 9002 (containerboot's health port), so the two never collide
+/// should the image's entrypoint be used.
 pub const ADMIN_PORT: u16 = 9180;
 /// First port allocated to egress listeners.
 pub const FIRST_EGRESS_PORT: u16 = 10000;

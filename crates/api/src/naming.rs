@@ -206,7 +206,7 @@ pub struct AgentNames {
     /// Deployment, ServiceAccount, Role, RoleBinding and NetworkPolicy name; also the
     /// tailnet hostname of the node.
     pub base: String,
-    /// Secret containerboot keeps the node state in (`TS_KUBE_SECRET`).
+    /// Secret tailscaled keeps the node state in (`--state=kube:<secret>`).
     pub state_secret: String,
     /// Secret holding the single-use pre-auth key while the node does not exist yet.
     pub auth_secret: String,

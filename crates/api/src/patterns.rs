@@ -26,5 +26,8 @@ pub const PRINCIPAL: &str = r"^(\*|group:[a-zA-Z0-9][-_.a-zA-Z0-9]*|tag:[a-z0-9]
 pub const NAME_TEMPLATE: &str = r"^([a-z0-9.-]|\{name\}|\{namespace\})+$";
 /// The Headscale server URL.
 pub const SERVER_URL: &str = r"^https?://[^\s/?#]+(/[^\s?#]*)?$";
+/// An agent log filter (`RUST_LOG`): levels and `target=level` directives, comma-separated;
+/// no spans or field filters.
+pub const LOG_FILTER: &str = r"^[A-Za-z0-9_:.=,-]+$";
 /// Tag prefix used in generated tags (`tag:<prefix>-egress-...`).
 pub const TAG_PREFIX: &str = r"^[a-z][-a-z0-9]{0,15}$";

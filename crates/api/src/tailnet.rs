@@ -410,6 +410,38 @@ pub struct AgentOverrides {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub priority_class_name: Option<String>,
+    /// Log filter of the tailnet-agent container (its `RUST_LOG`): a level (`error`, `warn`,
+    /// `info`, `debug`, `trace`) or comma-separated directives such as
+    /// `info,tailnet_agent::proxy=debug` (access logs have target `access`). Default: `info`.
+    /// Changing it restarts the agent pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9_:.=,-]+$"))]
+    pub log_level: Option<String>,
+    /// See [`AgentLogFormat`] (the CRD shows the type's description).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_format: Option<AgentLogFormat>,
+}
+
+/// Log format of the tailnet-agent container: `text` (default) or `json` (one flat JSON object
+/// per line, the shape of the operator's `--log-format json`). Changing it restarts the agent
+/// pods.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentLogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One flat JSON object per line.
+    Json,
+}
+
+impl AgentLogFormat {
+    /// The agent's `--log-format` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentLogFormat::Text => "text",
+            AgentLogFormat::Json => "json",
+        }
+    }
 }
 
 /// What the operator observed; written by the operator only.

@@ -76,6 +76,7 @@ static PRINCIPAL: LazyLock<Regex> = LazyLock::new(|| regex(patterns::PRINCIPAL))
 static NAME_TEMPLATE: LazyLock<Regex> = LazyLock::new(|| regex(patterns::NAME_TEMPLATE));
 static SERVER_URL: LazyLock<Regex> = LazyLock::new(|| regex(patterns::SERVER_URL));
 static TAG_PREFIX: LazyLock<Regex> = LazyLock::new(|| regex(patterns::TAG_PREFIX));
+static LOG_FILTER: LazyLock<Regex> = LazyLock::new(|| regex(patterns::LOG_FILTER));
 static PLACEHOLDER: LazyLock<Regex> = LazyLock::new(|| regex(r"\{[^}]*\}?"));
 
 /// Where an egress target lives.
@@ -388,6 +389,16 @@ pub fn valid_tailnet(spec: &TailnetSpec) -> Result<ValidTailnet, Vec<FieldError>
             "spec.policy.tagPrefix",
             "must be 1-16 lowercase letters, digits or '-', starting with a letter",
         ));
+    }
+    if let Some(filter) = spec.agent.as_ref().and_then(|a| a.log_level.as_ref()) {
+        check_match(
+            &mut errors,
+            &LOG_FILTER,
+            256,
+            "spec.agent.logLevel".into(),
+            filter,
+            "a log filter: a level such as info or debug, or directives such as info,tailnet_agent::proxy=debug",
+        );
     }
     finish(errors, || ValidTailnet {
         server: spec.server.clone(),

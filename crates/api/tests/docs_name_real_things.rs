@@ -1,7 +1,9 @@
 //! The docs name only things that exist: every command-line flag (`--name` in a code span or
 //! block), every environment variable of ours (`TNO_*`, `TAILNET_OPERATOR_*`, `TAILNET_AGENT_*`)
 //! and every chart value (`agent.image`, `--set tailnet.policy.mode=Apply`) named in
-//! `README.md` and `docs/` is defined by the code, the scripts or the chart's `values.yaml`.
+//! `README.md` and `docs/` is defined by the code, the scripts or the chart's `values.yaml`;
+//! every metric named there, in the chart's alert rules or in its Grafana dashboard is one the binaries export, and
+//! `docs/observability.md` lists every one they export.
 //! Flags of third-party tools the docs show (kubectl, headscale, tailscale, cargo) are listed
 //! below with their tool. Not checked: `docs/benchmarks-history.md` (a dated notebook) and
 //! `docs/reference/crds.md` (generated from the types).
@@ -267,6 +269,134 @@ fn documented_chart_values_exist() {
     assert!(
         missing.is_empty(),
         "chart values named in the docs that charts/tailnet-operator/values.yaml lacks: {missing:?}"
+    );
+}
+
+/// Metric names the binaries export, read from their sources: each `register("name", "help",
+/// field.clone())` with the field's type (a counter's samples end in `_total`), the
+/// collectors' `encode_descriptor("name", …)`, and the process metrics of crates/telemetry.
+fn exported_metrics() -> BTreeSet<String> {
+    let field =
+        Regex::new(r"pub (\w+): (?:Family<\w+, )?(Counter|Gauge|Histogram)\b").expect("regex");
+    let register = Regex::new(
+        r#"register\(\s*"(\w+)",\s*"(?:[^"\\]|\\.)*",\s*(?:metrics\.|self\.)?(\w+)\.clone\(\)"#,
+    )
+    .expect("regex");
+    let descriptor = Regex::new(r#"encode_descriptor\(\s*"(\w+)",(?s:.*?)MetricType::(Counter|Gauge)|encode_descriptor\(\s*"(\w+)""#)
+        .expect("regex");
+    let process_gauge = Regex::new(r#"gauge\(\s*e,\s*"(process_\w+)""#).expect("regex");
+    let mut out = BTreeSet::new();
+    let build = read(&repo().join("crates/telemetry/src/build.rs"));
+    assert!(
+        build.contains(r#""build_info","#),
+        "build_info is registered in crates/telemetry"
+    );
+    for (file, prefix) in [
+        ("crates/operator/src/metrics.rs", "tailnet_operator_"),
+        ("crates/agent/src/metrics.rs", "tailnet_agent_"),
+    ] {
+        let text = read(&repo().join(file));
+        let types: BTreeMap<&str, &str> = field
+            .captures_iter(&text)
+            .map(|c| {
+                (
+                    c.get(1).map_or("", |m| m.as_str()),
+                    c.get(2).map_or("", |m| m.as_str()),
+                )
+            })
+            .collect();
+        for c in register.captures_iter(&text) {
+            let suffix = match types.get(&c[2]) {
+                Some(&"Counter") => "_total",
+                Some(_) => "",
+                None => panic!("{file}: no field {} for metric {}", &c[2], &c[1]),
+            };
+            out.insert(format!("{prefix}{}{suffix}", &c[1]));
+        }
+        for c in descriptor.captures_iter(&text) {
+            let name = c.get(1).or(c.get(3)).map_or("", |m| m.as_str());
+            let suffix = if c.get(2).is_some_and(|t| t.as_str() == "Counter") {
+                "_total"
+            } else {
+                ""
+            };
+            out.insert(format!("{prefix}{name}{suffix}"));
+        }
+        out.insert(format!("{prefix}build_info"));
+    }
+    let process = read(&repo().join("crates/telemetry/src/process.rs"));
+    for c in descriptor.captures_iter(&process) {
+        let name = c.get(1).or(c.get(3)).map_or("", |m| m.as_str());
+        let suffix = if c.get(2).is_some_and(|t| t.as_str() == "Counter") {
+            "_total"
+        } else {
+            ""
+        };
+        out.insert(format!("{name}{suffix}"));
+    }
+    out.extend(
+        process_gauge
+            .captures_iter(&process)
+            .map(|c| c[1].to_string()),
+    );
+    out
+}
+
+/// Metric names (ours and the process ones) in a text.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let name =
+        Regex::new(r"\b(tailnet_(?:operator|agent)_[a-z0-9_]*[a-z0-9]|process_[a-z_]*[a-z])\b")
+            .expect("regex");
+    name.captures_iter(text).map(|c| c[1].to_string()).collect()
+}
+
+/// `name` is exported, or a histogram's `_bucket`/`_sum`/`_count` series of one that is.
+fn is_exported(exported: &BTreeSet<String>, name: &str) -> bool {
+    exported.contains(name)
+        || ["_bucket", "_sum", "_count"].iter().any(|suffix| {
+            name.strip_suffix(suffix)
+                .is_some_and(|base| exported.contains(base) && base.ends_with("_seconds"))
+        })
+}
+
+#[test]
+fn documented_metrics_exist_and_observability_lists_every_one() {
+    let exported = exported_metrics();
+    assert!(
+        exported.len() >= 45
+            && exported.contains("tailnet_operator_reconciles_total")
+            && exported.contains("tailnet_operator_resource_condition")
+            && exported.contains("tailnet_agent_active_connections")
+            && exported.contains("process_cpu_seconds_total"),
+        "the extraction from the sources looks broken: {exported:?}"
+    );
+    let mut texts = documentation();
+    for file in [
+        "charts/tailnet-operator/README.md",
+        "charts/tailnet-operator/files/prometheus-rules.yaml",
+        "charts/tailnet-operator/files/grafana-dashboard.json",
+        "crates/agent/README.md",
+    ] {
+        texts.push((file.to_string(), read(&repo().join(file))));
+    }
+    let unknown: Vec<String> = texts
+        .iter()
+        .flat_map(|(path, text)| {
+            metric_names(text)
+                .into_iter()
+                .filter(|name| !is_exported(&exported, name))
+                .map(move |name| format!("{name} ({path})"))
+        })
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "metrics named in the docs or the alert rules that the binaries do not export: {unknown:?}"
+    );
+    let listed = metric_names(&read(&repo().join("docs/observability.md")));
+    let unlisted: Vec<&String> = exported.difference(&listed).collect();
+    assert!(
+        unlisted.is_empty(),
+        "metrics the binaries export that docs/observability.md does not list: {unlisted:?}"
     );
 }
 

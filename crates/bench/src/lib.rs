@@ -10,15 +10,19 @@
 //! - [`egress`]: the agent's TCP forwarder against socat and a direct connection (loopback);
 //! - [`ingress`]: the agent's TLS termination + reverse proxy against nginx and Caddy;
 //! - [`tailnet`]: pod → agent → tailscaled → remote site, against a direct LocalAPI dial;
+//! - [`startup`]: apply → each step, Ready and first byte of an egress and an ingress,
+//!   against a baseline build;
 //! - [`lab`]: the network namespace, processes and their memory;
 //! - [`tcpload`], [`httpload`]: the backends and load generators.
 
 pub mod control;
 pub mod egress;
+pub mod footprint;
 pub mod httpload;
 pub mod ingress;
 pub mod lab;
 pub mod report;
+pub mod startup;
 pub mod stats;
 pub mod tailnet;
 pub mod tcpload;

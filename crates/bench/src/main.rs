@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use tno_bench::{Settings, control, egress, ingress, tailnet};
+use tno_bench::{Settings, control, egress, ingress, startup, tailnet};
 
 #[derive(Parser)]
 struct Args {
@@ -20,8 +20,27 @@ enum Benchmark {
     Ingress,
     Control,
     Tailnet,
+    /// Apply → Ready and apply → first byte of an egress and an ingress, one at a time.
+    Startup,
     /// Policy render time only (in-process, no environment).
     Policy,
+}
+
+impl Benchmark {
+    /// Those that need a test environment (and its Headscale) of their own.
+    const WITH_ENVIRONMENT: [Benchmark; 3] =
+        [Benchmark::Tailnet, Benchmark::Control, Benchmark::Startup];
+
+    fn name(self) -> &'static str {
+        match self {
+            Benchmark::Egress => "egress",
+            Benchmark::Ingress => "ingress",
+            Benchmark::Control => "control",
+            Benchmark::Tailnet => "tailnet",
+            Benchmark::Startup => "startup",
+            Benchmark::Policy => "policy",
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -41,6 +60,10 @@ enum Command {
         /// The tailnet-operator binary, for the control-plane benchmark.
         #[arg(long)]
         operator: Option<PathBuf>,
+        /// Another tailnet-operator build, measured with `--baseline-agent` in the same run
+        /// by the startup benchmark (repetitions alternate between the two).
+        #[arg(long)]
+        baseline_operator: Option<PathBuf>,
         /// Every workload once and briefly: checks that bytes and requests arrive.
         #[arg(long)]
         smoke: bool,
@@ -77,6 +100,7 @@ fn run(
     baseline_agent: Option<PathBuf>,
     caddy: Option<PathBuf>,
     operator: Option<PathBuf>,
+    baseline_operator: Option<PathBuf>,
     smoke: bool,
     only: Vec<Benchmark>,
     repeat: Option<usize>,
@@ -136,15 +160,25 @@ fn run(
             .clone()
             .context("--operator is needed for the control-plane and tailnet benchmarks")
     };
-    // The tailnet and control-plane benchmarks each need a test environment of their own:
-    // one Headscale accepts policy writes from one installation only. So with both wanted,
-    // each runs in a child process.
-    if wanted(Benchmark::Tailnet) && wanted(Benchmark::Control) {
-        for only in ["tailnet", "control"] {
+    // The tailnet, control-plane and startup benchmarks each need a test environment of
+    // their own: one Headscale accepts policy writes from one installation only. So with
+    // more than one wanted, each runs in a child process.
+    let with_environment: Vec<Benchmark> = Benchmark::WITH_ENVIRONMENT
+        .into_iter()
+        .filter(|b| wanted(*b))
+        .collect();
+    if with_environment.len() > 1 {
+        for only in with_environment {
             let mut child = std::process::Command::new(&bench_exe);
             child.arg("run").arg("--agent").arg(&settings.agent);
             if let Some(operator) = &settings.operator {
                 child.arg("--operator").arg(operator);
+            }
+            if let Some(agent) = &settings.baseline_agent {
+                child.arg("--baseline-agent").arg(agent);
+            }
+            if let Some(operator) = &baseline_operator {
+                child.arg("--baseline-operator").arg(operator);
             }
             if smoke {
                 child.arg("--smoke");
@@ -156,11 +190,11 @@ fn run(
             let status = child
                 .arg("--scale-steps")
                 .arg(steps.join(","))
-                .args(["--only", only])
+                .args(["--only", only.name()])
                 .status()
-                .with_context(|| format!("running the {only} benchmark"))?;
+                .with_context(|| format!("running the {} benchmark", only.name()))?;
             if !status.success() {
-                anyhow::bail!("the {only} benchmark failed: {status}");
+                anyhow::bail!("the {} benchmark failed: {status}", only.name());
             }
         }
         return Ok(());
@@ -173,6 +207,17 @@ fn run(
         let operator = operator_binary()?;
         let tables = runtime.block_on(tailnet::run(&operator, settings.tailnet))?;
         for table in tables {
+            println!("{}", table.markdown());
+        }
+    }
+    if wanted(Benchmark::Startup) {
+        let builds = startup_builds(
+            operator_binary()?,
+            settings.baseline_agent.clone(),
+            baseline_operator,
+        )?;
+        let repeat = repeat.unwrap_or(if smoke { 1 } else { 5 });
+        for table in runtime.block_on(startup::run(&builds, repeat))? {
             println!("{}", table.markdown());
         }
     }
@@ -192,6 +237,40 @@ fn run(
         }
     }
     Ok(())
+}
+
+/// The startup benchmark's builds: the one measured, and the baseline when both its agent and
+/// operator are given (its agent runs from images named `tailnet-agent-baseline…`).
+fn startup_builds(
+    operator: PathBuf,
+    baseline_agent: Option<PathBuf>,
+    baseline_operator: Option<PathBuf>,
+) -> Result<Vec<startup::Build>> {
+    let mut builds = vec![startup::Build {
+        label: "this build".into(),
+        operator,
+        agent_image: tno_testenv::E2E_AGENT_IMAGE.into(),
+    }];
+    match (baseline_agent, baseline_operator) {
+        (Some(agent), Some(operator)) => {
+            // SAFETY: set before the test environment (and the threads that read the
+            // environment) starts; the data-plane benchmarks do not read it.
+            unsafe {
+                std::env::set_var(tno_testenv_kube::env::BASELINE_AGENT_VAR, agent);
+            }
+            builds.insert(
+                0,
+                startup::Build {
+                    label: "baseline".into(),
+                    operator,
+                    agent_image: "tno.local/tailnet-agent-baseline:bench".into(),
+                },
+            );
+        }
+        (None, None) => {}
+        _ => anyhow::bail!("--baseline-agent and --baseline-operator go together for startup"),
+    }
+    Ok(builds)
 }
 
 /// The test environment's TCP forwarders (e.g. to Headscale) live in this process: at a few
@@ -217,6 +296,7 @@ fn main() -> ExitCode {
             baseline_agent,
             caddy,
             operator,
+            baseline_operator,
             smoke,
             only,
             repeat,
@@ -227,6 +307,7 @@ fn main() -> ExitCode {
             baseline_agent,
             caddy,
             operator,
+            baseline_operator,
             smoke,
             only,
             repeat,

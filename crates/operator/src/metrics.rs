@@ -1,4 +1,6 @@
-//! Operator metrics (Prometheus text on the admin port's `/metrics`).
+//! Operator metrics (the admin port's `/metrics`, OpenMetrics or Prometheus text as the
+//! scraper asks: [`tailnet_telemetry::exposition`]), with `tailnet_operator_build_info` and
+//! the `process_*` metrics.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -15,6 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tailnet_headscale::{CallObserver, Endpoint};
+use tailnet_telemetry::exposition::Format;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
@@ -167,6 +170,8 @@ pub struct Metrics {
     pub reconciles: Family<ControllerLabels, Counter>,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     pub reconcile_duration: Family<ControllerLabels, Histogram>,
+    /// Reconciles running now (kube-runtime's scheduler queue itself is not observable).
+    pub reconciles_in_flight: Family<ControllerLabels, Gauge>,
     pub headscale_calls: Family<ApiCallLabels, Counter>,
     pub headscale_call_duration: Family<ApiCallLabels, Histogram>,
     pub child_applies: Family<ApplyLabels, Counter>,
@@ -189,13 +194,20 @@ fn duration_buckets() -> impl Iterator<Item = f64> {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("tailnet_operator");
+        let mut root = Registry::default();
+        tailnet_telemetry::register_common(
+            &mut root,
+            "tailnet_operator",
+            env!("CARGO_PKG_VERSION"),
+        );
+        let registry = root.sub_registry_with_prefix("tailnet_operator");
         let reconciles = Family::<ControllerLabels, Counter>::default();
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
         let reconcile_duration =
             Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
                 Histogram::new(duration_buckets())
             });
+        let reconciles_in_flight = Family::<ControllerLabels, Gauge>::default();
         let headscale_calls = Family::<ApiCallLabels, Counter>::default();
         let headscale_call_duration =
             Family::<ApiCallLabels, Histogram>::new_with_constructor(|| {
@@ -223,6 +235,11 @@ impl Default for Metrics {
             "reconcile_duration_seconds",
             "Duration of reconciliations",
             reconcile_duration.clone(),
+        );
+        registry.register(
+            "reconciles_in_flight",
+            "Reconciliations running now, by controller (at --max-concurrent-reconciles more due objects wait)",
+            reconciles_in_flight.clone(),
         );
         registry.register(
             "headscale_api_calls",
@@ -276,10 +293,11 @@ impl Default for Metrics {
             leader: leader.clone(),
         }));
         Metrics {
-            registry: Arc::new(registry),
+            registry: Arc::new(root),
             reconciles,
             reconcile_errors,
             reconcile_duration,
+            reconciles_in_flight,
             headscale_calls,
             headscale_call_duration,
             child_applies,
@@ -302,12 +320,17 @@ impl Metrics {
         let _ = self.condition_sources.set(sources);
     }
 
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
-            out.clear();
-        }
-        out
+    /// `/metrics` in `format` (empty if encoding fails, which only a broken collector does).
+    pub fn encode_as(&self, format: Format) -> String {
+        format.encode(&self.registry).unwrap_or_default()
+    }
+
+    /// Counts a reconcile of `labels`' controller in `reconciles_in_flight` until the returned
+    /// guard is dropped.
+    pub fn reconcile_started(&self, labels: &ControllerLabels) -> InFlight {
+        let gauge = self.reconciles_in_flight.get_or_create(labels).clone();
+        gauge.inc();
+        InFlight(gauge)
     }
 
     pub fn policy_sync(&self, tailnet: &str, result: &str) {
@@ -317,6 +340,15 @@ impl Metrics {
                 result: result.to_string(),
             })
             .inc();
+    }
+}
+
+/// One running reconcile; dropping it (also with the reconcile future, at shutdown) ends it.
+pub struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -349,6 +381,86 @@ mod tests {
             last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
             observed_generation: None,
         }
+    }
+
+    #[tokio::test]
+    async fn in_flight_counts_running_reconciles_also_when_one_is_dropped() {
+        let metrics = Metrics::default();
+        let egress = ControllerLabels {
+            controller: "egress".into(),
+        };
+        let in_flight = |m: &Metrics| m.reconciles_in_flight.get_or_create(&egress).get();
+        let (release, wait) = tokio::sync::oneshot::channel::<()>();
+        let running = {
+            let metrics = metrics.clone();
+            let egress = egress.clone();
+            tokio::spawn(async move {
+                let _guard = metrics.reconcile_started(&egress);
+                let _ = wait.await;
+            })
+        };
+        let second = metrics.reconcile_started(&egress);
+        tokio::task::yield_now().await;
+        while in_flight(&metrics) < 2 {
+            tokio::task::yield_now().await;
+        }
+        let text = metrics.encode_as(Format::Prometheus);
+        assert!(
+            text.contains("tailnet_operator_reconciles_in_flight{controller=\"egress\"} 2"),
+            "{text}"
+        );
+        drop(second);
+        assert_eq!(in_flight(&metrics), 1);
+        // Cancelled (as at shutdown): the guard goes with the future.
+        running.abort();
+        let _ = running.await;
+        drop(release);
+        assert_eq!(in_flight(&metrics), 0);
+    }
+
+    /// Every family has HELP and TYPE where promtool and the Prometheus text format expect
+    /// them, and the common metrics are there.
+    #[test]
+    fn text_exposition_has_help_for_every_family_and_the_common_metrics() {
+        let metrics = Metrics::default();
+        let labels = ControllerLabels {
+            controller: "tailnet".into(),
+        };
+        metrics.reconciles.get_or_create(&labels).inc();
+        metrics
+            .routes_approved
+            .get_or_create(&TailnetLabels {
+                tailnet: "t".into(),
+            })
+            .inc();
+        let text = metrics.encode_as(Format::Prometheus);
+        for family in [
+            "tailnet_operator_reconciles_total",
+            "tailnet_operator_routes_approved_total",
+            "tailnet_operator_build_info",
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_start_time_seconds",
+        ] {
+            let help = format!("# HELP {family} ");
+            assert!(
+                text.lines().any(|line| line.starts_with(&help)),
+                "no HELP for {family}:\n{text}"
+            );
+        }
+        let version = env!("CARGO_PKG_VERSION");
+        assert!(
+            text.contains(&format!(
+                "tailnet_operator_build_info{{version=\"{version}\",git_commit="
+            )),
+            "{text}"
+        );
+        let open = metrics.encode_as(Format::OpenMetrics);
+        assert!(
+            open.contains("# HELP tailnet_operator_reconciles Reconciliations by controller."),
+            "{open}"
+        );
+        assert!(open.ends_with("# EOF\n"), "{open}");
     }
 
     #[test]
@@ -386,11 +498,11 @@ mod tests {
         ]);
         let sample = r#"tailnet_operator_resource_condition{kind="TailnetEgress",namespace="tailnet-system",name="site",condition="RoutesReady",status="False",reason="RouteNotApproved"} 1"#;
         assert!(
-            !metrics.encode().contains(sample),
+            !metrics.encode_as(Format::Prometheus).contains(sample),
             "a standby must not export"
         );
         metrics.leader.set(1);
-        let text = metrics.encode();
+        let text = metrics.encode_as(Format::Prometheus);
         assert!(text.contains(sample), "{text}");
         assert!(
             text.contains("# TYPE tailnet_operator_resource_condition gauge"),

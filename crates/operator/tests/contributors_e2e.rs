@@ -47,7 +47,6 @@ use support::wait::{WAIT, wait_for};
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
 use tno_testenv::{
     E2eEnv, E2eNamespace, FragmentReader, OperatorArgs, OperatorProcess, SecondCluster,
-    sync_extra_records,
 };
 use tno_testenv_tailnet::{HeadscaleApi, LocalApi};
 
@@ -160,8 +159,8 @@ struct OwnerSide {
     a_ingresses: Api<TailnetIngress>,
     config_maps: Api<ConfigMap>,
     operator: OperatorProcess,
-    /// The owner's extra records into Headscale (stopped at the end).
-    records_sync: tokio::task::JoinHandle<()>,
+    /// The owner's extra records mounted into Headscale (stopped at the end).
+    records: tno_testenv::ExtraRecordsProjection,
 }
 
 /// Cluster B: the contributor under its own operator.
@@ -244,7 +243,7 @@ async fn a_contributing_installation_gets_what_its_limits_allow() {
     b_apiserver_stopped(&lab, &mut a, &b, &b_ip).await;
     b_apiserver_back(&lab, &a, &mut b, &delivered).await;
     contributor_removed(&lab, &mut a, &b, &a_ip).await;
-    a.records_sync.abort();
+    drop(a.records);
     b.operator_b.terminate().await.expect("B's operator stops");
     a.operator
         .terminate()
@@ -268,13 +267,10 @@ async fn owner_in_a(lab: &Lab<'_>, ops: &E2eNamespace<'_>) -> OwnerSide {
     apply(&tailnets, &owner, owner_spec.clone())
         .await
         .expect("owner Tailnet with a contributor");
-    // The owner's extra records reach Headscale as its mounted ConfigMap would.
-    let records_sync = sync_extra_records(
-        client.clone(),
-        ns.clone(),
-        tno_testenv::HOSTS_CONFIG_MAP.into(),
-        env.tailnet().headscale.extra_records_path().to_path_buf(),
-    );
+    // The owner's extra records reach Headscale through its mounted ConfigMap.
+    let records = env
+        .project_extra_records(client.clone(), &ns, tno_testenv::HOSTS_CONFIG_MAP)
+        .expect("extra records mounted into Headscale");
     let operator = start_operator(env, &OperatorArgs::new(&ns).to_args(), None)
         .await
         .expect("operator in A");
@@ -325,7 +321,7 @@ async fn owner_in_a(lab: &Lab<'_>, ops: &E2eNamespace<'_>) -> OwnerSide {
         egresses,
         a_ingresses,
         operator,
-        records_sync,
+        records,
     }
 }
 

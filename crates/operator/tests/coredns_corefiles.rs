@@ -8,7 +8,8 @@
 //! an ingress name to its in-cluster Service's ClusterIP (split horizon: never to a tailnet
 //! address, nor does a contributor's tailnet record reach the cluster's records), a cluster
 //! name still resolves, and on k3s the `NodeHosts` entries still resolve. The old advice (a second `hosts` plugin in k3s's server
-//! block) is the negative row: CoreDNS refuses to start. Prints the matrix.
+//! block) is the negative row: CoreDNS refuses to start, with exactly that error (its container
+//! exits non-zero and logs that `hosts` may be used once per server block). Prints the matrix.
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -179,8 +180,14 @@ struct Case {
     /// k3s layout (NodeHosts beside the Corefile, the operator's keys as `coredns-custom` at
     /// /etc/coredns/custom) or the docs' layout for the others (/etc/coredns-tailnet).
     k3s: bool,
-    starts: bool,
+    /// `None`: CoreDNS starts and serves. `Some(error)`: CoreDNS refuses the Corefile — its
+    /// container exits non-zero with this error in its log (any other failure fails the row).
+    refusal: Option<&'static str>,
 }
+
+/// What CoreDNS v1.14.7 logs for a second `hosts` plugin in one server block
+/// (`plugin.Error("hosts", plugin.ErrOnce)`).
+const HOSTS_TWICE: &str = "plugin/hosts: this plugin can only be used once per Server Block";
 
 fn entry(hostname: &str, address: IpAddr, owner: &str) -> DnsEntry {
     DnsEntry {
@@ -537,31 +544,31 @@ fn corefile_cases() -> [Case; 5] {
             name: "kubeadm",
             corefile: KUBEADM,
             k3s: false,
-            starts: true,
+            refusal: None,
         },
         Case {
             name: "k3s",
             corefile: K3S,
             k3s: true,
-            starts: true,
+            refusal: None,
         },
         Case {
             name: "rke2",
             corefile: RKE2,
             k3s: false,
-            starts: true,
+            refusal: None,
         },
         Case {
             name: "talos",
             corefile: TALOS,
             k3s: false,
-            starts: true,
+            refusal: None,
         },
         Case {
             name: "k3s-old-advice",
             corefile: K3S_OLD_ADVICE,
             k3s: true,
-            starts: false,
+            refusal: Some(HOSTS_TWICE),
         },
     ]
 }
@@ -616,23 +623,25 @@ async fn answers_per_corefile(
         // Ready (the `ready` plugin answers), or — for the negative row — its container
         // exited (CoreDNS refused the Corefile).
         let deadline = Instant::now() + TIMEOUT;
-        let (ready, pod_ip) = ready_or_exited(ns, pods, &pod_name, deadline).await;
+        let (ready, pod_ip, exit_code) = ready_or_exited(pods, &pod_name, deadline).await;
         let log = ns.container_log(&pod_name, "coredns");
-        if ready != case.starts {
-            failures.push(format!(
-                "{}: ready={ready}, expected {}; log:\n{log}",
-                case.name, case.starts
-            ));
+        if let Some(problem) = row_problem(case, ready, exit_code, &log) {
+            failures.push(format!("{}: {problem}; log:\n{log}", case.name));
         }
         if !ready {
             let why = log
                 .lines()
-                .find(|l| l.contains("plugin/") || l.contains("rror"))
+                .find(|l| case.refusal.is_some_and(|r| l.contains(r)))
+                .or_else(|| {
+                    log.lines()
+                        .find(|l| l.contains("plugin/") || l.contains("rror"))
+                })
                 .unwrap_or("not ready")
                 .to_string();
             matrix.push(format!(
-                "| {} | no: `{}` | – | – | – | – |",
+                "| {} | no (exit code {}): `{}` | – | – | – | – |",
                 case.name,
+                exit_code.map_or("none".into(), |c| c.to_string()),
                 why.trim()
             ));
             continue;
@@ -709,14 +718,65 @@ async fn answers_per_corefile(
     serving
 }
 
-/// Ready (the `ready` plugin answers), or — for the negative row — its container exited
-/// (CoreDNS refused the Corefile), or the deadline passed; and the pod's IP.
+/// What is wrong with a row: a serving row that is not ready, or a refusing row that did not
+/// exit non-zero with its refusal in the log (another failure to start is not the refusal).
+fn row_problem(case: &Case, ready: bool, exit_code: Option<i32>, log: &str) -> Option<String> {
+    match case.refusal {
+        None if ready => None,
+        None => Some(format!("not ready (exit code {exit_code:?})")),
+        Some(_) if ready => Some("ready, expected CoreDNS to refuse the Corefile".into()),
+        Some(refusal) => match exit_code {
+            Some(code) if code != 0 && log.contains(refusal) => None,
+            Some(code) if code != 0 => Some(format!(
+                "exited with {code}, but not for the expected reason `{refusal}`"
+            )),
+            other => Some(format!(
+                "expected an exit with `{refusal}`, container exit code {other:?}"
+            )),
+        },
+    }
+}
+
+#[test]
+fn a_refusal_row_needs_its_reason() {
+    let refusing = Case {
+        name: "refusing",
+        corefile: "",
+        k3s: true,
+        refusal: Some(HOSTS_TWICE),
+    };
+    let log = format!("Error during parsing: {HOSTS_TWICE}\n");
+    assert_eq!(row_problem(&refusing, false, Some(1), &log), None);
+    // CoreDNS failing for another reason (a missing file, a crash) is not the refusal.
+    let other = "plugin/hosts: open /etc/coredns/NodeHosts: no such file or directory";
+    assert!(row_problem(&refusing, false, Some(1), other).is_some());
+    assert!(
+        row_problem(&refusing, false, None, &log).is_some(),
+        "never exited"
+    );
+    assert!(
+        row_problem(&refusing, false, Some(0), &log).is_some(),
+        "exit 0"
+    );
+    assert!(
+        row_problem(&refusing, true, None, "").is_some(),
+        "it served"
+    );
+    let serving = Case {
+        refusal: None,
+        ..refusing
+    };
+    assert_eq!(row_problem(&serving, true, None, ""), None);
+    assert!(row_problem(&serving, false, Some(1), &log).is_some());
+}
+
+/// Ready (the `ready` plugin answers), or its container exited (the exit code of the current
+/// or last termination), or the deadline passed; and the pod's IP.
 async fn ready_or_exited(
-    ns: &TestNamespace<'_>,
     pods: &Api<Pod>,
     pod_name: &str,
     deadline: Instant,
-) -> (bool, Option<IpAddr>) {
+) -> (bool, Option<IpAddr>, Option<i32>) {
     loop {
         let pod = pods.get(pod_name).await.expect("pod");
         let status = pod.status.clone().unwrap_or_default();
@@ -725,22 +785,17 @@ async fn ready_or_exited(
             .iter()
             .flatten()
             .any(|c| c.type_ == "Ready" && c.status == "True");
-        let exited = status.container_statuses.iter().flatten().any(|c| {
-            c.restart_count > 0
-                || c.last_state
-                    .as_ref()
+        let exit_code = status.container_statuses.iter().flatten().find_map(|c| {
+            let terminated = |s: &Option<k8s_openapi::api::core::v1::ContainerState>| {
+                s.as_ref()
                     .and_then(|s| s.terminated.as_ref())
-                    .is_some()
-                || c.state
-                    .as_ref()
-                    .and_then(|s| s.terminated.as_ref())
-                    .is_some()
-        }) || ns
-            .container_log(pod_name, "coredns")
-            .contains("can only be used once");
+                    .map(|t| t.exit_code)
+            };
+            terminated(&c.state).or_else(|| terminated(&c.last_state))
+        });
         let ip: Option<IpAddr> = status.pod_ip.and_then(|ip| ip.parse().ok());
-        if ready || exited || Instant::now() > deadline {
-            break (ready, ip);
+        if ready || exit_code.is_some() || Instant::now() > deadline {
+            break (ready, ip, exit_code);
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }

@@ -3,7 +3,8 @@
 //! `remote-db.<ns>.svc.cluster.local:5432` and its bytes reach the echo server at
 //! 192.0.2.10:5432 behind the site's subnet router. A 100 MiB transfer through the egress
 //! comes back byte-identical, and its throughput is printed next to a direct LocalAPI dial of
-//! the same target from the laptop node (never asserted: tests do not assert speed).
+//! the same target from the laptop node (never asserted: tests do not assert speed). Once bytes
+//! crossed, `promtool check metrics` lints the live `/metrics` of the operator and the agent.
 
 mod support;
 
@@ -27,7 +28,8 @@ use support::wait::{WAIT, wait_for};
 use tailnet_api::TailnetEgress;
 use tailnet_api::egress::TailnetEgressStatus;
 use tno_testenv::{
-    CLIENT_POD_DEADLINE, E2eEnv, E2eNamespace, OperatorArgs, OperatorProcess, tls_check_pod,
+    CLIENT_POD_DEADLINE, E2eEnv, E2eNamespace, OperatorArgs, OperatorProcess, http_body,
+    promtool_check_metrics, tls_check_pod,
 };
 use tno_testenv_tailnet::{SITE_API_NAME, SITE_BANNER_TEXT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -374,6 +376,7 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
         .await
         .expect("Tailnet to Apply");
     let (status, node_id) = ready_and_bytes_cross(&site).await;
+    live_scrapes_pass_promtool(&site).await;
     bulk_transfer_and_direct_dial(&site).await;
     auth_secret_gone_and_alias_served(&site, &status).await;
     network_policy_opens_only_what_it_must(&site, &status).await;
@@ -381,6 +384,7 @@ async fn egress_reaches_the_remote_site_through_the_tailnet() {
     drift_is_repaired(&site).await;
     a_new_target_is_picked_up(&site).await;
     a_restarted_agent_keeps_its_identity(&site, &node_id).await;
+    a_hand_tagged_device_is_a_tag_conflict(&site, &node_id).await;
     a_foreign_service_is_left_alone(&site).await;
     deletion_cleans_up(&site).await;
     operator.terminate().await.expect("operator stops cleanly");
@@ -529,6 +533,75 @@ async fn ready_and_bytes_cross(site: &Site<'_>) -> (TailnetEgressStatus, String)
     );
     tailscaled_logged_in_over_the_lab_ca(site).await;
     (status, node_id)
+}
+
+/// `promtool check metrics` on live scrapes of the operator and of the egress agent, whose
+/// listener has just carried bytes and whose probes ran: zero problems (a family without HELP
+/// fails here), and neither scrape is empty: counters with labels, `build_info` and the
+/// process metrics are there.
+async fn live_scrapes_pass_promtool(site: &Site<'_>) {
+    let &Site {
+        env,
+        pods,
+        operator,
+        ..
+    } = site;
+    let operator_text = operator.metrics().await.expect("operator /metrics");
+    let agents = agent_pods(pods, "tailnet-egress-site")
+        .await
+        .expect("agent pods");
+    let pod_ip = agents
+        .iter()
+        .find_map(|pod| ready_pod_ip(pod).ok())
+        .expect("a Ready agent pod");
+    let response = agent_metrics(env, &pod_ip).await.expect("agent /metrics");
+    let agent_text = http_body(&response).expect("an HTTP response with a body");
+    let scrapes = [
+        (
+            "operator",
+            operator_text.as_str(),
+            &[
+                "tailnet_operator_reconciles_total{",
+                "tailnet_operator_headscale_api_calls_total{",
+                "tailnet_operator_child_applies_total{",
+                "tailnet_operator_policy_syncs_total{",
+                "tailnet_operator_reconciles_in_flight{",
+                "tailnet_operator_build_info{version=",
+                "process_cpu_seconds_total ",
+                "process_resident_memory_bytes ",
+                "process_open_fds ",
+                "process_start_time_seconds ",
+            ][..],
+        ),
+        (
+            "agent",
+            agent_text,
+            &[
+                "tailnet_agent_connections_total{",
+                "tailnet_agent_bytes_total{",
+                "tailnet_agent_probes_total{",
+                "tailnet_agent_build_info{version=",
+                "process_cpu_seconds_total ",
+                "process_resident_memory_bytes ",
+            ][..],
+        ),
+    ];
+    for (who, text, samples) in scrapes {
+        for sample in samples {
+            assert!(
+                text.lines().any(|line| line.starts_with(sample)),
+                "{who} /metrics has no {sample}… sample:\n{text}"
+            );
+        }
+        if let Err(problems) = promtool_check_metrics(text) {
+            panic!("{who} /metrics: {problems}\n--- scrape ---\n{text}");
+        }
+        println!(
+            "promtool check metrics: the {who}'s live /metrics ({} lines, {} HELP): no problems",
+            text.lines().count(),
+            text.lines().filter(|l| l.starts_with("# HELP ")).count()
+        );
+    }
 }
 
 /// The agent's tailscaled fetched the control key from the HTTPS Headscale (a TLS connection
@@ -888,6 +961,110 @@ async fn a_restarted_agent_keeps_its_identity(site: &Site<'_>, node_id: &str) {
         node_id,
         "the restarted agent kept its node"
     );
+}
+
+/// A device tagged by hand with the egress's tag (another hostname) would receive the
+/// egress's grants: `AgentReady=False/TagConflict` names it, the egress keeps its own node
+/// and still carries bytes, nothing of the device is touched; once the device is gone from
+/// Headscale, `AgentReady` is True again.
+async fn a_hand_tagged_device_is_a_tag_conflict(site: &Site<'_>, node_id: &str) {
+    let &Site {
+        env,
+        ops,
+        ns,
+        egresses,
+        target,
+        ..
+    } = site;
+    let tag = egresses
+        .get("site")
+        .await
+        .expect("egress")
+        .status
+        .and_then(|s| s.tag)
+        .expect("the egress's tag in its status");
+    let hostname = format!("hand-tagged-{}", &ns[ns.len() - 5..]);
+    let device = env
+        .tailnet()
+        .join_node(
+            &hostname,
+            tno_testenv_tailnet::JoinOptions {
+                tags: vec![tag.clone()],
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a device carrying the egress's tag");
+    let device_id = env
+        .tailnet()
+        .node_id(&hostname)
+        .await
+        .expect("nodes")
+        .expect("the device is registered");
+    let conflicted = wait_for_condition(
+        egresses,
+        "site",
+        ConditionIs::new("AgentReady", "False").reason("TagConflict"),
+        None,
+    )
+    .await;
+    let message = conflicted
+        .condition("AgentReady")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains(&format!("id {device_id}")) && message.contains(&hostname),
+        "the condition names the device: {message}"
+    );
+    assert_eq!(
+        conflicted
+            .status
+            .clone()
+            .unwrap_or_default()
+            .node_id
+            .as_deref(),
+        Some(node_id),
+        "the egress keeps its own node"
+    );
+    let run = ops
+        .tcp_check("client-conflict", target, 60)
+        .await
+        .expect("client pod beside the conflict");
+    assert!(
+        run.succeeded(),
+        "echo beside the tag conflict failed:\n{run}"
+    );
+    let headscale = tailnet_headscale::Client::new(
+        &env.tailnet().headscale.root_url(),
+        tailnet_headscale::Secret::new(env.tailnet().headscale.api_key()),
+        tailnet_headscale::ClientOptions {
+            server_ca_pem: Some(env.tailnet().headscale.ca_pem().to_owned()),
+            ..Default::default()
+        },
+    )
+    .expect("headscale client");
+    let device_node = headscale
+        .get_node(device_id)
+        .await
+        .expect("the device's node");
+    assert!(
+        device_node.tags.contains(&tag),
+        "the operator left the device's tags alone: {:?}",
+        device_node.tags
+    );
+    eprintln!("egress TagConflict: {message}");
+    drop(device);
+    headscale
+        .delete_node(device_id)
+        .await
+        .expect("delete the device's node");
+    wait_for_condition(
+        egresses,
+        "site",
+        ConditionIs::new("AgentReady", "True"),
+        None,
+    )
+    .await;
 }
 
 async fn a_foreign_service_is_left_alone(site: &Site<'_>) {

@@ -328,17 +328,20 @@ impl Fixture {
         Ok(())
     }
 
-    /// Sums of reconciles and Headscale API calls over every replica's /metrics.
-    async fn activity(&self) -> (f64, f64) {
+    /// Sums of reconciles and Headscale API calls over every replica's /metrics. A replica
+    /// that does not answer fails the measurement (its activity would count as none).
+    async fn activity(&self) -> Result<(f64, f64), String> {
         let mut reconciles = 0.0;
         let mut calls = 0.0;
         for operator in &self.operators {
-            if let Ok(text) = operator.metrics().await {
-                reconciles += metric_sum(&text, "tailnet_operator_reconciles_total");
-                calls += metric_sum(&text, "tailnet_operator_headscale_api_calls_total");
-            }
+            let text = operator
+                .metrics()
+                .await
+                .map_err(|e| format!("scraping {}: {e}", operator.metrics_url()))?;
+            reconciles += metric_sum(&text, "tailnet_operator_reconciles_total");
+            calls += metric_sum(&text, "tailnet_operator_headscale_api_calls_total");
         }
-        (reconciles, calls)
+        Ok((reconciles, calls))
     }
 
     async fn set_base_policy(&self, text: &str) -> Result<(), String> {
@@ -473,7 +476,7 @@ async fn headscale_down(fx: &Fixture, profile: &Profile) -> Outcome {
     connection.ping().await?;
     let nodes_before = fx.node_ids().await?;
     let keys_before = fx.key_count().await?;
-    let (reconciles_before, calls_before) = fx.activity().await;
+    let (reconciles_before, calls_before) = fx.activity().await?;
 
     fx.env.tailnet().headscale.kill();
     let down_at = Instant::now();
@@ -498,7 +501,7 @@ async fn headscale_down(fx: &Fixture, profile: &Profile) -> Outcome {
         tokio::time::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed())).await;
     }
     let outage = down_at.elapsed();
-    let (reconciles_after, calls_after) = fx.activity().await;
+    let (reconciles_after, calls_after) = fx.activity().await?;
     let tailnet = fx.tailnet().await?;
     let egress = fx.egress(EGRESS).await?;
     let reachable_during = tailnet.condition("HeadscaleReachable");
@@ -586,6 +589,13 @@ async fn headscale_down(fx: &Fixture, profile: &Profile) -> Outcome {
         ));
     }
     // Two replicas, the leader polling every 2 s: a hot loop would be hundreds per second.
+    // The bound is only a measurement if the counters move: HeadscaleReachable went False,
+    // so at least that reconcile was counted.
+    if reconciles_after <= reconciles_before {
+        problems.push(format!(
+            "no reconcile counted while Headscale was down ({reconciles_before} → {reconciles_after}): the rate check measured nothing"
+        ));
+    }
     if reconcile_rate > 5.0 || call_rate > 10.0 {
         problems.push("reconcile or API call rate too high while Headscale is down".into());
     }

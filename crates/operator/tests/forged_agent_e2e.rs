@@ -17,7 +17,7 @@ use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::conditions::{ConditionIs, WithConditions};
-use support::lab_operator::start_operator;
+use support::lab_operator::{reconciles, start_operator};
 use support::objects::{apply, bootstrap_applied_tailnet, ingress_object, service_object};
 use support::wait::{WAIT, wait_for};
 use tailnet_api::TailnetIngress;
@@ -25,17 +25,39 @@ use tailnet_api::agent_config::ADMIN_PORT;
 use tailnet_api::agent_status::{ProbeState, ProbeView, StatusReport};
 use tno_testenv::{E2eEnv, OperatorArgs};
 
-/// The operator's resident memory (kB) from /proc.
+/// The operator's resident memory (kB) from /proc. A failed read fails the test: a zero would
+/// let the memory check pass without measuring anything.
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading the operator's RSS from {path}: {e}"));
+    parse_vm_rss(&status).unwrap_or_else(|| panic!("no VmRSS line in {path}:\n{status}"))
+}
+
+/// `VmRSS:   123456 kB` → 123456; `None` without a parsable, non-zero value (a live process
+/// always has resident pages).
+fn parse_vm_rss(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .filter(|kib| *kib > 0)
+}
+
+#[test]
+fn rss_is_read_or_refused() {
+    assert_eq!(
+        parse_vm_rss("Name:\ttailnet-operator\nVmRSS:\t  52344 kB\n"),
+        Some(52344)
+    );
+    assert_eq!(
+        parse_vm_rss("Name:\tzombie\n"),
+        None,
+        "kernel threads and zombies"
+    );
+    assert_eq!(parse_vm_rss("VmRSS:\t0 kB\n"), None);
+    assert_eq!(parse_vm_rss("VmRSS:\tlots kB\n"), None);
 }
 
 /// The first `limit` bytes `GET /status` answers on `ip`'s admin port, from the lab network.
@@ -118,12 +140,9 @@ async fn running_ip(pods: &Api<Pod>, name: &str) -> String {
     .await
 }
 
-/// Ingress reconciles counted by the operator.
+/// Ingress reconciles counted by the operator (a failed scrape fails the test).
 async fn ingress_reconciles(operator: &tno_testenv::OperatorProcess) -> f64 {
-    operator
-        .metric("tailnet_operator_reconciles_total{controller=\"ingress\"}")
-        .await
-        .unwrap_or(0.0)
+    reconciles(operator, "ingress").await
 }
 
 /// Holds for at least `reconciles` more ingress reconciles: BackendsReachable is never True

@@ -1,13 +1,14 @@
 //! Ingress data plane end to end, through the operator: the laptop (alice, group:team-a)
 //! resolves the ingress names through Headscale's MagicDNS (fed from the rendered
-//! `extra-records.json`), and over the tailnet gets: the backend's answer with
+//! `extra-records.json`, the DNS ConfigMap mounted into Headscale by the test kubelet's volume
+//! code), and over the tailnet gets: the backend's answer with
 //! `X-Forwarded-For` = its tailnet IP, the alias with the same certificate, a 64 MiB gzip object
 //! byte-identical with its headers, a Range, a 256 MiB streamed upload, 1,000 WebSocket
 //! messages, 504 from a slow backend, a cut-off slow upload, an HTTPS backend verified against
 //! its CA (502 and a counted TLS failure with the wrong CA). Then: a node outside `allowFrom`
 //! gets no TCP until its tag is allowed, the rejections (source outside the allowlist,
 //! cross-namespace backend, alias taken) say so in conditions, and deletion removes node,
-//! grants and DNS. Small-request rate and p99 are printed next to a tcp expose of the same
+//! grants and DNS (the name no longer resolves). Small-request rate and p99 are printed next to a tcp expose of the same
 //! backend (never asserted).
 
 mod support;
@@ -219,6 +220,11 @@ async fn ingress_data_plane_through_the_operator() {
     apply(&tailnets, &tailnet_name, tailnet_object(&["group:team-a"]))
         .await
         .expect("Tailnet");
+    // Headscale reads the rendered extra-records.json from the DNS ConfigMap, mounted as a
+    // volume (the test kubelet's projection: `..data` swapped on each change).
+    let records = env
+        .project_extra_records(client.clone(), &ns, tno_testenv::HOSTS_CONFIG_MAP)
+        .expect("extra records mounted into Headscale");
     let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
         .await
         .expect("operator");
@@ -245,7 +251,7 @@ async fn ingress_data_plane_through_the_operator() {
     let (ingresses, status, ip) =
         apply_the_portal(&client, &ns, &tailnet_name, &operator, &alias).await;
     let laptop = env.tailnet().laptop.node.local_api();
-    let resolved = magic_dns_names(&env, &client, &ns, &portal, &alias, &ip, &laptop).await;
+    let resolved = magic_dns_names(&client, &ns, &portal, &alias, &ip, &laptop).await;
     let d = Data {
         env: &env,
         client: &client,
@@ -275,6 +281,7 @@ async fn ingress_data_plane_through_the_operator() {
     allow_from_changes(&d, &tailnets, tailnet_object).await;
     from_an_app_namespace(&d).await;
     deletion_removes_node_grants_and_names(&d, &status).await;
+    drop(records);
     operator.terminate().await.expect("operator stops cleanly");
 }
 
@@ -427,7 +434,6 @@ async fn apply_the_portal(
 
 /// Returns the portal's address as the laptop resolves it.
 async fn magic_dns_names(
-    env: &E2eEnv,
     client: &kube::Client,
     ns: &str,
     portal: &str,
@@ -435,8 +441,8 @@ async fn magic_dns_names(
     ip: &str,
     laptop: &LocalApi,
 ) -> String {
-    // MagicDNS: Headscale serves the rendered extra-records.json. In a cluster the ConfigMap is
-    // mounted into Headscale's pod; here the test copies it to Headscale's extra_records_path.
+    // MagicDNS: Headscale serves the rendered extra-records.json, which reaches it through the
+    // mounted ConfigMap (nothing here copies it).
     let hosts: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let records = wait_for(
         "extra-records.json with the ingress names",
@@ -460,10 +466,7 @@ async fn magic_dns_names(
         },
     )
     .await;
-    let records_path = env.tailnet().headscale.extra_records_path().to_path_buf();
-    let temporary = records_path.with_extension("json.test-tmp");
-    std::fs::write(&temporary, &records).expect("write extra records");
-    std::fs::rename(&temporary, &records_path).expect("replace extra records");
+    eprintln!("extra-records.json in the ConfigMap: {records}");
     for name in [&portal, &alias] {
         wait_for(&format!("MagicDNS to resolve {name}"), WAIT, || async {
             let answer = laptop.resolve_ipv4(name).await.map_err(|e| e.to_string())?;
@@ -1036,6 +1039,8 @@ async fn deletion_removes_node_grants_and_names(d: &Data<'_>, status: &TailnetIn
         ns,
         ingresses,
         portal,
+        laptop,
+        ip,
         ..
     } = d;
     let hosts: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
@@ -1085,5 +1090,18 @@ async fn deletion_removes_node_grants_and_names(d: &Data<'_>, status: &TailnetIn
             Ok(())
         },
     )
+    .await;
+    // And out of MagicDNS: the emptied key reaches Headscale through the mounted ConfigMap.
+    wait_for(&format!("MagicDNS to forget {portal}"), WAIT, || async {
+        let answer = laptop
+            .resolve_ipv4(portal)
+            .await
+            .map_err(|e| e.to_string())?;
+        if answer.iter().any(|a| a.to_string() == ip) {
+            Err(format!("{portal} -> {answer:?}"))
+        } else {
+            Ok(())
+        }
+    })
     .await;
 }

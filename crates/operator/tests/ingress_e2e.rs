@@ -1,26 +1,38 @@
 //! Ingress end to end: a member of group:team-a (the laptop node) opens
 //! https://portal.<ns>.lab.example.net through the tailnet and reaches the `frontend` Service;
 //! a tcp expose forwards raw bytes; a node outside allowFrom gets no connection; without a
-//! certificate covering the names, http is never served (no plaintext fallback).
+//! certificate covering the names, http is never served (no plaintext fallback). With a default
+//! issuer, cert-manager's real controller issues the ingress's Certificate from a CA
+//! ClusterIssuer and renews it; the agent serves the renewed certificate to new connections
+//! while a connection opened before keeps working.
 
 mod support;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
-use kube::api::PostParams;
+use kube::api::{DynamicObject, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use std::time::Instant;
 use support::conditions::{ConditionIs, WithConditions, wait_for_condition};
-use support::lab_operator::start_operator;
+use support::lab_operator::{reconciles, start_operator};
 use support::objects::{
     agent_pods, apply, bootstrap_applied_tailnet, ingress_object, join_client_node, pod_uids,
     service_object, tailnet_ipv4, tailnet_with_default_issuer, test_server_deployment, tls_secret,
 };
-use support::tailnet::{https_get_hello, ok_200, port_refused, self_signed, tcp_echo};
+use support::tailnet::{
+    KeptConnection, https_get_hello, ok_200, pem_serial, port_refused, self_signed, tcp_echo,
+};
 use support::wait::{WAIT, wait_for};
 use tailnet_api::TailnetIngress;
-use tno_testenv::{E2eEnv, OperatorArgs, OperatorProcess};
+use tno_testenv::{
+    CertManagerController, E2eEnv, LabCa, OperatorArgs, OperatorProcess, cert_manager_resource,
+    condition_status, trigger_renewal,
+};
 use tno_testenv_tailnet::LocalApi;
+
+/// The Certificate (and its Secret) the operator creates for the `issued` ingress.
+const ISSUED_CERTIFICATE: &str = "tailnet-ingress-issued-tls";
 
 /// A client-supplied identity header, which the ingress must drop.
 const FORGED_LOGIN: (&str, &str) = ("Tailscale-User-Login", "forged@evil");
@@ -76,7 +88,7 @@ async fn ingress_serves_https_and_tcp_only_to_allowed_sources() {
     // namespace and name join to the same string; both get an identity of their own and work,
     // and deleting the later one leaves the earlier one's node.
     lab_pair_gets_two_identities(&env, &client, &ns, &tailnet_name, &laptop).await;
-    forced_re_mint_leaves_exactly_one_valid_key(&env, &client, &ns, &tailnet_name).await;
+    forced_re_mint_leaves_exactly_one_valid_key(&env, &client, &ns, &tailnet_name, &operator).await;
     default_issuer_certificate(&p, &secrets).await;
     operator.terminate().await.expect("operator stops cleanly");
 }
@@ -340,17 +352,10 @@ async fn default_issuer_certificate(p: &Portal<'_>, secrets: &Api<Secret>) {
         issuing.condition("Ready").map(|c| c.reason.as_str()),
         Some("Issuing")
     );
-    let certificates: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        ns,
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "cert-manager.io",
-            "v1",
-            "Certificate",
-        )),
-    );
+    let certificates: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ns, &cert_manager_resource("Certificate"));
     let issued_certificate = certificates
-        .get("tailnet-ingress-issued-tls")
+        .get(ISSUED_CERTIFICATE)
         .await
         .expect("cert-manager Certificate");
     assert_eq!(
@@ -375,7 +380,6 @@ async fn default_issuer_certificate(p: &Portal<'_>, secrets: &Api<Secret>) {
         }
     })
     .await;
-    let (issued_cert, issued_key) = self_signed(std::slice::from_ref(&issued_name));
     // A closed port (the dial reaches the node and is refused), told apart from a dropped dial
     // (grant not live yet: polled through) and from any listener answering, plaintext or not.
     let unserved = port_refused(laptop, &issued, 443, &issued_name, WAIT).await;
@@ -388,17 +392,28 @@ async fn default_issuer_certificate(p: &Portal<'_>, secrets: &Api<Secret>) {
     let agent = "tailnet-ingress-issued";
     let before = pod_uids(&agent_pods(&pods, agent).await.expect("agent pods"));
     assert!(!before.is_empty(), "the issued ingress has an agent pod");
-    // cert-manager (not run here: its controller is not buildable from the module proxy)
-    // would now write the Secret; the test writes it the same way.
-    secrets
-        .create(
-            &PostParams::default(),
-            &tls_secret("tailnet-ingress-issued-tls", &issued_cert, &issued_key),
-        )
+    // Now cert-manager comes up (its real controller) with the CA ClusterIssuer the Tailnet
+    // names, and issues the Certificate.
+    let started = Instant::now();
+    let cert_manager = env
+        .start_cert_manager()
         .await
-        .expect("issued TLS Secret");
+        .unwrap_or_else(|e| panic!("cert-manager controller: {e}"));
+    let ca = LabCa::generate("ingress e2e ClusterIssuer CA").expect("CA");
+    env.apply_ca_cluster_issuer(client, "apps-ca", &ca)
+        .await
+        .unwrap_or_else(|e| panic!("ClusterIssuer: {e}\n{}", cert_manager.log_tail(30)));
+    let issuer_ready = started.elapsed();
+    let issued_secret = issued_by_cert_manager(&certificates, secrets, &cert_manager, 1).await;
+    eprintln!(
+        "cert-manager: controllers started in {:?}, ClusterIssuer Ready after {issuer_ready:?}, \
+         Certificate issued after {:?} (serial {})",
+        cert_manager.started_in(),
+        started.elapsed(),
+        issued_secret.1
+    );
     let answer = wait_for("https once the certificate is issued", WAIT, || async {
-        https_get_hello(laptop, &issued, &issued_name, &issued_cert, &[FORGED_LOGIN])
+        https_get_hello(laptop, &issued, &issued_name, ca.pem(), &[FORGED_LOGIN])
             .await
             .and_then(ok_200)
     })
@@ -406,6 +421,125 @@ async fn default_issuer_certificate(p: &Portal<'_>, secrets: &Api<Secret>) {
     assert!(answer.contains("frontend"), "{answer}");
     let after = pod_uids(&agent_pods(&pods, agent).await.expect("agent pods"));
     assert_eq!(before, after, "served without restarting the agent pod");
+    let renewal = Renewal {
+        certificates: &certificates,
+        secrets,
+        cert_manager: &cert_manager,
+        ip: &issued,
+        name: &issued_name,
+        ca_pem: ca.pem(),
+        issued_serial: &issued_secret.1,
+    };
+    renewal_keeps_open_connections(p, &renewal).await;
+    let after = pod_uids(&agent_pods(&pods, agent).await.expect("agent pods"));
+    assert_eq!(before, after, "renewed without restarting the agent pod");
+    cert_manager.stop();
+}
+
+/// The issued Certificate's Secret and serial (hex) once cert-manager reports revision
+/// `revision` Ready=True.
+async fn issued_by_cert_manager(
+    certificates: &Api<DynamicObject>,
+    secrets: &Api<Secret>,
+    cert_manager: &CertManagerController,
+    revision: u64,
+) -> (Secret, String) {
+    wait_for(
+        &format!("cert-manager to issue revision {revision}"),
+        WAIT,
+        || async {
+            let certificate = certificates
+                .get(ISSUED_CERTIFICATE)
+                .await
+                .map_err(|e| e.to_string())?;
+            let ready = condition_status(&certificate.data, "Ready") == Some("True");
+            if !ready || certificate.data["status"]["revision"].as_u64() != Some(revision) {
+                return Err(format!(
+                    "{}\n--- cert-manager ---\n{}",
+                    certificate.data["status"],
+                    cert_manager.log_tail(15)
+                ));
+            }
+            let secret = secrets
+                .get(ISSUED_CERTIFICATE)
+                .await
+                .map_err(|e| e.to_string())?;
+            let pem = secret
+                .data
+                .as_ref()
+                .and_then(|data| data.get("tls.crt"))
+                .map(|crt| String::from_utf8_lossy(&crt.0).into_owned())
+                .ok_or("Secret without tls.crt")?;
+            let serial = pem_serial(&pem)?;
+            Ok((secret, serial))
+        },
+    )
+    .await
+}
+
+/// The issued ingress and what renewing its certificate involves.
+struct Renewal<'a> {
+    certificates: &'a Api<DynamicObject>,
+    secrets: &'a Api<Secret>,
+    cert_manager: &'a CertManagerController,
+    ip: &'a str,
+    name: &'a str,
+    ca_pem: &'a str,
+    issued_serial: &'a str,
+}
+
+/// cert-manager renews the certificate (what `cmctl renew` asks for: Issuing=True); the agent
+/// serves the new one to new connections while a connection opened before keeps working.
+async fn renewal_keeps_open_connections(p: &Portal<'_>, r: &Renewal<'_>) {
+    let mut kept = wait_for("a kept-open https connection", WAIT, || async {
+        let mut kept = KeptConnection::open(p.laptop, r.ip, r.name, r.ca_pem).await?;
+        kept.get_hello().await.and_then(ok_200)?;
+        Ok(kept)
+    })
+    .await;
+    assert_eq!(
+        kept.peer_serial().as_deref(),
+        Ok(r.issued_serial),
+        "the first connection sees the issued certificate"
+    );
+    let started = Instant::now();
+    trigger_renewal(p.client, p.ns, ISSUED_CERTIFICATE)
+        .await
+        .expect("Issuing=True on the Certificate");
+    let (_, renewed_serial) =
+        issued_by_cert_manager(r.certificates, r.secrets, r.cert_manager, 2).await;
+    let renewed_in = started.elapsed();
+    assert_ne!(renewed_serial, r.issued_serial, "a new certificate");
+    let fresh = wait_for(
+        "a new connection to see the renewed certificate",
+        WAIT,
+        || async {
+            let fresh = KeptConnection::open(p.laptop, r.ip, r.name, r.ca_pem).await?;
+            match fresh.peer_serial()? {
+                serial if serial == renewed_serial => Ok(fresh),
+                serial => Err(format!("still serial {serial}")),
+            }
+        },
+    )
+    .await;
+    let served_in = started.elapsed();
+    drop(fresh);
+    let again = kept.get_hello().await.and_then(ok_200);
+    assert!(
+        again
+            .as_ref()
+            .is_ok_and(|answer| answer.contains("frontend")),
+        "the connection opened before the renewal keeps working: {again:?}"
+    );
+    assert_eq!(
+        kept.peer_serial().as_deref(),
+        Ok(r.issued_serial),
+        "the kept connection is the one from before the renewal"
+    );
+    eprintln!(
+        "renewal: Secret rewritten by cert-manager after {renewed_in:?}, new connections get \
+         serial {renewed_serial} after {served_in:?}; the connection opened before still answers"
+    );
 }
 
 /// `<ns>/dev-api` (first) and `<ns>-dev/api` (second): distinct tags and nodes, both forward
@@ -624,6 +758,7 @@ async fn forced_re_mint_leaves_exactly_one_valid_key(
     client: &kube::Client,
     ns: &str,
     tailnet_name: &str,
+    operator: &OperatorProcess,
 ) {
     let quota_ns = format!("{ns}-q");
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -650,19 +785,18 @@ async fn forced_re_mint_leaves_exactly_one_valid_key(
     .await
     .expect("backend Service in <ns>-q");
     let ingresses: Api<TailnetIngress> = Api::namespaced(client.clone(), &quota_ns);
-    apply(
-        &ingresses,
-        "keyed",
+    let keyed = |port: u16| {
         ingress_object(
             &quota_ns,
             "keyed",
             tailnet_name,
             None,
-            json!([{"name": "db", "dnsLabel": "keyed", "mode": "tcp", "port": 6000, "backend": {"service": "db", "port": 5432}}]),
-        ),
-    )
-    .await
-    .expect("ingress <ns>-q/keyed");
+            json!([{"name": "db", "dnsLabel": "keyed", "mode": "tcp", "port": port, "backend": {"service": "db", "port": 5432}}]),
+        )
+    };
+    apply(&ingresses, "keyed", keyed(6000))
+        .await
+        .expect("ingress <ns>-q/keyed");
     let headscale = tailnet_headscale::Client::new(
         &env.tailnet().headscale.root_url(),
         tailnet_headscale::Secret::new(env.tailnet().headscale.api_key()),
@@ -727,11 +861,19 @@ async fn forced_re_mint_leaves_exactly_one_valid_key(
         }
     })
     .await;
-    // A few polls later: still the one (no mint from a stale read).
-    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    // No mint from a stale read: a later reconcile, demonstrably after this point, leaves
+    // Headscale's keys of the tag as they are.
+    let later = keys_unchanged_across_a_later_reconcile(
+        operator,
+        &headscale,
+        &ingresses,
+        keyed(6001),
+        &tag,
+    )
+    .await;
     assert_eq!(valid_keys().await.expect("keys"), vec![second]);
     assert_eq!(key_in_secret().await.expect("key"), second);
-    eprintln!("forced re-mint: key {first} → {second}, valid keys of {tag}: [{second}]");
+    eprintln!("forced re-mint: key {first} → {second}, valid keys of {tag}: [{second}], {later}");
     ingresses
         .delete("keyed", &Default::default())
         .await
@@ -752,4 +894,67 @@ async fn forced_re_mint_leaves_exactly_one_valid_key(
         "deletion expires the key"
     );
     let _ = namespaces.delete(&quota_ns, &Default::default()).await;
+}
+
+/// The witness that the operator looked again after a key settled: `changed` (the ingress with
+/// a spec change) bumps the generation, the status reports that generation (a reconcile that
+/// read the world after this point) and the ingress reconcile counter moved on. Then every key
+/// of `tag` in Headscale (used or not) is exactly as before. Returns what was observed.
+async fn keys_unchanged_across_a_later_reconcile(
+    operator: &OperatorProcess,
+    headscale: &tailnet_headscale::Client,
+    ingresses: &Api<TailnetIngress>,
+    changed: serde_json::Value,
+    tag: &str,
+) -> String {
+    let all_keys = || async {
+        let mut keys: Vec<(u64, bool)> = headscale
+            .list_pre_auth_keys()
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|k| k.acl_tags.iter().any(|t| t == tag))
+            .map(|k| (k.id, k.used))
+            .collect();
+        keys.sort_unstable();
+        Ok::<_, String>(keys)
+    };
+    let name = changed["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let keys_settled = all_keys().await.expect("keys of the tag");
+    let reconciles_settled = reconciles(operator, "ingress").await;
+    let generation = apply(ingresses, &name, changed)
+        .await
+        .expect("the changed ingress")
+        .metadata
+        .generation
+        .expect("generation");
+    wait_for("a reconcile of the new generation", WAIT, || async {
+        let observed = ingresses
+            .get(&name)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .and_then(|s| s.observed_generation);
+        let count = reconciles(operator, "ingress").await;
+        if observed >= Some(generation) && count > reconciles_settled {
+            Ok(())
+        } else {
+            Err(format!(
+                "observedGeneration {observed:?} of {generation}, ingress reconciles {count} (were {reconciles_settled})"
+            ))
+        }
+    })
+    .await;
+    assert_eq!(
+        all_keys().await.expect("keys of the tag"),
+        keys_settled,
+        "a key was minted (or lost) although the Secret held a valid one"
+    );
+    format!(
+        "keys {keys_settled:?} unchanged across {} later ingress reconciles (generation {generation} observed)",
+        reconciles(operator, "ingress").await - reconciles_settled
+    )
 }

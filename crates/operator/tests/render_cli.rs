@@ -1,5 +1,6 @@
 //! `tailnet-operator render` end to end on the files in `examples/`: output is exactly the
-//! reviewed golden file, deterministic, and bad input fails naming file, object and field.
+//! reviewed golden file (rewritten with `UPDATE_GOLDEN=1`, never when `CI` is set),
+//! deterministic, and bad input fails naming file, object and field.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,13 +31,44 @@ fn examples_render_the_reviewed_policy() {
     assert!(ok, "{stderr}");
     let golden_path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/examples-policy.hujson");
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+    let update = update_requested(std::env::var_os("UPDATE_GOLDEN"), std::env::var_os("CI"))
+        .unwrap_or_else(|refused| panic!("{refused}"));
+    if update {
         std::fs::write(&golden_path, &policy).expect("write golden");
     }
     let golden = std::fs::read_to_string(&golden_path).expect("golden file");
     assert_eq!(
         policy, golden,
         "rendered policy differs from tests/golden/examples-policy.hujson (UPDATE_GOLDEN=1 after review)"
+    );
+}
+
+/// Whether the golden file may be rewritten: only when `UPDATE_GOLDEN` is set and `CI` is not. Under CI
+/// a golden file that rewrites itself would let any output pass, so the variable is refused there.
+fn update_requested(
+    update: Option<std::ffi::OsString>,
+    ci: Option<std::ffi::OsString>,
+) -> Result<bool, String> {
+    match (update, ci) {
+        (Some(_), Some(ci)) => Err(format!(
+            "UPDATE_GOLDEN is set while CI is set (CI={}): the golden file is never rewritten in CI; unset UPDATE_GOLDEN",
+            ci.to_string_lossy()
+        )),
+        (update, None) => Ok(update.is_some()),
+        (None, Some(_)) => Ok(false),
+    }
+}
+
+#[test]
+fn golden_updates_are_refused_under_ci() {
+    let set = || Some(std::ffi::OsString::from("1"));
+    assert_eq!(update_requested(None, None), Ok(false));
+    assert_eq!(update_requested(set(), None), Ok(true));
+    assert_eq!(update_requested(None, Some("true".into())), Ok(false));
+    let refused = update_requested(set(), Some("true".into())).expect_err("refused under CI");
+    assert!(
+        refused.contains("UPDATE_GOLDEN") && refused.contains("CI"),
+        "{refused}"
     );
 }
 
@@ -57,7 +89,7 @@ fn output_is_deterministic_and_complete() {
         "10.96.0.20 api.site.example.net",
         // Tailnet clients' record (extra records); the cluster's hosts has none (split horizon).
         "\"value\": \"100.64.0.7\"",
-        "TS_KUBE_SECRET",
+        "--state=kube:tailnet-egress-team-a-state",
         "net.ipv4.ip_unprivileged_port_start",
     ] {
         assert!(

@@ -2,7 +2,9 @@
 //! real Headscale and real tailscaled nodes:
 //! - the agent pods the operator renders are admitted in a namespace enforcing the
 //!   "restricted" Pod Security Standard, and their ServiceAccount may touch only their own
-//!   state Secret;
+//!   state Secret; in the running pods, the agent container's process has no service-account
+//!   token (no mount, no file at the token path in its filesystem) while the tailscale
+//!   container's process, beside it, has one;
 //! - no secret value (Headscale API key, pre-auth keys, TLS private key, state Secret
 //!   contents) appears in the operator's debug/trace log, Events, statuses, metrics,
 //!   ConfigMaps or the live policy;
@@ -182,11 +184,13 @@ async fn run() {
         headscale: &headscale,
     };
     agent_pods_restricted_and_least_privileged(&sec).await;
+    running_agent_containers_hold_no_token(&sec).await;
     pre_auth_keys_single_use(&sec, &egress, &ingress).await;
     let thief = stolen_auth_secret_refused(&sec, &auth_keys).await;
     tailnet_scan_finds_declared_ports_only(&sec, &egress, &ingress).await;
     ingress_agent_listeners(&sec).await;
     no_secret_values_anywhere(&sec, &operator, &auth_keys, &key_pem).await;
+    a_refused_key_is_replaced_without_a_restart(&sec).await;
     operator.terminate().await.expect("operator stops cleanly");
     drop(thief);
     let _ = egress.name_any();
@@ -439,6 +443,143 @@ async fn agent_pods_restricted_and_least_privileged(sec: &Sec<'_>) {
             &verdicts.join("; "),
         );
     }
+}
+
+/// Where the kubelet mounts a service-account token.
+const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The agent container holds no Kubernetes credentials, checked on the running pods (not the
+/// rendered object): the test kubelet runs each container as a process with its own mount
+/// namespace, so the filesystem the agent process sees is read through `/proc/<pid>/root`
+/// and its mounts through `/proc/<pid>/mountinfo`. The tailscale container's process in the
+/// same pod is the witness that the check finds a token where one is mounted.
+async fn running_agent_containers_hold_no_token(sec: &Sec<'_>) {
+    let &Sec {
+        env, pods, agents, ..
+    } = sec;
+    for (kind, names) in agents {
+        let pod = agent_pods(pods, &names.base)
+            .await
+            .expect("agent pods")
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("no {kind} agent pod"));
+        let uid = pod.metadata.uid.clone().expect("pod uid");
+        let pids = env
+            .pod_netns(&uid)
+            .pids()
+            .expect("processes of the pod's netns");
+        let process_of = |program: &str| {
+            pids.iter()
+                .copied()
+                .find(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(program))
+                })
+                .unwrap_or_else(|| panic!("no {program} process in the {kind} agent pod: {pids:?}"))
+        };
+        let agent = token_view(process_of("tailnet-agent"));
+        let tailscale = token_view(process_of("tailscaled"));
+        row(
+            &format!("{kind} agent pod: service-account token as the running containers see it"),
+            &format!("tailnet-agent: no mount at {TOKEN_DIR}, no token file; tailscale: both"),
+            &format!("tailnet-agent: {agent}; tailscale: {tailscale}"),
+        );
+        assert!(
+            tailscale.mounted && tailscale.jwt,
+            "{kind}: the tailscale container shows no token, so the check cannot see one: {tailscale}"
+        );
+        assert!(
+            !agent.mounted && !agent.file_exists,
+            "{kind}: the agent container holds a Kubernetes token: {agent}"
+        );
+    }
+}
+
+/// What one container process sees of a service-account token.
+struct TokenView {
+    pid: u32,
+    /// A mount point at (or below) the token directory in its mount namespace.
+    mounted: bool,
+    /// Something at `<TOKEN_DIR>/token` in its filesystem.
+    file_exists: bool,
+    /// …and it is a JWT (three dot-separated parts).
+    jwt: bool,
+}
+
+impl std::fmt::Display for TokenView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pid {} mount={} token file={} jwt={}",
+            self.pid, self.mounted, self.file_exists, self.jwt
+        )
+    }
+}
+
+fn token_view(pid: u32) -> TokenView {
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/mountinfo: {e}"));
+    // /var/run is a link to /run in most images: the mount point shows the resolved path.
+    let resolved_dir = TOKEN_DIR.trim_start_matches("/var");
+    let mounted = mountinfo.lines().any(|line| {
+        line.split_whitespace()
+            .nth(4)
+            .is_some_and(|point| point.starts_with(TOKEN_DIR) || point.starts_with(resolved_dir))
+    });
+    let token = in_container(pid, &format!("{TOKEN_DIR}/token"));
+    let contents = token.as_ref().and_then(|path| std::fs::read(path).ok());
+    TokenView {
+        pid,
+        mounted,
+        file_exists: token
+            .as_ref()
+            .is_some_and(|path| path.symlink_metadata().is_ok()),
+        jwt: contents.is_some_and(|jwt| {
+            let parts: Vec<&[u8]> = jwt.split(|b| *b == b'.').collect();
+            parts.len() == 3 && parts.iter().all(|part| !part.is_empty())
+        }),
+    }
+}
+
+/// `path` as process `pid` sees it, as a host path below `/proc/<pid>/root`: each symlink is
+/// resolved against the process's root (an absolute link such as `/var/run -> /run` leads
+/// into the container, not to the host's). `None` for a link loop.
+fn in_container(pid: u32, path: &str) -> Option<std::path::PathBuf> {
+    let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+    let components = |text: &str| -> std::collections::VecDeque<String> {
+        text.split('/')
+            .filter(|part| !part.is_empty() && *part != ".")
+            .map(str::to_string)
+            .collect()
+    };
+    let mut resolved = std::path::PathBuf::new();
+    let mut pending = components(path);
+    let mut links = 0;
+    while let Some(part) = pending.pop_front() {
+        if part == ".." {
+            resolved.pop();
+            continue;
+        }
+        let candidate = resolved.join(&part);
+        match std::fs::read_link(root.join(&candidate)) {
+            Ok(target) => {
+                links += 1;
+                if links > 40 {
+                    return None;
+                }
+                let target = target.to_string_lossy().into_owned();
+                if target.starts_with('/') {
+                    resolved = std::path::PathBuf::new();
+                }
+                let mut next = components(&target);
+                next.extend(pending.drain(..));
+                pending = next;
+            }
+            Err(_) => resolved = candidate,
+        }
+    }
+    Some(root.join(resolved))
 }
 
 async fn pre_auth_keys_single_use(sec: &Sec<'_>, egress: &TailnetEgress, ingress: &TailnetIngress) {
@@ -888,4 +1029,117 @@ fn socket_owners(process: &std::path::Path) -> BTreeMap<String, String> {
         }
     }
     owners
+}
+
+/// tailscaled reads its login config once, at start: a key control refuses (one that expired
+/// before the first login, say) leaves it waiting for a login. Once the operator writes a
+/// fresh key into the auth Secret, the agent has tailscaled re-read the config and log in with
+/// it: the node comes up in the same pod, no container restarted. The refused key is planted
+/// in the auth Secret before the egress exists, annotated as a pending key the operator keeps;
+/// deleting the Secret makes the operator mint a real one.
+async fn a_refused_key_is_replaced_without_a_restart(sec: &Sec<'_>) {
+    const REFUSED_KEY: &str = "hskey-auth-refusedrefusedrefusedrefusedrefused";
+    let names = AgentNames::new(AgentKind::Egress, "relogin");
+    let login = tailnet_render::pod::TailscaledLogin::for_agent(
+        AgentKind::Egress,
+        &sec.env.headscale_url(),
+        &names.base,
+    );
+    let expires = jiff::Timestamp::now() + jiff::SignedDuration::from_mins(50);
+    let planted: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": names.auth_secret, "namespace": sec.ns, "annotations": {
+            "tailnet-operator.dev/pre-auth-key-id": "999999",
+            "tailnet-operator.dev/pre-auth-key-expires": expires.to_string()}},
+        "stringData": {"authkey": REFUSED_KEY, "tailscaled.json": login.config_json(REFUSED_KEY)}
+    }))
+    .expect("Secret");
+    sec.secrets
+        .create(&PostParams::default(), &planted)
+        .await
+        .expect("plant the refused key");
+    apply_egress(
+        sec.egresses,
+        sec.ns,
+        "relogin",
+        sec.tailnet_name,
+        json!([remote_db_target()]),
+    )
+    .await
+    .expect("egress relogin");
+    // Witness: tailscaled got no login with the refused key and the agent had it retry (its
+    // own metrics say so), before any fresh key exists.
+    let waiting = wait_for(
+        "the relogin agent retrying tailscaled's login",
+        WAIT,
+        || async {
+            let pod = agent_pods(sec.pods, &names.base)
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .next()
+                .ok_or("no agent pod yet")?;
+            let ip = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.clone())
+                .ok_or("no pod IP yet")?;
+            let metrics = support::agent::agent_metrics(sec.env, &ip).await?;
+            let retries =
+                support::agent::metric_sum(&metrics, "tailnet_agent_login_retries_total", &[]);
+            let connected =
+                support::agent::metric_sum(&metrics, "tailnet_agent_tailnet_connected", &[]);
+            if retries >= 1.0 && connected == 0.0 {
+                Ok(pod)
+            } else {
+                let states: Vec<&str> = metrics
+                    .lines()
+                    .filter(|l| l.starts_with("tailnet_agent_tailnet_state"))
+                    .collect();
+                Err(format!(
+                    "login retries {retries}, connected {connected}, {states:?}"
+                ))
+            }
+        },
+    )
+    .await;
+    sec.secrets
+        .delete(&names.auth_secret, &Default::default())
+        .await
+        .expect("delete the refused key's Secret");
+    let egress = wait_for_condition(
+        sec.egresses,
+        "relogin",
+        ConditionIs::new("NodeOnline", "True"),
+        None,
+    )
+    .await;
+    let pod = agent_pods(sec.pods, &names.base)
+        .await
+        .expect("agent pods")
+        .into_iter()
+        .next()
+        .expect("the agent pod");
+    let restarts: i32 = pod
+        .status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .map(|c| c.restart_count)
+        .sum();
+    row(
+        "refused pre-auth key, then a fresh one in the auth Secret",
+        "the node comes up in the same pod, no container restarted",
+        &format!(
+            "NodeOnline (node {:?}); pod {} (was {}), restarts {restarts}",
+            egress.status.as_ref().and_then(|s| s.node_id.clone()),
+            pod.uid().unwrap_or_default(),
+            waiting.uid().unwrap_or_default()
+        ),
+    );
+    assert_eq!(pod.uid(), waiting.uid(), "the agent pod was replaced");
+    assert_eq!(restarts, 0, "a container restarted: {:?}", pod.status);
+    sec.egresses
+        .delete("relogin", &Default::default())
+        .await
+        .expect("delete egress relogin");
 }

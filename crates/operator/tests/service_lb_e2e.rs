@@ -18,7 +18,7 @@ use support::lab_operator::start_operator;
 use support::objects::{apply, bootstrap_applied_tailnet, tailnet_ipv4};
 use support::tailnet::{PortAnswer, plaintext_probe, tcp_echo};
 use support::wait::{WAIT, wait_for};
-use tno_testenv::{E2eEnv, OperatorArgs, sync_extra_records};
+use tno_testenv::{E2eEnv, OperatorArgs};
 use tno_testenv_tailnet::LocalApi;
 
 const CLASS: &str = "tailnet-operator.dev/tailnet";
@@ -33,13 +33,10 @@ async fn service_of_the_tailnet_class_is_exposed_and_others_are_untouched() {
     let client = ops.client().clone();
     let ns = ops.name().to_string();
     let tailnet_name = bootstrap_applied_tailnet(&env, &ops).await;
-    // The Tailnet's extra records reach Headscale as its mounted ConfigMap would (names).
-    let records_sync = sync_extra_records(
-        client.clone(),
-        ns.clone(),
-        tno_testenv::HOSTS_CONFIG_MAP.into(),
-        env.tailnet().headscale.extra_records_path().to_path_buf(),
-    );
+    // The Tailnet's extra records reach Headscale through its mounted ConfigMap (names).
+    let records = env
+        .project_extra_records(client.clone(), &ns, tno_testenv::HOSTS_CONFIG_MAP)
+        .expect("extra records mounted into Headscale");
     let mut operator = start_operator(&env, &OperatorArgs::new(&ns).to_args(), None)
         .await
         .expect("operator");
@@ -80,7 +77,7 @@ async fn service_of_the_tailnet_class_is_exposed_and_others_are_untouched() {
     eprintln!("served again at {ip_again} (first {ip})");
     deleted(&env, &services, &ns, &tag).await;
     magic_dns_name_without_a_template(&env, &client, &services, &ns, &tailnet_name, &laptop).await;
-    records_sync.abort();
+    drop(records);
     operator.terminate().await.expect("operator stops cleanly");
 }
 

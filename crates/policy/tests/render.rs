@@ -1,5 +1,6 @@
 //! Behaviour tests of the public API; the realistic example is a reviewed snapshot in
-//! `tests/snapshots/example.hujson` (regenerate with `UPDATE_SNAPSHOTS=1`, then review).
+//! `tests/snapshots/example.hujson` (regenerate with `UPDATE_SNAPSHOTS=1`, then review; refused
+//! when `CI` is set).
 
 use std::net::IpAddr;
 
@@ -87,11 +88,42 @@ fn snapshot_of_the_realistic_example() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/snapshots/example.hujson"
     );
-    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+    let update = update_requested(std::env::var_os("UPDATE_SNAPSHOTS"), std::env::var_os("CI"))
+        .unwrap_or_else(|refused| panic!("{refused}"));
+    if update {
         std::fs::write(path, &rendered.document).expect("write snapshot");
     }
     let expected = std::fs::read_to_string(path).expect("snapshot exists");
     assert_eq!(rendered.document, expected);
+}
+
+/// Whether the snapshot may be rewritten: only when `UPDATE_SNAPSHOTS` is set and `CI` is not. Under CI
+/// a snapshot that rewrites itself would let any output pass, so the variable is refused there.
+fn update_requested(
+    update: Option<std::ffi::OsString>,
+    ci: Option<std::ffi::OsString>,
+) -> Result<bool, String> {
+    match (update, ci) {
+        (Some(_), Some(ci)) => Err(format!(
+            "UPDATE_SNAPSHOTS is set while CI is set (CI={}): the snapshot is never rewritten in CI; unset UPDATE_SNAPSHOTS",
+            ci.to_string_lossy()
+        )),
+        (update, None) => Ok(update.is_some()),
+        (None, Some(_)) => Ok(false),
+    }
+}
+
+#[test]
+fn snapshot_updates_are_refused_under_ci() {
+    let set = || Some(std::ffi::OsString::from("1"));
+    assert_eq!(update_requested(None, None), Ok(false));
+    assert_eq!(update_requested(set(), None), Ok(true));
+    assert_eq!(update_requested(None, Some("true".into())), Ok(false));
+    let refused = update_requested(set(), Some("true".into())).expect_err("refused under CI");
+    assert!(
+        refused.contains("UPDATE_SNAPSHOTS") && refused.contains("CI"),
+        "{refused}"
+    );
 }
 
 #[test]

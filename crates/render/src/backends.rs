@@ -59,7 +59,7 @@ pub struct ObservedBackends {
     /// when they were read; a Service missing here had its slices not read.
     pub endpoint_slices: BTreeMap<ObjectKey, SliceEndpoints>,
     /// Addresses an agent's containers must reach besides its backends: the Kubernetes API's
-    /// endpoints (containerboot keeps its state in a Secret) and Headscale's (control and its
+    /// endpoints (tailscaled keeps its state in a Secret) and Headscale's (control and its
     /// embedded DERP). Observed by the operator; empty offline.
     pub control_plane: Vec<std::net::SocketAddr>,
 }

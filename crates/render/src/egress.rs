@@ -37,6 +37,8 @@ pub struct EgressObjects {
     pub config_map: ConfigMap,
     pub deployment: Deployment,
     pub network_policy: NetworkPolicy,
+    /// tailscaled's first login (the act step adds the pre-auth key; see [`pod::auth_secret`]).
+    pub login: pod::TailscaledLogin,
     /// One Service per target, named after it, in target-name order.
     pub services: Vec<Service>,
     pub config: AgentConfig,
@@ -132,6 +134,7 @@ pub fn render_valid(
         state_secret: pod::state_secret(&owner),
         config_map: pod::config_map(&owner, &config_json, ctx.server_ca_pem),
         deployment: pod::deployment(&owner, ctx, &parts),
+        login: pod::login(&owner, ctx, &parts),
         network_policy: network_policy(&owner, &egress.consumer_namespaces, &ports),
         services,
         config,

@@ -3,7 +3,8 @@
 
 use tailnet_api::tailnet::AgentOverrides;
 
-/// Official tailscale image (containerboot), pinned by version and digest (the multi-arch
+/// Official tailscale image (the agent pod runs its `/usr/local/bin/tailscaled`, not its
+/// containerboot entrypoint), pinned by version and digest (the multi-arch
 /// index of v1.102.5; the same index is published to ghcr.io and Docker Hub). This is the one
 /// place it is pinned; the Tailnet's `spec.agent.tailscaleImage` or the chart's values override it.
 pub const DEFAULT_TAILSCALE_IMAGE: &str = "ghcr.io/tailscale/tailscale:v1.102.5@sha256:c507f3a2a6ab1cabd8d809b98edeb41edbd5c3fb6ad9632ffd098b4c7d0b4065";

@@ -26,7 +26,7 @@ use tailnet_api::naming::AgentKind;
 use tailnet_api::validate::{self, ExposeNames, ValidIngress};
 
 use crate::certificate::{self, Certificate};
-use crate::meta::Owner;
+use crate::meta::{NAMESPACE_NAME_LABEL, Owner};
 use crate::pod::{self, PodParts};
 use crate::reach::AgentEgress;
 use crate::{RenderContext, RenderError};
@@ -41,6 +41,8 @@ pub struct IngressObjects {
     pub config_map: ConfigMap,
     pub deployment: Deployment,
     pub network_policy: NetworkPolicy,
+    /// tailscaled's first login (the act step adds the pre-auth key; see [`pod::auth_secret`]).
+    pub login: pod::TailscaledLogin,
     /// The in-cluster ClusterIP Service in front of the agent (split horizon), when
     /// `spec.inCluster.namespaces` lists any; named like the agent ([`in_cluster_service_name`]).
     pub in_cluster_service: Option<Service>,
@@ -137,6 +139,7 @@ pub fn render_valid(
         state_secret: pod::state_secret(&owner),
         config_map: pod::config_map(&owner, &config_json, ctx.server_ca_pem),
         deployment: pod::deployment(&owner, ctx, &parts),
+        login: pod::login(&owner, ctx, &parts),
         network_policy: network_policy(&owner, spec, inputs.egress.as_ref()),
         in_cluster_service: in_cluster_service(&owner, spec),
         certificate,
@@ -402,9 +405,6 @@ pub fn network_policy(
         }),
     }
 }
-
-/// The label the apiserver sets on every namespace to its name.
-pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 fn tcp_port(port: u16) -> NetworkPolicyPort {
     NetworkPolicyPort {

@@ -7,6 +7,9 @@ use tailnet_api::naming::{AgentKind, AgentNames, labels};
 
 use crate::RenderError;
 
+/// The label the apiserver sets on every namespace to its name.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
 /// Identity of the resource that owns an agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Owner {

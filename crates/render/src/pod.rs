@@ -1,13 +1,14 @@
 //! The agent Deployment and its RBAC, shared by egress and ingress agents.
 //!
-//! Pod contract (SPEC §2): one replica, Recreate ([`agent_pods`]); container `tailscale` is the official image
-//! running containerboot with tailscaled in userspace mode, state in a Secret
-//! (`TS_KUBE_SECRET`), login once with a pre-auth key; container `tailnet-agent` talks to
+//! Pod contract: one replica, Recreate ([`agent_pods`]); container `tailscale` is the official
+//! image running `tailscaled` itself (no containerboot supervisor) in userspace mode, its state
+//! in a Secret (`--state=kube:<secret>`), logging in once from a config file the auth Secret
+//! carries with the pre-auth key ([`TailscaledLogin`]); container `tailnet-agent` talks to
 //! tailscaled only through the LocalAPI socket in a shared emptyDir. No NET_ADMIN, no
 //! `/dev/net/tun`, non-root, read-only root filesystem.
 //!
 //! Least privilege: the pod does not automount a ServiceAccount token. Only the tailscale
-//! container (containerboot reads and writes its state Secret) gets one, through a projected
+//! container (tailscaled reads and writes its state Secret) gets one, through a projected
 //! volume at the default path; the agent container, which parses tailnet traffic, has no
 //! Kubernetes credentials at all.
 
@@ -18,7 +19,7 @@ use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
     DownwardAPIProjection, DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
-    Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecretVolumeSource,
     SecurityContext, ServiceAccount, ServiceAccountTokenProjection, Sysctl, Volume, VolumeMount,
     VolumeProjection,
 };
@@ -36,6 +37,15 @@ use crate::meta::Owner;
 
 /// Key of the pre-auth key in the auth Secret.
 pub const AUTH_KEY: &str = "authkey";
+/// Key of tailscaled's login config (with the same key) in the auth Secret.
+pub const LOGIN_CONFIG_KEY: &str = "tailscaled.json";
+/// Where the tailscale container finds the auth Secret's login config (an optional volume:
+/// once the node exists the operator deletes the Secret and tailscaled boots from its state).
+pub const LOGIN_CONFIG_DIR: &str = "/etc/tailscaled";
+/// The auth Secret's volume.
+const LOGIN_VOLUME: &str = "tailscaled-login";
+/// The official image's tailscaled.
+pub const TAILSCALED: &str = "/usr/local/bin/tailscaled";
 /// Key of the Tailnet's `spec.serverCA` bundle in the agent's ConfigMap.
 pub const SERVER_CA_KEY: &str = "server-ca.crt";
 /// Where the tailscale container finds that bundle: a directory holding only `ca.crt`.
@@ -70,7 +80,7 @@ pub fn agent_pods(kind: AgentKind) -> AgentPods {
 /// Agent-specific parts of the pod.
 #[derive(Clone, Debug, Default)]
 pub struct PodParts {
-    /// The node's tailnet hostname (`TS_HOSTNAME`).
+    /// The node's tailnet hostname (in tailscaled's login config, [`TailscaledLogin`]).
     pub hostname: String,
     /// Ports the agent container listens on besides the admin port.
     pub agent_ports: Vec<ContainerPort>,
@@ -81,6 +91,52 @@ pub struct PodParts {
     /// Hash of everything the agent reads at start (config, certificates' names), so a change
     /// rolls the pod.
     pub config_hash: String,
+}
+
+/// What tailscaled needs for its first login besides the key, written with the key into the
+/// auth Secret as tailscaled's config file (`--config`, format `alpha0`). The file is read at
+/// start only while the Secret exists; afterwards these settings live in the node's state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TailscaledLogin {
+    /// Headscale's URL (the Tailnet's `spec.server`).
+    pub server: String,
+    pub hostname: String,
+    /// Egress agents dial targets behind subnet routers, which needs the routes accepted.
+    pub accept_routes: bool,
+    /// Egress agents resolve DNS-name targets through tailscaled's resolver (MagicDNS,
+    /// Headscale's extra records, split DNS), which only has the tailnet's DNS configuration
+    /// when it accepts it. In userspace networking tailscaled never touches the pod's
+    /// /etc/resolv.conf, so the pod's own resolution is unchanged.
+    pub accept_dns: bool,
+}
+
+impl TailscaledLogin {
+    /// The login of an agent of `kind` with tailnet `hostname` on `server`.
+    pub fn for_agent(kind: AgentKind, server: &str, hostname: &str) -> Self {
+        let egress = kind == AgentKind::Egress;
+        Self {
+            server: server.to_string(),
+            hostname: hostname.to_string(),
+            accept_routes: egress,
+            accept_dns: egress,
+        }
+    }
+
+    /// tailscaled's config file holding `pre_auth_key` (a Secret's content: never logged).
+    /// `Locked: false` keeps `tailscale set` usable for debugging.
+    pub fn config_json(&self, pre_auth_key: &str) -> String {
+        serde_json::json!({
+            "version": "alpha0",
+            "Locked": false,
+            "ServerURL": self.server,
+            "AuthKey": pre_auth_key,
+            "Enabled": true,
+            "Hostname": self.hostname,
+            "acceptRoutes": self.accept_routes,
+            "acceptDNS": self.accept_dns,
+        })
+        .to_string()
+    }
 }
 
 fn env(name: &str, value: impl Into<String>) -> EnvVar {
@@ -227,52 +283,32 @@ fn empty_dir(name: &str) -> Volume {
     }
 }
 
-fn tailscale_container(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Container {
+/// tailscaled's arguments: LocalAPI socket shared with the agent, state in the state Secret,
+/// userspace networking, no log upload to a third party (self-hosted control), the login
+/// config from the auth Secret when it exists.
+fn tailscaled_args(state_secret: &str) -> Vec<String> {
+    vec![
+        format!("--socket={LOCALAPI_SOCKET}"),
+        format!("--state=kube:{state_secret}"),
+        "--statedir=/tmp".to_string(),
+        "--tun=userspace-networking".to_string(),
+        "--no-logs-no-support".to_string(),
+        format!("--config=optional:{LOGIN_CONFIG_DIR}/{LOGIN_CONFIG_KEY}"),
+    ]
+}
+
+fn tailscale_container(owner: &Owner, ctx: &RenderContext) -> Container {
     let names = owner.names();
-    let mut extra_args = format!("--login-server={}", ctx.tailnet.server);
-    if owner.kind == AgentKind::Egress {
-        // Targets behind subnet routers are only dialable with accepted routes.
-        extra_args.push_str(" --accept-routes");
-    }
-    // An egress resolves DNS-name targets the pod's DNS does not know through tailscaled's
-    // resolver (MagicDNS, Headscale's extra records and split DNS), which only has the
-    // tailnet's DNS configuration when it accepts it. In userspace networking tailscaled never
-    // touches the pod's /etc/resolv.conf, so the pod's own resolution is unchanged.
-    let accept_dns = if owner.kind == AgentKind::Egress {
-        "true"
-    } else {
-        "false"
-    };
     let overrides = ctx.tailnet.agent.as_ref();
     Container {
         name: "tailscale".to_string(),
         image: Some(ctx.images.tailscale.clone()),
         image_pull_policy: ctx.images.tailscale_pull_policy.clone(),
+        command: Some(vec![TAILSCALED.to_string()]),
+        args: Some(tailscaled_args(&names.state_secret)),
         env: Some(
-            vec![
-                env("TS_KUBE_SECRET", &names.state_secret),
-                env("TS_AUTH_ONCE", "true"),
-                env("TS_USERSPACE", "true"),
-                env("TS_SOCKET", LOCALAPI_SOCKET),
-                env("TS_HOSTNAME", &parts.hostname),
-                env("TS_EXTRA_ARGS", extra_args),
-                env("TS_ACCEPT_DNS", accept_dns),
-                // Self-hosted control: never upload logs to a third party.
-                env("TS_NO_LOGS_NO_SUPPORT", "true"),
-                EnvVar {
-                    name: "TS_AUTHKEY".to_string(),
-                    value_from: Some(EnvVarSource {
-                        secret_key_ref: Some(SecretKeySelector {
-                            name: names.auth_secret.clone(),
-                            key: AUTH_KEY.to_string(),
-                            // After the first login the key is gone; the node key lives in the
-                            // state Secret.
-                            optional: Some(true),
-                        }),
-                        ..EnvVarSource::default()
-                    }),
-                    ..EnvVar::default()
-                },
+            // POD_NAME/POD_UID: tailscaled's Secret store names the pod in its Events.
+            [
                 env_field("POD_IP", "status.podIP"),
                 env_field("POD_NAME", "metadata.name"),
                 env_field("POD_UID", "metadata.uid"),
@@ -288,7 +324,8 @@ fn tailscale_container(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> 
             [
                 mount("tailscale-socket", SOCKET_DIR, false),
                 mount("tailscale-tmp", "/tmp", false),
-                // containerboot keeps the node state in its Secret (`TS_KUBE_SECRET`).
+                mount(LOGIN_VOLUME, LOGIN_CONFIG_DIR, true),
+                // tailscaled keeps the node state in its Secret (`--state=kube:`).
                 mount(SERVICE_ACCOUNT_VOLUME, SERVICE_ACCOUNT_DIR, true),
             ]
             .into_iter()
@@ -307,6 +344,34 @@ fn tailscale_container(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> 
         ..Container::default()
     }
 }
+
+/// tailscaled's first login for the agent of `owner` (see [`TailscaledLogin`]).
+pub fn login(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> TailscaledLogin {
+    TailscaledLogin::for_agent(owner.kind, &ctx.tailnet.server, &parts.hostname)
+}
+
+/// The auth Secret's login config, if the Secret exists (optional: after the first login the
+/// operator deletes it and tailscaled boots from its state). Mounted into the tailscale
+/// container only, like the ingress's certificate into the agent's.
+fn login_volume(auth_secret: &str) -> Volume {
+    Volume {
+        name: LOGIN_VOLUME.to_string(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(auth_secret.to_string()),
+            items: Some(vec![KeyToPath {
+                key: LOGIN_CONFIG_KEY.to_string(),
+                path: LOGIN_CONFIG_KEY.to_string(),
+                mode: None,
+            }]),
+            default_mode: None,
+            optional: Some(true),
+        }),
+        ..Volume::default()
+    }
+}
+
+/// The agent's `RUST_LOG` when the Tailnet sets no `spec.agent.logLevel`.
+pub const DEFAULT_AGENT_LOG_LEVEL: &str = "info";
 
 fn agent_container(ctx: &RenderContext, parts: &PodParts) -> Container {
     let mut ports = vec![ContainerPort {
@@ -331,16 +396,33 @@ fn agent_container(ctx: &RenderContext, parts: &PodParts) -> Container {
         failure_threshold: Some(3),
         ..Probe::default()
     };
+    let overrides = ctx.tailnet.agent.as_ref();
+    // The Tailnet's spec.agent.logLevel/logFormat; unset: info, text (the agent's default,
+    // so no flag: an upgrade does not restart agents whose Tailnet sets neither).
+    let log_level = overrides.and_then(|o| o.log_level.as_deref());
+    let mut args = vec!["--config".to_string(), CONFIG_PATH.to_string()];
+    if let Some(format) = overrides.and_then(|o| o.log_format) {
+        args.extend(["--log-format".to_string(), format.as_str().to_string()]);
+    }
     Container {
         name: "tailnet-agent".to_string(),
         image: Some(ctx.images.agent.clone()),
         image_pull_policy: ctx.images.agent_pull_policy.clone(),
-        args: Some(vec!["--config".to_string(), CONFIG_PATH.to_string()]),
+        args: Some(args),
         env: Some(vec![
             env_field("POD_IP", "status.podIP"),
-            env("RUST_LOG", "info"),
+            env("RUST_LOG", log_level.unwrap_or(DEFAULT_AGENT_LOG_LEVEL)),
         ]),
         ports: Some(ports),
+        // `/readyz` every second until the agent is first ready, so the pod turns ready the
+        // moment it is: the kubelet probes readiness right after a startup probe succeeds,
+        // and the readiness change wakes the operator. (`/readyz` and not an endpoint of its
+        // own: an agent image pinned to an older release has it too.)
+        startup_probe: Some(Probe {
+            period_seconds: Some(1),
+            failure_threshold: Some(STARTUP_PROBE_FAILURES),
+            ..probe("/readyz")
+        }),
         readiness_probe: Some(probe("/readyz")),
         liveness_probe: Some(Probe {
             period_seconds: Some(10),
@@ -349,15 +431,18 @@ fn agent_container(ctx: &RenderContext, parts: &PodParts) -> Container {
         volume_mounts: Some(mounts),
         security_context: Some(restricted_container_security()),
         resources: Some(
-            ctx.tailnet
-                .agent
-                .as_ref()
+            overrides
                 .and_then(|o| o.resources.clone())
                 .unwrap_or_else(|| resources("10m", "32Mi", "256Mi")),
         ),
         ..Container::default()
     }
 }
+
+/// The agent's startup probe may fail this often (once a second): an agent not ready within
+/// 10 minutes of its start (e.g. Headscale unreachable all along) has its container restarted
+/// by the kubelet, tailscaled's container not.
+const STARTUP_PROBE_FAILURES: i32 = 600;
 
 /// The agent Deployment.
 pub fn deployment(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Deployment {
@@ -378,6 +463,7 @@ pub fn deployment(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Deplo
         },
         empty_dir("tailscale-socket"),
         empty_dir("tailscale-tmp"),
+        login_volume(&names.auth_secret),
         service_account_volume(),
     ];
     if ctx.server_ca_pem.is_some() {
@@ -436,10 +522,7 @@ pub fn deployment(owner: &Owner, ctx: &RenderContext, parts: &PodParts) -> Deplo
                         sysctls,
                         ..PodSecurityContext::default()
                     }),
-                    containers: vec![
-                        tailscale_container(owner, ctx, parts),
-                        agent_container(ctx, parts),
-                    ],
+                    containers: vec![tailscale_container(owner, ctx), agent_container(ctx, parts)],
                     volumes: Some(volumes),
                     // Scheduling from the Tailnet's spec.agent.
                     image_pull_secrets: scheduling
@@ -470,7 +553,7 @@ pub fn service_account(owner: &Owner) -> ServiceAccount {
     }
 }
 
-/// Role limited to the agent's own state Secret (containerboot reads and writes it).
+/// Role limited to the agent's own state Secret (tailscaled reads and writes it).
 pub fn role(owner: &Owner) -> Role {
     let names = owner.names();
     Role {
@@ -503,7 +586,7 @@ pub fn role_binding(owner: &Owner) -> RoleBinding {
     }
 }
 
-/// The state Secret, created empty so the Role can name it; containerboot fills it.
+/// The state Secret, created empty so the Role can name it; tailscaled fills it.
 pub fn state_secret(owner: &Owner) -> k8s_openapi::api::core::v1::Secret {
     k8s_openapi::api::core::v1::Secret {
         metadata: owner.meta(&owner.names().state_secret),
@@ -512,16 +595,24 @@ pub fn state_secret(owner: &Owner) -> k8s_openapi::api::core::v1::Secret {
     }
 }
 
-/// The auth Secret carrying a freshly minted single-use pre-auth key. Only the controller
-/// calls this (never the offline renderer), and the key is never logged.
-pub fn auth_secret(owner: &Owner, pre_auth_key: &str) -> k8s_openapi::api::core::v1::Secret {
+/// The auth Secret carrying a freshly minted single-use pre-auth key, alone and in tailscaled's
+/// login config. Only the controller calls this (never the offline renderer), and the key is
+/// never logged.
+pub fn auth_secret(
+    owner: &Owner,
+    pre_auth_key: &str,
+    login: &TailscaledLogin,
+) -> k8s_openapi::api::core::v1::Secret {
     k8s_openapi::api::core::v1::Secret {
         metadata: owner.meta(&owner.names().auth_secret),
         type_: Some("Opaque".to_string()),
-        string_data: Some(BTreeMap::from([(
-            AUTH_KEY.to_string(),
-            pre_auth_key.to_string(),
-        )])),
+        string_data: Some(BTreeMap::from([
+            (AUTH_KEY.to_string(), pre_auth_key.to_string()),
+            (
+                LOGIN_CONFIG_KEY.to_string(),
+                login.config_json(pre_auth_key),
+            ),
+        ])),
         ..Default::default()
     }
 }
@@ -558,4 +649,39 @@ pub fn config_hash(parts: &[&str]) -> String {
         .take(8)
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// tailscaled's `alpha0` config: the field names its parser reads (`ipn.ConfigVAlpha`),
+    /// booleans as JSON booleans (its `opt.Bool` refuses strings), per kind.
+    #[test]
+    fn login_config_is_tailscaleds_alpha0_format() {
+        let egress = TailscaledLogin::for_agent(
+            AgentKind::Egress,
+            "https://headscale.example.net",
+            "tailnet-egress-team-a",
+        );
+        let parsed: serde_json::Value =
+            serde_json::from_str(&egress.config_json("hskey-auth-1")).expect("JSON");
+        assert_eq!(
+            parsed,
+            serde_json::json!({
+                "version": "alpha0",
+                "Locked": false,
+                "ServerURL": "https://headscale.example.net",
+                "AuthKey": "hskey-auth-1",
+                "Enabled": true,
+                "Hostname": "tailnet-egress-team-a",
+                "acceptRoutes": true,
+                "acceptDNS": true,
+            })
+        );
+        for kind in [AgentKind::Ingress, AgentKind::Service] {
+            let login = TailscaledLogin::for_agent(kind, "https://h", "n");
+            assert!(!login.accept_routes && !login.accept_dns, "{kind:?}");
+        }
+    }
 }

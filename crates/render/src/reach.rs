@@ -24,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tailnet_api::validate::{BackendPort, ValidExpose};
 
 use crate::backends::{ObjectKey, ObservedBackends, TcpServicePort};
-use crate::ingress::NAMESPACE_NAME_LABEL;
+use crate::meta::NAMESPACE_NAME_LABEL;
 
 /// At most this many addresses of hand-made endpoints (Services without a selector) are
 /// rendered as `ipBlock`s; beyond it the agent's egress stays unrestricted.

@@ -64,6 +64,72 @@ fn env(c: &Container) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The tailscale container runs tailscaled itself (no containerboot supervisor): state in the
+/// state Secret, userspace networking, its first login from the auth Secret's optional volume,
+/// which the agent container never mounts.
+#[test]
+fn the_tailscale_container_runs_tailscaled_with_its_login() {
+    let tailnet: Tailnet = load("10-tailnet.yaml");
+    let egress: TailnetEgress = load("20-egress.yaml");
+    let objects = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    let pod = pod(&objects.deployment);
+    let tailscale = container(pod, "tailscale");
+    assert_eq!(
+        tailscale.command.as_deref(),
+        Some(&["/usr/local/bin/tailscaled".to_string()][..])
+    );
+    assert_eq!(
+        tailscale.args.as_deref().expect("tailscaled args"),
+        [
+            "--socket=/var/run/tailscale/tailscaled.sock",
+            "--state=kube:tailnet-egress-team-a-state",
+            "--statedir=/tmp",
+            "--tun=userspace-networking",
+            "--no-logs-no-support",
+            "--config=optional:/etc/tailscaled/tailscaled.json",
+        ]
+    );
+    let ts_env = env(tailscale);
+    assert!(
+        ts_env.keys().all(|name| !name.starts_with("TS_")),
+        "no containerboot settings: {ts_env:?}"
+    );
+    let login_volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "tailscaled-login")
+        .and_then(|v| v.secret.as_ref())
+        .expect("login volume");
+    assert_eq!(
+        login_volume.secret_name.as_deref(),
+        Some("tailnet-egress-team-a-auth")
+    );
+    assert_eq!(
+        login_volume.optional,
+        Some(true),
+        "gone after the first login"
+    );
+    assert!(
+        container(pod, "tailnet-agent")
+            .volume_mounts
+            .iter()
+            .flatten()
+            .all(|m| m.name != "tailscaled-login"),
+        "the agent container never sees the pre-auth key"
+    );
+    // The login: the egress accepts routes and DNS, under its object name.
+    assert_eq!(
+        objects.login,
+        tailnet_render::pod::TailscaledLogin {
+            server: "https://control.example.net".to_string(),
+            hostname: "tailnet-egress-team-a".to_string(),
+            accept_routes: true,
+            accept_dns: true,
+        }
+    );
+}
+
 #[test]
 fn egress_agent_follows_the_pod_contract() {
     let tailnet: Tailnet = load("10-tailnet.yaml");
@@ -89,31 +155,6 @@ fn egress_agent_follows_the_pod_contract() {
         "egress agents bind high ports only"
     );
 
-    let tailscale = container(pod, "tailscale");
-    let ts_env = env(tailscale);
-    assert_eq!(ts_env["TS_KUBE_SECRET"], "tailnet-egress-team-a-state");
-    assert_eq!(ts_env["TS_HOSTNAME"], "tailnet-egress-team-a");
-    assert_eq!(ts_env["TS_AUTH_ONCE"], "true");
-    assert_eq!(ts_env["TS_USERSPACE"], "true");
-    assert_eq!(
-        ts_env["TS_EXTRA_ARGS"],
-        "--login-server=https://control.example.net --accept-routes"
-    );
-    assert_eq!(ts_env["TS_AUTHKEY"], "<from>");
-    for forbidden in [
-        "TS_SOCKS5_SERVER",
-        "TS_OUTBOUND_HTTP_PROXY_LISTEN",
-        "TS_TAILSCALED_EXTRA_ARGS",
-    ] {
-        assert!(
-            !ts_env.contains_key(forbidden),
-            "{forbidden} must not be set"
-        );
-    }
-    assert!(
-        !ts_env["TS_EXTRA_ARGS"].contains("advertise-tags"),
-        "Headscale rejects --advertise-tags with a tagged key"
-    );
     for c in &pod.containers {
         let sc = c.security_context.as_ref().expect("container security");
         assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
@@ -314,10 +355,7 @@ fn ingress_agent_serves_vhosts_with_one_certificate() {
     assert_eq!(cert.spec.issuer_ref.kind, "ClusterIssuer");
     assert_eq!(cert.spec.secret_name, "tailnet-ingress-portal-tls");
     // The node's hostname is its tag's name (unique like the tag), not the object name.
-    assert_eq!(
-        env(container(pod(&objects.deployment), "tailscale"))["TS_HOSTNAME"],
-        "tno-ingress-team-a-portal"
-    );
+    assert_eq!(objects.login.hostname, "tno-ingress-team-a-portal");
 
     // Both exposes are virtual hosts on one listener on port 443.
     assert_eq!(objects.config.ingress.len(), 1);
@@ -346,8 +384,8 @@ fn ingress_agent_serves_vhosts_with_one_certificate() {
         (sysctls[0].name.as_str(), sysctls[0].value.as_str()),
         ("net.ipv4.ip_unprivileged_port_start", "443")
     );
-    // Ingress agents do not accept routes; the certificate and CA are mounted.
-    assert!(!env(container(pod, "tailscale"))["TS_EXTRA_ARGS"].contains("accept-routes"));
+    // Ingress agents accept neither routes nor DNS; the certificate and CA are mounted.
+    assert!(!objects.login.accept_routes && !objects.login.accept_dns);
     let mounts: Vec<String> = container(pod, "tailnet-agent")
         .volume_mounts
         .iter()
@@ -449,8 +487,8 @@ fn objects_without_uid_are_refused() {
     assert!(err.to_string().contains("no metadata.uid"));
 }
 
-/// Least privilege: only the tailscale container (containerboot keeps the node state in a
-/// Secret, `TS_KUBE_SECRET`) holds a Kubernetes token; the agent container, which parses
+/// Least privilege: only the tailscale container (tailscaled keeps the node state in a
+/// Secret, `--state=kube:`) holds a Kubernetes token; the agent container, which parses
 /// tailnet traffic, holds none.
 #[test]
 fn only_the_tailscale_container_holds_a_kubernetes_token() {
@@ -662,6 +700,88 @@ fn agent_pods_get_the_tailnets_scheduling() {
             .is_some()
     );
     assert_eq!(pod.priority_class_name.as_deref(), Some("tailnet-agents"));
+}
+
+/// `spec.agent.logLevel`/`logFormat` of the Tailnet reach the tailnet-agent container
+/// (`RUST_LOG`, `--log-format`) of egress and ingress agents; unset, the container is what it
+/// was (RUST_LOG=info, no flag), so an operator upgrade restarts no agent.
+#[test]
+fn agent_log_level_and_format_come_from_the_tailnet() {
+    let mut tailnet: Tailnet = load("10-tailnet.yaml");
+    let egress: TailnetEgress = load("20-egress.yaml");
+    let ingress_cr: TailnetIngress = load("30-ingress.yaml");
+    let agent_log = |deployment: &k8s_openapi::api::apps::v1::Deployment| {
+        let agent = container(pod(deployment), "tailnet-agent");
+        (
+            env(agent).get("RUST_LOG").cloned(),
+            agent.args.clone().unwrap_or_default(),
+        )
+    };
+    let plain = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    let config = tailnet_api::agent_config::CONFIG_PATH.to_string();
+    assert_eq!(
+        agent_log(&plain.deployment),
+        (Some("info".into()), vec!["--config".into(), config.clone()])
+    );
+    tailnet.spec.agent = Some(
+        serde_json::from_value(serde_json::json!({
+            "logLevel": "info,tailnet_agent::proxy=debug", "logFormat": "json"
+        }))
+        .expect("spec.agent"),
+    );
+    let json_args = vec![
+        "--config".to_string(),
+        config.clone(),
+        "--log-format".into(),
+        "json".into(),
+    ];
+    let set = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    assert_eq!(
+        agent_log(&set.deployment),
+        (
+            Some("info,tailnet_agent::proxy=debug".into()),
+            json_args.clone()
+        )
+    );
+    let ingress = ingress::render(
+        &ingress_cr,
+        &ctx(&tailnet),
+        &ingress_inputs(&tailnet, &ingress_cr, true),
+    )
+    .expect("render");
+    assert_eq!(
+        agent_log(&ingress.deployment),
+        (Some("info,tailnet_agent::proxy=debug".into()), json_args)
+    );
+    // Only the tailnet-agent container: tailscaled keeps its own logging.
+    let tailscale = container(pod(&set.deployment), "tailscale");
+    assert!(!env(tailscale).contains_key("RUST_LOG"));
+    // Text given explicitly is passed on; the level alone leaves the format flag out.
+    tailnet.spec.agent =
+        Some(serde_json::from_value(serde_json::json!({"logLevel": "debug"})).expect("spec.agent"));
+    let level_only = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    assert_eq!(
+        agent_log(&level_only.deployment),
+        (
+            Some("debug".into()),
+            vec!["--config".into(), config.clone()]
+        )
+    );
+    tailnet.spec.agent =
+        Some(serde_json::from_value(serde_json::json!({"logFormat": "text"})).expect("spec.agent"));
+    let text = egress::render(&egress, &ctx(&tailnet), &BTreeMap::new()).expect("render");
+    assert_eq!(
+        agent_log(&text.deployment),
+        (
+            Some("info".into()),
+            vec![
+                "--config".into(),
+                config,
+                "--log-format".into(),
+                "text".into()
+            ]
+        )
+    );
 }
 
 #[test]

@@ -358,9 +358,57 @@ fn built_in_patterns_compile() {
         patterns::NAME_TEMPLATE,
         patterns::SERVER_URL,
         patterns::TAG_PREFIX,
+        patterns::LOG_FILTER,
     ] {
         assert!(Regex::new(p).is_ok(), "{p}");
     }
+}
+
+/// `spec.agent.logLevel`: `render` refuses what the apiserver's pattern refuses, and the
+/// CRD carries the same pattern; `logFormat` is `text` or `json`.
+#[test]
+fn agent_log_settings_are_checked_like_the_crd() {
+    let with = |level: &str| {
+        edited::<TailnetSpec>(TAILNET, |v| {
+            v["agent"] = serde_json::json!({"logLevel": level, "logFormat": "json"});
+        })
+    };
+    for good in [
+        "info",
+        "debug",
+        "warn,tailnet_agent::proxy=debug,access=info",
+        "off",
+    ] {
+        assert!(tailnet(&with(good)).is_empty(), "{good}");
+    }
+    let long = "d".repeat(257);
+    for bad in [
+        "info debug",
+        "[span]=debug",
+        "info,x={y}",
+        "",
+        long.as_str(),
+    ] {
+        let errors = fields(&tailnet(&with(bad)));
+        assert_eq!(errors.len(), 1, "{bad}: {errors:?}");
+        assert!(errors[0].starts_with("spec.agent.logLevel: "), "{errors:?}");
+    }
+    assert!(
+        serde_json::from_value::<TailnetSpec>(serde_json::json!({
+            "server": "https://h.example.net", "policy": {"tagOwners": ["group:a"]},
+            "agent": {"logFormat": "xml"}
+        }))
+        .is_err()
+    );
+    let crd = serde_json::to_value(crate::crd::all().remove(0).1).expect("CRD JSON");
+    let agent = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["agent"]["properties"];
+    assert_eq!(agent["logLevel"]["pattern"], patterns::LOG_FILTER);
+    assert_eq!(agent["logLevel"]["maxLength"], 256);
+    assert_eq!(
+        agent["logFormat"]["enum"],
+        serde_json::json!(["text", "json"])
+    );
 }
 
 fn ip(text: &str) -> std::net::IpAddr {

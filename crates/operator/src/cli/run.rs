@@ -13,7 +13,7 @@ use crate::runtime::{self, RunSettings};
 pub enum LogFormat {
     /// Human-readable lines.
     Text,
-    /// One JSON object per line.
+    /// One flat JSON object per line (the event's fields next to timestamp, level, target).
     Json,
 }
 
@@ -246,16 +246,15 @@ pub struct RunArgs {
     pub apply_tailnet: Option<std::path::PathBuf>,
 }
 
+/// Logs on stderr; JSON is flat (fields at the top level), as the agent's.
 fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
+    use std::io::IsTerminal as _;
+    use tailnet_telemetry::logging;
+    let format = match format {
+        LogFormat::Json => logging::LogFormat::Json,
+        LogFormat::Text => logging::LogFormat::Text,
     };
+    logging::init(format, std::io::stderr, std::io::stderr().is_terminal());
 }
 
 pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {

@@ -18,7 +18,9 @@ pub async fn instrumented(
         controller: controller.to_string(),
     };
     ctx.metrics.reconciles.get_or_create(&labels).inc();
+    let in_flight = ctx.metrics.reconcile_started(&labels);
     let result = reconcile.await;
+    drop(in_flight);
     ctx.metrics
         .reconcile_duration
         .get_or_create(&labels)

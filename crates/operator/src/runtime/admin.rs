@@ -12,6 +12,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use tailnet_telemetry::exposition::Format;
 
 /// Readiness: the process has its Kubernetes client and watches running (leader or not: a
 /// standby replica is ready to take over).
@@ -26,13 +27,19 @@ struct AdminState {
     health: Health,
 }
 
-async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
+/// OpenMetrics when the scraper asks for it (Prometheus does), else the Prometheus text
+/// format (curl, `promtool check metrics`).
+async fn metrics_handler(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+) -> impl IntoResponse {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|value| value.to_str().ok());
+    let format = Format::negotiate(accept);
     (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.encode(),
+        [(header::CONTENT_TYPE, format.content_type())],
+        state.metrics.encode_as(format),
     )
 }
 

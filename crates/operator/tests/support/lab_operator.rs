@@ -30,3 +30,19 @@ pub async fn start_operator(
         .map_err(|e| format!("not ready: {e}"))?;
     Ok(operator)
 }
+
+/// The operator's reconcile count of one controller (`ingress`, `egress`, `tailnet` …) from
+/// its `/metrics`. A failed scrape or a missing series fails the test: a witness built from
+/// two such reads must not pass on a pair of zeros.
+pub async fn reconciles(operator: &OperatorProcess, controller: &str) -> f64 {
+    let series = format!("tailnet_operator_reconciles_total{{controller=\"{controller}\"}}");
+    let text = operator
+        .metrics()
+        .await
+        .unwrap_or_else(|e| panic!("scraping the operator's metrics: {e}"));
+    text.lines()
+        .find(|line| line.starts_with(&series))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {series} in the operator's metrics:\n{text}"))
+}

@@ -202,3 +202,100 @@ pub async fn port_refused(
         }
     }
 }
+
+/// An HTTPS connection kept open across requests (HTTP/1.1 keep-alive): the witness that a
+/// certificate reload leaves established connections alone.
+pub struct KeptConnection {
+    tls: TlsStream<DialedStream>,
+    sni: String,
+}
+
+impl KeptConnection {
+    /// TLS to `ip:443` from `node` (see [`tls_connect`]).
+    pub async fn open(node: &LocalApi, ip: &str, sni: &str, ca_pem: &str) -> Result<Self, String> {
+        Ok(KeptConnection {
+            tls: tls_connect(node, ip, 443, sni, ca_pem).await?,
+            sni: sni.to_string(),
+        })
+    }
+
+    /// The serial number (hex) of the certificate the server presented in this connection's
+    /// handshake.
+    pub fn peer_serial(&self) -> Result<String, String> {
+        let leaf = self
+            .tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .ok_or("no peer certificate")?;
+        der_serial(leaf.as_ref())
+    }
+
+    /// `GET /hello` on this connection; reads exactly one response (Content-Length or chunked
+    /// body) and leaves the connection open.
+    pub async fn get_hello(&mut self) -> Result<String, String> {
+        let request = format!(
+            "GET /hello HTTP/1.1\r\nHost: {}\r\nConnection: keep-alive\r\n\r\n",
+            self.sni
+        );
+        self.tls
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        tokio::time::timeout(STEP_TIMEOUT, read_one_response(&mut self.tls))
+            .await
+            .map_err(|_| "response timed out".to_string())?
+    }
+}
+
+async fn read_one_response(tls: &mut TlsStream<DialedStream>) -> Result<String, String> {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&buffer).into_owned();
+        if let Some(head_end) = text.find("\r\n\r\n") {
+            let head = text[..head_end].to_lowercase();
+            let body = &text[head_end + 4..];
+            let length = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .and_then(|value| value.trim().parse::<usize>().ok());
+            let complete = match length {
+                Some(length) => body.len() >= length,
+                None if head.contains("transfer-encoding: chunked") => body.ends_with("0\r\n\r\n"),
+                None => return Err(format!("response without a length: {text}")),
+            };
+            if complete {
+                return Ok(text);
+            }
+        }
+        let read = tls
+            .read(&mut chunk)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        if read == 0 {
+            return Err(format!(
+                "connection closed after {} bytes: {}",
+                buffer.len(),
+                String::from_utf8_lossy(&buffer)
+            ));
+        }
+        buffer.extend_from_slice(&chunk[..read]);
+    }
+}
+
+/// The serial number (hex) of a DER certificate.
+pub fn der_serial(der: &[u8]) -> Result<String, String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| e.to_string())?;
+    Ok(cert.tbs_certificate.raw_serial_as_string())
+}
+
+/// The serial number (hex) of the first certificate of a PEM chain (a Secret's `tls.crt`).
+pub fn pem_serial(pem: &str) -> Result<String, String> {
+    let first = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()
+        .ok_or("no certificate in the PEM")?
+        .map_err(|e| e.to_string())?;
+    der_serial(first.as_ref())
+}

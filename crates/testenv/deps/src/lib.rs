@@ -63,9 +63,10 @@ pub fn parse_versions(text: &str) -> HashMap<String, String> {
 /// The version of `component` the tests use: `TNO_<COMPONENT>_VERSION` from the environment
 /// (a version-matrix run, e.g. `TNO_HEADSCALE_VERSION=v0.29.2`; `deps/build.sh` reads the same
 /// variable), else the pinned one (`HELM_VERSION` for `helm`, `KUBE_ROUTER_VERSION` for
-/// `kube-router`) from `<workspace>/deps/versions.env`.
+/// `kube-router`) from `<workspace>/deps/versions.env`. `cert-manager-controller` (our wrapper
+/// main over cert-manager's controller packages) has cert-manager's version.
 pub fn pinned_version(workspace: &Path, component: &str) -> Result<String, String> {
-    let key = format!("{}_VERSION", component.to_uppercase().replace('-', "_"));
+    let key = version_key(component);
     if let Some(version) = std::env::var(format!("TNO_{key}"))
         .ok()
         .filter(|v| !v.is_empty())
@@ -77,6 +78,14 @@ pub fn pinned_version(workspace: &Path, component: &str) -> Result<String, Strin
     parse_versions(&text)
         .remove(&key)
         .ok_or_else(|| format!("{key} missing from {}", path.display()))
+}
+
+/// The `deps/versions.env` key of `component` (as `version_key` in `deps/build.sh`).
+pub fn version_key(component: &str) -> String {
+    match component {
+        "cert-manager-controller" => "CERT_MANAGER_VERSION".to_string(),
+        _ => format!("{}_VERSION", component.to_uppercase().replace('-', "_")),
+    }
 }
 
 /// Where `deps/build.sh` puts `binary` of `component`: `<cache>/<component>-<version>/bin/<binary>`
@@ -145,6 +154,16 @@ fn find_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_controller_wrapper_shares_cert_managers_version_key() {
+        assert_eq!(
+            version_key("cert-manager-controller"),
+            "CERT_MANAGER_VERSION"
+        );
+        assert_eq!(version_key("cert-manager"), "CERT_MANAGER_VERSION");
+        assert_eq!(version_key("kube-router"), "KUBE_ROUTER_VERSION");
+    }
 
     #[test]
     fn versions_file_lines_become_a_map() {

@@ -13,9 +13,13 @@ use kube::api::{ObjectMeta, PostParams};
 use serde_json::{Value, json};
 use tno_netlab::Lab;
 use tno_testenv_kube::{KubeEnv, TestNamespace};
-use tno_testenv_tailnet::{HeadscaleApi, Node, TailnetEnv};
+use tno_testenv_tailnet::{Headscale, HeadscaleApi, Node, TailnetEnv};
 
 use crate::error::{E2eError, Result};
+
+/// Guards Headscale's extra-records directory: it has one writer at a time
+/// ([`E2eEnv::project_extra_records`]).
+pub(crate) type ProjectionSlot = Arc<tokio::sync::Mutex<()>>;
 
 /// Name of the Secret holding the Headscale API key (the Tailnet's `spec.apiSecretRef`).
 pub const BOOTSTRAP_SECRET: &str = "headscale-bootstrap";
@@ -44,6 +48,8 @@ pub struct E2eEnv {
     dir: PathBuf,
     startup: Duration,
     pub(crate) next_operator: AtomicU32,
+    /// Held by the one projection of a ConfigMap onto Headscale's extra records.
+    extra_records_slot: ProjectionSlot,
 }
 
 impl E2eEnv {
@@ -66,6 +72,7 @@ impl E2eEnv {
             dir,
             startup: started.elapsed(),
             next_operator: AtomicU32::new(0),
+            extra_records_slot: ProjectionSlot::default(),
         })
     }
 
@@ -133,6 +140,10 @@ impl E2eEnv {
 
     pub fn tailnet(&self) -> &TailnetEnv {
         &self.tailnet
+    }
+
+    pub(crate) fn extra_records_slot(&self) -> ProjectionSlot {
+        self.extra_records_slot.clone()
     }
 
     /// The one lab of both sides.
@@ -313,6 +324,75 @@ impl E2eEnv {
                 },
             },
         })
+    }
+
+    /// The inputs of a Tailnet on another Headscale (e.g. a
+    /// [`tno_testenv_tailnet::SecondHeadscale`]) in `namespace`: Secret
+    /// `<BOOTSTRAP_SECRET>-<suffix>` with its API key under [`API_KEY_KEY`] and ConfigMap
+    /// `<SERVER_CA_CONFIG_MAP>-<suffix>` with its CA. The base policy ConfigMap of
+    /// [`E2eEnv::create_bootstrap`] serves both Tailnets.
+    pub async fn create_server_inputs(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        headscale: &Headscale,
+        suffix: &str,
+    ) -> Result<()> {
+        let secret_name = format!("{BOOTSTRAP_SECRET}-{suffix}");
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(secret_name.clone()),
+                namespace: Some(namespace.into()),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([(
+                API_KEY_KEY.to_owned(),
+                ByteString(headscale.api_key().as_bytes().to_vec()),
+            )])),
+            ..Secret::default()
+        };
+        Api::<Secret>::namespaced(client.clone(), namespace)
+            .create(&PostParams::default(), &secret)
+            .await
+            .map_err(|e| E2eError::kube(format!("creating Secret {namespace}/{secret_name}"), e))?;
+        let ca_name = format!("{SERVER_CA_CONFIG_MAP}-{suffix}");
+        let config_map = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(ca_name.clone()),
+                namespace: Some(namespace.into()),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([(
+                tno_testenv_tailnet::LAB_CA_FILE.to_owned(),
+                headscale.ca_pem().to_owned(),
+            )])),
+            ..ConfigMap::default()
+        };
+        Api::<ConfigMap>::namespaced(client.clone(), namespace)
+            .create(&PostParams::default(), &config_map)
+            .await
+            .map_err(|e| E2eError::kube(format!("creating ConfigMap {namespace}/{ca_name}"), e))?;
+        Ok(())
+    }
+
+    /// [`E2eEnv::tailnet_object`] on another Headscale: its lab URL as `spec.server`, the
+    /// Secret and CA ConfigMap of [`E2eEnv::create_server_inputs`] with `suffix`, and a hosts
+    /// ConfigMap of its own (`<HOSTS_CONFIG_MAP>-<suffix>`).
+    pub fn tailnet_object_on(
+        &self,
+        name: &str,
+        mode: &str,
+        headscale: &Headscale,
+        suffix: &str,
+    ) -> Value {
+        let mut tailnet = self.tailnet_object(name, mode);
+        let spec = &mut tailnet["spec"];
+        spec["server"] = Value::from(headscale.lab_url());
+        spec["serverCA"]["configMapRef"]["name"] =
+            Value::from(format!("{SERVER_CA_CONFIG_MAP}-{suffix}"));
+        spec["apiSecretRef"]["name"] = Value::from(format!("{BOOTSTRAP_SECRET}-{suffix}"));
+        spec["dns"]["hostsConfigMap"] = Value::from(format!("{HOSTS_CONFIG_MAP}-{suffix}"));
+        tailnet
     }
 
     /// Headscale's node with this hostname (given name or name).

@@ -63,12 +63,18 @@ pub enum E2eError {
         #[source]
         source: reqwest::Error,
     },
+    #[error("prometheus API {request}: {detail}")]
+    Prometheus { request: String, detail: String },
     #[error("installing the product: {0}")]
     Install(String),
     #[error("the lab demo failed: {0}")]
     Demo(String),
     #[error("cannot make a lab certificate: {0}")]
     Certificate(String),
+    #[error(
+        "Headscale's extra records are already projected from another ConfigMap; drop that projection before projecting {requested}"
+    )]
+    ExtraRecordsBusy { requested: String },
     #[error("the shared end-to-end environment failed to start: {0}")]
     SharedStartFailed(String),
 }

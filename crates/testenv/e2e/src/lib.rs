@@ -22,19 +22,32 @@
 //! - [`E2eEnv::start_network_policy_enforcer`]: kube-router's firewall controller in the lab
 //!   netns, so NetworkPolicies are enforced for the test that starts it ([`NetworkPolicyEnforcer`]).
 //! - [`quick_start`]: the marked blocks of docs/quick-start.md, extracted and run in order.
+//! - [`E2eEnv::start_prometheus`]: a real Prometheus in the lab scraping the operator and the
+//!   agents through Kubernetes SD with the chart's ServiceMonitor/PodMonitor
+//!   ([`ChartMonitoring`], [`scrape_configs`]) and evaluating the chart's PrometheusRule.
+//! - [`promtool_check_metrics`]: `promtool check metrics` on a live scrape (zero problems or
+//!   an error with promtool's report).
+//! - [`E2eEnv::start_cert_manager`]: cert-manager's real controller (our wrapper main over its
+//!   controller packages, `deps/build.sh cert-manager-controller`) against the lab's API server;
+//!   [`E2eEnv::apply_ca_cluster_issuer`] and [`trigger_renewal`] (what `cmctl renew` does).
 //! - Lab plumbing: [`LabIssuer`] (cert-manager stand-in signing Certificates with a [`LabCa`])
-//!   and [`sync_extra_records`] (the ConfigMap volume Headscale would mount).
+//!   and [`E2eEnv::project_extra_records`] (the operator's DNS ConfigMap mounted into Headscale
+//!   by the test kubelet's volume code: [`ExtraRecordsProjection`]).
 //!
 //! Needs root, the binaries of `deps/build.sh` and the workspace's own binaries
 //! (`cargo build --workspace --bins`: `tailnet-agent`, `tno-test-servers`, `tailnet-operator`).
 
 mod apiserver_metrics;
+mod cert_manager;
 mod env;
 mod error;
+mod extra_records;
 mod network_policy;
 mod operator;
 mod pods;
 pub mod product;
+mod prometheus;
+mod promtool;
 pub mod quick_start;
 mod second_cluster;
 mod stand_ins;
@@ -43,16 +56,23 @@ mod tailnet_client;
 pub use apiserver_metrics::{
     ApiserverRequests, apiserver_requests, apiserver_writes, writes_between,
 };
+pub use cert_manager::{
+    CLUSTER_RESOURCE_NAMESPACE, CertManagerController, cert_manager_resource, condition_status,
+    trigger_renewal,
+};
 pub use env::{
     API_KEY_KEY, BASE_POLICY_CONFIG_MAP, BASE_POLICY_KEY, BOOTSTRAP_SECRET, E2eEnv, E2eNamespace,
     HOSTS_CONFIG_MAP, PLATFORM_GROUP, SERVER_CA_CONFIG_MAP,
 };
 pub use error::{E2eError, Result};
+pub use extra_records::{EXTRA_RECORDS_KEY, ExtraRecordsProjection};
 pub use network_policy::{NetworkPolicyEnforcer, lab_cluster_cidrs};
 pub use operator::{
     E2E_AGENT_IMAGE, E2E_TAILSCALE_IMAGE, OperatorArgs, OperatorProcess, workspace_operator_binary,
 };
 pub use pods::{CLIENT_POD_DEADLINE, PodRun, tcp_check_pod, tls_check_pod};
+pub use prometheus::{ChartMonitoring, LabPrometheus, scrape_configs};
+pub use promtool::{http_body, promtool_check_metrics};
 pub use second_cluster::{FragmentReader, SecondCluster, token_kubeconfig};
-pub use stand_ins::{LabCa, LabIssuer, sync_extra_records};
+pub use stand_ins::{LabCa, LabIssuer};
 pub use tailnet_client::https_get;

@@ -1,22 +1,20 @@
-//! Stand-ins for two pieces of cluster plumbing the lab cannot run for real:
+//! A stand-in for a piece of cluster plumbing the lab cannot run for real:
 //!
-//! - [`LabIssuer`]: a CA ClusterIssuer as cert-manager would act on it. cert-manager's controller
-//!   is not buildable from the Go module proxy here (only its CRDs are installed), so this task
-//!   watches `cert-manager.io/v1` Certificates and, for each whose Secret is missing, writes a
+//! - [`LabIssuer`]: a CA ClusterIssuer as cert-manager would act on it: this task watches
+//!   `cert-manager.io/v1` Certificates and, for each whose Secret is missing, writes a
 //!   `kubernetes.io/tls` Secret for its `dnsNames` signed by the lab CA and marks it Ready.
-//! - [`sync_extra_records`]: the ConfigMap volume a real Headscale pod would mount at its
-//!   `dns.extra_records_path` — copies the operator's `extra-records.json` key to Headscale's
-//!   file whenever it changes.
+//!   Where the real controller is wanted (issuance, renewal), tests start it instead:
+//!   [`E2eEnv::start_cert_manager`](crate::E2eEnv::start_cert_manager).
 //!
-//! Both are lab plumbing, not product code: the operator only ever sees the Certificate/Secret
-//! and ConfigMap objects, exactly as in a cluster.
+//! It is lab plumbing, not product code: the operator only ever sees the Certificate and Secret
+//! objects, exactly as in a cluster. (Headscale's extra records are not copied either: see
+//! `E2eEnv::project_extra_records`.)
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -53,6 +51,11 @@ impl LabCa {
     /// The CA certificate (PEM), for clients' trust stores and CA ConfigMaps.
     pub fn pem(&self) -> &str {
         &self.pem
+    }
+
+    /// The CA's private key (PEM, PKCS#8), for a CA issuer's key pair Secret.
+    pub fn key_pem(&self) -> String {
+        self.key.serialize_pem()
     }
 
     /// A leaf certificate for `names`: (certificate PEM, private key PEM).
@@ -184,33 +187,4 @@ async fn issue_pending(client: &kube::Client, ca: &LabCa) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Copies key `extra-records.json` of ConfigMap `namespace/name` to `path` (atomically) every
-/// 2 s when it changed, as the kubelet would update a ConfigMap volume mounted into Headscale.
-pub fn sync_extra_records(
-    client: kube::Client,
-    namespace: String,
-    name: String,
-    path: PathBuf,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let config_maps: Api<ConfigMap> = Api::namespaced(client, &namespace);
-        let mut last: Option<String> = None;
-        loop {
-            if let Ok(Some(cm)) = config_maps.get_opt(&name).await
-                && let Some(text) = cm.data.and_then(|d| d.get("extra-records.json").cloned())
-                && last.as_ref() != Some(&text)
-            {
-                let temporary = path.with_extension("json.sync-tmp");
-                let written = std::fs::write(&temporary, &text)
-                    .and_then(|()| std::fs::rename(&temporary, &path));
-                match written {
-                    Ok(()) => last = Some(text),
-                    Err(error) => eprintln!("extra-records sync: {}: {error}", path.display()),
-                }
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
-    })
 }

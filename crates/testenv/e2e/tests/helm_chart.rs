@@ -242,7 +242,7 @@ fn rendered_prometheus_rule_passes_promtool() {
         &promtool,
         &["check", "rules", file.to_str().expect("UTF-8")],
     );
-    assert!(out.contains("SUCCESS: 10 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 12 rules found"), "{out}");
     let alerts: Vec<&Value> = rule["spec"]["groups"][0]["rules"]
         .as_array()
         .expect("rules")
@@ -274,6 +274,141 @@ fn rendered_prometheus_rule_passes_promtool() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The alerts of `files/prometheus-rules.yaml`: (name, `for`).
+fn rule_file_alerts() -> Vec<(String, String)> {
+    let path = chart_dir().join("files/prometheus-rules.yaml");
+    let rules: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&path).expect("rule file")).expect("YAML");
+    rules["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|group| group["rules"].as_array().into_iter().flatten())
+        .filter_map(|rule| {
+            Some((
+                rule["alert"].as_str()?.to_string(),
+                rule["for"].as_str().unwrap_or_default().to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Each alert is switchable and its `for` tunable in values.yaml, whose defaults are the rule
+/// file's (what promtool's unit tests check); the rendered PrometheusRule follows the values.
+#[test]
+fn each_alert_is_switchable_and_its_for_tunable_in_values() {
+    let (Some(helm), Some(promtool)) = (
+        deps_binary("helm", "helm"),
+        deps_binary("prometheus", "promtool"),
+    ) else {
+        return;
+    };
+    let alerts = rule_file_alerts();
+    assert_eq!(alerts.len(), 12, "{alerts:?}");
+    let values: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.yaml")).expect("values.yaml"),
+    )
+    .expect("values YAML");
+    let settings = values["metrics"]["prometheusRule"]["alerts"]
+        .as_object()
+        .expect("metrics.prometheusRule.alerts");
+    assert_eq!(
+        settings.len(),
+        alerts.len(),
+        "one entry per alert: {settings:?}"
+    );
+    for (name, for_) in &alerts {
+        assert_eq!(
+            settings.get(name),
+            Some(&serde_json::json!({"enabled": true, "for": for_})),
+            "values.yaml metrics.prometheusRule.alerts.{name}"
+        );
+    }
+    let render = |extra: &[&str]| {
+        let mut args = vec![
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--api-versions",
+            "monitoring.coreos.com/v1/PrometheusRule",
+        ];
+        args.extend_from_slice(extra);
+        template(&helm, "ops", "tailnet-system", &args)
+    };
+    let rendered = |docs: &[Value]| -> Vec<(String, String)> {
+        find(docs, "PrometheusRule")["spec"]["groups"][0]["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .map(|r| {
+                let field = |key: &str| r[key].as_str().unwrap_or_default().to_string();
+                (field("alert"), field("for"))
+            })
+            .collect()
+    };
+    assert_eq!(rendered(&render(&[])), alerts);
+    let docs = render(&[
+        "--set",
+        "metrics.prometheusRule.alerts.TailnetAgentTargetUnreachable.enabled=false",
+        "--set",
+        "metrics.prometheusRule.alerts.TailnetHeadscaleUnreachable.for=90s",
+    ]);
+    let expected: Vec<(String, String)> = alerts
+        .iter()
+        .filter(|(name, _)| name != "TailnetAgentTargetUnreachable")
+        .map(|(name, for_)| {
+            let for_ = if name == "TailnetHeadscaleUnreachable" {
+                "90s"
+            } else {
+                for_
+            };
+            (name.clone(), for_.to_string())
+        })
+        .collect();
+    assert_eq!(rendered(&docs), expected);
+    let dir = std::env::temp_dir().join(format!("tno-helm-tuned-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("rules.yaml");
+    let spec = &find(&docs, "PrometheusRule")["spec"];
+    std::fs::write(&file, serde_json::to_string(spec).expect("JSON")).expect("write");
+    let out = run(
+        &promtool,
+        &["check", "rules", file.to_str().expect("UTF-8")],
+    );
+    assert!(out.contains("SUCCESS: 11 rules found"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+    // Every alert off: no PrometheusRule at all.
+    let all_off: Vec<String> = alerts
+        .iter()
+        .map(|(name, _)| format!("metrics.prometheusRule.alerts.{name}.enabled=false"))
+        .collect();
+    let mut args: Vec<&str> = Vec::new();
+    for set in &all_off {
+        args.extend(["--set", set.as_str()]);
+    }
+    assert!(render(&args).iter().all(|d| d["kind"] != "PrometheusRule"));
+    // A name that is no alert fails the render, naming it.
+    let output = Command::new(&helm)
+        .args([
+            "template",
+            "x",
+            chart_dir().to_str().expect("UTF-8"),
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--api-versions",
+            "monitoring.coreos.com/v1/PrometheusRule",
+            "--set",
+            "metrics.prometheusRule.alerts.TailnetAgentOfline.enabled=false",
+        ])
+        .output()
+        .expect("helm");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("metrics.prometheusRule.alerts.TailnetAgentOfline: no such alert"),
+        "{stderr}"
+    );
 }
 
 /// Every permission the chart grants, with the reason the operator needs it (`scope`:
@@ -1153,6 +1288,10 @@ fn chart_schema_pdb_overrides_podmonitor_crds_and_agent_scheduling_render_as_doc
         "image.digest=latest",
         "agent.image.pullPolicy=Sometimes",
         "networkPolicy.typo=1",
+        "agent.logFormat=xml",
+        "agent.logLevel=info debug",
+        "metrics.prometheusRule.alerts.TailnetAgentOffline.for=soon",
+        "metrics.prometheusRule.alerts.TailnetAgentOffline.typo=1",
     ] {
         let output = Command::new(&helm)
             .args(["template", "x", chart, "--set", bad])
@@ -1270,6 +1409,41 @@ fn chart_schema_pdb_overrides_podmonitor_crds_and_agent_scheduling_render_as_doc
     assert_eq!(agent["priorityClassName"], "tailnet-agents");
     assert_eq!(agent["imagePullSecrets"][0]["name"], "mirror");
     assert_eq!(agent["tolerations"][0]["key"], "dedicated");
+}
+
+/// `agent.logLevel`/`agent.logFormat` become the chart Tailnet's `spec.agent.logLevel` and
+/// `logFormat`, in a form the CRD and `tailnet-operator render` accept; unset, no `spec.agent`.
+#[test]
+fn chart_agent_logging_goes_into_the_chart_tailnet() {
+    let Some(helm) = deps_binary("helm", "helm") else {
+        return;
+    };
+    let chart_tailnet_with = |extra: &[&str]| {
+        let mut args = vec![
+            "--set",
+            "tailnet.create=true",
+            "--set",
+            "tailnet.server=https://headscale.example.net",
+            "--set",
+            "tailnet.policy.tagOwners={group:platform}",
+        ];
+        args.extend_from_slice(extra);
+        chart_tailnet(&template(&helm, "ops", "tailnet-system", &args))
+    };
+    let tailnet = chart_tailnet_with(&[
+        "--set",
+        "agent.logLevel=info\\,tailnet_agent::proxy=debug",
+        "--set",
+        "agent.logFormat=json",
+    ]);
+    let agent = &tailnet["spec"]["agent"];
+    assert_eq!(agent["logLevel"], "info,tailnet_agent::proxy=debug");
+    assert_eq!(agent["logFormat"], "json");
+    let spec: tailnet_api::TailnetSpec =
+        serde_json::from_value(tailnet["spec"].clone()).expect("the chart Tailnet's spec");
+    assert_eq!(tailnet_api::validate::tailnet(&spec), vec![]);
+    // Unset: no spec.agent at all (the operator's defaults, info and text).
+    assert!(chart_tailnet_with(&[])["spec"].get("agent").is_none());
 }
 
 #[test]
@@ -1471,4 +1645,77 @@ fn check_aggregated_roles_and_network_policy(docs: &[Value]) {
         serde_json::json!(["Ingress"])
     );
     assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], 8080);
+}
+
+/// The Grafana dashboard ConfigMap: absent by default; with `metrics.grafanaDashboard.enabled`
+/// labelled for Grafana's sidecar (plus the extra labels and annotations), holding the
+/// dashboard JSON of `files/grafana-dashboard.json` with a Prometheus query in every panel.
+#[test]
+fn grafana_dashboard_is_optional_and_carries_the_sidecar_label() {
+    let Some(helm) = deps_binary("helm", "helm") else {
+        return;
+    };
+    let is_dashboard = |doc: &&Value| {
+        doc["kind"] == "ConfigMap" && doc["metadata"]["labels"]["grafana_dashboard"] == "1"
+    };
+    let default = template(&helm, "ops", "tailnet-system", &[]);
+    assert!(
+        !default.iter().any(|d| is_dashboard(&d)),
+        "no dashboard unless asked for"
+    );
+    let docs = template(
+        &helm,
+        "ops",
+        "tailnet-system",
+        &[
+            "--set",
+            "metrics.grafanaDashboard.enabled=true",
+            "--set",
+            "metrics.grafanaDashboard.labels.team=net",
+            "--set",
+            "metrics.grafanaDashboard.annotations.grafana_folder=Networking",
+        ],
+    );
+    let config_map = docs.iter().find(is_dashboard).expect("dashboard ConfigMap");
+    assert_eq!(config_map["metadata"]["namespace"], "tailnet-system");
+    assert_eq!(config_map["metadata"]["labels"]["team"], "net");
+    assert_eq!(
+        config_map["metadata"]["annotations"]["grafana_folder"],
+        "Networking"
+    );
+    let text = config_map["data"]["tailnet-operator.json"]
+        .as_str()
+        .expect("dashboard JSON in the ConfigMap");
+    let dashboard: Value = serde_json::from_str(text).expect("valid JSON");
+    let file: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_dir().join("files/grafana-dashboard.json")).expect("file"),
+    )
+    .expect("file is JSON");
+    assert_eq!(dashboard, file, "the ConfigMap carries the file unchanged");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    for panel in panels {
+        let expr = panel["targets"][0]["expr"].as_str().unwrap_or_default();
+        assert!(
+            expr.contains("tailnet_"),
+            "panel {} queries no tailnet metric: {expr:?}",
+            panel["title"]
+        );
+        assert_eq!(
+            panel["datasource"]["uid"], "${datasource}",
+            "{}",
+            panel["title"]
+        );
+    }
+    // The schema is strict: an unknown key under grafanaDashboard is refused.
+    let refused = Command::new(&helm)
+        .args(["template", "x"])
+        .arg(chart_dir())
+        .args(["--set", "metrics.grafanaDashboard.folder=x"])
+        .output()
+        .expect("helm runs");
+    assert!(
+        !refused.status.success(),
+        "values.schema.json must refuse metrics.grafanaDashboard.folder"
+    );
 }

@@ -21,8 +21,8 @@
 //!   its start) is deleted first, so the doc's `helm install` creates them;
 //! - "your app" (namespace `team-a`, Service `frontend` port 8080) and what a cluster would
 //!   have: cert-manager as the [`LabIssuer`] stand-in (a ClusterIssuer object of the name the
-//!   settings give, Certificates signed by a lab CA), Headscale's extra-records file synced from
-//!   the operator's ConfigMap ([`sync_extra_records`]).
+//!   settings give, Certificates signed by a lab CA), Headscale reading its extra records from
+//!   the operator's ConfigMap mounted as a volume ([`E2eEnv::project_extra_records`]).
 //!
 //! The blocks run in `target/quick-start/` of this checkout: the doc says to run them from a
 //! checkout, and `cargo xtask images --push "$REGISTRY" --chart` builds (in CI: finds built)
@@ -44,7 +44,7 @@ use kube::Api;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams};
 use serde_json::json;
 use tno_testenv::quick_start::{self, Block, Runner, shell_quote};
-use tno_testenv::{E2eEnv, LabCa, LabIssuer, sync_extra_records};
+use tno_testenv::{E2eEnv, LabCa, LabIssuer};
 use tno_testenv_kube::network::apply_all;
 use tno_testenv_kube::oci_registry::LabRegistry;
 
@@ -154,12 +154,9 @@ async fn the_quick_start_runs_as_written_and_carries_egress_and_ingress_traffic(
     let ca = LabCa::generate("quick start ClusterIssuer CA").expect("CA");
     let ca_pem = ca.pem().to_string();
     let _issuer = LabIssuer::spawn(client.clone(), ca);
-    let _records = sync_extra_records(
-        client.clone(),
-        OPERATOR_NAMESPACE.into(),
-        HOSTS_CONFIG_MAP.into(),
-        env.tailnet().headscale.extra_records_path().to_path_buf(),
-    );
+    let _records = env
+        .project_extra_records(client.clone(), OPERATOR_NAMESPACE, HOSTS_CONFIG_MAP)
+        .expect("extra records mounted into Headscale");
     the_cluster_and_the_app(&client, settings.get("CLUSTER_ISSUER")).await;
 
     let runner = Runner {

@@ -285,8 +285,34 @@ async fn operator_in_the_lab_reaches_the_apiserver_and_headscale_at_their_lab_ur
     .await
     .unwrap_or_else(|error| panic!("{error}\n==== operator log ====\n{}", operator.log_tail(80)));
 
+    // The Prometheus text format by default (curl, promtool), OpenMetrics when asked for (as
+    // Prometheus does).
     let metrics = operator.metrics().await.expect("metrics scraped");
-    assert!(metrics.contains("# EOF"), "not OpenMetrics text: {metrics}");
+    assert!(
+        metrics.contains("# TYPE tailnet_operator_reconciles_total counter")
+            && !metrics.contains("# EOF"),
+        "not the Prometheus text format: {metrics}"
+    );
+    let open = reqwest::Client::new()
+        .get(operator.metrics_url())
+        .header(
+            "accept",
+            "application/openmetrics-text;version=1.0.0,text/plain;q=0.5",
+        )
+        .send()
+        .await
+        .expect("OpenMetrics scrape");
+    assert_eq!(
+        open.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    let open = open.text().await.expect("OpenMetrics body");
+    assert!(
+        open.contains("# TYPE tailnet_operator_reconciles counter") && open.ends_with("# EOF\n"),
+        "not OpenMetrics text: {open}"
+    );
 
     let status = operator
         .terminate()

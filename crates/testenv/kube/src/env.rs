@@ -20,6 +20,10 @@ use crate::process::{ManagedProcess, log_tail, poll_until};
 /// The node the test kubelet registers (in [`ClusterNetwork::PRIMARY`]).
 pub const NODE_NAME: &str = ClusterNetwork::PRIMARY.node_name;
 /// The image reference of the test servers (`tno-test-servers` binary).
+/// A `tailnet-agent` binary that images named `tailnet-agent-baseline…` run (the
+/// benchmarks' baseline build next to the workspace's).
+pub const BASELINE_AGENT_VAR: &str = "TNO_BIN_TAILNET_AGENT_BASELINE";
+
 pub const TEST_SERVERS_IMAGE: &str = "tno.local/tno-test-servers:latest";
 
 const NETWORK_DEADLINE: Duration = Duration::from_secs(120);
@@ -395,6 +399,16 @@ fn builtin_images(binaries: &Binaries) -> Vec<LocalImage> {
             &["coredns"],
         ),
     ];
+    // A second agent build (the benchmarks' baseline), for images named
+    // `tailnet-agent-baseline…`; listed first, the first matching image wins.
+    if let Some(path) = std::env::var_os(BASELINE_AGENT_VAR) {
+        images.push(LocalImage::new(
+            "tailnet-agent-baseline",
+            ImageMatcher::NamePrefix("tailnet-agent-baseline".into()),
+            dir_of(Path::new(&path)),
+            &["tailnet-agent"],
+        ));
+    }
     // Our own binaries may not be built yet: the image is still known, and its pods report
     // how to build the program instead of "image not in the table".
     for (binary, package) in [

@@ -64,6 +64,12 @@ pub enum Error {
     Pod { pod: String, reason: String },
     #[error("{what}: {reason}")]
     Setup { what: String, reason: String },
+    #[error("writing volume {dir:?}: {source}")]
+    Volume {
+        dir: PathBuf,
+        #[source]
+        source: tno_atomic_writer::Error,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

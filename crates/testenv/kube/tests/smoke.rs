@@ -396,6 +396,30 @@ async fn crashing_containers_restart_with_backoff_and_probes_gate_readiness() {
     .unwrap_or_else(|error| panic!("{error}"));
 }
 
+/// Inside the container: the ConfigMap volume has the kubelet's layout (`greeting ->
+/// ..data/greeting`, `..data -> ..<UTC time>.<n>`); after the update `greeting` reads the new
+/// value through a new `..data` target, the previous directory is gone and the removed key's
+/// link with it.
+const SWAP_WATCHER: &str = r#"
+fail() { echo "$1"; ls -la /config; exit 1; }
+[ "$(readlink /config/greeting)" = "..data/greeting" ] || fail "greeting is not a ..data link"
+[ -e /config/farewell ] || fail "farewell missing before the update"
+first=$(readlink /config/..data)
+case "$first" in ..20*) ;; *) fail "..data -> $first" ;; esac
+for i in $(seq 1 120); do
+  if grep -q two /config/greeting; then
+    second=$(readlink /config/..data)
+    [ "$second" != "$first" ] || fail "new contents without a new ..data target"
+    [ ! -e "/config/$first" ] || fail "the previous directory $first is still there"
+    [ ! -e /config/farewell ] && [ ! -L /config/farewell ] || fail "the removed key is still visible"
+    echo "swapped $first -> $second"
+    exit 0
+  fi
+  sleep 0.5
+done
+fail "greeting never became two"
+"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_map_changes_reach_running_pods_and_coredns_serves_extra_hosts() {
     let env = env().await;
@@ -410,7 +434,7 @@ async fn config_map_changes_reach_running_pods_and_coredns_serves_extra_hosts() 
             &PostParams::default(),
             &object(serde_json::json!({
                 "metadata": { "name": "settings" },
-                "data": { "greeting": "one" },
+                "data": { "greeting": "one", "farewell": "bye" },
             })),
         )
         .await
@@ -430,7 +454,7 @@ async fn config_map_changes_reach_running_pods_and_coredns_serves_extra_hosts() 
                     {
                         "name": "config",
                         "image": TEST_SERVERS_IMAGE,
-                        "command": ["sh", "-c", wait_for("grep -q two /config/greeting")],
+                        "command": ["sh", "-c", SWAP_WATCHER],
                         "volumeMounts": [{ "name": "config", "mountPath": "/config" }],
                     },
                     {
@@ -463,7 +487,9 @@ async fn config_map_changes_reach_running_pods_and_coredns_serves_extra_hosts() 
         .patch(
             "settings",
             &merge,
-            &kube::api::Patch::Merge(serde_json::json!({ "data": { "greeting": "two" } })),
+            &kube::api::Patch::Merge(
+                serde_json::json!({ "data": { "greeting": "two", "farewell": null } }),
+            ),
         )
         .await
         .expect("configmap updated");
@@ -487,5 +513,93 @@ async fn config_map_changes_reach_running_pods_and_coredns_serves_extra_hosts() 
         "config:\n{}\ndns:\n{}",
         namespace.container_log("watcher", "config"),
         namespace.container_log("watcher", "dns")
+    );
+}
+
+/// A ConfigMap projected onto a host directory (what Headscale's extra records use) by the
+/// kubelet's volume code: required and missing → nothing written and the sync reports why;
+/// created → the kubelet's layout; changed → a new `..data` target; the listed key removed →
+/// its link goes (the volume is required, so a missing listed key fails and the directory
+/// keeps its contents, as a pod's volume would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_map_projection_follows_its_object() {
+    use k8s_openapi::api::core::v1::{ConfigMap, ConfigMapVolumeSource, KeyToPath};
+    use tno_testenv_kube::kubelet::ConfigMapProjection;
+
+    let env = env().await;
+    let namespace = env.namespace("projection").await.expect("namespace");
+    let client = namespace.client().clone();
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace.name());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let source = ConfigMapVolumeSource {
+        name: "records".into(),
+        items: Some(vec![KeyToPath {
+            key: "extra-records.json".into(),
+            path: "extra-records.json".into(),
+            mode: None,
+        }]),
+        ..ConfigMapVolumeSource::default()
+    };
+    let projection = ConfigMapProjection::start(client, namespace.name(), source, dir.path())
+        .expect("projection");
+    let wait = Duration::from_secs(15);
+    // Two sync periods: long enough to see the failing syncs.
+    let negative = tno_testenv_kube::kubelet::VOLUME_SYNC * 2 + Duration::from_secs(1);
+    let missing = projection
+        .wait_synced(negative)
+        .await
+        .expect_err("no ConfigMap yet");
+    assert!(missing.to_string().contains("not found"), "{missing}");
+    assert!(std::fs::read_link(dir.path().join("..data")).is_err());
+
+    let apply = |records: serde_json::Value| {
+        let config_maps = config_maps.clone();
+        async move {
+            config_maps
+                .patch(
+                    "records",
+                    &kube::api::PatchParams::apply("smoke").force(),
+                    &kube::api::Patch::Apply(serde_json::json!({
+                        "apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "records"}, "data": records,
+                    })),
+                )
+                .await
+                .expect("ConfigMap applied");
+        }
+    };
+    let file = dir.path().join("extra-records.json");
+    apply(serde_json::json!({"extra-records.json": "[1]", "hosts": "h"})).await;
+    projection.wait_synced(wait).await.expect("first sync");
+    assert_eq!(
+        std::fs::read_link(&file).expect("link"),
+        std::path::Path::new("..data/extra-records.json")
+    );
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "[1]");
+    assert!(!dir.path().join("hosts").exists(), "only the listed key");
+    let first = std::fs::read_link(dir.path().join("..data")).expect("..data");
+
+    apply(serde_json::json!({"extra-records.json": "[2]", "hosts": "h"})).await;
+    projection.wait_synced(wait).await.expect("second sync");
+    let second = std::fs::read_link(dir.path().join("..data")).expect("..data");
+    assert_ne!(first, second, "a change is a new data directory");
+    assert!(!dir.path().join(&first).exists(), "the old one is removed");
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "[2]");
+
+    // The listed key removed from a required volume: the sync fails, the contents stay.
+    apply(serde_json::json!({"hosts": "h"})).await;
+    let gone = projection
+        .wait_synced(negative)
+        .await
+        .expect_err("key missing");
+    assert!(
+        gone.to_string()
+            .contains("key extra-records.json is not in the referenced object"),
+        "{gone}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "[2]");
+    assert_eq!(
+        std::fs::read_link(dir.path().join("..data")).expect("..data"),
+        second
     );
 }

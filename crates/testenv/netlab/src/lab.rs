@@ -9,6 +9,7 @@ use crate::error::{NetlabError, Result};
 use crate::forward::TcpForwarder;
 use crate::netns::Netns;
 use crate::run::RunId;
+use crate::stun::StunResponder;
 
 /// The lab's own address: the default gateway of every attached netns and the address on which
 /// root-namespace servers are exposed inside the lab.
@@ -136,6 +137,14 @@ impl Lab {
             SocketAddr::V4(SocketAddrV4::new(LAB_GATEWAY, port)),
             None,
             SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)),
+        )
+    }
+
+    /// Answers STUN binding requests on `gateway:port` in the lab (see [`StunResponder`]).
+    pub fn serve_stun(&self, port: u16) -> Result<StunResponder> {
+        StunResponder::start(
+            &self.netns,
+            SocketAddr::V4(SocketAddrV4::new(LAB_GATEWAY, port)),
         )
     }
 

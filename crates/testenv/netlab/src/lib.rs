@@ -54,6 +54,7 @@ mod lab;
 mod netns;
 pub mod process;
 mod run;
+mod stun;
 
 pub use error::{NetlabError, Result};
 pub use forward::TcpForwarder;
@@ -61,3 +62,4 @@ pub use lab::{DEFAULT_POD_NETWORK, LAB_GATEWAY, Lab, PodNet};
 pub use netns::{Netns, list_netns};
 pub use process::{ChildProcess, run_checked};
 pub use run::{RUN_PREFIX, RunId, StaleCleanup, cleanup_stale_runs};
+pub use stun::StunResponder;

@@ -154,6 +154,19 @@ pub struct JoinOptions {
     pub accept_routes: bool,
 }
 
+/// A second, independent Headscale in the same lab ([`TailnetEnv::start_second_headscale`]):
+/// its own port, lab CA, API key, users `admin` and `alice` and the base policy; its own
+/// subnet router in the remote site's netns (the same site, another control server) and its
+/// own laptop node for alice in the laptop's netns. Drop order: nodes, then Headscale.
+#[derive(Debug)]
+pub struct SecondHeadscale {
+    /// `router-<suffix>`, tagged `tag:router`, advertising [`SITE_ROUTES`] (not approved).
+    pub router: TailscaleNode,
+    /// `laptop-<suffix>`, owned by alice (`group:team-a`), accepting routes.
+    pub laptop: TailscaleNode,
+    pub headscale: Headscale,
+}
+
 /// Everything of one run. Drop order: nodes, Headscale, lab.
 #[derive(Debug)]
 pub struct TailnetEnv {
@@ -425,6 +438,58 @@ impl TailnetEnv {
             ca_pem: tls.ca_pem,
             user,
             netns,
+        })
+    }
+
+    /// Starts another Headscale in this lab (see [`SecondHeadscale`]), with its files under
+    /// `<dir>/headscale-<suffix>` and its nodes `router-<suffix>` and `laptop-<suffix>`.
+    /// Both Headscales serve on the lab gateway, on different ports, each with its own CA.
+    pub async fn start_second_headscale(&self, suffix: &str) -> Result<SecondHeadscale> {
+        let headscale = Headscale::start(
+            &self.binaries,
+            &self.lab,
+            &self.dir.join(format!("headscale-{suffix}")),
+        )
+        .await?;
+        let api = headscale.api();
+        api.create_user(ADMIN_USER).await?;
+        let alice = api.create_user(LAPTOP_USER).await?;
+        api.set_policy(&policy_document(&[])?).await?;
+        let router_key = api
+            .create_preauth_key(&PreAuthKeyRequest::tagged([ROUTER_TAG]))
+            .await?;
+        let laptop_key = api
+            .create_preauth_key(&PreAuthKeyRequest::for_user(alice.id))
+            .await?;
+        let node = |hostname: String, auth_key: String, routes: &[&str], accept: bool| NodeConfig {
+            hostname,
+            login_server: headscale.lab_url(),
+            server_ca_dir: Some(headscale.ca_dir().to_owned()),
+            auth_key,
+            advertise_routes: routes.iter().map(|route| route.to_string()).collect(),
+            accept_routes: accept,
+        };
+        let router_config = node(
+            format!("router-{suffix}"),
+            router_key.key,
+            &SITE_ROUTES,
+            false,
+        );
+        let laptop_config = node(format!("laptop-{suffix}"), laptop_key.key, &[], true);
+        let nodes_dir = self.dir.join("nodes");
+        let (router, laptop) = tokio::join!(
+            TailscaleNode::start(&self.binaries, &self.site.netns, &nodes_dir, &router_config),
+            TailscaleNode::start(
+                &self.binaries,
+                &self.laptop.netns,
+                &nodes_dir,
+                &laptop_config
+            ),
+        );
+        Ok(SecondHeadscale {
+            router: router?,
+            laptop: laptop?,
+            headscale,
         })
     }
 

@@ -55,6 +55,8 @@ pub enum TailnetError {
     NoTailnetAddress { hostname: String },
     #[error("headscale printed no API key: {output}")]
     NoApiKey { output: String },
+    #[error("writing the extra-records volume: {0}")]
+    RecordsVolume(#[source] tno_atomic_writer::Error),
     #[error("cannot encode the policy")]
     Policy(#[source] serde_json::Error),
     #[error("cannot make the remote site's TLS certificate: {0}")]

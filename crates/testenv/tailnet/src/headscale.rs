@@ -11,7 +11,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tno_netlab::{ChildProcess, Lab, TcpForwarder};
+use tno_netlab::{ChildProcess, Lab, StunResponder, TcpForwarder};
 
 use crate::api::HeadscaleApi;
 use crate::binaries::Binaries;
@@ -32,6 +32,8 @@ const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Headscale {
     process: Mutex<ChildProcess>,
     _lab_forwarder: TcpForwarder,
+    /// STUN at the gateway (Headscale's own STUN socket is not reachable from the lab).
+    _lab_stun: StunResponder,
     binary: PathBuf,
     config_path: PathBuf,
     extra_records_path: PathBuf,
@@ -40,6 +42,12 @@ pub struct Headscale {
     api_key: String,
     ca: LabCa,
 }
+
+/// The directory of Headscale's `dns.extra_records_path` (below its own directory): a
+/// ConfigMap volume's layout, see [`Headscale::extra_records_dir`].
+const EXTRA_RECORDS_DIR: &str = "extra-records";
+/// The file in it, as the key `extra-records.json` of the operator's DNS ConfigMap.
+pub const EXTRA_RECORDS_FILE: &str = "extra-records.json";
 
 /// One entry of Headscale's `dns.extra_records_path` file.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -87,16 +95,24 @@ impl Headscale {
         };
         let config_path = dir.join("config.yaml");
         write_file(&config_path, &config.render())?;
-        let extra_records_path = dir.join("extra-records.json");
-        write_file(&extra_records_path, "[]\n")?;
+        // A ConfigMap volume's layout from the start (an empty list, as a ConfigMap the
+        // operator has not filled yet): projections swap `..data` in this directory later.
+        let extra_records_dir = dir.join(EXTRA_RECORDS_DIR);
+        std::fs::create_dir_all(&extra_records_dir).map_err(|e| {
+            TailnetError::io(format!("creating {}", extra_records_dir.display()), e)
+        })?;
+        let extra_records_path = extra_records_dir.join(EXTRA_RECORDS_FILE);
+        write_records_volume(&extra_records_dir, "[]\n")?;
 
         let lab_forwarder = lab.expose_root_port(port)?;
+        let lab_stun = lab.serve_stun(config.stun_port)?;
         let mut command = Command::new(&binaries.headscale);
         command.arg("-c").arg(&config_path).arg("serve");
         let process = ChildProcess::spawn("headscale", command, &dir.join("headscale.log"))?;
         let mut headscale = Headscale {
             process: Mutex::new(process),
             _lab_forwarder: lab_forwarder,
+            _lab_stun: lab_stun,
             binary: binaries.headscale.clone(),
             config_path,
             extra_records_path,
@@ -154,68 +170,25 @@ impl Headscale {
         &self.config_path
     }
 
-    /// The file named by `dns.extra_records_path`; Headscale watches it.
+    /// The file named by `dns.extra_records_path`; Headscale watches it. It is the link
+    /// `extra-records.json -> ..data/extra-records.json` of [`Self::extra_records_dir`].
     pub fn extra_records_path(&self) -> &Path {
         &self.extra_records_path
     }
 
-    /// Replaces the extra DNS records (written atomically so Headscale never reads half a file).
-    pub fn write_extra_records(&self, records: &[ExtraRecord]) -> Result<()> {
-        let text = serde_json::to_string_pretty(records).map_err(TailnetError::Policy)?;
-        let temporary = self.extra_records_path.with_extension("json.tmp");
-        write_file(&temporary, &text)?;
-        std::fs::rename(&temporary, &self.extra_records_path).map_err(|e| {
-            TailnetError::io(
-                format!("replacing {}", self.extra_records_path.display()),
-                e,
-            )
-        })
+    /// The directory holding [`Self::extra_records_path`], laid out as the kubelet lays out a
+    /// ConfigMap volume mounted into a Headscale pod (`tno_atomic_writer`: timestamped
+    /// directory, `..data` link, key link). A ConfigMap is projected into it (the kube side's
+    /// `ConfigMapProjection`); nothing else may write it meanwhile.
+    pub fn extra_records_dir(&self) -> &Path {
+        self.extra_records_path.parent().unwrap_or(Path::new("."))
     }
 
-    /// Replaces the extra DNS records the way the kubelet updates a mounted ConfigMap
-    /// (`AtomicWriter`, pkg/volume/util/atomic_writer.go): the file is written into a new
-    /// timestamped directory `..<time>` beside the records path, a symlink `..data_tmp` to it is
-    /// renamed over `..data`, the records path is (made) a symlink to `..data/<file name>`, and
-    /// the previous timestamped directory is removed. What differs from the kubelet: the
-    /// directory is Headscale's own (the kubelet's holds only the volume), and the first call
-    /// turns the plain file into that symlink (rename over it).
-    pub fn write_extra_records_like_kubelet(&self, records: &[ExtraRecord]) -> Result<()> {
-        let io = |what: &str, e: std::io::Error| TailnetError::io(what.to_string(), e);
+    /// Replaces the extra DNS records as the kubelet updates a mounted ConfigMap (new data
+    /// directory, `..data` swapped, old directory removed), for tests without a cluster.
+    pub fn write_extra_records(&self, records: &[ExtraRecord]) -> Result<()> {
         let text = serde_json::to_string_pretty(records).map_err(TailnetError::Policy)?;
-        let dir = self.extra_records_path.parent().unwrap_or(Path::new("."));
-        let file_name = self
-            .extra_records_path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "extra-records.json".into());
-        let data = dir.join("..data");
-        let previous = std::fs::read_link(&data).ok();
-        let stamp = format!(
-            "..{}",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default()
-        );
-        std::fs::create_dir(dir.join(&stamp)).map_err(|e| io("creating the data directory", e))?;
-        write_file(&dir.join(&stamp).join(&file_name), &text)?;
-        let tmp = dir.join("..data_tmp");
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(&stamp, &tmp).map_err(|e| io("symlinking ..data_tmp", e))?;
-        std::fs::rename(&tmp, &data).map_err(|e| io("renaming ..data_tmp over ..data", e))?;
-        let target = Path::new("..data").join(&file_name);
-        if std::fs::read_link(&self.extra_records_path).ok().as_deref() != Some(target.as_path()) {
-            let link = dir.join(format!("{file_name}.link"));
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(&target, &link).map_err(|e| io("symlinking the file", e))?;
-            std::fs::rename(&link, &self.extra_records_path)
-                .map_err(|e| io("renaming the symlink over the records path", e))?;
-        }
-        if let Some(old) = previous {
-            std::fs::remove_dir_all(dir.join(old))
-                .map_err(|e| io("removing the previous data directory", e))?;
-        }
-        Ok(())
+        write_records_volume(self.extra_records_dir(), &text)
     }
 
     /// Runs the `headscale` CLI against this server (e.g. `["policy", "check", "--file", …]`).
@@ -300,7 +273,9 @@ impl Headscale {
 
     async fn create_api_key(&self) -> Result<String> {
         let output = self
-            .cli(&["apikeys", "create", "--expiration", "24h"])
+            // Headscale's default lifetime: a key that expires within 14 days is what the
+            // chart's TailnetHeadscaleApiKeyExpiring alert is for, and the lab is healthy.
+            .cli(&["apikeys", "create", "--expiration", "90d"])
             .await?;
         // The key is the last line printed; anything before it is log noise.
         output
@@ -396,7 +371,13 @@ logtail:
             noise_key = path("noise_private.key"),
             derp_key = path("derp_server_private.key"),
             database = path("db.sqlite"),
-            extra_records = path("extra-records.json"),
+            extra_records = quoted(
+                &self
+                    .dir
+                    .join(EXTRA_RECORDS_DIR)
+                    .join(EXTRA_RECORDS_FILE)
+                    .to_string_lossy()
+            ),
             socket = path("headscale.sock"),
             split_zone = SITE_DNS_ZONE,
             split_server = SITE_DNS.ip(),
@@ -407,6 +388,18 @@ logtail:
 /// A YAML double-quoted scalar (JSON string syntax is valid YAML).
 fn quoted(text: &str) -> String {
     serde_json::Value::from(text).to_string()
+}
+
+/// `dir` holding only `extra-records.json` = `text`, written by the kubelet's `AtomicWriter`.
+fn write_records_volume(dir: &Path, text: &str) -> Result<()> {
+    let payload = tno_atomic_writer::Payload::from([(
+        EXTRA_RECORDS_FILE.to_string(),
+        tno_atomic_writer::FileProjection::new(text, 0o644),
+    )]);
+    tno_atomic_writer::AtomicWriter::new(dir)
+        .and_then(|writer| writer.write(&payload))
+        .map(|_| ())
+        .map_err(TailnetError::RecordsVolume)
 }
 
 fn write_file(path: &Path, contents: &str) -> Result<()> {

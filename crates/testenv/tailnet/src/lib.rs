@@ -14,7 +14,8 @@
 //!   [fd00:5ee::10]:5432 echo, 198.51.100.20:443 TLS banner (own CA), DNS server 192.0.2.53
 //!   for `site.internal` (Headscale split DNS), subnet router `tag:router` advertising [`SITE_ROUTES`], routes
 //!   not approved) + [`Laptop`] (`<run>-laptop`: user `alice` in `group:team-a`), and
-//!   [`TailnetEnv::join_node`] for more tagged nodes. [`TailnetEnv::shared`] gives one per test
+//!   [`TailnetEnv::join_node`] for more tagged nodes; [`TailnetEnv::start_second_headscale`]
+//!   adds an independent Headscale with its own router and laptop node ([`SecondHeadscale`]). [`TailnetEnv::shared`] gives one per test
 //!   process, torn down at exit. [`TailnetEnv::start_in`] builds the same inside another
 //!   environment's lab (the Kubernetes one, so pods join the same tailnet).
 //!
@@ -38,10 +39,10 @@ pub use env::{
     DEVICE_TLS_PORT, DEVICE_USER, Device, JoinOptions, JoinedNode, LAPTOP_LAB_ADDR, LAPTOP_USER,
     Laptop, REMOTE_SITE_LAB_ADDR, ROUTER_TAG, RemoteSite, SERVER_PORT, SERVER_TAG, SITE_API_NAME,
     SITE_BANNER, SITE_BANNER_TEXT, SITE_DB_NAME, SITE_DNS, SITE_DNS_ZONE, SITE_ECHO, SITE_ECHO_V6,
-    SITE_ROUTES, SITE_V6_ROUTE, TEAM_A_GROUP, TailnetEnv,
+    SITE_ROUTES, SITE_V6_ROUTE, SecondHeadscale, TEAM_A_GROUP, TailnetEnv,
 };
 pub use error::{Result, TailnetError};
-pub use headscale::{BASE_DOMAIN, ExtraRecord, Headscale};
+pub use headscale::{BASE_DOMAIN, EXTRA_RECORDS_FILE, ExtraRecord, Headscale};
 pub use lab_ca::{LAB_CA_FILE, LabCa, ServingCert};
 pub use localapi::{
     Dialed, DialedStream, LocalApi, LocalApiError, PeerStatus, Status, UserProfile, WhoIs,

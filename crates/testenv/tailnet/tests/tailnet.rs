@@ -1,11 +1,12 @@
 //! Real Headscale, real tailscaled, real namespaces. Needs root and `deps/build.sh` binaries.
 //! One environment per test binary ([`TailnetEnv::shared`]); only
 //! `subnet_route_needs_grant_and_approval` changes the policy and route approvals, only
-//! `extra_records_file_reaches_the_nodes_resolver` the extra records (directly, then with the
-//! kubelet's `..data` symlink swap).
+//! `extra_records_file_reaches_the_nodes_resolver` the extra records (with the kubelet's
+//! `..data` symlink swap).
 
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -435,17 +436,13 @@ async fn extra_records_file_reaches_the_nodes_resolver() {
         }
     };
     resolves(false).await;
-    env.headscale
-        .write_extra_records(&[ExtraRecord::a(&name, address)])
-        .expect("write extra records");
-    resolves(true).await;
-    env.headscale
-        .write_extra_records(&[])
-        .expect("clear extra records");
-    resolves(false).await;
-    // As from a mounted ConfigMap: the kubelet's ..data symlink swap. Headscale watches the
-    // file the symlink points at; the swap removes that file, and Headscale re-adds its watch
-    // on the path (now the new target) and reloads.
+    // The directory is laid out as a mounted ConfigMap, and each write is the kubelet's update
+    // of it: a new data directory, `..data` swapped, the old one removed. Headscale watches
+    // the file the symlink pointed at; the swap removes that file, and Headscale re-adds its
+    // watch on the path (now the new target) and reloads.
+    let link = std::fs::read_link(env.headscale.extra_records_path()).expect("a symlink");
+    assert_eq!(link, Path::new("..data/extra-records.json"));
+    let mut data_dirs = BTreeSet::new();
     for (records, expected) in [
         (vec![ExtraRecord::a(&name, address)], true),
         (vec![], false),
@@ -453,8 +450,14 @@ async fn extra_records_file_reaches_the_nodes_resolver() {
     ] {
         let t0 = Instant::now();
         env.headscale
-            .write_extra_records_like_kubelet(&records)
+            .write_extra_records(&records)
             .expect("kubelet-style update");
+        let data =
+            std::fs::read_link(env.headscale.extra_records_dir().join("..data")).expect("..data");
+        assert!(
+            data_dirs.insert(data),
+            "each update is a new data directory"
+        );
         resolves(expected).await;
         eprintln!(
             "kubelet-style swap → resolves {expected} after {:?}",

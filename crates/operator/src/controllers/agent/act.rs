@@ -13,42 +13,57 @@ use super::decide::{AgentObjects, AgentPlan};
 use super::keys::{KeySource, act_on_agent_key};
 use super::kind::AgentKind;
 
+/// What the act step did that the reconcile's timing depends on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wrote {
+    /// The agent's config changed: the agent re-reads it and probes what is new by itself.
+    pub agent_config: bool,
+}
+
 pub async fn act<K: AgentKind>(
     ctx: &Context,
     object: &K::Object,
     plan: &AgentPlan<K>,
     keys: &KeySource,
-) -> Result<K::Acted, ReconcileError> {
+) -> Result<(K::Acted, Wrote), ReconcileError> {
     let namespace = &plan.owner.namespace;
+    let mut wrote = Wrote::default();
     if let Some(objects) = &plan.objects {
-        apply_basics(ctx, namespace, &K::agent_objects(objects)).await?;
+        wrote.agent_config = apply_basics(ctx, namespace, &K::agent_objects(objects)).await?;
     }
     let acted = K::act(ctx, object, plan).await?;
-    // The key before the Deployment: a pod started before its auth Secret exists finds no key
-    // (TS_AUTHKEY is optional, the Secret goes once the node exists) and waits for an
-    // interactive login for a minute (fault e2e test: leader killed mid-apply). Also while
-    // nothing is deployed: a spent key is retired once the node exists.
-    act_on_agent_key(ctx, object, keys, &plan.owner, &plan.tag, &plan.key).await?;
+    // The key before the Deployment: a pod started before its auth Secret exists finds no
+    // login config (the volume is optional, the Secret goes once the node exists) and waits
+    // for an interactive login (fault e2e test: leader killed mid-apply). Also while nothing
+    // is deployed: a spent key is retired once the node exists.
+    let login = plan
+        .objects
+        .as_ref()
+        .map(|objects| K::agent_objects(objects).login);
+    act_on_agent_key(ctx, object, keys, &plan.owner, &plan.tag, &plan.key, login).await?;
     if let Some(objects) = &plan.objects
         && !plan.hold_deployment
     {
         apply_deployment(ctx, namespace, K::agent_objects(objects).deployment).await?;
     }
-    Ok(acted)
+    Ok((acted, wrote))
 }
 
 /// The objects every agent has besides its Deployment (which is applied last, once
-/// everything it mounts exists).
+/// everything it mounts exists). Returns whether the agent's config was written.
 async fn apply_basics(
     ctx: &Context,
     namespace: &str,
     o: &AgentObjects<'_>,
-) -> Result<(), ReconcileError> {
+) -> Result<bool, ReconcileError> {
     apply_in(ctx, namespace, o.service_account).await?;
     apply_in(ctx, namespace, o.role).await?;
     apply_in(ctx, namespace, o.role_binding).await?;
     apply_in(ctx, namespace, o.state_secret).await?;
-    apply_in(ctx, namespace, o.config_map).await?;
+    let config_maps = Api::namespaced(ctx.client.clone(), namespace);
+    let config_written = apply_cached(ctx, &config_maps, namespace, o.config_map, Watched::No)
+        .await?
+        .is_some();
     let policies = Api::namespaced(ctx.client.clone(), namespace);
     apply_cached(
         ctx,
@@ -58,7 +73,7 @@ async fn apply_basics(
         Watched::In(&ctx.caches.network_policies),
     )
     .await?;
-    Ok(())
+    Ok(config_written)
 }
 
 /// Applies the agent Deployment (skipped when unchanged and still as applied, per the watch

@@ -21,6 +21,7 @@ use tailnet_api::validate::FieldError;
 use tailnet_headscale::Node;
 use tailnet_render::images::Images;
 use tailnet_render::meta::Owner;
+use tailnet_render::pod::TailscaledLogin;
 use tailnet_render::{RenderContext, RenderError};
 
 use super::super::config::OperatorConfig;
@@ -62,6 +63,8 @@ pub struct AgentObjects<'a> {
     pub network_policy: &'a NetworkPolicy,
     /// Applied last, once everything it mounts exists.
     pub deployment: &'a Deployment,
+    /// tailscaled's first login, written with a pre-auth key into the auth Secret.
+    pub login: &'a TailscaledLogin,
 }
 
 /// The pure half of an agent-backed kind.

@@ -13,6 +13,7 @@ use kube::runtime::reflector::ObjectRef;
 use tailnet_api::owner_feed::OwnerFeed;
 use tailnet_headscale::{Client as HeadscaleClient, CreatePreAuthKey};
 use tailnet_render::meta::Owner;
+use tailnet_render::pod::TailscaledLogin;
 
 use super::super::applied::{ABSENT, ChildRef, Decision, Live};
 use super::super::context::Context;
@@ -101,6 +102,7 @@ pub async fn act_on_key(
     owner: &Owner,
     tag: &str,
     action: &KeyAction,
+    login: Option<&TailscaledLogin>,
 ) -> Result<bool, ReconcileError> {
     let child = auth_child(owner);
     let secrets: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
@@ -128,20 +130,36 @@ pub async fn act_on_key(
         }
         KeyAction::Mint { .. } => {
             ctx.applied.forget(&child);
+            // Keys are minted only for a deployed agent, which has a login.
+            let Some(login) = login else {
+                return Ok(false);
+            };
+            let to = KeyTo {
+                owner,
+                tag,
+                login,
+                secrets: &secrets,
+            };
             match source {
-                KeySource::Headscale(headscale) => {
-                    mint(ctx, headscale.as_ref(), owner, tag, action, &secrets).await
-                }
-                KeySource::Owner(feed) => take_owners_key(owner, tag, action, feed, &secrets).await,
+                KeySource::Headscale(headscale) => mint(ctx, headscale.as_ref(), action, &to).await,
+                KeySource::Owner(feed) => take_owners_key(action, feed, &to).await,
                 KeySource::Unusable => Ok(false),
             }
         }
     }
 }
 
+/// Where a key goes: the auth Secret of `owner`'s agent for `tag`, with tailscaled's `login`.
+struct KeyTo<'a> {
+    owner: &'a Owner,
+    tag: &'a str,
+    login: &'a TailscaledLogin,
+    secrets: &'a Api<K8sSecret>,
+}
+
 /// The auth Secret holding `key` (id and expiry annotated; the key itself nowhere else).
-fn auth_secret_with(owner: &Owner, key: &str, id: u64, expires: &Timestamp) -> K8sSecret {
-    let mut secret = tailnet_render::pod::auth_secret(owner, key);
+fn auth_secret_with(to: &KeyTo<'_>, key: &str, id: u64, expires: &Timestamp) -> K8sSecret {
+    let mut secret = tailnet_render::pod::auth_secret(to.owner, key, to.login);
     secret.metadata.annotations = Some(BTreeMap::from([
         (KEY_ID_ANNOTATION.to_string(), id.to_string()),
         (KEY_EXPIRES_ANNOTATION.to_string(), expires.to_string()),
@@ -152,13 +170,12 @@ fn auth_secret_with(owner: &Owner, key: &str, id: u64, expires: &Timestamp) -> K
 /// A contributor without a Headscale key: copies the owner's key for `tag` from the feed
 /// into the agent's auth Secret, after the same strong read as a mint. Returns whether it did.
 async fn take_owners_key(
-    owner: &Owner,
-    tag: &str,
     action: &KeyAction,
     feed: &OwnerFeed,
-    secrets: &Api<K8sSecret>,
+    to: &KeyTo<'_>,
 ) -> Result<bool, ReconcileError> {
-    let name = owner.names().auth_secret;
+    let (tag, secrets) = (to.tag, to.secrets);
+    let name = to.owner.names().auth_secret;
     let fresh = secrets
         .get_opt(&name)
         .await
@@ -171,7 +188,7 @@ async fn take_owners_key(
     let Some(key) = feed.keys.iter().find(|k| k.tag == tag) else {
         return Ok(false);
     };
-    let secret = auth_secret_with(owner, &key.key, key.id, &expires);
+    let secret = auth_secret_with(to, &key.key, key.id, &expires);
     apply(secrets, &name, &secret).await?;
     Ok(true)
 }
@@ -181,12 +198,11 @@ async fn take_owners_key(
 async fn mint(
     ctx: &Context,
     headscale: &HeadscaleClient,
-    owner: &Owner,
-    tag: &str,
     action: &KeyAction,
-    secrets: &Api<K8sSecret>,
+    to: &KeyTo<'_>,
 ) -> Result<bool, ReconcileError> {
-    let name = owner.names().auth_secret;
+    let (tag, secrets) = (to.tag, to.secrets);
+    let name = to.owner.names().auth_secret;
     // The gather step read the Secret from a watch cache: a key minted by the
     // previous reconcile may not be in it yet. Read it strongly (quorum GET) right
     // before minting, and decide again on that.
@@ -228,7 +244,7 @@ async fn mint(
     let key = minted.map_err(ReconcileError::headscale(format!(
         "mint pre-auth key for {tag}"
     )))?;
-    let secret = auth_secret_with(owner, key.key.expose(), key.id, expires);
+    let secret = auth_secret_with(to, key.key.expose(), key.id, expires);
     if let Err(e) = apply(secrets, &name, &secret).await {
         // Do not leave a valid key behind that nobody holds.
         let _ = headscale.expire_pre_auth_key(key.id).await;
@@ -247,6 +263,7 @@ pub async fn act_on_agent_key<K>(
     owner: &Owner,
     tag: &str,
     action: &KeyAction,
+    login: Option<&TailscaledLogin>,
 ) -> Result<(), ReconcileError>
 where
     K: kube::Resource<DynamicType = ()>,
@@ -254,7 +271,7 @@ where
     if matches!(source, KeySource::Unusable) || *action == KeyAction::Keep {
         return Ok(());
     }
-    if act_on_key(ctx, source, owner, tag, action).await?
+    if act_on_key(ctx, source, owner, tag, action, login).await?
         && let KeyAction::Mint { expires, .. } = action
     {
         let (reason, note) = match source {

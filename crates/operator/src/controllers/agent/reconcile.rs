@@ -76,12 +76,17 @@ async fn run<K: AgentKind>(
     .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
 }
 
+/// How long after writing a changed agent config its results are read: the agent re-reads its
+/// config every 5 s (`--reload-interval-seconds`), then probes what is new at once.
+const AGENT_CONFIG_SETTLE: std::time::Duration = std::time::Duration::from_secs(8);
+
 /// One pass over a live object: its status is written when it changed, and it is polled
 /// again after the (spread) Headscale poll interval.
 async fn apply<K: AgentKind>(object: &K::Object, ctx: &Context) -> Result<Action, ReconcileError> {
     let api = api::<K>(ctx, object);
     let previous = K::status(object).cloned().unwrap_or_default();
-    let poll = Action::requeue(ctx.poll_interval(ctx.kinds.count::<K::Object>()));
+    let poll_interval = ctx.poll_interval(ctx.kinds.count::<K::Object>());
+    let mut poll = Action::requeue(poll_interval);
     let status = match validated::<K>(object, Timestamp::now()) {
         Err(refused) => refused.status,
         Ok(intent) => {
@@ -90,7 +95,12 @@ async fn apply<K: AgentKind>(object: &K::Object, ctx: &Context) -> Result<Action
             let decision = decide::<K>(object, &intent, &observed, &ctx.config, now)?;
             match &decision.agent {
                 Some(plan) => {
-                    let acted = act::<K>(ctx, object, plan, &keys).await?;
+                    let (acted, wrote) = act::<K>(ctx, object, plan, &keys).await?;
+                    // A changed config is picked up and probed by the agent by itself: its
+                    // results are read once it had the time, not a poll interval later.
+                    if wrote.agent_config {
+                        poll = Action::requeue(AGENT_CONFIG_SETTLE.min(poll_interval));
+                    }
                     K::amend(object, decision.status, &acted, now)
                 }
                 None => decision.status,

@@ -137,6 +137,7 @@ impl Decide for Egress {
             config_map,
             deployment,
             network_policy,
+            login,
             services: _,
             config: _,
             ports: _,
@@ -149,6 +150,7 @@ impl Decide for Egress {
             config_map,
             network_policy,
             deployment,
+            login,
         }
     }
 
@@ -484,12 +486,23 @@ fn target_entry(
             entry.state = Some(state.to_string());
             entry.message = Some(message);
         }
-        (_, TargetAddress::Ip(ip)) => {
-            let route = route_state(ip, observed.approvers, observed.agent.listed_nodes());
-            entry.route = route.route;
-            entry.state = Some(route.state.to_string());
-            entry.message = Some(route.message);
-        }
+        (_, TargetAddress::Ip(ip)) => match &observed.agent.nodes {
+            Ok(nodes) => {
+                let route = route_state(ip, observed.approvers, nodes);
+                entry.route = route.route;
+                entry.state = Some(route.state.to_string());
+                entry.message = Some(route.message);
+            }
+            // Without the node list no route is known to be missing: an empty list would
+            // read as `RouteNotAdvertised` and send the user to a router that is fine.
+            Err(problem) => {
+                entry.state = Some(problem.reason.to_string());
+                entry.message = Some(format!(
+                    "whether a route covers {ip} is unknown until Headscale's node list can be read: {}",
+                    problem.message
+                ));
+            }
+        },
         (_, TargetAddress::Dns(_)) => {
             entry.state = Some(reasons::NOT_APPLICABLE.to_string());
             entry.message = Some(
@@ -624,11 +637,14 @@ fn routes_ready(
     count: usize,
 ) {
     let route_states = [reasons::ROUTE_NOT_ADVERTISED, reasons::ROUTE_NOT_APPROVED];
+    // IP targets whose route is unknown carry the node list's reason (see `target_entry`).
+    let unknown_state = nodes.as_ref().err().map(|problem| problem.reason);
     let problems: Vec<(&str, String)> = targets
         .iter()
         .filter_map(|t| {
             let state = route_states
                 .into_iter()
+                .chain(unknown_state)
                 .find(|s| t.state.as_deref() == Some(*s))?;
             Some((
                 state,

@@ -652,6 +652,44 @@ fn target_classes_and_their_nodes_in_the_status() {
     assert!(status.targets.iter().all(|t| t.kind.is_none()));
 }
 
+/// Headscale's node list unreadable (its server stopped): an IP target's route is unknown,
+/// not `RouteNotAdvertised` with advice to reconfigure a router that is fine, and
+/// `RoutesReady` is Unknown with the list's reason. Seen in `two_headscales_e2e` before the
+/// fix: `state: RouteNotAdvertised, "configure the subnet router to advertise it"`.
+#[test]
+fn unreadable_node_list_leaves_the_route_of_an_ip_target_unknown() {
+    let observed = with(|o| {
+        o.agent.nodes = Err(Problem::new(
+            reasons::headscale::TIMEOUT,
+            "listing Headscale nodes failed: timed out",
+        ))
+    });
+    let status = run(&ip_egress(), &observed).status;
+    let target = &status.targets[0];
+    assert_eq!(target.state.as_deref(), Some(reasons::headscale::TIMEOUT));
+    let message = target.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("unknown") && message.contains("timed out"),
+        "{message}"
+    );
+    assert_eq!(target.route, None);
+    assert_eq!(
+        fx::condition(&status.conditions, types::ROUTES_READY),
+        ("Unknown", reasons::headscale::TIMEOUT)
+    );
+    // The same egress with the list readable and no router: RouteNotAdvertised.
+    let observed = with(|o| o.agent.nodes = Ok(Arc::new(vec![agent_node(true)])));
+    let status = run(&ip_egress(), &observed).status;
+    assert_eq!(
+        status.targets[0].state.as_deref(),
+        Some(reasons::ROUTE_NOT_ADVERTISED)
+    );
+    assert_eq!(
+        fx::condition(&status.conditions, types::ROUTES_READY),
+        ("False", reasons::ROUTE_NOT_ADVERTISED)
+    );
+}
+
 /// The reasons a status shows: its conditions' and its targets' states.
 fn reasons_of(status: &TailnetEgressStatus) -> impl Iterator<Item = String> + '_ {
     status

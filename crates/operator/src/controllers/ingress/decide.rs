@@ -157,6 +157,7 @@ impl Decide for Ingress {
             config_map,
             deployment,
             network_policy,
+            login,
             in_cluster_service: _,
             certificate: _,
             config: _,
@@ -172,6 +173,7 @@ impl Decide for Ingress {
             config_map,
             network_policy,
             deployment,
+            login,
         }
     }
 

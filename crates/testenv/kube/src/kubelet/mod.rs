@@ -31,6 +31,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::{KubeContext, Result};
 pub use images::{ImageMatcher, ImageTable, LocalImage};
+pub use volumes::{ConfigMapProjection, VOLUME_SYNC};
 
 const FIELD_MANAGER: &str = "tno-kubelet";
 const LEASE_DURATION_SECONDS: i32 = 40;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
-    ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodStatus,
+    ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodStatus, Probe,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -26,16 +26,13 @@ use crate::kubelet::environment::{EnvironmentContext, container_environment, exp
 use crate::kubelet::images::LocalImage;
 use crate::kubelet::probes::{ProbeState, run_probe};
 use crate::kubelet::registry::{ImageStore, PulledImage};
-use crate::kubelet::volumes::{VolumeContext, prepare_volumes};
+use crate::kubelet::volumes::{VOLUME_SYNC, VolumeContext, prepare_volumes};
 use crate::process::ManagedProcess;
 
 const TICK: Duration = Duration::from_millis(250);
 /// Restart backoff: shorter than the kubelet's 10 s…5 min so tests see restarts quickly.
 const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// How often ConfigMap/Secret/downward API volume contents are synced into running pods (the
-/// real kubelet takes up to a minute or two).
-const VOLUME_SYNC: Duration = Duration::from_secs(3);
 /// A container that ran this long without exiting starts over with the initial backoff.
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 
@@ -100,6 +97,61 @@ enum ImageSource {
     Local(LocalImage),
     /// An image pulled from the lab registry: its own root file system and config.
     Pulled(Arc<PulledImage>),
+}
+
+#[derive(Clone, Copy)]
+enum ProbeKind {
+    Startup,
+    Readiness,
+}
+
+/// The probe of `container` due at `now`, if any (a container without a readiness probe is
+/// ready once started).
+fn probe_due(container: &mut ContainerRuntime, now: Instant) -> Option<(ProbeKind, Probe)> {
+    let started_instant = container.started_instant.unwrap_or(now);
+    if !container.probe.started {
+        match container.spec.startup_probe.clone() {
+            Some(probe) => {
+                let next_at = *container.probe.startup_next_at.get_or_insert_with(|| {
+                    let delay = probe.initial_delay_seconds.unwrap_or(0).max(0) as u64;
+                    started_instant + Duration::from_secs(delay)
+                });
+                return (next_at <= now).then_some((ProbeKind::Startup, probe));
+            }
+            None => container.probe.started = true,
+        }
+    }
+    let Some(probe) = container.spec.readiness_probe.clone() else {
+        container.ready = true;
+        return None;
+    };
+    let next_at = *container.probe.next_at.get_or_insert_with(|| {
+        let delay = probe.initial_delay_seconds.unwrap_or(0).max(0) as u64;
+        started_instant + Duration::from_secs(delay)
+    });
+    (next_at <= now).then_some((ProbeKind::Readiness, probe))
+}
+
+fn record_readiness(
+    container: &mut ContainerRuntime,
+    probe: &Probe,
+    success: bool,
+    period: Duration,
+) {
+    container.probe.next_at = Some(Instant::now() + period);
+    if success {
+        container.probe.successes += 1;
+        container.probe.failures = 0;
+        if container.probe.successes >= probe.success_threshold.unwrap_or(1) {
+            container.ready = true;
+        }
+    } else {
+        container.probe.failures += 1;
+        container.probe.successes = 0;
+        if container.probe.failures >= probe.failure_threshold.unwrap_or(3) {
+            container.ready = false;
+        }
+    }
 }
 
 /// Runs the pod until it is deleted; returns once the object is finalized.
@@ -715,53 +767,63 @@ impl PodWorker {
         }
     }
 
+    /// Runs the startup and readiness probes that are due. As in the kubelet: readiness is
+    /// not probed before the startup probe succeeded, and is probed at once after it did; a
+    /// startup probe that fails `failureThreshold` times restarts the container.
     async fn run_due_probes(&mut self) {
+        // A startup probe that succeeds has readiness probed at once (the kubelet triggers it
+        // right away), not a tick later.
+        if self.probe_round().await {
+            self.probe_round().await;
+        }
+    }
+
+    /// One round of due probes; `true` when a startup probe succeeded in it.
+    async fn probe_round(&mut self) -> bool {
         let Some(net) = &self.net else {
-            return;
+            return false;
         };
         let node_netns = Arc::new(tno_netlab::Netns::adopt(self.node.lab.netns().name()));
+        let pod_ip = net.ip;
         let now = Instant::now();
         let mut due = Vec::new();
         for (index, container) in self.containers.iter_mut().enumerate() {
             if container.process.is_none() {
                 continue;
             }
-            let Some(probe) = container.spec.readiness_probe.clone() else {
-                container.ready = true;
-                continue;
-            };
-            let next_at = *container.probe.next_at.get_or_insert_with(|| {
-                let delay = probe.initial_delay_seconds.unwrap_or(0).max(0) as u64;
-                container.started_instant.unwrap_or(now) + Duration::from_secs(delay)
-            });
-            if next_at <= now {
+            if let Some(probe) = probe_due(container, now) {
                 due.push((index, container.spec.clone(), probe));
             }
         }
-        let pod_ip = net.ip;
         let results = futures::future::join_all(
             due.iter()
-                .map(|(_, spec, probe)| run_probe(node_netns.clone(), pod_ip, spec, probe)),
+                .map(|(_, spec, (_, probe))| run_probe(node_netns.clone(), pod_ip, spec, probe)),
         )
         .await;
-        for ((index, _, probe), success) in due.into_iter().zip(results) {
+        let mut started = false;
+        for ((index, _, (kind, probe)), success) in due.into_iter().zip(results) {
             let container = &mut self.containers[index];
             let period = Duration::from_secs(probe.period_seconds.unwrap_or(10).max(1) as u64);
-            container.probe.next_at = Some(Instant::now() + period);
-            if success {
-                container.probe.successes += 1;
-                container.probe.failures = 0;
-                if container.probe.successes >= probe.success_threshold.unwrap_or(1) {
-                    container.ready = true;
+            match kind {
+                ProbeKind::Startup if success => {
+                    container.probe.started = true;
+                    container.probe.next_at = Some(Instant::now());
+                    started = true;
                 }
-            } else {
-                container.probe.failures += 1;
-                container.probe.successes = 0;
-                if container.probe.failures >= probe.failure_threshold.unwrap_or(3) {
-                    container.ready = false;
+                ProbeKind::Startup => {
+                    container.probe.startup_failures += 1;
+                    container.probe.startup_next_at = Some(Instant::now() + period);
+                    if container.probe.startup_failures >= probe.failure_threshold.unwrap_or(3) {
+                        tracing::info!(pod = %format!("{}/{}", self.namespace, self.name), container = %container.spec.name, "startup probe failed: restarting the container");
+                        if let Some(process) = container.process.as_ref() {
+                            process.signal(nix::sys::signal::Signal::SIGTERM);
+                        }
+                    }
                 }
+                ProbeKind::Readiness => record_readiness(container, &probe, success, period),
             }
         }
+        started
     }
 
     fn set_condition(&mut self, kind: &'static str, status: bool) {
@@ -844,7 +906,7 @@ impl PodWorker {
                         .started_at
                         .map(|_| format!("tno://{}/{}", self.uid, container.spec.name)),
                     ready: container.ready,
-                    started: Some(container.process.is_some()),
+                    started: Some(container.process.is_some() && container.probe.started),
                     restart_count: container.restart_count,
                     state: Some(state),
                     last_state: container.last_termination.clone().map(|termination| {

@@ -1,4 +1,5 @@
-//! Readiness probes (httpGet, tcpSocket), run from the node (the lab netns) like the kubelet's.
+//! Startup and readiness probes (httpGet, tcpSocket), run from the node (the lab netns) like
+//! the kubelet's.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
@@ -15,6 +16,10 @@ pub struct ProbeState {
     pub successes: i32,
     pub failures: i32,
     pub next_at: Option<tokio::time::Instant>,
+    /// The startup probe succeeded (or the container has none): readiness is probed.
+    pub started: bool,
+    pub startup_failures: i32,
+    pub startup_next_at: Option<tokio::time::Instant>,
 }
 
 /// The port a probe targets: a number or the name of one of the container's ports.

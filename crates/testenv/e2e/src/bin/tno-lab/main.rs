@@ -294,13 +294,15 @@ fn print_lab(kube: &KubeEnv, env: &E2eEnv) {
 /// What keeps the demo going while the lab is up: the operator and the lab plumbing.
 struct DemoState {
     operator: DemoOperator,
-    _issuer: tno_testenv::LabIssuer,
-    _records: tokio::task::JoinHandle<()>,
+    _cert_manager: tno_testenv::CertManagerController,
+    _records: tno_testenv::ExtraRecordsProjection,
     _enforcer: tno_testenv::NetworkPolicyEnforcer,
 }
 
 pub const OPERATOR_NAMESPACE: &str = "tailnet-system";
 pub const CONSUMER_NAMESPACE: &str = "team-a";
+/// The CA ClusterIssuer of the demo (the default issuer of examples/10-tailnet.yaml).
+const DEMO_ISSUER: &str = "apps-ca";
 
 fn example(file: &str) -> Result<serde_json::Value, String> {
     let path = tno_testenv_kube::binaries::workspace_root()
@@ -328,8 +330,8 @@ async fn run_demo(
     let apply = PatchParams::apply("tno-lab").force();
     apply_namespaces(&client, &[OPERATOR_NAMESPACE, CONSUMER_NAMESPACE]).await?;
     // What a cluster has before the operator: DNS wired to the Tailnet's ConfigMap, a
-    // NetworkPolicy enforcer, a CA ClusterIssuer (cert-manager stand-in) and the extra-records
-    // ConfigMap mounted into Headscale (a copy loop stands in for the mount).
+    // NetworkPolicy enforcer, cert-manager (its real controller) with a CA ClusterIssuer and the extra-records
+    // ConfigMap mounted into Headscale (projected by the test kubelet's volume code).
     in_cluster::wire_coredns(&client).await?;
     let enforcer = env
         .start_network_policy_enforcer()
@@ -350,14 +352,31 @@ async fn run_demo(
             &[format!("admin.{CONSUMER_NAMESPACE}.svc.cluster.local")],
         )
         .map_err(|e| e.to_string())?;
-    let issuer = tno_testenv::LabIssuer::spawn(client.clone(), ca);
-    let records = tno_testenv::sync_extra_records(
-        client.clone(),
-        in_cluster::DNS_NAMESPACE.to_string(),
-        tno_testenv::HOSTS_CONFIG_MAP.to_string(),
-        env.tailnet().headscale.extra_records_path().to_path_buf(),
+    let cert_manager = env
+        .start_cert_manager()
+        .await
+        .map_err(|e| format!("cert-manager's controller: {e}"))?;
+    // The ClusterIssuer examples/10-tailnet.yaml names as the Tailnet's default issuer.
+    env.apply_ca_cluster_issuer(&client, DEMO_ISSUER, &ca)
+        .await
+        .map_err(|e| {
+            format!(
+                "ClusterIssuer {DEMO_ISSUER}: {e}\n{}",
+                cert_manager.log_tail(20)
+            )
+        })?;
+    println!(
+        "demo: cert-manager's controller issues Certificates from ClusterIssuer {DEMO_ISSUER} (log {})",
+        cert_manager.log_path().display()
     );
-    phases.done("cluster add-ons (CoreDNS wiring, kube-router, lab issuer)");
+    let records = env
+        .project_extra_records(
+            client.clone(),
+            in_cluster::DNS_NAMESPACE,
+            tno_testenv::HOSTS_CONFIG_MAP,
+        )
+        .map_err(|e| format!("the extra-records ConfigMap mounted into Headscale: {e}"))?;
+    phases.done("cluster add-ons (CoreDNS wiring, kube-router, cert-manager)");
 
     apply_demo_tailnet(env, &client, &apply).await?;
     let operator = match mode {
@@ -373,7 +392,7 @@ async fn run_demo(
     println!("demo: {}", operator.describe());
     let state = DemoState {
         operator,
-        _issuer: issuer,
+        _cert_manager: cert_manager,
         _records: records,
         _enforcer: enforcer,
     };
