@@ -16,8 +16,8 @@
 # Each phase prints its time ("[lab] <phase>: N s").
 #
 # Needs root. Ctrl-C stops it and cleans up. `--once` stops after the demo (exit code = result);
-# `--bare` starts only the environment; `--dev` runs the operator as a local process from the
-# workspace build instead of the chart (no image build); `--second-cluster` also starts a
+# `--bare` starts only the environment; `--dev` runs the lab build's tailnet-operator as a local
+# process instead of the chart's pod; `--second-cluster` also starts a
 # second cluster on the same Headscale and, with the demo, runs examples/second-cluster/ there
 # (a contributor, its operator a process).
 set -euo pipefail
@@ -34,29 +34,42 @@ phase() {
   echo "[lab] $1: $((now - phase_started)) s" >&2
   phase_started=$now
 }
-dev=false
-bare=false
-for arg in "$@"; do
-  case $arg in
-    --dev) dev=true ;;
-    --bare) bare=true ;;
-  esac
-done
+# `timed NAME COMMAND…`: runs COMMAND, prints its time and exits with its status.
+timed() {
+  local name=$1 started status=0
+  shift
+  started=$(date +%s)
+  "$@" || status=$?
+  echo "[lab]   $name: $(($(date +%s) - started)) s (exit $status)" >&2
+  return "$status"
+}
 
 bash scripts/install-system-packages.sh
 phase "system packages"
-# Only what the lab runs; scripts/test.sh builds the test-only tools (caddy, prometheus,
-# actionlint).
-bash deps/build.sh kubernetes etcd headscale tailscale coredns cert-manager cert-manager-controller helm crane kube-router
-phase "third-party programs (deps/build.sh; cached in ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps})"
-echo "[lab] building the Rust binaries (first run: several minutes)…" >&2
-cargo build --workspace --bins --locked
-phase "Rust binaries (cargo build)"
-if ! $dev && ! $bare; then
-  musl_target="$(uname -m)-unknown-linux-musl"
-  rustup target list --installed | grep -qx "$musl_target" || rustup target add "$musl_target"
-  # Static binaries on an empty base, as releases (which use --profile release: LTO, slower).
-  cargo xtask images --profile lab --out "$target_dir/lab-images"
-  phase "images (cargo xtask images --profile lab)"
+musl_target="$(uname -m)-unknown-linux-musl"
+rustup target list --installed | grep -qx "$musl_target" || rustup target add "$musl_target"
+# The Go-built programs and the Rust build run side by side: on a fresh machine they are the two
+# long waits (~15 and ~4 min on 2 cores), and each leaves cores idle while it links or downloads.
+# Only what the lab runs is built here; scripts/test.sh builds the test-only tools (caddy,
+# prometheus, actionlint).
+lab_components=(kubernetes etcd headscale tailscale coredns cert-manager cert-manager-controller helm crane kube-router)
+echo "[lab] building the third-party programs and the Rust binaries (first run: ~20 min)…" >&2
+timed "third-party programs (deps/build.sh; cached in ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps})" \
+  bash deps/build.sh "${lab_components[@]}" &
+go_builds=$!
+# One cargo run, one profile: the images' static binaries (the operator and the agent, on an
+# empty base as releases, which use --profile release: LTO, slower) and the lab's own runner
+# and test servers beside them; the runner finds them next to itself.
+rust_status=0
+timed "Rust binaries and images (cargo xtask images --profile lab)" \
+  cargo xtask images --profile lab --out "$target_dir/lab-images" \
+  --also-build tno-testenv:tno-lab --also-build tno-testenv-kube:tno-test-servers || rust_status=$?
+go_status=0
+wait "$go_builds" || go_status=$?
+if ((rust_status != 0 || go_status != 0)); then
+  echo "[lab] a build failed (Rust: exit $rust_status, Go programs: exit $go_status); see above" >&2
+  exit 1
 fi
-exec "$target_dir/debug/tno-lab" --images "$target_dir/lab-images" "$@"
+phase "builds (side by side; wall time)"
+# `--dev` runs this build's tailnet-operator as a local process instead of the chart's pod.
+exec "$target_dir/$musl_target/lab/tno-lab" --images "$target_dir/lab-images" "$@"
