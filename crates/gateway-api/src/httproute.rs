@@ -210,6 +210,7 @@ pub mod filter_types {
     pub const URL_REWRITE: &str = "URLRewrite";
     pub const EXTENSION_REF: &str = "ExtensionRef";
     pub const CORS: &str = "CORS";
+    /// Experimental channel only (not in the Standard CRD's enum).
     pub const EXTERNAL_AUTH: &str = "ExternalAuth";
 }
 
