@@ -1,0 +1,1 @@
+//! Table tests of the Gateway decision, one per spec rule.
