@@ -72,6 +72,7 @@ pub const ROUTE_CONDITION_TYPES: &[&str] = &[
 
 /// The route kinds this implementation serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+// The variants are spelled (and serialized) as the Gateway API kind names.
 #[allow(clippy::upper_case_acronyms)]
 pub enum RouteKind {
     HTTPRoute,
