@@ -819,11 +819,16 @@ print_env() {
 }
 
 # -------------------------------------------------------------- main
+# components_from_args ARG...: `all` (or nothing) is COMPONENTS; an optional component is
+# built only when named (`all gateway-api-conformance` builds both).
 components_from_args() {
+  local c
   if [[ $# -eq 0 || " $* " == *" all "* ]]; then
     printf '%s\n' "${COMPONENTS[@]}"
+    for c; do
+      [[ " ${OPTIONAL_COMPONENTS[*]} " != *" $c "* ]] || echo "$c"
+    done
   else
-    local c
     for c; do binaries_of "$c" >/dev/null; echo "$c"; done
   fi
 }
