@@ -55,7 +55,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
 pub use crate::body::{BoxError, ProxyBody};
-pub use crate::site::{HttpSite, ProxyDefaults, SiteError};
+pub use crate::site::{HttpSite, LiveSite, ProxyDefaults, SiteError};
 
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -165,24 +165,30 @@ impl ConnectionMetrics {
 /// Serves one accepted TCP connection until it ends, or until `shutdown` asks it to finish
 /// its in-flight requests and close.
 pub async fn serve_connection(
-    site: Arc<HttpSite>,
+    site: impl Into<LiveSite>,
     context: ProxyContext,
     tcp: TcpStream,
     peer: SocketAddr,
     shutdown: CancellationToken,
     admission: Admission,
 ) {
+    let live = site.into();
+    let site = live.current();
     let _active = ActiveConnection::open(&context.metrics, &site.listener);
     tune_tcp(&tcp);
     let listener_port = tcp.local_addr().map_or(0, |address| address.port());
-    let Some(acceptor) = site.acceptor.clone() else {
+    let acceptor = site.acceptor.clone();
+    // Not held for the connection's lifetime: a replaced site (its pools) can go.
+    let listener = site.listener.clone();
+    drop(site);
+    let Some(acceptor) = acceptor else {
         // Plain HTTP: once the first bytes arrived tailscaled has the connection in its map
         // (as after a TLS handshake), so whois can find the peer.
         if tokio::time::timeout(HEADER_READ_TIMEOUT, tcp.readable())
             .await
             .is_err()
         {
-            debug!(listener = %site.listener, %peer, "no request in time");
+            debug!(%listener, %peer, "no request in time");
             return;
         }
         let start = ConnectionStart {
@@ -192,19 +198,19 @@ pub async fn serve_connection(
             listener_port,
             admission,
         };
-        serve_http(site, context, TokioIo::new(tcp), start, shutdown).await;
+        serve_http(live, context, TokioIo::new(tcp), start, shutdown).await;
         return;
     };
     let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(error)) => {
-            count_handshake_failure(&context, &site);
-            debug!(listener = %site.listener, %peer, %error, "TLS handshake failed");
+            count_handshake_failure(&context, &listener);
+            debug!(%listener, %peer, %error, "TLS handshake failed");
             return;
         }
         Err(_) => {
-            count_handshake_failure(&context, &site);
-            debug!(listener = %site.listener, %peer, "TLS handshake timed out");
+            count_handshake_failure(&context, &listener);
+            debug!(%listener, %peer, "TLS handshake timed out");
             return;
         }
     };
@@ -216,14 +222,14 @@ pub async fn serve_connection(
         listener_port,
         admission,
     };
-    serve_http(site, context, TokioIo::new(tls), start, shutdown).await;
+    serve_http(live, context, TokioIo::new(tls), start, shutdown).await;
 }
 
-fn count_handshake_failure(context: &ProxyContext, site: &HttpSite) {
+fn count_handshake_failure(context: &ProxyContext, listener: &str) {
     context
         .metrics
         .tls_handshake_failures
-        .get_or_create(&context.metrics.listener(&site.listener))
+        .get_or_create(&context.metrics.listener(listener))
         .inc();
 }
 
@@ -237,7 +243,7 @@ struct ConnectionStart {
 }
 
 async fn serve_http<IO>(
-    site: Arc<HttpSite>,
+    live: LiveSite,
     context: ProxyContext,
     io: TokioIo<IO>,
     start: ConnectionStart,
@@ -252,8 +258,13 @@ async fn serve_http<IO>(
         listener_port,
         admission,
     } = start;
+    // What does not change for a listener: its name, scheme and in-cluster flag.
+    let (listener, scheme, in_cluster) = {
+        let site = live.current();
+        (site.listener.clone(), site.scheme(), site.in_cluster)
+    };
     // An in-cluster client has no tailnet identity: tailscaled is not asked at all.
-    let identity = if site.in_cluster {
+    let identity = if in_cluster {
         None
     } else {
         whois(&context.localapi, peer).await
@@ -272,20 +283,22 @@ async fn serve_http<IO>(
         listener_port,
         admission: Arc::new(admission),
         sni,
-        forwarded: ForwardedHeaders::with_proto(client_ip, identity.as_ref(), site.scheme()),
+        forwarded: ForwardedHeaders::with_proto(client_ip, identity.as_ref(), scheme),
         client: identity
             .as_ref()
             .map(PeerIdentity::describe)
             .unwrap_or_else(|| client_ip.to_string())
             .into(),
-        metrics: Arc::new(ConnectionMetrics::new(&context.metrics, &site.listener)),
+        metrics: Arc::new(ConnectionMetrics::new(&context.metrics, &listener)),
         dedicated,
     });
     let activity = Arc::new(Activity::new());
     let service = {
-        let (site, context, activity) = (site.clone(), context.clone(), activity.clone());
+        let (live, context, activity) = (live.clone(), context.clone(), activity.clone());
         service_fn(move |request: Request<Incoming>| {
-            let (site, context, connection) = (site.clone(), context.clone(), connection.clone());
+            // The listener's routes as they are now.
+            let site = live.current();
+            let (context, connection) = (context.clone(), connection.clone());
             let in_flight = InFlight::start(&activity);
             async move {
                 let response = proxy_request(&site, &context, &connection, request).await;
@@ -311,7 +324,7 @@ async fn serve_http<IO>(
                 connection.await
             }
             () = activity.idle_for(HTTP2_IDLE_TIMEOUT) => {
-                debug!(listener = %site.listener, %peer, "closing idle HTTP/2 connection");
+                debug!(%listener, %peer, "closing idle HTTP/2 connection");
                 connection.as_mut().graceful_shutdown();
                 // The final GOAWAY waits for the client's PING ack; one that never answers
                 // loses the connection anyway.
@@ -350,7 +363,7 @@ async fn serve_http<IO>(
         }
     };
     if let Err(error) = result {
-        debug!(listener = %site.listener, %peer, error = %error_chain(&error), "HTTP connection ended with an error");
+        debug!(%listener, %peer, error = %error_chain(&error), "HTTP connection ended with an error");
     }
 }
 

@@ -11,6 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use tailnet_api::agent_config::{BackendAddress, BackendTlsFiles, HttpRoute};
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::backend::{BackendConnector, BackendTls};
@@ -49,6 +50,36 @@ pub struct HttpSite {
     pub(crate) acceptor: Option<TlsAcceptor>,
     /// By route index (as in `routes`).
     pub(crate) served: Vec<SiteRoute>,
+}
+
+/// The site a connection serves its requests with: a fixed one, or its listener's current
+/// one, so that a route change applies to the next request of an established (keep-alive,
+/// HTTP/2) connection too; its TLS session keeps the certificate it was opened with.
+#[derive(Clone)]
+pub enum LiveSite {
+    Fixed(Arc<HttpSite>),
+    Following(watch::Receiver<Arc<HttpSite>>),
+}
+
+impl LiveSite {
+    pub fn current(&self) -> Arc<HttpSite> {
+        match self {
+            LiveSite::Fixed(site) => site.clone(),
+            LiveSite::Following(receiver) => receiver.borrow().clone(),
+        }
+    }
+}
+
+impl From<Arc<HttpSite>> for LiveSite {
+    fn from(site: Arc<HttpSite>) -> Self {
+        LiveSite::Fixed(site)
+    }
+}
+
+impl From<watch::Receiver<Arc<HttpSite>>> for LiveSite {
+    fn from(receiver: watch::Receiver<Arc<HttpSite>>) -> Self {
+        LiveSite::Following(receiver)
+    }
 }
 
 /// One route's rules, ready to serve.
@@ -205,7 +236,7 @@ impl HttpSite {
     }
 
     /// `https` or `http`: what `X-Forwarded-Proto` and redirects say.
-    pub(crate) fn scheme(&self) -> &'static str {
+    pub fn scheme(&self) -> &'static str {
         if self.acceptor.is_some() {
             "https"
         } else {
