@@ -581,6 +581,18 @@ mod tests {
         config(value).is_ok()
     }
 
+    /// The fuzz seeds start from valid configs (else the fuzzer starts in the error path).
+    #[test]
+    fn the_fuzz_seeds_are_valid_configs() {
+        for seed in [
+            include_str!("../../../fuzz/seeds/agent_config/full.json"),
+            include_str!("../../../fuzz/seeds/agent_config/gateway.json"),
+        ] {
+            let value: serde_json::Value = serde_json::from_str(seed).expect("seed is JSON");
+            assert!(config(value).is_ok());
+        }
+    }
+
     #[test]
     fn rejects_bad_gateway_input_naming_the_field() {
         type Mutation = Box<dyn Fn(&mut serde_json::Value)>;
