@@ -49,7 +49,8 @@ phase "system packages"
 musl_target="$(uname -m)-unknown-linux-musl"
 rustup target list --installed | grep -qx "$musl_target" || rustup target add "$musl_target"
 # The Go-built programs and the Rust build run side by side: on a fresh machine they are the two
-# long waits (~15 and ~4 min on 2 cores), and each leaves cores idle while it links or downloads.
+# long waits (measured on 2 cores alone: ~15 and ~3 min), and each leaves cores idle while it
+# links or downloads.
 # Only what the lab runs is built here; scripts/test.sh builds the test-only tools (caddy,
 # prometheus, actionlint).
 lab_components=(kubernetes etcd headscale tailscale coredns cert-manager cert-manager-controller helm crane kube-router)
@@ -71,5 +72,4 @@ if ((rust_status != 0 || go_status != 0)); then
   exit 1
 fi
 phase "builds (side by side; wall time)"
-# `--dev` runs this build's tailnet-operator as a local process instead of the chart's pod.
 exec "$target_dir/$musl_target/lab/tno-lab" --images "$target_dir/lab-images" "$@"

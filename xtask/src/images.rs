@@ -274,7 +274,8 @@ pub fn assemble(
     Ok(built)
 }
 
-/// Builds the static release binaries for `platform` with cargo; returns their directory.
+/// Builds the images' static binaries for `platform` with cargo (in `options.profile`, plus
+/// the `--also-build` binaries in the same run); returns their directory.
 /// `revision` becomes the binaries' `git_commit` label of `*_build_info` (`TNO_GIT_COMMIT`,
 /// read by crates/telemetry/build.rs), `-dirty` included.
 fn cargo_build(
