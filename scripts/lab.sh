@@ -50,7 +50,7 @@ musl_target="$(uname -m)-unknown-linux-musl"
 rustup target list --installed | grep -qx "$musl_target" || rustup target add "$musl_target"
 # The Go-built programs and the Rust build run side by side: on a fresh machine they are the two
 # long waits (measured on 2 cores alone: ~15 and ~3 min), and each leaves cores idle while it
-# links or downloads.
+# links or downloads; deps/build.sh itself builds two components at a time (TNO_DEPS_JOBS).
 # Only what the lab runs is built here; scripts/test.sh builds the test-only tools (caddy,
 # prometheus, actionlint).
 lab_components=(kubernetes etcd headscale tailscale coredns cert-manager cert-manager-controller helm crane kube-router)
@@ -58,13 +58,22 @@ echo "[lab] building the third-party programs and the Rust binaries (first run: 
 timed "third-party programs (deps/build.sh; cached in ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps})" \
   bash deps/build.sh "${lab_components[@]}" &
 go_builds=$!
-# One cargo run, one profile: the images' static binaries (the operator and the agent, on an
-# empty base as releases, which use --profile release: LTO, slower) and the lab's own runner
-# and test servers beside them; the runner finds them next to itself.
+# One cargo build, one profile (`lab`: unoptimised, no debug info, not incremental) and one
+# target: the images' static binaries (the operator and the agent; releases use --profile
+# release), the lab's own runner and test servers (the runner finds them next to itself) and
+# xtask, which then assembles the images from those binaries. xtask is built for the musl target
+# too so its dependencies (k8s-openapi, kube's derive) are compiled once, not again for the host.
+lab_binaries="$target_dir/lab-binaries"
+build_rust() {
+  cargo build --locked --profile lab --target "$musl_target" \
+    -p tailnet-operator --bin tailnet-operator -p tailnet-agent --bin tailnet-agent \
+    -p tno-testenv --bin tno-lab -p tno-testenv-kube --bin tno-test-servers -p xtask --bin xtask &&
+    mkdir -p "$lab_binaries" &&
+    ln -sfn "$(cd "$target_dir/$musl_target/lab" && pwd)" "$lab_binaries/$musl_target" &&
+    "$target_dir/$musl_target/lab/xtask" images --out "$target_dir/lab-images" --binaries "$lab_binaries"
+}
 rust_status=0
-timed "Rust binaries and images (cargo xtask images --profile lab)" \
-  cargo xtask images --profile lab --out "$target_dir/lab-images" \
-  --also-build tno-testenv:tno-lab --also-build tno-testenv-kube:tno-test-servers || rust_status=$?
+timed "Rust binaries and images (cargo build --profile lab, xtask images)" build_rust || rust_status=$?
 go_status=0
 wait "$go_builds" || go_status=$?
 if ((rust_status != 0 || go_status != 0)); then

@@ -64,8 +64,6 @@ pub struct Options {
     pub verify_reproducible: bool,
     /// Cargo profile the binaries are built with (`release`, or `lab` for the local lab).
     pub profile: String,
-    /// Further `(package, binary)` pairs built by the same cargo run (`--also-build`).
-    pub also_build: Vec<(String, String)>,
 }
 
 impl Options {
@@ -80,7 +78,6 @@ impl Options {
             chart: false,
             verify_reproducible: false,
             profile: "release".into(),
-            also_build: Vec::new(),
         }
     }
 }
@@ -274,17 +271,16 @@ pub fn assemble(
     Ok(built)
 }
 
-/// Builds the images' static binaries for `platform` with cargo (in `options.profile`, plus
-/// the `--also-build` binaries in the same run); returns their directory.
+/// Builds the images' static binaries for `platform` with cargo in `profile`; returns their
+/// directory.
 /// `revision` becomes the binaries' `git_commit` label of `*_build_info` (`TNO_GIT_COMMIT`,
 /// read by crates/telemetry/build.rs), `-dirty` included.
 fn cargo_build(
     root: &Path,
     platform: Platform,
-    options: &Options,
+    profile: &str,
     revision: &str,
 ) -> Result<PathBuf, String> {
-    let profile = options.profile.as_str();
     let target = platform.rust_target();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let home = std::env::var("CARGO_HOME")
@@ -325,12 +321,6 @@ fn cargo_build(
         .env("TNO_GIT_COMMIT", revision)
         .args(["-p", "tailnet-operator", "--bin", "tailnet-operator"])
         .args(["-p", "tailnet-agent", "--bin", "tailnet-agent"])
-        .args(
-            options
-                .also_build
-                .iter()
-                .flat_map(|(package, binary)| ["-p", package.as_str(), "--bin", binary.as_str()]),
-        )
         .status()
         .map_err(|e| format!("cargo: {e}"))?;
     if !status.success() {
@@ -353,21 +343,6 @@ fn cargo_build(
     Ok(target_dir.join(target).join(profile))
 }
 
-/// `--also-build PACKAGE:BIN` values as `(package, binary)` pairs.
-pub fn parse_also_build(values: &[String]) -> Result<Vec<(String, String)>, String> {
-    values
-        .iter()
-        .map(|value| match value.split_once(':') {
-            Some((package, binary)) if !package.is_empty() && !binary.is_empty() => {
-                Ok((package.to_string(), binary.to_string()))
-            }
-            _ => Err(format!(
-                "--also-build {value:?}: expected PACKAGE:BIN, e.g. tno-testenv:tno-lab"
-            )),
-        })
-        .collect()
-}
-
 /// `cargo xtask images`.
 pub fn images(root: &Path, options: &Options) -> Result<(), String> {
     let epoch = source_date_epoch(root)?;
@@ -379,7 +354,7 @@ pub fn images(root: &Path, options: &Options) -> Result<(), String> {
     for platform in &options.platforms {
         let dir = match &options.binaries {
             Some(dir) => dir.join(platform.rust_target()),
-            None => cargo_build(root, *platform, options, &revision)?,
+            None => cargo_build(root, *platform, &options.profile, &revision)?,
         };
         dirs.insert(platform.name(), dir);
     }
@@ -807,26 +782,6 @@ mod tests {
 
     fn root() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-    }
-
-    #[test]
-    fn also_build_takes_package_and_binary_and_names_a_bad_value() {
-        let pairs =
-            parse_also_build(&["tno-testenv:tno-lab".into(), "a:b".into()]).expect("valid values");
-        assert_eq!(
-            pairs,
-            vec![
-                ("tno-testenv".to_string(), "tno-lab".to_string()),
-                ("a".to_string(), "b".to_string())
-            ]
-        );
-        for bad in ["tno-lab", ":tno-lab", "tno-testenv:", ""] {
-            let error = parse_also_build(&[bad.into()]).expect_err(bad);
-            assert!(
-                error.contains("--also-build") && error.contains("PACKAGE:BIN"),
-                "{error}"
-            );
-        }
     }
 
     fn fake_binaries(dir: &Path) -> PathBuf {

@@ -63,11 +63,6 @@ enum Task {
         /// (the local lab's images: static, unoptimised, built in the time of a debug build).
         #[arg(long, default_value = "release", value_parser = ["release", "lab"])]
         profile: String,
-        /// Also build PACKAGE's binary BIN in the same cargo invocation (same profile and
-        /// target; repeatable). The lab builds its own static runner this way, so one cargo
-        /// run compiles the dependencies once for everything it starts.
-        #[arg(long = "also-build", value_name = "PACKAGE:BIN")]
-        also_build: Vec<String>,
         /// Build images/*.Dockerfile with a container builder instead (needs a daemon or
         /// podman/buildah), tagged <registry>/<name>:<tag>.
         #[arg(long)]
@@ -179,7 +174,6 @@ fn main() -> ExitCode {
             chart,
             verify_reproducible,
             profile,
-            also_build,
             dockerfile,
             registry,
             builder,
@@ -188,11 +182,10 @@ fn main() -> ExitCode {
                 images::dockerfile_images(&root(), &registry, &tag, builder.as_deref())
             } else {
                 images_options(tag, platforms, out, binaries, ca_bundle, push, chart)
-                    .and_then(|mut options| {
+                    .map(|mut options| {
                         options.verify_reproducible = verify_reproducible;
                         options.profile = profile;
-                        options.also_build = images::parse_also_build(&also_build)?;
-                        Ok(options)
+                        options
                     })
                     .and_then(|options| images::images(&root(), &options))
             }
