@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prometheus_client::registry::Registry;
-use tailnet_api::agent_config::{AgentConfig, EgressListener, HttpRoute, IngressListener};
+use tailnet_api::agent_config::{
+    AgentConfig, BackendAddress, EgressListener, HttpRoute, IngressListener, PassthroughRoute,
+};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -27,6 +29,7 @@ use crate::listeners::{self, Shared, TcpForward};
 use crate::localapi::LocalApi;
 use crate::login::LoginWatch;
 use crate::metrics::{Metrics, TailnetStateLabels};
+use crate::passthrough::{PassthroughSite, handle_passthrough};
 use crate::probe::{ProbeDeps, ProbeSpec, Prober};
 use crate::proxy::{HttpSite, ProxyContext, ProxyDefaults};
 use crate::state::{AgentState, CertificateView, ListenerKind, ListenerView, ProbeKind};
@@ -292,7 +295,16 @@ async fn refresh_status(
 enum Payload {
     Egress(EgressListener),
     Tcp(TcpForward),
+    /// TLS-terminating: needs the certificate.
     Http(Vec<HttpRoute>),
+    PlainHttp(Vec<HttpRoute>),
+    Passthrough(Vec<PassthroughRoute>),
+}
+
+impl Payload {
+    fn needs_certificate(&self) -> bool {
+        matches!(self, Payload::Http(_))
+    }
 }
 
 struct Desired {
@@ -308,11 +320,13 @@ struct Desired {
 enum Update {
     Egress(watch::Sender<EgressListener>),
     Tcp(watch::Sender<TcpForward>),
+    /// `http` and `plainHttp` listeners (`store`: the certificate of a TLS one).
     Http {
         site: watch::Sender<Arc<HttpSite>>,
         routes: Vec<HttpRoute>,
-        store: Arc<CertStore>,
+        store: Option<Arc<CertStore>>,
     },
+    Passthrough(watch::Sender<Arc<PassthroughSite>>),
 }
 
 struct Running {
@@ -409,6 +423,29 @@ fn ingress_listener(
                 in_cluster,
             }
         }
+        IngressListener::PlainHttp { port, routes } => {
+            let address = SocketAddr::new(host, *port);
+            Desired {
+                key: format!("plain-http:{address}"),
+                name: format!("http-{port}{suffix}"),
+                kind: ListenerKind::Http,
+                address,
+                payload: Payload::PlainHttp(routes.clone()),
+                in_cluster,
+            }
+        }
+        // Reported as `tcp` in /status: it relays TCP (operators before it know no other kind).
+        IngressListener::TlsPassthrough { port, routes } => {
+            let address = SocketAddr::new(host, *port);
+            Desired {
+                key: format!("tls-passthrough:{address}"),
+                name: format!("tls-{port}{suffix}"),
+                kind: ListenerKind::Tcp,
+                address,
+                payload: Payload::Passthrough(routes.clone()),
+                in_cluster,
+            }
+        }
     }
 }
 
@@ -433,18 +470,60 @@ fn probe_specs(config: &AgentConfig, options: &Options) -> Vec<ProbeSpec> {
                 port: backend.port,
                 interval: Some(options.backend_probe_interval),
             }),
-            IngressListener::Http { routes, .. } => {
-                specs.extend(routes.iter().map(|route| ProbeSpec {
-                    kind: ProbeKind::Backend,
-                    name: route.name.clone(),
-                    host: route.backend.host.clone(),
-                    port: route.backend.port,
-                    interval: Some(options.backend_probe_interval),
-                }));
+            IngressListener::Http { routes, .. } | IngressListener::PlainHttp { routes, .. } => {
+                for route in routes {
+                    let backends = route.backend.iter().chain(
+                        route
+                            .rules
+                            .iter()
+                            .flat_map(|rule| &rule.backends)
+                            .filter_map(|weighted| weighted.backend.as_ref()),
+                    );
+                    specs.extend(route_probes(&route.name, backends, options));
+                }
+            }
+            IngressListener::TlsPassthrough { routes, .. } => {
+                for route in routes {
+                    let backends = route
+                        .backends
+                        .iter()
+                        .filter_map(|weighted| weighted.backend.as_ref());
+                    specs.extend(route_probes(&route.name, backends, options));
+                }
             }
         }
     }
     specs
+}
+
+/// One probe per distinct backend of a route: named after the route when it has one backend
+/// (as TailnetIngress routes always have), else `<route>/<host>:<port>`.
+fn route_probes<'a>(
+    route: &str,
+    backends: impl Iterator<Item = &'a BackendAddress>,
+    options: &Options,
+) -> Vec<ProbeSpec> {
+    let mut distinct: Vec<&BackendAddress> = Vec::new();
+    for backend in backends {
+        if !distinct.contains(&backend) {
+            distinct.push(backend);
+        }
+    }
+    let single = distinct.len() == 1;
+    distinct
+        .into_iter()
+        .map(|backend| ProbeSpec {
+            kind: ProbeKind::Backend,
+            name: if single {
+                route.to_owned()
+            } else {
+                format!("{route}/{}:{}", backend.host, backend.port)
+            },
+            host: backend.host.clone(),
+            port: backend.port,
+            interval: Some(options.backend_probe_interval),
+        })
+        .collect()
 }
 
 impl Supervisor {
@@ -574,7 +653,7 @@ impl Supervisor {
             let wanted = desired.iter().find(|d| &d.key == key);
             let keep = match wanted {
                 None => false,
-                Some(d) => !(d.kind == ListenerKind::Http && certificate.is_err()),
+                Some(d) => !(d.payload.needs_certificate() && certificate.is_err()),
             };
             if !keep {
                 to_stop.push(key.clone());
@@ -624,48 +703,7 @@ impl Supervisor {
                 continue;
             }
             if let Some(running) = self.running.get_mut(&wanted.key) {
-                match (&mut running.update, &wanted.payload) {
-                    (Update::Egress(sender), Payload::Egress(egress)) => {
-                        sender.send_if_modified(|current| replace_if_changed(current, egress));
-                    }
-                    (Update::Tcp(sender), Payload::Tcp(forward)) => {
-                        sender.send_if_modified(|current| replace_if_changed(current, forward));
-                    }
-                    (
-                        Update::Http {
-                            site,
-                            routes,
-                            store,
-                        },
-                        Payload::Http(new_routes),
-                    ) => {
-                        let new_store = certificate.as_ref().ok();
-                        let store_changed =
-                            new_store.is_some_and(|new_store| !Arc::ptr_eq(new_store, store));
-                        if (routes != new_routes || store_changed)
-                            && let Some(new_store) = new_store
-                        {
-                            match HttpSite::new(
-                                wanted.name.clone(),
-                                new_routes,
-                                new_store.clone(),
-                                defaults,
-                            )
-                            .map(|site| site.in_cluster(wanted.in_cluster))
-                            {
-                                Ok(new_site) => {
-                                    site.send_replace(Arc::new(new_site));
-                                    *routes = new_routes.clone();
-                                    *store = new_store.clone();
-                                }
-                                Err(error) => {
-                                    warn!(listener = %wanted.name, error = %error_chain(&error), "routes not applied");
-                                }
-                            }
-                        }
-                    }
-                    _ => {}
-                }
+                update_running(running, &wanted, &certificate, defaults);
                 continue;
             }
             match self.start(&wanted, certificate.as_ref().ok()).await {
@@ -717,20 +755,12 @@ impl Supervisor {
         store: Option<&Arc<CertStore>>,
     ) -> Result<Running, String> {
         // Build before binding, so a bad route never leaves a bound port that serves nothing.
-        let site = match (&wanted.payload, store) {
-            (Payload::Http(routes), Some(store)) => Some((
-                HttpSite::new(
-                    wanted.name.clone(),
-                    routes,
-                    store.clone(),
-                    self.proxy_defaults(),
-                )
-                .map_err(|error| error_chain(&error))?
-                .in_cluster(wanted.in_cluster),
-                routes.clone(),
-                store.clone(),
-            )),
-            (Payload::Http(_), None) => return Err("no valid certificate".into()),
+        let site = match &wanted.payload {
+            Payload::Http(routes) | Payload::PlainHttp(routes) => {
+                let store = store.filter(|_| wanted.payload.needs_certificate());
+                let site = build_site(wanted, routes, store, self.proxy_defaults())?;
+                Some((site, routes.clone(), store.cloned()))
+            }
             _ => None,
         };
         let listener = TcpListener::bind(wanted.address)
@@ -774,7 +804,23 @@ impl Supervisor {
                     Update::Tcp(sender),
                 )
             }
-            (Payload::Http(_), Some((site, routes, store))) => {
+            (Payload::Passthrough(routes), _) => {
+                let site = PassthroughSite::new(wanted.name.clone(), routes);
+                let (sender, receiver) = watch::channel(Arc::new(site));
+                (
+                    tokio::spawn(listeners::run_relay(
+                        listener,
+                        wanted.name.clone(),
+                        receiver,
+                        handle_passthrough,
+                        gate,
+                        stop.clone(),
+                        shared,
+                    )),
+                    Update::Passthrough(sender),
+                )
+            }
+            (Payload::Http(_) | Payload::PlainHttp(_), Some((site, routes, store))) => {
                 let (sender, receiver) = watch::channel(Arc::new(site));
                 (
                     tokio::spawn(listeners::run_http(
@@ -791,7 +837,9 @@ impl Supervisor {
                     },
                 )
             }
-            (Payload::Http(_), None) => return Err("no valid certificate".into()),
+            (Payload::Http(_) | Payload::PlainHttp(_), None) => {
+                return Err("no site built".into());
+            }
         };
         Ok(Running { stop, task, update })
     }
@@ -804,6 +852,85 @@ impl Supervisor {
                 warn!(%key, %error, "listener task ended abnormally");
             }
         }
+    }
+}
+
+/// The site of an `http` (with `store`) or `plainHttp` listener.
+fn build_site(
+    wanted: &Desired,
+    routes: &[HttpRoute],
+    store: Option<&Arc<CertStore>>,
+    defaults: ProxyDefaults,
+) -> Result<HttpSite, String> {
+    let site = match (wanted.payload.needs_certificate(), store) {
+        (true, Some(store)) => HttpSite::new(wanted.name.clone(), routes, store.clone(), defaults),
+        (true, None) => return Err("no valid certificate".into()),
+        (false, _) => HttpSite::plain(wanted.name.clone(), routes, defaults),
+    };
+    site.map(|site| site.in_cluster(wanted.in_cluster))
+        .map_err(|error| error_chain(&error))
+}
+
+/// Hands a running listener the settings of the current config (new connections get them;
+/// established ones keep theirs). An `http` listener's site is rebuilt when its routes or
+/// its certificate store changed.
+fn update_running(
+    running: &mut Running,
+    wanted: &Desired,
+    certificate: &Result<Arc<CertStore>, String>,
+    defaults: ProxyDefaults,
+) {
+    match (&mut running.update, &wanted.payload) {
+        (Update::Egress(sender), Payload::Egress(egress)) => {
+            sender.send_if_modified(|current| replace_if_changed(current, egress));
+        }
+        (Update::Tcp(sender), Payload::Tcp(forward)) => {
+            sender.send_if_modified(|current| replace_if_changed(current, forward));
+        }
+        (Update::Passthrough(sender), Payload::Passthrough(routes)) => {
+            sender.send_if_modified(|current| {
+                if current.routes == *routes {
+                    return false;
+                }
+                *current = Arc::new(PassthroughSite::new(wanted.name.clone(), routes));
+                true
+            });
+        }
+        (
+            Update::Http {
+                site,
+                routes,
+                store,
+            },
+            Payload::Http(new_routes) | Payload::PlainHttp(new_routes),
+        ) => {
+            let new_store = if wanted.payload.needs_certificate() {
+                let Ok(new_store) = certificate else {
+                    return;
+                };
+                Some(new_store)
+            } else {
+                None
+            };
+            let store_changed = match (new_store, store.as_ref()) {
+                (Some(new_store), Some(store)) => !Arc::ptr_eq(new_store, store),
+                (new_store, store) => new_store.is_some() != store.is_some(),
+            };
+            if routes == new_routes && !store_changed {
+                return;
+            }
+            match build_site(wanted, new_routes, new_store, defaults) {
+                Ok(new_site) => {
+                    site.send_replace(Arc::new(new_site));
+                    *routes = new_routes.clone();
+                    *store = new_store.cloned();
+                }
+                Err(message) => {
+                    warn!(listener = %wanted.name, error = %message, "routes not applied");
+                }
+            }
+        }
+        _ => {}
     }
 }
 

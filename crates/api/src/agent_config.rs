@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod gateway;
+pub use gateway::*;
+
 /// Path of the config file inside the agent container.
 pub const CONFIG_PATH: &str = "/etc/tailnet-agent/config/config.json";
 /// Directory the config ConfigMap is mounted at.
@@ -146,15 +149,44 @@ pub enum IngressListener {
     /// TLS termination and HTTP reverse proxy, virtual hosts by SNI/Host.
     #[serde(rename = "http")]
     Http { port: u16, routes: Vec<HttpRoute> },
+    /// HTTP/1.1 reverse proxy without TLS, virtual hosts by Host (the Gateway API's `HTTP`
+    /// listeners: on a tailnet the transport is WireGuard-encrypted already).
+    #[serde(rename = "plainHttp")]
+    PlainHttp { port: u16, routes: Vec<HttpRoute> },
+    /// TLS passthrough: the ClientHello's SNI picks the route, and the connection (ClientHello
+    /// included) is relayed to its backend untouched; the backend terminates TLS.
+    #[serde(rename = "tlsPassthrough")]
+    TlsPassthrough {
+        port: u16,
+        routes: Vec<PassthroughRoute>,
+    },
+}
+
+impl IngressListener {
+    /// The loopback port it binds.
+    pub fn port(&self) -> u16 {
+        match self {
+            IngressListener::Tcp { port, .. }
+            | IngressListener::Http { port, .. }
+            | IngressListener::PlainHttp { port, .. }
+            | IngressListener::TlsPassthrough { port, .. } => *port,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HttpRoute {
     pub name: String,
-    /// Hostnames served by this route (SNI and Host).
+    /// Hostnames served by this route (SNI and Host): DNS names, `*.`-prefixed wildcards
+    /// (any name under the suffix, at any depth, not the suffix itself) or `*` (every name).
+    /// An exact name beats a wildcard, a longer wildcard a shorter one, and both beat `*`.
     pub hostnames: Vec<String>,
-    pub backend: BackendAddress,
+    /// The one backend of a route without `rules` (every request goes there); absent when
+    /// the route has `rules`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendAddress>,
+    /// TLS towards `backend` (a route with `rules` sets it per backend instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_tls: Option<BackendTlsFiles>,
     /// Bound of the whole exchange in whole seconds, rounded up ([`timeout_seconds`]); what
@@ -172,6 +204,10 @@ pub struct HttpRoute {
     /// `backendRequestTimeoutSeconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_request_timeout_millis: Option<u64>,
+    /// Gateway API routing: the first rule (in this order) whose matches the request meets
+    /// serves it; none: 404. Absent: `backend` serves every request (TailnetIngress).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<HttpRule>,
 }
 
 impl HttpRoute {
