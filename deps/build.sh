@@ -6,6 +6,7 @@
 #   deps/build.sh [all | component...]   build what is missing (default: all, see below)
 #   deps/build.sh --print-env             TNO_BIN_<NAME>=<abs path> lines (+ TNO_*_CRDS)
 #   deps/build.sh --check [component...]  run every binary's version flag
+#   deps/build.sh --download [component...]  only `go mod download` what the builds need
 #   deps/build.sh --pin [component...]    regenerate deps/go/<c>/go.mod+go.sum
 #                                         from deps/versions.env (maintainers)
 #
@@ -612,6 +613,26 @@ build_all() {
   ((${#failed[@]} == 0)) || die "failed: ${failed[*]} (see above)"
 }
 
+# download_all C...: `go mod download` for every component that is not cached yet, all at once
+# (network-bound: scripts/lab.sh runs it while cargo has the cores, so the builds that follow
+# only compile).
+download_all() {
+  local c dir pid failed=()
+  declare -A component_of=()
+  for c; do
+    dir=$(wrapper_dir "$c")
+    [[ -f $dir/go.mod ]] || continue
+    if [[ ${TNO_DEPS_FORCE:-0} != 1 ]] && is_cached "$c"; then continue; fi
+    (cd "$dir" && "$GO" mod download) &
+    component_of[$!]=$c
+  done
+  while ((${#component_of[@]} > 0)); do
+    wait -n -p pid || failed+=("${component_of[$pid]}")
+    unset "component_of[$pid]"
+  done
+  ((${#failed[@]} == 0)) || die "downloading modules failed: ${failed[*]} (see above)"
+}
+
 # -------------------------------------------------------------- --pin
 write_tool_gomod() {  # write_tool_gomod C  (go.mod with tool directives, then tidy)
   local c=$1 dir ver mod pair
@@ -863,7 +884,8 @@ main() {
     --print-env) print_env; return ;;
     --check) mode=check; shift ;;
     --pin) mode=pin; shift ;;
-    -h | --help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
+    --download) mode=download; shift ;;
+    -h | --help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
     -*) die "unknown option $1" ;;
   esac
   local comps c failed=0 t0
@@ -878,6 +900,11 @@ main() {
     pin)
       setup_go
       for c in "${comps[@]}"; do pin_component "$c"; done ;;
+    download)
+      setup_go
+      t0=$(date +%s)
+      download_all "${comps[@]}"
+      log "modules downloaded in $(($(date +%s) - t0))s: ${comps[*]}" ;;
     build)
       setup_go
       t0=$(date +%s)

@@ -48,16 +48,9 @@ bash scripts/install-system-packages.sh
 phase "system packages"
 musl_target="$(uname -m)-unknown-linux-musl"
 rustup target list --installed | grep -qx "$musl_target" || rustup target add "$musl_target"
-# The Go-built programs and the Rust build run side by side: on a fresh machine they are the two
-# long waits (measured on 2 cores alone: ~15 and ~3 min), and each leaves cores idle while it
-# links or downloads; deps/build.sh itself builds two components at a time (TNO_DEPS_JOBS).
 # Only what the lab runs is built here; scripts/test.sh builds the test-only tools (caddy,
 # prometheus, actionlint).
 lab_components=(kubernetes etcd headscale tailscale coredns cert-manager cert-manager-controller helm crane kube-router)
-echo "[lab] building the third-party programs and the Rust binaries (first run: ~20 min)…" >&2
-timed "third-party programs (deps/build.sh; cached in ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps})" \
-  bash deps/build.sh "${lab_components[@]}" &
-go_builds=$!
 # One cargo build, one profile (`lab`: unoptimised, no debug info, not incremental) and one
 # target: the images' static binaries (the operator and the agent; releases use --profile
 # release), the lab's own runner and test servers (the runner finds them next to itself) and
@@ -72,13 +65,24 @@ build_rust() {
     ln -sfn "$(cd "$target_dir/$musl_target/lab" && pwd)" "$lab_binaries/$musl_target" &&
     "$target_dir/$musl_target/lab/xtask" images --out "$target_dir/lab-images" --binaries "$lab_binaries"
 }
-rust_status=0
+# The Go modules download while cargo compiles; then the Go programs compile, two at a time
+# (deps/build.sh, TNO_DEPS_JOBS), with the cores to themselves: compiling both side by side
+# took 1171-1182 s for the builds on 2 cores (README: the measured times of this order).
+echo "[lab] building the Rust binaries and the third-party programs (first run: ~20 min)…" >&2
+deps_cache=${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}
+timed "Go modules (deps/build.sh --download; beside cargo)" \
+  bash deps/build.sh --download "${lab_components[@]}" &
+downloads=$!
+rust_status=0 go_status=0
 timed "Rust binaries and images (cargo build --profile lab, xtask images)" build_rust || rust_status=$?
-go_status=0
-wait "$go_builds" || go_status=$?
+wait "$downloads" || go_status=$?
+if ((rust_status == 0 && go_status == 0)); then
+  timed "third-party programs (deps/build.sh; cached in $deps_cache)" \
+    bash deps/build.sh "${lab_components[@]}" || go_status=$?
+fi
 if ((rust_status != 0 || go_status != 0)); then
   echo "[lab] a build failed (Rust: exit $rust_status, Go programs: exit $go_status); see above" >&2
   exit 1
 fi
-phase "builds (side by side; wall time)"
+phase "builds"
 exec "$target_dir/$musl_target/lab/tno-lab" --images "$target_dir/lab-images" "$@"
