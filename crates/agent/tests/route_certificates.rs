@@ -41,15 +41,15 @@ fn route(name: &str, hostnames: &[&str], port: u16) -> serde_json::Value {
 /// foo.example.test with certificate `a`, *.example.test with `b`, plain.test without one of
 /// its own (the agent-level `c`).
 fn config(dir: &Path) -> serde_json::Value {
-    let mut foo = route("foo", &["foo.example.test"], FOO_BACKEND);
-    foo["tls"] = files(dir, "a");
+    let mut exact = route("foo", &["foo.example.test"], FOO_BACKEND);
+    exact["tls"] = files(dir, "a");
     let mut wild = route("wild", &["*.example.test"], WILD_BACKEND);
     wild["tls"] = files(dir, "b");
     json!({
         "localapiSocket": dir.join("no-tailscaled.sock"),
         "adminPort": common::ADMIN_PORT,
         "ingress": [{"mode": "http", "port": HTTPS_PORT, "routes": [
-            foo, wild, route("plain", &["plain.test"], PLAIN_BACKEND),
+            exact, wild, route("plain", &["plain.test"], PLAIN_BACKEND),
         ]}],
         "tls": files(dir, "c"),
     })
