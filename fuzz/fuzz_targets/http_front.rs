@@ -21,6 +21,7 @@ fn table() -> RouteTable {
     let route = |name: &str, hostnames: &[&str]| HttpRoute {
         name: name.into(),
         hostnames: hostnames.iter().map(|h| h.to_string()).collect(),
+        tls: None,
         backend: Some(BackendAddress {
             host: "127.0.0.1".into(),
             port: 8080,

@@ -136,7 +136,6 @@ pub fn validate(config: &AgentConfig) -> Result<(), ConfigError> {
     }
 
     let mut loopback_ports = BTreeMap::new();
-    let mut has_http = false;
     let mut regexes = RegexBudget::default();
     for (index, listener) in config.ingress.iter().enumerate() {
         let at = format!("ingress[{index}]");
@@ -150,12 +149,13 @@ pub fn validate(config: &AgentConfig) -> Result<(), ConfigError> {
                 require_backend(&backend.host, backend.port, &format!("{at}.backend"))?;
             }
             IngressListener::Http { routes, .. } | IngressListener::PlainHttp { routes, .. } => {
-                has_http |= matches!(listener, IngressListener::Http { .. });
+                let terminates_tls = matches!(listener, IngressListener::Http { .. });
                 check_route_count(routes.len(), &at)?;
                 let mut hostnames = BTreeMap::new();
                 for (route_index, route) in routes.iter().enumerate() {
                     let at = format!("{at}.routes[{route_index}]");
                     validate_route(route, &at, &mut regexes)?;
+                    check_route_certificate(route, terminates_tls, config.tls.is_some(), &at)?;
                     claim_route(&mut names, &route.name, &at)?;
                     claim_hostnames(&mut hostnames, &route.hostnames, &route.name, &at)?;
                 }
@@ -185,18 +185,37 @@ pub fn validate(config: &AgentConfig) -> Result<(), ConfigError> {
             )?;
         }
     }
-    if has_http && config.tls.is_none() {
-        return Err(invalid(
-            "tls",
-            "http ingress listeners need certFile and keyFile",
-        ));
-    }
     if let Some(tls) = &config.tls
         && (tls.cert_file.trim().is_empty() || tls.key_file.trim().is_empty())
     {
         return Err(invalid("tls", "certFile and keyFile must not be empty"));
     }
     Ok(())
+}
+
+/// A route of an `http` listener is served with its own certificate or the agent-level one;
+/// a `plainHttp` route serves no TLS, so a certificate there is a mistake.
+fn check_route_certificate(
+    route: &HttpRoute,
+    terminates_tls: bool,
+    agent_certificate: bool,
+    at: &str,
+) -> Result<(), ConfigError> {
+    let field = format!("{at}.tls");
+    match (&route.tls, terminates_tls) {
+        (Some(_), false) => Err(invalid(
+            field,
+            "a plainHttp route serves no TLS: certificates belong to http listeners",
+        )),
+        (Some(tls), true) if tls.cert_file.trim().is_empty() || tls.key_file.trim().is_empty() => {
+            Err(invalid(field, "certFile and keyFile must not be empty"))
+        }
+        (None, true) if !agent_certificate => Err(invalid(
+            field,
+            "the route has no certificate of its own (certFile, keyFile) and the agent-level tls is absent",
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn rule_error(error: RuleError) -> ConfigError {
@@ -494,6 +513,11 @@ mod tests {
                 Box::new(|c| {
                     c.as_object_mut().map(|o| o.remove("tls"));
                 }),
+                "ingress[1].routes[0].tls",
+            ),
+            (
+                "empty agent-level certificate",
+                Box::new(|c| c["tls"]["keyFile"] = json!(" ")),
                 "tls",
             ),
             (
@@ -572,9 +596,76 @@ mod tests {
         assert_eq!(config.ingress.len(), 2);
         let mut with_http = gateway();
         with_http["ingress"][0]["mode"] = json!("http");
-        assert_eq!(error_field(with_http.clone()), "tls");
+        assert_eq!(error_field(with_http.clone()), "ingress[0].routes[0].tls");
         with_http["tls"] = json!({"certFile": "/c", "keyFile": "/k"});
         assert!(config_ok(with_http));
+    }
+
+    /// An `http` listener's routes may each carry their own certificate; routes without one
+    /// need the agent-level `tls`; `plainHttp` routes carry none.
+    #[test]
+    fn route_certificates_are_checked_naming_the_field() {
+        let own = json!({"certFile": "/gw/a/tls.crt", "keyFile": "/gw/a/tls.key"});
+        let mut https = gateway();
+        https["ingress"][0]["mode"] = json!("http");
+        https["ingress"][0]["routes"][0]["tls"] = own.clone();
+        https["ingress"][0]["routes"][1]["tls"] = own.clone();
+        assert!(
+            config_ok(https.clone()),
+            "every route has its own: no agent-level tls"
+        );
+
+        type Mutation = Box<dyn Fn(&mut serde_json::Value)>;
+        let cases: Vec<(&str, Mutation, &str)> = vec![
+            (
+                "a route without its own and no agent-level tls",
+                Box::new(|c| {
+                    c["ingress"][0]["routes"][1]
+                        .as_object_mut()
+                        .map(|route| route.remove("tls"));
+                }),
+                "ingress[0].routes[1].tls",
+            ),
+            (
+                "an empty key file",
+                Box::new(|c| c["ingress"][0]["routes"][0]["tls"]["keyFile"] = json!("")),
+                "ingress[0].routes[0].tls",
+            ),
+            (
+                "an empty certificate file",
+                Box::new(|c| c["ingress"][0]["routes"][1]["tls"]["certFile"] = json!(" ")),
+                "ingress[0].routes[1].tls",
+            ),
+            (
+                "a certificate on a plainHttp route",
+                Box::new(|c| c["ingress"][0]["mode"] = json!("plainHttp")),
+                "ingress[0].routes[0].tls",
+            ),
+        ];
+        for (what, mutate, field) in cases {
+            let mut value = https.clone();
+            mutate(&mut value);
+            assert_eq!(error_field(value), field, "{what}");
+        }
+
+        // With the agent-level certificate a route may go without its own.
+        let mut mixed = https.clone();
+        mixed["ingress"][0]["routes"][1]
+            .as_object_mut()
+            .map(|route| route.remove("tls"));
+        mixed["tls"] = json!({"certFile": "/c", "keyFile": "/k"});
+        let parsed = config(mixed).expect("valid");
+        let IngressListener::Http { routes, .. } = &parsed.ingress[0] else {
+            panic!("http listener");
+        };
+        assert!(routes[0].tls.is_some() && routes[1].tls.is_none());
+        // A certificate on a passthrough route is not a field at all.
+        let mut passthrough = gateway();
+        passthrough["ingress"][1]["routes"][0]["tls"] = own;
+        assert!(matches!(
+            parse(passthrough.to_string().as_bytes()),
+            Err(ParseError::Json(_))
+        ));
     }
 
     fn config_ok(value: serde_json::Value) -> bool {
@@ -587,6 +678,7 @@ mod tests {
         for seed in [
             include_str!("../../../fuzz/seeds/agent_config/full.json"),
             include_str!("../../../fuzz/seeds/agent_config/gateway.json"),
+            include_str!("../../../fuzz/seeds/agent_config/gateway-https.json"),
         ] {
             let value: serde_json::Value = serde_json::from_str(seed).expect("seed is JSON");
             assert!(config(value).is_ok());

@@ -6,7 +6,8 @@
 //! - egress: pod IP:port → LocalAPI dial through the tailnet ([`dial`], [`listeners`]);
 //! - per-listener and per-agent connection limits ([`limits`]);
 //! - ingress `tcp`: 127.0.0.1:port → backend ([`listeners`], zero-copy via [`splice`]);
-//! - ingress `http`: TLS termination, virtual hosts, reverse proxy ([`proxy`], [`site`]);
+//! - ingress `http`: TLS termination, virtual hosts, reverse proxy ([`proxy`], [`site`]),
+//!   a certificate per route chosen by SNI ([`tls`], [`certificates`]);
 //! - ingress `plainHttp`: the same without TLS (Gateway API `HTTP` listeners);
 //! - Gateway API HTTP rules: matches, filters, weighted backends ([`http_rules`]);
 //! - ingress `tlsPassthrough`: routed by the ClientHello's SNI, relayed unopened
@@ -17,6 +18,7 @@
 pub mod admin;
 pub mod backend;
 pub mod body;
+pub mod certificates;
 pub mod config;
 pub mod dedicated;
 pub mod dial;

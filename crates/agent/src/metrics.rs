@@ -284,7 +284,7 @@ impl Metrics {
         );
         registry.register(
             "certificate_loaded",
-            "1 when a valid serving certificate is loaded",
+            "1 when every configured serving certificate (agent-level and routes' own) is loaded",
             self.certificate_loaded.clone(),
         );
         registry.register(

@@ -135,6 +135,11 @@ impl RouteTable {
             .map(|(index, _)| index)
     }
 
+    /// Index of the route serving `*` (what a ClientHello without SNI is answered for).
+    pub fn catch_all(&self) -> Option<usize> {
+        self.hostnames.any()
+    }
+
     /// SNI (if the client sent one) selects the route; the Host must be served by the same
     /// route. Without SNI the Host alone selects.
     pub fn select(&self, sni: Option<&str>, host: Option<&str>) -> RouteDecision {
@@ -191,6 +196,7 @@ mod tests {
         HttpRoute {
             name: name.into(),
             hostnames: hostnames.iter().map(|h| h.to_string()).collect(),
+            tls: None,
             backend: Some(BackendAddress {
                 host: format!("{name}.svc"),
                 port: 80,
@@ -278,6 +284,8 @@ mod tests {
         assert!(table.serves("admin.team-a.lab.example.net"));
         assert!(table.serves("Portal.Lab.Example.Net."));
         assert!(!table.serves("other.example.net"));
+        assert_eq!(table.catch_all(), None);
+        assert_eq!(gateway_table().catch_all(), Some(3));
     }
 
     fn gateway_table() -> RouteTable {

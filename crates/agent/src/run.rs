@@ -22,6 +22,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use crate::admin::{self, Admin};
+use crate::certificates::Certificates;
 use crate::config::{self, ConfigError};
 use crate::dial::{TailnetDialer, error_chain};
 use crate::limits::Gate;
@@ -32,8 +33,8 @@ use crate::metrics::{Metrics, TailnetStateLabels};
 use crate::passthrough::{PassthroughSite, handle_passthrough};
 use crate::probe::{ProbeDeps, ProbeSpec, Prober};
 use crate::proxy::{HttpSite, ProxyContext, ProxyDefaults};
-use crate::state::{AgentState, CertificateView, ListenerKind, ListenerView, ProbeKind};
-use crate::tls::{CertStore, Reload};
+use crate::state::{AgentState, ListenerKind, ListenerView, ProbeKind};
+use crate::tls::ListenerCertificates;
 use crate::workers::ConnectionThreads;
 
 const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -153,8 +154,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         rejected_raw: None,
         running: BTreeMap::new(),
         gates: BTreeMap::new(),
-        certificate: None,
-        certificate_message: String::new(),
+        certificates: Certificates::default(),
         prober: Prober::default(),
     };
     supervisor.reconcile().await;
@@ -320,11 +320,11 @@ struct Desired {
 enum Update {
     Egress(watch::Sender<EgressListener>),
     Tcp(watch::Sender<TcpForward>),
-    /// `http` and `plainHttp` listeners (`store`: the certificate of a TLS one).
+    /// `http` and `plainHttp` listeners (`certificates`: those of a TLS one).
     Http {
         site: watch::Sender<Arc<HttpSite>>,
         routes: Vec<HttpRoute>,
-        store: Option<Arc<CertStore>>,
+        certificates: Option<ListenerCertificates>,
     },
     Passthrough(watch::Sender<Arc<PassthroughSite>>),
 }
@@ -348,8 +348,7 @@ struct Supervisor {
     /// Connection gates by listener key; they outlive a listener's restart (its open
     /// connections keep their slots) and go when the listener leaves the config.
     gates: BTreeMap<String, Arc<Gate>>,
-    certificate: Option<Arc<CertStore>>,
-    certificate_message: String,
+    certificates: Certificates,
     prober: Prober,
 }
 
@@ -569,83 +568,21 @@ impl Supervisor {
         }
     }
 
-    /// The certificate store for the configured files, re-read now. `Err` says why `http`
-    /// listeners cannot serve.
-    fn refresh_certificate(&mut self) -> Result<Arc<CertStore>, String> {
-        let needed = self
-            .config
-            .ingress
-            .iter()
-            .any(|listener| matches!(listener, IngressListener::Http { .. }));
-        let Some(files) = self.config.tls.clone() else {
-            self.certificate = None;
-            self.state.set_certificate(CertificateView {
-                required: needed,
-                loaded: false,
-                message: if needed {
-                    "no certificate configured".into()
-                } else {
-                    String::new()
-                },
-            });
-            self.metrics.certificate_loaded.set(0);
-            return Err("no certificate configured".into());
-        };
-        let same_files = self.certificate.as_ref().is_some_and(|store| {
-            let (cert, key) = store.paths();
-            cert == std::path::Path::new(&files.cert_file)
-                && key == std::path::Path::new(&files.key_file)
-        });
-        if !same_files {
-            self.certificate = Some(Arc::new(CertStore::new(&files.cert_file, &files.key_file)));
-        }
-        let Some(store) = self.certificate.clone() else {
-            return Err("no certificate store".into());
-        };
-        let (result, message) = match store.reload() {
-            Ok(Reload::Loaded) => {
-                self.metrics.certificate_reloads.inc();
-                info!(cert = %files.cert_file, "serving certificate loaded");
-                (Ok(store), String::new())
-            }
-            Ok(Reload::Unchanged) => (Ok(store), String::new()),
-            Err(rejected) => {
-                let reason = error_chain(&rejected.error);
-                if !rejected.repeated {
-                    self.metrics.certificate_reload_failures.inc();
-                    error!(cert = %files.cert_file, error = %reason, "certificate files rejected");
-                }
-                if store.current().is_some() {
-                    // The previous pair keeps serving.
-                    let message =
-                        format!("certificate files rejected, serving the previous one: {reason}");
-                    (Ok(store), message)
-                } else {
-                    let message = format!("no valid certificate: {reason}");
-                    (Err(message.clone()), message)
-                }
-            }
-        };
-        if message != self.certificate_message {
-            if !message.is_empty() && needed {
-                warn!(detail = %message, "http listeners do not serve until the certificate is valid");
-            }
-            self.certificate_message = message.clone();
-        }
-        self.metrics
-            .certificate_loaded
-            .set(i64::from(result.is_ok()));
-        self.state.set_certificate(CertificateView {
-            required: needed,
-            loaded: result.is_ok(),
-            message,
-        });
-        result
-    }
-
     async fn reconcile(&mut self) {
-        let certificate = self.refresh_certificate();
+        let view = self.certificates.refresh(&self.config, &self.metrics);
+        self.state.set_certificate(view);
         let desired = desired_listeners(&self.config, self.options.pod_ip);
+        // By listener key, for `http` listeners: `Err` says why it cannot serve.
+        let certificates: BTreeMap<String, Result<ListenerCertificates, String>> = desired
+            .iter()
+            .filter_map(|wanted| match &wanted.payload {
+                Payload::Http(routes) => Some((
+                    wanted.key.clone(),
+                    self.certificates.for_listener(&self.config, routes),
+                )),
+                _ => None,
+            })
+            .collect();
 
         // Stop what is no longer wanted first: a port may move between listener kinds.
         let mut to_stop = Vec::new();
@@ -653,7 +590,7 @@ impl Supervisor {
             let wanted = desired.iter().find(|d| &d.key == key);
             let keep = match wanted {
                 None => false,
-                Some(d) => !(d.payload.needs_certificate() && certificate.is_err()),
+                Some(d) => !matches!(certificates.get(d.key.as_str()), Some(Err(_))),
             };
             if !keep {
                 to_stop.push(key.clone());
@@ -698,15 +635,17 @@ impl Supervisor {
                 refused_connections: 0,
                 reclaimed_connections: 0,
             };
-            if let (Payload::Http(_), Err(reason)) = (&wanted.payload, &certificate) {
+            let listener_certificates = certificates.get(wanted.key.as_str());
+            if let Some(Err(reason)) = listener_certificates {
                 self.set_listener(&wanted.key, view(false, reason.clone()));
                 continue;
             }
+            let listener_certificates = listener_certificates.and_then(|c| c.as_ref().ok());
             if let Some(running) = self.running.get_mut(&wanted.key) {
-                update_running(running, &wanted, &certificate, defaults);
+                update_running(running, &wanted, listener_certificates, defaults);
                 continue;
             }
-            match self.start(&wanted, certificate.as_ref().ok()).await {
+            match self.start(&wanted, listener_certificates).await {
                 Ok(running) => {
                     info!(listener = %wanted.name, address = %wanted.address, kind = ?wanted.kind, "listener up");
                     self.running.insert(wanted.key.clone(), running);
@@ -752,14 +691,14 @@ impl Supervisor {
     async fn start(
         &self,
         wanted: &Desired,
-        store: Option<&Arc<CertStore>>,
+        certificates: Option<&ListenerCertificates>,
     ) -> Result<Running, String> {
         // Build before binding, so a bad route never leaves a bound port that serves nothing.
         let site = match &wanted.payload {
             Payload::Http(routes) | Payload::PlainHttp(routes) => {
-                let store = store.filter(|_| wanted.payload.needs_certificate());
-                let site = build_site(wanted, routes, store, self.proxy_defaults())?;
-                Some((site, routes.clone(), store.cloned()))
+                let certificates = certificates.filter(|_| wanted.payload.needs_certificate());
+                let site = build_site(wanted, routes, certificates, self.proxy_defaults())?;
+                Some((site, routes.clone(), certificates.cloned()))
             }
             _ => None,
         };
@@ -820,7 +759,7 @@ impl Supervisor {
                     Update::Passthrough(sender),
                 )
             }
-            (Payload::Http(_) | Payload::PlainHttp(_), Some((site, routes, store))) => {
+            (Payload::Http(_) | Payload::PlainHttp(_), Some((site, routes, certificates))) => {
                 let (sender, receiver) = watch::channel(Arc::new(site));
                 (
                     tokio::spawn(listeners::run_http(
@@ -833,7 +772,7 @@ impl Supervisor {
                     Update::Http {
                         site: sender,
                         routes,
-                        store,
+                        certificates,
                     },
                 )
             }
@@ -855,15 +794,17 @@ impl Supervisor {
     }
 }
 
-/// The site of an `http` (with `store`) or `plainHttp` listener.
+/// The site of an `http` (with `certificates`) or `plainHttp` listener.
 fn build_site(
     wanted: &Desired,
     routes: &[HttpRoute],
-    store: Option<&Arc<CertStore>>,
+    certificates: Option<&ListenerCertificates>,
     defaults: ProxyDefaults,
 ) -> Result<HttpSite, String> {
-    let site = match (wanted.payload.needs_certificate(), store) {
-        (true, Some(store)) => HttpSite::new(wanted.name.clone(), routes, store.clone(), defaults),
+    let site = match (wanted.payload.needs_certificate(), certificates) {
+        (true, Some(certificates)) => {
+            HttpSite::new(wanted.name.clone(), routes, certificates.clone(), defaults)
+        }
         (true, None) => return Err("no valid certificate".into()),
         (false, _) => HttpSite::plain(wanted.name.clone(), routes, defaults),
     };
@@ -873,11 +814,12 @@ fn build_site(
 
 /// Hands a running listener the settings of the current config (new connections get them;
 /// established ones keep theirs). An `http` listener's site is rebuilt when its routes or
-/// its certificate store changed.
+/// its certificate stores changed (`certificates`: `None` for a plain listener, or a TLS one
+/// that cannot serve, which is left alone).
 fn update_running(
     running: &mut Running,
     wanted: &Desired,
-    certificate: &Result<Arc<CertStore>, String>,
+    certificates: Option<&ListenerCertificates>,
     defaults: ProxyDefaults,
 ) {
     match (&mut running.update, &wanted.payload) {
@@ -900,30 +842,30 @@ fn update_running(
             Update::Http {
                 site,
                 routes,
-                store,
+                certificates: current,
             },
             Payload::Http(new_routes) | Payload::PlainHttp(new_routes),
         ) => {
-            let new_store = if wanted.payload.needs_certificate() {
-                let Ok(new_store) = certificate else {
+            let new_certificates = if wanted.payload.needs_certificate() {
+                let Some(new_certificates) = certificates else {
                     return;
                 };
-                Some(new_store)
+                Some(new_certificates)
             } else {
                 None
             };
-            let store_changed = match (new_store, store.as_ref()) {
-                (Some(new_store), Some(store)) => !Arc::ptr_eq(new_store, store),
-                (new_store, store) => new_store.is_some() != store.is_some(),
+            let certificates_changed = match (new_certificates, current.as_ref()) {
+                (Some(new), Some(current)) => !new.same_as(current),
+                (new, current) => new.is_some() != current.is_some(),
             };
-            if routes == new_routes && !store_changed {
+            if routes == new_routes && !certificates_changed {
                 return;
             }
-            match build_site(wanted, new_routes, new_store, defaults) {
+            match build_site(wanted, new_routes, new_certificates, defaults) {
                 Ok(new_site) => {
                     site.send_replace(Arc::new(new_site));
                     *routes = new_routes.clone();
-                    *store = new_store.cloned();
+                    *current = new_certificates.cloned();
                 }
                 Err(message) => {
                     warn!(listener = %wanted.name, error = %message, "routes not applied");

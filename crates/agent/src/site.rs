@@ -19,7 +19,7 @@ use crate::body::ProxyBody;
 use crate::http_rules::{CompileError, CompiledRule};
 use crate::metrics::{Metrics, RuleRequestLabels};
 use crate::routing::RouteTable;
-use crate::tls::{CaBundle, CertStore, TlsError, server_config};
+use crate::tls::{CaBundle, ListenerCertificates, TlsError, server_config};
 
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -194,15 +194,17 @@ impl HttpSite {
         self
     }
 
-    /// A TLS-terminating (`http`) listener's site.
+    /// A TLS-terminating (`http`) listener's site (`certificates`: one store for every
+    /// route, or each route's own, see [`ListenerCertificates`]).
     pub fn new(
         listener: String,
         routes: &[HttpRoute],
-        store: Arc<CertStore>,
+        certificates: impl Into<ListenerCertificates>,
         defaults: ProxyDefaults,
     ) -> Result<Self, SiteError> {
         let table = RouteTable::new(routes);
-        let acceptor = TlsAcceptor::from(Arc::new(server_config(store, table.clone())?));
+        let config = server_config(certificates.into(), table.clone())?;
+        let acceptor = TlsAcceptor::from(Arc::new(config));
         Self::build(listener, table, Some(acceptor), defaults)
     }
 

@@ -41,7 +41,8 @@ pub struct AgentConfig {
     pub egress: Vec<EgressListener>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ingress: Vec<IngressListener>,
-    /// Certificate for `http` ingress listeners.
+    /// Certificate for the routes of `http` ingress listeners that carry none of their own
+    /// (and for handshakes without SNI when no route serves `*`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsFiles>,
     /// Concurrent connection limits; absent: [`ConnectionLimits::default`].
@@ -182,6 +183,12 @@ pub struct HttpRoute {
     /// (any name under the suffix, at any depth, not the suffix itself) or `*` (every name).
     /// An exact name beats a wildcard, a longer wildcard a shorter one, and both beat `*`.
     pub hostnames: Vec<String>,
+    /// The certificate served to TLS handshakes whose SNI selects this route (`http`
+    /// listeners only: a Gateway's HTTPS listeners each bring their own `certificateRefs`).
+    /// Absent: the agent-level `tls` (and TailnetIngress configs stay byte for byte what
+    /// they were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsFiles>,
     /// The one backend of a route without `rules` (every request goes there); absent when
     /// the route has `rules`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -292,6 +299,30 @@ mod tests {
         }
         assert_eq!(timeout_seconds(None), None);
         assert_eq!(timeout_millis(None), None);
+    }
+
+    /// A route's own certificate is `tls` beside its hostnames; without one the route
+    /// serializes as before (no `tls` key at all).
+    #[test]
+    fn a_route_certificate_is_optional_and_absent_from_older_configs() {
+        let plain = serde_json::json!({
+            "name": "web", "hostnames": ["web.example"],
+            "backend": {"host": "web", "port": 80},
+        });
+        let route: HttpRoute = serde_json::from_value(plain.clone()).expect("route");
+        assert_eq!(route.tls, None);
+        assert_eq!(serde_json::to_value(&route).expect("json"), plain);
+        let mut with_tls = plain;
+        with_tls["tls"] = serde_json::json!({"certFile": "/c/tls.crt", "keyFile": "/c/tls.key"});
+        let route: HttpRoute = serde_json::from_value(with_tls.clone()).expect("route");
+        assert_eq!(
+            route.tls,
+            Some(TlsFiles {
+                cert_file: "/c/tls.crt".into(),
+                key_file: "/c/tls.key".into(),
+            })
+        );
+        assert_eq!(serde_json::to_value(&route).expect("json"), with_tls);
     }
 
     #[test]

@@ -232,6 +232,7 @@ fn listeners(
                 let route = HttpRoute {
                     name: expose.name.clone(),
                     hostnames,
+                    tls: None,
                     backend: Some(backend),
                     backend_tls,
                     request_timeout_seconds: seconds(expose.timeouts.request),
