@@ -368,7 +368,8 @@ pub fn gateway_class_object(name: &str) -> Value {
         "metadata": {"name": name},
         "spec": {
             "controllerName": CONTROLLER_NAME,
-            "description": "tailnet-operator: Gateways as tailnet nodes (Gateway API conformance run)",
+            // The CRD allows 64 bytes.
+            "description": "tailnet-operator: Gateways as tailnet nodes",
         },
     })
 }
@@ -484,8 +485,17 @@ pub struct ConformanceReport {
     pub gateway_api_channel: String,
     #[serde(default)]
     pub mode: String,
-    #[serde(default)]
+    /// `null` when no test ran (the suite's setup failed).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub profiles: Vec<ProfileReport>,
+}
+
+fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]

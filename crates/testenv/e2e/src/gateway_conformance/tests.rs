@@ -227,6 +227,11 @@ fn gateway_class_names_our_controller_and_the_stand_in_says_who_accepted_it() {
         class["spec"]["controllerName"],
         "tailnet-operator.dev/gateway"
     );
+    let description = class["spec"]["description"].as_str().unwrap_or_default();
+    assert!(
+        !description.is_empty() && description.len() <= 64,
+        "{description:?}"
+    );
     let status = stand_in_class_status(3, "2026-12-05T09:00:00Z");
     let condition = &status["status"]["conditions"][0];
     assert_eq!(condition["type"], "Accepted");
@@ -407,6 +412,13 @@ fn summary_of_a_setup_failure_says_why_and_that_no_test_ran() {
         text.contains("setup failed: Received unexpected error: context deadline exceeded (error waiting for tailnet GatewayClass"),
         "{text}"
     );
+    // What the suite writes when its setup failed.
+    let null = ConformanceReport::parse(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: ConformanceReport\nmode: default\nprofiles: null\n",
+        Path::new("r.yaml"),
+    )
+    .expect("parses");
+    assert!(null.profiles.is_empty());
     assert!(summary(None, "").contains("report: none written"));
     assert!(matches!(
         ConformanceReport::parse("profiles: 3", Path::new("bad.yaml")),
