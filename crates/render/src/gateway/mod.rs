@@ -21,6 +21,7 @@ pub mod class;
 pub mod grants;
 pub mod hostnames;
 pub mod http;
+pub mod intent;
 pub mod listeners;
 pub mod objects;
 pub mod plan;

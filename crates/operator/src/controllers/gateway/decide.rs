@@ -34,6 +34,7 @@ use tailnet_render::gateway::{
 use tailnet_render::ingress::IngressObjects;
 use tailnet_render::intent::Claim;
 
+use super::super::agent::conditions as shared;
 use super::super::agent::decide::{AgentObjects, AgentStatus, Decide, Input, Planned};
 use super::super::agent::identity::Identity;
 use super::super::ingress::decide::Ingress;
@@ -144,6 +145,7 @@ impl Decide for GatewayEntrance {
         };
         let decision = decide(input, &runtime);
         write_gateway_status(c, status, input.previous, decision.status, input.now);
+        policy_effective(input, c);
         if !planned.plan.notes.is_empty() {
             note_programmed(c, &planned.plan.notes);
         }
@@ -318,6 +320,33 @@ fn agent_objects(
         },
         agent.notes,
     ))
+}
+
+/// `PolicyEffective`: the grant from the class's `allowFrom` to the listener ports is live
+/// (informational: a Gateway without sources serves, but nobody is granted access).
+fn policy_effective(input: &Input<'_, GatewayEntrance>, c: &mut ConditionSet) {
+    let gateway = input.object;
+    let key = format!(
+        "{}/{}/{}",
+        AgentKind::Gateway.resource_kind(),
+        gateway.namespace().unwrap_or_default(),
+        gateway.name_any()
+    );
+    let sources = match &input.kind().class {
+        ClassState::Ours(Ok(parameters)) => parameters.allow_from.clone(),
+        _ => Vec::new(),
+    };
+    let blocked = sources.is_empty().then(|| {
+        Problem::new(
+            reasons::GRANT_MISSING,
+            "the class's TailnetGatewayParameters have no spec.allowFrom: no grant is generated (add sources there, or grant access in the base policy)",
+        )
+    });
+    let live = format!(
+        "{} may connect to the listener ports: the grant is live in Headscale",
+        sources.join(", ")
+    );
+    shared::policy_effective(c, input.tailnet, &key, &live, blocked);
 }
 
 /// The node's tailnet addresses (those that parse).

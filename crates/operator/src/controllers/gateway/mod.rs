@@ -11,6 +11,7 @@
 pub mod act;
 pub mod decide;
 pub mod gather;
+pub mod intents;
 pub mod observation;
 #[cfg(test)]
 mod tests;
