@@ -16,11 +16,14 @@
 //! Condition messages are bounded (`tailnet_api::bounded`); `lastTransitionTime` is left at
 //! the epoch for `tailnet_api::conditions::upsert` to fill.
 
+pub mod agent;
 pub mod class;
 pub mod grants;
 pub mod hostnames;
 pub mod http;
+pub mod intent;
 pub mod listeners;
+pub mod objects;
 pub mod plan;
 pub mod routes;
 pub mod selector;
