@@ -45,7 +45,6 @@ fn tag_word(kind: AgentKind) -> &'static str {
         AgentKind::Service => "svc",
         AgentKind::Egress => "egress",
         AgentKind::Ingress => "ingress",
-        AgentKind::Gateway => "gw",
     }
 }
 
@@ -171,8 +170,6 @@ pub enum AgentKind {
     Ingress,
     /// A `Service` of the tailnet `loadBalancerClass` (read as an ingress).
     Service,
-    /// A Gateway API `Gateway` of a GatewayClass of `tailnet-operator.dev/gateway`.
-    Gateway,
 }
 
 impl AgentKind {
@@ -181,7 +178,6 @@ impl AgentKind {
             AgentKind::Egress => "egress",
             AgentKind::Ingress => "ingress",
             AgentKind::Service => "service",
-            AgentKind::Gateway => "gateway",
         }
     }
 
@@ -190,7 +186,6 @@ impl AgentKind {
             AgentKind::Egress => "TailnetEgress",
             AgentKind::Ingress => "TailnetIngress",
             AgentKind::Service => "Service",
-            AgentKind::Gateway => "Gateway",
         }
     }
 
@@ -198,7 +193,6 @@ impl AgentKind {
     pub fn api_version(self) -> String {
         match self {
             AgentKind::Service => "v1".to_string(),
-            AgentKind::Gateway => "gateway.networking.k8s.io/v1".to_string(),
             AgentKind::Egress | AgentKind::Ingress => {
                 format!("{}/{}", crate::GROUP, crate::VERSION)
             }

@@ -162,9 +162,7 @@ fn summary(inputs: &PolicyInputs, decided: &entries::Decided) -> RenderSummary {
         ingress_resources: inputs.ingresses.len(),
         generated_tag_owners: decided.plan.tag_owners.len(),
         egress_grants: grants_of(ResourceKind::TailnetEgress),
-        ingress_grants: grants_of(ResourceKind::TailnetIngress)
-            + grants_of(ResourceKind::Service)
-            + grants_of(ResourceKind::Gateway),
+        ingress_grants: grants_of(ResourceKind::TailnetIngress) + grants_of(ResourceKind::Service),
         auto_approver_routes: decided.auto_approvers.len(),
         dns_targets_skipped: resources
             .iter()

@@ -10,7 +10,6 @@ pub mod desired;
 pub mod dns;
 pub mod egress;
 pub mod fragment;
-pub mod gateway;
 pub mod images;
 pub mod ingress;
 pub mod intent;

@@ -28,8 +28,7 @@ pub async fn gather<K: AgentKind>(
     object: &K::Object,
     intent: &K::Intent,
 ) -> Result<(Observation<K::Observed>, KeySource), ReconcileError> {
-    let tailnet = K::tailnet_of(ctx, object).await;
-    let access = match tailnet_access_of(ctx, tailnet.as_deref()).await {
+    let access = match tailnet_access_of(ctx, K::tailnet_name(object)).await {
         Ok(access) => access,
         Err(problem) => {
             return Ok((Observation::only_access(Err(problem)), KeySource::Unusable));
