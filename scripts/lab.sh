@@ -3,8 +3,8 @@
 # lab runs — kube-apiserver/etcd/headscale/tailscaled/CoreDNS/helm/crane/kube-router —, the
 # Rust binaries and the product's images), then starts a real control plane, test kubelet,
 # kube-proxy, CoreDNS, Headscale and a remote site behind a subnet router in network
-# namespaces, and installs the product the way users do: the images (`cargo xtask images
-# --profile lab`, daemon-less) and the chart pushed to the lab's OCI registry, `helm install`
+# namespaces, and installs the product the way users do: the images (`xtask images` over a
+# `cargo build --profile lab`, daemon-less) and the chart pushed to the lab's OCI registry, `helm install`
 # from there — the operator runs as a pod from its image, its agents from theirs. Then the demo:
 # CoreDNS wired as docs/dns.md says, NetworkPolicies enforced (kube-router), examples/ applied
 # (Tailnet in Apply mode, TailnetEgress, TailnetIngress with its backends), one egress
