@@ -3,8 +3,8 @@
 # tests need (SPEC §9) from the Go module proxy, into a version-keyed cache
 # outside the work tree. See deps/README.md.
 #
-#   deps/build.sh [all | component...]   build what is missing (default: all)
-#   deps/build.sh --print-env             TNO_BIN_<NAME>=<abs path> lines
+#   deps/build.sh [all | component...]   build what is missing (default: all, see below)
+#   deps/build.sh --print-env             TNO_BIN_<NAME>=<abs path> lines (+ TNO_*_CRDS)
 #   deps/build.sh --check [component...]  run every binary's version flag
 #   deps/build.sh --download [component...]  only `go mod download` what the builds need
 #   deps/build.sh --pin [component...]    regenerate deps/go/<c>/go.mod+go.sum
@@ -16,8 +16,14 @@
 #             helm prometheus caddy   (chart and monitoring-rule checks, benchmarks)
 #             crane actionlint        (the lab's OCI registry and image pushes; workflow lint)
 #             kube-router   (NetworkPolicy enforcer of the lab, network_policy_e2e)
+#             gateway-api   (the Standard-channel Gateway API CRDs, files only)
+#   Not in `all` (built only when named):
+#             gateway-api-conformance (the upstream conformance suite as a program, our
+#                           wrapper deps/go/gateway-api-conformance, + its echo-basic backend;
+#                           gateway-api's version)
 # Layout:     ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>
 #             .../cert-manager-<version>/crds/cert-manager.crds.yaml
+#             .../gateway-api-<version>/crds/*.yaml
 # Env:        TNO_DEPS_DIR   cache root
 #             TNO_DEPS_GO_P  go build -p (default 2)
 #             TNO_DEPS_JOBS  components built at the same time (default 2)
@@ -27,7 +33,9 @@ set -euo pipefail
 
 DEPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE_ROOT=${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}
-COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager cert-manager-controller helm prometheus caddy crane actionlint kube-router)
+COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager cert-manager-controller helm prometheus caddy crane actionlint kube-router gateway-api)
+# Built only when named (long cold builds that only some runs need); --print-env lists them too.
+OPTIONAL_COMPONENTS=(gateway-api-conformance)
 
 log() { printf '[deps] %s\n' "$*" >&2; }
 die() { printf '[deps] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -38,10 +46,11 @@ while IFS='=' read -r key value; do
   VERSIONS[$key]=$value
 done < <(grep -E '^[A-Z][A-Z0-9_]*=[^[:space:]]+$' "$DEPS_ROOT/versions.env")
 
-# version_key C: the versions.env key of C (the controller wrapper shares cert-manager's).
+# version_key C: the versions.env key of C (a wrapper of ours shares its module's key).
 version_key() {
   case $1 in
     cert-manager-controller) echo CERT_MANAGER_VERSION ;;
+    gateway-api-conformance) echo GATEWAY_API_VERSION ;;
     *) echo "$(tr 'a-z-' 'A-Z_' <<<"$1")_VERSION" ;;
   esac
 }
@@ -91,7 +100,9 @@ binaries_of() {
     crane) echo crane ;;
     actionlint) echo actionlint ;;
     kube-router) echo kube-router ;;
-    *) die "unknown component '$1' (known: ${COMPONENTS[*]})" ;;
+    gateway-api) echo ;;
+    gateway-api-conformance) echo gateway-api-conformance echo-basic ;;
+    *) die "unknown component '$1' (known: ${COMPONENTS[*]} ${OPTIONAL_COMPONENTS[*]})" ;;
   esac
 }
 
@@ -110,6 +121,9 @@ main_module_of() {
     crane) echo github.com/google/go-containerregistry ;;
     actionlint) echo github.com/rhysd/actionlint ;;
     kube-router) echo github.com/cloudnativelabs/kube-router/v2 ;;
+    gateway-api) echo sigs.k8s.io/gateway-api ;;
+    # the suite is a module of its own in the same repository, released with the same tags
+    gateway-api-conformance) echo sigs.k8s.io/gateway-api/conformance ;;
   esac
 }
 
@@ -145,11 +159,15 @@ packages_of() {
       echo actionlint=github.com/rhysd/actionlint/cmd/actionlint ;;
     kube-router)
       echo kube-router=github.com/cloudnativelabs/kube-router/v2/cmd/kube-router ;;
+    gateway-api-conformance)  # the suite: our wrapper package's test (go test -c)
+      echo gateway-api-conformance=tailnet-operator.dev/deps/gateway-api-conformance \
+        echo-basic=sigs.k8s.io/gateway-api/conformance/echo-basic ;;
   esac
 }
 
 comp_dir() { printf '%s/%s-%s\n' "$CACHE_ROOT" "$1" "$(version_of "$1")"; }
 crds_path() { printf '%s/crds/cert-manager.crds.yaml\n' "$(comp_dir cert-manager)"; }
+gateway_api_crds_dir() { printf '%s/crds\n' "$(comp_dir gateway-api)"; }
 
 # ---------------------------------------------------------------- go setup
 setup_go() {
@@ -262,8 +280,13 @@ recipe_of() {
     [[ $c != headscale ]] || echo "method=go-install"
     [[ $c != caddy ]] || echo "ldflags=CustomVersion"
     [[ $c != kube-router ]] || echo "ldflags=version.Version"
+    [[ $c != gateway-api ]] || echo "files=config/crd/standard/*.yaml"
+    [[ $c != gateway-api-conformance ]] || echo "method=go-test-c+go-build"
     [[ ! -f $dir/go.mod ]] || cat "$dir/go.mod" "$dir/go.sum"
-    [[ ! -f $dir/main.go ]] || cat "$dir/main.go"  # a wrapper main of ours
+    local f
+    for f in "$dir"/*.go; do  # a wrapper main / test of ours
+      [[ ! -f $f ]] || cat "$f"
+    done
   } | sha256sum | cut -d' ' -f1
 }
 
@@ -273,6 +296,9 @@ is_cached() {
   [[ -f $d/.recipe && "$(cat "$d/.recipe")" == "$(recipe_of "$c")" ]] || return 1
   if [[ $c == cert-manager ]]; then
     [[ -s $(crds_path) ]] || return 1
+  fi
+  if [[ $c == gateway-api ]]; then
+    compgen -G "$(gateway_api_crds_dir)/*.yaml" >/dev/null || return 1
   fi
   for b in $(binaries_of "$c"); do
     [[ -x $d/bin/$b ]] || return 1
@@ -304,6 +330,13 @@ check_wrapper() {
   got=$(cd "$dir" && "$GO" list -m -f '{{.Version}}' "$mod")
   [[ $got == "$want" ]] ||
     die "$dir/go.mod pins $mod $got but versions.env says $want; run deps/build.sh --pin $c"
+  if [[ $c == gateway-api-conformance ]]; then
+    # the suite's go.mod requires sigs.k8s.io/gateway-api at a placeholder (upstream replaces
+    # it with ../): the wrapper must pin the API module at the suite's own version
+    got=$(cd "$dir" && "$GO" list -m -f '{{.Version}}{{with .Replace}} => {{.Version}}{{end}}' sigs.k8s.io/gateway-api)
+    [[ $got == "$want" ]] ||
+      die "$dir/go.mod resolves sigs.k8s.io/gateway-api to $got, not $want; run deps/build.sh --pin $c"
+  fi
   if [[ $c == kubernetes ]]; then
     local staging="v0.${want#v1.}" bad
     bad=$(cd "$dir" && "$GO" list -m -f '{{if .Replace}}{{.Path}} {{.Replace.Version}}{{end}}' all |
@@ -409,6 +442,87 @@ build_cert_manager() {
   log "$c $ver: done ($(($(date +%s) - t0))s) -> $(crds_path)"
 }
 
+# gateway-api: the Standard-channel files of the module's config/crd/standard/ as they
+# are (upstream's standard-install.yaml is their concatenation): one CRD per file, plus
+# gateway.networking.k8s.io_vap_safeupgrades.yaml (a ValidatingAdmissionPolicy and its
+# binding that refuse Experimental-channel CRDs over Standard ones and downgrades below
+# v1.5). Every file must carry this version's bundle-version and the standard channel.
+build_gateway_api() {
+  local c=gateway-api ver dir tmp src t0 f n=0 crds
+  ver=$(version_of "$c")
+  dir=$(wrapper_dir "$c")
+  t0=$(date +%s)
+  check_wrapper "$c"
+  src=$(module_meta "$dir" "$(main_module_of "$c")" Dir)/config/crd/standard
+  compgen -G "$src/*.yaml" >/dev/null || die "no config/crd/standard/*.yaml in the module source of $c $ver"
+  mkdir -p "$CACHE_ROOT"
+  tmp=$(mktemp -d "$CACHE_ROOT/.tmp-$c-$ver.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" EXIT
+  mkdir -p "$tmp/crds"
+  for f in "$src"/*.yaml; do
+    grep -q "^    gateway.networking.k8s.io/bundle-version: $ver\$" "$f" ||
+      die "${f##*/} is not annotated bundle-version $ver"
+    grep -q '^    gateway.networking.k8s.io/channel: standard$' "$f" ||
+      die "${f##*/} is not annotated channel standard"
+    install -m 0644 "$f" "$tmp/crds/"
+    n=$((n + 1))
+  done
+  crds=$(cat "$tmp"/crds/*.yaml | grep -c '^kind: CustomResourceDefinition$' || true)
+  [[ $crds -ge 1 ]] || die "no CustomResourceDefinition in $src"
+  {
+    echo "component: $c $ver (Standard-channel files only: $n files, $crds CRDs)"
+    echo "source: sigs.k8s.io/gateway-api@$ver config/crd/standard/*.yaml (unchanged)"
+  } >"$tmp/BUILD-INFO"
+  publish "$tmp" "$c"
+  trap - EXIT
+  log "$c $ver: done ($(($(date +%s) - t0))s, $crds CRDs in $n files) -> $(gateway_api_crds_dir)"
+}
+
+# gateway-api-conformance: the suite is a Go test (upstream runs `go test ./conformance`
+# with flags), so the program is the test binary of our wrapper package
+# (deps/go/gateway-api-conformance/conformance_test.go, which calls
+# conformance.RunConformance), compiled with `go test -c`; its echo backend
+# (conformance/echo-basic, a main package inside the same module) with `go build`.
+build_gateway_api_conformance() {
+  local c=gateway-api-conformance ver dir tmp t0 t1 t2 t3 pair suite_pkg echo_pkg
+  ver=$(version_of "$c")
+  dir=$(wrapper_dir "$c")
+  for pair in $(packages_of "$c"); do
+    case ${pair%%=*} in
+      gateway-api-conformance) suite_pkg=${pair#*=} ;;
+      echo-basic) echo_pkg=${pair#*=} ;;
+    esac
+  done
+  mkdir -p "$CACHE_ROOT"
+  tmp=$(mktemp -d "$CACHE_ROOT/.tmp-$c-$ver.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" EXIT
+  mkdir -p "$tmp/bin"
+  t0=$(date +%s)
+  check_wrapper "$c"
+  log "$c $ver: downloading modules"
+  (cd "$dir" && "$GO" mod download)
+  t1=$(date +%s)
+  log "$c $ver: compiling $echo_pkg"
+  (cd "$dir" && "$GO" build -p "$GO_P" -trimpath -ldflags="-s -w" -o "$tmp/bin/echo-basic" "$echo_pkg")
+  t2=$(date +%s)
+  log "$c $ver: compiling the suite (go test -c $suite_pkg)"
+  (cd "$dir" && "$GO" test -c -p "$GO_P" -trimpath -ldflags="-s -w" -o "$tmp/bin/gateway-api-conformance" "$suite_pkg")
+  t3=$(date +%s)
+  {
+    echo "component: $c $ver"
+    echo "go: $("$GO" version)"
+    echo "packages: $echo_pkg (go build), $suite_pkg (go test -c: sigs.k8s.io/gateway-api/conformance.RunConformance)"
+    echo "ldflags: -s -w"
+    echo "download_seconds: $((t1 - t0))"
+    echo "compile_seconds: echo-basic $((t2 - t1)), suite $((t3 - t2))"
+  } >"$tmp/BUILD-INFO"
+  publish "$tmp" "$c"
+  trap - EXIT
+  log "$c $ver: done (download $((t1 - t0))s, compile $((t3 - t1))s) -> $(comp_dir "$c")/bin"
+}
+
 # headscale reports its version only from the main module's version in the
 # binary's build info (hscontrol/types.GetVersionInfo; there are no -X
 # variables), and that is "(devel)" -> "dev" for any wrapper module. So the
@@ -467,6 +581,8 @@ build_component() {
   else
     case $c in
       cert-manager) build_cert_manager ;;
+      gateway-api) build_gateway_api ;;
+      gateway-api-conformance) build_gateway_api_conformance ;;
       headscale) build_headscale ;;
       *) build_go_component "$c" ;;
     esac
@@ -575,6 +691,28 @@ pin_component() {
         "module tailnet-operator.dev/deps/$c" "" "go 1.26.0" "" "require $mod $ver" >"$dir/go.mod"
       (cd "$dir" && "$GO" mod download "$mod")
       grep -q "^$mod $ver " "$dir/go.sum" || die "go.sum for $mod not written" ;;
+    gateway-api)
+      # only the module's source is needed (its Standard-channel CRDs); go.sum pins its hash
+      mkdir -p "$dir"
+      rm -f "$dir/go.sum"
+      printf '%s\n' "// Generated by deps/build.sh --pin $c from deps/versions.env. Do not edit." \
+        "// Only the module's source is used (config/crd/standard/*.yaml)." \
+        "module tailnet-operator.dev/deps/$c" "" "go 1.26.0" "" "require $mod $ver" >"$dir/go.mod"
+      (cd "$dir" && "$GO" mod download "$mod")
+      grep -q "^$mod $ver " "$dir/go.sum" || die "go.sum for $mod not written" ;;
+    gateway-api-conformance)
+      # conformance_test.go and doc.go are ours (committed). The suite's go.mod requires
+      # sigs.k8s.io/gateway-api at v0.0.0-00010101000000-000000000000 and replaces it with
+      # ../ (ignored for a dependency): pin the API module at the same version.
+      compgen -G "$dir/*_test.go" >/dev/null || die "$dir/*_test.go missing"
+      rm -f "$dir/go.sum"
+      printf '%s\n' "// Generated by deps/build.sh --pin $c from deps/versions.env" \
+        "// (gateway-api's version). The *.go files are ours: the suite's test entry point." \
+        "module tailnet-operator.dev/deps/$c" "" "go 1.26.0" "" "require (" \
+        "	$mod $ver" "	sigs.k8s.io/gateway-api $ver" ")" "" \
+        "replace sigs.k8s.io/gateway-api v0.0.0-00010101000000-000000000000 => sigs.k8s.io/gateway-api $ver" \
+        >"$dir/go.mod"
+      (cd "$dir" && "$GO" mod tidy) ;;
     cert-manager-controller)
       # main.go is ours (committed); go.mod requires the main module, tidy pins the rest
       [[ -f $dir/main.go ]] || die "$dir/main.go missing"
@@ -651,6 +789,52 @@ check_component() {
       expect "version $ver" "$d/kube-router" --version || return 1 ;;
     cert-manager-controller)
       expect "cert-manager $ver" "$d/cert-manager-controller" -version || return 1 ;;
+    gateway-api-conformance)
+      # neither program has a version flag of its own (--version is the *implementation's*
+      # version for the report). echo-basic's build info names its module and version; a
+      # test binary's build info lists no dependencies, so the suite is checked by the
+      # module@version source paths -trimpath leaves in it (both modules, only $ver).
+      # Then: it lists its test and takes the suite's flags and our -run/-v.
+      expect "sigs.k8s.io/gateway-api/conformance	$ver" "$GO" version -m "$d/echo-basic" || return 1
+      local sources
+      sources=$(grep -ao 'sigs\.k8s\.io/gateway-api\(/conformance\)\{0,1\}@v[^/]*/' "$d/gateway-api-conformance" | sort -u | tr '\n' ' ')
+      if [[ $sources != "sigs.k8s.io/gateway-api/conformance@$ver/ sigs.k8s.io/gateway-api@$ver/ " ]]; then
+        log "FAIL $c: the suite's sources are '$sources', expected sigs.k8s.io/gateway-api{,/conformance}@$ver"; return 1
+      fi
+      log "ok   $c: the suite is built from $sources"
+      expect "TestConformance" "$d/gateway-api-conformance" -test.list . || return 1
+      local usage flag
+      usage=$("$d/gateway-api-conformance" -h 2>&1 || true)
+      for flag in gateway-class supported-features conformance-profiles report-output organization \
+        project url version contact cleanup-base-resources debug run-test skip-tests kubeconfig run v; do
+        grep -q "^  -$flag\([[:space:]]\|$\)" <<<"$usage" || { log "FAIL $c: flag -$flag missing from -h"; return 1; }
+      done
+      log "ok   $c: the suite's flags and -run/-v present" ;;
+    gateway-api)
+      local dir f n=0 crds
+      dir=$(gateway_api_crds_dir)
+      compgen -G "$dir/*.yaml" >/dev/null || { log "FAIL gateway-api: no $dir/*.yaml (run deps/build.sh gateway-api)"; return 1; }
+      for f in "$dir"/*.yaml; do
+        n=$((n + 1))
+        grep -q "^    gateway.networking.k8s.io/bundle-version: $ver\$" "$f" ||
+          { log "FAIL gateway-api: ${f##*/} is not bundle-version $ver"; return 1; }
+      done
+      crds=$(cat "$dir"/*.yaml | grep -c '^kind: CustomResourceDefinition$' || true)
+      if command -v python3 >/dev/null && python3 -c 'import yaml' 2>/dev/null; then
+        python3 - "$dir" <<'PY' || { log "FAIL gateway-api: $dir does not hold valid Standard-channel CRDs"; return 1; }
+import glob, sys, yaml
+docs = [d for f in sorted(glob.glob(sys.argv[1] + "/*.yaml")) for d in yaml.safe_load_all(open(f)) if d]
+crds = [d for d in docs if d.get("kind") == "CustomResourceDefinition"]
+names = sorted(d["metadata"]["name"] for d in crds)
+assert all(d["metadata"]["annotations"]["gateway.networking.k8s.io/channel"] == "standard" for d in crds), names
+for must in ("gatewayclasses", "gateways", "httproutes", "referencegrants", "tlsroutes", "tcproutes"):
+    assert must + ".gateway.networking.k8s.io" in names, (must, names)
+others = sorted(d["kind"] + "/" + d["metadata"]["name"] for d in docs if d.get("kind") != "CustomResourceDefinition")
+print("[deps] ok   gateway-api: %d CRDs: %s; also %s" % (len(names), " ".join(names), " ".join(others)), file=sys.stderr)
+PY
+      else
+        log "ok   gateway-api: $crds CRDs in $n files (YAML not parsed: no python3-yaml)"
+      fi ;;
     cert-manager)
       local f
       f=$(crds_path)
@@ -673,20 +857,26 @@ PY
 print_env() {
   local c b
   echo "TNO_DEPS_DIR=$CACHE_ROOT"
-  for c in "${COMPONENTS[@]}"; do
+  for c in "${COMPONENTS[@]}" "${OPTIONAL_COMPONENTS[@]}"; do
     for b in $(binaries_of "$c"); do
       echo "TNO_BIN_$(tr 'a-z-' 'A-Z_' <<<"$b")=$(comp_dir "$c")/bin/$b"
     done
   done
   echo "TNO_CERT_MANAGER_CRDS=$(crds_path)"
+  echo "TNO_GATEWAY_API_CRDS=$(gateway_api_crds_dir)"
 }
 
 # -------------------------------------------------------------- main
+# components_from_args ARG...: `all` (or nothing) is COMPONENTS; an optional component is
+# built only when named (`all gateway-api-conformance` builds both).
 components_from_args() {
+  local c
   if [[ $# -eq 0 || " $* " == *" all "* ]]; then
     printf '%s\n' "${COMPONENTS[@]}"
+    for c; do
+      [[ " ${OPTIONAL_COMPONENTS[*]} " != *" $c "* ]] || echo "$c"
+    done
   else
-    local c
     for c; do binaries_of "$c" >/dev/null; echo "$c"; done
   fi
 }
@@ -698,7 +888,7 @@ main() {
     --check) mode=check; shift ;;
     --pin) mode=pin; shift ;;
     --download) mode=download; shift ;;
-    -h | --help) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
+    -h | --help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
     -*) die "unknown option $1" ;;
   esac
   local comps c failed=0 t0

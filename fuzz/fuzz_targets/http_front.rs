@@ -21,20 +21,23 @@ fn table() -> RouteTable {
     let route = |name: &str, hostnames: &[&str]| HttpRoute {
         name: name.into(),
         hostnames: hostnames.iter().map(|h| h.to_string()).collect(),
-        backend: BackendAddress {
+        tls: None,
+        backend: Some(BackendAddress {
             host: "127.0.0.1".into(),
             port: 8080,
-        },
+        }),
         backend_tls: None,
         request_timeout_seconds: None,
         backend_request_timeout_seconds: None,
         request_timeout_millis: None,
         backend_request_timeout_millis: None,
+        rules: Vec::new(),
     };
     RouteTable::new(&[
         route("web", &["portal.test", "portal-alias.test"]),
         route("admin", &["admin.test"]),
         route("v6", &["fd7a::1"]),
+        route("wild", &["*.wild.test"]),
     ])
 }
 

@@ -84,6 +84,25 @@ anything not listed).
   resources: [endpointslices]
   resourceNames: [kubernetes]
   verbs: [get]
+# Gateway API (docs/gateway-api.md): read the classes, Gateways, routes and grants; write the
+# status of ours (classes of controllerName tailnet-operator.dev/gateway and what they serve).
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [gatewayclasses, gateways, httproutes, tlsroutes, tcproutes, referencegrants]
+  verbs: [get, list, watch]
+# The finalizer of a served Gateway (its tailnet node is removed before it goes).
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [gateways]
+  verbs: [patch]
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [gatewayclasses/status, gateways/status, httproutes/status, tlsroutes/status, tcproutes/status]
+  verbs: [patch]
+- apiGroups: [tailnet-operator.dev]
+  resources: [tailnetgatewayparameters]
+  verbs: [get, list, watch]
+# Labels of route namespaces, for listeners that admit routes by namespace selector.
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get]
 {{- end -}}
 
 {{- /* Where TailnetIngresses, Services of the tailnet loadBalancerClass and their agents live: the ClusterRole (whole cluster) or a Role in each watched namespace. */ -}}

@@ -5,7 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use tailnet_api::agent_config::{AgentConfig, HttpRoute, IngressListener};
+use tailnet_api::agent_config::{
+    AgentConfig, HttpRoute, IngressListener, MAX_HOSTNAMES_PER_ROUTE, MAX_ROUTES_PER_LISTENER,
+    RegexBudget, RuleError, check_backends, check_hostname_pattern, check_http_rules,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -133,44 +136,41 @@ pub fn validate(config: &AgentConfig) -> Result<(), ConfigError> {
     }
 
     let mut loopback_ports = BTreeMap::new();
-    let mut has_http = false;
+    let mut regexes = RegexBudget::default();
     for (index, listener) in config.ingress.iter().enumerate() {
         let at = format!("ingress[{index}]");
+        claim_port(&mut loopback_ports, listener.port(), &format!("{at}.port"))?;
         match listener {
-            IngressListener::Tcp {
-                port,
-                name,
-                backend,
-            } => {
+            IngressListener::Tcp { name, backend, .. } => {
                 require_name(name, &format!("{at}.name"))?;
                 if !names.insert(name.clone()) {
                     return Err(invalid(format!("{at}.name"), "duplicate listener name"));
                 }
-                claim_port(&mut loopback_ports, *port, &format!("{at}.port"))?;
                 require_backend(&backend.host, backend.port, &format!("{at}.backend"))?;
             }
-            IngressListener::Http { port, routes } => {
-                has_http = true;
-                claim_port(&mut loopback_ports, *port, &format!("{at}.port"))?;
-                if routes.is_empty() {
-                    return Err(invalid(format!("{at}.routes"), "must not be empty"));
-                }
+            IngressListener::Http { routes, .. } | IngressListener::PlainHttp { routes, .. } => {
+                let terminates_tls = matches!(listener, IngressListener::Http { .. });
+                check_route_count(routes.len(), &at)?;
                 let mut hostnames = BTreeMap::new();
                 for (route_index, route) in routes.iter().enumerate() {
                     let at = format!("{at}.routes[{route_index}]");
-                    validate_route(route, &at)?;
-                    if !names.insert(route.name.clone()) {
-                        return Err(invalid(format!("{at}.name"), "duplicate listener name"));
-                    }
-                    for hostname in &route.hostnames {
-                        let normalized = normalize_hostname(hostname);
-                        if let Some(other) = hostnames.insert(normalized, route.name.clone()) {
-                            return Err(invalid(
-                                format!("{at}.hostnames"),
-                                format!("{hostname} is also served by route {other} on this port"),
-                            ));
-                        }
-                    }
+                    validate_route(route, &at, &mut regexes)?;
+                    check_route_certificate(route, terminates_tls, config.tls.is_some(), &at)?;
+                    claim_route(&mut names, &route.name, &at)?;
+                    claim_hostnames(&mut hostnames, &route.hostnames, &route.name, &at)?;
+                }
+            }
+            IngressListener::TlsPassthrough { routes, .. } => {
+                check_route_count(routes.len(), &at)?;
+                let mut hostnames = BTreeMap::new();
+                for (route_index, route) in routes.iter().enumerate() {
+                    let at = format!("{at}.routes[{route_index}]");
+                    require_name(&route.name, &format!("{at}.name"))?;
+                    check_hostnames(&route.hostnames, &at)?;
+                    check_backends(&route.backends, &format!("{at}.backends"), false)
+                        .map_err(rule_error)?;
+                    claim_route(&mut names, &route.name, &at)?;
+                    claim_hostnames(&mut hostnames, &route.hostnames, &route.name, &at)?;
                 }
             }
         }
@@ -178,21 +178,12 @@ pub fn validate(config: &AgentConfig) -> Result<(), ConfigError> {
     // In-cluster twins of the ingress listeners bind the pod IP, beside admin and egress.
     if config.in_cluster {
         for (index, listener) in config.ingress.iter().enumerate() {
-            let port = match listener {
-                IngressListener::Tcp { port, .. } | IngressListener::Http { port, .. } => *port,
-            };
             claim_port(
                 &mut pod_ip_ports,
-                port,
+                listener.port(),
                 &format!("ingress[{index}].port (inCluster: also on the pod IP)"),
             )?;
         }
-    }
-    if has_http && config.tls.is_none() {
-        return Err(invalid(
-            "tls",
-            "http ingress listeners need certFile and keyFile",
-        ));
     }
     if let Some(tls) = &config.tls
         && (tls.cert_file.trim().is_empty() || tls.key_file.trim().is_empty())
@@ -202,24 +193,128 @@ pub fn validate(config: &AgentConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn validate_route(route: &HttpRoute, at: &str) -> Result<(), ConfigError> {
-    require_name(&route.name, &format!("{at}.name"))?;
-    if route.hostnames.is_empty() {
-        return Err(invalid(format!("{at}.hostnames"), "must not be empty"));
+/// A route of an `http` listener is served with its own certificate or the agent-level one;
+/// a `plainHttp` route serves no TLS, so a certificate there is a mistake.
+fn check_route_certificate(
+    route: &HttpRoute,
+    terminates_tls: bool,
+    agent_certificate: bool,
+    at: &str,
+) -> Result<(), ConfigError> {
+    let field = format!("{at}.tls");
+    match (&route.tls, terminates_tls) {
+        (Some(_), false) => Err(invalid(
+            field,
+            "a plainHttp route serves no TLS: certificates belong to http listeners",
+        )),
+        (Some(tls), true) if tls.cert_file.trim().is_empty() || tls.key_file.trim().is_empty() => {
+            Err(invalid(field, "certFile and keyFile must not be empty"))
+        }
+        (None, true) if !agent_certificate => Err(invalid(
+            field,
+            "the route has no certificate of its own (certFile, keyFile) and the agent-level tls is absent",
+        )),
+        _ => Ok(()),
     }
-    for hostname in &route.hostnames {
-        if !is_plausible_hostname(hostname) {
+}
+
+fn rule_error(error: RuleError) -> ConfigError {
+    invalid(error.field, error.message)
+}
+
+fn check_route_count(count: usize, at: &str) -> Result<(), ConfigError> {
+    if count == 0 {
+        return Err(invalid(format!("{at}.routes"), "must not be empty"));
+    }
+    if count > MAX_ROUTES_PER_LISTENER {
+        return Err(invalid(
+            format!("{at}.routes"),
+            format!("more than {MAX_ROUTES_PER_LISTENER} routes"),
+        ));
+    }
+    Ok(())
+}
+
+fn claim_route(names: &mut BTreeSet<String>, name: &str, at: &str) -> Result<(), ConfigError> {
+    if !names.insert(name.to_owned()) {
+        return Err(invalid(format!("{at}.name"), "duplicate listener name"));
+    }
+    Ok(())
+}
+
+/// A hostname (or wildcard) is served by one route per port.
+fn claim_hostnames(
+    taken: &mut BTreeMap<String, String>,
+    hostnames: &[String],
+    route: &str,
+    at: &str,
+) -> Result<(), ConfigError> {
+    for hostname in hostnames {
+        let normalized = normalize_hostname(hostname);
+        if let Some(other) = taken.insert(normalized, route.to_owned()) {
             return Err(invalid(
                 format!("{at}.hostnames"),
-                format!("{hostname:?} is not a DNS name"),
+                format!("{hostname} is also served by route {other} on this port"),
             ));
         }
     }
-    require_backend(
-        &route.backend.host,
-        route.backend.port,
-        &format!("{at}.backend"),
-    )?;
+    Ok(())
+}
+
+fn check_hostnames(hostnames: &[String], at: &str) -> Result<(), ConfigError> {
+    if hostnames.is_empty() {
+        return Err(invalid(format!("{at}.hostnames"), "must not be empty"));
+    }
+    if hostnames.len() > MAX_HOSTNAMES_PER_ROUTE {
+        return Err(invalid(
+            format!("{at}.hostnames"),
+            format!("more than {MAX_HOSTNAMES_PER_ROUTE} hostnames"),
+        ));
+    }
+    for hostname in hostnames {
+        if !check_hostname_pattern(hostname) {
+            return Err(invalid(
+                format!("{at}.hostnames"),
+                format!("{hostname:?} is not a DNS name, a *. wildcard or *"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_route(
+    route: &HttpRoute,
+    at: &str,
+    regexes: &mut RegexBudget,
+) -> Result<(), ConfigError> {
+    require_name(&route.name, &format!("{at}.name"))?;
+    check_hostnames(&route.hostnames, at)?;
+    match (&route.backend, route.rules.is_empty()) {
+        (Some(backend), true) => {
+            require_backend(&backend.host, backend.port, &format!("{at}.backend"))?;
+        }
+        (None, false) => {
+            if route.backend_tls.is_some() {
+                return Err(invalid(
+                    format!("{at}.backendTls"),
+                    "a route with rules sets backendTls per backend",
+                ));
+            }
+            check_http_rules(&route.rules, at, regexes).map_err(rule_error)?;
+        }
+        (Some(_), false) => {
+            return Err(invalid(
+                format!("{at}.backend"),
+                "a route has either backend or rules, not both",
+            ));
+        }
+        (None, true) => {
+            return Err(invalid(
+                format!("{at}.backend"),
+                "a route needs backend or rules",
+            ));
+        }
+    }
     if let Some(tls) = &route.backend_tls {
         if tls.server_name.trim().is_empty() {
             return Err(invalid(
@@ -285,21 +380,6 @@ fn claim_port(
         ));
     }
     Ok(())
-}
-
-/// Letters, digits, `-` and dots, labels of 1-63 characters; enough to reject a URL or a
-/// `host:port` that slipped into the hostnames.
-fn is_plausible_hostname(name: &str) -> bool {
-    let name = name.strip_suffix('.').unwrap_or(name);
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-')
-        })
 }
 
 #[cfg(test)]
@@ -433,6 +513,11 @@ mod tests {
                 Box::new(|c| {
                     c.as_object_mut().map(|o| o.remove("tls"));
                 }),
+                "ingress[1].routes[0].tls",
+            ),
+            (
+                "empty agent-level certificate",
+                Box::new(|c| c["tls"]["keyFile"] = json!(" ")),
                 "tls",
             ),
             (
@@ -481,6 +566,220 @@ mod tests {
             mutate(&mut value);
             assert_eq!(error_field(value), field, "{what}");
         }
+    }
+
+    fn gateway() -> serde_json::Value {
+        json!({
+            "localapiSocket": "/var/run/tailscale/tailscaled.sock",
+            "adminPort": 9180,
+            "ingress": [
+                {"mode": "plainHttp", "port": 80, "routes": [
+                    {"name": "web", "hostnames": ["*.example.net", "example.net"], "rules": [
+                        {"matches": [{"path": {"type": "PathPrefix", "value": "/api"}}],
+                         "backends": [{"backend": {"host": "api.a.svc", "port": 80}, "weight": 1}]}
+                    ]},
+                    {"name": "all", "hostnames": ["*"], "backend": {"host": "web.a.svc", "port": 80}}
+                ]},
+                {"mode": "tlsPassthrough", "port": 443, "routes": [
+                    {"name": "db", "hostnames": ["db.example.net", "*.db.example.net"],
+                     "backends": [{"backend": {"host": "db.a.svc", "port": 5432}}]}
+                ]}
+            ]
+        })
+    }
+
+    /// Plain HTTP and passthrough listeners need no certificate; wildcards and `*` are
+    /// hostnames there (and in `http` listeners).
+    #[test]
+    fn accepts_a_gateway_config_without_certificate() {
+        let config = config(gateway()).expect("valid");
+        assert_eq!(config.ingress.len(), 2);
+        let mut with_http = gateway();
+        with_http["ingress"][0]["mode"] = json!("http");
+        assert_eq!(error_field(with_http.clone()), "ingress[0].routes[0].tls");
+        with_http["tls"] = json!({"certFile": "/c", "keyFile": "/k"});
+        assert!(config_ok(with_http));
+    }
+
+    /// An `http` listener's routes may each carry their own certificate; routes without one
+    /// need the agent-level `tls`; `plainHttp` routes carry none.
+    #[test]
+    fn route_certificates_are_checked_naming_the_field() {
+        let own = json!({"certFile": "/gw/a/tls.crt", "keyFile": "/gw/a/tls.key"});
+        let mut https = gateway();
+        https["ingress"][0]["mode"] = json!("http");
+        https["ingress"][0]["routes"][0]["tls"] = own.clone();
+        https["ingress"][0]["routes"][1]["tls"] = own.clone();
+        assert!(
+            config_ok(https.clone()),
+            "every route has its own: no agent-level tls"
+        );
+
+        type Mutation = Box<dyn Fn(&mut serde_json::Value)>;
+        let cases: Vec<(&str, Mutation, &str)> = vec![
+            (
+                "a route without its own and no agent-level tls",
+                Box::new(|c| {
+                    c["ingress"][0]["routes"][1]
+                        .as_object_mut()
+                        .map(|route| route.remove("tls"));
+                }),
+                "ingress[0].routes[1].tls",
+            ),
+            (
+                "an empty key file",
+                Box::new(|c| c["ingress"][0]["routes"][0]["tls"]["keyFile"] = json!("")),
+                "ingress[0].routes[0].tls",
+            ),
+            (
+                "an empty certificate file",
+                Box::new(|c| c["ingress"][0]["routes"][1]["tls"]["certFile"] = json!(" ")),
+                "ingress[0].routes[1].tls",
+            ),
+            (
+                "a certificate on a plainHttp route",
+                Box::new(|c| c["ingress"][0]["mode"] = json!("plainHttp")),
+                "ingress[0].routes[0].tls",
+            ),
+        ];
+        for (what, mutate, field) in cases {
+            let mut value = https.clone();
+            mutate(&mut value);
+            assert_eq!(error_field(value), field, "{what}");
+        }
+
+        // With the agent-level certificate a route may go without its own.
+        let mut mixed = https.clone();
+        mixed["ingress"][0]["routes"][1]
+            .as_object_mut()
+            .map(|route| route.remove("tls"));
+        mixed["tls"] = json!({"certFile": "/c", "keyFile": "/k"});
+        let parsed = config(mixed).expect("valid");
+        let IngressListener::Http { routes, .. } = &parsed.ingress[0] else {
+            panic!("http listener");
+        };
+        assert!(routes[0].tls.is_some() && routes[1].tls.is_none());
+        // A certificate on a passthrough route is not a field at all.
+        let mut passthrough = gateway();
+        passthrough["ingress"][1]["routes"][0]["tls"] = own;
+        assert!(matches!(
+            parse(passthrough.to_string().as_bytes()),
+            Err(ParseError::Json(_))
+        ));
+    }
+
+    fn config_ok(value: serde_json::Value) -> bool {
+        config(value).is_ok()
+    }
+
+    /// The fuzz seeds start from valid configs (else the fuzzer starts in the error path).
+    #[test]
+    fn the_fuzz_seeds_are_valid_configs() {
+        for seed in [
+            include_str!("../../../fuzz/seeds/agent_config/full.json"),
+            include_str!("../../../fuzz/seeds/agent_config/gateway.json"),
+            include_str!("../../../fuzz/seeds/agent_config/gateway-https.json"),
+        ] {
+            let value: serde_json::Value = serde_json::from_str(seed).expect("seed is JSON");
+            assert!(config(value).is_ok());
+        }
+    }
+
+    #[test]
+    fn rejects_bad_gateway_input_naming_the_field() {
+        type Mutation = Box<dyn Fn(&mut serde_json::Value)>;
+        let cases: Vec<(&str, Mutation, &str)> = vec![
+            (
+                "backend and rules",
+                Box::new(|c| {
+                    c["ingress"][0]["routes"][0]["backend"] = json!({"host": "a", "port": 1})
+                }),
+                "ingress[0].routes[0].backend",
+            ),
+            (
+                "neither backend nor rules",
+                Box::new(|c| {
+                    c["ingress"][0]["routes"][1]
+                        .as_object_mut()
+                        .map(|route| route.remove("backend"));
+                }),
+                "ingress[0].routes[1].backend",
+            ),
+            (
+                "route-level backendTls with rules",
+                Box::new(|c| {
+                    c["ingress"][0]["routes"][0]["backendTls"] =
+                        json!({"serverName": "a", "caFile": "/ca"})
+                }),
+                "ingress[0].routes[0].backendTls",
+            ),
+            (
+                "a bad rule",
+                Box::new(|c| {
+                    c["ingress"][0]["routes"][0]["rules"][0]["matches"][0]["path"]["value"] =
+                        json!("api")
+                }),
+                "ingress[0].routes[0].rules[0].matches[0].path.value",
+            ),
+            (
+                "one wildcard in two routes",
+                Box::new(|c| c["ingress"][0]["routes"][1]["hostnames"] = json!(["*.Example.net."])),
+                "ingress[0].routes[1].hostnames",
+            ),
+            (
+                "a malformed wildcard",
+                Box::new(|c| c["ingress"][1]["routes"][0]["hostnames"] = json!(["db.*.net"])),
+                "ingress[1].routes[0].hostnames",
+            ),
+            (
+                "passthrough without routes",
+                Box::new(|c| c["ingress"][1]["routes"] = json!([])),
+                "ingress[1].routes",
+            ),
+            (
+                "passthrough backend TLS",
+                Box::new(|c| {
+                    c["ingress"][1]["routes"][0]["backends"][0]["backendTls"] =
+                        json!({"serverName": "a", "caFile": "/ca"})
+                }),
+                "ingress[1].routes[0].backends[0].backendTls",
+            ),
+            (
+                "passthrough weight beyond the bound",
+                Box::new(|c| {
+                    c["ingress"][1]["routes"][0]["backends"][0]["weight"] = json!(2_000_000)
+                }),
+                "ingress[1].routes[0].backends[0].weight",
+            ),
+            (
+                "route names are unique across listeners",
+                Box::new(|c| c["ingress"][1]["routes"][0]["name"] = json!("web")),
+                "ingress[1].routes[0].name",
+            ),
+            (
+                "two listeners on one port",
+                Box::new(|c| c["ingress"][1]["port"] = json!(80)),
+                "ingress[1].port",
+            ),
+        ];
+        for (what, mutate, field) in cases {
+            let mut value = gateway();
+            mutate(&mut value);
+            assert_eq!(error_field(value), field, "{what}");
+        }
+        let mut many_routes = gateway();
+        let route = many_routes["ingress"][1]["routes"][0].clone();
+        many_routes["ingress"][1]["routes"] = json!(
+            (0..=MAX_ROUTES_PER_LISTENER)
+                .map(|index| {
+                    let mut route = route.clone();
+                    route["name"] = json!(format!("db-{index}"));
+                    route["hostnames"] = json!([format!("db-{index}.example.net")]);
+                    route
+                })
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(error_field(many_routes), "ingress[1].routes");
     }
 
     #[test]

@@ -188,10 +188,16 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 impl ForwardedHeaders {
+    /// For a TLS-terminating listener (`X-Forwarded-Proto: https`).
     pub fn new(client_ip: IpAddr, identity: Option<&PeerIdentity>) -> Self {
+        Self::with_proto(client_ip, identity, "https")
+    }
+
+    /// `proto` is the listener's scheme (`http` for plain HTTP listeners).
+    pub fn with_proto(client_ip: IpAddr, identity: Option<&PeerIdentity>, proto: &str) -> Self {
         let mut forwarded = ForwardedHeaders::default();
         forwarded.push(X_FORWARDED_FOR, &client_ip.to_string());
-        forwarded.push(X_FORWARDED_PROTO, "https");
+        forwarded.push(X_FORWARDED_PROTO, proto);
         let Some(identity) = identity else {
             return forwarded;
         };

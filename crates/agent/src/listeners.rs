@@ -1,4 +1,4 @@
-//! Accept loops of the three listener kinds and the per-connection handlers of `egress` and
+//! Accept loops of the listener kinds and the per-connection handlers of `egress` and
 //! `tcp`. A listener's settings arrive through a `watch` channel, so a config change applies
 //! to new connections while established ones keep running.
 
@@ -240,8 +240,11 @@ pub async fn run_http(
     stop: CancellationToken,
     shared: Shared,
 ) {
-    let name = site.borrow().listener.clone();
-    info!(listener = %name, "serving HTTPS");
+    let (name, scheme) = {
+        let current = site.borrow();
+        (current.listener.clone(), current.scheme())
+    };
+    info!(listener = %name, %scheme, "serving HTTP");
     accept_loop(
         listener,
         name,
@@ -249,7 +252,8 @@ pub async fn run_http(
         &shared,
         stop,
         |stream, peer, admission| {
-            let site = site.borrow().clone();
+            // The connection follows the listener's routes (see `LiveSite`).
+            let site = site.clone();
             let (context, draining) = (shared.proxy.clone(), shared.draining.clone());
             shared
                 .threads

@@ -82,6 +82,15 @@ pub struct HttpDurationLabels {
     pub host: String,
 }
 
+/// A Gateway API rule's requests: `rule` is its index in the route, `backend` the index of
+/// the backend it chose, `none` (no backend: 500) or `redirect`. All from the config.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleRequestLabels {
+    pub route: String,
+    pub rule: String,
+    pub backend: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackendFailureLabels {
     pub route: String,
@@ -112,6 +121,7 @@ pub struct Metrics {
     pub probe_reachable: Family<ProbeTargetLabels, Gauge>,
     pub http_requests: Family<HttpRequestLabels, Counter>,
     pub http_duration: Family<HttpDurationLabels, Histogram>,
+    pub http_rule_requests: Family<RuleRequestLabels, Counter>,
     pub backend_failures: Family<BackendFailureLabels, Counter>,
     pub backend_tls_failures: Family<RouteLabels, Counter>,
     pub tls_handshake_failures: Family<ListenerLabels, Counter>,
@@ -147,6 +157,7 @@ impl Metrics {
             probe_reachable: Family::default(),
             http_requests: Family::default(),
             http_duration: Family::new_with_constructor(duration_histogram),
+            http_rule_requests: Family::default(),
             backend_failures: Family::default(),
             backend_tls_failures: Family::default(),
             tls_handshake_failures: Family::default(),
@@ -222,6 +233,11 @@ impl Metrics {
             self.http_duration.clone(),
         );
         registry.register(
+            "http_rule_requests",
+            "HTTP requests a route rule served, by route, rule index and backend (index, none = no backend: 500, redirect)",
+            self.http_rule_requests.clone(),
+        );
+        registry.register(
             "backend_failures",
             "Backend requests that got no response, by route and reason",
             self.backend_failures.clone(),
@@ -268,7 +284,7 @@ impl Metrics {
         );
         registry.register(
             "certificate_loaded",
-            "1 when a valid serving certificate is loaded",
+            "1 when every configured serving certificate (agent-level and routes' own) is loaded",
             self.certificate_loaded.clone(),
         );
         registry.register(

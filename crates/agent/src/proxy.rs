@@ -9,7 +9,6 @@
 //! lives by its own lifecycle.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -27,33 +26,36 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use crate::backend::{BackendConnector, BackendTls, connect_failure};
+use crate::backend::connect_failure;
 use crate::dedicated::DedicatedBackend;
 use crate::dial::error_chain;
 use crate::headers::{
     ForwardedHeaders, PeerIdentity, has_conflicting_host, is_websocket_upgrade, remove_hop_by_hop,
     strip_client_identity,
 };
+use crate::http_rules::{
+    self, CompiledRule, RedirectSource, RequestView, choose_backend, modified_path,
+    redirect_location, redirect_status,
+};
 use crate::limits::Admission;
 use crate::localapi::LocalApi;
 use crate::metrics::{ActiveConnection, Direction, HttpDurationLabels, HttpRequestLabels, Metrics};
 use crate::relay::{HalfClose, Tally, relay, tune_tcp};
-use crate::routing::{RouteDecision, RouteTable, host_without_port};
-use crate::tls::{CaBundle, CertStore, TlsError, server_config};
+use crate::routing::{RouteDecision, host_without_port};
+use crate::site::{RouteBackend, RuleOutcome, RuleRuntime, SiteRoute};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
 pub use crate::body::{BoxError, ProxyBody};
+pub use crate::site::{HttpSite, LiveSite, ProxyDefaults, SiteError};
 
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -64,105 +66,6 @@ const HTTP2_GOAWAY_GRACE: Duration = Duration::from_secs(10);
 /// Bound for an HTTP/1.1 request head (and the read buffer); beyond it: 431 and close.
 const HTTP1_MAX_HEAD_BYTES: usize = 64 * 1024;
 const WHOIS_TIMEOUT: Duration = Duration::from_secs(2);
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// Defaults for what a route leaves open.
-#[derive(Clone, Copy, Debug)]
-pub struct ProxyDefaults {
-    pub backend_request_timeout: Duration,
-    pub backend_connect_timeout: Duration,
-}
-
-/// Everything an `http` listener serves for one config generation.
-pub struct HttpSite {
-    pub listener: String,
-    /// Serves in-cluster clients on the pod IP (split horizon): their connections are never
-    /// looked up in tailscaled (no tailnet identity headers; the ones a client sends are
-    /// dropped as always).
-    in_cluster: bool,
-    routes: RouteTable,
-    acceptor: TlsAcceptor,
-    backends: HashMap<String, Arc<RouteBackend>>,
-}
-
-struct RouteBackend {
-    /// The route's name for metrics and logs (shared, not copied per request).
-    name: Arc<str>,
-    /// HTTP/2 clients and WebSocket upgrades.
-    client: Client<BackendConnector, ProxyBody>,
-    /// HTTP/1.1 clients: a backend connection of their own ([`crate::dedicated`]).
-    connector: BackendConnector,
-    /// Parsed once: every request's URI is built from it without formatting or parsing.
-    /// `None` if the configured host and port do not form one (every request then gets the
-    /// 400 a failed URI always got).
-    authority: Option<Authority>,
-    request_timeout: Option<Duration>,
-    backend_request_timeout: Duration,
-}
-
-impl HttpSite {
-    /// The same site for in-cluster clients (`true`): no whois, no identity headers.
-    #[must_use]
-    pub fn in_cluster(mut self, in_cluster: bool) -> Self {
-        self.in_cluster = in_cluster;
-        self
-    }
-
-    pub fn new(
-        listener: String,
-        routes: &[tailnet_api::agent_config::HttpRoute],
-        store: Arc<CertStore>,
-        defaults: ProxyDefaults,
-    ) -> Result<Self, TlsError> {
-        let table = RouteTable::new(routes);
-        let acceptor = TlsAcceptor::from(Arc::new(server_config(store, table.clone())?));
-        let mut backends = HashMap::new();
-        for entry in table.routes() {
-            let route = &entry.route;
-            let tls = route.backend_tls.as_ref().map(|tls| BackendTls {
-                server_name: tls.server_name.clone(),
-                ca: CaBundle::new(&tls.ca_file),
-            });
-            let connector = BackendConnector::new(
-                &route.backend.host,
-                route.backend.port,
-                tls,
-                defaults.backend_connect_timeout,
-            );
-            let client = Client::builder(TokioExecutor::new())
-                .pool_timer(TokioTimer::new())
-                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-                .build(connector.clone());
-            let host = &route.backend.host;
-            let authority = if host.parse::<std::net::Ipv6Addr>().is_ok() {
-                format!("[{host}]:{}", route.backend.port)
-            } else {
-                format!("{host}:{}", route.backend.port)
-            };
-            let authority = Authority::try_from(authority.as_str()).ok();
-            backends.insert(
-                route.name.clone(),
-                Arc::new(RouteBackend {
-                    name: Arc::from(route.name.as_str()),
-                    client,
-                    connector,
-                    authority,
-                    request_timeout: route.request_timeout(),
-                    backend_request_timeout: route
-                        .backend_request_timeout()
-                        .unwrap_or(defaults.backend_request_timeout),
-                }),
-            );
-        }
-        Ok(HttpSite {
-            listener,
-            in_cluster: false,
-            routes: table,
-            acceptor,
-            backends,
-        })
-    }
-}
 
 /// What the proxy needs besides the site.
 #[derive(Clone)]
@@ -174,6 +77,8 @@ pub struct ProxyContext {
 }
 
 struct ConnectionInfo {
+    /// The port the client connected to: the listener's (redirects default to it).
+    listener_port: u16,
     /// The connection's slots under the connection limits; an upgraded (WebSocket) tunnel
     /// keeps a clone, so it counts until it ends.
     admission: Arc<Admission>,
@@ -260,42 +165,106 @@ impl ConnectionMetrics {
 /// Serves one accepted TCP connection until it ends, or until `shutdown` asks it to finish
 /// its in-flight requests and close.
 pub async fn serve_connection(
-    site: Arc<HttpSite>,
+    site: impl Into<LiveSite>,
     context: ProxyContext,
     tcp: TcpStream,
     peer: SocketAddr,
     shutdown: CancellationToken,
     admission: Admission,
 ) {
+    let live = site.into();
+    let site = live.current();
     let _active = ActiveConnection::open(&context.metrics, &site.listener);
     tune_tcp(&tcp);
-    let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, site.acceptor.accept(tcp)).await {
+    let listener_port = tcp.local_addr().map_or(0, |address| address.port());
+    let acceptor = site.acceptor.clone();
+    // Not held for the connection's lifetime: a replaced site (its pools) can go.
+    let listener = site.listener.clone();
+    drop(site);
+    let Some(acceptor) = acceptor else {
+        // Plain HTTP: once the first bytes arrived tailscaled has the connection in its map
+        // (as after a TLS handshake), so whois can find the peer.
+        if tokio::time::timeout(HEADER_READ_TIMEOUT, tcp.readable())
+            .await
+            .is_err()
+        {
+            debug!(%listener, %peer, "no request in time");
+            return;
+        }
+        let start = ConnectionStart {
+            peer,
+            sni: None,
+            http2: false,
+            listener_port,
+            admission,
+        };
+        serve_http(live, context, TokioIo::new(tcp), start, shutdown).await;
+        return;
+    };
+    let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(error)) => {
-            context
-                .metrics
-                .tls_handshake_failures
-                .get_or_create(&context.metrics.listener(&site.listener))
-                .inc();
-            debug!(listener = %site.listener, %peer, %error, "TLS handshake failed");
+            count_handshake_failure(&context, &listener);
+            debug!(%listener, %peer, %error, "TLS handshake failed");
             return;
         }
         Err(_) => {
-            context
-                .metrics
-                .tls_handshake_failures
-                .get_or_create(&context.metrics.listener(&site.listener))
-                .inc();
-            debug!(listener = %site.listener, %peer, "TLS handshake timed out");
+            count_handshake_failure(&context, &listener);
+            debug!(%listener, %peer, "TLS handshake timed out");
             return;
         }
     };
     let (_, session) = tls.get_ref();
-    let sni = session.server_name().map(str::to_owned);
-    let http2 = session.alpn_protocol() == Some(b"h2".as_slice());
-    // The handshake means bytes arrived, so tailscaled has the connection in its map. An
-    // in-cluster client has no tailnet identity: tailscaled is not asked at all.
-    let identity = if site.in_cluster {
+    let start = ConnectionStart {
+        peer,
+        sni: session.server_name().map(str::to_owned),
+        http2: session.alpn_protocol() == Some(b"h2".as_slice()),
+        listener_port,
+        admission,
+    };
+    serve_http(live, context, TokioIo::new(tls), start, shutdown).await;
+}
+
+fn count_handshake_failure(context: &ProxyContext, listener: &str) {
+    context
+        .metrics
+        .tls_handshake_failures
+        .get_or_create(&context.metrics.listener(listener))
+        .inc();
+}
+
+/// A connection after TLS (or without it).
+struct ConnectionStart {
+    peer: SocketAddr,
+    sni: Option<String>,
+    http2: bool,
+    listener_port: u16,
+    admission: Admission,
+}
+
+async fn serve_http<IO>(
+    live: LiveSite,
+    context: ProxyContext,
+    io: TokioIo<IO>,
+    start: ConnectionStart,
+    shutdown: CancellationToken,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let ConnectionStart {
+        peer,
+        sni,
+        http2,
+        listener_port,
+        admission,
+    } = start;
+    // What does not change for a listener: its name, scheme and in-cluster flag.
+    let (listener, scheme, in_cluster) = {
+        let site = live.current();
+        (site.listener.clone(), site.scheme(), site.in_cluster)
+    };
+    // An in-cluster client has no tailnet identity: tailscaled is not asked at all.
+    let identity = if in_cluster {
         None
     } else {
         whois(&context.localapi, peer).await
@@ -311,22 +280,25 @@ pub async fn serve_connection(
         .and_then(|identity| identity.tailnet_ip)
         .unwrap_or_else(|| peer.ip());
     let connection = Arc::new(ConnectionInfo {
+        listener_port,
         admission: Arc::new(admission),
         sni,
-        forwarded: ForwardedHeaders::new(client_ip, identity.as_ref()),
+        forwarded: ForwardedHeaders::with_proto(client_ip, identity.as_ref(), scheme),
         client: identity
             .as_ref()
             .map(PeerIdentity::describe)
             .unwrap_or_else(|| client_ip.to_string())
             .into(),
-        metrics: Arc::new(ConnectionMetrics::new(&context.metrics, &site.listener)),
+        metrics: Arc::new(ConnectionMetrics::new(&context.metrics, &listener)),
         dedicated,
     });
     let activity = Arc::new(Activity::new());
     let service = {
-        let (site, context, activity) = (site.clone(), context.clone(), activity.clone());
+        let (live, context, activity) = (live.clone(), context.clone(), activity.clone());
         service_fn(move |request: Request<Incoming>| {
-            let (site, context, connection) = (site.clone(), context.clone(), connection.clone());
+            // The listener's routes as they are now.
+            let site = live.current();
+            let (context, connection) = (context.clone(), connection.clone());
             let in_flight = InFlight::start(&activity);
             async move {
                 let response = proxy_request(&site, &context, &connection, request).await;
@@ -340,7 +312,6 @@ pub async fn serve_connection(
             }
         })
     };
-    let io = TokioIo::new(tls);
     let result = if http2 {
         let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         builder.timer(TokioTimer::new());
@@ -353,7 +324,7 @@ pub async fn serve_connection(
                 connection.await
             }
             () = activity.idle_for(HTTP2_IDLE_TIMEOUT) => {
-                debug!(listener = %site.listener, %peer, "closing idle HTTP/2 connection");
+                debug!(%listener, %peer, "closing idle HTTP/2 connection");
                 connection.as_mut().graceful_shutdown();
                 // The final GOAWAY waits for the client's PING ack; one that never answers
                 // loses the connection anyway.
@@ -392,7 +363,7 @@ pub async fn serve_connection(
         }
     };
     if let Err(error) = result {
-        debug!(listener = %site.listener, %peer, error = %error_chain(&error), "HTTP connection ended with an error");
+        debug!(%listener, %peer, error = %error_chain(&error), "HTTP connection ended with an error");
     }
 }
 
@@ -414,12 +385,12 @@ async fn whois(localapi: &LocalApi, peer: SocketAddr) -> Option<PeerIdentity> {
     }
 }
 
-/// One request: route, rewrite, forward, stream back.
+/// One request: route, apply the route's rule, forward, stream back.
 async fn proxy_request(
     site: &HttpSite,
     context: &ProxyContext,
     connection: &ConnectionInfo,
-    mut request: Request<Incoming>,
+    request: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
     let host_value = request_host(&request);
@@ -432,25 +403,204 @@ async fn proxy_request(
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return answer;
     }
-    let backend = match select_backend(
-        site,
-        connection.sni.as_deref(),
-        host_value.as_deref(),
-        &mut exchange,
-    ) {
-        Ok(backend) => backend,
-        Err((status, text)) => return exchange.local_answer(status, text),
+    let choice = match site
+        .routes
+        .select(connection.sni.as_deref(), host_value.as_deref())
+    {
+        RouteDecision::Route(choice) => choice,
+        RouteDecision::Misdirected => {
+            return exchange.local_answer(
+                StatusCode::MISDIRECTED_REQUEST,
+                "misdirected request: this connection does not serve that host\n",
+            );
+        }
+        RouteDecision::MissingHost => {
+            return exchange.local_answer(StatusCode::BAD_REQUEST, "missing Host\n");
+        }
     };
-    exchange.host = Cow::Owned(
-        host_value
-            .as_deref()
-            .and_then(host_without_port)
-            .unwrap_or_default(),
-    );
-    let original_host = host_value.unwrap_or_default();
-    // Shared by Host and X-Forwarded-Host (a clone is a reference count).
-    let original_host = HeaderValue::from_str(&original_host).ok();
+    // The configured name (or wildcard) the Host matched: a bounded metrics label.
+    exchange.host = Cow::Owned(choice.hostname.to_string());
+    let Some(route) = site.served.get(choice.index) else {
+        exchange.route = Some(Arc::from(choice.entry.route.name.as_str()));
+        return exchange.local_answer(StatusCode::BAD_GATEWAY, "route has no backend\n");
+    };
+    exchange.route = Some(route.name.clone());
+    let host_name = host_value
+        .as_deref()
+        .and_then(host_without_port)
+        .unwrap_or_default();
+    let source = RequestSource {
+        scheme: site.scheme(),
+        host: &host_name,
+        listener_port: connection.listener_port,
+    };
+    match route_rules(route, &request, source, &context.metrics) {
+        Routing::Forward(forward) => {
+            let original_host = host_value.unwrap_or_default();
+            // Shared by Host and X-Forwarded-Host (a clone is a reference count).
+            let original_host = HeaderValue::from_str(&original_host).ok();
+            forward_request(
+                context,
+                connection,
+                exchange,
+                request,
+                original_host,
+                forward,
+            )
+            .await
+        }
+        Routing::Redirect {
+            rule,
+            status,
+            location,
+        } => {
+            let mut answer = exchange.local_answer(status, "");
+            match HeaderValue::from_str(&location) {
+                Ok(location) => {
+                    answer.headers_mut().insert(header::LOCATION, location);
+                }
+                Err(_) => {
+                    *answer.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                }
+            }
+            apply_response_edits(rule, answer)
+        }
+        Routing::Local { rule, status, text } => {
+            let answer = exchange.local_answer(status, text);
+            match rule {
+                Some(rule) => apply_response_edits(rule, answer),
+                None => answer,
+            }
+        }
+    }
+}
 
+fn apply_response_edits(
+    rule: &CompiledRule,
+    mut response: Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    if let Some(edits) = &rule.response_headers {
+        edits.apply(response.headers_mut());
+    }
+    response
+}
+
+/// What a redirect needs to know of the request besides its target.
+#[derive(Clone, Copy)]
+struct RequestSource<'a> {
+    scheme: &'static str,
+    /// The Host without its port.
+    host: &'a str,
+    listener_port: u16,
+}
+
+/// What a route's rules make of a request.
+enum Routing<'s> {
+    Forward(Forward<'s>),
+    Redirect {
+        rule: &'s CompiledRule,
+        status: StatusCode,
+        location: String,
+    },
+    /// Answered by the proxy: no rule matches (404), no backend (500).
+    Local {
+        rule: Option<&'s CompiledRule>,
+        status: StatusCode,
+        text: &'static str,
+    },
+}
+
+struct Forward<'s> {
+    rule: &'s CompiledRule,
+    runtime: &'s RuleRuntime,
+    backend: Arc<RouteBackend>,
+    /// The path (without query) a URLRewrite made; `None`: the client's.
+    rewritten_path: Option<String>,
+}
+
+/// The first rule the request meets and what it does with it: redirect, or a backend chosen
+/// by weight (none, or an unresolved one: 500).
+fn route_rules<'s>(
+    route: &'s SiteRoute,
+    request: &Request<Incoming>,
+    source: RequestSource<'_>,
+    metrics: &Metrics,
+) -> Routing<'s> {
+    let uri = request.uri();
+    let view = RequestView {
+        method: request.method(),
+        path: uri.path(),
+        query: uri.query(),
+        headers: request.headers(),
+    };
+    let found = http_rules::select(&route.rules, &view)
+        .and_then(|selected| Some((route.runtime.get(selected.index)?, selected)));
+    let Some((runtime, selected)) = found else {
+        return Routing::Local {
+            rule: None,
+            status: StatusCode::NOT_FOUND,
+            text: "no rule of this route matches the request\n",
+        };
+    };
+    let rule = selected.rule;
+    if let Some(redirect) = &rule.redirect {
+        runtime.count(metrics, RuleOutcome::Redirect);
+        let redirect_source = RedirectSource {
+            scheme: source.scheme,
+            host: source.host,
+            listener_port: source.listener_port,
+            path: uri.path(),
+            query: uri.query(),
+        };
+        return Routing::Redirect {
+            rule,
+            status: StatusCode::from_u16(redirect_status(redirect)).unwrap_or(StatusCode::FOUND),
+            location: redirect_location(redirect, &redirect_source, selected.matched_prefix),
+        };
+    }
+    let chosen = choose_backend(&rule.weights, |total| fastrand::u64(0..total)).and_then(|index| {
+        let backend = runtime.backends.get(index)?.clone()?;
+        Some((index, backend))
+    });
+    let Some((index, backend)) = chosen else {
+        runtime.count(metrics, RuleOutcome::NoBackend);
+        return Routing::Local {
+            rule: Some(rule),
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            text: "no backend for this request\n",
+        };
+    };
+    runtime.count(metrics, RuleOutcome::Backend(index));
+    let rewritten_path = rule
+        .rewrite
+        .as_ref()
+        .and_then(|rewrite| rewrite.path.as_ref())
+        .map(|modifier| modified_path(modifier, uri.path(), selected.matched_prefix));
+    Routing::Forward(Forward {
+        rule,
+        runtime,
+        backend,
+        rewritten_path,
+    })
+}
+
+/// Sends the request to the chosen backend with the rule's header edits and rewrites, and
+/// streams the answer back.
+async fn forward_request(
+    context: &ProxyContext,
+    connection: &ConnectionInfo,
+    exchange: Exchange,
+    mut request: Request<Incoming>,
+    original_host: Option<HeaderValue>,
+    forward: Forward<'_>,
+) -> Response<ProxyBody> {
+    let Forward {
+        rule,
+        runtime,
+        backend,
+        rewritten_path,
+    } = forward;
+    let started = exchange.started;
     let websocket =
         request.version() == Version::HTTP_11 && is_websocket_upgrade(request.headers());
     let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut request));
@@ -461,6 +611,19 @@ async fn proxy_request(
         original_host,
         websocket,
     );
+    // The rule's edits come after the agent's own: they cannot touch what the agent sets
+    // (the config validation refuses those names).
+    if let Some(edits) = &rule.request_headers {
+        edits.apply(&mut parts.headers);
+    }
+    if let Some(hostname) = rule
+        .rewrite
+        .as_ref()
+        .and_then(|rewrite| rewrite.hostname.as_deref())
+        && let Ok(hostname) = HeaderValue::from_str(hostname)
+    {
+        parts.headers.insert(header::HOST, hostname);
+    }
     // From its second request on, an HTTP/1.1 client's request goes to its own backend
     // connection, which needs the origin form (the pooled client turns the absolute form into
     // it by itself).
@@ -471,13 +634,31 @@ async fn proxy_request(
     let Some(authority) = backend.authority.clone() else {
         return exchange.local_answer(StatusCode::BAD_REQUEST, "bad request target\n");
     };
-    let Some(uri) = backend_uri(&mut parts, authority, dedicated.is_some()) else {
+    let path_and_query = match rewritten_path {
+        Some(path) => {
+            let target = match parts.uri.query() {
+                Some(query) => format!("{path}?{query}"),
+                None => path,
+            };
+            PathAndQuery::try_from(target).ok()
+        }
+        None => Some(
+            parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+        ),
+    };
+    let Some(uri) = path_and_query
+        .and_then(|target| backend_uri(&mut parts, authority, dedicated.is_some(), target))
+    else {
         return exchange.local_answer(StatusCode::BAD_REQUEST, "bad request target\n");
     };
     parts.uri = uri;
     parts.version = Version::HTTP_11;
 
-    let deadline = backend.request_timeout.map(|timeout| started + timeout);
+    let deadline = runtime.request_timeout.map(|timeout| started + timeout);
     let upload = Arc::new(UploadProgress::default());
     let body = MeteredBody::new(
         body,
@@ -491,7 +672,7 @@ async fn proxy_request(
     // is still uploading, no backend can be expected to send its head.
     let head_wait = {
         let upload = upload.clone();
-        let timeout = backend.backend_request_timeout;
+        let timeout = runtime.backend_request_timeout;
         async move {
             upload.wait_complete().await;
             tokio::time::sleep(timeout).await;
@@ -507,7 +688,7 @@ async fn proxy_request(
         match dedicated {
             Some(dedicated) => {
                 dedicated
-                    .send(&backend.name, &backend.connector, backend_request)
+                    .send(&backend.identity, &backend.connector, backend_request)
                     .await
             }
             None => backend
@@ -543,38 +724,14 @@ async fn proxy_request(
 
     let (mut parts, body) = response.into_parts();
     remove_hop_by_hop(&mut parts.headers);
+    if let Some(edits) = &rule.response_headers {
+        edits.apply(&mut parts.headers);
+    }
+    let mut exchange = exchange;
     exchange.status = parts.status;
     let outbound = exchange.outbound.clone();
     let body = MeteredBody::new(body, deadline, outbound, None).with_exchange(exchange);
     Response::from_parts(parts, body.boxed_unsync())
-}
-
-/// The backend of the route this request selects (noted in `exchange`), or the status and
-/// text the proxy answers itself with.
-fn select_backend(
-    site: &HttpSite,
-    sni: Option<&str>,
-    host: Option<&str>,
-    exchange: &mut Exchange,
-) -> Result<Arc<RouteBackend>, (StatusCode, &'static str)> {
-    let entry = match site.routes.select(sni, host) {
-        RouteDecision::Route(entry) => entry,
-        RouteDecision::Misdirected => {
-            return Err((
-                StatusCode::MISDIRECTED_REQUEST,
-                "misdirected request: this connection does not serve that host\n",
-            ));
-        }
-        RouteDecision::MissingHost => {
-            return Err((StatusCode::BAD_REQUEST, "missing Host\n"));
-        }
-    };
-    let Some(backend) = site.backends.get(&entry.route.name).cloned() else {
-        exchange.route = Some(Arc::from(entry.route.name.as_str()));
-        return Err((StatusCode::BAD_GATEWAY, "route has no backend\n"));
-    };
-    exchange.route = Some(backend.name.clone());
-    Ok(backend)
 }
 
 /// The client's request head as the backend gets it: hop-by-hop headers, `Expect` and
@@ -611,12 +768,8 @@ fn backend_uri(
     parts: &mut http::request::Parts,
     authority: Authority,
     dedicated: bool,
+    path_and_query: PathAndQuery,
 ) -> Option<Uri> {
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut uri = http::uri::Parts::default();
     if dedicated {
         if !parts.headers.contains_key(header::HOST)

@@ -1,5 +1,7 @@
-//! Virtual hosts of one `http` listener: SNI picks the route, the Host header must belong to
-//! it (else 421 Misdirected Request). Pure; the TLS resolver and the proxy share it.
+//! Virtual hosts of one `http` or `plainHttp` listener: SNI picks the route, the Host header
+//! must belong to it (else 421 Misdirected Request). Hostnames are exact names, `*.`
+//! wildcards or `*`; an exact name beats a wildcard, a longer wildcard a shorter one, and
+//! both beat `*`. Pure; the TLS resolver, the proxy and the passthrough listener share it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -7,6 +9,56 @@ use std::sync::Arc;
 use tailnet_api::agent_config::HttpRoute;
 
 use crate::config::normalize_hostname;
+
+/// Hostname patterns to route indexes; each lookup also names the pattern that matched
+/// (a bounded metrics label, unlike the client's Host).
+#[derive(Clone, Debug, Default)]
+pub struct HostnameIndex {
+    exact: HashMap<String, Found>,
+    /// By the suffix after `*.`.
+    wildcards: HashMap<String, Found>,
+    any: Option<Found>,
+}
+
+#[derive(Clone, Debug)]
+struct Found {
+    index: usize,
+    pattern: Arc<str>,
+}
+
+impl HostnameIndex {
+    /// Adds `pattern` for route `index`; a pattern already present keeps its route.
+    pub fn insert(&mut self, pattern: &str, index: usize) {
+        let pattern = normalize_hostname(pattern);
+        let found = Found {
+            index,
+            pattern: Arc::from(pattern.as_str()),
+        };
+        if pattern == "*" {
+            self.any.get_or_insert(found);
+        } else if let Some(suffix) = pattern.strip_prefix("*.") {
+            self.wildcards.entry(suffix.to_owned()).or_insert(found);
+        } else {
+            self.exact.entry(pattern).or_insert(found);
+        }
+    }
+
+    /// The route of an already normalized `name` and the pattern that matched: exact, then
+    /// the longest wildcard suffix, then `*`.
+    pub fn lookup(&self, name: &str) -> Option<(usize, &Arc<str>)> {
+        let found = self.exact.get(name).or_else(|| {
+            name.match_indices('.')
+                .find_map(|(dot, _)| self.wildcards.get(&name[dot + 1..]))
+                .or(self.any.as_ref())
+        })?;
+        Some((found.index, &found.pattern))
+    }
+
+    /// The route for a connection without SNI (`*` only).
+    pub fn any(&self) -> Option<usize> {
+        self.any.as_ref().map(|found| found.index)
+    }
+}
 
 #[derive(Debug)]
 pub struct RouteEntry {
@@ -18,13 +70,23 @@ pub struct RouteEntry {
 #[derive(Clone, Debug)]
 pub struct RouteTable {
     routes: Vec<Arc<RouteEntry>>,
-    by_hostname: HashMap<String, usize>,
+    hostnames: HostnameIndex,
+}
+
+/// The route a request goes to.
+#[derive(Clone, Debug)]
+pub struct RouteChoice {
+    pub entry: Arc<RouteEntry>,
+    /// Its position in the listener's routes.
+    pub index: usize,
+    /// The configured hostname (or wildcard, or `*`) the Host matched.
+    pub hostname: Arc<str>,
 }
 
 /// What a request's SNI and Host select.
 #[derive(Clone, Debug)]
 pub enum RouteDecision {
-    Route(Arc<RouteEntry>),
+    Route(RouteChoice),
     /// The Host is not served here, or not by the route the TLS session was opened for.
     Misdirected,
     /// No Host header and no `:authority`.
@@ -37,7 +99,7 @@ impl RouteTable {
     pub fn new(routes: &[HttpRoute]) -> Self {
         let mut table = RouteTable {
             routes: Vec::with_capacity(routes.len()),
-            by_hostname: HashMap::new(),
+            hostnames: HostnameIndex::default(),
         };
         for route in routes {
             let hostnames: BTreeSet<String> = route
@@ -47,7 +109,7 @@ impl RouteTable {
                 .collect();
             let index = table.routes.len();
             for name in &hostnames {
-                table.by_hostname.entry(name.clone()).or_insert(index);
+                table.hostnames.insert(name, index);
             }
             table.routes.push(Arc::new(RouteEntry {
                 route: route.clone(),
@@ -63,34 +125,41 @@ impl RouteTable {
 
     /// Whether a TLS ClientHello with this SNI may be answered on this listener.
     pub fn serves(&self, server_name: &str) -> bool {
-        self.by_hostname
-            .contains_key(&normalize_hostname(server_name))
+        self.index_of(server_name).is_some()
     }
 
     /// Index of the route serving `hostname`.
     pub fn index_of(&self, hostname: &str) -> Option<usize> {
-        self.by_hostname.get(&normalize_hostname(hostname)).copied()
+        self.hostnames
+            .lookup(&normalize_hostname(hostname))
+            .map(|(index, _)| index)
     }
 
-    /// SNI (if the client sent one) selects the route; the Host must be one of its names.
-    /// Without SNI the Host alone selects.
+    /// Index of the route serving `*` (what a ClientHello without SNI is answered for).
+    pub fn catch_all(&self) -> Option<usize> {
+        self.hostnames.any()
+    }
+
+    /// SNI (if the client sent one) selects the route; the Host must be served by the same
+    /// route. Without SNI the Host alone selects.
     pub fn select(&self, sni: Option<&str>, host: Option<&str>) -> RouteDecision {
         let Some(host) = host.and_then(host_without_port) else {
             return RouteDecision::MissingHost;
         };
-        let by_host = self.by_hostname.get(&host);
-        let chosen = match sni {
-            Some(sni) => {
-                let by_sni = self.by_hostname.get(&normalize_hostname(sni));
-                match (by_sni, by_host) {
-                    (Some(by_sni), Some(by_host)) if by_sni == by_host => Some(*by_sni),
-                    _ => None,
-                }
-            }
-            None => by_host.copied(),
+        let Some((index, hostname)) = self.hostnames.lookup(&host) else {
+            return RouteDecision::Misdirected;
         };
-        match chosen.and_then(|index| self.routes.get(index)) {
-            Some(entry) => RouteDecision::Route(entry.clone()),
+        if let Some(sni) = sni
+            && self.index_of(sni) != Some(index)
+        {
+            return RouteDecision::Misdirected;
+        }
+        match self.routes.get(index) {
+            Some(entry) => RouteDecision::Route(RouteChoice {
+                entry: entry.clone(),
+                index,
+                hostname: hostname.clone(),
+            }),
             None => RouteDecision::Misdirected,
         }
     }
@@ -127,15 +196,17 @@ mod tests {
         HttpRoute {
             name: name.into(),
             hostnames: hostnames.iter().map(|h| h.to_string()).collect(),
-            backend: BackendAddress {
+            tls: None,
+            backend: Some(BackendAddress {
                 host: format!("{name}.svc"),
                 port: 80,
-            },
+            }),
             backend_tls: None,
             request_timeout_seconds: None,
             backend_request_timeout_seconds: None,
             request_timeout_millis: None,
             backend_request_timeout_millis: None,
+            rules: Vec::new(),
         }
     }
 
@@ -151,7 +222,7 @@ mod tests {
 
     fn chosen(decision: RouteDecision) -> String {
         match decision {
-            RouteDecision::Route(entry) => entry.route.name.clone(),
+            RouteDecision::Route(choice) => choice.entry.route.name.clone(),
             RouteDecision::Misdirected => "421".into(),
             RouteDecision::MissingHost => "400".into(),
         }
@@ -213,6 +284,74 @@ mod tests {
         assert!(table.serves("admin.team-a.lab.example.net"));
         assert!(table.serves("Portal.Lab.Example.Net."));
         assert!(!table.serves("other.example.net"));
+        assert_eq!(table.catch_all(), None);
+        assert_eq!(gateway_table().catch_all(), Some(3));
+    }
+
+    fn gateway_table() -> RouteTable {
+        RouteTable::new(&[
+            route("exact", &["a.example.com"]),
+            route("wild", &["*.example.com"]),
+            route("deeper", &["*.b.example.com"]),
+            route("any", &["*"]),
+        ])
+    }
+
+    /// Exact beats wildcard, a longer wildcard a shorter one, `*` takes the rest; a wildcard
+    /// matches any depth below its suffix but not the suffix itself.
+    #[test]
+    fn wildcards_and_the_catch_all_by_specificity() {
+        let table = gateway_table();
+        let cases = [
+            ("a.example.com", "exact", "a.example.com"),
+            ("A.Example.Com.", "exact", "a.example.com"),
+            ("x.example.com", "wild", "*.example.com"),
+            ("x.y.example.com", "wild", "*.example.com"),
+            ("x.b.example.com", "deeper", "*.b.example.com"),
+            ("b.example.com", "wild", "*.example.com"),
+            ("example.com", "any", "*"),
+            ("other.test", "any", "*"),
+            ("100.64.0.7", "any", "*"),
+        ];
+        for (host, route, pattern) in cases {
+            match table.select(None, Some(host)) {
+                RouteDecision::Route(choice) => {
+                    assert_eq!(choice.entry.route.name, route, "{host}");
+                    assert_eq!(&*choice.hostname, pattern, "{host}");
+                    assert_eq!(table.routes()[choice.index].route.name, route);
+                }
+                other => panic!("{host}: {other:?}"),
+            }
+        }
+        // SNI and Host must land on the same route, wildcards included.
+        assert_eq!(
+            chosen(table.select(Some("x.example.com"), Some("y.example.com"))),
+            "wild"
+        );
+        assert_eq!(
+            chosen(table.select(Some("x.example.com"), Some("a.example.com"))),
+            "421"
+        );
+        let without_catch_all = RouteTable::new(&[route("wild", &["*.example.com"])]);
+        assert!(without_catch_all.serves("deep.x.example.com"));
+        assert!(!without_catch_all.serves("example.com"));
+        assert!(!without_catch_all.serves("xexample.com"));
+        assert_eq!(
+            chosen(without_catch_all.select(None, Some("example.com"))),
+            "421"
+        );
+    }
+
+    #[test]
+    fn the_first_route_keeps_a_pattern_claimed_twice() {
+        let mut index = HostnameIndex::default();
+        index.insert("*.a.test", 0);
+        index.insert("*.A.test.", 1);
+        index.insert("*", 2);
+        index.insert("*", 3);
+        assert_eq!(index.lookup("x.a.test").map(|(i, _)| i), Some(0));
+        assert_eq!(index.any(), Some(2));
+        assert_eq!(HostnameIndex::default().lookup("a"), None);
     }
 
     #[test]

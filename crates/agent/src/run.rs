@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prometheus_client::registry::Registry;
-use tailnet_api::agent_config::{AgentConfig, EgressListener, HttpRoute, IngressListener};
+use tailnet_api::agent_config::{
+    AgentConfig, BackendAddress, EgressListener, HttpRoute, IngressListener, PassthroughRoute,
+};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -20,6 +22,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use crate::admin::{self, Admin};
+use crate::certificates::Certificates;
 use crate::config::{self, ConfigError};
 use crate::dial::{TailnetDialer, error_chain};
 use crate::limits::Gate;
@@ -27,10 +30,11 @@ use crate::listeners::{self, Shared, TcpForward};
 use crate::localapi::LocalApi;
 use crate::login::LoginWatch;
 use crate::metrics::{Metrics, TailnetStateLabels};
+use crate::passthrough::{PassthroughSite, handle_passthrough};
 use crate::probe::{ProbeDeps, ProbeSpec, Prober};
 use crate::proxy::{HttpSite, ProxyContext, ProxyDefaults};
-use crate::state::{AgentState, CertificateView, ListenerKind, ListenerView, ProbeKind};
-use crate::tls::{CertStore, Reload};
+use crate::state::{AgentState, ListenerKind, ListenerView, ProbeKind};
+use crate::tls::ListenerCertificates;
 use crate::workers::ConnectionThreads;
 
 const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -150,8 +154,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         rejected_raw: None,
         running: BTreeMap::new(),
         gates: BTreeMap::new(),
-        certificate: None,
-        certificate_message: String::new(),
+        certificates: Certificates::default(),
         prober: Prober::default(),
     };
     supervisor.reconcile().await;
@@ -292,7 +295,16 @@ async fn refresh_status(
 enum Payload {
     Egress(EgressListener),
     Tcp(TcpForward),
+    /// TLS-terminating: needs the certificate.
     Http(Vec<HttpRoute>),
+    PlainHttp(Vec<HttpRoute>),
+    Passthrough(Vec<PassthroughRoute>),
+}
+
+impl Payload {
+    fn needs_certificate(&self) -> bool {
+        matches!(self, Payload::Http(_))
+    }
 }
 
 struct Desired {
@@ -308,11 +320,13 @@ struct Desired {
 enum Update {
     Egress(watch::Sender<EgressListener>),
     Tcp(watch::Sender<TcpForward>),
+    /// `http` and `plainHttp` listeners (`certificates`: those of a TLS one).
     Http {
         site: watch::Sender<Arc<HttpSite>>,
         routes: Vec<HttpRoute>,
-        store: Arc<CertStore>,
+        certificates: Option<ListenerCertificates>,
     },
+    Passthrough(watch::Sender<Arc<PassthroughSite>>),
 }
 
 struct Running {
@@ -334,8 +348,7 @@ struct Supervisor {
     /// Connection gates by listener key; they outlive a listener's restart (its open
     /// connections keep their slots) and go when the listener leaves the config.
     gates: BTreeMap<String, Arc<Gate>>,
-    certificate: Option<Arc<CertStore>>,
-    certificate_message: String,
+    certificates: Certificates,
     prober: Prober,
 }
 
@@ -409,6 +422,29 @@ fn ingress_listener(
                 in_cluster,
             }
         }
+        IngressListener::PlainHttp { port, routes } => {
+            let address = SocketAddr::new(host, *port);
+            Desired {
+                key: format!("plain-http:{address}"),
+                name: format!("http-{port}{suffix}"),
+                kind: ListenerKind::Http,
+                address,
+                payload: Payload::PlainHttp(routes.clone()),
+                in_cluster,
+            }
+        }
+        // Reported as `tcp` in /status: it relays TCP (operators before it know no other kind).
+        IngressListener::TlsPassthrough { port, routes } => {
+            let address = SocketAddr::new(host, *port);
+            Desired {
+                key: format!("tls-passthrough:{address}"),
+                name: format!("tls-{port}{suffix}"),
+                kind: ListenerKind::Tcp,
+                address,
+                payload: Payload::Passthrough(routes.clone()),
+                in_cluster,
+            }
+        }
     }
 }
 
@@ -433,18 +469,60 @@ fn probe_specs(config: &AgentConfig, options: &Options) -> Vec<ProbeSpec> {
                 port: backend.port,
                 interval: Some(options.backend_probe_interval),
             }),
-            IngressListener::Http { routes, .. } => {
-                specs.extend(routes.iter().map(|route| ProbeSpec {
-                    kind: ProbeKind::Backend,
-                    name: route.name.clone(),
-                    host: route.backend.host.clone(),
-                    port: route.backend.port,
-                    interval: Some(options.backend_probe_interval),
-                }));
+            IngressListener::Http { routes, .. } | IngressListener::PlainHttp { routes, .. } => {
+                for route in routes {
+                    let backends = route.backend.iter().chain(
+                        route
+                            .rules
+                            .iter()
+                            .flat_map(|rule| &rule.backends)
+                            .filter_map(|weighted| weighted.backend.as_ref()),
+                    );
+                    specs.extend(route_probes(&route.name, backends, options));
+                }
+            }
+            IngressListener::TlsPassthrough { routes, .. } => {
+                for route in routes {
+                    let backends = route
+                        .backends
+                        .iter()
+                        .filter_map(|weighted| weighted.backend.as_ref());
+                    specs.extend(route_probes(&route.name, backends, options));
+                }
             }
         }
     }
     specs
+}
+
+/// One probe per distinct backend of a route: named after the route when it has one backend
+/// (as TailnetIngress routes always have), else `<route>/<host>:<port>`.
+fn route_probes<'a>(
+    route: &str,
+    backends: impl Iterator<Item = &'a BackendAddress>,
+    options: &Options,
+) -> Vec<ProbeSpec> {
+    let mut distinct: Vec<&BackendAddress> = Vec::new();
+    for backend in backends {
+        if !distinct.contains(&backend) {
+            distinct.push(backend);
+        }
+    }
+    let single = distinct.len() == 1;
+    distinct
+        .into_iter()
+        .map(|backend| ProbeSpec {
+            kind: ProbeKind::Backend,
+            name: if single {
+                route.to_owned()
+            } else {
+                format!("{route}/{}:{}", backend.host, backend.port)
+            },
+            host: backend.host.clone(),
+            port: backend.port,
+            interval: Some(options.backend_probe_interval),
+        })
+        .collect()
 }
 
 impl Supervisor {
@@ -490,83 +568,21 @@ impl Supervisor {
         }
     }
 
-    /// The certificate store for the configured files, re-read now. `Err` says why `http`
-    /// listeners cannot serve.
-    fn refresh_certificate(&mut self) -> Result<Arc<CertStore>, String> {
-        let needed = self
-            .config
-            .ingress
-            .iter()
-            .any(|listener| matches!(listener, IngressListener::Http { .. }));
-        let Some(files) = self.config.tls.clone() else {
-            self.certificate = None;
-            self.state.set_certificate(CertificateView {
-                required: needed,
-                loaded: false,
-                message: if needed {
-                    "no certificate configured".into()
-                } else {
-                    String::new()
-                },
-            });
-            self.metrics.certificate_loaded.set(0);
-            return Err("no certificate configured".into());
-        };
-        let same_files = self.certificate.as_ref().is_some_and(|store| {
-            let (cert, key) = store.paths();
-            cert == std::path::Path::new(&files.cert_file)
-                && key == std::path::Path::new(&files.key_file)
-        });
-        if !same_files {
-            self.certificate = Some(Arc::new(CertStore::new(&files.cert_file, &files.key_file)));
-        }
-        let Some(store) = self.certificate.clone() else {
-            return Err("no certificate store".into());
-        };
-        let (result, message) = match store.reload() {
-            Ok(Reload::Loaded) => {
-                self.metrics.certificate_reloads.inc();
-                info!(cert = %files.cert_file, "serving certificate loaded");
-                (Ok(store), String::new())
-            }
-            Ok(Reload::Unchanged) => (Ok(store), String::new()),
-            Err(rejected) => {
-                let reason = error_chain(&rejected.error);
-                if !rejected.repeated {
-                    self.metrics.certificate_reload_failures.inc();
-                    error!(cert = %files.cert_file, error = %reason, "certificate files rejected");
-                }
-                if store.current().is_some() {
-                    // The previous pair keeps serving.
-                    let message =
-                        format!("certificate files rejected, serving the previous one: {reason}");
-                    (Ok(store), message)
-                } else {
-                    let message = format!("no valid certificate: {reason}");
-                    (Err(message.clone()), message)
-                }
-            }
-        };
-        if message != self.certificate_message {
-            if !message.is_empty() && needed {
-                warn!(detail = %message, "http listeners do not serve until the certificate is valid");
-            }
-            self.certificate_message = message.clone();
-        }
-        self.metrics
-            .certificate_loaded
-            .set(i64::from(result.is_ok()));
-        self.state.set_certificate(CertificateView {
-            required: needed,
-            loaded: result.is_ok(),
-            message,
-        });
-        result
-    }
-
     async fn reconcile(&mut self) {
-        let certificate = self.refresh_certificate();
+        let view = self.certificates.refresh(&self.config, &self.metrics);
+        self.state.set_certificate(view);
         let desired = desired_listeners(&self.config, self.options.pod_ip);
+        // By listener key, for `http` listeners: `Err` says why it cannot serve.
+        let certificates: BTreeMap<String, Result<ListenerCertificates, String>> = desired
+            .iter()
+            .filter_map(|wanted| match &wanted.payload {
+                Payload::Http(routes) => Some((
+                    wanted.key.clone(),
+                    self.certificates.for_listener(&self.config, routes),
+                )),
+                _ => None,
+            })
+            .collect();
 
         // Stop what is no longer wanted first: a port may move between listener kinds.
         let mut to_stop = Vec::new();
@@ -574,7 +590,7 @@ impl Supervisor {
             let wanted = desired.iter().find(|d| &d.key == key);
             let keep = match wanted {
                 None => false,
-                Some(d) => !(d.kind == ListenerKind::Http && certificate.is_err()),
+                Some(d) => !matches!(certificates.get(d.key.as_str()), Some(Err(_))),
             };
             if !keep {
                 to_stop.push(key.clone());
@@ -619,56 +635,17 @@ impl Supervisor {
                 refused_connections: 0,
                 reclaimed_connections: 0,
             };
-            if let (Payload::Http(_), Err(reason)) = (&wanted.payload, &certificate) {
+            let listener_certificates = certificates.get(wanted.key.as_str());
+            if let Some(Err(reason)) = listener_certificates {
                 self.set_listener(&wanted.key, view(false, reason.clone()));
                 continue;
             }
+            let listener_certificates = listener_certificates.and_then(|c| c.as_ref().ok());
             if let Some(running) = self.running.get_mut(&wanted.key) {
-                match (&mut running.update, &wanted.payload) {
-                    (Update::Egress(sender), Payload::Egress(egress)) => {
-                        sender.send_if_modified(|current| replace_if_changed(current, egress));
-                    }
-                    (Update::Tcp(sender), Payload::Tcp(forward)) => {
-                        sender.send_if_modified(|current| replace_if_changed(current, forward));
-                    }
-                    (
-                        Update::Http {
-                            site,
-                            routes,
-                            store,
-                        },
-                        Payload::Http(new_routes),
-                    ) => {
-                        let new_store = certificate.as_ref().ok();
-                        let store_changed =
-                            new_store.is_some_and(|new_store| !Arc::ptr_eq(new_store, store));
-                        if (routes != new_routes || store_changed)
-                            && let Some(new_store) = new_store
-                        {
-                            match HttpSite::new(
-                                wanted.name.clone(),
-                                new_routes,
-                                new_store.clone(),
-                                defaults,
-                            )
-                            .map(|site| site.in_cluster(wanted.in_cluster))
-                            {
-                                Ok(new_site) => {
-                                    site.send_replace(Arc::new(new_site));
-                                    *routes = new_routes.clone();
-                                    *store = new_store.clone();
-                                }
-                                Err(error) => {
-                                    warn!(listener = %wanted.name, error = %error_chain(&error), "routes not applied");
-                                }
-                            }
-                        }
-                    }
-                    _ => {}
-                }
+                update_running(running, &wanted, listener_certificates, defaults);
                 continue;
             }
-            match self.start(&wanted, certificate.as_ref().ok()).await {
+            match self.start(&wanted, listener_certificates).await {
                 Ok(running) => {
                     info!(listener = %wanted.name, address = %wanted.address, kind = ?wanted.kind, "listener up");
                     self.running.insert(wanted.key.clone(), running);
@@ -714,23 +691,15 @@ impl Supervisor {
     async fn start(
         &self,
         wanted: &Desired,
-        store: Option<&Arc<CertStore>>,
+        certificates: Option<&ListenerCertificates>,
     ) -> Result<Running, String> {
         // Build before binding, so a bad route never leaves a bound port that serves nothing.
-        let site = match (&wanted.payload, store) {
-            (Payload::Http(routes), Some(store)) => Some((
-                HttpSite::new(
-                    wanted.name.clone(),
-                    routes,
-                    store.clone(),
-                    self.proxy_defaults(),
-                )
-                .map_err(|error| error_chain(&error))?
-                .in_cluster(wanted.in_cluster),
-                routes.clone(),
-                store.clone(),
-            )),
-            (Payload::Http(_), None) => return Err("no valid certificate".into()),
+        let site = match &wanted.payload {
+            Payload::Http(routes) | Payload::PlainHttp(routes) => {
+                let certificates = certificates.filter(|_| wanted.payload.needs_certificate());
+                let site = build_site(wanted, routes, certificates, self.proxy_defaults())?;
+                Some((site, routes.clone(), certificates.cloned()))
+            }
             _ => None,
         };
         let listener = TcpListener::bind(wanted.address)
@@ -774,7 +743,23 @@ impl Supervisor {
                     Update::Tcp(sender),
                 )
             }
-            (Payload::Http(_), Some((site, routes, store))) => {
+            (Payload::Passthrough(routes), _) => {
+                let site = PassthroughSite::new(wanted.name.clone(), routes);
+                let (sender, receiver) = watch::channel(Arc::new(site));
+                (
+                    tokio::spawn(listeners::run_relay(
+                        listener,
+                        wanted.name.clone(),
+                        receiver,
+                        handle_passthrough,
+                        gate,
+                        stop.clone(),
+                        shared,
+                    )),
+                    Update::Passthrough(sender),
+                )
+            }
+            (Payload::Http(_) | Payload::PlainHttp(_), Some((site, routes, certificates))) => {
                 let (sender, receiver) = watch::channel(Arc::new(site));
                 (
                     tokio::spawn(listeners::run_http(
@@ -787,11 +772,13 @@ impl Supervisor {
                     Update::Http {
                         site: sender,
                         routes,
-                        store,
+                        certificates,
                     },
                 )
             }
-            (Payload::Http(_), None) => return Err("no valid certificate".into()),
+            (Payload::Http(_) | Payload::PlainHttp(_), None) => {
+                return Err("no site built".into());
+            }
         };
         Ok(Running { stop, task, update })
     }
@@ -804,6 +791,88 @@ impl Supervisor {
                 warn!(%key, %error, "listener task ended abnormally");
             }
         }
+    }
+}
+
+/// The site of an `http` (with `certificates`) or `plainHttp` listener.
+fn build_site(
+    wanted: &Desired,
+    routes: &[HttpRoute],
+    certificates: Option<&ListenerCertificates>,
+    defaults: ProxyDefaults,
+) -> Result<HttpSite, String> {
+    let site = match (wanted.payload.needs_certificate(), certificates) {
+        (true, Some(certificates)) => {
+            HttpSite::new(wanted.name.clone(), routes, certificates.clone(), defaults)
+        }
+        (true, None) => return Err("no valid certificate".into()),
+        (false, _) => HttpSite::plain(wanted.name.clone(), routes, defaults),
+    };
+    site.map(|site| site.in_cluster(wanted.in_cluster))
+        .map_err(|error| error_chain(&error))
+}
+
+/// Hands a running listener the settings of the current config (new connections get them;
+/// established ones keep theirs). An `http` listener's site is rebuilt when its routes or
+/// its certificate stores changed (`certificates`: `None` for a plain listener, or a TLS one
+/// that cannot serve, which is left alone).
+fn update_running(
+    running: &mut Running,
+    wanted: &Desired,
+    certificates: Option<&ListenerCertificates>,
+    defaults: ProxyDefaults,
+) {
+    match (&mut running.update, &wanted.payload) {
+        (Update::Egress(sender), Payload::Egress(egress)) => {
+            sender.send_if_modified(|current| replace_if_changed(current, egress));
+        }
+        (Update::Tcp(sender), Payload::Tcp(forward)) => {
+            sender.send_if_modified(|current| replace_if_changed(current, forward));
+        }
+        (Update::Passthrough(sender), Payload::Passthrough(routes)) => {
+            sender.send_if_modified(|current| {
+                if current.routes == *routes {
+                    return false;
+                }
+                *current = Arc::new(PassthroughSite::new(wanted.name.clone(), routes));
+                true
+            });
+        }
+        (
+            Update::Http {
+                site,
+                routes,
+                certificates: current,
+            },
+            Payload::Http(new_routes) | Payload::PlainHttp(new_routes),
+        ) => {
+            let new_certificates = if wanted.payload.needs_certificate() {
+                let Some(new_certificates) = certificates else {
+                    return;
+                };
+                Some(new_certificates)
+            } else {
+                None
+            };
+            let certificates_changed = match (new_certificates, current.as_ref()) {
+                (Some(new), Some(current)) => !new.same_as(current),
+                (new, current) => new.is_some() != current.is_some(),
+            };
+            if routes == new_routes && !certificates_changed {
+                return;
+            }
+            match build_site(wanted, new_routes, new_certificates, defaults) {
+                Ok(new_site) => {
+                    site.send_replace(Arc::new(new_site));
+                    *routes = new_routes.clone();
+                    *current = new_certificates.cloned();
+                }
+                Err(message) => {
+                    warn!(listener = %wanted.name, error = %message, "routes not applied");
+                }
+            }
+        }
+        _ => {}
     }
 }
 

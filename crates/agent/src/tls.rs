@@ -1,7 +1,8 @@
-//! TLS material: the serving certificate (reloaded when cert-manager renews it in place), the
-//! SNI-checking certificate resolver of `http` listeners, and backend client configs that
-//! trust only the configured CA bundle.
+//! TLS material: the serving certificates (reloaded when cert-manager renews them in place),
+//! the certificate resolver of `http` listeners (SNI picks the route, the route its
+//! certificate), and backend client configs that trust only the configured CA bundle.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -22,6 +23,8 @@ pub enum TlsError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path} is larger than {limit} bytes")]
+    TooLarge { path: PathBuf, limit: u64 },
     #[error("{path} holds no PEM certificate")]
     NoCertificate { path: PathBuf },
     #[error("{path} is not valid PEM")]
@@ -58,11 +61,27 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// The largest certificate, key or CA file read: a Kubernetes Secret or ConfigMap holds at
+/// most 1 MiB, so nothing a volume can carry is refused, and a stray huge file is not read
+/// whole on every poll.
+pub const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
+
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
+    let read_error = |source| TlsError::Read {
         path: path.to_owned(),
         source,
-    })
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_PEM_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(read_error)?;
+    if bytes.len() as u64 > MAX_PEM_FILE_BYTES {
+        return Err(TlsError::TooLarge {
+            path: path.to_owned(),
+            limit: MAX_PEM_FILE_BYTES,
+        });
+    }
+    Ok(bytes)
 }
 
 /// Parses a PEM chain and key into a rustls key, checking that they belong together.
@@ -111,7 +130,7 @@ pub struct Rejected {
     pub repeated: bool,
 }
 
-/// The serving certificate of all `http` listeners. Files are re-read on every poll and
+/// One serving certificate (the agent-level one, or a route's own). Files are re-read on every poll and
 /// compared by content: kubelet swaps Secret volumes by symlink, so mtimes of the visible
 /// paths are not reliable.
 ///
@@ -119,8 +138,9 @@ pub struct Rejected {
 /// key's public key is the leaf's) before the pair replaces the served one in one swap. A
 /// pair that fails — a file missing or unreadable, not PEM, a key that does not match (such
 /// as a read that caught kubelet's swap between the two files) — is rejected and the
-/// previous certificate keeps serving. Only removed files (not found) unload it: the `http`
-/// listeners then stop serving.
+/// previous certificate keeps serving. Only removed files (not found) unload it: the names it
+/// serves then fail their handshakes (an `http` listener without any loaded certificate
+/// stops).
 #[derive(Debug)]
 pub struct CertStore {
     cert_file: PathBuf,
@@ -198,32 +218,115 @@ impl CertStore {
     }
 }
 
-/// Answers a ClientHello only for names this listener serves (or without SNI) and only while
-/// a certificate is loaded; everything else fails the handshake.
+/// The certificates of one `http` listener: each route's own, and the agent-level one for
+/// the routes without one.
+#[derive(Clone, Debug, Default)]
+pub struct ListenerCertificates {
+    /// The agent-level certificate (`tls`).
+    pub agent: Option<Arc<CertStore>>,
+    /// By route index: the route's own certificate (`routes[].tls`); routes beyond the end
+    /// have none.
+    pub routes: Vec<Option<Arc<CertStore>>>,
+}
+
+impl From<Arc<CertStore>> for ListenerCertificates {
+    /// One certificate for every route.
+    fn from(store: Arc<CertStore>) -> Self {
+        ListenerCertificates {
+            agent: Some(store),
+            routes: Vec::new(),
+        }
+    }
+}
+
+impl ListenerCertificates {
+    /// The certificate of route `index`: its own, else the agent-level one.
+    pub fn of_route(&self, index: usize) -> Option<&Arc<CertStore>> {
+        self.routes
+            .get(index)
+            .and_then(Option::as_ref)
+            .or(self.agent.as_ref())
+    }
+
+    /// The certificate a ClientHello gets: SNI selects the route (with routing's precedence:
+    /// exact, longest wildcard, `*`) and the route its certificate; a name no route serves
+    /// gets none. Without SNI: the `*` route's certificate if there is such a route, else the
+    /// agent-level one.
+    pub fn for_server_name(
+        &self,
+        routes: &RouteTable,
+        server_name: Option<&str>,
+    ) -> Option<&Arc<CertStore>> {
+        match server_name {
+            Some(name) => self.of_route(routes.index_of(name)?),
+            None => match routes.catch_all() {
+                Some(index) => self.of_route(index),
+                None => self.agent.as_ref(),
+            },
+        }
+    }
+
+    /// Every distinct store the listener's `route_count` routes use.
+    pub fn in_use(&self, route_count: usize) -> Vec<&Arc<CertStore>> {
+        let mut stores: Vec<&Arc<CertStore>> = Vec::new();
+        for store in (0..route_count).filter_map(|index| self.of_route(index)) {
+            if !stores.iter().any(|known| Arc::ptr_eq(known, store)) {
+                stores.push(store);
+            }
+        }
+        stores
+    }
+
+    /// The same stores (by identity) for the same routes: a site built with `other` serves
+    /// exactly what one built with these does.
+    pub fn same_as(&self, other: &ListenerCertificates) -> bool {
+        fn same(a: Option<&Arc<CertStore>>, b: Option<&Arc<CertStore>>) -> bool {
+            match (a, b) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            }
+        }
+        let longest = self.routes.len().max(other.routes.len());
+        same(self.agent.as_ref(), other.agent.as_ref())
+            && (0..longest).all(|index| {
+                same(
+                    self.routes.get(index).and_then(Option::as_ref),
+                    other.routes.get(index).and_then(Option::as_ref),
+                )
+            })
+    }
+}
+
+/// Answers a ClientHello only for names this listener serves (or without SNI, see
+/// [`ListenerCertificates::for_server_name`]) and only while that route's certificate is
+/// loaded; everything else fails the handshake (never a wrong certificate).
 #[derive(Debug)]
 pub struct SniResolver {
-    store: Arc<CertStore>,
+    certificates: ListenerCertificates,
     routes: RouteTable,
 }
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        if let Some(name) = hello.server_name()
-            && !self.routes.serves(name)
-        {
-            return None;
-        }
-        self.store.current()
+        self.certificates
+            .for_server_name(&self.routes, hello.server_name())?
+            .current()
     }
 }
 
 /// Server config of one `http` listener: TLS 1.2/1.3, ALPN h2 and http/1.1.
-pub fn server_config(store: Arc<CertStore>, routes: RouteTable) -> Result<ServerConfig, TlsError> {
+pub fn server_config(
+    certificates: ListenerCertificates,
+    routes: RouteTable,
+) -> Result<ServerConfig, TlsError> {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|source| TlsError::Config { source })?
         .with_no_client_auth()
-        .with_cert_resolver(Arc::new(SniResolver { store, routes }));
+        .with_cert_resolver(Arc::new(SniResolver {
+            certificates,
+            routes,
+        }));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }
@@ -371,6 +474,140 @@ mod tests {
         std::fs::remove_file(&key_path).unwrap_or_else(|e| panic!("{e}"));
         assert!(store.reload().is_err());
         assert!(store.current().is_none(), "removed files unload it");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn http_route(name: &str, hostnames: &[&str]) -> tailnet_api::agent_config::HttpRoute {
+        serde_json::from_value(serde_json::json!({
+            "name": name, "hostnames": hostnames, "backend": {"host": "b", "port": 80},
+        }))
+        .unwrap_or_else(|e| panic!("route: {e}"))
+    }
+
+    fn store(name: &str) -> Arc<CertStore> {
+        Arc::new(CertStore::new(format!("{name}.crt"), format!("{name}.key")))
+    }
+
+    /// SNI picks the route with routing's precedence, the route its certificate; routes
+    /// without one get the agent-level certificate; no SNI gets the `*` route's, else the
+    /// agent-level one; an unknown name gets none.
+    #[test]
+    fn the_certificate_follows_the_route_sni_selects() {
+        let (exact, wildcard, deeper, any, agent) = (
+            store("exact"),
+            store("wildcard"),
+            store("deeper"),
+            store("any"),
+            store("agent"),
+        );
+        let routes = RouteTable::new(&[
+            http_route("exact", &["foo.example.test"]),
+            http_route("wildcard", &["*.example.test"]),
+            http_route("deeper", &["*.b.example.test"]),
+            http_route("plain", &["plain.test"]),
+        ]);
+        let certificates = ListenerCertificates {
+            agent: Some(agent.clone()),
+            routes: vec![
+                Some(exact.clone()),
+                Some(wildcard.clone()),
+                Some(deeper.clone()),
+            ],
+        };
+        let cases: [(Option<&str>, Option<&Arc<CertStore>>); 9] = [
+            (Some("foo.example.test"), Some(&exact)),
+            (Some("FOO.Example.Test."), Some(&exact)),
+            (Some("bar.example.test"), Some(&wildcard)),
+            (Some("x.y.example.test"), Some(&wildcard)),
+            (Some("x.b.example.test"), Some(&deeper)),
+            (Some("plain.test"), Some(&agent)),
+            (Some("example.test"), None),
+            (Some("unknown.test"), None),
+            (None, Some(&agent)),
+        ];
+        for (name, expected) in cases {
+            let chosen = certificates.for_server_name(&routes, name);
+            assert!(
+                match (chosen, expected) {
+                    (Some(chosen), Some(expected)) => Arc::ptr_eq(chosen, expected),
+                    (chosen, expected) => chosen.is_none() && expected.is_none(),
+                },
+                "{name:?}: {chosen:?}"
+            );
+        }
+
+        let with_catch_all = RouteTable::new(&[
+            http_route("exact", &["foo.example.test"]),
+            http_route("any", &["*"]),
+        ]);
+        let certificates = ListenerCertificates {
+            agent: Some(agent.clone()),
+            routes: vec![None, Some(any.clone())],
+        };
+        let without_sni = certificates.for_server_name(&with_catch_all, None);
+        assert!(without_sni.is_some_and(|chosen| Arc::ptr_eq(chosen, &any)));
+        let elsewhere = certificates.for_server_name(&with_catch_all, Some("other.test"));
+        assert!(elsewhere.is_some_and(|chosen| Arc::ptr_eq(chosen, &any)));
+        let foo = certificates.for_server_name(&with_catch_all, Some("foo.example.test"));
+        assert!(foo.is_some_and(|chosen| Arc::ptr_eq(chosen, &agent)));
+
+        // Neither a `*` route nor an agent-level certificate: no SNI, no certificate.
+        let own_only = ListenerCertificates {
+            agent: None,
+            routes: vec![Some(exact.clone())],
+        };
+        assert!(own_only.for_server_name(&routes, None).is_none());
+        assert!(
+            own_only
+                .for_server_name(&routes, Some("plain.test"))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn the_stores_in_use_are_distinct_and_compared_by_identity() {
+        let (a, agent) = (store("a"), store("agent"));
+        let certificates = ListenerCertificates {
+            agent: Some(agent.clone()),
+            routes: vec![Some(a.clone()), None, Some(a.clone())],
+        };
+        let in_use = certificates.in_use(4);
+        assert_eq!(in_use.len(), 2);
+        assert!(Arc::ptr_eq(in_use[0], &a) && Arc::ptr_eq(in_use[1], &agent));
+        assert_eq!(certificates.in_use(0).len(), 0);
+
+        assert!(certificates.same_as(&certificates.clone()));
+        let trimmed = ListenerCertificates {
+            routes: vec![Some(a.clone()), None, Some(a.clone()), None],
+            ..certificates.clone()
+        };
+        assert!(
+            certificates.same_as(&trimmed),
+            "trailing Nones change nothing"
+        );
+        let other_file = ListenerCertificates {
+            routes: vec![Some(store("a")), None, Some(a.clone())],
+            ..certificates.clone()
+        };
+        assert!(!certificates.same_as(&other_file));
+        let without_agent = ListenerCertificates {
+            agent: None,
+            ..certificates.clone()
+        };
+        assert!(!certificates.same_as(&without_agent));
+    }
+
+    #[test]
+    fn files_beyond_the_size_bound_are_refused() {
+        let dir =
+            std::env::temp_dir().join(format!("tailnet-agent-tls-size-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.join("huge.crt");
+        let size = usize::try_from(MAX_PEM_FILE_BYTES).unwrap_or(usize::MAX);
+        std::fs::write(&path, vec![b'a'; size]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(read(&path).map(|bytes| bytes.len()).ok(), Some(size));
+        std::fs::write(&path, vec![b'a'; size + 1]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(read(&path), Err(TlsError::TooLarge { .. })));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -83,13 +83,19 @@ fn rendered_admin_route(timeouts: serde_json::Value) -> (HttpRoute, serde_json::
     let raw = serde_json::to_vec(&objects.config).unwrap_or_else(|e| panic!("config json: {e}"));
     let config = tailnet_agent::config::from_bytes(Path::new("config.json"), &raw)
         .unwrap_or_else(|e| panic!("the agent refuses the rendered config: {e}"));
+    // What the agent read writes back byte for byte (the schema grew only optional fields).
+    let rewritten = serde_json::to_vec(&config).unwrap_or_else(|e| panic!("config json: {e}"));
+    assert_eq!(
+        String::from_utf8_lossy(&rewritten),
+        String::from_utf8_lossy(&raw)
+    );
     let json: serde_json::Value = serde_json::from_slice(&raw).unwrap_or_else(|e| panic!("{e}"));
     let route = config
         .ingress
         .iter()
         .find_map(|listener| match listener {
             IngressListener::Http { routes, .. } => routes.iter().find(|r| r.name == "admin"),
-            IngressListener::Tcp { .. } => None,
+            _ => None,
         })
         .cloned()
         .unwrap_or_else(|| panic!("no admin route in {json}"));

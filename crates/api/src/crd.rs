@@ -4,6 +4,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+use crate::gateway_parameters::TailnetGatewayParameters;
 use crate::{Tailnet, TailnetEgress, TailnetIngress};
 
 /// All CRDs with the file name they are checked in under (`deploy/crds/<file>`).
@@ -12,6 +13,10 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
         ("tailnets.yaml", Tailnet::crd()),
         ("tailnetegresses.yaml", TailnetEgress::crd()),
         ("tailnetingresses.yaml", TailnetIngress::crd()),
+        (
+            "tailnetgatewayparameters.yaml",
+            TailnetGatewayParameters::crd(),
+        ),
     ]
 }
 

@@ -12,6 +12,7 @@ pub mod crd;
 pub mod digest;
 pub mod egress;
 pub mod fragment;
+pub mod gateway_parameters;
 pub mod ingress;
 pub mod naming;
 pub mod owner_feed;

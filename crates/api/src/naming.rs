@@ -45,6 +45,7 @@ fn tag_word(kind: AgentKind) -> &'static str {
         AgentKind::Service => "svc",
         AgentKind::Egress => "egress",
         AgentKind::Ingress => "ingress",
+        AgentKind::Gateway => "gw",
     }
 }
 
@@ -170,6 +171,8 @@ pub enum AgentKind {
     Ingress,
     /// A `Service` of the tailnet `loadBalancerClass` (read as an ingress).
     Service,
+    /// A Gateway API `Gateway` of a GatewayClass of `tailnet-operator.dev/gateway`.
+    Gateway,
 }
 
 impl AgentKind {
@@ -178,6 +181,7 @@ impl AgentKind {
             AgentKind::Egress => "egress",
             AgentKind::Ingress => "ingress",
             AgentKind::Service => "service",
+            AgentKind::Gateway => "gateway",
         }
     }
 
@@ -186,6 +190,7 @@ impl AgentKind {
             AgentKind::Egress => "TailnetEgress",
             AgentKind::Ingress => "TailnetIngress",
             AgentKind::Service => "Service",
+            AgentKind::Gateway => "Gateway",
         }
     }
 
@@ -193,6 +198,7 @@ impl AgentKind {
     pub fn api_version(self) -> String {
         match self {
             AgentKind::Service => "v1".to_string(),
+            AgentKind::Gateway => "gateway.networking.k8s.io/v1".to_string(),
             AgentKind::Egress | AgentKind::Ingress => {
                 format!("{}/{}", crate::GROUP, crate::VERSION)
             }

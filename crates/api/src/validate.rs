@@ -284,6 +284,11 @@ fn check_duration(
     }
 }
 
+/// Whether `value` is a policy principal (`group:`, `tag:`, `autogroup:`, `<user>@`, `*`).
+pub fn is_principal(value: &str) -> bool {
+    PRINCIPAL.is_match(value)
+}
+
 fn check_principals(errors: &mut Vec<FieldError>, field: &str, values: &[String]) {
     for (i, value) in values.iter().enumerate() {
         if !PRINCIPAL.is_match(value) {

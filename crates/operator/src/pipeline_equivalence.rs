@@ -451,6 +451,7 @@ fn tailnet_decision(
             .filter(|s| tailnet_api::service::is_tailnet_load_balancer(&s.object))
             .map(|s| with_uid(s.object.clone()))
             .collect(),
+        gateways: vec![],
         egress_cluster_ips: observed
             .service_cluster_ips
             .iter()
@@ -642,6 +643,7 @@ fn a_contributors_fragment_is_the_same_through_the_cli_and_the_controller() {
         api_key: None,
         base: Ok(None),
         services: Vec::new(),
+        gateways: vec![],
         egresses: manifests
             .egresses
             .iter()

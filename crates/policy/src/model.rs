@@ -176,6 +176,8 @@ pub enum ResourceKind {
     TailnetIngress,
     /// A `Service` of the tailnet `loadBalancerClass` (an entrance like an ingress).
     Service,
+    /// A Gateway API `Gateway` of a class of tailnet-operator (an entrance like an ingress).
+    Gateway,
 }
 
 impl ResourceKind {
@@ -190,6 +192,7 @@ impl fmt::Display for ResourceKind {
             ResourceKind::TailnetEgress => "TailnetEgress",
             ResourceKind::TailnetIngress => "TailnetIngress",
             ResourceKind::Service => "Service",
+            ResourceKind::Gateway => "Gateway",
         })
     }
 }

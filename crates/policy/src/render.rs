@@ -162,7 +162,9 @@ fn summary(inputs: &PolicyInputs, decided: &entries::Decided) -> RenderSummary {
         ingress_resources: inputs.ingresses.len(),
         generated_tag_owners: decided.plan.tag_owners.len(),
         egress_grants: grants_of(ResourceKind::TailnetEgress),
-        ingress_grants: grants_of(ResourceKind::TailnetIngress) + grants_of(ResourceKind::Service),
+        ingress_grants: grants_of(ResourceKind::TailnetIngress)
+            + grants_of(ResourceKind::Service)
+            + grants_of(ResourceKind::Gateway),
         auto_approver_routes: decided.auto_approvers.len(),
         dns_targets_skipped: resources
             .iter()

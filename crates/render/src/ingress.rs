@@ -232,12 +232,14 @@ fn listeners(
                 let route = HttpRoute {
                     name: expose.name.clone(),
                     hostnames,
-                    backend,
+                    tls: None,
+                    backend: Some(backend),
                     backend_tls,
                     request_timeout_seconds: seconds(expose.timeouts.request),
                     backend_request_timeout_seconds: seconds(expose.timeouts.backend_request),
                     request_timeout_millis: millis(expose.timeouts.request),
                     backend_request_timeout_millis: millis(expose.timeouts.backend_request),
+                    rules: Vec::new(),
                 };
                 if inputs.serve_http {
                     ports.insert(port);
@@ -251,9 +253,7 @@ fn listeners(
         routes.sort_by(|a, b| a.name.cmp(&b.name));
         IngressListener::Http { port, routes }
     }));
-    listeners.sort_by_key(|l| match l {
-        IngressListener::Tcp { port, .. } | IngressListener::Http { port, .. } => *port,
-    });
+    listeners.sort_by_key(IngressListener::port);
 
     Ok(Listeners {
         listeners,

@@ -10,6 +10,7 @@ pub mod desired;
 pub mod dns;
 pub mod egress;
 pub mod fragment;
+pub mod gateway;
 pub mod images;
 pub mod ingress;
 pub mod intent;

@@ -70,10 +70,12 @@ pub struct AgentPods {
 /// Secret, which two pods must never share.
 pub fn agent_pods(kind: AgentKind) -> AgentPods {
     match kind {
-        AgentKind::Egress | AgentKind::Ingress | AgentKind::Service => AgentPods {
-            replicas: 1,
-            strategy: "Recreate",
-        },
+        AgentKind::Egress | AgentKind::Ingress | AgentKind::Service | AgentKind::Gateway => {
+            AgentPods {
+                replicas: 1,
+                strategy: "Recreate",
+            }
+        }
     }
 }
 

@@ -63,6 +63,7 @@ pub fn ingress_policy(
     Some(IngressPolicy {
         kind: match ingress.claim.kind {
             tailnet_api::naming::AgentKind::Service => tailnet_policy::ResourceKind::Service,
+            tailnet_api::naming::AgentKind::Gateway => tailnet_policy::ResourceKind::Gateway,
             _ => tailnet_policy::ResourceKind::TailnetIngress,
         },
         owner: owner_key(&ingress.claim.namespace, &ingress.claim.name),

@@ -365,8 +365,9 @@ fn ingress_agent_serves_vhosts_with_one_certificate() {
     assert_eq!(*port, 443);
     assert_eq!(routes.len(), 2);
     let admin = &routes[0];
-    assert_eq!(admin.backend.host, "admin.team-a.svc.cluster.local");
-    assert_eq!(admin.backend.port, 8443);
+    let backend = admin.backend.as_ref().expect("backend");
+    assert_eq!(backend.host, "admin.team-a.svc.cluster.local");
+    assert_eq!(backend.port, 8443);
     let tls = admin.backend_tls.as_ref().expect("verified backend TLS");
     assert_eq!(tls.server_name, "admin.team-a.svc.cluster.local");
     assert_eq!(tls.ca_file, "/etc/tailnet-agent/ca/backend-ca/ca.crt");

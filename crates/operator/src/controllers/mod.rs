@@ -21,6 +21,8 @@ pub mod context;
 pub mod egress;
 pub mod entrances;
 pub mod error;
+pub mod gateway;
+pub mod gateway_class;
 pub mod ingress;
 pub mod instrument;
 pub mod kube_io;
@@ -40,11 +42,16 @@ pub mod test_fixtures;
 use agent::wiring::{Registration, register};
 
 /// The agent-backed kinds the operator runs: one line per kind (its folder implements
-/// `agent::decide::Decide` and `agent::kind::AgentKind`).
-pub fn agent_kinds() -> Vec<Box<dyn Registration>> {
-    vec![
+/// `agent::decide::Decide` and `agent::kind::AgentKind`). `gateway_api`: the Gateway API
+/// CRDs are installed (else the Gateway kind is not registered).
+pub fn agent_kinds(gateway_api: bool) -> Vec<Box<dyn Registration>> {
+    let mut kinds = vec![
         register::<egress::Egress>(),
         register::<ingress::Ingress>(),
         register::<service::LoadBalancer>(),
-    ]
+    ];
+    if gateway_api {
+        kinds.push(register::<gateway::GatewayEntrance>());
+    }
+    kinds
 }

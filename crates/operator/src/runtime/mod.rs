@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controllers::agent::wiring::{RunEnv, Wired};
 use crate::controllers::context::{Caches, Context, KindStores, OperatorConfig};
-use crate::controllers::{agent_kinds, tailnet};
+use crate::controllers::{agent_kinds, gateway_class, tailnet};
 use crate::metrics::{ConditionSource, Metrics};
 use crate::scope::ScopedStore;
 use admin::Health;
@@ -136,7 +136,13 @@ pub async fn run(mut settings: RunSettings) -> Result<(), RunError> {
     // Service triggers read these same caches (shared streams): one watch and one copy of
     // each object, without managedFields.
     let lead = CancellationToken::new();
-    let caches = SharedCaches::start(&client, &settings.operator, &lead);
+    let gateway_api = gateway_class::gateway_api_installed(&client).await;
+    if !gateway_api {
+        tracing::info!(
+            "the Gateway API CRDs (gateway.networking.k8s.io/v1) are not installed: the GatewayClass and Gateway controllers are not started"
+        );
+    }
+    let caches = SharedCaches::start(&client, &settings.operator, &lead, gateway_api);
     health.ready.store(true, Ordering::Relaxed);
 
     let elector = LeaderElector::new(client.clone(), settings.lease.clone());
@@ -199,11 +205,18 @@ async fn installation_id(
 struct SharedCaches {
     kinds: Vec<Box<dyn Wired>>,
     children: AgentChildren,
+    /// The Gateway API CRDs are installed: the GatewayClass controller runs too.
+    gateway_api: bool,
 }
 
 impl SharedCaches {
-    fn start(client: &kube::Client, config: &OperatorConfig, lead: &CancellationToken) -> Self {
-        let registered = agent_kinds();
+    fn start(
+        client: &kube::Client,
+        config: &OperatorConfig,
+        lead: &CancellationToken,
+        gateway_api: bool,
+    ) -> Self {
+        let registered = agent_kinds(gateway_api);
         let parts = scope_parts(&config.scope);
         let service_owners = registered
             .iter()
@@ -221,7 +234,11 @@ impl SharedCaches {
             .into_iter()
             .map(|kind| kind.start(client, &parts, lead))
             .collect();
-        SharedCaches { kinds, children }
+        SharedCaches {
+            kinds,
+            children,
+            gateway_api,
+        }
     }
 
     /// The context of every reconcile and the registered controllers (the Tailnet's and one
@@ -233,7 +250,11 @@ impl SharedCaches {
         metrics: &Metrics,
         stop: Stop,
     ) -> Vec<BoxFuture<'static, ()>> {
-        let SharedCaches { kinds, children } = self;
+        let SharedCaches {
+            kinds,
+            children,
+            gateway_api,
+        } = self;
         let config = &settings.operator;
         let reporter = Reporter {
             controller: "tailnet-operator".to_string(),
@@ -275,6 +296,9 @@ impl SharedCaches {
             &kinds,
             stop.clone(),
         )];
+        if gateway_api {
+            controllers.push(gateway_class::run(ctx.clone(), stop.clone()));
+        }
         // One controller per agent kind and watch part (one for the whole cluster by
         // default), at most `max_concurrent_reconciles` reconciles of a kind at once, shared
         // out among the parts.

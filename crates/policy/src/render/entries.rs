@@ -518,10 +518,12 @@ impl References<'_> {
                     .filter_map(|a| self.undefined(a, "policy.routeApprovers")),
             );
         }
-        for r in resources
-            .iter()
-            .filter(|r| matches!(r.kind, ResourceKind::TailnetIngress | ResourceKind::Service))
-        {
+        for r in resources.iter().filter(|r| {
+            matches!(
+                r.kind,
+                ResourceKind::TailnetIngress | ResourceKind::Service | ResourceKind::Gateway
+            )
+        }) {
             for s in r.grants.iter().flat_map(|g| &g.src) {
                 notices.extend(self.undefined(s, &format!("allowFrom of {}", r.owner)));
             }

@@ -1,7 +1,9 @@
 //! Where `deps/build.sh` puts the pinned third-party binaries:
 //! `${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>`,
 //! versions from `deps/versions.env`; `TNO_BIN_<BINARY>` (as `deps/build.sh --print-env`
-//! prints them) overrides one binary.
+//! prints them) overrides one binary. Components that provide files rather than programs keep
+//! them beside: `<component>-<version>/crds/` (the Gateway API CRDs: [`gateway_api_crds`],
+//! overridden by `TNO_GATEWAY_API_CRDS`).
 //!
 //! Standard library only: `cargo xtask` (release tooling) finds helm here without pulling in
 //! the test environment's dependencies (kube, hyper, rustls, nix, ...), and the test
@@ -49,6 +51,10 @@ pub fn cache_dir() -> Option<PathBuf> {
         })
 }
 
+/// The variable that names the Gateway API CRD directory (as `deps/build.sh --print-env`
+/// prints it).
+pub const GATEWAY_API_CRDS_VAR: &str = "TNO_GATEWAY_API_CRDS";
+
 /// `KEY=VALUE` lines of `deps/versions.env`; comments and anything else are ignored (same
 /// rule as `deps/build.sh`).
 pub fn parse_versions(text: &str) -> HashMap<String, String> {
@@ -64,7 +70,8 @@ pub fn parse_versions(text: &str) -> HashMap<String, String> {
 /// (a version-matrix run, e.g. `TNO_HEADSCALE_VERSION=v0.29.2`; `deps/build.sh` reads the same
 /// variable), else the pinned one (`HELM_VERSION` for `helm`, `KUBE_ROUTER_VERSION` for
 /// `kube-router`) from `<workspace>/deps/versions.env`. `cert-manager-controller` (our wrapper
-/// main over cert-manager's controller packages) has cert-manager's version.
+/// main over cert-manager's controller packages) has cert-manager's version,
+/// `gateway-api-conformance` (the suite and its echo-basic backend) gateway-api's.
 pub fn pinned_version(workspace: &Path, component: &str) -> Result<String, String> {
     let key = version_key(component);
     if let Some(version) = std::env::var(format!("TNO_{key}"))
@@ -84,19 +91,47 @@ pub fn pinned_version(workspace: &Path, component: &str) -> Result<String, Strin
 pub fn version_key(component: &str) -> String {
     match component {
         "cert-manager-controller" => "CERT_MANAGER_VERSION".to_string(),
+        "gateway-api-conformance" => "GATEWAY_API_VERSION".to_string(),
         _ => format!("{}_VERSION", component.to_uppercase().replace('-', "_")),
     }
+}
+
+/// Where `deps/build.sh` puts everything of `component`: `<cache>/<component>-<version>` (not
+/// checked for existence).
+pub fn component_dir(workspace: &Path, component: &str) -> Result<PathBuf, String> {
+    let version = pinned_version(workspace, component)?;
+    let cache = cache_dir().ok_or("neither TNO_DEPS_DIR nor HOME is set")?;
+    Ok(cache.join(format!("{component}-{version}")))
 }
 
 /// Where `deps/build.sh` puts `binary` of `component`: `<cache>/<component>-<version>/bin/<binary>`
 /// (not checked for existence).
 pub fn cached(workspace: &Path, component: &str, binary: &str) -> Result<PathBuf, String> {
-    let version = pinned_version(workspace, component)?;
-    let cache = cache_dir().ok_or("neither TNO_DEPS_DIR nor HOME is set")?;
-    Ok(cache
-        .join(format!("{component}-{version}"))
+    Ok(component_dir(workspace, component)?
         .join("bin")
         .join(binary))
+}
+
+/// The directory of the Gateway API Standard-channel files (`deps/build.sh gateway-api`: one
+/// CRD per `*.yaml`, plus the upstream safe-upgrades ValidatingAdmissionPolicy):
+/// `TNO_GATEWAY_API_CRDS` if set, else `<cache>/gateway-api-<version>/crds` (not checked for
+/// existence).
+pub fn gateway_api_crds(workspace: &Path) -> Result<PathBuf, String> {
+    gateway_api_crds_with(
+        std::env::var_os(GATEWAY_API_CRDS_VAR).as_deref(),
+        component_dir(workspace, "gateway-api"),
+    )
+}
+
+/// [`gateway_api_crds`] with its inputs given: the override, the component's cache directory.
+fn gateway_api_crds_with(
+    override_dir: Option<&OsStr>,
+    component_dir: Result<PathBuf, String>,
+) -> Result<PathBuf, String> {
+    match override_dir.filter(|dir| !dir.is_empty()) {
+        Some(dir) => Ok(PathBuf::from(dir)),
+        None => Ok(component_dir?.join("crds")),
+    }
 }
 
 /// `binary` of `component`: `TNO_BIN_<BINARY>` if set, else the pinned build in the deps
@@ -163,6 +198,48 @@ mod tests {
         );
         assert_eq!(version_key("cert-manager"), "CERT_MANAGER_VERSION");
         assert_eq!(version_key("kube-router"), "KUBE_ROUTER_VERSION");
+    }
+
+    #[test]
+    fn the_conformance_suite_shares_gateway_apis_version_key() {
+        assert_eq!(
+            version_key("gateway-api-conformance"),
+            "GATEWAY_API_VERSION"
+        );
+        assert_eq!(version_key("gateway-api"), "GATEWAY_API_VERSION");
+    }
+
+    #[test]
+    fn gateway_api_crds_come_from_the_override_else_the_component_dir() {
+        let component = Ok(PathBuf::from("/cache/gateway-api-v1.6.3"));
+        assert_eq!(
+            gateway_api_crds_with(Some(OsStr::new("/elsewhere/crds")), component.clone()),
+            Ok(PathBuf::from("/elsewhere/crds"))
+        );
+        assert_eq!(
+            gateway_api_crds_with(None, component.clone()),
+            Ok(PathBuf::from("/cache/gateway-api-v1.6.3/crds"))
+        );
+        // An empty variable is unset (as `VAR= cmd` leaves it), not the current directory.
+        assert_eq!(
+            gateway_api_crds_with(Some(OsStr::new("")), component),
+            Ok(PathBuf::from("/cache/gateway-api-v1.6.3/crds"))
+        );
+        assert_eq!(
+            gateway_api_crds_with(None, Err("no HOME".into())),
+            Err("no HOME".to_string())
+        );
+    }
+
+    #[test]
+    fn the_pinned_gateway_api_version_is_read_from_versions_env() {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..");
+        let version = pinned_version(&workspace, "gateway-api-conformance").expect("pinned");
+        assert!(version.starts_with("v1."), "{version}");
+        assert_eq!(
+            pinned_version(&workspace, "gateway-api").expect("pinned"),
+            version
+        );
     }
 
     #[test]

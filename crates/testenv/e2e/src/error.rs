@@ -75,6 +75,8 @@ pub enum E2eError {
         "Headscale's extra records are already projected from another ConfigMap; drop that projection before projecting {requested}"
     )]
     ExtraRecordsBusy { requested: String },
+    #[error("gateway API conformance: {}", error_chain(.0))]
+    Conformance(#[from] crate::gateway_conformance::ConformanceError),
     #[error("the shared end-to-end environment failed to start: {0}")]
     SharedStartFailed(String),
 }

@@ -34,6 +34,9 @@
 //!   and [`E2eEnv::project_extra_records`] (the operator's DNS ConfigMap mounted into Headscale
 //!   by the test kubelet's volume code: [`ExtraRecordsProjection`]).
 //!
+//! - [`gateway_conformance`]: the upstream Gateway API conformance suite run against the lab
+//!   from a kernel-mode tailnet node (`tests/gateway_conformance.rs`, opt-in).
+//!
 //! Needs root, the binaries of `deps/build.sh` and the workspace's own binaries
 //! (`cargo build --workspace --bins`: `tailnet-agent`, `tno-test-servers`, `tailnet-operator`).
 
@@ -42,6 +45,7 @@ mod cert_manager;
 mod env;
 mod error;
 mod extra_records;
+pub mod gateway_conformance;
 mod network_policy;
 mod operator;
 mod pods;

@@ -9,7 +9,7 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use tno_netlab::{Lab, RunId, TcpForwarder};
 
-use crate::binaries::{Binaries, workspace_binary, workspace_root};
+use crate::binaries::{Binaries, tool, workspace_binary, workspace_root};
 use crate::control_plane::{ControlPlane, client_from_kubeconfig};
 use crate::crds::{install_crds, read_crds, yaml_files};
 use crate::error::{Error, IoContext, KubeContext, NetlabContext, Result};
@@ -399,6 +399,14 @@ fn builtin_images(binaries: &Binaries) -> Vec<LocalImage> {
             &["coredns"],
         ),
     ];
+    // The Gateway API conformance suite's backend (`deps/build.sh gateway-api-conformance`,
+    // an optional component): its manifests name registry.k8s.io/gateway-api/echo-basic:<tag>
+    // (several tags), upstream's image runs `/echo-basic`. The pods set everything else it
+    // reads (POD_NAME, NAMESPACE, TCP_ECHO_SERVER, TLS_SERVER_CERT, ...) themselves.
+    images.push(echo_basic_image(tool(
+        ECHO_BASIC_COMPONENT,
+        ECHO_BASIC_BINARY,
+    )));
     // A second agent build (the benchmarks' baseline), for images named
     // `tailnet-agent-baseline…`; listed first, the first matching image wins.
     if let Some(path) = std::env::var_os(BASELINE_AGENT_VAR) {
@@ -436,6 +444,30 @@ fn builtin_images(binaries: &Binaries) -> Vec<LocalImage> {
         images.push(image);
     }
     images
+}
+
+/// The deps component and binary of the Gateway API conformance suite's echo backend.
+pub const ECHO_BASIC_COMPONENT: &str = "gateway-api-conformance";
+pub const ECHO_BASIC_BINARY: &str = "echo-basic";
+/// Images of the repository `*/gateway-api/echo-basic` run [`ECHO_BASIC_BINARY`].
+pub const ECHO_BASIC_REPOSITORY: &str = "gateway-api/echo-basic";
+
+/// The echo-basic image: the binary's directory, or (not built) a hint naming the build.
+fn echo_basic_image(binary: Result<PathBuf>) -> LocalImage {
+    let matcher = ImageMatcher::RepositorySuffix(ECHO_BASIC_REPOSITORY.into());
+    match binary {
+        Ok(path) => LocalImage::new(
+            ECHO_BASIC_BINARY,
+            matcher,
+            path.parent().map(Path::to_path_buf).into_iter().collect(),
+            &[ECHO_BASIC_BINARY],
+        ),
+        Err(error) => LocalImage::new(ECHO_BASIC_BINARY, matcher, Vec::new(), &[ECHO_BASIC_BINARY])
+            .with_hint(format!(
+                "{}; build it first: deps/build.sh {ECHO_BASIC_COMPONENT}",
+                crate::error_chain(&error)
+            )),
+    }
 }
 
 /// A namespace for one test. Dropping it deletes the namespace (in the background) and, if
@@ -608,5 +640,55 @@ fn register_exit_cleanup(env: &KubeEnv) {
     // SAFETY: registering a plain extern "C" function has no preconditions.
     unsafe {
         libc::atexit(cleanup_at_exit);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echo_basic_image_maps_every_tag_the_suite_names_to_the_binary() {
+        let table = ImageTable::new().with(echo_basic_image(Ok(PathBuf::from(
+            "/deps/gateway-api-conformance-v1.6.3/bin/echo-basic",
+        ))));
+        for reference in [
+            "registry.k8s.io/gateway-api/echo-basic:v1.5.1",
+            "registry.k8s.io/gateway-api/echo-basic:v1.6.0-dev.2",
+            "registry.k8s.io/gateway-api/echo-basic:v1.6.0-dev.3",
+            "gateway-api/echo-basic",
+        ] {
+            let image = table
+                .lookup(reference)
+                .unwrap_or_else(|| panic!("{reference} is mapped"));
+            assert_eq!(image.entrypoint, vec![ECHO_BASIC_BINARY.to_string()]);
+            assert_eq!(
+                image.path_dirs,
+                vec![PathBuf::from("/deps/gateway-api-conformance-v1.6.3/bin")]
+            );
+            assert!(image.hint.is_none());
+        }
+        for other in [
+            "registry.k8s.io/gateway-api/echo-advanced:v1.5.1",
+            "registry.k8s.io/echo-basic:v1",
+            "registry.k8s.io/coredns/coredns:v1.12.2",
+        ] {
+            assert!(table.lookup(other).is_none(), "{other} must not map");
+        }
+    }
+
+    #[test]
+    fn missing_echo_basic_names_the_build_command() {
+        let image = echo_basic_image(Err(Error::MissingBinary {
+            name: ECHO_BASIC_BINARY.into(),
+            hint: "not in the deps cache".into(),
+        }));
+        assert!(image.path_dirs.is_empty());
+        let hint = image.hint.expect("a hint");
+        assert!(
+            hint.contains("deps/build.sh gateway-api-conformance"),
+            "{hint}"
+        );
+        assert!(hint.contains("not in the deps cache"), "{hint}");
     }
 }

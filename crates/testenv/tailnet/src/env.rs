@@ -12,7 +12,7 @@ use crate::api::{PreAuthKeyRequest, User};
 use crate::binaries::Binaries;
 use crate::error::{Result, TailnetError};
 use crate::headscale::Headscale;
-use crate::node::{NodeConfig, TailscaleNode};
+use crate::node::{NodeConfig, TailscaleNode, TunMode};
 use crate::servers::{Behaviour, DnsRecord, DnsTestServer, TcpTestServer};
 
 /// Lab address of the remote-site netns.
@@ -152,6 +152,11 @@ pub struct JoinOptions {
     pub tags: Vec<String>,
     pub advertise_routes: Vec<String>,
     pub accept_routes: bool,
+    /// The user whose pre-auth key joins the node (created if missing), e.g. [`LAPTOP_USER`]
+    /// for a second device of alice; `None`: a tags-only key.
+    pub owner: Option<String>,
+    /// Userspace networking (default) or a kernel TUN device ([`TunMode::Kernel`]).
+    pub tun: TunMode,
 }
 
 /// A second, independent Headscale in the same lab ([`TailnetEnv::start_second_headscale`]):
@@ -266,6 +271,7 @@ impl TailnetEnv {
             auth_key: router_key.key,
             advertise_routes: SITE_ROUTES.iter().map(|route| route.to_string()).collect(),
             accept_routes: false,
+            tun: TunMode::Userspace,
         };
         let laptop_config = NodeConfig {
             hostname: "laptop".into(),
@@ -274,6 +280,7 @@ impl TailnetEnv {
             auth_key: laptop_key.key,
             advertise_routes: Vec::new(),
             accept_routes: true,
+            tun: TunMode::Userspace,
         };
         let (router, laptop) = tokio::join!(
             TailscaleNode::start(&binaries, &site_netns, &nodes_dir, &router_config),
@@ -361,11 +368,11 @@ impl TailnetEnv {
             addr
         };
         let netns = self.lab.attach_netns(hostname, lab_addr)?;
-        let key = self
-            .headscale
-            .api()
-            .create_preauth_key(&PreAuthKeyRequest::tagged(options.tags))
-            .await?;
+        let mut request = PreAuthKeyRequest::tagged(options.tags);
+        if let Some(owner) = &options.owner {
+            request.user = Some(self.user_named(owner).await?.id);
+        }
+        let key = self.headscale.api().create_preauth_key(&request).await?;
         let config = NodeConfig {
             hostname: hostname.to_owned(),
             login_server: self.headscale.lab_url(),
@@ -373,6 +380,7 @@ impl TailnetEnv {
             auth_key: key.key,
             advertise_routes: options.advertise_routes,
             accept_routes: options.accept_routes,
+            tun: options.tun,
         };
         let node =
             TailscaleNode::start(&self.binaries, &netns, &self.dir.join("nodes"), &config).await?;
@@ -388,15 +396,7 @@ impl TailnetEnv {
     /// single-use key of that user. One per environment.
     pub async fn start_device(&self) -> Result<Device> {
         let api = self.headscale.api();
-        let user = match api
-            .list_users()
-            .await?
-            .into_iter()
-            .find(|u| u.name == DEVICE_USER)
-        {
-            Some(user) => user,
-            None => api.create_user(DEVICE_USER).await?,
-        };
+        let user = self.user_named(DEVICE_USER).await?;
         let netns = self.lab.attach_netns(DEVICE_HOSTNAME, DEVICE_LAB_ADDR)?;
         let name = format!("{DEVICE_HOSTNAME}.{}", crate::headscale::BASE_DOMAIN);
         let tls = SiteTls::generate(&[name.as_str()])?;
@@ -429,6 +429,7 @@ impl TailnetEnv {
             auth_key: key.key,
             advertise_routes: Vec::new(),
             accept_routes: false,
+            tun: TunMode::Userspace,
         };
         let node =
             TailscaleNode::start(&self.binaries, &netns, &self.dir.join("nodes"), &config).await?;
@@ -439,6 +440,15 @@ impl TailnetEnv {
             user,
             netns,
         })
+    }
+
+    /// The Headscale user `name`, created if it does not exist yet.
+    async fn user_named(&self, name: &str) -> Result<User> {
+        let api = self.headscale.api();
+        match api.list_users().await?.into_iter().find(|u| u.name == name) {
+            Some(user) => Ok(user),
+            None => Ok(api.create_user(name).await?),
+        }
     }
 
     /// Starts another Headscale in this lab (see [`SecondHeadscale`]), with its files under
@@ -468,6 +478,7 @@ impl TailnetEnv {
             auth_key,
             advertise_routes: routes.iter().map(|route| route.to_string()).collect(),
             accept_routes: accept,
+            tun: TunMode::Userspace,
         };
         let router_config = node(
             format!("router-{suffix}"),

@@ -7,7 +7,9 @@
 //!   the CLI. [`HeadscaleApi`] covers users,
 //!   pre-auth keys (always with `expiration`), nodes, route approval and policy.
 //! - [`TailscaleNode`]: `tailscaled --tun=userspace-networking` inside a netns, with its own
-//!   state dir and LocalAPI socket, logged in with `tailscale up --authkey`. [`LocalApi`] is an
+//!   state dir and LocalAPI socket, logged in with `tailscale up --authkey`; or, with
+//!   [`TunMode::Kernel`], a `tailscale0` TUN device whose routes let every process of the
+//!   netns reach tailnet IPs with plain sockets ([`JoinOptions::tun`]). [`LocalApi`] is an
 //!   async client for `status`, `whois` and `dial` (`Upgrade: ts-dial`, answering
 //!   [`Dialed::Tailnet`] or [`Dialed::DialSelf`]).
 //! - [`TailnetEnv`]: lab + Headscale + [`RemoteSite`] (`<run>-remote`: 192.0.2.10:5432 and
@@ -48,5 +50,5 @@ pub use localapi::{
     Dialed, DialedStream, LocalApi, LocalApiError, PeerStatus, Status, UserProfile, WhoIs,
     WhoIsNode,
 };
-pub use node::{NodeConfig, TailscaleNode};
+pub use node::{KERNEL_TUN_DEVICE, NodeConfig, TailscaleNode, TunMode};
 pub use servers::{Behaviour, DnsRecord, DnsTestServer, TcpTestServer};

@@ -1,5 +1,9 @@
-//! Real tailscaled nodes (userspace networking) inside a lab netns.
+//! Real tailscaled nodes inside a lab netns: userspace networking (the default) or a kernel
+//! TUN device ([`TunMode::Kernel`]).
 
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -12,6 +16,25 @@ use crate::localapi::{LocalApi, Status};
 
 const SOCKET_TIMEOUT: Duration = Duration::from_secs(20);
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The TUN device of a [`TunMode::Kernel`] node (one per netns, so always this name).
+pub const KERNEL_TUN_DEVICE: &str = "tailscale0";
+
+/// How tailscaled carries a node's traffic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TunMode {
+    /// `--tun=userspace-networking`: no device; other processes reach the tailnet only
+    /// through the LocalAPI (`dial`), and connections to the node's tailnet IPs are delivered
+    /// to its loopback.
+    #[default]
+    Userspace,
+    /// `--tun=tailscale0`: a kernel TUN device in the node's netns with tailscaled's routes
+    /// to the tailnet (policy table 52), so any process of that netns reaches tailnet IPs with
+    /// plain sockets (a program that cannot use the LocalAPI, e.g. a conformance suite).
+    /// tailscaled runs with `--accept-dns=false` in a private mount namespace whose
+    /// `/etc/resolv.conf` is a copy: it can never rewrite the host's DNS configuration.
+    Kernel,
+}
 
 /// How a node joins the tailnet.
 #[derive(Clone, Debug)]
@@ -26,6 +49,7 @@ pub struct NodeConfig {
     pub auth_key: String,
     pub advertise_routes: Vec<String>,
     pub accept_routes: bool,
+    pub tun: TunMode,
 }
 
 /// A running tailscaled (killed on drop) that has logged in.
@@ -38,12 +62,13 @@ pub struct TailscaleNode {
     local_api: LocalApi,
     /// How tailscaled reaches the control server (kept for restarts).
     control_env: Vec<(&'static str, String)>,
+    tun: TunMode,
 }
 
 impl TailscaleNode {
-    /// Starts `tailscaled --tun=userspace-networking` inside `netns` with state and LocalAPI
-    /// socket under `dir/<hostname>/`, runs `tailscale up` with the pre-auth key and waits
-    /// until the backend is `Running` with a tailnet address.
+    /// Starts tailscaled (in `config.tun` mode) inside `netns` with state and LocalAPI socket
+    /// under `dir/<hostname>/`, runs `tailscale up` with the pre-auth key and waits until the
+    /// backend is `Running` with a tailnet address.
     pub async fn start(
         binaries: &Binaries,
         netns: &Netns,
@@ -55,8 +80,14 @@ impl TailscaleNode {
             .map_err(|e| TailnetError::io(format!("creating {}", state_dir.display()), e))?;
         let socket = state_dir.join("tailscaled.sock");
         let control_env = control_env(config);
-        let process =
-            spawn_tailscaled(binaries, netns, &config.hostname, &state_dir, &control_env)?;
+        let process = spawn_tailscaled(
+            binaries,
+            netns,
+            &config.hostname,
+            &state_dir,
+            &control_env,
+            config.tun,
+        )?;
         let node = TailscaleNode {
             hostname: config.hostname.clone(),
             netns_name: netns.name().to_owned(),
@@ -64,6 +95,7 @@ impl TailscaleNode {
             process: Mutex::new(process),
             local_api: LocalApi::new(socket),
             control_env,
+            tun: config.tun,
         };
         node.wait_for(SOCKET_TIMEOUT, "tailscaled LocalAPI socket", |_| true)
             .await?;
@@ -89,6 +121,15 @@ impl TailscaleNode {
 
     pub fn netns_name(&self) -> &str {
         &self.netns_name
+    }
+
+    pub fn tun_mode(&self) -> TunMode {
+        self.tun
+    }
+
+    /// tailscaled's process id (e.g. to look at its namespaces under `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.process().pid()
     }
 
     pub fn state_dir(&self) -> &Path {
@@ -137,6 +178,7 @@ impl TailscaleNode {
             &self.hostname,
             &self.state_dir,
             &self.control_env,
+            self.tun,
         )?;
         *self.process() = process;
         self.wait_for(LOGIN_TIMEOUT, "tailscaled Running again", |status| {
@@ -214,6 +256,10 @@ impl TailscaleNode {
             .arg(format!("--hostname={}", config.hostname))
             .arg(format!("--accept-routes={}", config.accept_routes))
             .arg(format!("--timeout={}s", LOGIN_TIMEOUT.as_secs()));
+        if config.tun == TunMode::Kernel {
+            // A kernel-mode node would otherwise configure the OS resolver (MagicDNS).
+            command.arg("--accept-dns=false");
+        }
         if !config.advertise_routes.is_empty() {
             command.arg(format!(
                 "--advertise-routes={}",
@@ -271,19 +317,32 @@ fn control_env(config: &NodeConfig) -> Vec<(&'static str, String)> {
     env
 }
 
-/// `tailscaled --tun=userspace-networking` in `netns` with its state and socket in
-/// `state_dir`, logging to `state_dir/tailscaled.log` (appended).
+/// The `--tun` value of tailscaled for `mode`.
+fn tun_flag(mode: TunMode) -> String {
+    match mode {
+        TunMode::Userspace => "--tun=userspace-networking".to_owned(),
+        TunMode::Kernel => format!("--tun={KERNEL_TUN_DEVICE}"),
+    }
+}
+
+/// tailscaled in `netns` (`--tun` by `tun`) with its state and socket in `state_dir`, logging
+/// to `state_dir/tailscaled.log` (appended). A kernel-mode one gets its private
+/// `/etc/resolv.conf` ([`private_resolv_conf`]).
 fn spawn_tailscaled(
     binaries: &Binaries,
     netns: &Netns,
     hostname: &str,
     state_dir: &Path,
     control_env: &[(&'static str, String)],
+    tun: TunMode,
 ) -> Result<ChildProcess> {
     let socket = state_dir.join("tailscaled.sock");
     let mut command = netns.command(&binaries.tailscaled)?;
+    if tun == TunMode::Kernel {
+        private_resolv_conf(&mut command, state_dir)?;
+    }
     command
-        .arg("--tun=userspace-networking")
+        .arg(tun_flag(tun))
         .arg(format!("--statedir={}", state_dir.display()))
         .arg(format!("--socket={}", socket.display()))
         .arg("--port=0")
@@ -295,4 +354,72 @@ fn spawn_tailscaled(
         command,
         &state_dir.join("tailscaled.log"),
     )?)
+}
+
+/// Starts `command` in a mount namespace of its own in which `/etc/resolv.conf` is a bind
+/// mount of `<state_dir>/resolv.conf` (a copy of the host's): tailscaled's DNS manager
+/// (direct mode: it renames files over `/etc/resolv.conf` and restores backups on exit)
+/// cannot change the host's resolver, whatever its configuration says.
+fn private_resolv_conf(command: &mut std::process::Command, state_dir: &Path) -> Result<()> {
+    const HOST_RESOLV_CONF: &str = "/etc/resolv.conf";
+    let copy = state_dir.join("resolv.conf");
+    let host = std::fs::read(HOST_RESOLV_CONF).unwrap_or_default();
+    std::fs::write(&copy, host)
+        .map_err(|e| TailnetError::io(format!("writing {}", copy.display()), e))?;
+    let nul = |what: &Path| {
+        CString::new(what.as_os_str().as_bytes()).map_err(|e| {
+            TailnetError::io(
+                format!("path {} has a NUL byte", what.display()),
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+            )
+        })
+    };
+    let source = nul(&copy)?;
+    let target = nul(Path::new(HOST_RESOLV_CONF))?;
+    let root = nul(Path::new("/"))?;
+    // SAFETY: between fork and exec the closure only makes the syscalls unshare(2) and
+    // mount(2) (async-signal-safe) on C strings allocated before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Nothing mounted here propagates back to the host's namespace.
+            let private = libc::MS_REC | libc::MS_PRIVATE;
+            if libc::mount(
+                std::ptr::null(),
+                root.as_ptr(),
+                std::ptr::null(),
+                private,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tun_flag_names_the_device_or_userspace_networking() {
+        assert_eq!(tun_flag(TunMode::Userspace), "--tun=userspace-networking");
+        assert_eq!(tun_flag(TunMode::Kernel), "--tun=tailscale0");
+        assert_eq!(TunMode::default(), TunMode::Userspace);
+    }
 }

@@ -2,7 +2,8 @@
 //! One environment per test binary ([`TailnetEnv::shared`]); only
 //! `subnet_route_needs_grant_and_approval` changes the policy and route approvals, only
 //! `extra_records_file_reaches_the_nodes_resolver` the extra records (with the kubelet's
-//! `..data` symlink swap).
+//! `..data` symlink swap). `kernel_mode_node_lets_any_process_of_its_netns_reach_the_tailnet`
+//! runs a node with a kernel TUN device.
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -10,9 +11,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use tno_netlab::Netns;
 use tno_testenv_tailnet::{
-    BASE_DOMAIN, CLIENT_TAG, Dialed, ExtraRecord, JoinOptions, LAPTOP_USER, LocalApi, SERVER_PORT,
-    SERVER_TAG, SITE_BANNER, SITE_ECHO, SITE_ROUTES, TailnetEnv,
+    BASE_DOMAIN, Behaviour, CLIENT_TAG, Dialed, ExtraRecord, JoinOptions, KERNEL_TUN_DEVICE,
+    LAPTOP_USER, LocalApi, SERVER_PORT, SERVER_TAG, SITE_BANNER, SITE_ECHO, SITE_ROUTES,
+    TailnetEnv, TcpTestServer, TunMode,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -464,4 +467,147 @@ async fn extra_records_file_reaches_the_nodes_resolver() {
             t0.elapsed()
         );
     }
+}
+
+/// A plain process in `netns` — bash's `/dev/tcp`, no LocalAPI, so only the netns' routes
+/// decide where it goes — connects to `ip:port`, writes `payload` and prints as many bytes
+/// as come back (at most 5 s, then `timeout` kills it). `Err` says why not.
+async fn process_echo(netns: &Netns, ip: &str, port: u16, payload: &str) -> Result<String, String> {
+    let mut command = netns.command("timeout").map_err(|e| e.to_string())?;
+    command.args([
+        "5",
+        "bash",
+        "-c",
+        r#"exec 3<>"/dev/tcp/$0/$1" && printf %s "$2" >&3 && head -c "${#2}" <&3"#,
+        ip,
+        &port.to_string(),
+        payload,
+    ]);
+    let output = tokio::process::Command::from(command)
+        .output()
+        .await
+        .map_err(|e| format!("running bash: {e}"))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+/// The mount namespace of a process (`/proc/<pid>/ns/mnt`'s link text).
+fn mount_namespace(pid: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+        .map(|link| link.display().to_string())
+        .unwrap_or_else(|error| panic!("mount namespace of {pid}: {error}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_mode_node_lets_any_process_of_its_netns_reach_the_tailnet() {
+    let host_resolv_conf = std::fs::read("/etc/resolv.conf").ok();
+    let env = shared_env().await;
+    let mut logs = DumpLogsOnPanic::new(env);
+    let (server, client) = tokio::join!(
+        env.join_node(
+            "k-server",
+            JoinOptions {
+                tags: vec![SERVER_TAG.into()],
+                ..JoinOptions::default()
+            }
+        ),
+        env.join_node(
+            "k-client",
+            JoinOptions {
+                tags: vec![CLIENT_TAG.into()],
+                tun: TunMode::Kernel,
+                ..JoinOptions::default()
+            }
+        )
+    );
+    let server = server.expect("server node joins");
+    let client = client.expect("kernel-mode client joins");
+    logs.0
+        .extend([server.node.log_path(), client.node.log_path()]);
+    assert_eq!(client.node.tun_mode(), TunMode::Kernel);
+
+    // The device carries the node's tailnet addresses.
+    let status = client.node.local_api().status().await.expect("status");
+    let client_ips = status.tailscale_ips.unwrap_or_default();
+    assert_eq!(client_ips.len(), 2, "IPv4 and IPv6: {client_ips:?}");
+    let device = client
+        .netns
+        .ip(&["-o", "addr", "show", "dev", KERNEL_TUN_DEVICE])
+        .expect("tailscale0 exists in the client's netns");
+    for ip in &client_ips {
+        assert!(device.contains(ip.as_str()), "{ip} on {device}");
+    }
+    // tailscaled has its own mount namespace (private resolv.conf), the server's does not.
+    assert_ne!(
+        mount_namespace(&client.node.pid().to_string()),
+        mount_namespace("self")
+    );
+    assert_eq!(
+        mount_namespace(&server.node.pid().to_string()),
+        mount_namespace("self")
+    );
+
+    // Echo servers on the server's loopback: its userspace tailscaled delivers tailnet
+    // connections there.
+    let _echo_v4 = TcpTestServer::start(
+        Some(&server.netns),
+        SocketAddr::from((Ipv4Addr::LOCALHOST, SERVER_PORT)),
+        Behaviour::Echo,
+    )
+    .expect("IPv4 echo");
+    let _echo_v6 = TcpTestServer::start(
+        Some(&server.netns),
+        SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, SERVER_PORT)),
+        Behaviour::Echo,
+    )
+    .expect("IPv6 echo");
+    let server_status = server.node.local_api().status().await.expect("status");
+    let server_ips = server_status.tailscale_ips.unwrap_or_default();
+    assert_eq!(server_ips.len(), 2, "{server_ips:?}");
+    for ip in &server_ips {
+        let payload = format!("kernel-mode bytes to {ip}");
+        let deadline = Instant::now() + CONVERGE_TIMEOUT;
+        loop {
+            match process_echo(&client.netns, ip, SERVER_PORT, &payload).await {
+                Ok(echoed) => {
+                    assert_eq!(echoed, payload, "echo from {ip}");
+                    break;
+                }
+                Err(reason) if Instant::now() > deadline => {
+                    panic!("{ip}:{SERVER_PORT} not reached from the kernel-mode netns: {reason}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+            }
+        }
+    }
+
+    // What carried them: the kernel's route to each peer address is the TUN device.
+    for ip in &server_ips {
+        let route = client
+            .netns
+            .ip(&["route", "get", ip])
+            .expect("route lookup");
+        assert!(route.contains(KERNEL_TUN_DEVICE), "route to {ip}: {route}");
+    }
+
+    // The policy still applies: a port it does not open stays closed, listener or not.
+    let other_port = SERVER_PORT + 1;
+    let _other = TcpTestServer::start(
+        Some(&server.netns),
+        SocketAddr::from((Ipv4Addr::LOCALHOST, other_port)),
+        Behaviour::Echo,
+    )
+    .expect("second listener");
+    let refused = process_echo(&client.netns, &server_ips[0], other_port, "must not arrive").await;
+    assert!(refused.is_err(), "ungranted port answered: {refused:?}");
+
+    // Nothing of the host's resolver configuration changed.
+    assert_eq!(std::fs::read("/etc/resolv.conf").ok(), host_resolv_conf);
 }

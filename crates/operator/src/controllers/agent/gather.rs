@@ -28,7 +28,8 @@ pub async fn gather<K: AgentKind>(
     object: &K::Object,
     intent: &K::Intent,
 ) -> Result<(Observation<K::Observed>, KeySource), ReconcileError> {
-    let access = match tailnet_access_of(ctx, K::tailnet_name(object)).await {
+    let tailnet = K::tailnet_of(ctx, object).await;
+    let access = match tailnet_access_of(ctx, tailnet.as_deref()).await {
         Ok(access) => access,
         Err(problem) => {
             return Ok((Observation::only_access(Err(problem)), KeySource::Unusable));

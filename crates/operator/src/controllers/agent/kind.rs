@@ -16,7 +16,7 @@ use tailnet_render::meta::Owner;
 use super::super::access::TailnetAccess;
 use super::super::context::Context;
 use super::super::error::ReconcileError;
-use super::decide::{AgentPlan, Decide};
+use super::decide::{Admission, AgentPlan, Decide};
 use super::observation::AgentObserved;
 
 /// What the kind's gather step gets from the generic one.
@@ -53,6 +53,26 @@ pub trait AgentKind:
         _client: &kube::Client,
     ) -> Controller<Self::Object> {
         controller
+    }
+
+    /// Whether the controller takes `object` on, when deciding that needs a read (e.g. a
+    /// Gateway's class); by default [`Decide::admit`].
+    fn admission(
+        ctx: &Context,
+        object: &Self::Object,
+        now: jiff::Timestamp,
+    ) -> impl Future<Output = Result<Admission<Self::Status>, ReconcileError>> + Send {
+        async move { Ok(Self::admit(object, &ctx.config, now)) }
+    }
+
+    /// The name of the object's Tailnet when it is not on the object itself (e.g. a
+    /// Gateway's comes from its class's parameters); by default [`Decide::tailnet_name`].
+    fn tailnet_of(
+        ctx: &Context,
+        object: &Self::Object,
+    ) -> impl Future<Output = Option<String>> + Send {
+        let _ = ctx;
+        async move { Self::tailnet_name(object).map(str::to_string) }
     }
 
     /// Reads what the kind's decisions need besides the agent (after the agent's gather).

@@ -118,7 +118,8 @@ pub async fn cleanup<K: AgentKind>(
     ctx: &Context,
     object: &K::Object,
 ) -> Result<Action, ReconcileError> {
-    let access = match tailnet_access_of(ctx, K::tailnet_name(object)).await {
+    let tailnet = K::tailnet_of(ctx, object).await;
+    let access = match tailnet_access_of(ctx, tailnet.as_deref()).await {
         Ok(access) => access,
         Err(problem) => {
             tracing::warn!(object = %object.meta().name.clone().unwrap_or_default(), reason = problem.reason, message = %problem.message, "Tailnet gone: nothing to clean up in Headscale");
@@ -217,7 +218,8 @@ pub async fn release<K: AgentKind>(
         return Ok(Action::await_change());
     }
     cleanup::<K>(ctx, object).await?;
-    if let Ok(access) = tailnet_access_of(ctx, K::tailnet_name(object)).await {
+    let tailnet = K::tailnet_of(ctx, object).await;
+    if let Ok(access) = tailnet_access_of(ctx, tailnet.as_deref()).await {
         let owner = Owner::from_meta(K::AGENT, meta, &access.tailnet.name_any())?;
         delete_agent_objects(ctx, &owner).await?;
     }

@@ -54,7 +54,7 @@ async fn run<K: AgentKind>(
     ctx: &Context,
 ) -> Result<Action, ReconcileError> {
     let api = api::<K>(ctx, &object);
-    match K::admit(&object, &ctx.config, Timestamp::now()) {
+    match K::admission(ctx, &object, Timestamp::now()).await? {
         Admission::Handle => {}
         Admission::Refuse(status) => {
             // Not honoured here: no finalizer, no objects, just say so.

@@ -164,7 +164,7 @@ fn two_tcp_ports_are_served_and_udp_is_refused() {
         .iter()
         .filter_map(|l| match l {
             tailnet_api::agent_config::IngressListener::Tcp { port, .. } => Some(*port),
-            tailnet_api::agent_config::IngressListener::Http { .. } => None,
+            _ => None,
         })
         .collect();
     assert_eq!(ports, [80, 5432]);

@@ -624,12 +624,14 @@ pub fn desired_inputs(
         spec: &tailnet.spec,
         operator_namespace: &config.operator_namespace,
     };
-    let (egresses, ingresses) = tailnet_render::compose::intents(
+    let (egresses, mut ingresses) = tailnet_render::compose::intents(
         &scope,
         &observed.egresses,
         &observed.ingresses,
         &observed.services,
     );
+    // Gateways are entrances like ingresses, after them.
+    ingresses.extend(observed.gateways.iter().cloned());
     // With route approval off, route approval is left to the Headscale admin and no
     // autoApprovers are rendered either.
     let policy = desired::policy(

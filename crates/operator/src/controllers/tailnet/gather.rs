@@ -54,6 +54,7 @@ pub async fn gather(
         .iter()
         .map(|s| (**s).clone())
         .collect();
+    let gateways = super::super::gateway::intents::of_tailnet(ctx, &tailnet.name_any()).await?;
     let (egress_cluster_ips, dns_config_map) = match dns_config_map_location(tailnet, &ctx.config) {
         Some((namespace, name)) => {
             let mut ips = egress_cluster_ips(ctx, tailnet).await?;
@@ -87,6 +88,7 @@ pub async fn gather(
         egresses,
         ingresses,
         services,
+        gateways,
         egress_cluster_ips,
         dns_config_map,
     };

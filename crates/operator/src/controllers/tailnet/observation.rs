@@ -34,6 +34,9 @@ pub struct TailnetObservation {
     /// The Services of the tailnet `loadBalancerClass` that belong to this Tailnet (read as
     /// ingresses).
     pub services: Vec<Service>,
+    /// The Gateways of this Tailnet (classes of ours, Accepted), read as entrances: their
+    /// tags, grants and listener hostnames.
+    pub gateways: Vec<tailnet_render::intent::IngressIntent>,
     /// Egress Services (operator namespace) → ClusterIP (read only when DNS is configured).
     pub egress_cluster_ips: BTreeMap<ObjectKey, IpAddr>,
     /// The DNS ConfigMap as it is; `None` when DNS is not configured or it does not exist.

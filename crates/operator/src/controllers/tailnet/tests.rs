@@ -114,6 +114,7 @@ fn observation() -> TailnetObservation {
         egresses: vec![],
         ingresses: vec![],
         services: vec![],
+        gateways: vec![],
         egress_cluster_ips: BTreeMap::new(),
         dns_config_map: None,
         contributor_reads: vec![],

@@ -1,0 +1,225 @@
+//! The upstream Gateway API conformance suite (v1.6.x, `deps/build.sh gateway-api-conformance`)
+//! against the lab, its client on the tailnet. Opt-in (`#[ignore]`: tens of minutes, and
+//! not in CI yet); see docs/gateway-api-conformance.md:
+//!
+//! ```sh
+//! TNO_REQUIRE_REAL_ENV=1 cargo test -p tno-testenv --test gateway_conformance -- --ignored --nocapture
+//! ```
+//!
+//! The shared e2e environment (kube + tailnet in one lab), the Gateway API Standard CRDs,
+//! the operator with a Tailnet `conformance` (unless TNO_GATEWAY_CONFORMANCE_OPERATOR=off),
+//! GatewayClass `tailnet` (controllerName `tailnet-operator.dev/gateway`), a kernel-mode
+//! tailnet node of alice (`group:team-a`) in its own netns, and there the suite with a
+//! kubeconfig for the apiserver's lab address. Its YAML report goes to
+//! TNO_GATEWAY_CONFORMANCE_REPORT (default `<target>/gateway-conformance/report.yaml`), its
+//! log beside it; the test prints passed/failed/skipped per profile and fails when the suite
+//! does.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use tno_testenv::gateway_conformance::{
+    ClassAcceptance, ConformanceReport, GATEWAY_CLASS, RunnerConfig, SuiteExit,
+    gateway_class_object, run_suite, stand_in_class_status, summary,
+};
+use tno_testenv::{E2eEnv, OperatorArgs, OperatorProcess, workspace_operator_binary};
+use tno_testenv_kube::binaries::{tool, workspace_root};
+use tno_testenv_kube::crds::{install_crds, read_crds, yaml_files};
+use tno_testenv_kube::network::apply_all;
+use tno_testenv_tailnet::{JoinOptions, JoinedNode, LAPTOP_USER, TunMode};
+
+const SUITE_COMPONENT: &str = "gateway-api-conformance";
+const SUITE_BINARY: &str = "gateway-api-conformance";
+/// The client node's hostname (and netns name suffix).
+const CLIENT_HOSTNAME: &str = "conformance";
+/// The Tailnet the operator manages during the run.
+const TAILNET: &str = "conformance";
+const SETUP_DEADLINE: Duration = Duration::from_secs(120);
+
+/// `<CARGO_TARGET_DIR or <workspace>/target>/gateway-conformance`.
+fn default_dir() -> PathBuf {
+    let root = workspace_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map_or_else(|| root.join("target"), |dir| root.join(dir));
+    target.join("gateway-conformance")
+}
+
+/// Applies the Standard-channel CRDs of `deps/build.sh gateway-api` (its safe-upgrades
+/// admission policy is not needed by the suite).
+async fn install_gateway_api_crds(client: &kube::Client) -> usize {
+    let dir = tno_deps::gateway_api_crds(&workspace_root())
+        .unwrap_or_else(|why| panic!("no Gateway API CRD directory: {why}"));
+    let files = yaml_files(&dir).expect("CRD directory readable");
+    assert!(
+        !files.is_empty(),
+        "{} has no CRDs: run deps/build.sh gateway-api",
+        dir.display()
+    );
+    let crds = read_crds(&files).expect("CRDs parse");
+    install_crds(client, &crds, SETUP_DEADLINE)
+        .await
+        .expect("Gateway API CRDs Established")
+        .len()
+}
+
+/// The operator with a Tailnet in Apply mode, as the operator's e2e tests run it.
+async fn start_operator(env: &E2eEnv, namespace: &str, client: &kube::Client) -> OperatorProcess {
+    env.create_bootstrap(client, namespace, &env.base_policy().expect("base policy"))
+        .await
+        .expect("bootstrap Secret and policy");
+    apply_all(client, &[env.tailnet_object(TAILNET, "Apply")])
+        .await
+        .expect("Tailnet applied");
+    let binary = workspace_operator_binary().unwrap_or_else(|error| {
+        panic!("{error} (or run with TNO_GATEWAY_CONFORMANCE_OPERATOR=off)")
+    });
+    let mut operator = env
+        .start_operator(&binary, &OperatorArgs::new(namespace).to_args())
+        .await
+        .expect("operator started");
+    operator
+        .wait_ready(SETUP_DEADLINE)
+        .await
+        .unwrap_or_else(|error| panic!("operator ready: {error}\n{}", operator.log_tail(40)));
+    operator
+}
+
+/// The runner's harness check: marks the GatewayClass Accepted itself.
+async fn accept_class_as_stand_in(client: &kube::Client) {
+    let gvk = GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "GatewayClass");
+    let resource = ApiResource::from_gvk_with_plural(&gvk, "gatewayclasses");
+    let classes: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let class = classes.get(GATEWAY_CLASS).await.expect("GatewayClass");
+    let generation = class.metadata.generation.unwrap_or(1);
+    let now = serde_json::to_value(Time(Timestamp::now())).expect("time");
+    let now = now.as_str().unwrap_or_default();
+    classes
+        .patch_status(
+            GATEWAY_CLASS,
+            &PatchParams::default(),
+            &Patch::Merge(stand_in_class_status(generation, now)),
+        )
+        .await
+        .expect("stand-in status written");
+}
+
+/// A kernel-mode node of alice (group:team-a, whom the lab's Tailnet admits to entrances),
+/// and a check that its netns reaches the apiserver's lab address.
+async fn client_node(env: &E2eEnv) -> JoinedNode {
+    let node = env
+        .tailnet()
+        .join_node(
+            CLIENT_HOSTNAME,
+            JoinOptions {
+                owner: Some(LAPTOP_USER.into()),
+                tun: TunMode::Kernel,
+                ..JoinOptions::default()
+            },
+        )
+        .await
+        .expect("kernel-mode client node joins");
+    let apiserver = SocketAddr::from((env.lab().gateway(), env.kube().api_port()));
+    node.netns
+        .connect_tcp(apiserver, Duration::from_secs(5))
+        .expect("entering the client netns")
+        .unwrap_or_else(|error| panic!("apiserver {apiserver} from the client netns: {error}"));
+    node
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the upstream Gateway API conformance suite (tens of minutes): see docs/gateway-api-conformance.md"]
+async fn gateway_api_conformance_suite_from_the_tailnet() {
+    let started = Instant::now();
+    let config = RunnerConfig::from_vars(
+        |name| std::env::var(name).ok(),
+        &default_dir(),
+        env!("CARGO_PKG_VERSION"),
+    )
+    .unwrap_or_else(|error| panic!("{error}"));
+    let suite = tool(SUITE_COMPONENT, SUITE_BINARY)
+        .unwrap_or_else(|error| panic!("{error}: run deps/build.sh {SUITE_COMPONENT}"));
+    let env = E2eEnv::shared()
+        .await
+        .unwrap_or_else(|error| panic!("e2e environment: {error}"));
+    let env_ready = started.elapsed();
+    let ops = env.namespace("gwc").await.expect("operator namespace");
+    let client = ops.client().clone();
+    let crds = install_gateway_api_crds(&client).await;
+    let operator = if config.operator {
+        Some(start_operator(&env, ops.name(), &client).await)
+    } else {
+        None
+    };
+    apply_all(&client, &[gateway_class_object(GATEWAY_CLASS)])
+        .await
+        .expect("GatewayClass applied");
+    if config.acceptance == ClassAcceptance::StandIn {
+        accept_class_as_stand_in(&client).await;
+    }
+    let node = client_node(&env).await;
+    let setup_done = started.elapsed();
+
+    if let Some(dir) = config.run.report.parent() {
+        std::fs::create_dir_all(dir).expect("report directory");
+    }
+    for stale in [&config.run.report, &config.log] {
+        let _ = std::fs::remove_file(stale);
+    }
+    eprintln!(
+        "gateway-api-conformance in netns {} (kernel-mode node {}): {} {}\nlog: {}",
+        node.netns.name(),
+        CLIENT_HOSTNAME,
+        suite.display(),
+        config.run.args().join(" "),
+        config.log.display()
+    );
+    let (exit, took) = run_suite(
+        &node.netns,
+        &suite,
+        env.lab_kubeconfig(),
+        &config.run,
+        &config.log,
+        config.deadline,
+    )
+    .await
+    .expect("suite process");
+    let log = std::fs::read_to_string(&config.log).unwrap_or_default();
+    let report = std::fs::read_to_string(&config.run.report)
+        .ok()
+        .map(|text| ConformanceReport::parse(&text, &config.run.report).expect("report parses"));
+    eprintln!(
+        "==== Gateway API conformance ({exit:?}) ====\n{}\
+         timings: environment {env_ready:.1?}, setup (namespace, {crds} CRDs, operator: {}, \
+         GatewayClass, client node) {:.1?}, suite {took:.1?}, total {:.1?}\n\
+         report: {}\nlog: {}",
+        summary(report.as_ref(), &log),
+        operator.is_some(),
+        setup_done - env_ready,
+        started.elapsed(),
+        config.run.report.display(),
+        config.log.display(),
+    );
+    let passed = matches!(&exit, SuiteExit::Exited(status) if status.success());
+    if !passed {
+        for namespace in [
+            "gateway-conformance-infra",
+            "gateway-conformance-app-backend",
+        ] {
+            eprintln!("{}", env.kube().diagnostics(Some(namespace), 10));
+        }
+        if let Some(operator) = &operator {
+            eprintln!("==== operator ====\n{}", operator.log_tail(40));
+        }
+    }
+    assert!(
+        passed,
+        "the conformance suite did not pass ({exit:?}); see above"
+    );
+}
