@@ -243,6 +243,8 @@ fn http_routes(
             routes.push(HttpRoute {
                 name: format!("{}/{agent_pattern}", listener.name),
                 hostnames: vec![agent_pattern],
+                // The Gateway's one certificate (agent-level `tls`) serves every listener.
+                tls: None,
                 backend: None,
                 backend_tls: None,
                 request_timeout_seconds: None,
