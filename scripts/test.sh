@@ -114,7 +114,7 @@ cargo test --workspace --locked --no-run
 # runs, the binaries were built above), and the main group skips exactly those names
 # (`--exact`). Adding a binary here is the only edit; a name that is not unique across all
 # test binaries would also be skipped elsewhere, so that is checked first.
-side_tests=(faults_e2e ingress_data_e2e egress_routes_e2e helm_rbac_e2e local_lab forged_agent_e2e leadership_e2e
+side_tests=(gateway_e2e faults_e2e ingress_data_e2e egress_routes_e2e helm_rbac_e2e local_lab forged_agent_e2e leadership_e2e
   helm_install network_policy_e2e egress_devices_e2e contributors_e2e service_lb_e2e split_horizon_e2e quick_start
   two_headscales_e2e prometheus_e2e)
 side_targets=()
