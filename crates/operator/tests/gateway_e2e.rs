@@ -564,12 +564,12 @@ async fn https_by_host_and_path(laptop: &LocalApi, ip: &str, cert: &str) {
     eprintln!("https://{sni}/forbidden/x -> {}", first_line(&refused));
 }
 
-/// The name a test backend writes first in its answer body.
+/// The name a test backend writes first in its answer body (`server: <name>`).
 fn answered_by(response: &str) -> Option<&str> {
     let body = response.split_once("\r\n\r\n")?.1;
     ["alpha", "beta", "remote", "forbidden", "secure"]
         .into_iter()
-        .find(|name| body.starts_with(name))
+        .find(|name| body.starts_with(&format!("server: {name}\n")))
 }
 
 fn first_line(text: &str) -> &str {
@@ -597,12 +597,37 @@ where
         .write_all(text.as_bytes())
         .await
         .map_err(|e| e.to_string())?;
+    // Until the connection closes or the Content-Length is complete (a backend may keep the
+    // connection open after its answer).
     let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
-        .await
-        .map_err(|_| "response timed out".to_string())?
-        .map_err(|e| format!("read: {e}"))?;
+    let mut chunk = [0u8; 4096];
+    while !complete(&response) {
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+            .await
+            .map_err(|_| "response timed out".to_string())?
+            .map_err(|e| format!("read: {e}"))?;
+        if read == 0 {
+            break;
+        }
+        response.extend_from_slice(&chunk[..read]);
+    }
     Ok(String::from_utf8_lossy(&response).into_owned())
+}
+
+/// Whether `response` holds a whole answer with a `content-length`.
+fn complete(response: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(response);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    head.lines()
+        .find_map(|l| {
+            l.to_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().to_string())
+        })
+        .and_then(|v| v.parse::<usize>().ok())
+        .is_some_and(|length| body.len() >= length)
 }
 
 /// TLS passthrough: the handshake on the TLS listener is the backend's (its certificate, the
