@@ -293,6 +293,7 @@ mod tests {
             routes: vec![tailnet_api::agent_config::HttpRoute {
                 name: "r".into(),
                 hostnames: vec!["a.example.com".into(), "*.example.com".into(), "*".into()],
+                tls: None,
                 backend: None,
                 backend_tls: None,
                 request_timeout_seconds: None,
