@@ -105,9 +105,7 @@ impl Drop for LocalOperator {
     }
 }
 
+/// A free port outside the ephemeral range (see [`tno_netlab::ports`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    tno_netlab::ports::free_tcp_port().expect("free port")
 }

@@ -117,15 +117,10 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// A free TCP port on 127.0.0.1 (the OS picks it; a tiny race remains until the server binds).
+/// A free TCP port outside the ephemeral range, so a server restarted on it (the apiserver in
+/// the fault tests) finds it free again (see [`tno_netlab::ports`]).
 pub fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
-        .io_context(|| "binding a probe port".into())?;
-    let port = listener
-        .local_addr()
-        .io_context(|| "reading the probe port".into())?
-        .port();
-    Ok(port)
+    tno_netlab::ports::free_tcp_port().io_context(|| "finding a free TCP port".into())
 }
 
 /// Polls `check` until it returns `Some`, or fails after `deadline` with `what`.

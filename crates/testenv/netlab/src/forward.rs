@@ -13,12 +13,16 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{NetlabError, Result};
 use crate::netns::{self, Netns};
 
 const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// At most one error line per forwarder in this interval: a target that is down on purpose (a
+/// fault test stops Headscale) is retried by its clients many times a second, and a line per
+/// attempt would bury the test's own output (CI keeps only a part of it).
+const ERROR_REPORT_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Forwards every connection accepted on `listen` (in one netns) to `target` (in another).
 /// Stops accepting and closes open connections on drop.
@@ -35,6 +39,50 @@ pub struct TcpForwarder {
 struct Connections {
     next_id: AtomicU64,
     open: Mutex<HashMap<u64, TcpStream>>,
+    errors: Mutex<ErrorReport>,
+}
+
+/// When the last error line was printed and how many errors were not printed since.
+#[derive(Debug, Default)]
+struct ErrorReport {
+    last_printed: Option<Instant>,
+    suppressed: u64,
+}
+
+impl ErrorReport {
+    /// The line to print for `error` now, or `None` when one was printed less than
+    /// [`ERROR_REPORT_INTERVAL`] ago (the error is counted and named with the next line).
+    fn line(&mut self, now: Instant, target: SocketAddr, error: &str) -> Option<String> {
+        if self
+            .last_printed
+            .is_some_and(|last| now.duration_since(last) < ERROR_REPORT_INTERVAL)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last_printed = Some(now);
+        let more = std::mem::take(&mut self.suppressed);
+        Some(if more == 0 {
+            format!("netlab forwarder to {target}: {error}")
+        } else {
+            format!(
+                "netlab forwarder to {target}: {error} (and {more} errors not printed since the last line)"
+            )
+        })
+    }
+}
+
+impl Connections {
+    fn report(&self, target: SocketAddr, error: &str) {
+        let line = self
+            .errors
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .line(Instant::now(), target, error);
+        if let Some(line) = line {
+            eprintln!("{line}");
+        }
+    }
 }
 
 impl TcpForwarder {
@@ -126,17 +174,17 @@ fn accept_loop(
             std::thread::sleep(Duration::from_millis(10));
             continue;
         };
-        let connections = connections.clone();
+        let connection_shared = connections.clone();
         let connect_netns = connect_netns.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("fwd-conn-{target}"))
             .spawn(move || {
-                if let Err(error) = forward_one(client, &connections, connect_netns, target) {
-                    eprintln!("netlab forwarder to {target}: {error}");
+                if let Err(error) = forward_one(client, &connection_shared, connect_netns, target) {
+                    connection_shared.report(target, &error.to_string());
                 }
             });
         if let Err(error) = spawned {
-            eprintln!("netlab forwarder to {target}: cannot spawn a thread: {error}");
+            connections.report(target, &format!("cannot spawn a thread: {error}"));
         }
     }
 }
@@ -206,5 +254,38 @@ impl Connections {
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_errors_are_printed_once_per_interval_with_the_count_of_the_others() {
+        let target: SocketAddr = "127.0.0.1:9".parse().expect("address");
+        let mut report = ErrorReport::default();
+        let start = Instant::now();
+        assert_eq!(
+            report.line(start, target, "refused").as_deref(),
+            Some("netlab forwarder to 127.0.0.1:9: refused")
+        );
+        for ms in [1, 100, 4_999] {
+            let at = start + Duration::from_millis(ms);
+            assert_eq!(report.line(at, target, "refused"), None, "at {ms} ms");
+        }
+        let later = start + ERROR_REPORT_INTERVAL;
+        assert_eq!(
+            report.line(later, target, "reset").as_deref(),
+            Some(
+                "netlab forwarder to 127.0.0.1:9: reset (and 3 errors not printed since the last line)"
+            )
+        );
+        let much_later = later + ERROR_REPORT_INTERVAL * 2;
+        assert_eq!(
+            report.line(much_later, target, "refused").as_deref(),
+            Some("netlab forwarder to 127.0.0.1:9: refused"),
+            "the count starts again after a printed line"
+        );
     }
 }

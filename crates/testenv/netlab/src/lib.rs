@@ -52,6 +52,7 @@ mod error;
 mod forward;
 mod lab;
 mod netns;
+pub mod ports;
 pub mod process;
 mod run;
 mod stun;

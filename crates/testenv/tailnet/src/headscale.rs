@@ -4,7 +4,7 @@
 //! installations with a home or company CA do; its embedded DERP server rides on the same TLS
 //! listener.
 
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, PoisonError};
@@ -407,17 +407,12 @@ fn write_file(path: &Path, contents: &str) -> Result<()> {
         .map_err(|e| TailnetError::io(format!("writing {}", path.display()), e))
 }
 
-/// A port that was free a moment ago (the small race is acceptable for tests).
+/// A free port outside the ephemeral range: Headscale restarts on it (see
+/// [`tno_netlab::ports`]).
 pub(crate) fn free_tcp_port() -> Result<u16> {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .map_err(|e| TailnetError::io("finding a free TCP port", e))
+    tno_netlab::ports::free_tcp_port().map_err(|e| TailnetError::io("finding a free TCP port", e))
 }
 
 fn free_udp_port() -> Result<u16> {
-    UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|socket| socket.local_addr())
-        .map(|addr| addr.port())
-        .map_err(|e| TailnetError::io("finding a free UDP port", e))
+    tno_netlab::ports::free_udp_port().map_err(|e| TailnetError::io("finding a free UDP port", e))
 }
