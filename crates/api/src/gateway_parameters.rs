@@ -19,6 +19,7 @@ pub const KIND: &str = "TailnetGatewayParameters";
     group = "tailnet-operator.dev",
     version = "v1alpha1",
     kind = "TailnetGatewayParameters",
+    plural = "tailnetgatewayparameters",
     namespaced,
     shortname = "tngwp",
     category = "tailnet-operator",
