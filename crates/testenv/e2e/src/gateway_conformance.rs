@@ -360,8 +360,32 @@ fn parse_extra_args(text: &str) -> Result<Vec<String>, ConformanceError> {
     Ok(args)
 }
 
-/// The GatewayClass the suite tests (server-side apply body).
-pub fn gateway_class_object(name: &str) -> Value {
+/// Where the class's TailnetGatewayParameters live and what they say.
+#[derive(Clone, Copy, Debug)]
+pub struct ClassParameters<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    /// The Tailnet the class's Gateways join.
+    pub tailnet: &'a str,
+    /// Granted access to every listener port (the suite's client must be among them).
+    pub allow_from: &'a [&'a str],
+}
+
+/// The TailnetGatewayParameters of the class (server-side apply body).
+pub fn gateway_parameters_object(parameters: &ClassParameters<'_>) -> Value {
+    json!({
+        "apiVersion": "tailnet-operator.dev/v1alpha1",
+        "kind": "TailnetGatewayParameters",
+        "metadata": {"name": parameters.name, "namespace": parameters.namespace},
+        "spec": {
+            "tailnetRef": {"name": parameters.tailnet},
+            "allowFrom": parameters.allow_from,
+        },
+    })
+}
+
+/// The GatewayClass the suite tests (server-side apply body), naming its parameters.
+pub fn gateway_class_object(name: &str, parameters: &ClassParameters<'_>) -> Value {
     json!({
         "apiVersion": "gateway.networking.k8s.io/v1",
         "kind": "GatewayClass",
@@ -370,6 +394,12 @@ pub fn gateway_class_object(name: &str) -> Value {
             "controllerName": CONTROLLER_NAME,
             // The CRD allows 64 bytes.
             "description": "tailnet-operator: Gateways as tailnet nodes",
+            "parametersRef": {
+                "group": "tailnet-operator.dev",
+                "kind": "TailnetGatewayParameters",
+                "name": parameters.name,
+                "namespace": parameters.namespace,
+            },
         },
     })
 }

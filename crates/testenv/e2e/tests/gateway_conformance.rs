@@ -25,14 +25,14 @@ use kube::Api;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use tno_testenv::gateway_conformance::{
-    ClassAcceptance, ConformanceReport, GATEWAY_CLASS, RunnerConfig, SuiteExit,
-    gateway_class_object, run_suite, stand_in_class_status, summary,
+    ClassAcceptance, ClassParameters, ConformanceReport, GATEWAY_CLASS, RunnerConfig, SuiteExit,
+    gateway_class_object, gateway_parameters_object, run_suite, stand_in_class_status, summary,
 };
 use tno_testenv::{E2eEnv, OperatorArgs, OperatorProcess, workspace_operator_binary};
 use tno_testenv_kube::binaries::{tool, workspace_root};
 use tno_testenv_kube::crds::{install_crds, read_crds, yaml_files};
 use tno_testenv_kube::network::apply_all;
-use tno_testenv_tailnet::{JoinOptions, JoinedNode, LAPTOP_USER, TunMode};
+use tno_testenv_tailnet::{JoinOptions, JoinedNode, LAPTOP_USER, TEAM_A_GROUP, TunMode};
 
 const SUITE_COMPONENT: &str = "gateway-api-conformance";
 const SUITE_BINARY: &str = "gateway-api-conformance";
@@ -157,9 +157,23 @@ async fn gateway_api_conformance_suite_from_the_tailnet() {
     } else {
         None
     };
-    apply_all(&client, &[gateway_class_object(GATEWAY_CLASS)])
-        .await
-        .expect("GatewayClass applied");
+    // The class's parameters: the Tailnet, and alice's group (the suite's client) granted
+    // every listener port; in the operator's namespace.
+    let parameters = ClassParameters {
+        namespace: ops.name(),
+        name: GATEWAY_CLASS,
+        tailnet: TAILNET,
+        allow_from: &[TEAM_A_GROUP],
+    };
+    apply_all(
+        &client,
+        &[
+            gateway_parameters_object(&parameters),
+            gateway_class_object(GATEWAY_CLASS, &parameters),
+        ],
+    )
+    .await
+    .expect("TailnetGatewayParameters and GatewayClass applied");
     if config.acceptance == ClassAcceptance::StandIn {
         accept_class_as_stand_in(&client).await;
     }

@@ -219,7 +219,22 @@ fn args_carry_class_profiles_features_metadata_report_timeouts_then_extras() {
 
 #[test]
 fn gateway_class_names_our_controller_and_the_stand_in_says_who_accepted_it() {
-    let class = gateway_class_object("tailnet");
+    let parameters = ClassParameters {
+        namespace: "gwc-1",
+        name: "tailnet",
+        tailnet: "conformance",
+        allow_from: &["group:team-a"],
+    };
+    let class = gateway_class_object("tailnet", &parameters);
+    assert_eq!(
+        class["spec"]["parametersRef"],
+        json!({"group": "tailnet-operator.dev", "kind": "TailnetGatewayParameters",
+               "name": "tailnet", "namespace": "gwc-1"})
+    );
+    let object = gateway_parameters_object(&parameters);
+    assert_eq!(object["metadata"]["namespace"], "gwc-1");
+    assert_eq!(object["spec"]["tailnetRef"]["name"], "conformance");
+    assert_eq!(object["spec"]["allowFrom"], json!(["group:team-a"]));
     assert_eq!(class["kind"], "GatewayClass");
     assert_eq!(class["apiVersion"], "gateway.networking.k8s.io/v1");
     assert_eq!(class["metadata"]["name"], "tailnet");
