@@ -21,6 +21,7 @@ use tailnet_render::dns::PendingName;
 use tailnet_render::images::Images;
 
 use super::manifests::{ManifestError, Manifests, Origin};
+use super::render_gateway::{self, Gateways};
 
 /// Key of the base policy in its ConfigMap.
 pub const BASE_POLICY_KEY: &str = "policy.hujson";
@@ -77,8 +78,10 @@ pub struct RenderArgs {
     /// Manifest files or directories (multi-document YAML or JSON, `v1` Lists too; `-` reads
     /// standard input): Tailnet, TailnetEgress, TailnetIngress, the base-policy ConfigMap,
     /// optionally backend Services and CA ConfigMaps; Services of `loadBalancerClass:
-    /// tailnet-operator.dev/tailnet` are rendered like ingresses. Directories are not read
-    /// recursively.
+    /// tailnet-operator.dev/tailnet` are rendered like ingresses. Gateway API: GatewayClass,
+    /// TailnetGatewayParameters, Gateway, HTTPRoute, TLSRoute, TCPRoute, ReferenceGrant,
+    /// Namespaces (labels) and certificate Secrets (type kubernetes.io/tls; never printed).
+    /// Directories are not read recursively.
     #[arg(required = true, value_name = "PATH|-")]
     pub paths: Vec<PathBuf>,
     /// JSON file with observed Headscale and cluster state: `{"nodes": [...],
@@ -148,6 +151,11 @@ pub struct Observed {
     /// `namespace/name`: `{"team-a/backend-ca": ["ca.crt"]}`.
     #[serde(default)]
     pub config_maps: BTreeMap<String, BTreeSet<String>>,
+    /// Certificate Secrets (type `kubernetes.io/tls`) named by Gateway listeners and not among
+    /// the manifests, taken as usable key pairs, keyed `namespace/name`:
+    /// `["infra/web-cert"]`.
+    #[serde(default)]
+    pub tls_secrets: Vec<String>,
 }
 
 /// `namespace/name` from an `--observed` key; `what` names the map for the error.
@@ -173,6 +181,8 @@ struct Cluster {
     observed: Observed,
     backends: ObservedBackends,
     service_cluster_ips: BTreeMap<ObjectKey, IpAddr>,
+    /// What the Gateway decisions read (routes, grants, certificates, namespaces).
+    gateway: render_gateway::Cluster,
 }
 
 impl Cluster {
@@ -203,10 +213,17 @@ impl Cluster {
         for (key, ip) in &observed.service_cluster_ips {
             service_cluster_ips.insert(observed_key(path, "serviceClusterIPs", key)?, *ip);
         }
+        let tls_secrets = observed
+            .tls_secrets
+            .iter()
+            .map(|key| observed_key(path, "tlsSecrets", key))
+            .collect::<Result<Vec<_>, _>>()?;
+        let gateway = render_gateway::cluster(manifests, &backends, &tls_secrets);
         Ok(Cluster {
             observed,
             backends,
             service_cluster_ips,
+            gateway,
         })
     }
 }
@@ -371,6 +388,15 @@ fn load_observed(path: &PathBuf) -> Result<Observed, RenderCommandError> {
     })
 }
 
+/// Everything `run` prints (stdout) and warns about (stderr), tested directly.
+#[cfg(test)]
+pub fn render_with_warnings(
+    args: &RenderArgs,
+) -> Result<(String, Vec<String>), RenderCommandError> {
+    let rendered = render_parts(args)?;
+    Ok((format_rendered(args, &rendered)?, rendered.warnings))
+}
+
 /// Everything `run` prints, as one string (tested directly).
 #[cfg_attr(not(test), allow(dead_code))]
 pub fn render(args: &RenderArgs) -> Result<String, RenderCommandError> {
@@ -468,8 +494,10 @@ pub fn render_parts(args: &RenderArgs) -> Result<Rendered, RenderCommandError> {
             "--installation-id not given: the ownership marker says {UNKNOWN_INSTALLATION_ID}; the operator writes its --installation-id, else the uid of namespace kube-system (kubectl get ns kube-system -o jsonpath='{{.metadata.uid}}')"
         ));
     }
+    let gateways = render_gateway::resolve(&manifests);
+    warnings.extend(gateways.warnings.iter().cloned());
     for tailnet in tailnets {
-        let out = render_tailnet(args, &manifests, &cluster, tailnet)?;
+        let out = render_tailnet(args, &manifests, &cluster, &gateways, tailnet)?;
         for resource in &out.policy.resources {
             for issue in &resource.issues {
                 issues.push(format!(
@@ -509,6 +537,7 @@ fn render_tailnet(
     args: &RenderArgs,
     manifests: &Manifests,
     cluster: &Cluster,
+    gateways: &Gateways,
     tailnet: &Tailnet,
 ) -> Result<TailnetOutput, RenderCommandError> {
     let name = tailnet.name_any();
@@ -567,12 +596,17 @@ fn render_tailnet(
         service_cluster_ips: &cluster.service_cluster_ips,
         backends: &cluster.backends,
     };
+    let service_objects: Vec<Service> = services.iter().map(|(_, s)| s.clone()).collect();
+    let gateway_intents = gateways.intents(&name);
     let composed = compose::tailnet(
         tailnet,
         &base,
-        &egresses,
-        &ingress_objects,
-        &services.iter().map(|(_, s)| s.clone()).collect::<Vec<_>>(),
+        &compose::Declared {
+            egresses: &egresses,
+            ingresses: &ingress_objects,
+            services: &service_objects,
+            gateways: &gateway_intents,
+        },
         &observed,
         &settings,
     )
@@ -607,6 +641,16 @@ fn render_tailnet(
         .chain(services.iter().map(|(origin, _)| origin))
         .collect();
     ingress_output(&mut out, &name, &origins, &composed)?;
+    let gateway_out = render_gateway::render(
+        gateways,
+        &cluster.gateway,
+        tailnet,
+        &settings.render,
+        &cluster.backends,
+    )
+    .map_err(|e| RenderCommandError::Invalid(vec![e]))?;
+    out.objects.extend(gateway_out.objects);
+    out.notes.extend(gateway_out.notes);
     for (hostname, losers) in &composed.dns.conflicts {
         out.notes.push(format!(
             "hostname {hostname} is claimed by several resources; not rendered for {}",
