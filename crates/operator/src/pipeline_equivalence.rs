@@ -581,9 +581,10 @@ fn gateway_decisions(manifests: &Manifests, inputs: &Inputs<'_>) -> Vec<Value> {
             key_pairs: key_pairs.clone(),
             backends: inputs.backends.clone(),
         };
-        let valid = agent::validated::<GatewayEntrance>(g, inputs.now).expect("valid Gateway");
+        // A Gateway's intent is `()`: its spec is the Gateway API decision's to judge.
+        agent::validated::<GatewayEntrance>(g, inputs.now).expect("valid Gateway");
         let decision =
-            agent::decide::<GatewayEntrance>(g, &valid, &observation, inputs.config, inputs.now)
+            agent::decide::<GatewayEntrance>(g, &(), &observation, inputs.config, inputs.now)
                 .expect("Gateway decision");
         let plan = decision.agent.expect("Gateway plan");
         let o = plan.objects.as_ref().expect("Gateway agent objects");

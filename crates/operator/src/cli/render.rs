@@ -85,8 +85,9 @@ pub struct RenderArgs {
     #[arg(required = true, value_name = "PATH|-")]
     pub paths: Vec<PathBuf>,
     /// JSON file with observed Headscale and cluster state: `{"nodes": [...],
-    /// "serviceClusterIPs": {...}, "services": {...}, "configMaps": {...}}`. Without it,
-    /// ClusterIPs and node IPs are unknown: those DNS names are listed as pending.
+    /// "serviceClusterIPs": {...}, "services": {...}, "configMaps": {...}, "tlsSecrets":
+    /// [...]}`. Without it, ClusterIPs and node IPs are unknown: those DNS names are listed as
+    /// pending.
     #[arg(long, value_name = "FILE")]
     pub observed: Option<PathBuf>,
     /// Print only one part. `policy` prints just the HuJSON document (one Tailnet: see
@@ -647,8 +648,7 @@ fn render_tailnet(
         tailnet,
         &settings.render,
         &cluster.backends,
-    )
-    .map_err(|e| RenderCommandError::Invalid(vec![e]))?;
+    )?;
     out.objects.extend(gateway_out.objects);
     out.notes.extend(gateway_out.notes);
     for (hostname, losers) in &composed.dns.conflicts {
@@ -924,7 +924,7 @@ fn with_uid<K: kube::Resource>(mut object: K) -> K {
     object
 }
 
-fn json<T: serde::Serialize + kube::Resource<DynamicType = ()>>(
+pub(super) fn json<T: serde::Serialize + kube::Resource<DynamicType = ()>>(
     object: &T,
 ) -> Result<serde_json::Value, RenderCommandError> {
     let mut value = serde_json::to_value(object).map_err(|e| RenderCommandError::Policy {
@@ -1235,6 +1235,9 @@ Examples:
 
 Exit codes: 0 rendered; 1 reading or writing failed; 2 usage (bad flag); 3 invalid input
 (manifest, base policy, --observed file); 4 policy issues (print anyway: --allow-issues).
+Gateways of a GatewayClass with controllerName tailnet-operator.dev/gateway are rendered as
+the Gateway controller plans them (certificate copies with their data emptied); what their
+listeners and routes would report is listed in the notes.
 Names whose address is not known offline (egress aliases without a ClusterIP, ingress names
 without a Headscale node) are listed as pending: on stderr, in text mode as comments after
 the DNS ConfigMap, with -o yaml|json in the annotation render.tailnet-operator.dev/pending

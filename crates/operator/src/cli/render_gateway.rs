@@ -28,7 +28,7 @@ use tailnet_render::intent::IngressIntent;
 use tailnet_render::meta::Owner;
 
 use super::manifests::{Manifests, Origin};
-use super::render::PREVIEW_UID;
+use super::render::{PREVIEW_UID, RenderCommandError, json};
 use crate::controllers::gateway::decide::{claim, class_accepted, gateway_objects, starting};
 use crate::controllers::gateway::gather::key_pair;
 use crate::controllers::gateway::intents::intent_in;
@@ -300,7 +300,7 @@ pub fn render(
     tailnet: &Tailnet,
     ctx: &RenderContext<'_>,
     backends: &ObservedBackends,
-) -> Result<GatewayOutput, String> {
+) -> Result<GatewayOutput, RenderCommandError> {
     let name = tailnet.name_any();
     let mine: Vec<&GatewayView> = gateways.of_tailnet(&name).map(|(v, _)| v).collect();
     let claims: Vec<_> = mine.iter().map(|v| claim(&v.gateway, &name)).collect();
@@ -332,10 +332,10 @@ pub fn render(
             }
         };
         let owner = Owner::from_meta(AgentKind::Gateway, &view.gateway.metadata, &name)
-            .map_err(|e| format!("{}: {e}", view.origin))?;
+            .map_err(|e| invalid(&view.origin, e))?;
         let (objects, agent_notes) =
             gateway_objects(&owner, ctx, plan, &tag, &cluster.key_pairs, backends)
-                .map_err(|e| format!("{}: {e}", view.origin))?;
+                .map_err(|e| invalid(&view.origin, e))?;
         out.notes.extend(
             agent_notes
                 .iter()
@@ -343,33 +343,23 @@ pub fn render(
         );
         let agent = &objects.agent;
         out.objects.extend([
-            typed(&agent.service_account)?,
-            typed(&agent.role)?,
-            typed(&agent.role_binding)?,
-            typed(&agent.state_secret)?,
-            typed(&agent.config_map)?,
-            typed(&agent.deployment)?,
-            typed(&agent.network_policy)?,
+            json(&agent.service_account)?,
+            json(&agent.role)?,
+            json(&agent.role_binding)?,
+            json(&agent.state_secret)?,
+            json(&agent.config_map)?,
+            json(&agent.deployment)?,
+            json(&agent.network_policy)?,
         ]);
         if let Some(copy) = &objects.certificates {
-            out.objects.push(typed(&redacted(copy))?);
+            out.objects.push(json(&redacted(copy))?);
         }
     }
     Ok(out)
 }
 
-fn typed<T: serde::Serialize + kube::Resource<DynamicType = ()>>(
-    object: &T,
-) -> Result<serde_json::Value, String> {
-    let mut value = serde_json::to_value(object).map_err(|e| e.to_string())?;
-    if let Some(map) = value.as_object_mut() {
-        let mut with_type = serde_json::Map::new();
-        with_type.insert("apiVersion".into(), T::api_version(&()).into());
-        with_type.insert("kind".into(), T::kind(&()).into());
-        with_type.append(map);
-        value = serde_json::Value::Object(with_type);
-    }
-    Ok(value)
+fn invalid(origin: &Origin, error: tailnet_render::RenderError) -> RenderCommandError {
+    RenderCommandError::Invalid(vec![format!("{origin}: {error}")])
 }
 
 /// The agent's copy of the certificate Secrets as `render` prints it: every data value
