@@ -410,3 +410,78 @@ fn render_gateway_output_dir_writes_the_redacted_copy() {
         assert!(!text.contains(&key_line), "{name} holds key material");
     }
 }
+
+#[test]
+fn render_gateway_conflicts_and_routes_not_accepted_are_named() {
+    let (secret, _) = certificate_secret();
+    // A second HTTPS listener with the same port and hostname (Conflicted), a TCPRoute from a
+    // namespace the TCP listener does not admit (Same), a listener admitting routes of
+    // namespaces labelled team=a (the label from the Namespace manifest).
+    let gateway = GATEWAY
+        .replace(
+            "    - {name: db, port: 5432, protocol: TCP}",
+            "    - {name: db, port: 5432, protocol: TCP}\n    - {name: again, port: 443, protocol: HTTPS, hostname: app.example.net,\n       tls: {certificateRefs: [{name: web-cert}]}}\n    - {name: plain, port: 80, protocol: HTTP,\n       allowedRoutes: {namespaces: {from: Selector, selector: {matchLabels: {team: a}}}}}",
+        )
+        .replace(
+            "metadata: {name: pg, namespace: infra}",
+            "metadata: {name: pg, namespace: team-a}",
+        )
+        .replace(
+            "parentRefs: [{name: web, sectionName: db}]",
+            "parentRefs: [{name: web, namespace: infra, sectionName: db}]",
+        );
+    let extra = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a, labels: {team: a}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: plain, namespace: team-a}
+spec:
+  parentRefs: [{name: web, namespace: infra, sectionName: plain}]
+  rules: [{backendRefs: [{name: frontend, port: 8080}]}]
+"#;
+    let dir = inputs(&[
+        ("10-tailnet.yaml", TAILNET),
+        ("20-gateway.yaml", &gateway),
+        ("21-grant.yaml", GRANT),
+        ("22-secret.yaml", &secret),
+        ("23-extra.yaml", extra),
+    ]);
+    let (text, warnings) = run(dir.path(), &["-o", "yaml"]).expect("rendered");
+    let has = |parts: &[&str]| warnings.iter().any(|w| parts.iter().all(|p| w.contains(p)));
+    assert!(
+        has(&["spec.listeners[3] (again)", "Conflicted=True"]),
+        "{warnings:#?}"
+    );
+    assert!(
+        has(&[
+            "TCPRoute team-a/pg: spec.parentRefs[0] (parent Gateway infra/web)",
+            "Accepted=False",
+        ]),
+        "{warnings:#?}"
+    );
+    // The Namespace's label admits the route on the Selector listener.
+    assert!(!has(&["HTTPRoute team-a/plain"]), "{warnings:#?}");
+    let config = agent_config(&yaml_items(&text));
+    assert!(config.contains("\"port\": 80"), "{config}");
+}
+
+#[test]
+fn render_gateway_malformed_manifest_names_file_object_and_field() {
+    let broken = GATEWAY.replace(
+        "- {name: db, port: 5432, protocol: TCP}",
+        "- {name: db, port: many, protocol: TCP}",
+    );
+    let dir = inputs(&[("10-tailnet.yaml", TAILNET), ("20-gateway.yaml", &broken)]);
+    let error = run(dir.path(), &[]).expect_err("refused");
+    assert_eq!(error.exit_code(), super::super::render::exit::INVALID);
+    let message = error.to_string();
+    assert!(
+        message.contains("20-gateway.yaml")
+            && message.contains("Gateway infra/web")
+            && message.contains("spec.listeners[2].port"),
+        "{message}"
+    );
+}
