@@ -3,7 +3,10 @@
 //! agent objects, the same policy document and the same DNS entries, byte for byte. Run over
 //! `examples/` and a richer set (IPv6 and DNS-name targets, a disabled probe, a 3-expose
 //! ingress with tcp + http + verified HTTPS backend, an administrative cross-namespace
-//! ingress, a Service of the tailnet `loadBalancerClass`) in `tests/fixtures/rich/`.
+//! ingress, a Service of the tailnet `loadBalancerClass`) in `tests/fixtures/rich/`, and a
+//! Gateway API set (a Gateway with HTTPS, TLS passthrough and TCP listeners, two HTTPRoutes,
+//! a TLSRoute, a TCPRoute, a cross-namespace backend with its ReferenceGrant, a Gateway of
+//! another class) added to `examples/`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,9 +26,14 @@ use crate::cli::render::{Observed, PREVIEW_UID, RenderArgs, render};
 use crate::controllers::agent::decide as agent;
 use crate::controllers::agent::observation::{AgentObserved, AuthSecret, Observation, TailnetView};
 use crate::controllers::config::OperatorConfig;
+use crate::controllers::gateway::decide::GatewayEntrance;
+use crate::controllers::gateway::observation::{ClassState, GatewayObserved};
 use crate::controllers::status::Problem;
 use crate::controllers::tailnet::gather::TailnetObservation;
-use crate::controllers::{egress, ingress, service, tailnet};
+use crate::controllers::{egress, gateway, gateway_class, ingress, service, tailnet};
+use tailnet_gateway_api::Gateway;
+use tailnet_render::gateway::{ClusterFacts, SecretFact};
+use tailnet_render::intent::IngressIntent;
 
 const OPERATOR_NAMESPACE: &str = "tailnet-system";
 /// The decisions' clock (inside the test certificate's validity).
@@ -194,6 +202,7 @@ fn controllers_output(
     };
     objects.extend(ingress_decisions(&inputs));
     objects.extend(service_decisions(&inputs, &services));
+    objects.extend(gateway_decisions(manifests, &inputs));
     let (policy, dns) = tailnet_decision(
         manifests, observed, &tailnet, egresses, ingresses, &config, now,
     );
@@ -451,7 +460,7 @@ fn tailnet_decision(
             .filter(|s| tailnet_api::service::is_tailnet_load_balancer(&s.object))
             .map(|s| with_uid(s.object.clone()))
             .collect(),
-        gateways: vec![],
+        gateways: gateway_intents(manifests, tailnet),
         egress_cluster_ips: observed
             .service_cluster_ips
             .iter()
@@ -473,6 +482,126 @@ fn tailnet_decision(
         value
     });
     (policy, dns)
+}
+
+/// Each Gateway's class as the Gateway controller's gather step reads it (the GatewayClass
+/// controller's verdict on the parameters among the manifests).
+fn gateway_classes(manifests: &Manifests) -> Vec<(Gateway, ClassState)> {
+    let tailnets: Vec<String> = manifests
+        .tailnets
+        .iter()
+        .map(|t| t.object.name_any())
+        .collect();
+    let default = tailnet_api::service::default_tailnet(&tailnets).map_err(|e| e.to_string());
+    let lookup = |name: &str| {
+        manifests
+            .tailnets
+            .iter()
+            .find(|t| t.object.name_any() == name)
+            .map(|t| t.object.spec.clone())
+    };
+    manifests
+        .gateways
+        .iter()
+        .map(|g| {
+            let class = manifests
+                .gateway_classes
+                .iter()
+                .map(|c| &c.object)
+                .find(|c| c.name_any() == g.object.spec.gateway_class_name);
+            let state = match class {
+                Some(class) if gateway_class::decide::ours(class) => {
+                    let wanted = gateway_class::decide::parameters_ref(class).ok().flatten();
+                    let parameters = wanted.map(|(ns, name)| {
+                        manifests
+                            .gateway_parameters
+                            .iter()
+                            .find(|p| {
+                                p.object.name_any() == name
+                                    && p.object.namespace().as_deref() == Some(ns.as_str())
+                            })
+                            .map(|p| &p.object.spec)
+                    });
+                    let observed = gateway_class::decide::ClassObserved {
+                        parameters,
+                        default_tailnet: default.clone(),
+                        tailnet: &lookup,
+                    };
+                    ClassState::Ours(gateway_class::decide::verdict(class, &observed))
+                }
+                _ => ClassState::NotOurs,
+            };
+            (with_uid(g.object.clone()), state)
+        })
+        .collect()
+}
+
+/// The Gateways' entrances as the Tailnet controller reads them (`intents::of_tailnet`).
+fn gateway_intents(manifests: &Manifests, tailnet: &Tailnet) -> Vec<IngressIntent> {
+    gateway_classes(manifests)
+        .iter()
+        .filter_map(|(g, class)| gateway::intents::intent_in(g, class, None, &tailnet.name_any()))
+        .collect()
+}
+
+/// The Gateway controller's objects for every Gateway of a class of ours (its certificate copy
+/// as the CLI prints it: redacted).
+fn gateway_decisions(manifests: &Manifests, inputs: &Inputs<'_>) -> Vec<Value> {
+    let mut facts = ClusterFacts::default();
+    let mut key_pairs = BTreeMap::new();
+    for s in &manifests.tls_secrets {
+        let key = ObjectKey::new(
+            s.object.namespace().unwrap_or_default(),
+            s.object.name_any(),
+        );
+        let stored = crate::cli::render_gateway::as_stored(&s.object);
+        let pair = gateway::gather::key_pair(&stored).expect("a usable certificate");
+        facts.secrets.insert(key.clone(), SecretFact::TlsKeyPair);
+        key_pairs.insert(key, pair);
+    }
+    facts.services = inputs.backends.services.keys().cloned().collect();
+    use crate::cli::render_gateway::objects;
+    let classes = gateway_classes(manifests);
+    let others: Vec<Arc<Gateway>> = classes.iter().map(|(g, _)| Arc::new(g.clone())).collect();
+    let mut out = Vec::new();
+    for (g, class) in classes
+        .iter()
+        .filter(|(_, c)| matches!(c, ClassState::Ours(Ok(_))))
+    {
+        let mut observation =
+            Observation::<GatewayObserved>::only_access(Ok(inputs.access.clone()));
+        observation.kind = GatewayObserved {
+            class: class.clone(),
+            others: others.clone(),
+            http_routes: objects(&manifests.http_routes),
+            tls_routes: objects(&manifests.tls_routes),
+            tcp_routes: objects(&manifests.tcp_routes),
+            reference_grants: objects(&manifests.reference_grants),
+            facts: facts.clone(),
+            key_pairs: key_pairs.clone(),
+            backends: inputs.backends.clone(),
+        };
+        // A Gateway's intent is `()`: its spec is the Gateway API decision's to judge.
+        agent::validated::<GatewayEntrance>(g, inputs.now).expect("valid Gateway");
+        let decision =
+            agent::decide::<GatewayEntrance>(g, &(), &observation, inputs.config, inputs.now)
+                .expect("Gateway decision");
+        let plan = decision.agent.expect("Gateway plan");
+        let o = plan.objects.as_ref().expect("Gateway agent objects");
+        out.extend([
+            typed(&o.agent.service_account),
+            typed(&o.agent.role),
+            typed(&o.agent.role_binding),
+            typed(&o.agent.state_secret),
+            typed(&o.agent.config_map),
+            typed(&o.agent.deployment),
+            typed(&o.agent.network_policy),
+        ]);
+        if let Some(copy) = &o.certificates {
+            out.push(typed(&crate::cli::render_gateway::redacted(copy)));
+        }
+    }
+    out
 }
 
 fn assert_same_output(inputs: &[PathBuf], observed_path: &Path) {
@@ -667,4 +796,61 @@ fn a_contributors_fragment_is_the_same_through_the_cli_and_the_controller() {
     assert_eq!(cli, published);
     assert!(published.contains("\"grants\""), "{published}");
     assert!(published.contains("tag:"), "{published}");
+}
+
+/// Gateways: the CLI prints the Gateway controller's agent objects (certificate copy
+/// redacted) and the Tailnet controller's policy and DNS with the Gateways' entrances.
+#[test]
+fn gateways_render_the_same_through_the_cli_and_the_controllers() {
+    use crate::cli::render_gateway::tests::{GATEWAY, GRANT, certificate_secret};
+    let examples = repo().join("examples");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (secret, _) = certificate_secret();
+    std::fs::write(dir.path().join("40-gateway.yaml"), GATEWAY).expect("write");
+    std::fs::write(dir.path().join("41-grant.yaml"), GRANT).expect("write");
+    std::fs::write(dir.path().join("42-secret.yaml"), secret).expect("write");
+    let mut observed: Value = serde_json::from_str(
+        &std::fs::read_to_string(examples.join("observed/headscale-state.json")).expect("observed"),
+    )
+    .expect("observed JSON");
+    // The Gateway's node: its listener hostname gets a record.
+    observed["nodes"]
+        .as_array_mut()
+        .expect("nodes")
+        .push(serde_json::json!({
+            "id": 40, "name": "tno-gw-infra-web", "tags": ["tag:tno-gw-infra-web"],
+            "ipAddresses": ["100.64.0.40"], "availableRoutes": [], "approvedRoutes": [],
+            "online": true,
+        }));
+    let observed_path = dir.path().join("observed.json");
+    std::fs::write(&observed_path, observed.to_string()).expect("write");
+    let mut inputs: Vec<PathBuf> = [
+        "10-tailnet.yaml",
+        "11-base-policy.yaml",
+        "20-egress.yaml",
+        "30-ingress.yaml",
+    ]
+    .iter()
+    .map(|f| examples.join(f))
+    .collect();
+    inputs.extend(
+        ["40-gateway.yaml", "41-grant.yaml", "42-secret.yaml"]
+            .iter()
+            .map(|f| dir.path().join(f)),
+    );
+    // The example Tailnet allows group:team-a, the parameters' source.
+    assert_same_output(&inputs, &observed_path);
+    let manifests = Manifests::load(&inputs, OPERATOR_NAMESPACE).expect("manifests");
+    let observed: Observed = serde_json::from_value(observed).expect("observed state");
+    let (objects, policy, dns, _) = controllers_output(&manifests, &observed);
+    assert!(
+        objects.contains_key("Deployment infra/tailnet-gateway-web"),
+        "{:?}",
+        objects.keys()
+    );
+    assert!(objects.contains_key("Secret infra/tailnet-gateway-web-tls"));
+    assert!(!objects.keys().any(|k| k.contains("elsewhere")));
+    assert!(policy.contains("tag:tno-gw-infra-web"), "{policy}");
+    let hosts = dns.map(|d| d.to_string()).unwrap_or_default();
+    assert!(hosts.contains("app.example.net"), "{hosts}");
 }

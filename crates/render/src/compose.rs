@@ -144,18 +144,35 @@ pub struct TailnetComposition {
     pub fragment: String,
 }
 
-/// The whole desired state of `tailnet` from its `egresses`/`ingresses` (others' are
-/// skipped) and `services` (of this Tailnet: the caller resolves their Tailnet), its base
-/// policy and what was observed. Offline, every ingress certificate is taken as ready.
+/// The Tailnet's declarations: its egresses and ingresses (others' are skipped), the Services
+/// of the tailnet `loadBalancerClass` of this Tailnet (the caller resolves their Tailnet) and
+/// the intents of its Gateways (`crate::gateway::intent::gateway_intent`; the caller resolves
+/// their class and Tailnet).
+#[derive(Clone, Copy, Debug)]
+pub struct Declared<'a> {
+    pub egresses: &'a [TailnetEgress],
+    pub ingresses: &'a [TailnetIngress],
+    pub services: &'a [Service],
+    pub gateways: &'a [IngressIntent],
+}
+
+/// The whole desired state of `tailnet` from its declarations, its base policy and what was
+/// observed. Offline, every ingress certificate is taken as ready. Gateways are entrances
+/// after the ingresses and Services (as the Tailnet controller reads them): they enter the
+/// policy and the DNS; their agents are the Gateway decision's (`crate::gateway`).
 pub fn tailnet(
     tailnet: &Tailnet,
     base: &BasePolicy,
-    egresses: &[TailnetEgress],
-    ingresses: &[TailnetIngress],
-    services: &[Service],
+    declared: &Declared<'_>,
     observed: &Observed,
     settings: &Settings,
 ) -> Result<TailnetComposition, tailnet_policy::RenderError> {
+    let Declared {
+        egresses,
+        ingresses,
+        services,
+        gateways,
+    } = *declared;
     let ctx = &settings.render;
     let scope = TailnetScope {
         name: ctx.tailnet_name,
@@ -180,6 +197,10 @@ pub fn tailnet(
     // Services are composed as the ingresses they are read as, after the TailnetIngresses.
     our_ingresses.extend(services.iter().map(|s| &s.ingress));
     ingress_intents.extend(services.iter().map(|s| s.intent.clone()));
+    // The ingresses' and Services' agents are decided among themselves (as their controllers
+    // do); the policy and DNS read the Gateways too, after them.
+    let entrances = ingress_intents.len();
+    ingress_intents.extend(gateways.iter().cloned());
     let policy_inputs = desired::policy(
         tailnet,
         settings.marker,
@@ -208,7 +229,7 @@ pub fn tailnet(
     ));
     Ok(TailnetComposition {
         egresses: compose_egresses(&ours, egress_intents, ctx),
-        ingresses: compose_ingresses(&our_ingresses, &ingress_intents, observed, ctx),
+        ingresses: compose_ingresses(&our_ingresses, &ingress_intents[..entrances], observed, ctx),
         policy_inputs,
         policy,
         dns,

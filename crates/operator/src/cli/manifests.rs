@@ -4,9 +4,15 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use serde::de::DeserializeOwned;
+use tailnet_api::gateway_parameters::TailnetGatewayParameters;
 use tailnet_api::{Tailnet, TailnetEgress, TailnetIngress};
+use tailnet_gateway_api::{Gateway, GatewayClass, HTTPRoute, ReferenceGrant, TCPRoute, TLSRoute};
+
+/// The type of the Secrets `render` reads: certificate Secrets a Gateway listener's
+/// `tls.certificateRefs` may name (other Secrets are ignored, never kept).
+pub const TLS_SECRET_TYPE: &str = "kubernetes.io/tls";
 
 /// Where an object came from.
 #[derive(Clone, Debug)]
@@ -43,6 +49,19 @@ pub struct Manifests {
     pub ingresses: Vec<Sourced<TailnetIngress>>,
     pub config_maps: Vec<Sourced<ConfigMap>>,
     pub services: Vec<Sourced<Service>>,
+    /// Gateway API objects (any served version of `gateway.networking.k8s.io`).
+    pub gateway_classes: Vec<Sourced<GatewayClass>>,
+    pub gateway_parameters: Vec<Sourced<TailnetGatewayParameters>>,
+    pub gateways: Vec<Sourced<Gateway>>,
+    pub http_routes: Vec<Sourced<HTTPRoute>>,
+    pub tls_routes: Vec<Sourced<TLSRoute>>,
+    pub tcp_routes: Vec<Sourced<TCPRoute>>,
+    pub reference_grants: Vec<Sourced<ReferenceGrant>>,
+    /// Secrets of type `kubernetes.io/tls` (listeners' certificates; their content is never
+    /// printed).
+    pub tls_secrets: Vec<Sourced<Secret>>,
+    /// Namespaces (their labels, for listeners' `allowedRoutes.namespaces.selector`).
+    pub namespaces: Vec<Sourced<Namespace>>,
     /// Documents of other kinds (ignored, listed for the user).
     pub ignored: Vec<Origin>,
 }
@@ -209,7 +228,17 @@ impl Manifests {
             .to_string();
         let namespaced = matches!(
             kind.as_str(),
-            "TailnetEgress" | "TailnetIngress" | "ConfigMap" | "Service"
+            "TailnetEgress"
+                | "TailnetIngress"
+                | "ConfigMap"
+                | "Service"
+                | "Secret"
+                | "TailnetGatewayParameters"
+                | "Gateway"
+                | "HTTPRoute"
+                | "TLSRoute"
+                | "TCPRoute"
+                | "ReferenceGrant"
         );
         if namespaced
             && let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut())
@@ -223,6 +252,24 @@ impl Manifests {
             object: describe(&value),
         };
         let ours = api_version == format!("{}/{}", tailnet_api::GROUP, tailnet_api::VERSION);
+        if api_version
+            .strip_prefix(tailnet_gateway_api::GROUP)
+            .is_some_and(|v| v.starts_with('/'))
+        {
+            return self.add_gateway_api(&kind, value, origin);
+        }
+        if kind == "Secret" && api_version == "v1" {
+            // Only certificate Secrets are read; the others' content is not even kept.
+            if value.get("type").and_then(|t| t.as_str()) == Some(TLS_SECRET_TYPE) {
+                self.tls_secrets.push(Sourced {
+                    object: typed(value, &origin)?,
+                    origin,
+                });
+            } else {
+                self.ignored.push(origin);
+            }
+            return Ok(());
+        }
         match (kind.as_str(), ours, api_version.as_str()) {
             ("Tailnet", true, _) => self.tailnets.push(Sourced {
                 object: typed(value, &origin)?,
@@ -236,7 +283,15 @@ impl Manifests {
                 object: typed(value, &origin)?,
                 origin,
             }),
-            ("Tailnet" | "TailnetEgress" | "TailnetIngress", false, _) => {
+            ("TailnetGatewayParameters", true, _) => self.gateway_parameters.push(Sourced {
+                object: typed(value, &origin)?,
+                origin,
+            }),
+            (
+                "Tailnet" | "TailnetEgress" | "TailnetIngress" | "TailnetGatewayParameters",
+                false,
+                _,
+            ) => {
                 return Err(ManifestError::Field {
                     origin,
                     field: "apiVersion".to_string(),
@@ -255,6 +310,10 @@ impl Manifests {
                 object: typed(value, &origin)?,
                 origin,
             }),
+            ("Namespace", _, "v1") => self.namespaces.push(Sourced {
+                object: typed(value, &origin)?,
+                origin,
+            }),
             ("List", _, "v1") => {
                 let items = value
                     .get("items")
@@ -265,6 +324,45 @@ impl Manifests {
                     self.add(item, file, document, default_namespace)?;
                 }
             }
+            _ => self.ignored.push(origin),
+        }
+        Ok(())
+    }
+
+    /// A Gateway API object (group `gateway.networking.k8s.io`, any version: the apiserver
+    /// converts between the served ones).
+    fn add_gateway_api(
+        &mut self,
+        kind: &str,
+        value: serde_json::Value,
+        origin: Origin,
+    ) -> Result<(), ManifestError> {
+        use tailnet_gateway_api::kinds;
+        match kind {
+            kinds::GATEWAY_CLASS => self.gateway_classes.push(Sourced {
+                object: typed(value, &origin)?,
+                origin,
+            }),
+            kinds::GATEWAY => self.gateways.push(Sourced {
+                object: typed(value, &origin)?,
+                origin,
+            }),
+            kinds::HTTP_ROUTE => self.http_routes.push(Sourced {
+                object: typed(value, &origin)?,
+                origin,
+            }),
+            kinds::TLS_ROUTE => self.tls_routes.push(Sourced {
+                object: typed(value, &origin)?,
+                origin,
+            }),
+            kinds::TCP_ROUTE => self.tcp_routes.push(Sourced {
+                object: typed(value, &origin)?,
+                origin,
+            }),
+            kinds::REFERENCE_GRANT => self.reference_grants.push(Sourced {
+                object: typed(value, &origin)?,
+                origin,
+            }),
             _ => self.ignored.push(origin),
         }
         Ok(())

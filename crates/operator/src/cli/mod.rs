@@ -1,4 +1,5 @@
 pub mod crd;
 pub mod manifests;
 pub mod render;
+pub mod render_gateway;
 pub mod run;

@@ -21,6 +21,7 @@ use tailnet_render::dns::PendingName;
 use tailnet_render::images::Images;
 
 use super::manifests::{ManifestError, Manifests, Origin};
+use super::render_gateway::{self, Gateways};
 
 /// Key of the base policy in its ConfigMap.
 pub const BASE_POLICY_KEY: &str = "policy.hujson";
@@ -77,13 +78,16 @@ pub struct RenderArgs {
     /// Manifest files or directories (multi-document YAML or JSON, `v1` Lists too; `-` reads
     /// standard input): Tailnet, TailnetEgress, TailnetIngress, the base-policy ConfigMap,
     /// optionally backend Services and CA ConfigMaps; Services of `loadBalancerClass:
-    /// tailnet-operator.dev/tailnet` are rendered like ingresses. Directories are not read
-    /// recursively.
+    /// tailnet-operator.dev/tailnet` are rendered like ingresses. Gateway API: GatewayClass,
+    /// TailnetGatewayParameters, Gateway, HTTPRoute, TLSRoute, TCPRoute, ReferenceGrant,
+    /// Namespaces (labels) and certificate Secrets (type kubernetes.io/tls; never printed).
+    /// Directories are not read recursively.
     #[arg(required = true, value_name = "PATH|-")]
     pub paths: Vec<PathBuf>,
     /// JSON file with observed Headscale and cluster state: `{"nodes": [...],
-    /// "serviceClusterIPs": {...}, "services": {...}, "configMaps": {...}}`. Without it,
-    /// ClusterIPs and node IPs are unknown: those DNS names are listed as pending.
+    /// "serviceClusterIPs": {...}, "services": {...}, "configMaps": {...}, "tlsSecrets":
+    /// [...]}`. Without it, ClusterIPs and node IPs are unknown: those DNS names are listed as
+    /// pending.
     #[arg(long, value_name = "FILE")]
     pub observed: Option<PathBuf>,
     /// Print only one part. `policy` prints just the HuJSON document (one Tailnet: see
@@ -148,6 +152,11 @@ pub struct Observed {
     /// `namespace/name`: `{"team-a/backend-ca": ["ca.crt"]}`.
     #[serde(default)]
     pub config_maps: BTreeMap<String, BTreeSet<String>>,
+    /// Certificate Secrets (type `kubernetes.io/tls`) named by Gateway listeners and not among
+    /// the manifests, taken as usable key pairs, keyed `namespace/name`:
+    /// `["infra/web-cert"]`.
+    #[serde(default)]
+    pub tls_secrets: Vec<String>,
 }
 
 /// `namespace/name` from an `--observed` key; `what` names the map for the error.
@@ -173,6 +182,8 @@ struct Cluster {
     observed: Observed,
     backends: ObservedBackends,
     service_cluster_ips: BTreeMap<ObjectKey, IpAddr>,
+    /// What the Gateway decisions read (routes, grants, certificates, namespaces).
+    gateway: render_gateway::Cluster,
 }
 
 impl Cluster {
@@ -203,10 +214,17 @@ impl Cluster {
         for (key, ip) in &observed.service_cluster_ips {
             service_cluster_ips.insert(observed_key(path, "serviceClusterIPs", key)?, *ip);
         }
+        let tls_secrets = observed
+            .tls_secrets
+            .iter()
+            .map(|key| observed_key(path, "tlsSecrets", key))
+            .collect::<Result<Vec<_>, _>>()?;
+        let gateway = render_gateway::cluster(manifests, &backends, &tls_secrets);
         Ok(Cluster {
             observed,
             backends,
             service_cluster_ips,
+            gateway,
         })
     }
 }
@@ -371,6 +389,15 @@ fn load_observed(path: &PathBuf) -> Result<Observed, RenderCommandError> {
     })
 }
 
+/// Everything `run` prints (stdout) and warns about (stderr), tested directly.
+#[cfg(test)]
+pub fn render_with_warnings(
+    args: &RenderArgs,
+) -> Result<(String, Vec<String>), RenderCommandError> {
+    let rendered = render_parts(args)?;
+    Ok((format_rendered(args, &rendered)?, rendered.warnings))
+}
+
 /// Everything `run` prints, as one string (tested directly).
 #[cfg_attr(not(test), allow(dead_code))]
 pub fn render(args: &RenderArgs) -> Result<String, RenderCommandError> {
@@ -468,8 +495,10 @@ pub fn render_parts(args: &RenderArgs) -> Result<Rendered, RenderCommandError> {
             "--installation-id not given: the ownership marker says {UNKNOWN_INSTALLATION_ID}; the operator writes its --installation-id, else the uid of namespace kube-system (kubectl get ns kube-system -o jsonpath='{{.metadata.uid}}')"
         ));
     }
+    let gateways = render_gateway::resolve(&manifests);
+    warnings.extend(gateways.warnings.iter().cloned());
     for tailnet in tailnets {
-        let out = render_tailnet(args, &manifests, &cluster, tailnet)?;
+        let out = render_tailnet(args, &manifests, &cluster, &gateways, tailnet)?;
         for resource in &out.policy.resources {
             for issue in &resource.issues {
                 issues.push(format!(
@@ -509,6 +538,7 @@ fn render_tailnet(
     args: &RenderArgs,
     manifests: &Manifests,
     cluster: &Cluster,
+    gateways: &Gateways,
     tailnet: &Tailnet,
 ) -> Result<TailnetOutput, RenderCommandError> {
     let name = tailnet.name_any();
@@ -567,12 +597,17 @@ fn render_tailnet(
         service_cluster_ips: &cluster.service_cluster_ips,
         backends: &cluster.backends,
     };
+    let service_objects: Vec<Service> = services.iter().map(|(_, s)| s.clone()).collect();
+    let gateway_intents = gateways.intents(&name);
     let composed = compose::tailnet(
         tailnet,
         &base,
-        &egresses,
-        &ingress_objects,
-        &services.iter().map(|(_, s)| s.clone()).collect::<Vec<_>>(),
+        &compose::Declared {
+            egresses: &egresses,
+            ingresses: &ingress_objects,
+            services: &service_objects,
+            gateways: &gateway_intents,
+        },
         &observed,
         &settings,
     )
@@ -607,6 +642,15 @@ fn render_tailnet(
         .chain(services.iter().map(|(origin, _)| origin))
         .collect();
     ingress_output(&mut out, &name, &origins, &composed)?;
+    let gateway_out = render_gateway::render(
+        gateways,
+        &cluster.gateway,
+        tailnet,
+        &settings.render,
+        &cluster.backends,
+    )?;
+    out.objects.extend(gateway_out.objects);
+    out.notes.extend(gateway_out.notes);
     for (hostname, losers) in &composed.dns.conflicts {
         out.notes.push(format!(
             "hostname {hostname} is claimed by several resources; not rendered for {}",
@@ -880,7 +924,7 @@ fn with_uid<K: kube::Resource>(mut object: K) -> K {
     object
 }
 
-fn json<T: serde::Serialize + kube::Resource<DynamicType = ()>>(
+pub(super) fn json<T: serde::Serialize + kube::Resource<DynamicType = ()>>(
     object: &T,
 ) -> Result<serde_json::Value, RenderCommandError> {
     let mut value = serde_json::to_value(object).map_err(|e| RenderCommandError::Policy {
@@ -1191,6 +1235,9 @@ Examples:
 
 Exit codes: 0 rendered; 1 reading or writing failed; 2 usage (bad flag); 3 invalid input
 (manifest, base policy, --observed file); 4 policy issues (print anyway: --allow-issues).
+Gateways of a GatewayClass with controllerName tailnet-operator.dev/gateway are rendered as
+the Gateway controller plans them (certificate copies with their data emptied); what their
+listeners and routes would report is listed in the notes.
 Names whose address is not known offline (egress aliases without a ClusterIP, ingress names
 without a Headscale node) are listed as pending: on stderr, in text mode as comments after
 the DNS ConfigMap, with -o yaml|json in the annotation render.tailnet-operator.dev/pending

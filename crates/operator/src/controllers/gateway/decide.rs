@@ -204,7 +204,7 @@ pub fn gateway_tag(
 }
 
 /// The class's verdict as `decide_gateway` reads it.
-fn class_accepted(class: &ClassState) -> Result<(), String> {
+pub fn class_accepted(class: &ClassState) -> Result<(), String> {
     match class {
         ClassState::Ours(Ok(_)) => Ok(()),
         ClassState::Ours(Err(why)) => Err(why.clone()),
@@ -228,6 +228,18 @@ fn decide(input: &Input<'_, GatewayEntrance>, runtime: &GatewayRuntime) -> Gatew
     })
 }
 
+/// The agent's runtime while it is being deployed: what the plan is decided with (its
+/// addresses and readiness come later, in `report`).
+pub fn starting() -> GatewayRuntime {
+    GatewayRuntime {
+        addresses: Vec::new(),
+        not_ready: Some(NotReady {
+            reason: NotReadyReason::Pending,
+            message: "the agent is being deployed".into(),
+        }),
+    }
+}
+
 /// Before the identity: the Gateway API decision (its status while nothing runs yet), the
 /// routes' status, the tag, and the agent's objects from the data plan. `None` (nothing done
 /// for the agent) while the Gateway is not Accepted or has no tag of its own.
@@ -236,14 +248,7 @@ fn plan(
     c: &mut ConditionSet,
     status: &mut GatewayStatus,
 ) -> Result<Option<Planned<GatewayEntrance>>, RenderError> {
-    let starting = GatewayRuntime {
-        addresses: Vec::new(),
-        not_ready: Some(NotReady {
-            reason: NotReadyReason::Pending,
-            message: "the agent is being deployed".into(),
-        }),
-    };
-    let decision = decide(input, &starting);
+    let decision = decide(input, &starting());
     let routes = route_writes(input.object, input.kind(), &decision.routes, input.now);
     let Some(data) = decision.plan.clone() else {
         write_gateway_status(c, status, input.previous, decision.status, input.now);
@@ -281,6 +286,28 @@ fn agent_objects(
     tag: &str,
 ) -> Result<(GatewayObjects, Vec<String>), RenderError> {
     let observed = input.kind();
+    gateway_objects(
+        input.owner,
+        &input.render_context(),
+        data,
+        tag,
+        &observed.key_pairs,
+        &observed.backends,
+    )
+}
+
+/// The agent's objects for the data plan `data` with tag `tag` (pure; `tailnet-operator
+/// render` calls it too): the listeners' certificate Secrets among `key_pairs` copied (only
+/// those the plan serves), the agent's listeners, config and objects; and what the agent does
+/// not do of the plan.
+pub fn gateway_objects(
+    owner: &tailnet_render::meta::Owner,
+    render_ctx: &tailnet_render::RenderContext<'_>,
+    data: &GatewayPlan,
+    tag: &str,
+    key_pairs: &BTreeMap<ObjectKey, objects::KeyPair>,
+    backends: &tailnet_render::backends::ObservedBackends,
+) -> Result<(GatewayObjects, Vec<String>), RenderError> {
     let wanted: Vec<&ObjectKey> = data
         .listeners
         .iter()
@@ -290,8 +317,7 @@ fn agent_objects(
         })
         .flatten()
         .collect();
-    let pairs: BTreeMap<ObjectKey, objects::KeyPair> = observed
-        .key_pairs
+    let pairs: BTreeMap<ObjectKey, objects::KeyPair> = key_pairs
         .iter()
         .filter(|(key, _)| wanted.contains(key))
         .map(|(key, pair)| (key.clone(), pair.clone()))
@@ -300,17 +326,16 @@ fn agent_objects(
         .keys()
         .map(|key| (key.clone(), certificate_files(key)))
         .collect();
-    let render_ctx = input.render_context();
     let agent = agent_listeners(data, render_ctx.cluster_domain, &files);
-    let certificates = objects::certificate_secret(input.owner, &pairs);
+    let certificates = objects::certificate_secret(owner, &pairs);
     let rendered = objects::render(
-        input.owner,
-        &render_ctx,
+        owner,
+        render_ctx,
         &GatewayInputs {
             agent: &agent,
             node_hostname: tag_hostname(tag),
             certificates: certificates.is_some(),
-            backends: &observed.backends,
+            backends,
         },
     )?;
     Ok((

@@ -23,13 +23,23 @@ pub async fn of_tailnet(
     let default = default_tailnet(ctx).ok();
     let mut intents = Vec::new();
     for gateway in ctx.kinds.objects::<Gateway>() {
-        let ClassState::Ours(Ok(parameters)) = class_state(ctx, &gateway).await? else {
-            continue;
-        };
-        let own = parameters.tailnet.as_deref().or(default.as_deref());
-        if own == Some(tailnet) {
-            intents.push(gateway_intent(&gateway, tailnet, &parameters.allow_from));
-        }
+        let class = class_state(ctx, &gateway).await?;
+        intents.extend(intent_in(&gateway, &class, default.as_deref(), tailnet));
     }
     Ok(intents)
+}
+
+/// The intent of `gateway` when its class (`class`) is ours and Accepted and its Tailnet (the
+/// parameters', else `default`) is `tailnet` (pure; `tailnet-operator render` calls it too).
+pub fn intent_in(
+    gateway: &Gateway,
+    class: &ClassState,
+    default: Option<&str>,
+    tailnet: &str,
+) -> Option<IngressIntent> {
+    let ClassState::Ours(Ok(parameters)) = class else {
+        return None;
+    };
+    let own = parameters.tailnet.as_deref().or(default);
+    (own == Some(tailnet)).then(|| gateway_intent(gateway, tailnet, &parameters.allow_from))
 }
