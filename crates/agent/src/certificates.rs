@@ -146,6 +146,11 @@ impl Certificates {
             agent,
             routes: routes_own,
         };
+        // A listener nothing is attached to yet (a Gateway listener) serves no name: it is up
+        // with whatever it has, and every handshake finds no route.
+        if routes.is_empty() {
+            return Ok(certificates);
+        }
         let in_use = certificates.in_use(routes.len());
         if in_use.is_empty() {
             return Err("no certificate configured".into());
@@ -356,5 +361,11 @@ mod tests {
             certificates.for_listener(&config, routes).err().as_deref(),
             Some("no certificate configured")
         );
+        // Without routes (a Gateway listener nothing is attached to) the listener is up and
+        // serves no name.
+        let listener = certificates
+            .for_listener(&config, &[])
+            .unwrap_or_else(|why| panic!("{why}"));
+        assert!(listener.in_use(0).is_empty() && listener.agent.is_none());
     }
 }

@@ -222,10 +222,9 @@ fn rule_error(error: RuleError) -> ConfigError {
     invalid(error.field, error.message)
 }
 
+/// No routes is valid: a Gateway listener nothing is attached to yet still listens (plain
+/// HTTP answers 404, a TLS handshake finds no name) and the Gateway is Programmed.
 fn check_route_count(count: usize, at: &str) -> Result<(), ConfigError> {
-    if count == 0 {
-        return Err(invalid(format!("{at}.routes"), "must not be empty"));
-    }
     if count > MAX_ROUTES_PER_LISTENER {
         return Err(invalid(
             format!("{at}.routes"),
@@ -601,6 +600,19 @@ mod tests {
         assert!(config_ok(with_http));
     }
 
+    /// A Gateway listener nothing is attached to yet is still served (its Gateway must be
+    /// Programmed): every mode accepts an empty route list.
+    #[test]
+    fn accepts_listeners_without_routes() {
+        let mut empty = gateway();
+        empty["ingress"][0]["routes"] = json!([]);
+        empty["ingress"][1]["routes"] = json!([]);
+        let config = config(empty.clone()).expect("valid");
+        assert_eq!(config.ingress.len(), 2);
+        empty["ingress"][0]["mode"] = json!("http");
+        assert!(config_ok(empty));
+    }
+
     /// An `http` listener's routes may each carry their own certificate; routes without one
     /// need the agent-level `tls`; `plainHttp` routes carry none.
     #[test]
@@ -730,11 +742,6 @@ mod tests {
                 "a malformed wildcard",
                 Box::new(|c| c["ingress"][1]["routes"][0]["hostnames"] = json!(["db.*.net"])),
                 "ingress[1].routes[0].hostnames",
-            ),
-            (
-                "passthrough without routes",
-                Box::new(|c| c["ingress"][1]["routes"] = json!([])),
-                "ingress[1].routes",
             ),
             (
                 "passthrough backend TLS",

@@ -414,6 +414,9 @@ async fn proxy_request(
                 "misdirected request: this connection does not serve that host\n",
             );
         }
+        RouteDecision::UnknownHost => {
+            return exchange.local_answer(StatusCode::NOT_FOUND, "no route serves this host\n");
+        }
         RouteDecision::MissingHost => {
             return exchange.local_answer(StatusCode::BAD_REQUEST, "missing Host\n");
         }

@@ -1,7 +1,8 @@
 //! Virtual hosts of one `http` or `plainHttp` listener: SNI picks the route, the Host header
-//! must belong to it (else 421 Misdirected Request). Hostnames are exact names, `*.`
-//! wildcards or `*`; an exact name beats a wildcard, a longer wildcard a shorter one, and
-//! both beat `*`. Pure; the TLS resolver, the proxy and the passthrough listener share it.
+//! must belong to it (else 421 Misdirected Request; plain HTTP for a Host no route serves gets
+//! 404). Hostnames are exact names, `*.` wildcards or `*`; an exact name beats a wildcard, a
+//! longer wildcard a shorter one, and both beat `*`. Pure; the TLS resolver, the proxy and the
+//! passthrough listener share it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -87,8 +88,12 @@ pub struct RouteChoice {
 #[derive(Clone, Debug)]
 pub enum RouteDecision {
     Route(RouteChoice),
-    /// The Host is not served here, or not by the route the TLS session was opened for.
+    /// A TLS session opened for one route carries a Host that route does not serve
+    /// (connection coalescing, or an unknown Host on a known SNI): 421.
     Misdirected,
+    /// A plain-HTTP request (no SNI) for a Host no route serves: 404, as Gateway API asks of
+    /// a listener whose routes do not match the request's hostname.
+    UnknownHost,
     /// No Host header and no `:authority`.
     MissingHost,
 }
@@ -147,7 +152,11 @@ impl RouteTable {
             return RouteDecision::MissingHost;
         };
         let Some((index, hostname)) = self.hostnames.lookup(&host) else {
-            return RouteDecision::Misdirected;
+            return if sni.is_some() {
+                RouteDecision::Misdirected
+            } else {
+                RouteDecision::UnknownHost
+            };
         };
         if let Some(sni) = sni
             && self.index_of(sni) != Some(index)
@@ -224,6 +233,7 @@ mod tests {
         match decision {
             RouteDecision::Route(choice) => choice.entry.route.name.clone(),
             RouteDecision::Misdirected => "421".into(),
+            RouteDecision::UnknownHost => "404".into(),
             RouteDecision::MissingHost => "400".into(),
         }
     }
@@ -265,7 +275,7 @@ mod tests {
                 "421",
             ),
             (None, Some("admin.team-a.lab.example.net"), "admin"),
-            (None, Some("100.64.0.7"), "421"),
+            (None, Some("100.64.0.7"), "404"),
             (Some("portal.lab.example.net"), None, "400"),
             (Some("portal.lab.example.net"), Some(""), "400"),
         ];
@@ -338,7 +348,12 @@ mod tests {
         assert!(!without_catch_all.serves("xexample.com"));
         assert_eq!(
             chosen(without_catch_all.select(None, Some("example.com"))),
-            "421"
+            "404"
+        );
+        // No routes at all (a Gateway listener nothing is attached to yet): every Host is 404.
+        assert_eq!(
+            chosen(RouteTable::new(&[]).select(None, Some("example.com"))),
+            "404"
         );
     }
 
