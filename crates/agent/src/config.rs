@@ -141,12 +141,18 @@ pub fn validate(config: &AgentConfig) -> Result<(), ConfigError> {
         let at = format!("ingress[{index}]");
         claim_port(&mut loopback_ports, listener.port(), &format!("{at}.port"))?;
         match listener {
-            IngressListener::Tcp { name, backend, .. } => {
+            IngressListener::Tcp {
+                name,
+                backend,
+                backends,
+                ..
+            } => {
                 require_name(name, &format!("{at}.name"))?;
                 if !names.insert(name.clone()) {
                     return Err(invalid(format!("{at}.name"), "duplicate listener name"));
                 }
                 require_backend(&backend.host, backend.port, &format!("{at}.backend"))?;
+                check_backends(backends, &format!("{at}.backends"), false).map_err(rule_error)?;
             }
             IngressListener::Http { routes, .. } | IngressListener::PlainHttp { routes, .. } => {
                 let terminates_tls = matches!(listener, IngressListener::Http { .. });
@@ -307,11 +313,15 @@ fn validate_route(
                 "a route has either backend or rules, not both",
             ));
         }
+        // Neither: the route serves its names with 404 (a Gateway listener's hostname no
+        // HTTPRoute serves: its certificate still answers the handshake).
         (None, true) => {
-            return Err(invalid(
-                format!("{at}.backend"),
-                "a route needs backend or rules",
-            ));
+            if route.backend_tls.is_some() {
+                return Err(invalid(
+                    format!("{at}.backendTls"),
+                    "a route without backend has no backend to reach over TLS",
+                ));
+            }
         }
     }
     if let Some(tls) = &route.backend_tls {
@@ -611,6 +621,12 @@ mod tests {
         assert_eq!(config.ingress.len(), 2);
         empty["ingress"][0]["mode"] = json!("http");
         assert!(config_ok(empty));
+        // A route with neither backend nor rules serves its names with 404.
+        let mut answers_404 = gateway();
+        answers_404["ingress"][0]["routes"][1]
+            .as_object_mut()
+            .map(|route| route.remove("backend"));
+        assert!(config_ok(answers_404));
     }
 
     /// An `http` listener's routes may each carry their own certificate; routes without one
@@ -709,13 +725,15 @@ mod tests {
                 "ingress[0].routes[0].backend",
             ),
             (
-                "neither backend nor rules",
+                "neither backend nor rules, with backendTls",
                 Box::new(|c| {
                     c["ingress"][0]["routes"][1]
                         .as_object_mut()
                         .map(|route| route.remove("backend"));
+                    c["ingress"][0]["routes"][1]["backendTls"] =
+                        json!({"serverName": "a", "caFile": "/ca"});
                 }),
-                "ingress[0].routes[1].backend",
+                "ingress[0].routes[1].backendTls",
             ),
             (
                 "route-level backendTls with rules",
@@ -742,6 +760,20 @@ mod tests {
                 "a malformed wildcard",
                 Box::new(|c| c["ingress"][1]["routes"][0]["hostnames"] = json!(["db.*.net"])),
                 "ingress[1].routes[0].hostnames",
+            ),
+            (
+                "TCP backends originate no TLS",
+                Box::new(|c| {
+                    if let Some(listeners) = c["ingress"].as_array_mut() {
+                        listeners.push(json!({
+                            "mode": "tcp", "port": 5432, "name": "pg",
+                            "backend": {"host": "a.svc", "port": 5432},
+                            "backends": [{"backend": {"host": "a.svc", "port": 5432},
+                                          "backendTls": {"serverName": "a", "caFile": "/ca"}}]
+                        }));
+                    }
+                }),
+                "ingress[2].backends[0].backendTls",
             ),
             (
                 "passthrough backend TLS",

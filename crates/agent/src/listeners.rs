@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tailnet_api::agent_config::{BackendAddress, EgressListener};
+use tailnet_api::agent_config::{BackendAddress, EgressListener, WeightedBackend};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -50,6 +50,21 @@ pub struct Shared {
 pub struct TcpForward {
     pub name: String,
     pub backend: BackendAddress,
+    /// Weighted alternatives (a Gateway TCPRoute's backendRefs); empty: always `backend`.
+    pub backends: Vec<WeightedBackend>,
+}
+
+impl TcpForward {
+    /// The backend of one connection: by weight among `backends` when there are any (`None`:
+    /// an unresolved reference's share, or all weights zero), else `backend`.
+    fn pick(&self) -> Option<&BackendAddress> {
+        if self.backends.is_empty() {
+            return Some(&self.backend);
+        }
+        let weights: Vec<u32> = self.backends.iter().map(|b| b.weight).collect();
+        let index = crate::http_rules::choose_backend(&weights, |total| fastrand::u64(0..total))?;
+        self.backends.get(index)?.backend.as_ref()
+    }
 }
 
 /// Accepts until `stop`; returning drops (closes) the listening socket. A connection beyond
@@ -195,8 +210,17 @@ pub async fn handle_tcp(
 ) {
     let _active = ActiveConnection::open(&shared.metrics, &spec.name);
     tune_tcp(&stream);
-    let address = format!("{}:{}", spec.backend.host, spec.backend.port);
-    let connect = TcpStream::connect((spec.backend.host.as_str(), spec.backend.port));
+    let Some(chosen) = spec.pick() else {
+        // Gateway API: an unresolved backendRef's share of connections is rejected.
+        shared
+            .metrics
+            .count_backend_failure(&spec.name, "no_backend");
+        debug!(listener = %spec.name, %peer, "no backend for this connection");
+        let _ = stream.shutdown().await;
+        return;
+    };
+    let address = format!("{}:{}", chosen.host, chosen.port);
+    let connect = TcpStream::connect((chosen.host.as_str(), chosen.port));
     let backend = match tokio::time::timeout(shared.backend_connect_timeout, connect).await {
         Ok(Ok(backend)) => backend,
         Ok(Err(error)) => {
@@ -263,4 +287,64 @@ pub async fn run_http(
         },
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn address(host: &str) -> BackendAddress {
+        BackendAddress {
+            host: host.into(),
+            port: 7,
+        }
+    }
+
+    fn weighted(host: Option<&str>, weight: u32) -> WeightedBackend {
+        WeightedBackend {
+            backend: host.map(address),
+            weight,
+            backend_tls: None,
+        }
+    }
+
+    /// Without alternatives every connection goes to `backend`; with them, each connection
+    /// draws by weight: a zero weight is never drawn, an unresolved share yields no backend.
+    #[test]
+    fn connections_pick_backends_by_weight() {
+        let single = TcpForward {
+            name: "tcp".into(),
+            backend: address("only"),
+            backends: Vec::new(),
+        };
+        assert_eq!(single.pick(), Some(&address("only")));
+
+        let spread = TcpForward {
+            name: "tcp".into(),
+            backend: address("a"),
+            backends: vec![
+                weighted(Some("a"), 7),
+                weighted(Some("b"), 3),
+                weighted(Some("never"), 0),
+                weighted(None, 0),
+            ],
+        };
+        let mut counts = BTreeMap::new();
+        for _ in 0..4000 {
+            let host = spread.pick().map(|b| b.host.clone());
+            *counts.entry(host).or_insert(0u32) += 1;
+        }
+        assert_eq!(counts.len(), 2, "{counts:?}");
+        let a = counts[&Some("a".to_string())];
+        assert!((2600..=3000).contains(&a), "{counts:?}");
+
+        let unresolved = TcpForward {
+            name: "tcp".into(),
+            backend: address("a"),
+            backends: vec![weighted(None, 1)],
+        };
+        assert_eq!(unresolved.pick(), None);
+    }
 }

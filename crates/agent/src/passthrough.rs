@@ -5,7 +5,8 @@
 //! TLS with its own certificate; the agent never sees plaintext.
 //!
 //! Bounded: the ClientHello must arrive within [`HELLO_TIMEOUT`] and fit in
-//! [`MAX_HELLO_BYTES`]. An unknown SNI gets a fatal `unrecognized_name` alert.
+//! [`MAX_HELLO_BYTES`]. An unknown SNI, or a route without a usable backend, gets the
+//! connection closed without a TLS alert (Gateway API's "connection rejected").
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,10 +37,6 @@ const CONTENT_TYPE_HANDSHAKE: u8 = 22;
 const HANDSHAKE_CLIENT_HELLO: u8 = 1;
 const EXTENSION_SERVER_NAME: u16 = 0;
 const SERVER_NAME_HOST: u8 = 0;
-/// A fatal `unrecognized_name` alert (RFC 6066 §3): the answer to an SNI no route serves.
-const ALERT_UNRECOGNIZED_NAME: [u8; 7] = [21, 3, 3, 0, 2, 2, 112];
-/// A fatal `internal_error` alert: the route has no backend to take the connection.
-const ALERT_INTERNAL_ERROR: [u8; 7] = [21, 3, 3, 0, 2, 2, 80];
 
 /// What the bytes received so far hold.
 #[derive(Debug, PartialEq, Eq)]
@@ -305,9 +302,11 @@ pub async fn handle_passthrough(
             Ok(Err(error)) => return refused(&error_chain(&error)),
             Err(_) => return refused("no complete ClientHello in time"),
         };
+    // A connection no route or backend takes is closed without a TLS alert: Gateway API asks
+    // for the connection to be rejected (the client sees EOF), as a passthrough proxy that
+    // never speaks TLS itself would.
     let Some(target) = site.route_for(server_name.as_deref()) else {
         refused(&format!("no route serves SNI {server_name:?}"));
-        let _ = stream.write_all(&ALERT_UNRECOGNIZED_NAME).await;
         let _ = stream.shutdown().await;
         return;
     };
@@ -318,7 +317,6 @@ pub async fn handle_passthrough(
             .metrics
             .count_backend_failure(&target.name, "no_backend");
         debug!(listener = %site.listener, %peer, route = %target.name, "no backend for this connection");
-        let _ = stream.write_all(&ALERT_INTERNAL_ERROR).await;
         let _ = stream.shutdown().await;
         return;
     };

@@ -396,6 +396,7 @@ fn ingress_listener(
             port,
             name,
             backend,
+            backends,
         } => {
             let address = SocketAddr::new(host, *port);
             let name = format!("{name}{suffix}");
@@ -407,6 +408,7 @@ fn ingress_listener(
                 payload: Payload::Tcp(TcpForward {
                     name,
                     backend: backend.clone(),
+                    backends: backends.clone(),
                 }),
                 in_cluster,
             }

@@ -145,7 +145,14 @@ pub enum IngressListener {
     Tcp {
         port: u16,
         name: String,
+        /// Where connections go; with `backends`, the heaviest of them (probed for
+        /// readiness).
         backend: BackendAddress,
+        /// A Gateway TCPRoute with several backendRefs: each connection goes to one of them
+        /// by weight (an unresolved one's share is closed). Empty: every connection goes to
+        /// `backend` (TailnetIngress configs stay byte for byte what they were).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        backends: Vec<WeightedBackend>,
     },
     /// TLS termination and HTTP reverse proxy, virtual hosts by SNI/Host.
     #[serde(rename = "http")]
@@ -212,7 +219,9 @@ pub struct HttpRoute {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_request_timeout_millis: Option<u64>,
     /// Gateway API routing: the first rule (in this order) whose matches the request meets
-    /// serves it; none: 404. Absent: `backend` serves every request (TailnetIngress).
+    /// serves it; none: 404. Absent: `backend` serves every request (TailnetIngress); absent
+    /// with no `backend` either: every request gets 404 (a Gateway listener's names no
+    /// HTTPRoute serves).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<HttpRule>,
 }

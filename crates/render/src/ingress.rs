@@ -211,6 +211,7 @@ fn listeners(
                     port,
                     name: expose.name.clone(),
                     backend,
+                    backends: Vec::new(),
                 });
             }
             ExposeMode::Http => {

@@ -208,13 +208,3 @@ fn routes_by_sni_exact_before_wildcard_and_none_without_catch_all() {
         Some("any")
     );
 }
-
-#[test]
-fn the_alerts_are_fatal_tls_alert_records() {
-    for (alert, description) in [(ALERT_UNRECOGNIZED_NAME, 112), (ALERT_INTERNAL_ERROR, 80)] {
-        assert_eq!(alert[0], 21, "alert record");
-        assert_eq!(u16::from_be_bytes([alert[3], alert[4]]), 2);
-        assert_eq!(alert[5], 2, "fatal");
-        assert_eq!(alert[6], description);
-    }
-}

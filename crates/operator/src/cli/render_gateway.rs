@@ -237,6 +237,15 @@ pub fn cluster(
         }
     }
     facts.services = backends.services.keys().cloned().collect();
+    for service in &manifests.services {
+        if let Some(ports) = tailnet_render::gateway::headless_target_ports(&service.object) {
+            let key = ObjectKey::new(
+                service.object.namespace().unwrap_or_default(),
+                service.object.name_any(),
+            );
+            facts.headless_target_ports.insert(key, ports);
+        }
+    }
     facts.namespace_labels = manifests
         .namespaces
         .iter()

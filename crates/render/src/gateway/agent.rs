@@ -240,22 +240,37 @@ fn http_routes(
                 ));
                 rules.truncate(MAX_RULES_PER_ROUTE);
             }
-            routes.push(HttpRoute {
-                name: format!("{}/{agent_pattern}", listener.name),
-                hostnames: vec![agent_pattern],
-                // The Gateway's one certificate (agent-level `tls`) serves every listener.
-                tls: None,
-                backend: None,
-                backend_tls: None,
-                request_timeout_seconds: None,
-                backend_request_timeout_seconds: None,
-                request_timeout_millis: None,
-                backend_request_timeout_millis: None,
-                rules,
-            });
+            routes.push(agent_route(&listener.name, agent_pattern, rules));
+        }
+        // The listener's own hostname (or every name) without a route of its own: a route
+        // without rules, so a handshake for such a name completes with the listener's
+        // certificate and its requests get 404 (Gateway API), not a refused handshake.
+        let own = listener.hostname.as_deref();
+        let agent_pattern = own.unwrap_or(EVERY_HOSTNAME).to_string();
+        if !captured_by_earlier(own, earlier)
+            && !routes.iter().any(|r| r.hostnames.contains(&agent_pattern))
+        {
+            routes.push(agent_route(&listener.name, agent_pattern, Vec::new()));
         }
     }
     routes
+}
+
+/// The agent route of one hostname pattern of a listener (no rules: every request is 404).
+fn agent_route(listener: &str, pattern: String, rules: Vec<HttpRule>) -> HttpRoute {
+    HttpRoute {
+        name: format!("{listener}/{pattern}"),
+        hostnames: vec![pattern],
+        // The Gateway's one certificate (agent-level `tls`) serves every listener.
+        tls: None,
+        backend: None,
+        backend_tls: None,
+        request_timeout_seconds: None,
+        backend_request_timeout_seconds: None,
+        request_timeout_millis: None,
+        backend_request_timeout_millis: None,
+        rules,
+    }
 }
 
 /// One entry (one match of one rule) with its rule's action.
@@ -465,8 +480,9 @@ fn passthrough_routes(
     routes
 }
 
-/// A TCP listener to the route's backend: the heaviest valid one when there are several
-/// (the agent relays to one backend); no route or no valid backend: no listener (noted).
+/// A TCP listener to the route's backends: several are chosen per connection by weight
+/// (`backends`, an unresolved one's share closed), `backend` is the heaviest valid one (the
+/// agent probes it); no route or no valid backend: no listener (noted).
 fn tcp_listener(
     port: u16,
     listener: &ListenerPlan,
@@ -497,20 +513,17 @@ fn tcp_listener(
         ));
         return None;
     };
-    if valid.len() > 1 {
-        out.notes.push(format!(
-            "listener {} (TCP, port {port}): TCPRoute {} has {} backends; the agent relays to one, the heaviest ({})",
-            listener.name,
-            route.route,
-            valid.len(),
-            chosen.target_key()
-        ));
-    }
     let backend = backends.address(&chosen.target)?;
+    let weighted = if route.backends.len() > 1 {
+        backends.weighted(&route.backends)
+    } else {
+        Vec::new()
+    };
     Some(IngressListener::Tcp {
         port,
         name: listener.name.clone(),
         backend,
+        backends: weighted,
     })
 }
 

@@ -136,6 +136,38 @@ pub struct ClusterFacts {
     pub secrets: BTreeMap<ObjectKey, SecretFact>,
     /// Services that exist (backendRefs).
     pub services: BTreeSet<ObjectKey>,
+    /// Headless Services (`clusterIP: None`) by key: Service port → numeric `targetPort`.
+    /// Their name resolves to the endpoints' own addresses, so the agent dials the port the
+    /// endpoints listen on ([`headless_target_ports`]).
+    pub headless_target_ports: BTreeMap<ObjectKey, BTreeMap<u16, u16>>,
+}
+
+/// A headless Service's ports (`clusterIP: None`): Service port → the numeric `targetPort`
+/// (absent: the same port). `None` for a Service with a cluster IP. A named `targetPort` is
+/// left out (the Service port is dialled, as before): resolving it needs the EndpointSlices.
+pub fn headless_target_ports(
+    service: &k8s_openapi::api::core::v1::Service,
+) -> Option<BTreeMap<u16, u16>> {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let spec = service.spec.as_ref()?;
+    if spec.cluster_ip.as_deref() != Some("None") {
+        return None;
+    }
+    let ports = spec
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| {
+            let port = u16::try_from(p.port).ok()?;
+            let target = match &p.target_port {
+                None => port,
+                Some(IntOrString::Int(target)) => u16::try_from(*target).ok()?,
+                Some(IntOrString::String(_)) => return None,
+            };
+            Some((port, target))
+        })
+        .collect();
+    Some(ports)
 }
 
 /// Why the Gateway's agent does not serve yet, in the spec's `Programmed=False` vocabulary.

@@ -279,6 +279,7 @@ mod tests {
                     host: "pg.apps.svc.cluster.local".into(),
                     port: 5432,
                 },
+                backends: Vec::new(),
             }],
             tls: None,
             backends: vec![(ObjectKey::new("apps", "pg"), 5432)],

@@ -238,6 +238,13 @@ pub fn resolve_backend(
                 format!("backendRef {shown} needs a port (1-65535)"),
             )
         })?;
+    // A headless Service's name resolves to its endpoints: dial the port they listen on.
+    let port = facts
+        .headless_target_ports
+        .get(&key)
+        .and_then(|ports| ports.get(&port))
+        .copied()
+        .unwrap_or(port);
     Ok(BackendTarget::Service {
         namespace: namespace.to_string(),
         name: reference.name.clone(),

@@ -127,6 +127,9 @@ pub async fn gather(
             .map_err(ReconcileError::kube("get backend Service"))?
         {
             facts.services.insert(key.clone());
+            if let Some(ports) = tailnet_render::gateway::headless_target_ports(&service) {
+                facts.headless_target_ports.insert(key.clone(), ports);
+            }
             backends.add_service(&service);
         }
     }

@@ -154,7 +154,9 @@ fn hostnames_fall_through_within_a_listener_by_precedence() {
     assert!(agent.notes.is_empty(), "{:?}", agent.notes);
 }
 
-/// A virtual host does not fall through to a sibling it does not match.
+/// A virtual host does not fall through to a sibling it does not match; the listener's own
+/// pattern (`*`: it has no hostname) gets a route without rules (404, not a refused
+/// handshake).
 #[test]
 fn unrelated_hostnames_do_not_share_entries() {
     let serve = HttpServe {
@@ -174,6 +176,7 @@ fn unrelated_hostnames_do_not_share_entries() {
             pair("a.example.com", &["a"]),
             pair("b.example.com", &["b"]),
             pair("*.other.net", &["b"]),
+            pair("*", &[]),
         ]
     );
 }
@@ -565,10 +568,11 @@ fn tcp(port: u16, route: Option<TcpForward>) -> ListenerPlan {
     }
 }
 
-/// TCP: the route's backend; several: the heaviest (noted); none valid or no route: no
-/// listener (noted).
+/// TCP: the route's backend; several: chosen per connection by weight (an unresolved one's
+/// share closed), the heaviest valid one as `backend`; none valid or no route: no listener
+/// (noted).
 #[test]
-fn tcp_listeners_relay_to_one_backend() {
+fn tcp_listeners_relay_by_weight() {
     let forward_to = |backends: Vec<WeightedBackend>| {
         Some(TcpForward {
             route: ObjectKey::new("apps", "db"),
@@ -602,18 +606,43 @@ fn tcp_listeners_relay_to_one_backend() {
                 port: 5432,
                 name: "tcp-5432".into(),
                 backend: address("pg", 5432),
+                backends: Vec::new(),
             },
             IngressListener::Tcp {
                 port: 6379,
                 name: "tcp-6379".into(),
                 backend: address("redis-b", 6379),
+                backends: vec![
+                    tailnet_api::agent_config::WeightedBackend {
+                        backend: Some(address("redis-a", 6379)),
+                        weight: 1,
+                        backend_tls: None,
+                    },
+                    tailnet_api::agent_config::WeightedBackend {
+                        backend: Some(address("redis-b", 6379)),
+                        weight: 5,
+                        backend_tls: None,
+                    },
+                    tailnet_api::agent_config::WeightedBackend {
+                        backend: None,
+                        weight: 9,
+                        backend_tls: None,
+                    },
+                ],
             },
         ]
     );
-    assert_eq!(agent.notes.len(), 3, "{:?}", agent.notes);
-    assert!(agent.notes[0].contains("heaviest (apps/redis-b:6379)"));
-    assert!(agent.notes[1].contains("no valid backend"));
-    assert!(agent.notes[2].contains("no TCPRoute attached"));
+    assert_eq!(agent.notes.len(), 2, "{:?}", agent.notes);
+    assert!(agent.notes[0].contains("no valid backend"));
+    assert!(agent.notes[1].contains("no TCPRoute attached"));
+    assert_eq!(
+        agent.backends,
+        [
+            (ObjectKey::new("apps", "pg"), 5432),
+            (ObjectKey::new("apps", "redis-a"), 6379),
+            (ObjectKey::new("apps", "redis-b"), 6379),
+        ]
+    );
 }
 
 /// A second protocol on a port is not served (the first, most specific, listener's is).

@@ -553,3 +553,65 @@ fn gateway_api_durations() {
         assert_eq!(http::parse_duration_ms(text), want, "{text:?}");
     }
 }
+
+/// Conformance HTTPRouteServiceTypes: a headless Service's name resolves to its endpoints, so
+/// the agent dials the numeric `targetPort`; a Service with a cluster IP keeps its port, and a
+/// named `targetPort` (not resolvable without EndpointSlices) keeps the Service port.
+#[test]
+fn headless_services_are_dialled_on_their_target_port() {
+    let service = |cluster_ip: &str| -> k8s_openapi::api::core::v1::Service {
+        serde_json::from_value(json!({
+            "metadata": {"name": "s", "namespace": NS},
+            "spec": {"clusterIP": cluster_ip, "ports": [
+                {"port": 8080, "targetPort": 3000},
+                {"port": 9090, "targetPort": "metrics"},
+                {"port": 7070}
+            ]}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert_eq!(
+        crate::gateway::headless_target_ports(&service("None")),
+        Some(BTreeMap::from([(8080, 3000), (7070, 7070)]))
+    );
+    assert_eq!(
+        crate::gateway::headless_target_ports(&service("10.96.0.7")),
+        None
+    );
+
+    let mut s = Scenario::new(gateway(json!([http_listener("http", 80)])));
+    s.http.push(http_route(
+        NS,
+        "r",
+        0,
+        json!({"parentRefs": [{"name": "gw"}], "rules": [
+            {"matches": [{"path": {"value": "/headless"}}], "backendRefs": [{"name": "headless", "port": 8080}]},
+            {"matches": [{"path": {"value": "/named"}}], "backendRefs": [{"name": "headless", "port": 9090}]},
+            {"matches": [{"path": {"value": "/ip"}}], "backendRefs": [{"name": "ip", "port": 8080}]}
+        ]}),
+    ));
+    for name in ["headless", "ip"] {
+        s.facts.services.insert(ObjectKey::new(NS, name));
+    }
+    s.facts.headless_target_ports.insert(
+        ObjectKey::new(NS, "headless"),
+        BTreeMap::from([(8080, 3000)]),
+    );
+    let d = s.run();
+    let targets: Vec<BackendTarget> = http_of(&d, "http")
+        .actions
+        .iter()
+        .map(|action| match &action.outcome {
+            HttpOutcome::Forward { backends } => backends[0].target.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            svc("headless", 3000),
+            svc("headless", 9090),
+            svc("ip", 8080)
+        ]
+    );
+}
