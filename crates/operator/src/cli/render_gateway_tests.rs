@@ -323,9 +323,16 @@ fn render_gateway_missing_certificate_and_text_output() {
                 && w.contains("--observed tlsSecrets")),
         "{warnings:#?}"
     );
-    // Text mode: the notes as comments before the objects; no certificate copy.
+    // Text mode: the notes as comments before the objects; no certificate copy (the
+    // Deployment mounts it, optional, all the same).
     assert!(text.contains("# note: Gateway infra/web: spec.listeners[0] (https)"));
-    assert!(!text.contains("tailnet-gateway-web-tls\n"));
+    assert!(
+        !text
+            .lines()
+            .any(|line| line.trim() == "name: tailnet-gateway-web-tls"),
+        "{text}"
+    );
+    assert!(text.contains("secretName: tailnet-gateway-web-tls\n"));
     // The Secret listed as usable in --observed: the copy is printed (redacted).
     let observed = dir.path().join("observed.json");
     std::fs::write(&observed, r#"{"tlsSecrets": ["infra/web-cert"]}"#).expect("observed");

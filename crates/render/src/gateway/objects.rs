@@ -82,7 +82,7 @@ pub struct GatewayInputs<'a> {
     pub agent: &'a GatewayAgent,
     /// The node's tailnet hostname (its tag's name).
     pub node_hostname: String,
-    /// Whether the certificate copy exists (then it is mounted).
+    /// Whether the certificate copy exists (then the config names its files; it is always mounted).
     pub certificates: bool,
     /// The backend Services as observed (their selectors and ports), for the egress policy.
     pub backends: &'a ObservedBackends,
@@ -95,25 +95,31 @@ pub fn render(
     inputs: &GatewayInputs<'_>,
 ) -> Result<IngressObjects, RenderError> {
     let agent = inputs.agent;
-    let tls_secret = inputs.certificates.then(|| owner.names().tls);
+    // The pod template does not depend on the listeners or on whether the certificate copy
+    // exists yet (both reach the agent through its re-read config and files): the copy is
+    // always mounted (optional) and every port may be bound. A Gateway applied together with
+    // its certificate Secret is otherwise rolled out again a second later, which can replace
+    // the pod before tailscaled has stored its state; the new pod then finds its node
+    // registered and its single-use key spent.
+    let tls_secret = Some(owner.names().tls);
     let config = AgentConfig {
         localapi_socket: LOCALAPI_SOCKET.to_string(),
         admin_port: ADMIN_PORT,
         egress: Vec::new(),
         ingress: agent.listeners.clone(),
-        tls: agent.tls.clone().filter(|_| tls_secret.is_some()),
+        tls: agent.tls.clone().filter(|_| inputs.certificates),
         limits: ConnectionLimits::default(),
         in_cluster: false,
     };
     let config_json =
         serde_json::to_string_pretty(&config).map_err(|e| RenderError::Config(e.to_string()))?;
-    let lowest = agent.listeners.iter().map(|l| l.port()).min();
     let parts = PodParts {
         hostname: inputs.node_hostname.clone(),
         agent_ports: Vec::new(),
         agent_volumes: tls_secret.iter().map(|s| tls_volume(s)).collect(),
-        // Listeners bind loopback as non-root; ports below 1024 need this safe sysctl.
-        unprivileged_port_start: lowest.filter(|p| *p < 1024),
+        // Listeners bind loopback as non-root; any port (below 1024 too) with this safe
+        // sysctl.
+        unprivileged_port_start: Some(0),
         // The config and the certificates are re-read by the agent: no restart for them.
         config_hash: pod::config_hash(&[&ctx.tailnet.server, tls_secret.as_deref().unwrap_or("")]),
     };

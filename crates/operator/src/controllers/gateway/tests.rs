@@ -195,6 +195,37 @@ fn a_healthy_gateway_is_accepted_programmed_and_served() {
     assert_eq!(written, ["app", "db"]);
 }
 
+/// A Gateway applied together with its certificate Secret is often reconciled before the
+/// Secret exists: its pod template must already be the one it gets once the Secret is there
+/// (a rollout in the agent's first seconds can lose tailscaled's state; conformance saw the
+/// node stay offline). The config carries the certificate only once the copy exists.
+#[test]
+fn the_pod_template_does_not_wait_for_the_certificate() {
+    let template = |observed: &Observation<GatewayObserved>| {
+        let decision = run(&gateway(), observed);
+        let objects = decision
+            .agent
+            .expect("agent plan")
+            .objects
+            .expect("objects");
+        let has_tls = objects.agent.config.tls.is_some();
+        let deployment = objects.agent.deployment;
+        (
+            deployment.spec.expect("spec").template,
+            has_tls,
+            objects.certificates.is_some(),
+        )
+    };
+    let (with_secret, tls_with, copy_with) = template(&healthy());
+    let mut before = healthy();
+    before.kind.facts.secrets.clear();
+    before.kind.key_pairs.clear();
+    let (without_secret, tls_without, copy_without) = template(&before);
+    assert_eq!(without_secret, with_secret);
+    assert!(tls_with && copy_with);
+    assert!(!tls_without && !copy_without);
+}
+
 #[test]
 fn programmed_waits_for_the_node_naming_the_precondition() {
     let mut observed = healthy();
