@@ -312,18 +312,25 @@ fn block_env(env: &E2eEnv, registry: &LabRegistry, work: &Path) -> Vec<(String, 
 /// Certificates).
 async fn the_cluster_and_the_app(client: &kube::Client, issuer: &str) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let names = [
-        "tailnets.tailnet-operator.dev",
-        "tailnetegresses.tailnet-operator.dev",
-        "tailnetingresses.tailnet-operator.dev",
-    ];
-    for name in names {
+    // Every CRD of deploy/crds (what the lab installed and the chart ships).
+    let shipped = tno_testenv_kube::crds::yaml_files(
+        &tno_testenv_kube::binaries::workspace_root().join("deploy/crds"),
+    )
+    .and_then(|files| tno_testenv_kube::crds::read_crds(&files))
+    .unwrap_or_else(|e| panic!("reading deploy/crds: {e}"));
+    let names: Vec<String> = shipped
+        .iter()
+        .filter_map(|crd| crd.metadata.name.clone())
+        .collect();
+    assert!(names.len() >= 4, "deploy/crds: {names:?}");
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    for &name in &names {
         crds.delete(name, &DeleteParams::default())
             .await
             .unwrap_or_else(|e| panic!("deleting the lab's CRD {name}: {e}"));
     }
     tno_testenv_kube::process::poll_until("the lab's CRDs to be gone", WAIT, || async {
-        for name in names {
+        for &name in &names {
             if crds.get_opt(name).await.ok()?.is_some() {
                 return None;
             }
