@@ -28,7 +28,7 @@ use tailnet_render::intent::IngressIntent;
 use tailnet_render::meta::Owner;
 
 use super::manifests::{Manifests, Origin};
-use super::render::{PREVIEW_UID, RenderCommandError, json};
+use super::render_output::{PREVIEW_UID, RenderCommandError, json};
 use crate::controllers::gateway::decide::{claim, class_accepted, gateway_objects, starting};
 use crate::controllers::gateway::gather::key_pair;
 use crate::controllers::gateway::intents::intent_in;

@@ -483,7 +483,10 @@ fn render_gateway_malformed_manifest_names_file_object_and_field() {
     );
     let dir = inputs(&[("10-tailnet.yaml", TAILNET), ("20-gateway.yaml", &broken)]);
     let error = run(dir.path(), &[]).expect_err("refused");
-    assert_eq!(error.exit_code(), super::super::render::exit::INVALID);
+    assert_eq!(
+        error.exit_code(),
+        super::super::render_output::exit::INVALID
+    );
     let message = error.to_string();
     assert!(
         message.contains("20-gateway.yaml")
