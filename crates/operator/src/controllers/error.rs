@@ -10,8 +10,6 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
     #[error("Headscale: {action}: {source}")]
     Headscale {
         action: String,
@@ -51,7 +49,6 @@ impl ReconcileError {
     pub fn reason(&self) -> &'static str {
         match self {
             ReconcileError::Kube { .. } => "KubernetesAPI",
-            ReconcileError::Finalizer(_) => "Finalizer",
             ReconcileError::Headscale { source, .. } => source.reason(),
             ReconcileError::Render(_) => "Render",
             ReconcileError::HeadscaleUnusable { .. } => "HeadscaleUnusable",

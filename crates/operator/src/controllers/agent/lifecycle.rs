@@ -5,6 +5,8 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
+use jiff::{SignedDuration, Timestamp};
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -27,8 +29,8 @@ use super::report::agent_pod_selector;
 pub const FINALIZER: &str = tailnet_api::FINALIZER;
 /// Field manager of the server-side apply that adds [`FINALIZER`].
 const FINALIZER_MANAGER: &str = "tailnet-operator-finalizer";
-/// How long deletion waits for the agent's pods to stop (it drains for up to its grace
-/// period).
+/// How long after its `deletionTimestamp` a deletion waits for the agent's pods to stop (an
+/// agent drains for up to its grace period) before it forgets the identity anyway.
 const STOP_TIMEOUT: Duration = Duration::from_secs(45);
 /// A registration already in flight when the keys were expired can land this much later.
 const SECOND_PASS_DELAY: Duration = Duration::from_secs(3);
@@ -72,9 +74,63 @@ where
     Ok(Arc::new(updated))
 }
 
-/// Scales the agent's Deployment to zero and waits until its pods are gone. A missing
-/// Deployment is already stopped.
-async fn stop_agent(ctx: &Context, owner: &Owner) -> Result<(), ReconcileError> {
+/// How long past a terminating pod's own deadline (its `deletionTimestamp`, the end of its
+/// grace period) it is taken for stuck (e.g. on a lost node) rather than stopping.
+const POD_STUCK_MARGIN: Duration = Duration::from_secs(15);
+/// How often a deletion looks again while the agent's pods stop. The reconcile does not wait:
+/// a slot held for the whole drain (up to the agent's grace period) starved the other
+/// objects of the controller when many were deleted at once (the Gateway API conformance
+/// suite deletes ~20 Gateways around one test).
+const STOP_RECHECK: Duration = Duration::from_secs(2);
+
+/// Where the agent's stop stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// No pod left.
+    Stopped,
+    /// Pods are still terminating: look again after this long.
+    Stopping(Duration),
+    /// Pods are left past every deadline: go on without them (and say so).
+    GivenUp,
+}
+
+/// Decides the stop (pure). `pod_deadlines`: for each pod left, the end of its grace period
+/// (`None`: not yet marked for deletion); `deleting_since`: the object's `deletionTimestamp`
+/// (`None` when it is released rather than deleted). Given up when the object's deletion is
+/// older than [`STOP_TIMEOUT`], or when every pod is past its own deadline by
+/// [`POD_STUCK_MARGIN`].
+pub fn stop_progress(
+    pod_deadlines: &[Option<Timestamp>],
+    deleting_since: Option<Timestamp>,
+    now: Timestamp,
+) -> Stop {
+    if pod_deadlines.is_empty() {
+        return Stop::Stopped;
+    }
+    let past = |at: Timestamp, by: Duration| {
+        SignedDuration::try_from(by)
+            .ok()
+            .and_then(|by| at.checked_add(by).ok())
+            .is_some_and(|deadline| now > deadline)
+    };
+    let object_overdue = deleting_since.is_some_and(|since| past(since, STOP_TIMEOUT));
+    let pods_stuck = pod_deadlines
+        .iter()
+        .all(|deadline| deadline.is_some_and(|at| past(at, POD_STUCK_MARGIN)));
+    if object_overdue || pods_stuck {
+        Stop::GivenUp
+    } else {
+        Stop::Stopping(STOP_RECHECK)
+    }
+}
+
+/// Scales the agent's Deployment to zero and says where the stop stands (one look, no wait).
+/// A missing Deployment is already stopped.
+async fn stop_agent(
+    ctx: &Context,
+    owner: &Owner,
+    deleting_since: Option<Timestamp>,
+) -> Result<Stop, ReconcileError> {
     let name = owner.names().base.clone();
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     // A merge patch, not server-side apply: an apply with only `replicas` would drop every
@@ -85,7 +141,7 @@ async fn stop_agent(ctx: &Context, owner: &Owner) -> Result<(), ReconcileError> 
         .await
     {
         Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Stop::Stopped),
         Err(e) => {
             return Err(ReconcileError::kube(format!(
                 "scale Deployment {name} to 0"
@@ -93,21 +149,29 @@ async fn stop_agent(ctx: &Context, owner: &Owner) -> Result<(), ReconcileError> 
         }
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let selector = agent_pod_selector(owner);
-    let deadline = tokio::time::Instant::now() + STOP_TIMEOUT;
-    loop {
-        let left = pods
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(ReconcileError::kube(format!("list pods of {name}")))?;
-        if left.items.is_empty() || tokio::time::Instant::now() > deadline {
-            if !left.items.is_empty() {
-                tracing::warn!(agent = %name, pods = left.items.len(), "agent pods still terminating; forgetting the identity anyway");
-            }
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+    let left = pods
+        .list(&ListParams::default().labels(&agent_pod_selector(owner)))
+        .await
+        .map_err(ReconcileError::kube(format!("list pods of {name}")))?;
+    let deadlines: Vec<Option<Timestamp>> = left
+        .items
+        .iter()
+        .map(|pod| pod.metadata.deletion_timestamp.as_ref().map(|t| t.0))
+        .collect();
+    let stop = stop_progress(&deadlines, deleting_since, Timestamp::now());
+    if stop == Stop::GivenUp {
+        tracing::warn!(agent = %name, pods = deadlines.len(), "agent pods still terminating past their deadline; forgetting the identity anyway");
     }
+    Ok(stop)
+}
+
+/// What a cleanup pass achieved.
+#[derive(Debug)]
+pub enum Cleanup {
+    /// Everything is gone: the finalizer may go.
+    Done,
+    /// The agent is still stopping: nothing was forgotten yet; reconcile again after this.
+    Pending(Duration),
 }
 
 /// Deletion of an agent-backed resource: its Headscale node(s) go and unexpired keys of its
@@ -117,13 +181,14 @@ async fn stop_agent(ctx: &Context, owner: &Owner) -> Result<(), ReconcileError> 
 pub async fn cleanup<K: AgentKind>(
     ctx: &Context,
     object: &K::Object,
-) -> Result<Action, ReconcileError> {
+) -> Result<Cleanup, ReconcileError> {
+    let deleting_since = object.meta().deletion_timestamp.as_ref().map(|t| t.0);
     let tailnet = K::tailnet_of(ctx, object).await;
     let access = match tailnet_access_of(ctx, tailnet.as_deref()).await {
         Ok(access) => access,
         Err(problem) => {
             tracing::warn!(object = %object.meta().name.clone().unwrap_or_default(), reason = problem.reason, message = %problem.message, "Tailnet gone: nothing to clean up in Headscale");
-            return Ok(Action::await_change());
+            return Ok(Cleanup::Done);
         }
     };
     // `None`: the resource never had a tag of its own (its tag is another resource's):
@@ -131,11 +196,11 @@ pub async fn cleanup<K: AgentKind>(
     let all = ctx.kinds.objects::<K::Object>();
     let Some(tag) = K::cleanup_tag(&access.tailnet, object, &all) else {
         tracing::warn!(object = %object.meta().name.clone().unwrap_or_default(), "no tag of its own: leaving Headscale alone");
-        return Ok(Action::await_change());
+        return Ok(Cleanup::Done);
     };
     let owner = Owner::from_meta(K::AGENT, object.meta(), &access.tailnet.name_any())?;
     if access.feed.is_some() {
-        return cleanup_keyless(ctx, object, &owner, &tag).await;
+        return cleanup_keyless(ctx, object, &owner, &tag, deleting_since).await;
     }
     let headscale = match &access.headscale {
         Ok(headscale) => headscale,
@@ -150,7 +215,9 @@ pub async fn cleanup<K: AgentKind>(
     // Stop the agent first: a pod that is still running (or still starting) can register a
     // node after its identity was forgotten and leave it behind (seen in the egress e2e
     // test). Garbage collection would only stop it after the finalizer is gone: too late.
-    stop_agent(ctx, &owner).await?;
+    if let Stop::Stopping(after) = stop_agent(ctx, &owner, deleting_since).await? {
+        return Ok(Cleanup::Pending(after));
+    }
     let hostnames = K::hostnames(&owner.names(), &tag);
     forget_identity(headscale, &tag, &hostnames).await?;
     tokio::time::sleep(SECOND_PASS_DELAY).await;
@@ -170,7 +237,7 @@ pub async fn cleanup<K: AgentKind>(
         format!("deleted the Headscale node(s) and expired the keys of {tag}"),
     )
     .await;
-    Ok(Action::await_change())
+    Ok(Cleanup::Done)
 }
 
 /// Deletion without a Headscale key (a contributor fed by the owner): the agent is stopped and
@@ -182,11 +249,14 @@ async fn cleanup_keyless<O>(
     object: &O,
     owner: &Owner,
     tag: &str,
-) -> Result<Action, ReconcileError>
+    deleting_since: Option<Timestamp>,
+) -> Result<Cleanup, ReconcileError>
 where
     O: kube::Resource<DynamicType = ()>,
 {
-    stop_agent(ctx, owner).await?;
+    if let Stop::Stopping(after) = stop_agent(ctx, owner, deleting_since).await? {
+        return Ok(Cleanup::Pending(after));
+    }
     ctx.applied
         .forget_prefixed(&owner.namespace, &owner.names().base);
     event(
@@ -200,7 +270,7 @@ where
         ),
     )
     .await;
-    Ok(Action::await_change())
+    Ok(Cleanup::Done)
 }
 
 /// An object the controller handled and no longer takes on (e.g. a Service whose
@@ -217,7 +287,9 @@ pub async fn release<K: AgentKind>(
     if !meta.finalizers.iter().flatten().any(|f| f == FINALIZER) {
         return Ok(Action::await_change());
     }
-    cleanup::<K>(ctx, object).await?;
+    if let Cleanup::Pending(after) = cleanup::<K>(ctx, object).await? {
+        return Ok(Action::requeue(after));
+    }
     let tailnet = K::tailnet_of(ctx, object).await;
     if let Ok(access) = tailnet_access_of(ctx, tailnet.as_deref()).await {
         let owner = Owner::from_meta(K::AGENT, meta, &access.tailnet.name_any())?;
@@ -226,6 +298,28 @@ pub async fn release<K: AgentKind>(
     let previous = K::status(object).cloned().unwrap_or_default();
     let released = K::released(&previous);
     super::super::publish::write_status(ctx, api, object, &previous, &released).await?;
+    remove_finalizer(api, object).await?;
+    event(
+        ctx,
+        object,
+        EventType::Normal,
+        "Released",
+        "Reconcile",
+        "no longer handled by tailnet-operator: its agent, tailnet node and status entries are gone"
+            .to_string(),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+/// Removes [`FINALIZER`] (other controllers' finalizers stay). The patch carries the
+/// object's `resourceVersion`: a list changed meanwhile makes it fail and be retried rather
+/// than drop a finalizer added since.
+pub async fn remove_finalizer<O>(api: &Api<O>, object: &O) -> Result<(), ReconcileError>
+where
+    O: kube::Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+{
+    let meta = object.meta();
     let name = object.name_any();
     let finalizers: Vec<&String> = meta
         .finalizers
@@ -241,17 +335,7 @@ pub async fn release<K: AgentKind>(
         .map_err(ReconcileError::kube(format!(
             "remove finalizer from {name}"
         )))?;
-    event(
-        ctx,
-        object,
-        EventType::Normal,
-        "Released",
-        "Reconcile",
-        "no longer handled by tailnet-operator: its agent, tailnet node and status entries are gone"
-            .to_string(),
-    )
-    .await;
-    Ok(Action::await_change())
+    Ok(())
 }
 
 /// Deletes the agent's objects by name (a missing one is already gone).
@@ -290,5 +374,68 @@ where
             "delete {} {namespace}/{name}",
             T::kind(&())
         ))(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).expect("timestamp")
+    }
+
+    #[test]
+    fn no_pod_left_is_stopped_whatever_the_deadlines() {
+        assert_eq!(stop_progress(&[], None, at(0)), Stop::Stopped);
+        assert_eq!(stop_progress(&[], Some(at(-1000)), at(0)), Stop::Stopped);
+    }
+
+    #[test]
+    fn terminating_pods_are_waited_for_without_holding_the_reconcile() {
+        // Deleted 10 s ago, the pod's grace period ends in 15 s.
+        assert_eq!(
+            stop_progress(&[Some(at(15))], Some(at(-10)), at(0)),
+            Stop::Stopping(STOP_RECHECK)
+        );
+        // A pod not yet marked for deletion (the ReplicaSet has not caught up) is waited for.
+        assert_eq!(
+            stop_progress(&[None], Some(at(-10)), at(0)),
+            Stop::Stopping(STOP_RECHECK)
+        );
+    }
+
+    #[test]
+    fn a_deletion_older_than_the_stop_timeout_goes_on_without_the_pods() {
+        let timeout = STOP_TIMEOUT.as_secs() as i64;
+        assert_eq!(
+            stop_progress(&[None], Some(at(-timeout)), at(0)),
+            Stop::Stopping(STOP_RECHECK),
+            "exactly at the deadline: still waiting"
+        );
+        assert_eq!(
+            stop_progress(&[None], Some(at(-timeout - 1)), at(0)),
+            Stop::GivenUp
+        );
+    }
+
+    #[test]
+    fn a_release_gives_up_only_when_every_pod_is_stuck_past_its_grace() {
+        let margin = POD_STUCK_MARGIN.as_secs() as i64;
+        // No deletionTimestamp of the object (released, not deleted).
+        assert_eq!(
+            stop_progress(&[Some(at(-margin - 1))], None, at(0)),
+            Stop::GivenUp
+        );
+        assert_eq!(
+            stop_progress(&[Some(at(-margin - 1)), Some(at(-1))], None, at(0)),
+            Stop::Stopping(STOP_RECHECK),
+            "one pod is still within its grace margin"
+        );
+        assert_eq!(
+            stop_progress(&[Some(at(-margin - 1)), None], None, at(0)),
+            Stop::Stopping(STOP_RECHECK),
+            "one pod is not marked for deletion yet"
+        );
     }
 }

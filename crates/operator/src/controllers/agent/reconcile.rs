@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{self, finalizer};
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 
 use super::super::context::Context;
 use super::super::error::ReconcileError;
@@ -17,7 +16,7 @@ use super::act::act;
 use super::decide::{Admission, decide, validated};
 use super::gather::gather;
 use super::kind::AgentKind;
-use super::lifecycle::{FINALIZER, cleanup, ensure_finalizer, release};
+use super::lifecycle::{Cleanup, FINALIZER, cleanup, ensure_finalizer, release, remove_finalizer};
 
 /// The object's key in metrics, logs and the backoff table: `<controller>/<namespace>/<name>`.
 fn key<K: AgentKind>(object: &K::Object) -> String {
@@ -65,15 +64,36 @@ async fn run<K: AgentKind>(
         // Not ours: untouched, unless it still carries the finalizer of when it was.
         Admission::Ignore => return release::<K>(ctx, &api, &object).await,
     }
+    if object.meta().deletion_timestamp.is_some() {
+        return delete::<K>(ctx, &api, &object).await;
+    }
     let object = ensure_finalizer(&api, object).await?;
-    finalizer(&api, FINALIZER, object, |event| async move {
-        match event {
-            finalizer::Event::Apply(o) => apply::<K>(&o, ctx).await,
-            finalizer::Event::Cleanup(o) => cleanup::<K>(ctx, &o).await,
+    apply::<K>(&object, ctx).await
+}
+
+/// A deleted object: its cleanup, then the finalizer goes. While the agent's pods stop, the
+/// object is looked at again shortly (the reconcile slot is not held for the drain).
+async fn delete<K: AgentKind>(
+    ctx: &Context,
+    api: &Api<K::Object>,
+    object: &K::Object,
+) -> Result<Action, ReconcileError> {
+    let ours = object
+        .meta()
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == FINALIZER);
+    if !ours {
+        return Ok(Action::await_change());
+    }
+    match cleanup::<K>(ctx, object).await? {
+        Cleanup::Pending(after) => Ok(Action::requeue(after)),
+        Cleanup::Done => {
+            remove_finalizer(api, object).await?;
+            Ok(Action::await_change())
         }
-    })
-    .await
-    .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
+    }
 }
 
 /// How long after writing a changed agent config its results are read: the agent re-reads its
