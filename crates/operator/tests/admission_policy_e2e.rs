@@ -10,6 +10,11 @@
 //!   `tailnet-operator.dev/allow-from` annotation is refused naming it; with it, and Services
 //!   of another class or none, pass.
 //!
+//! - a GatewayClass of `controllerName: tailnet-operator.dev/gateway` whose `parametersRef`
+//!   names another kind or no namespace is refused naming the field; with our
+//!   TailnetGatewayParameters or without `parametersRef` it passes, and another controller's
+//!   class passes whatever it names (the Gateway API CRDs of `deps/build.sh gateway-api`).
+//!
 //! helm missing (deps/build.sh helm): skips unless TNO_REQUIRE_REAL_ENV=1.
 
 use std::path::{Path, PathBuf};
@@ -141,6 +146,9 @@ async fn the_charts_admission_policy_refuses_what_only_the_operator_namespace_ma
     let team_ns = env.namespace("team").await.expect("namespace");
     let client = operator_ns.client().clone();
     let (ops, team) = (operator_ns.name(), team_ns.name());
+    tno_testenv_kube::crds::install_gateway_api_crds(&client, &root(), Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 
     // The admissionregistration v1 API is served (GA since 1.30, on by default).
     let docs = admission_policy(&helm, "tno", ops);
@@ -249,6 +257,93 @@ async fn the_charts_admission_policy_refuses_what_only_the_operator_namespace_ma
         .await
         .unwrap_or_else(|e| panic!("an administrative ingress was refused: {e}"));
     services_of_the_tailnet_class_name_their_sources(&client, team).await;
+    gateway_classes_of_ours_name_our_parameters(&client, ops).await;
+}
+
+/// A GatewayClass `name` of `controller` naming `parameters_ref` (JSON; none: no reference).
+fn gateway_class(name: &str, controller: &str, parameters_ref: Option<Value>) -> Value {
+    let mut spec = json!({"controllerName": controller});
+    if let Some(reference) = parameters_ref {
+        spec["parametersRef"] = reference;
+    }
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": {"name": name}, "spec": spec,
+    })
+}
+
+async fn gateway_classes_of_ours_name_our_parameters(client: &kube::Client, ops: &str) {
+    let api: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "gateway.networking.k8s.io",
+            "v1",
+            "GatewayClass",
+        )),
+    );
+    let ours = "tailnet-operator.dev/gateway";
+    let reference = |group: &str, kind: &str, namespace: Option<&str>| {
+        let mut r = json!({"group": group, "kind": kind, "name": "tailnet"});
+        if let Some(ns) = namespace {
+            r["namespace"] = json!(ns);
+        }
+        r
+    };
+    // Class names are cluster-wide: unique per run through the operator namespace's name.
+    let name = |suffix: &str| format!("{ops}-{suffix}");
+    let create = |class: Value| {
+        let api = api.clone();
+        async move {
+            let class: DynamicObject = serde_json::from_value(class).expect("GatewayClass");
+            api.create(&PostParams::default(), &class)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    };
+    let refused = [
+        (
+            "foreign-kind",
+            reference("example.com", "Params", Some(ops)),
+        ),
+        (
+            "no-namespace",
+            reference("tailnet-operator.dev", "TailnetGatewayParameters", None),
+        ),
+    ];
+    for (suffix, reference) in refused {
+        let refusal = create(gateway_class(&name(suffix), ours, Some(reference)))
+            .await
+            .expect_err(suffix);
+        eprintln!("GatewayClass {suffix} refusal: {refusal}");
+        assert!(
+            refusal.contains("spec.parametersRef: a GatewayClass of controllerName tailnet-operator.dev/gateway names {group: tailnet-operator.dev, kind: TailnetGatewayParameters"),
+            "{refusal}"
+        );
+    }
+    let accepted = [
+        (
+            "ours",
+            ours,
+            Some(reference(
+                "tailnet-operator.dev",
+                "TailnetGatewayParameters",
+                Some(ops),
+            )),
+        ),
+        ("default", ours, None),
+        (
+            "other",
+            "example.com/gateway",
+            Some(reference("example.com", "Params", None)),
+        ),
+    ];
+    for (suffix, controller, reference) in accepted {
+        create(gateway_class(&name(suffix), controller, reference))
+            .await
+            .unwrap_or_else(|e| panic!("GatewayClass {suffix} was refused: {e}"));
+        let _ = api.delete(&name(suffix), &Default::default()).await;
+    }
 }
 
 /// A Service of type LoadBalancer of `class` (none: ClusterIP), annotated with `allow_from`.

@@ -29,7 +29,6 @@ use support::wait::wait_for;
 use tailnet_api::gateway_parameters::TailnetGatewayParameters;
 use tailnet_gateway_api::{Gateway, GatewayClass, HTTPRoute, ReferenceGrant, TCPRoute, TLSRoute};
 use tno_testenv::{E2eEnv, OperatorArgs};
-use tno_testenv_kube::crds::{install_crds, read_crds, yaml_files};
 use tno_testenv_tailnet::LocalApi;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -94,42 +93,14 @@ async fn gateway_serves_https_tls_and_tcp_routes_to_the_laptop() {
     operator.terminate().await.expect("operator stops cleanly");
 }
 
-/// The Standard-channel CRDs of `deps/build.sh gateway-api`, installed and Established
-/// (idempotent: other tests of the shared environment may have installed them). Returns how
-/// many.
+/// The Standard-channel CRDs of `deps/build.sh gateway-api`, installed and Established.
+/// Returns how many.
 async fn install_gateway_api_crds(client: &kube::Client) -> usize {
-    let dir = gateway_api_crd_dir();
-    let files = yaml_files(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e} (bash deps/build.sh gateway-api)", dir.display()));
-    let crds = read_crds(&files).expect("CRDs parse");
-    install_crds(client, &crds, Duration::from_secs(60))
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    tno_testenv_kube::crds::install_gateway_api_crds(client, &root, Duration::from_secs(60))
         .await
-        .expect("Gateway API CRDs Established")
+        .unwrap_or_else(|e| panic!("{e}"))
         .len()
-}
-
-/// `TNO_GATEWAY_API_CRDS`, else `<deps cache>/gateway-api-<GATEWAY_API_VERSION>/crds` (the
-/// layout of `deps/build.sh gateway-api`).
-fn gateway_api_crd_dir() -> std::path::PathBuf {
-    if let Some(dir) = std::env::var_os("TNO_GATEWAY_API_CRDS") {
-        return dir.into();
-    }
-    let versions = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deps/versions.env"),
-    )
-    .expect("deps/versions.env");
-    let version = versions
-        .lines()
-        .find_map(|l| l.strip_prefix("GATEWAY_API_VERSION="))
-        .expect("GATEWAY_API_VERSION in deps/versions.env");
-    let cache = std::env::var_os("TNO_DEPS_DIR")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| std::path::PathBuf::from(h).join(".cache/tailnet-operator/deps"))
-        })
-        .expect("TNO_DEPS_DIR or HOME");
-    cache.join(format!("gateway-api-{version}/crds"))
 }
 
 /// Backends: `alpha`, `beta` (HTTP echo naming itself), `db` (TCP echo) and `secure` (HTTPS

@@ -99,3 +99,27 @@ pub async fn install_crds(
     }
     Ok(names)
 }
+
+/// Installs the Gateway API Standard-channel CRDs of `deps/build.sh gateway-api`
+/// ([`tno_deps::gateway_api_crds`]: `TNO_GATEWAY_API_CRDS`, else the deps cache) and waits
+/// until they are Established (idempotent: other tests of a shared environment may have
+/// installed them). Returns their names.
+pub async fn install_gateway_api_crds(
+    client: &kube::Client,
+    workspace: &Path,
+    deadline: Duration,
+) -> Result<Vec<String>> {
+    let setup = |reason: String| Error::Setup {
+        what: "Gateway API CRDs".to_string(),
+        reason,
+    };
+    let dir = tno_deps::gateway_api_crds(workspace).map_err(setup)?;
+    let files = yaml_files(&dir)?;
+    if files.is_empty() {
+        return Err(setup(format!(
+            "{} has no CRDs: run deps/build.sh gateway-api",
+            dir.display()
+        )));
+    }
+    install_crds(client, &read_crds(&files)?, deadline).await
+}
