@@ -18,9 +18,7 @@ pub enum Parameters {
     Invalid(String),
 }
 
-/// The features every GatewayClass of ours claims in `status.supportedFeatures`: the core of
-/// the profiles this implementation serves. Extended features are added by the caller once
-/// the data plane implements them (the conformance suite tests what is claimed).
+/// The core features of the profiles this implementation serves (GATEWAY-HTTP, -TLS, -TCP).
 pub const CORE_FEATURES: &[&str] = &[
     "Gateway",
     "HTTPRoute",
@@ -28,6 +26,39 @@ pub const CORE_FEATURES: &[&str] = &[
     "TCPRoute",
     "TLSRoute",
 ];
+
+/// The extended features the agent implements and the conformance suite passed
+/// (docs/conformance/gateway-api-v1.6.3-extended.yaml). Not claimed:
+/// `HTTPRouteBackendRequestHeaderModification` (header filters on a `backendRef` apply only
+/// when the rule has that one backend: its test fails).
+pub const EXTENDED_FEATURES: &[&str] = &[
+    "GatewayHTTPListenerIsolation",
+    "GatewayPort8080",
+    "HTTPRoute303RedirectStatusCode",
+    "HTTPRoute307RedirectStatusCode",
+    "HTTPRoute308RedirectStatusCode",
+    "HTTPRouteBackendTimeout",
+    "HTTPRouteHostRewrite",
+    "HTTPRouteMethodMatching",
+    "HTTPRouteParentRefPort",
+    "HTTPRoutePathRedirect",
+    "HTTPRoutePathRewrite",
+    "HTTPRoutePortRedirect",
+    "HTTPRouteQueryParamMatching",
+    "HTTPRouteRequestTimeout",
+    "HTTPRouteResponseHeaderModification",
+    "HTTPRouteSchemeRedirect",
+];
+
+/// What every GatewayClass of ours claims in `status.supportedFeatures` (the suite tests what
+/// is claimed when it is not told otherwise): [`CORE_FEATURES`] and [`EXTENDED_FEATURES`].
+pub fn supported_features() -> Vec<&'static str> {
+    CORE_FEATURES
+        .iter()
+        .chain(EXTENDED_FEATURES)
+        .copied()
+        .collect()
+}
 
 /// The status of a class, or `None` when the class is not ours (another controller's; never
 /// touch its status).
@@ -148,5 +179,32 @@ mod tests {
             .map(|f| f.name.as_str())
             .collect();
         assert_eq!(names, ["Gateway", "HTTPRouteMethodMatching", "TLSRoute"]);
+    }
+
+    /// Every claimed extended feature was declared in the committed extended conformance run
+    /// and is not named by a failed test's feature; the one that failed is not claimed.
+    #[test]
+    fn claimed_extended_features_are_the_ones_the_committed_report_passed() {
+        let report = include_str!("../../../../docs/conformance/gateway-api-v1.6.3-extended.yaml");
+        let declared: Vec<&str> = report
+            .lines()
+            .skip_while(|l| l.trim() != "supportedFeatures:")
+            .skip(1)
+            .take_while(|l| l.trim_start().starts_with("- "))
+            .map(|l| l.trim_start().trim_start_matches("- ").trim())
+            .collect();
+        assert!(!declared.is_empty(), "no supportedFeatures in the report");
+        for feature in EXTENDED_FEATURES {
+            assert!(
+                declared.contains(feature),
+                "{feature} is claimed but was not declared in the extended run"
+            );
+        }
+        assert!(
+            !EXTENDED_FEATURES.contains(&"HTTPRouteBackendRequestHeaderModification"),
+            "its conformance test fails (docs/gateway-api.md Limits)"
+        );
+        let all = supported_features();
+        assert_eq!(all.len(), CORE_FEATURES.len() + EXTENDED_FEATURES.len());
     }
 }

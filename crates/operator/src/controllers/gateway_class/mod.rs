@@ -23,7 +23,7 @@ use tailnet_api::gateway_parameters::{GatewayParameters, TailnetGatewayParameter
 use tailnet_api::tailnet::TailnetSpec;
 use tailnet_gateway_api::GatewayClass;
 use tailnet_gateway_api::gatewayclass::GatewayClassStatus;
-use tailnet_render::gateway::class::CORE_FEATURES;
+use tailnet_render::gateway::class::supported_features;
 
 use super::access::default_tailnet;
 use super::context::Context;
@@ -113,8 +113,12 @@ async fn apply(class: &GatewayClass, ctx: &Context) -> Result<Action, ReconcileE
         return Ok(Action::await_change());
     }
     let verdict = class_verdict(ctx, class).await?;
-    let Some(status) = decide::status(class, &verdict, CORE_FEATURES, jiff::Timestamp::now())
-    else {
+    let Some(status) = decide::status(
+        class,
+        &verdict,
+        &supported_features(),
+        jiff::Timestamp::now(),
+    ) else {
         return Ok(Action::await_change());
     };
     let previous = class.status.clone().unwrap_or_default();
