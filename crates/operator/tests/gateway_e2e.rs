@@ -1,6 +1,7 @@
 //! Gateway API end to end (issue 30): the Standard CRDs of v1.6.3, a TailnetGatewayParameters
-//! and a GatewayClass of `tailnet-operator.dev/gateway` (Accepted), one Gateway with an HTTPS
-//! listener (the test's certificate Secret), a TLS passthrough listener and a TCP listener;
+//! and a GatewayClass of `tailnet-operator.dev/gateway` (Accepted), one Gateway with two HTTPS
+//! listeners on one port (`*.` and `admin.` of the domain, each its own certificate Secret,
+//! presented by SNI), a TLS passthrough listener and a TCP listener;
 //! two HTTPRoutes by hostname and path, a TLSRoute and a TCPRoute; a backend in another
 //! namespace allowed by a ReferenceGrant and one refused without it. From the laptop (a
 //! tailnet node of group:team-a), real bytes: HTTPS requests reach the backend their host and
@@ -62,7 +63,7 @@ async fn gateway_serves_https_tls_and_tcp_routes_to_the_laptop() {
     let backend_cert = deploy_backends(&client, &ns, &ns_b).await;
     let class = format!("tailnet-{ns}");
     apply_class(&client, &ns, &class, &tailnet).await;
-    let (gateway_cert, _) = apply_gateway(&client, &ns, &ns_b, &class).await;
+    let (gateway_cert, admin_cert) = apply_gateway(&client, &ns, &ns_b, &class).await;
 
     class_accepted(&client, &class).await;
     let ips = gateway_programmed(&env, &client, &ns).await;
@@ -76,6 +77,7 @@ async fn gateway_serves_https_tls_and_tcp_routes_to_the_laptop() {
 
     let laptop = env.tailnet().laptop.node.local_api();
     https_by_host_and_path(&laptop, &ip, &gateway_cert).await;
+    each_listener_its_certificate(&laptop, &ip, &admin_cert, &gateway_cert).await;
     tls_passthrough(&laptop, &ip, &backend_cert).await;
     wait_for("the TCP echo through the TCP listener", STEP, || async {
         tcp_echo(&laptop, &ip, TCP_PORT).await
@@ -230,6 +232,14 @@ async fn apply_gateway(
     )
     .await
     .expect("the HTTPS listener's Secret");
+    let (admin_cert, admin_key) = self_signed(&[format!("admin.{DOMAIN}")]);
+    apply(
+        &Api::<Secret>::namespaced(client.clone(), ns),
+        "admin-tls",
+        serde_json::to_value(tls_secret(ns, "admin-tls", &admin_cert, &admin_key)).expect("json"),
+    )
+    .await
+    .expect("the admin HTTPS listener's Secret");
     let gateways = Api::<Gateway>::namespaced(client.clone(), ns);
     apply(
         &gateways,
@@ -241,6 +251,9 @@ async fn apply_gateway(
                 {"name": "https", "port": HTTPS_PORT, "protocol": "HTTPS",
                  "hostname": format!("*.{DOMAIN}"),
                  "tls": {"mode": "Terminate", "certificateRefs": [{"name": "web-tls"}]}},
+                {"name": "https-admin", "port": HTTPS_PORT, "protocol": "HTTPS",
+                 "hostname": format!("admin.{DOMAIN}"),
+                 "tls": {"mode": "Terminate", "certificateRefs": [{"name": "admin-tls"}]}},
                 {"name": "tls", "port": TLS_PORT, "protocol": "TLS",
                  "hostname": format!("secure.{DOMAIN}"), "tls": {"mode": "Passthrough"}},
                 {"name": "tcp", "port": TCP_PORT, "protocol": "TCP"},
@@ -293,6 +306,19 @@ async fn apply_gateway(
     )
     .await
     .expect("HTTPRoute other");
+    // admin.<DOMAIN> on its own listener (own certificate): `/` → beta.
+    apply(
+        &http_routes,
+        "admin",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "admin", "namespace": ns},
+            "spec": {"parentRefs": parent("https-admin"), "hostnames": [format!("admin.{DOMAIN}")],
+                     "rules": [{"matches": prefix("/"), "backendRefs": [backend("beta", None, 8080)]}]}
+        }),
+    )
+    .await
+    .expect("HTTPRoute admin");
     apply(
         &Api::<TLSRoute>::namespaced(client.clone(), ns),
         "secure",
@@ -331,7 +357,7 @@ async fn apply_gateway(
     )
     .await
     .expect("ReferenceGrant");
-    (cert, key)
+    (cert, admin_cert)
 }
 
 fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
@@ -413,7 +439,7 @@ async fn gateway_programmed(env: &E2eEnv, client: &kube::Client, ns: &str) -> Ve
         sorted, node_ips,
         "status.addresses are the node's tailnet IPs"
     );
-    for (listener, attached) in [("https", 2), ("tls", 1), ("tcp", 1)] {
+    for (listener, attached) in [("https", 2), ("https-admin", 1), ("tls", 1), ("tcp", 1)] {
         let l = status
             .listeners
             .iter()
@@ -533,6 +559,42 @@ async fn https_by_host_and_path(laptop: &LocalApi, ip: &str, cert: &str) {
     assert!(refused.starts_with("HTTP/1.1 500"), "{refused}");
     assert_eq!(answered_by(&refused), None, "{refused}");
     eprintln!("https://{sni}/forbidden/x -> {}", first_line(&refused));
+}
+
+/// Two HTTPS listeners on one port, each with its own certificate: `admin.<DOMAIN>` is
+/// answered with the admin listener's certificate (a client trusting only it completes the
+/// handshake and reaches beta), not the `*.<DOMAIN>` listener's (which covers the name too: a
+/// client trusting only that one is refused), and `app.<DOMAIN>` still gets the wildcard's.
+async fn each_listener_its_certificate(laptop: &LocalApi, ip: &str, admin: &str, wildcard: &str) {
+    let sni = format!("admin.{DOMAIN}");
+    let answer = wait_for(
+        &format!("https://{sni}/ with the admin listener's certificate"),
+        STEP,
+        || async {
+            let response = https_get(laptop, ip, &sni, "/", admin).await?;
+            if response.starts_with("HTTP/1.1 200") && answered_by(&response) == Some("beta") {
+                Ok(response)
+            } else {
+                Err(response)
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "https://{sni}/ (admin certificate) -> beta: {}",
+        first_line(&answer)
+    );
+    let refused = https_get(laptop, ip, &sni, "/", wildcard).await;
+    assert!(
+        refused.is_err(),
+        "admin.{DOMAIN} was served with the wildcard listener's certificate: {refused:?}"
+    );
+    eprintln!("https://{sni}/ trusting only the wildcard certificate: {refused:?}");
+    let app = format!("app.{DOMAIN}");
+    assert!(
+        https_get(laptop, ip, &app, "/", admin).await.is_err(),
+        "app.{DOMAIN} was served with the admin listener's certificate"
+    );
 }
 
 /// The name a test backend writes first in its answer body (`server: <name>`).

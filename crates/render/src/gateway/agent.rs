@@ -45,7 +45,8 @@ const EVERY_HOSTNAME: &str = "*";
 pub struct GatewayAgent {
     /// Sorted by port.
     pub listeners: Vec<IngressListener>,
-    /// The certificate of the `http` (TLS-terminating) listeners.
+    /// The default certificate of the `http` (TLS-terminating) listeners: a ClientHello
+    /// without SNI gets it; each route carries its own listener's (`HttpRoute.tls`).
     pub tls: Option<TlsFiles>,
     /// The backend Services the agent dials (`namespace/name`, port), sorted and unique: its
     /// egress NetworkPolicy admits them.
@@ -76,7 +77,9 @@ pub fn agent_listeners(
             hostnames::by_precedence(a.hostname.as_deref(), b.hostname.as_deref())
                 .then_with(|| a.name.cmp(&b.name))
         });
-        if let Some(listener) = port_listener(port, &listeners, &mut backends, &mut out) {
+        if let Some(listener) =
+            port_listener(port, &listeners, &mut backends, certificates, &mut out)
+        {
             out.listeners.push(listener);
         }
     }
@@ -130,6 +133,7 @@ fn port_listener(
     port: u16,
     listeners: &[&ListenerPlan],
     backends: &mut Backends<'_>,
+    certificates: &BTreeMap<ObjectKey, TlsFiles>,
     out: &mut GatewayAgent,
 ) -> Option<IngressListener> {
     let first = listeners.first()?;
@@ -150,11 +154,11 @@ fn port_listener(
     match &first.serve {
         ListenerServe::Http(_) => Some(IngressListener::PlainHttp {
             port,
-            routes: http_routes(&same, backends, &mut out.notes),
+            routes: http_routes(&same, backends, certificates, &mut out.notes),
         }),
         ListenerServe::Https { .. } => Some(IngressListener::Http {
             port,
-            routes: http_routes(&same, backends, &mut out.notes),
+            routes: http_routes(&same, backends, certificates, &mut out.notes),
         }),
         ListenerServe::TlsPassthrough { .. } => Some(IngressListener::TlsPassthrough {
             port,
@@ -192,10 +196,27 @@ fn http_serve(listener: &ListenerPlan) -> Option<&HttpServe> {
     }
 }
 
-/// The agent routes of the HTTP(S) listeners of one port, most specific listener first.
+/// The certificate an HTTPS listener's routes are served with: the first of its
+/// `certificateRefs` the agent has (`None` for plain HTTP, or none mounted: then the
+/// Gateway's default certificate).
+fn listener_certificate(
+    listener: &ListenerPlan,
+    certificates: &BTreeMap<ObjectKey, TlsFiles>,
+) -> Option<TlsFiles> {
+    match &listener.serve {
+        ListenerServe::Https {
+            certificates: refs, ..
+        } => refs.iter().find_map(|r| certificates.get(r)).cloned(),
+        _ => None,
+    }
+}
+
+/// The agent routes of the HTTP(S) listeners of one port, most specific listener first; an
+/// HTTPS listener's routes carry its certificate (chosen by SNI in the agent).
 fn http_routes(
     listeners: &[&ListenerPlan],
     backends: &mut Backends<'_>,
+    certificates: &BTreeMap<ObjectKey, TlsFiles>,
     notes: &mut Vec<String>,
 ) -> Vec<HttpRoute> {
     let mut routes: Vec<HttpRoute> = Vec::new();
@@ -203,6 +224,7 @@ fn http_routes(
         let Some(serve) = http_serve(listener) else {
             continue;
         };
+        let tls = listener_certificate(listener, certificates);
         let earlier = &listeners[..i];
         let mut hosts: Vec<_> = serve.virtual_hosts.iter().collect();
         hosts
@@ -240,7 +262,12 @@ fn http_routes(
                 ));
                 rules.truncate(MAX_RULES_PER_ROUTE);
             }
-            routes.push(agent_route(&listener.name, agent_pattern, rules));
+            routes.push(agent_route(
+                &listener.name,
+                agent_pattern,
+                tls.clone(),
+                rules,
+            ));
         }
         // The listener's own hostname (or every name) without a route of its own: a route
         // without rules, so a handshake for such a name completes with the listener's
@@ -250,19 +277,24 @@ fn http_routes(
         if !captured_by_earlier(own, earlier)
             && !routes.iter().any(|r| r.hostnames.contains(&agent_pattern))
         {
-            routes.push(agent_route(&listener.name, agent_pattern, Vec::new()));
+            routes.push(agent_route(&listener.name, agent_pattern, tls, Vec::new()));
         }
     }
     routes
 }
 
-/// The agent route of one hostname pattern of a listener (no rules: every request is 404).
-fn agent_route(listener: &str, pattern: String, rules: Vec<HttpRule>) -> HttpRoute {
+/// The agent route of one hostname pattern of a listener (no rules: every request is 404),
+/// served with `tls` (`None`: the agent-level certificate, or plain HTTP).
+fn agent_route(
+    listener: &str,
+    pattern: String,
+    tls: Option<TlsFiles>,
+    rules: Vec<HttpRule>,
+) -> HttpRoute {
     HttpRoute {
         name: format!("{listener}/{pattern}"),
         hostnames: vec![pattern],
-        // The Gateway's one certificate (agent-level `tls`) serves every listener.
-        tls: None,
+        tls,
         backend: None,
         backend_tls: None,
         request_timeout_seconds: None,
@@ -541,40 +573,38 @@ impl WeightedBackend {
     }
 }
 
-/// The certificate of the TLS-terminating listeners: the agent config has one
-/// (`AgentConfig.tls`), so the first certificate of the most specific HTTPS listener serves;
-/// others are noted.
-// TODO(gw-sni): per-route certificates: set `HttpRoute.tls` (JSON `tls`, `{certFile,keyFile}`)
-// of each route from its listener's certificate instead, once the agent has the field.
+/// The Gateway's default certificate (agent-level `tls`, for a ClientHello without SNI): the
+/// first certificate of the most specific HTTPS listener. Each listener's routes carry their
+/// own ([`listener_certificate`]); a listener none of whose certificates is mounted is noted
+/// (its routes fall back to this one, never to plaintext).
 fn choose_certificate(
     plan: &GatewayPlan,
     certificates: &BTreeMap<ObjectKey, TlsFiles>,
     notes: &mut Vec<String>,
 ) -> Option<TlsFiles> {
-    let mut wanted: Vec<(&str, &ObjectKey)> = Vec::new();
+    let mut default = None;
     for listener in &plan.listeners {
-        if let ListenerServe::Https {
+        let ListenerServe::Https {
             certificates: refs, ..
         } = &listener.serve
-        {
-            wanted.extend(refs.iter().map(|r| (listener.name.as_str(), r)));
+        else {
+            continue;
+        };
+        match listener_certificate(listener, certificates) {
+            Some(files) => {
+                default.get_or_insert(files);
+            }
+            None => {
+                let named: Vec<String> = refs.iter().map(ToString::to_string).collect();
+                notes.push(format!(
+                    "listener {}: certificate Secret {} is not mounted; its routes are served with the Gateway's default certificate",
+                    listener.name,
+                    named.join(", ")
+                ));
+            }
         }
     }
-    let (_, first) = wanted.first()?;
-    for (listener, other) in &wanted[1..] {
-        if other != first {
-            notes.push(format!(
-                "listener {listener}: certificate Secret {other} is not served yet (one certificate per Gateway: {first} serves every HTTPS listener)"
-            ));
-        }
-    }
-    let files = certificates.get(*first);
-    if files.is_none() {
-        notes.push(format!(
-            "certificate Secret {first} is not mounted; HTTPS listeners do not serve"
-        ));
-    }
-    files.cloned()
+    default
 }
 
 #[cfg(test)]

@@ -323,12 +323,27 @@ fn evaluate_one(
             "client certificate validation (spec.tls.frontend) is not supported",
         ));
     }
-    allowed_kinds(listener, protocol, &mut verdict);
+    if tls_mode_serves(listener, protocol) {
+        allowed_kinds(listener, protocol, &mut verdict);
+    }
     match namespace_policy(listener) {
         Ok(policy) => verdict.namespaces = policy,
         Err(problem) => verdict.not_accepted.push(problem),
     }
     verdict
+}
+
+/// Whether the listener's TLS mode is one this protocol serves (TLS: Passthrough; HTTPS:
+/// Terminate, the default; others: any). A listener in a mode it cannot serve supports no
+/// route kinds: `supportedKinds` stays empty (conformance TLSRouteListenerTerminateNotSupported
+/// expects exactly that besides `Accepted=False/UnsupportedValue`).
+fn tls_mode_serves(listener: &Listener, protocol: Protocol) -> bool {
+    let mode = listener.tls.as_ref().and_then(|t| t.mode.as_deref());
+    match protocol {
+        Protocol::Tls => mode == Some(tls_modes::PASSTHROUGH),
+        Protocol::Https => mode.unwrap_or(tls_modes::TERMINATE) == tls_modes::TERMINATE,
+        Protocol::Http | Protocol::Tcp => true,
+    }
 }
 
 /// TLS settings per protocol: HTTPS terminates with certificateRefs; TLS only passes through

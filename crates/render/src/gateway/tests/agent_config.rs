@@ -260,10 +260,12 @@ fn ports_and_protocols_become_agent_listeners() {
     assert_eq!(agent.backends, vec![(ObjectKey::new("apps", "web"), 8080)]);
 }
 
-/// One certificate per agent until per-route certificates: the first serves, others noted;
-/// a certificate that is not mounted is noted and none is set.
+/// Each HTTPS listener's routes carry its own certificate (the agent picks it by SNI); the
+/// most specific listener's is the default for a ClientHello without SNI. A listener whose
+/// certificate is not mounted falls back to the default and is noted; none mounted: no
+/// default either.
 #[test]
-fn certificates_beyond_the_first_are_noted() {
+fn each_https_listener_serves_its_own_certificate() {
     let https = |name: &str, hostname: &str, secret: &str| ListenerPlan {
         name: name.into(),
         port: 443,
@@ -279,25 +281,60 @@ fn certificates_beyond_the_first_are_noted() {
             https("b", "b.example.com", "b"),
         ],
     };
-    let files = TlsFiles {
-        cert_file: "a.crt".into(),
-        key_file: "a.key".into(),
+    let files = |stem: &str| TlsFiles {
+        cert_file: format!("{stem}.crt"),
+        key_file: format!("{stem}.key"),
     };
-    let agent = agent_listeners(
-        &plan,
-        DOMAIN,
-        &BTreeMap::from([(ObjectKey::new("infra", "a"), files.clone())]),
+    let route_certificates = |agent: &GatewayAgent| -> Vec<(String, Option<String>)> {
+        let IngressListener::Http { routes, .. } = &agent.listeners[0] else {
+            panic!("not an HTTPS listener: {:?}", agent.listeners);
+        };
+        routes
+            .iter()
+            .map(|r| {
+                (
+                    r.hostnames.join(","),
+                    r.tls.as_ref().map(|t| t.cert_file.clone()),
+                )
+            })
+            .collect()
+    };
+    let both = BTreeMap::from([
+        (ObjectKey::new("infra", "a"), files("a")),
+        (ObjectKey::new("infra", "b"), files("b")),
+    ]);
+    let agent = agent_listeners(&plan, DOMAIN, &both);
+    assert_eq!(agent.tls, Some(files("a")));
+    assert_eq!(
+        route_certificates(&agent),
+        [
+            ("a.example.com".to_string(), Some("a.crt".to_string())),
+            ("b.example.com".to_string(), Some("b.crt".to_string())),
+        ]
     );
-    assert_eq!(agent.tls, Some(files));
-    assert_eq!(agent.notes.len(), 1);
-    assert!(agent.notes[0].contains("infra/b"), "{:?}", agent.notes);
-    let agent = convert(&plan);
-    assert_eq!(agent.tls, None);
+    assert!(agent.notes.is_empty(), "{:?}", agent.notes);
+
+    let only_a = BTreeMap::from([(ObjectKey::new("infra", "a"), files("a"))]);
+    let agent = agent_listeners(&plan, DOMAIN, &only_a);
+    assert_eq!(agent.tls, Some(files("a")));
+    assert_eq!(
+        route_certificates(&agent),
+        [
+            ("a.example.com".to_string(), Some("a.crt".to_string())),
+            ("b.example.com".to_string(), None),
+        ]
+    );
+    assert_eq!(agent.notes.len(), 1, "{:?}", agent.notes);
     assert!(
-        agent.notes.iter().any(|n| n.contains("not mounted")),
+        agent.notes[0].contains("listener b") && agent.notes[0].contains("infra/b"),
         "{:?}",
         agent.notes
     );
+
+    let agent = convert(&plan);
+    assert_eq!(agent.tls, None);
+    assert_eq!(agent.notes.len(), 2, "{:?}", agent.notes);
+    assert!(agent.notes.iter().all(|n| n.contains("not mounted")));
 }
 
 /// Every action kind as agent filters and backends.

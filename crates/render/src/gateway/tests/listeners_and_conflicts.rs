@@ -269,7 +269,7 @@ fn tls_settings_table() {
         ),
         (
             "TLS terminate is not supported",
-            json!({"name": "l", "port": 443, "protocol": "TLS", "tls": {"mode": "Terminate", "certificateRefs": [cert()]}}),
+            json!({"name": "l", "port": 443, "protocol": "TLS", "allowedRoutes": {"kinds": [{"kind": "TLSRoute"}]}, "tls": {"mode": "Terminate", "certificateRefs": [cert()]}}),
             json!({}),
             ("False", "UnsupportedValue"),
         ),
@@ -314,6 +314,16 @@ fn tls_settings_table() {
         let d = Scenario::new(gateway_with(json!([l]), extra)).run();
         let status = listener(&d, "l");
         assert_eq!(cond(&status.conditions, "Accepted"), accepted, "{what}");
+        // A mode the protocol cannot serve supports no route kinds (even when listed).
+        let unservable_mode = what.contains("terminate")
+            || what.contains("without mode")
+            || what.contains("HTTPS passthrough");
+        assert_eq!(
+            status.supported_kinds.is_empty(),
+            unservable_mode,
+            "{what}: supportedKinds {:?}",
+            status.supported_kinds
+        );
         if accepted.0 == "False" {
             assert_eq!(
                 cond(&status.conditions, "Programmed"),
