@@ -10,7 +10,10 @@
 //! backend gets no request (500). The statuses say so: class Accepted; Gateway
 //! Accepted/Programmed with the node's tailnet IPs as `status.addresses`; every listener
 //! Accepted/Programmed/ResolvedRefs with its attached routes; the refused route
-//! ResolvedRefs=False/RefNotPermitted.
+//! ResolvedRefs=False/RefNotPermitted. Then cert-manager's Gateway integration (its real
+//! controller with the gateway-shim): the Gateway annotated with a CA ClusterIssuer gets a
+//! listener whose certificate Secret does not exist; cert-manager issues it, and the listener
+//! serves it (a client trusting only that CA completes the handshake).
 
 mod support;
 
@@ -29,7 +32,7 @@ use support::tailnet::{self_signed, tcp_echo, tls_connect};
 use support::wait::wait_for;
 use tailnet_api::gateway_parameters::TailnetGatewayParameters;
 use tailnet_gateway_api::{Gateway, GatewayClass, HTTPRoute, ReferenceGrant, TCPRoute, TLSRoute};
-use tno_testenv::{E2eEnv, OperatorArgs};
+use tno_testenv::{E2eEnv, LabCa, OperatorArgs};
 use tno_testenv_tailnet::LocalApi;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -84,9 +87,13 @@ async fn gateway_serves_https_tls_and_tcp_routes_to_the_laptop() {
     })
     .await;
     eprintln!("TCP: echoed through {ip}:{TCP_PORT}");
+    let issued = Instant::now();
+    cert_manager_issues_a_listener_certificate(&env, &client, &ns, &laptop, &ip).await;
+    let issued = issued.elapsed();
     eprintln!(
         "timings: environment {env_ready:.1?}, setup ({crds} CRDs, operator) {:.1?}, \
-         Gateway programmed {:.1?}, traffic {:.1?}, total {:.1?}",
+         Gateway programmed {:.1?}, traffic {:.1?} (cert-manager phase {issued:.1?}), \
+         total {:.1?}",
         setup - env_ready,
         programmed - setup,
         started.elapsed() - programmed,
@@ -595,6 +602,112 @@ async fn each_listener_its_certificate(laptop: &LocalApi, ip: &str, admin: &str,
         https_get(laptop, ip, &app, "/", admin).await.is_err(),
         "app.{DOMAIN} was served with the admin listener's certificate"
     );
+}
+
+/// cert-manager's Gateway integration: its controller with the gateway-shim and a CA
+/// ClusterIssuer; the Gateway, annotated `cert-manager.io/cluster-issuer`, gets a listener
+/// `issued.<DOMAIN>` whose certificate Secret `issued-tls` does not exist yet. cert-manager
+/// creates the Certificate for the listener's hostname and issues the Secret; the operator
+/// copies it to the agent and the listener serves it: a client trusting only the issuer's CA
+/// reaches alpha.
+async fn cert_manager_issues_a_listener_certificate(
+    env: &E2eEnv,
+    client: &kube::Client,
+    ns: &str,
+    laptop: &LocalApi,
+    ip: &str,
+) {
+    let started = Instant::now();
+    let cert_manager = env
+        .start_cert_manager_with_gateway_api()
+        .await
+        .unwrap_or_else(|e| panic!("cert-manager controller: {e}"));
+    let ca = LabCa::generate("gateway e2e ClusterIssuer CA").expect("CA");
+    env.apply_ca_cluster_issuer(client, "gateway-ca", &ca)
+        .await
+        .unwrap_or_else(|e| panic!("ClusterIssuer: {e}\n{}", cert_manager.log_tail(30)));
+    let gateways = Api::<Gateway>::namespaced(client.clone(), ns);
+    let gateway = gateways.get("web").await.expect("Gateway web");
+    let mut listeners = serde_json::to_value(&gateway.spec.listeners).expect("listeners");
+    let hostname = format!("issued.{DOMAIN}");
+    listeners.as_array_mut().expect("a list").push(
+        json!({"name": "https-issued", "port": HTTPS_PORT, "protocol": "HTTPS",
+                     "hostname": hostname,
+                     "tls": {"mode": "Terminate", "certificateRefs": [{"name": "issued-tls"}]}}),
+    );
+    gateways
+        .patch(
+            "web",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({
+                "metadata": {"annotations": {"cert-manager.io/cluster-issuer": "gateway-ca"}},
+                "spec": {"listeners": listeners},
+            })),
+        )
+        .await
+        .expect("Gateway annotated, listener added");
+    apply(
+        &Api::<HTTPRoute>::namespaced(client.clone(), ns),
+        "issued",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "issued", "namespace": ns},
+            "spec": {"parentRefs": [{"name": "web", "sectionName": "https-issued"}],
+                     "hostnames": [hostname],
+                     "rules": [{"backendRefs": [{"name": "alpha", "port": 8080}]}]}
+        }),
+    )
+    .await
+    .expect("HTTPRoute issued");
+    let certificates: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &tno_testenv::cert_manager_resource("Certificate"),
+    );
+    let certificate = wait_for(
+        "cert-manager's Certificate issued-tls for the listener Ready",
+        STEP,
+        || async {
+            let c = certificates
+                .get_opt("issued-tls")
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("no Certificate yet\n{}", cert_manager.log_tail(10)))?;
+            if tno_testenv::condition_status(&c.data, "Ready") == Some("True") {
+                Ok(c)
+            } else {
+                Err(c.data["status"].to_string())
+            }
+        },
+    )
+    .await;
+    let issued_after = started.elapsed();
+    assert_eq!(
+        certificate.data["spec"]["dnsNames"],
+        json!([hostname]),
+        "the Certificate covers the listener's hostname"
+    );
+    let answer = wait_for(
+        &format!("https://{hostname}/ with cert-manager's certificate"),
+        STEP,
+        || async {
+            let response = https_get(laptop, ip, &hostname, "/", ca.pem()).await?;
+            if response.starts_with("HTTP/1.1 200") && answered_by(&response) == Some("alpha") {
+                Ok(response)
+            } else {
+                Err(response)
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "cert-manager: Certificate issued-tls ({:?}) Ready {issued_after:.1?} after the \
+         controller's start, https://{hostname}/ served {:.1?} after: {}",
+        certificate.data["spec"]["dnsNames"],
+        started.elapsed() - issued_after,
+        first_line(&answer)
+    );
+    cert_manager.stop();
 }
 
 /// The name a test backend writes first in its answer body (`server: <name>`).

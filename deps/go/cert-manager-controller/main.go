@@ -8,8 +8,11 @@
 // Certificate pipeline (trigger, key manager, request manager, issuing,
 // readiness, revision manager), the CertificateRequest approver, the CA and
 // self-signed CertificateRequest issuers, and the (Cluster)Issuer readiness
-// controllers. ACME, Vault, Venafi and the ingress/gateway shims are not built
-// in. There is no leader election: run exactly one per cluster.
+// controllers, and with -enable-gateway-api the gateway-shim (Certificates for
+// the certificateRefs of Gateways annotated cert-manager.io/issuer or
+// cert-manager.io/cluster-issuer; the Gateway API CRDs must be installed).
+// ACME, Vault, Venafi and the ingress shim are not built in. There is no
+// leader election: run exactly one per cluster.
 package main
 
 import (
@@ -32,6 +35,7 @@ import (
 	"github.com/cert-manager/cert-manager/pkg/util"
 
 	// Controllers register themselves with pkg/controller in init().
+	gatewayshim "github.com/cert-manager/cert-manager/pkg/controller/certificate-shim/gateways"
 	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/approver"
 	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/ca"
 	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/selfsigned"
@@ -54,6 +58,7 @@ type options struct {
 	namespace                string
 	clusterResourceNamespace string
 	workers                  int
+	enableGatewayAPI         bool
 	showVersion              bool
 }
 
@@ -66,6 +71,8 @@ func main() {
 	fs.StringVar(&o.clusterResourceNamespace, "cluster-resource-namespace", "cert-manager",
 		"namespace of the Secrets that ClusterIssuers refer to (e.g. a CA issuer's key pair)")
 	fs.IntVar(&o.workers, "workers", 5, "workers per controller")
+	fs.BoolVar(&o.enableGatewayAPI, "enable-gateway-api", false,
+		"run the gateway-shim: Certificates for annotated Gateways' listeners (needs the Gateway API CRDs)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the cert-manager version and exit")
 	_ = fs.Parse(os.Args[1:])
 
@@ -96,6 +103,7 @@ func run(ctx context.Context, o options) error {
 		IssuerOptions: controller.IssuerOptions{
 			ClusterResourceNamespace: o.clusterResourceNamespace,
 		},
+		ConfigOptions: controller.ConfigOptions{EnableGatewayAPI: o.enableGatewayAPI},
 		CertificateOptions: controller.CertificateOptions{
 			// upstream's defaults for a failed CertificateRequest's retry
 			CertificateRequestMinimumBackoffDuration: time.Hour,
@@ -114,6 +122,9 @@ func run(ctx context.Context, o options) error {
 	for name := range controller.Known() {
 		if o.namespace != "" && name == clusterissuers.ControllerName {
 			continue // ClusterIssuers are cluster-scoped: not watched in a namespaced run
+		}
+		if name == gatewayshim.ControllerName && !o.enableGatewayAPI {
+			continue // its informers exist only with the Gateway API enabled
 		}
 		names = append(names, name)
 	}
@@ -139,6 +150,9 @@ func run(ctx context.Context, o options) error {
 	// Informers are registered by the constructors above; start them after.
 	base.SharedInformerFactory.Start(ctx.Done())
 	base.KubeSharedInformerFactory.Start(ctx.Done())
+	if o.enableGatewayAPI {
+		base.GWShared.Start(ctx.Done())
+	}
 
 	wg.Wait()
 	close(errs)

@@ -79,6 +79,18 @@ impl E2eEnv {
     /// `--cluster-resource-namespace=cert-manager` (created here), and waits for its
     /// "starting controllers" line.
     pub async fn start_cert_manager(&self) -> Result<CertManagerController> {
+        self.spawn_cert_manager(&[]).await
+    }
+
+    /// [`Self::start_cert_manager`] with `-enable-gateway-api`: also cert-manager's
+    /// gateway-shim, which creates a Certificate for the `certificateRefs` of every Gateway
+    /// annotated `cert-manager.io/issuer` or `cert-manager.io/cluster-issuer` (the Gateway API
+    /// CRDs must be installed before).
+    pub async fn start_cert_manager_with_gateway_api(&self) -> Result<CertManagerController> {
+        self.spawn_cert_manager(&["-enable-gateway-api"]).await
+    }
+
+    async fn spawn_cert_manager(&self, extra_args: &[&str]) -> Result<CertManagerController> {
         let binary =
             tno_testenv_kube::binaries::tool("cert-manager-controller", "cert-manager-controller")?;
         ensure_namespace(&self.kube().client().await?, CLUSTER_RESOURCE_NAMESPACE).await?;
@@ -93,6 +105,7 @@ impl E2eEnv {
             format!("-cluster-resource-namespace={CLUSTER_RESOURCE_NAMESPACE}"),
             "-v=2".to_string(),
         ]);
+        command.args(extra_args);
         let started = Instant::now();
         let mut process = ChildProcess::spawn("cert-manager-controller", command, &log_path)?;
         loop {
