@@ -45,6 +45,15 @@ pub struct TailnetGatewayParametersSpec {
     )]
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub allow_from: Vec<String>,
+    /// In-cluster clients (split horizon), as a TailnetIngress's `spec.inCluster`: the
+    /// cluster's DNS never answers the Gateways' listener hostnames with a tailnet address.
+    /// With namespaces listed, each Gateway of the class gets a ClusterIP Service in front of
+    /// its agent serving the same listeners (certificates, routes) on the pod IP to pods of
+    /// these namespaces only (its NetworkPolicy), without tailnet identity headers, and its
+    /// precise listener hostnames resolve to that Service in-cluster. Without (the default),
+    /// the names are not in the cluster's records at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_cluster: Option<crate::ingress::InCluster>,
 }
 
 /// The parameters of a class, checked against its Tailnet.
@@ -53,6 +62,8 @@ pub struct GatewayParameters {
     /// `None`: the default Tailnet.
     pub tailnet: Option<String>,
     pub allow_from: Vec<String>,
+    /// `spec.inCluster.namespaces`, sorted and unique (empty: no in-cluster entrance).
+    pub in_cluster_namespaces: Vec<String>,
 }
 
 /// Checks `spec` in the context of its Tailnet (`tailnet`: the Tailnet's spec, `None` when it
@@ -89,9 +100,17 @@ pub fn check(
         }
     }
     if errors.is_empty() {
+        let mut in_cluster_namespaces: Vec<String> = spec
+            .in_cluster
+            .as_ref()
+            .map(|c| c.namespaces.clone())
+            .unwrap_or_default();
+        in_cluster_namespaces.sort();
+        in_cluster_namespaces.dedup();
         Ok(GatewayParameters {
             tailnet: spec.tailnet_ref.as_ref().map(|t| t.name.clone()),
             allow_from: spec.allow_from.clone(),
+            in_cluster_namespaces,
         })
     } else {
         Err(errors)
@@ -117,6 +136,7 @@ mod tests {
         TailnetGatewayParametersSpec {
             tailnet_ref: tailnet.map(|name| TailnetRef { name: name.into() }),
             allow_from: allow.iter().map(|s| s.to_string()).collect(),
+            in_cluster: None,
         }
     }
 
@@ -129,7 +149,17 @@ mod tests {
             Ok(GatewayParameters {
                 tailnet: Some("demo".into()),
                 allow_from: vec!["group:team-a".into()],
+                in_cluster_namespaces: Vec::new(),
             })
+        );
+        // In-cluster namespaces: sorted and unique.
+        let mut in_cluster = spec(Some("demo"), &[]);
+        in_cluster.in_cluster = Some(crate::ingress::InCluster {
+            namespaces: vec!["team-b".into(), "team-a".into(), "team-b".into()],
+        });
+        assert_eq!(
+            check(&in_cluster, "demo", Some(&t)).map(|p| p.in_cluster_namespaces),
+            Ok(vec!["team-a".to_string(), "team-b".to_string()])
         );
         // No sources: accepted (no grant).
         assert_eq!(

@@ -29,6 +29,10 @@
 //!   address outside the cluster, the laptop's lab address, on 15432): its agent reaches that
 //!   address and port (the Service becomes Ready through it), not another port there (which a
 //!   pod reaches) nor the echo pod;
+//! - a Gateway (Gateway API) of a class whose TailnetGatewayParameters list the namespace in
+//!   `inCluster.namespaces` gets the same: its listener hostname maps to its own in-cluster
+//!   Service, a pod of the listed namespace gets the frontend's answer by name over TLS verified
+//!   for it (the Gateway's certificate), the unlisted namespace's pod is refused;
 //! - without listed namespaces the in-cluster Service goes and the name leaves the cluster's
 //!   records.
 
@@ -56,6 +60,8 @@ use support::tailnet::{https_get_hello, ok_200, self_signed};
 use support::wait::{WAIT, wait_for};
 use tailnet_api::TailnetIngress;
 use tailnet_api::agent_config::ADMIN_PORT;
+use tailnet_api::gateway_parameters::TailnetGatewayParameters;
+use tailnet_gateway_api::{Gateway, GatewayClass, HTTPRoute};
 use tailnet_render::dns::is_tailnet_address;
 use tno_netlab::Netns;
 use tno_testenv::{CLIENT_POD_DEADLINE, E2eEnv, OperatorArgs, tls_check_pod};
@@ -176,6 +182,7 @@ async fn in_cluster_clients_of_listed_namespaces_reach_the_ingress_by_name() {
     );
 
     load_balancer_in_cluster(&env, &client, &ns, &tailnet, &listed).await;
+    gateway_in_cluster(&env, &client, &ns, &tailnet, &listed, &w).await;
     load_balancer_agent_egress(&env, &client, &ns, &w).await;
     selector_less_service_egress(&env, &client, &ns, &tailnet, &w).await;
     // Read before the policies change again (kube-router rewrites its chains then).
@@ -194,6 +201,124 @@ async fn in_cluster_clients_of_listed_namespaces_reach_the_ingress_by_name() {
             .expect("kube-router stops and its rules are removed");
     }
     operator.terminate().await.expect("operator stops cleanly");
+}
+
+/// Split horizon for a Gateway: TailnetGatewayParameters with `inCluster.namespaces: [listed]`
+/// and allowFrom group:team-a, a GatewayClass naming them, a Gateway with one HTTPS listener
+/// (`gw.<ns>.lab.example.net`, its own certificate) routed to the frontend. Its name maps to
+/// the Gateway's in-cluster Service in the cluster's hosts (no tailnet address); a pod of the
+/// listed namespace gets the frontend by name over TLS verified for it; the unlisted
+/// namespace's pod is refused at the ClusterIP.
+async fn gateway_in_cluster(
+    env: &E2eEnv,
+    client: &kube::Client,
+    ns: &str,
+    tailnet: &str,
+    listed: &tno_testenv::E2eNamespace<'_>,
+    w: &Witnesses,
+) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    tno_testenv_kube::crds::install_gateway_api_crds(client, &root, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    apply(
+        &Api::<TailnetGatewayParameters>::namespaced(client.clone(), ns),
+        "gw",
+        json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetGatewayParameters",
+            "metadata": {"name": "gw", "namespace": ns},
+            "spec": {"tailnetRef": {"name": tailnet},
+                     "allowFrom": [tno_testenv_tailnet::TEAM_A_GROUP],
+                     "inCluster": {"namespaces": [listed.name()]}}
+        }),
+    )
+    .await
+    .expect("TailnetGatewayParameters");
+    let class = format!("tailnet-{ns}");
+    apply(
+        &Api::<GatewayClass>::all(client.clone()),
+        &class,
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+            "metadata": {"name": class},
+            "spec": {"controllerName": "tailnet-operator.dev/gateway",
+                     "parametersRef": {"group": "tailnet-operator.dev",
+                                       "kind": "TailnetGatewayParameters",
+                                       "name": "gw", "namespace": ns}}
+        }),
+    )
+    .await
+    .expect("GatewayClass");
+    let host = format!("gw.{ns}.lab.example.net");
+    let (cert_pem, key_pem) = self_signed(std::slice::from_ref(&host));
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &tls_secret("gw-tls", &cert_pem, &key_pem),
+        )
+        .await
+        .expect("the Gateway's TLS Secret");
+    apply(
+        &Api::<Gateway>::namespaced(client.clone(), ns),
+        "web",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": "web", "namespace": ns},
+            "spec": {"gatewayClassName": class, "listeners": [
+                {"name": "https", "port": 443, "protocol": "HTTPS", "hostname": host,
+                 "tls": {"mode": "Terminate", "certificateRefs": [{"name": "gw-tls"}]}}]}
+        }),
+    )
+    .await
+    .expect("Gateway");
+    apply(
+        &Api::<HTTPRoute>::namespaced(client.clone(), ns),
+        "web",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "web", "namespace": ns},
+            "spec": {"parentRefs": [{"name": "web"}], "hostnames": [host],
+                     "rules": [{"backendRefs": [{"name": "frontend", "port": 8080}]}]}
+        }),
+    )
+    .await
+    .expect("HTTPRoute");
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let service = wait_for("the Gateway's in-cluster Service", WAIT, || async {
+        services
+            .get_opt("tailnet-gateway-web")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    let cluster_ip = service
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .expect("the in-cluster Service's ClusterIP");
+    hosts_point_at_the_service(client, &host, &cluster_ip).await;
+    // The pod's check retries within its own deadline (the agent's in-cluster twin starts
+    // with its next config read).
+    let run = env
+        .run_pod(
+            listed.client(),
+            listed.name(),
+            https_client_pod("gw-by-name", &host, &cert_pem),
+            CLIENT_POD_DEADLINE,
+        )
+        .await
+        .expect("client pod");
+    assert!(run.succeeded(), "{run}\n{}", env.diagnostics(Some(ns)));
+    let log = run.log("client").to_string();
+    eprintln!("listed namespace, https://{host}/ through the Gateway by name:\n{log}");
+    no_identity_headers(&log);
+    let addr: SocketAddr = format!("{cluster_ip}:443").parse().expect("ClusterIP");
+    refused(
+        &w.unlisted,
+        addr,
+        "the unlisted namespace's pod (Gateway in-cluster Service)",
+    )
+    .await;
 }
 
 /// The frontend (HTTP echo naming itself), its certificate and the ingress listing `listed`.

@@ -342,9 +342,17 @@ pub fn render(
         };
         let owner = Owner::from_meta(AgentKind::Gateway, &view.gateway.metadata, &name)
             .map_err(|e| invalid(&view.origin, e))?;
-        let (objects, agent_notes) =
-            gateway_objects(&owner, ctx, plan, &tag, &cluster.key_pairs, backends)
-                .map_err(|e| invalid(&view.origin, e))?;
+        let (objects, agent_notes) = gateway_objects(
+            &owner,
+            ctx,
+            plan,
+            &tag,
+            &cluster.key_pairs,
+            backends,
+            &view.gateway,
+            view.class.in_cluster_namespaces(),
+        )
+        .map_err(|e| invalid(&view.origin, e))?;
         out.notes.extend(
             agent_notes
                 .iter()

@@ -4,7 +4,8 @@
 //! and, as its names, the listeners' precise hostnames (DNS records like ingress names;
 //! wildcards have no record).
 
-use tailnet_api::agent_config::{ConnectionLimits, is_dns_name};
+use tailnet_api::agent_config::{ADMIN_PORT, ConnectionLimits, is_dns_name};
+use tailnet_api::gateway_parameters::GatewayParameters;
 use tailnet_api::ingress::ExposeMode;
 use tailnet_api::naming::AgentKind;
 use tailnet_api::validate::{
@@ -14,8 +15,34 @@ use tailnet_gateway_api::Gateway;
 
 use crate::intent::{Claim, IngressIntent};
 
-/// The intent of `gateway` in Tailnet `tailnet` with its class's `allow_from`.
-pub fn gateway_intent(gateway: &Gateway, tailnet: &str, allow_from: &[String]) -> IngressIntent {
+/// The namespaces whose pods reach `gateway` in-cluster: its class's (`class_namespaces`),
+/// unless a listener uses the agent's admin port, which the agent also binds on the pod IP
+/// (then none, and `Err` says why for the Gateway's status).
+pub fn in_cluster_namespaces<'a>(
+    gateway: &Gateway,
+    class_namespaces: &'a [String],
+) -> Result<&'a [String], String> {
+    let admin = gateway
+        .spec
+        .listeners
+        .iter()
+        .find(|l| l.port == i32::from(ADMIN_PORT));
+    match admin {
+        Some(listener) if !class_namespaces.is_empty() => Err(format!(
+            "listener {} uses port {ADMIN_PORT}, the agent's admin port on the pod IP: no in-cluster entrance for this Gateway (its class lists inCluster namespaces); use another port",
+            listener.name
+        )),
+        _ => Ok(class_namespaces),
+    }
+}
+
+/// The intent of `gateway` in Tailnet `tailnet` with its class's parameters (`allowFrom`,
+/// the in-cluster namespaces: then its names resolve in-cluster to its in-cluster Service).
+pub fn gateway_intent(
+    gateway: &Gateway,
+    tailnet: &str,
+    parameters: &GatewayParameters,
+) -> IngressIntent {
     let meta = &gateway.metadata;
     let claim = Claim {
         kind: AgentKind::Gateway,
@@ -62,7 +89,11 @@ pub fn gateway_intent(gateway: &Gateway, tailnet: &str, allow_from: &[String]) -
             hostnames,
         });
     }
-    let mut allow_from = allow_from.to_vec();
+    let in_cluster = in_cluster_namespaces(gateway, &parameters.in_cluster_namespaces)
+        .unwrap_or_default()
+        .to_vec();
+    let listed = !in_cluster.is_empty();
+    let mut allow_from = parameters.allow_from.clone();
     allow_from.sort();
     allow_from.dedup();
     IngressIntent {
@@ -72,10 +103,10 @@ pub fn gateway_intent(gateway: &Gateway, tailnet: &str, allow_from: &[String]) -
             tls_secret_name: None,
             exposes,
             limits: ConnectionLimits::default(),
-            in_cluster_namespaces: Vec::new(),
+            in_cluster_namespaces: in_cluster,
         }),
         names: Ok(names),
-        in_cluster: false,
+        in_cluster: listed,
     }
 }
 
@@ -96,14 +127,15 @@ mod tests {
             ]},
         }))
         .expect("gateway");
-        let intent = gateway_intent(
-            &gateway,
-            "demo",
-            &[
-                "group:b".to_string(),
-                "group:a".to_string(),
-                "group:a".to_string(),
-            ],
+        let parameters = GatewayParameters {
+            tailnet: None,
+            allow_from: vec!["group:b".into(), "group:a".into(), "group:a".into()],
+            in_cluster_namespaces: Vec::new(),
+        };
+        let intent = gateway_intent(&gateway, "demo", &parameters);
+        assert!(
+            !intent.in_cluster,
+            "no in-cluster namespaces: not in the cluster's records"
         );
         assert_eq!(intent.claim.owner(), "Gateway/infra/web");
         assert_eq!(intent.claim.tailnet, "demo");
@@ -121,5 +153,39 @@ mod tests {
             names,
             vec![vec!["app.example.com".to_string()], vec![], vec![]]
         );
+        let in_cluster = GatewayParameters {
+            in_cluster_namespaces: vec!["team-a".into()],
+            ..parameters
+        };
+        let intent = gateway_intent(&gateway, "demo", &in_cluster);
+        assert!(intent.in_cluster);
+        assert_eq!(
+            intent.spec.expect("valid").in_cluster_namespaces,
+            ["team-a"]
+        );
+    }
+
+    /// The agent binds its admin port on the pod IP: a Gateway with a listener on it gets no
+    /// in-cluster entrance (said why), and is not in the cluster's records.
+    #[test]
+    fn a_listener_on_the_admin_port_rules_out_the_in_cluster_entrance() {
+        let gateway: Gateway = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": "web", "namespace": "infra"},
+            "spec": {"gatewayClassName": "tailnet", "listeners": [
+                {"name": "odd", "port": ADMIN_PORT, "protocol": "TCP"},
+            ]},
+        }))
+        .expect("gateway");
+        let listed = vec!["team-a".to_string()];
+        let why = in_cluster_namespaces(&gateway, &listed).expect_err("admin port");
+        assert!(why.contains("listener odd") && why.contains("9180"), "{why}");
+        assert_eq!(in_cluster_namespaces(&gateway, &[]), Ok(&[][..]));
+        let parameters = GatewayParameters {
+            tailnet: None,
+            allow_from: Vec::new(),
+            in_cluster_namespaces: listed,
+        };
+        assert!(!gateway_intent(&gateway, "demo", &parameters).in_cluster);
     }
 }

@@ -86,6 +86,10 @@ pub struct GatewayInputs<'a> {
     pub certificates: bool,
     /// The backend Services as observed (their selectors and ports), for the egress policy.
     pub backends: &'a ObservedBackends,
+    /// The class's in-cluster namespaces (split horizon), sorted and unique: with any, the
+    /// agent also serves its listeners on the pod IP, behind a ClusterIP Service that only
+    /// pods of these namespaces may reach (its NetworkPolicy). Empty: tailnet only.
+    pub in_cluster_namespaces: &'a [String],
 }
 
 /// The agent's objects for a Gateway.
@@ -109,7 +113,7 @@ pub fn render(
         ingress: agent.listeners.clone(),
         tls: agent.tls.clone().filter(|_| inputs.certificates),
         limits: ConnectionLimits::default(),
-        in_cluster: false,
+        in_cluster: !inputs.in_cluster_namespaces.is_empty(),
     };
     let config_json =
         serde_json::to_string_pretty(&config).map_err(|e| RenderError::Config(e.to_string()))?;
@@ -124,12 +128,14 @@ pub fn render(
         config_hash: pod::config_hash(&[&ctx.tailnet.server, tls_secret.as_deref().unwrap_or("")]),
     };
     let exposes = backend_exposes(agent);
-    let policy_spec = ValidIngress {
+    // The listener ports as exposes: what the in-cluster Service forwards and the
+    // NetworkPolicy opens to the in-cluster namespaces (as for a TailnetIngress).
+    let in_cluster_spec = ValidIngress {
         allow_from: Vec::new(),
         tls_secret_name: None,
-        exposes: exposes.clone(),
+        exposes: listener_exposes(agent),
         limits: ConnectionLimits::default(),
-        in_cluster_namespaces: Vec::new(),
+        in_cluster_namespaces: inputs.in_cluster_namespaces.to_vec(),
     };
     let egress = ctx
         .restrict_agent_egress
@@ -157,8 +163,8 @@ pub fn render(
         config_map: pod::config_map(owner, &config_json, ctx.server_ca_pem),
         deployment: pod::deployment(owner, ctx, &parts),
         login: pod::login(owner, ctx, &parts),
-        network_policy: crate::ingress::network_policy(owner, &policy_spec, egress.as_ref()),
-        in_cluster_service: None,
+        network_policy: crate::ingress::network_policy(owner, &in_cluster_spec, egress.as_ref()),
+        in_cluster_service: crate::ingress::in_cluster_service(owner, &in_cluster_spec),
         certificate: None,
         config,
         hostnames,
@@ -183,6 +189,29 @@ fn listener_hostnames(listener: &tailnet_api::agent_config::IngressListener) -> 
         .into_iter()
         .filter(|h| !h.contains('*'))
         .cloned()
+        .collect()
+}
+
+/// The agent's listener ports as exposes (the port is all the in-cluster Service and the
+/// NetworkPolicy read).
+fn listener_exposes(agent: &GatewayAgent) -> Vec<ValidExpose> {
+    agent
+        .listeners
+        .iter()
+        .map(|listener| ValidExpose {
+            name: format!("port-{}", listener.port()),
+            dns_label: String::new(),
+            alias: false,
+            mode: tailnet_api::ingress::ExposeMode::Tcp,
+            port: listener.port(),
+            backend: ValidBackend {
+                service: String::new(),
+                namespace: None,
+                port: BackendPort::Number(listener.port()),
+                tls: None,
+            },
+            timeouts: ValidTimeouts::default(),
+        })
         .collect()
 }
 

@@ -1,5 +1,6 @@
 //! The Gateway's own act step (I/O): the copy of its certificate Secrets (before the agent's
-//! Deployment mounts it) and the routes' `status.parents` entries for this Gateway.
+//! Deployment mounts it), the in-cluster Service (split horizon) and the routes'
+//! `status.parents` entries for this Gateway.
 
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -19,6 +20,13 @@ pub async fn act(ctx: &Context, plan: &AgentPlan<GatewayEntrance>) -> Result<(),
     if let Some(secret) = plan.objects.as_ref().and_then(|o| o.certificates.as_ref()) {
         apply_in(ctx, &plan.owner.namespace, secret).await?;
     }
+    // Split horizon: the in-cluster Service while the class lists in-cluster namespaces.
+    super::super::ingress::act::in_cluster_service(
+        ctx,
+        &plan.owner,
+        plan.objects.as_ref().map(|o| &o.agent),
+    )
+    .await?;
     for write in &plan.kind.routes {
         let result = match write.route.kind {
             RouteKind::HTTPRoute => write_route_status::<HTTPRoute>(ctx, write).await,

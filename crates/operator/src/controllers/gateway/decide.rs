@@ -293,13 +293,17 @@ fn agent_objects(
         tag,
         &observed.key_pairs,
         &observed.backends,
+        input.object,
+        observed.class.in_cluster_namespaces(),
     )
 }
 
 /// The agent's objects for the data plan `data` with tag `tag` (pure; `tailnet-operator
 /// render` calls it too): the listeners' certificate Secrets among `key_pairs` copied (only
 /// those the plan serves), the agent's listeners, config and objects; and what the agent does
-/// not do of the plan.
+/// not do of the plan. `class_in_cluster`: the class's split-horizon clients (`gateway`'s
+/// listeners may rule them out, noted).
+#[allow(clippy::too_many_arguments)]
 pub fn gateway_objects(
     owner: &tailnet_render::meta::Owner,
     render_ctx: &tailnet_render::RenderContext<'_>,
@@ -307,6 +311,8 @@ pub fn gateway_objects(
     tag: &str,
     key_pairs: &BTreeMap<ObjectKey, objects::KeyPair>,
     backends: &tailnet_render::backends::ObservedBackends,
+    gateway: &Gateway,
+    class_in_cluster: &[String],
 ) -> Result<(GatewayObjects, Vec<String>), RenderError> {
     let wanted: Vec<&ObjectKey> = data
         .listeners
@@ -326,7 +332,15 @@ pub fn gateway_objects(
         .keys()
         .map(|key| (key.clone(), certificate_files(key)))
         .collect();
-    let agent = agent_listeners(data, render_ctx.cluster_domain, &files);
+    let mut agent = agent_listeners(data, render_ctx.cluster_domain, &files);
+    let in_cluster_namespaces =
+        match tailnet_render::gateway::intent::in_cluster_namespaces(gateway, class_in_cluster) {
+            Ok(namespaces) => namespaces,
+            Err(note) => {
+                agent.notes.push(note);
+                &[]
+            }
+        };
     let certificates = objects::certificate_secret(owner, &pairs);
     let rendered = objects::render(
         owner,
@@ -336,6 +350,7 @@ pub fn gateway_objects(
             node_hostname: tag_hostname(tag),
             certificates: certificates.is_some(),
             backends,
+            in_cluster_namespaces,
         },
     )?;
     Ok((

@@ -41,5 +41,5 @@ pub fn intent_in(
         return None;
     };
     let own = parameters.tailnet.as_deref().or(default);
-    (own == Some(tailnet)).then(|| gateway_intent(gateway, tailnet, &parameters.allow_from))
+    (own == Some(tailnet)).then(|| gateway_intent(gateway, tailnet, parameters))
 }

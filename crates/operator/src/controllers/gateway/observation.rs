@@ -20,6 +20,17 @@ pub enum ClassState {
     Ours(Result<GatewayParameters, String>),
 }
 
+impl ClassState {
+    /// The namespaces whose pods reach the class's Gateways in-cluster (its parameters'
+    /// `inCluster.namespaces`; none unless the class is ours and Accepted).
+    pub fn in_cluster_namespaces(&self) -> &[String] {
+        match self {
+            ClassState::Ours(Ok(parameters)) => &parameters.in_cluster_namespaces,
+            _ => &[],
+        }
+    }
+}
+
 /// The Gateway's own observations (besides the agent's and the Tailnet's).
 #[derive(Clone, Debug, Default)]
 pub struct GatewayObserved {

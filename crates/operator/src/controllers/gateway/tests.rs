@@ -104,6 +104,7 @@ fn healthy() -> Observation<GatewayObserved> {
             class: ClassState::Ours(Ok(GatewayParameters {
                 tailnet: Some("demo".into()),
                 allow_from: vec!["group:team-a".into()],
+                in_cluster_namespaces: Vec::new(),
             })),
             others: Vec::new(),
             http_routes: vec![http_route("app", &["app.example.com"], "app")],
@@ -193,6 +194,78 @@ fn a_healthy_gateway_is_accepted_programmed_and_served() {
         .map(|w| w.route.name.as_str())
         .collect();
     assert_eq!(written, ["app", "db"]);
+}
+
+/// Split horizon: a class with in-cluster namespaces gives each Gateway a ClusterIP Service on
+/// its listener ports, a NetworkPolicy rule admitting those namespaces to them, and an agent
+/// serving its listeners on the pod IP too; without, none of it (and the same pod template:
+/// the agent re-reads its config).
+#[test]
+fn in_cluster_namespaces_of_the_class_open_an_in_cluster_entrance() {
+    let objects = |observed: &Observation<GatewayObserved>| {
+        run(&gateway(), observed)
+            .agent
+            .expect("agent plan")
+            .objects
+            .expect("objects")
+    };
+    let tailnet_only = objects(&healthy());
+    assert!(tailnet_only.agent.in_cluster_service.is_none());
+    assert!(!tailnet_only.agent.config.in_cluster);
+    let mut observed = healthy();
+    observed.kind.class = ClassState::Ours(Ok(GatewayParameters {
+        tailnet: Some("demo".into()),
+        allow_from: vec!["group:team-a".into()],
+        in_cluster_namespaces: vec!["team-a".into()],
+    }));
+    let in_cluster = objects(&observed);
+    assert!(in_cluster.agent.config.in_cluster);
+    let service = in_cluster
+        .agent
+        .in_cluster_service
+        .as_ref()
+        .expect("the in-cluster Service");
+    assert_eq!(
+        service.metadata.name.as_deref(),
+        Some("tailnet-gateway-web")
+    );
+    let ports: Vec<i32> = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .map(|p| p.iter().map(|p| p.port).collect())
+        .unwrap_or_default();
+    assert_eq!(ports, [443, 5432], "the listener ports");
+    let rules = in_cluster
+        .agent
+        .network_policy
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress.clone())
+        .unwrap_or_default();
+    let namespaces: Vec<String> = rules
+        .iter()
+        .flat_map(|r| r.from.iter().flatten())
+        .filter_map(|peer| peer.namespace_selector.as_ref())
+        .flat_map(|s| s.match_expressions.iter().flatten())
+        .flat_map(|e| e.values.iter().flatten().cloned())
+        .collect();
+    assert_eq!(namespaces, ["team-a"]);
+    assert_eq!(
+        tailnet_only
+            .agent
+            .deployment
+            .spec
+            .as_ref()
+            .map(|s| &s.template),
+        in_cluster
+            .agent
+            .deployment
+            .spec
+            .as_ref()
+            .map(|s| &s.template),
+        "toggling the in-cluster entrance does not roll the agent"
+    );
 }
 
 /// A Gateway applied together with its certificate Secret is often reconciled before the

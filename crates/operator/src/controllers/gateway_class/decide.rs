@@ -180,6 +180,7 @@ mod tests {
         TailnetGatewayParametersSpec {
             tailnet_ref: tailnet.map(|name| TailnetRef { name: name.into() }),
             allow_from: allow.iter().map(|s| s.to_string()).collect(),
+            in_cluster: None,
         }
     }
 
@@ -207,7 +208,8 @@ mod tests {
             got,
             Ok(GatewayParameters {
                 tailnet: Some("demo".into()),
-                allow_from: Vec::new()
+                allow_from: Vec::new(),
+                in_cluster_namespaces: Vec::new(),
             })
         );
         let mut none = observed(None);
@@ -224,7 +226,8 @@ mod tests {
             got,
             Ok(GatewayParameters {
                 tailnet: Some("demo".into()),
-                allow_from: vec!["group:team-a".into()]
+                allow_from: vec!["group:team-a".into()],
+                in_cluster_namespaces: Vec::new(),
             })
         );
     }
