@@ -544,19 +544,7 @@ async fn https_by_host_and_path(laptop: &LocalApi, ip: &str, cert: &str) {
     ];
     for (host, path, backend) in cases {
         let sni = format!("{host}.{DOMAIN}");
-        let answer = wait_for(
-            &format!("https://{sni}{path} answered by {backend}"),
-            STEP,
-            || async {
-                let response = https_get(laptop, ip, &sni, path, cert).await?;
-                if response.starts_with("HTTP/1.1 200") && answered_by(&response) == Some(backend) {
-                    Ok(response)
-                } else {
-                    Err(response)
-                }
-            },
-        )
-        .await;
+        let answer = answered_200_by(laptop, ip, &sni, path, cert, backend).await;
         eprintln!("https://{sni}{path} -> {backend}: {}", first_line(&answer));
     }
     let sni = format!("other.{DOMAIN}");
@@ -574,19 +562,7 @@ async fn https_by_host_and_path(laptop: &LocalApi, ip: &str, cert: &str) {
 /// client trusting only that one is refused), and `app.<DOMAIN>` still gets the wildcard's.
 async fn each_listener_its_certificate(laptop: &LocalApi, ip: &str, admin: &str, wildcard: &str) {
     let sni = format!("admin.{DOMAIN}");
-    let answer = wait_for(
-        &format!("https://{sni}/ with the admin listener's certificate"),
-        STEP,
-        || async {
-            let response = https_get(laptop, ip, &sni, "/", admin).await?;
-            if response.starts_with("HTTP/1.1 200") && answered_by(&response) == Some("beta") {
-                Ok(response)
-            } else {
-                Err(response)
-            }
-        },
-    )
-    .await;
+    let answer = answered_200_by(laptop, ip, &sni, "/", admin, "beta").await;
     eprintln!(
         "https://{sni}/ (admin certificate) -> beta: {}",
         first_line(&answer)
@@ -687,19 +663,7 @@ async fn cert_manager_issues_a_listener_certificate(
         json!([hostname]),
         "the Certificate covers the listener's hostname"
     );
-    let answer = wait_for(
-        &format!("https://{hostname}/ with cert-manager's certificate"),
-        STEP,
-        || async {
-            let response = https_get(laptop, ip, &hostname, "/", ca.pem()).await?;
-            if response.starts_with("HTTP/1.1 200") && answered_by(&response) == Some("alpha") {
-                Ok(response)
-            } else {
-                Err(response)
-            }
-        },
-    )
-    .await;
+    let answer = answered_200_by(laptop, ip, &hostname, "/", ca.pem(), "alpha").await;
     eprintln!(
         "cert-manager: Certificate issued-tls ({:?}) Ready {issued_after:.1?} after the \
          controller's start, https://{hostname}/ served {:.1?} after: {}",
@@ -708,6 +672,31 @@ async fn cert_manager_issues_a_listener_certificate(
         first_line(&answer)
     );
     cert_manager.stop();
+}
+
+/// Waits (up to [`STEP`]) until `GET https://<sni><path>` over TLS trusting only `ca_pem` is
+/// answered 200 by `backend`; returns the response.
+async fn answered_200_by(
+    laptop: &LocalApi,
+    ip: &str,
+    sni: &str,
+    path: &str,
+    ca_pem: &str,
+    backend: &str,
+) -> String {
+    wait_for(
+        &format!("https://{sni}{path} answered by {backend}"),
+        STEP,
+        || async {
+            let response = https_get(laptop, ip, sni, path, ca_pem).await?;
+            if response.starts_with("HTTP/1.1 200") && answered_by(&response) == Some(backend) {
+                Ok(response)
+            } else {
+                Err(response)
+            }
+        },
+    )
+    .await
 }
 
 /// The name a test backend writes first in its answer body (`server: <name>`).

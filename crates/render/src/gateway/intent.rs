@@ -179,7 +179,10 @@ mod tests {
         .expect("gateway");
         let listed = vec!["team-a".to_string()];
         let why = in_cluster_namespaces(&gateway, &listed).expect_err("admin port");
-        assert!(why.contains("listener odd") && why.contains("9180"), "{why}");
+        assert!(
+            why.contains("listener odd") && why.contains("9180"),
+            "{why}"
+        );
         assert_eq!(in_cluster_namespaces(&gateway, &[]), Ok(&[][..]));
         let parameters = GatewayParameters {
             tailnet: None,
