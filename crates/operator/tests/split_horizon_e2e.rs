@@ -116,6 +116,12 @@ async fn in_cluster_clients_of_listed_namespaces_reach_the_ingress_by_name() {
     if with_cluster_cidrs() {
         args.extra = vec!["--cluster-cidrs".into(), lab_cluster_cidrs()];
     }
+    // The Gateway API CRDs before the operator: it starts its Gateway controllers only when
+    // they are served at its start (docs/gateway-api.md).
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    tno_testenv_kube::crds::install_gateway_api_crds(&client, &root, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut operator = start_operator(&env, &args.to_args(), None)
         .await
         .expect("operator");
@@ -217,10 +223,6 @@ async fn gateway_in_cluster(
     listed: &tno_testenv::E2eNamespace<'_>,
     w: &Witnesses,
 ) {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    tno_testenv_kube::crds::install_gateway_api_crds(client, &root, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
     apply(
         &Api::<TailnetGatewayParameters>::namespaced(client.clone(), ns),
         "gw",
