@@ -27,10 +27,11 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use support::conditions::describe;
 use support::lab_operator::start_operator;
-use support::objects::{apply, bootstrap_applied_tailnet, service_object, test_server_deployment};
+use support::objects::{
+    apply, apply_gateway_class, bootstrap_applied_tailnet, service_object, test_server_deployment,
+};
 use support::tailnet::{self_signed, tcp_echo, tls_connect};
 use support::wait::wait_for;
-use tailnet_api::gateway_parameters::TailnetGatewayParameters;
 use tailnet_gateway_api::{Gateway, GatewayClass, HTTPRoute, ReferenceGrant, TCPRoute, TLSRoute};
 use tno_testenv::{E2eEnv, LabCa, OperatorArgs};
 use tno_testenv_tailnet::LocalApi;
@@ -65,7 +66,7 @@ async fn gateway_serves_https_tls_and_tcp_routes_to_the_laptop() {
     let setup = started.elapsed();
     let backend_cert = deploy_backends(&client, &ns, &ns_b).await;
     let class = format!("tailnet-{ns}");
-    apply_class(&client, &ns, &class, &tailnet).await;
+    apply_gateway_class(&client, &ns, &class, &tailnet, &[]).await;
     let (gateway_cert, admin_cert) = apply_gateway(&client, &ns, &ns_b, &class).await;
 
     class_accepted(&client, &class).await;
@@ -189,37 +190,6 @@ fn tls_secret(ns: &str, name: &str, cert: &str, key: &str) -> Secret {
     let mut secret = support::objects::tls_secret(name, cert, key);
     secret.metadata.namespace = Some(ns.to_string());
     secret
-}
-
-/// TailnetGatewayParameters `tailnet` in `ns` (the Tailnet, open to group:team-a) and the
-/// GatewayClass `class` naming them.
-async fn apply_class(client: &kube::Client, ns: &str, class: &str, tailnet: &str) {
-    apply(
-        &Api::<TailnetGatewayParameters>::namespaced(client.clone(), ns),
-        "tailnet",
-        json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetGatewayParameters",
-            "metadata": {"name": "tailnet", "namespace": ns},
-            "spec": {"tailnetRef": {"name": tailnet},
-                     "allowFrom": [tno_testenv_tailnet::TEAM_A_GROUP]}
-        }),
-    )
-    .await
-    .expect("TailnetGatewayParameters");
-    apply(
-        &Api::<GatewayClass>::all(client.clone()),
-        class,
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-            "metadata": {"name": class},
-            "spec": {"controllerName": CONTROLLER,
-                     "parametersRef": {"group": "tailnet-operator.dev",
-                                       "kind": "TailnetGatewayParameters",
-                                       "name": "tailnet", "namespace": ns}}
-        }),
-    )
-    .await
-    .expect("GatewayClass");
 }
 
 /// The Gateway `web` (HTTPS 443 for `*.<DOMAIN>` with the test's certificate, TLS

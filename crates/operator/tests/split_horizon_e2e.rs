@@ -53,15 +53,14 @@ use support::agent::ready_pod_ip;
 use support::conditions::{ConditionIs, wait_for_condition};
 use support::lab_operator::start_operator;
 use support::objects::{
-    agent_pods, apply, ingress_object, service_object, tailnet_ipv4, tailnet_name,
-    test_server_deployment, tls_secret,
+    agent_pods, apply, apply_gateway_class, ingress_object, service_object, tailnet_ipv4,
+    tailnet_name, test_server_deployment, tls_secret,
 };
 use support::tailnet::{https_get_hello, ok_200, self_signed};
 use support::wait::{WAIT, wait_for};
 use tailnet_api::TailnetIngress;
 use tailnet_api::agent_config::ADMIN_PORT;
-use tailnet_api::gateway_parameters::TailnetGatewayParameters;
-use tailnet_gateway_api::{Gateway, GatewayClass, HTTPRoute};
+use tailnet_gateway_api::{Gateway, HTTPRoute};
 use tailnet_render::dns::is_tailnet_address;
 use tno_netlab::Netns;
 use tno_testenv::{CLIENT_POD_DEADLINE, E2eEnv, OperatorArgs, tls_check_pod};
@@ -223,34 +222,8 @@ async fn gateway_in_cluster(
     listed: &tno_testenv::E2eNamespace<'_>,
     w: &Witnesses,
 ) {
-    apply(
-        &Api::<TailnetGatewayParameters>::namespaced(client.clone(), ns),
-        "gw",
-        json!({
-            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetGatewayParameters",
-            "metadata": {"name": "gw", "namespace": ns},
-            "spec": {"tailnetRef": {"name": tailnet},
-                     "allowFrom": [tno_testenv_tailnet::TEAM_A_GROUP],
-                     "inCluster": {"namespaces": [listed.name()]}}
-        }),
-    )
-    .await
-    .expect("TailnetGatewayParameters");
     let class = format!("tailnet-{ns}");
-    apply(
-        &Api::<GatewayClass>::all(client.clone()),
-        &class,
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-            "metadata": {"name": class},
-            "spec": {"controllerName": "tailnet-operator.dev/gateway",
-                     "parametersRef": {"group": "tailnet-operator.dev",
-                                       "kind": "TailnetGatewayParameters",
-                                       "name": "gw", "namespace": ns}}
-        }),
-    )
-    .await
-    .expect("GatewayClass");
+    apply_gateway_class(client, ns, &class, tailnet, &[listed.name()]).await;
     let host = format!("gw.{ns}.lab.example.net");
     let (cert_pem, key_pem) = self_signed(std::slice::from_ref(&host));
     Api::<Secret>::namespaced(client.clone(), ns)

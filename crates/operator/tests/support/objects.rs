@@ -187,3 +187,48 @@ pub async fn join_client_node(env: &E2eEnv, prefix: &str, namespace: &str) -> Jo
         .await
         .unwrap_or_else(|e| panic!("{prefix} node: {e}"))
 }
+
+/// TailnetGatewayParameters `tailnet` in `ns` (Tailnet `tailnet`, open to group:team-a, in-cluster
+/// for `in_cluster` namespaces when any) and the GatewayClass `class` of
+/// `tailnet-operator.dev/gateway` naming them.
+pub async fn apply_gateway_class(
+    client: &kube::Client,
+    ns: &str,
+    class: &str,
+    tailnet: &str,
+    in_cluster: &[&str],
+) {
+    let mut spec = json!({"tailnetRef": {"name": tailnet},
+                          "allowFrom": [tno_testenv_tailnet::TEAM_A_GROUP]});
+    if !in_cluster.is_empty() {
+        spec["inCluster"] = json!({"namespaces": in_cluster});
+    }
+    apply(
+        &Api::<tailnet_api::gateway_parameters::TailnetGatewayParameters>::namespaced(
+            client.clone(),
+            ns,
+        ),
+        "tailnet",
+        json!({
+            "apiVersion": "tailnet-operator.dev/v1alpha1", "kind": "TailnetGatewayParameters",
+            "metadata": {"name": "tailnet", "namespace": ns},
+            "spec": spec,
+        }),
+    )
+    .await
+    .expect("TailnetGatewayParameters");
+    apply(
+        &Api::<tailnet_gateway_api::GatewayClass>::all(client.clone()),
+        class,
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+            "metadata": {"name": class},
+            "spec": {"controllerName": "tailnet-operator.dev/gateway",
+                     "parametersRef": {"group": "tailnet-operator.dev",
+                                       "kind": "TailnetGatewayParameters",
+                                       "name": "tailnet", "namespace": ns}}
+        }),
+    )
+    .await
+    .expect("GatewayClass");
+}
