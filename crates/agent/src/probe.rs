@@ -58,6 +58,7 @@ impl Prober {
             wanted
         });
         deps.state.retain_probes(&keep);
+        let mut to_start = Vec::new();
         for spec in specs {
             let key = (spec.kind, spec.name.clone());
             if let Some((running, stop)) = self.running.get(&key) {
@@ -80,14 +81,14 @@ impl Prober {
             );
             let stop = CancellationToken::new();
             if let Some(interval) = spec.interval {
-                tokio::spawn(probe_loop(
-                    spec.clone(),
-                    interval,
-                    deps.clone(),
-                    stop.clone(),
-                ));
+                to_start.push((spec.clone(), interval, stop.clone()));
             }
             self.running.insert(key, (spec.clone(), stop));
+        }
+        // Every probe is declared (pending its first result) before the first one runs: a
+        // fast first result must not leave the pending set empty while others are undeclared.
+        for (spec, interval, stop) in to_start {
+            tokio::spawn(probe_loop(spec, interval, deps.clone(), stop));
         }
     }
 

@@ -624,6 +624,12 @@ impl Supervisor {
             self.state.set_listener_gate(&wanted.key, gate.clone());
         }
 
+        // Probes are declared before any listener starts: the first readiness waits for
+        // every declared probe's first result, and a /readyz between "all listeners up" and
+        // the declaration would latch the pod ready with targets still unprobed.
+        let specs = probe_specs(&self.config, &self.options);
+        self.prober.reconcile(&specs, &self.probe_deps);
+
         let defaults = self.proxy_defaults();
         for wanted in desired {
             let view = |up: bool, message: String| ListenerView {
@@ -668,8 +674,6 @@ impl Supervisor {
             }
         }
 
-        let specs = probe_specs(&self.config, &self.options);
-        self.prober.reconcile(&specs, &self.probe_deps);
         self.metrics
             .ready
             .set(i64::from(self.state.readiness().is_ok()));
