@@ -14,8 +14,17 @@ use tno_testenv::E2eEnv;
 /// share is summed.
 pub type ProcessRss = BTreeMap<String, f64>;
 
-/// The processes of the pod selected by `selector` (the only running one) and their RSS.
-pub async fn pod_rss(env: &E2eEnv, pods: &Api<Pod>, selector: &str) -> Result<ProcessRss> {
+/// One reading of a pod's processes: resident (VmRSS) and private (USS: pages no other
+/// process maps; the shared pages of a binary that many agent pods run are counted once per
+/// node, not once per pod).
+#[derive(Clone, Debug, Default)]
+pub struct PodMemory {
+    pub rss: ProcessRss,
+    pub private: ProcessRss,
+}
+
+/// The processes of the pod selected by `selector` (the only running one) and their memory.
+pub async fn pod_memory(env: &E2eEnv, pods: &Api<Pod>, selector: &str) -> Result<PodMemory> {
     let list = pods.list(&ListParams::default().labels(selector)).await?;
     let running: Vec<&Pod> = list
         .items
@@ -30,23 +39,43 @@ pub async fn pod_rss(env: &E2eEnv, pods: &Api<Pod>, selector: &str) -> Result<Pr
         .pod_netns(uid)
         .pids()
         .map_err(|e| anyhow::anyhow!("processes of pod {uid}: {e}"))?;
-    let mut rss = ProcessRss::new();
+    let mut memory = PodMemory::default();
     for pid in pids {
-        // A process may exit between the listing and the read.
+        // A process may exit between the listing and the reads.
         let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) else {
             continue;
         };
         let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
             continue;
         };
-        if let Some(kib) = vm_rss_kib(&status) {
-            *rss.entry(comm.trim().to_string()).or_default() += kib as f64 / 1024.0;
+        let Some(rss_kib) = vm_rss_kib(&status) else {
+            continue;
+        };
+        let name = comm.trim().to_string();
+        *memory.rss.entry(name.clone()).or_default() += rss_kib as f64 / 1024.0;
+        let private_kib = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+            .ok()
+            .and_then(|rollup| private_kib(&rollup));
+        if let Some(kib) = private_kib {
+            *memory.private.entry(name).or_default() += kib as f64 / 1024.0;
         }
     }
-    if rss.is_empty() {
+    if memory.rss.is_empty() {
         bail!("no process with an RSS in pod {uid}");
     }
-    Ok(rss)
+    Ok(memory)
+}
+
+/// `Private_Clean` + `Private_Dirty` of a `/proc/<pid>/smaps_rollup` text, in KiB.
+fn private_kib(rollup: &str) -> Option<u64> {
+    let field = |name: &str| {
+        rollup
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().strip_suffix("kB"))
+            .and_then(|kib| kib.trim().parse::<u64>().ok())
+    };
+    Some(field("Private_Clean:")? + field("Private_Dirty:")?)
 }
 
 /// `VmRSS:` of a `/proc/<pid>/status` text, in KiB.
@@ -83,6 +112,13 @@ mod tests {
             "Name:\ttailscaled\nVmPeak:\t  1300000 kB\nVmRSS:\t   37120 kB\nThreads:\t12\n";
         assert_eq!(vm_rss_kib(status), Some(37120));
         assert_eq!(vm_rss_kib("Name:\tkthreadd\nThreads:\t1\n"), None);
+    }
+
+    #[test]
+    fn private_is_clean_plus_dirty_in_kib() {
+        let rollup = "55d0-7ff rw-p 00000000 00:00 0 [rollup]\nRss:   37476 kB\nPss:   13144 kB\nShared_Clean:  26000 kB\nPrivate_Clean:   1200 kB\nPrivate_Dirty:   10276 kB\n";
+        assert_eq!(private_kib(rollup), Some(11476));
+        assert_eq!(private_kib("Rss: 1 kB\nPrivate_Dirty: 2 kB\n"), None);
     }
 
     #[test]

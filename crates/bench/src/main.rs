@@ -64,6 +64,11 @@ enum Command {
         /// by the startup benchmark (repetitions alternate between the two).
         #[arg(long)]
         baseline_operator: Option<PathBuf>,
+        /// Another tailscaled build for the startup benchmark's baseline (its agent pods run
+        /// it; with no other baseline build, the baseline's operator and agent are this
+        /// build's): e.g. a build with other Go settings or build tags, side by side.
+        #[arg(long)]
+        baseline_tailscaled: Option<PathBuf>,
         /// Every workload once and briefly: checks that bytes and requests arrive.
         #[arg(long)]
         smoke: bool,
@@ -94,13 +99,19 @@ enum Command {
     },
 }
 
+/// The other builds measured beside this one (`--baseline-*`).
+struct Baselines {
+    agent: Option<PathBuf>,
+    operator: Option<PathBuf>,
+    tailscaled: Option<PathBuf>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run(
     agent: PathBuf,
-    baseline_agent: Option<PathBuf>,
+    baselines: Baselines,
     caddy: Option<PathBuf>,
     operator: Option<PathBuf>,
-    baseline_operator: Option<PathBuf>,
     smoke: bool,
     only: Vec<Benchmark>,
     repeat: Option<usize>,
@@ -113,7 +124,7 @@ fn run(
         Settings::full(agent, caddy)
     };
     settings.operator = operator;
-    settings.baseline_agent = baseline_agent;
+    settings.baseline_agent = baselines.agent.clone();
     if !scale_steps.is_empty() {
         settings.scale_steps = scale_steps;
     }
@@ -177,8 +188,11 @@ fn run(
             if let Some(agent) = &settings.baseline_agent {
                 child.arg("--baseline-agent").arg(agent);
             }
-            if let Some(operator) = &baseline_operator {
+            if let Some(operator) = &baselines.operator {
                 child.arg("--baseline-operator").arg(operator);
+            }
+            if let Some(tailscaled) = &baselines.tailscaled {
+                child.arg("--baseline-tailscaled").arg(tailscaled);
             }
             if smoke {
                 child.arg("--smoke");
@@ -211,11 +225,7 @@ fn run(
         }
     }
     if wanted(Benchmark::Startup) {
-        let builds = startup_builds(
-            operator_binary()?,
-            settings.baseline_agent.clone(),
-            baseline_operator,
-        )?;
+        let builds = startup_builds(operator_binary()?, baselines)?;
         let repeat = repeat.unwrap_or(if smoke { 1 } else { 5 });
         for table in runtime.block_on(startup::run(&builds, repeat))? {
             println!("{}", table.markdown());
@@ -240,37 +250,44 @@ fn run(
 }
 
 /// The startup benchmark's builds: the one measured, and the baseline when both its agent and
-/// operator are given (its agent runs from images named `tailnet-agent-baseline…`).
-fn startup_builds(
-    operator: PathBuf,
-    baseline_agent: Option<PathBuf>,
-    baseline_operator: Option<PathBuf>,
-) -> Result<Vec<startup::Build>> {
-    let mut builds = vec![startup::Build {
+/// operator are given (its agent runs from images named `tailnet-agent-baseline…`) and/or
+/// another tailscaled (its pods name the image `…/tailscale-baseline`).
+fn startup_builds(operator: PathBuf, baselines: Baselines) -> Result<Vec<startup::Build>> {
+    let this_build = startup::Build {
         label: "this build".into(),
         operator,
         agent_image: tno_testenv::E2E_AGENT_IMAGE.into(),
-    }];
-    match (baseline_agent, baseline_operator) {
+        tailscale_image: None,
+    };
+    let mut baseline = match (baselines.agent, baselines.operator) {
         (Some(agent), Some(operator)) => {
             // SAFETY: set before the test environment (and the threads that read the
             // environment) starts; the data-plane benchmarks do not read it.
             unsafe {
                 std::env::set_var(tno_testenv_kube::env::BASELINE_AGENT_VAR, agent);
             }
-            builds.insert(
-                0,
-                startup::Build {
-                    label: "baseline".into(),
-                    operator,
-                    agent_image: "tno.local/tailnet-agent-baseline:bench".into(),
-                },
-            );
+            Some(startup::Build {
+                label: "baseline".into(),
+                operator,
+                agent_image: "tno.local/tailnet-agent-baseline:bench".into(),
+                tailscale_image: None,
+            })
         }
-        (None, None) => {}
+        (None, None) => None,
         _ => anyhow::bail!("--baseline-agent and --baseline-operator go together for startup"),
+    };
+    if let Some(tailscaled) = baselines.tailscaled {
+        // SAFETY: as above.
+        unsafe {
+            std::env::set_var(tno_testenv_kube::env::BASELINE_TAILSCALED_VAR, tailscaled);
+        }
+        let build = baseline.get_or_insert_with(|| startup::Build {
+            label: "baseline".into(),
+            ..this_build.clone()
+        });
+        build.tailscale_image = Some(tno_testenv_kube::env::BASELINE_TAILSCALE_IMAGE.into());
     }
-    Ok(builds)
+    Ok(baseline.into_iter().chain([this_build]).collect())
 }
 
 /// The test environment's TCP forwarders (e.g. to Headscale) live in this process: at a few
@@ -297,6 +314,7 @@ fn main() -> ExitCode {
             caddy,
             operator,
             baseline_operator,
+            baseline_tailscaled,
             smoke,
             only,
             repeat,
@@ -304,10 +322,13 @@ fn main() -> ExitCode {
             tailnet_bulk_mib,
         } => run(
             agent,
-            baseline_agent,
+            Baselines {
+                agent: baseline_agent,
+                operator: baseline_operator,
+                tailscaled: baseline_tailscaled,
+            },
             caddy,
             operator,
-            baseline_operator,
             smoke,
             only,
             repeat,

@@ -49,6 +49,8 @@ pub struct Build {
     pub operator: PathBuf,
     /// `--agent-image` (the test kubelet maps it to a local binary).
     pub agent_image: String,
+    /// `--tailscale-image` when not the tests' default (the baseline tailscaled's image).
+    pub tailscale_image: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -105,6 +107,8 @@ const RSS_SAMPLE: Duration = Duration::from_millis(500);
 #[derive(Clone, Debug)]
 struct Footprint {
     idle: ProcessRss,
+    /// Private memory (USS) of each process at the idle reading.
+    idle_private: ProcessRss,
     loaded: ProcessRss,
     /// Connections echoed through the entrance during the load.
     echoed: u64,
@@ -173,10 +177,11 @@ pub async fn run(builds: &[Build], repeat: usize) -> Result<Vec<Table>> {
                     .await
                     .with_context(|| format!("RSS of {} {name} ({})", kind.label(), build.label))?;
                 eprintln!(
-                    "startup: {} {name} ({}): RSS MiB idle {:?}, under load {:?} ({} connections echoed)",
+                    "startup: {} {name} ({}): RSS MiB idle {:?} (private {:?}), under load {:?} ({} connections echoed)",
                     kind.label(),
                     build.label,
                     footprint.idle,
+                    footprint.idle_private,
                     footprint.loaded,
                     footprint.echoed
                 );
@@ -223,7 +228,10 @@ async fn measure_footprint(
         .context("the agent Deployment")?;
     let selector = selector_of(&deployment);
     tokio::time::sleep(IDLE_SETTLE).await;
-    let idle = footprint::pod_rss(lab.env, &pods, &selector).await?;
+    let footprint::PodMemory {
+        rss: idle,
+        private: idle_private,
+    } = footprint::pod_memory(lab.env, &pods, &selector).await?;
     let started = Instant::now();
     let echoed = std::sync::atomic::AtomicU64::new(0);
     let client = || async {
@@ -238,8 +246,8 @@ async fn measure_footprint(
         let mut loaded = idle.clone();
         while started.elapsed() < LOAD_FOR {
             tokio::time::sleep(RSS_SAMPLE).await;
-            if let Ok(now) = footprint::pod_rss(lab.env, &pods, &selector).await {
-                loaded = footprint::max_each(&loaded, &now);
+            if let Ok(now) = footprint::pod_memory(lab.env, &pods, &selector).await {
+                loaded = footprint::max_each(&loaded, &now.rss);
             }
         }
         loaded
@@ -256,6 +264,7 @@ async fn measure_footprint(
     }
     Ok(Footprint {
         idle,
+        idle_private,
         loaded,
         echoed,
     })
@@ -273,6 +282,7 @@ fn footprint_table(footprints: &BTreeMap<(Kind, String), Vec<Footprint>>, repeat
                 "idle",
                 (|f: &Footprint| &f.idle) as fn(&Footprint) -> &ProcessRss,
             ),
+            ("idle, private (USS)", |f: &Footprint| &f.idle_private),
             ("under load (max)", |f: &Footprint| &f.loaded),
         ] {
             let mut row = vec![kind.label().to_string(), build.clone(), state.to_string()];
@@ -287,14 +297,14 @@ fn footprint_table(footprints: &BTreeMap<(Kind, String), Vec<Footprint>>, repeat
             row.push(mib(Spread::of(&totals)));
             let echoed: Vec<f64> = runs.iter().map(|f| f.echoed as f64).collect();
             row.push(match (state, Spread::of(&echoed)) {
-                ("idle", _) | (_, None) => "—".into(),
+                ("idle" | "idle, private (USS)", _) | (_, None) => "—".into(),
                 (_, Some(s)) => format!("{:.0} ({:.0}–{:.0})", s.median, s.min, s.max),
             });
             table.row(row);
         }
     }
     table.note(format!(
-        "{repeat} repetitions per build; VmRSS of each process in the agent pod's network namespace, median (min–max). Idle: {} s after the first bytes went through; under load: the highest of {} samples while {LOAD_CLIENTS} clients echo a line per connection through the entrance for {} s. Target: ≤ 40 MiB per idle agent pod.",
+        "{repeat} repetitions per build; VmRSS of each process in the agent pod's network namespace, median (min–max); private (USS): Private_Clean + Private_Dirty of /proc/<pid>/smaps_rollup, the memory only that process holds (a binary's pages shared by every agent pod on a node are not in it). Idle: {} s after the first bytes went through; under load: the highest of {} samples while {LOAD_CLIENTS} clients echo a line per connection through the entrance for {} s. Target: ≤ 40 MiB per idle agent pod.",
         IDLE_SETTLE.as_secs(),
         LOAD_FOR.as_millis() / RSS_SAMPLE.as_millis(),
         LOAD_FOR.as_secs()
@@ -312,6 +322,9 @@ fn mib(spread: Option<Spread>) -> String {
 async fn start_operator(lab: &Environment<'_>, build: &Build) -> Result<OperatorProcess> {
     let mut args = OperatorArgs::new(&lab.ns);
     args.agent_image = build.agent_image.clone();
+    if let Some(image) = &build.tailscale_image {
+        args.tailscale_image = image.clone();
+    }
     // The product's default poll (the e2e tests' 2 s would hide what waits for a poll).
     args.headscale_poll_interval = PRODUCT_POLL_INTERVAL.into();
     let mut operator = lab

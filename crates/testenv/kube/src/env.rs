@@ -23,6 +23,11 @@ pub const NODE_NAME: &str = ClusterNetwork::PRIMARY.node_name;
 /// A `tailnet-agent` binary that images named `tailnet-agent-baseline…` run (the
 /// benchmarks' baseline build next to the workspace's).
 pub const BASELINE_AGENT_VAR: &str = "TNO_BIN_TAILNET_AGENT_BASELINE";
+/// A `tailscaled` binary that images named `…/tailscale/tailscale-baseline` run (the startup
+/// benchmark's baseline, e.g. another build of the same tailscale version).
+pub const BASELINE_TAILSCALED_VAR: &str = "TNO_BIN_TAILSCALED_BASELINE";
+/// The tailscale image the pods of [`BASELINE_TAILSCALED_VAR`]'s build name.
+pub const BASELINE_TAILSCALE_IMAGE: &str = "ghcr.io/tailscale/tailscale-baseline:bench";
 
 pub const TEST_SERVERS_IMAGE: &str = "tno.local/tno-test-servers:latest";
 
@@ -407,6 +412,19 @@ fn builtin_images(binaries: &Binaries) -> Vec<LocalImage> {
         ECHO_BASIC_COMPONENT,
         ECHO_BASIC_BINARY,
     )));
+    // A second tailscaled build (the startup benchmark's baseline): the pods' command
+    // `/usr/local/bin/tailscaled` resolves in its directory first.
+    if let Some(path) = std::env::var_os(BASELINE_TAILSCALED_VAR) {
+        images.push(
+            LocalImage::new(
+                "tailscale-baseline",
+                ImageMatcher::RepositorySuffix("tailscale/tailscale-baseline".into()),
+                [dir_of(Path::new(&path)), dir_of(&binaries.containerboot)].concat(),
+                &["containerboot"],
+            )
+            .with_env("TS_NO_LOGS_NO_SUPPORT", "true"),
+        );
+    }
     // A second agent build (the benchmarks' baseline), for images named
     // `tailnet-agent-baseline…`; listed first, the first matching image wins.
     if let Some(path) = std::env::var_os(BASELINE_AGENT_VAR) {
