@@ -26,6 +26,7 @@
 #             .../gateway-api-<version>/crds/*.yaml
 # Env:        TNO_DEPS_DIR   cache root
 #             TNO_DEPS_GO_P  go build -p (default 2)
+#             TNO_DEPS_GOGC  GOGC of the builds (default 200)
 #             TNO_DEPS_JOBS  components built at the same time (default 2)
 #             TNO_DEPS_FORCE=1  rebuild even if cached
 #             GO             go command (default: go on PATH, else /usr/local/go/bin/go)
@@ -183,6 +184,10 @@ setup_go() {
   # (tailscale 1.104.x would: see deps/versions.env).
   export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
   GO_P=${TNO_DEPS_GO_P:-2}
+  # The compiler's collector runs half as often: measured on a cold build (crane, 4 runs
+  # side by side) 0.86x the wall time and 0.87x the CPU of GOGC=100, at a higher peak memory
+  # (the programs built are the same bytes).
+  export GOGC=${TNO_DEPS_GOGC:-200}
 }
 
 # module_meta WRAPPERDIR MODULE FIELD: Dir (source in the module cache), or
@@ -888,7 +893,7 @@ main() {
     --check) mode=check; shift ;;
     --pin) mode=pin; shift ;;
     --download) mode=download; shift ;;
-    -h | --help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
+    -h | --help) sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
     -*) die "unknown option $1" ;;
   esac
   local comps c failed=0 t0
