@@ -10,15 +10,35 @@ cd "$(dirname "$0")/.."
 # rustup installs cargo here; a non-login shell may not have it on PATH.
 command -v cargo >/dev/null || export PATH="$HOME/.cargo/bin:$PATH"
 
-step() { printf '\n==> %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
+# Each step prints the disk in use: CI's disk is small (a run failed with "No space left on
+# device" while linking the test binaries), and this shows what each step costs.
+step() {
+  printf '\n==> %s (%s; disk used %s, free %s)\n' "$*" "$(date -u +%H:%M:%S)" \
+    "$(df -h --output=used . | tail -n 1 | tr -d ' ')" "$(df -h --output=avail . | tail -n 1 | tr -d ' ')"
+}
 started=$(date +%s)
+# Every crate is built once per run: incremental compilation would only add its own copy of
+# each crate's objects (gigabytes over the ~60 test binaries). A developer's setting wins.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
 step "system packages"
 bash scripts/install-system-packages.sh
 
 step "third-party binaries (deps/build.sh; cached in ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps})"
 # gateway-api-conformance (not in `all`, ~6 min cold): the suite's CI subset runs below.
+# Go's build cache grows to ~11 GB building them cold and is of no use once the binaries are
+# cached: unless GOCACHE is set, the builds get a cache of their own, removed afterwards (a
+# recipe change then recompiles that component from scratch instead of in seconds).
+own_gocache=""
+if [ -z "${GOCACHE:-}" ]; then
+  own_gocache=$(mktemp -d -t tno-deps-gocache.XXXXXX)
+  export GOCACHE=$own_gocache
+fi
 bash deps/build.sh all gateway-api-conformance
+if [ -n "$own_gocache" ]; then
+  rm -rf "$own_gocache"
+  unset GOCACHE
+fi
 
 step "static checks: rustfmt, clippy"
 cargo fmt --all -- --check
@@ -77,6 +97,9 @@ if PATH="$fuzz_stub:$PATH" bash scripts/fuzz.sh --seconds 1 >"$fuzz_stub/out" 2>
 fi
 rm -rf "$fuzz_stub"
 bash scripts/fuzz.sh
+# The fuzz builds (instrumented, one per target) are not used again in this run: keep the
+# corpus and the logs, free the rest.
+find target/fuzz -mindepth 1 -maxdepth 1 ! -name corpus ! -name '*.log' -exec rm -rf {} +
 
 step "Helm chart and monitoring rules (helm lint, promtool check/test rules)"
 DEPS_ENV=$(bash deps/build.sh --print-env)
