@@ -21,6 +21,9 @@
 #             gateway-api-conformance (the upstream conformance suite as a program, our
 #                           wrapper deps/go/gateway-api-conformance, + its echo-basic backend;
 #                           gateway-api's version)
+#             tailscale-minimal (tailscaled with only the features an agent pod uses, from
+#                           the tailscale wrapper module: its size and memory beside the full
+#                           build, `tno-bench --baseline-tailscaled`; TNO_BIN_TAILSCALED_MINIMAL)
 # Layout:     ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>
 #             .../cert-manager-<version>/crds/cert-manager.crds.yaml
 #             .../gateway-api-<version>/crds/*.yaml
@@ -36,7 +39,7 @@ DEPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE_ROOT=${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}
 COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager cert-manager-controller helm prometheus caddy crane actionlint kube-router gateway-api)
 # Built only when named (long cold builds that only some runs need); --print-env lists them too.
-OPTIONAL_COMPONENTS=(gateway-api-conformance)
+OPTIONAL_COMPONENTS=(gateway-api-conformance tailscale-minimal)
 
 log() { printf '[deps] %s\n' "$*" >&2; }
 die() { printf '[deps] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -52,6 +55,7 @@ version_key() {
   case $1 in
     cert-manager-controller) echo CERT_MANAGER_VERSION ;;
     gateway-api-conformance) echo GATEWAY_API_VERSION ;;
+    tailscale-minimal) echo TAILSCALE_VERSION ;;
     *) echo "$(tr 'a-z-' 'A-Z_' <<<"$1")_VERSION" ;;
   esac
 }
@@ -73,13 +77,14 @@ version_of() {
 
 # wrapper_dir C: the wrapper module that pins C's modules at version_of C.
 wrapper_dir() {
-  local key ver
+  local key ver module=$1
   key=$(version_key "$1")
   ver=$(version_of "$1")
+  [[ $module != tailscale-minimal ]] || module=tailscale  # the same modules, other build tags
   if [[ $ver == "${VERSIONS[$key]:-}" ]]; then
-    printf '%s\n' "$DEPS_ROOT/go/$1"
+    printf '%s\n' "$DEPS_ROOT/go/$module"
   else
-    printf '%s\n' "$DEPS_ROOT/go/$1-$ver"
+    printf '%s\n' "$DEPS_ROOT/go/$module-$ver"
   fi
 }
 
@@ -103,6 +108,7 @@ binaries_of() {
     kube-router) echo kube-router ;;
     gateway-api) echo ;;
     gateway-api-conformance) echo gateway-api-conformance echo-basic ;;
+    tailscale-minimal) echo tailscaled ;;
     *) die "unknown component '$1' (known: ${COMPONENTS[*]} ${OPTIONAL_COMPONENTS[*]})" ;;
   esac
 }
@@ -113,7 +119,7 @@ main_module_of() {
     kubernetes) echo k8s.io/kubernetes ;;
     etcd) echo go.etcd.io/etcd/server/v3 ;;
     headscale) echo github.com/juanfont/headscale ;;
-    tailscale) echo tailscale.com ;;
+    tailscale | tailscale-minimal) echo tailscale.com ;;
     coredns) echo github.com/coredns/coredns ;;
     cert-manager | cert-manager-controller) echo github.com/cert-manager/cert-manager ;;
     helm) echo helm.sh/helm/v4 ;;
@@ -143,6 +149,8 @@ packages_of() {
     tailscale)
       echo tailscaled=tailscale.com/cmd/tailscaled tailscale=tailscale.com/cmd/tailscale \
         containerboot=tailscale.com/cmd/containerboot ;;
+    tailscale-minimal)
+      echo tailscaled=tailscale.com/cmd/tailscaled ;;
     coredns)
       echo coredns=github.com/coredns/coredns ;;
     cert-manager-controller)  # the wrapper module's own main package
@@ -224,7 +232,7 @@ ldflags_of() {
       done ;;
     etcd)
       f+=("-X" "go.etcd.io/etcd/api/v3/version.GitSHA=${hash:-$ver}") ;;
-    tailscale)
+    tailscale | tailscale-minimal)
       local short=${ver#v}
       f+=("-X" "tailscale.com/version.shortStamp=$short"
         "-X" "tailscale.com/version.longStamp=$short${hash:+-t${hash:0:9}}")
@@ -265,6 +273,12 @@ tags_of() {
     # tags, plugins/plugin_kubernetes.go: !remove_all_sd || enable_kubernetes_sd;
     # no cloud SDKs). Web UI assets are not embedded (no builtinassets tag).
     prometheus) echo remove_all_sd,enable_kubernetes_sd ;;
+    # Every feature an agent pod does not use left out: the output of
+    # `go run tailscale.com/cmd/featuretags --min --add=netstack,kube,dns,useroutes,health,useproxy,portmapper,bakedroots,cloud,unixsocketidentity,hujsonconf,routecheck,gro`
+    # (v1.102.5). Kept: userspace networking, the Secret state store, MagicDNS queries,
+    # subnet routes, the config file, NAT traversal helpers, GRO. A feature added by a newer
+    # tailscale is simply compiled in.
+    tailscale-minimal) echo ts_omit_ace,ts_omit_acme,ts_omit_advertiseexitnode,ts_omit_advertiseroutes,ts_omit_appconnectors,ts_omit_aws,ts_omit_bird,ts_omit_c2n,ts_omit_cachenetmap,ts_omit_captiveportal,ts_omit_capture,ts_omit_cliconndiag,ts_omit_clientmetrics,ts_omit_clientupdate,ts_omit_colorable,ts_omit_completion,ts_omit_completion_scripts,ts_omit_conn25,ts_omit_dbus,ts_omit_debug,ts_omit_debugeventbus,ts_omit_debugportmapper,ts_omit_desktop_sessions,ts_omit_doctor,ts_omit_drive,ts_omit_flashappliance,ts_omit_identityfederation,ts_omit_ipnbus,ts_omit_iptables,ts_omit_linkspeed,ts_omit_linuxdnsfight,ts_omit_listenrawdisco,ts_omit_logtail,ts_omit_netlog,ts_omit_networkmanager,ts_omit_oauthkey,ts_omit_osrouter,ts_omit_outboundproxy,ts_omit_peerapiclient,ts_omit_peerapiserver,ts_omit_portlist,ts_omit_posture,ts_omit_qrcodes,ts_omit_relayserver,ts_omit_remoteconfig,ts_omit_resolved,ts_omit_runtimemetrics,ts_omit_sdnotify,ts_omit_serve,ts_omit_serviceclientprefs,ts_omit_ssh,ts_omit_synology,ts_omit_syslog,ts_omit_syspolicy,ts_omit_systray,ts_omit_taildrop,ts_omit_tailnetlock,ts_omit_tap,ts_omit_tpm,ts_omit_tundevstats,ts_omit_useexitnode,ts_omit_usermetrics,ts_omit_wakeonlan,ts_omit_webbrowser,ts_omit_webclient ;;
     *) echo ;;
   esac
 }
@@ -687,6 +701,8 @@ pin_component() {
   mod=$(main_module_of "$c")
   log "pinning $c $ver in $dir"
   case $c in
+    tailscale-minimal)
+      log "tailscale-minimal builds from tailscale's wrapper: pin tailscale" ;;
     cert-manager)
       # only the module source is needed (for its CRDs); go.sum pins its hash
       mkdir -p "$dir"
@@ -763,6 +779,10 @@ check_component() {
     headscale)
       # no config needed for `version`; never let the CLI look for updates
       expect "$ver" env HEADSCALE_DISABLE_CHECK_UPDATES=true "$d/headscale" version || return 1 ;;
+    tailscale-minimal)
+      expect "$short" "$d/tailscaled" --version || return 1
+      # the build tags took (the binary's build info lists them)
+      expect "-tags=ts_omit_ace" "$GO" version -m "$d/tailscaled" || return 1 ;;
     tailscale)
       expect "$short" "$d/tailscaled" --version || return 1
       expect "$short" "$d/tailscale" version || return 1
@@ -864,6 +884,8 @@ print_env() {
   echo "TNO_DEPS_DIR=$CACHE_ROOT"
   for c in "${COMPONENTS[@]}" "${OPTIONAL_COMPONENTS[@]}"; do
     for b in $(binaries_of "$c"); do
+      # the minimal build's binary is named tailscaled too (its pods' command)
+      [[ $c != tailscale-minimal ]] || { echo "TNO_BIN_TAILSCALED_MINIMAL=$(comp_dir "$c")/bin/$b"; continue; }
       echo "TNO_BIN_$(tr 'a-z-' 'A-Z_' <<<"$b")=$(comp_dir "$c")/bin/$b"
     done
   done
@@ -893,7 +915,7 @@ main() {
     --check) mode=check; shift ;;
     --pin) mode=pin; shift ;;
     --download) mode=download; shift ;;
-    -h | --help) sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
+    -h | --help) sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
     -*) die "unknown option $1" ;;
   esac
   local comps c failed=0 t0
