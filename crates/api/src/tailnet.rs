@@ -391,7 +391,10 @@ pub struct AgentOverrides {
     /// Resources of the tailnet-agent container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
-    /// Resources of the tailscale container.
+    /// Resources of the tailscale container. Default: requests 20m CPU and 64Mi memory, limit
+    /// 256Mi memory. Its memory limit also sets tailscaled's `GOMEMLIMIT` to 90 % of it (the Go
+    /// runtime collects harder near the limit instead of being OOM-killed); without a memory
+    /// limit there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tailscale_resources: Option<ResourceRequirements>,
     /// Pull Secrets (in each agent's namespace) for private copies of the agent images.

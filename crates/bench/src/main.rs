@@ -43,6 +43,8 @@ impl Benchmark {
     }
 }
 
+// Parsed once at start: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run benchmarks and print their tables (Markdown).
@@ -69,6 +71,10 @@ enum Command {
         /// build's): e.g. a build with other Go settings or build tags, side by side.
         #[arg(long)]
         baseline_tailscaled: Option<PathBuf>,
+        /// Environment of the baseline's tailscaled, `KEY=VALUE` (repeatable; e.g.
+        /// `GOMEMLIMIT=200MiB`): Go runtime settings side by side with the same binary.
+        #[arg(long, value_name = "KEY=VALUE", requires = "baseline_tailscaled", value_parser = parse_env_pair)]
+        baseline_tailscaled_env: Vec<String>,
         /// Every workload once and briefly: checks that bytes and requests arrive.
         #[arg(long)]
         smoke: bool,
@@ -104,6 +110,17 @@ struct Baselines {
     agent: Option<PathBuf>,
     operator: Option<PathBuf>,
     tailscaled: Option<PathBuf>,
+    tailscaled_env: Vec<String>,
+}
+
+/// `KEY=VALUE` with a non-empty key and no whitespace (the pairs travel space-separated).
+fn parse_env_pair(pair: &str) -> Result<String, String> {
+    match pair.split_once('=') {
+        Some((key, _)) if !key.is_empty() && !pair.contains(char::is_whitespace) => {
+            Ok(pair.to_string())
+        }
+        _ => Err(format!("{pair:?}: expected KEY=VALUE without spaces")),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -194,6 +211,9 @@ fn run(
             if let Some(tailscaled) = &baselines.tailscaled {
                 child.arg("--baseline-tailscaled").arg(tailscaled);
             }
+            for pair in &baselines.tailscaled_env {
+                child.arg("--baseline-tailscaled-env").arg(pair);
+            }
             if smoke {
                 child.arg("--smoke");
             }
@@ -280,6 +300,10 @@ fn startup_builds(operator: PathBuf, baselines: Baselines) -> Result<Vec<startup
         // SAFETY: as above.
         unsafe {
             std::env::set_var(tno_testenv_kube::env::BASELINE_TAILSCALED_VAR, tailscaled);
+            std::env::set_var(
+                tno_testenv_kube::env::BASELINE_TAILSCALED_ENV_VAR,
+                baselines.tailscaled_env.join(" "),
+            );
         }
         let build = baseline.get_or_insert_with(|| startup::Build {
             label: "baseline".into(),
@@ -315,6 +339,7 @@ fn main() -> ExitCode {
             operator,
             baseline_operator,
             baseline_tailscaled,
+            baseline_tailscaled_env,
             smoke,
             only,
             repeat,
@@ -326,6 +351,7 @@ fn main() -> ExitCode {
                 agent: baseline_agent,
                 operator: baseline_operator,
                 tailscaled: baseline_tailscaled,
+                tailscaled_env: baseline_tailscaled_env,
             },
             caddy,
             operator,

@@ -11,6 +11,7 @@ pub mod dns;
 pub mod egress;
 pub mod fragment;
 pub mod gateway;
+pub mod go_memory;
 pub mod images;
 pub mod ingress;
 pub mod intent;

@@ -302,6 +302,16 @@ fn tailscaled_args(state_secret: &str) -> Vec<String> {
 fn tailscale_container(owner: &Owner, ctx: &RenderContext) -> Container {
     let names = owner.names();
     let overrides = ctx.tailnet.agent.as_ref();
+    let resources = overrides
+        .and_then(|o| o.tailscale_resources.clone())
+        .unwrap_or_else(|| resources("20m", "64Mi", "256Mi"));
+    // The Go runtime's soft limit below the container's: tailscaled collects harder near
+    // the limit instead of being OOM-killed (see go_memory).
+    let go_memory_limit = resources
+        .limits
+        .as_ref()
+        .and_then(|limits| limits.get("memory"))
+        .and_then(crate::go_memory::go_memory_limit);
     Container {
         name: "tailscale".to_string(),
         image: Some(ctx.images.tailscale.clone()),
@@ -320,6 +330,7 @@ fn tailscale_container(owner: &Owner, ctx: &RenderContext) -> Container {
                 ctx.server_ca_pem
                     .map(|_| env("SSL_CERT_DIR", SERVER_CA_CERT_DIRS)),
             )
+            .chain(go_memory_limit.map(|limit| env("GOMEMLIMIT", limit)))
             .collect(),
         ),
         volume_mounts: Some(
@@ -338,11 +349,7 @@ fn tailscale_container(owner: &Owner, ctx: &RenderContext) -> Container {
             .collect(),
         ),
         security_context: Some(restricted_container_security()),
-        resources: Some(
-            overrides
-                .and_then(|o| o.tailscale_resources.clone())
-                .unwrap_or_else(|| resources("20m", "64Mi", "256Mi")),
-        ),
+        resources: Some(resources),
         ..Container::default()
     }
 }

@@ -1007,3 +1007,34 @@ fn in_cluster_namespaces_add_a_service_and_admit_only_those_namespaces() {
         "configs without it stay what older agents read"
     );
 }
+
+/// tailscaled's Go runtime gets a soft limit of 90 % of its container's memory limit (the
+/// default 256 Mi, or the Tailnet's `spec.agent.tailscaleResources`); without a memory limit
+/// none, and the agent container never gets one.
+#[test]
+fn tailscaled_gets_a_go_memory_limit_below_its_container_limit() {
+    let mut tailnet: Tailnet = load("10-tailnet.yaml");
+    let egress: TailnetEgress = load("20-egress.yaml");
+    let gomemlimit = |tailnet: &Tailnet| {
+        let objects = egress::render(&egress, &ctx(tailnet), &BTreeMap::new()).expect("render");
+        let spec = pod(&objects.deployment);
+        assert!(!env(container(spec, "tailnet-agent")).contains_key("GOMEMLIMIT"));
+        env(container(spec, "tailscale")).get("GOMEMLIMIT").cloned()
+    };
+    assert_eq!(gomemlimit(&tailnet).as_deref(), Some("230MiB"));
+
+    let with_resources = |resources: serde_json::Value| {
+        serde_json::from_value::<tailnet_api::tailnet::AgentOverrides>(
+            serde_json::json!({ "tailscaleResources": resources }),
+        )
+        .expect("overrides")
+    };
+    tailnet.spec.agent = Some(with_resources(
+        serde_json::json!({"limits": {"memory": "1Gi"}, "requests": {"memory": "128Mi"}}),
+    ));
+    assert_eq!(gomemlimit(&tailnet).as_deref(), Some("921MiB"));
+    tailnet.spec.agent = Some(with_resources(
+        serde_json::json!({"requests": {"memory": "128Mi"}}),
+    ));
+    assert_eq!(gomemlimit(&tailnet), None);
+}

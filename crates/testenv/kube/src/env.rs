@@ -26,6 +26,9 @@ pub const BASELINE_AGENT_VAR: &str = "TNO_BIN_TAILNET_AGENT_BASELINE";
 /// A `tailscaled` binary that images named `…/tailscale/tailscale-baseline` run (the startup
 /// benchmark's baseline, e.g. another build of the same tailscale version).
 pub const BASELINE_TAILSCALED_VAR: &str = "TNO_BIN_TAILSCALED_BASELINE";
+/// Environment of the [`BASELINE_TAILSCALED_VAR`] image's processes, `KEY=VALUE` pairs
+/// separated by spaces (e.g. `GOMEMLIMIT=200MiB GOGC=50`: Go runtime settings side by side).
+pub const BASELINE_TAILSCALED_ENV_VAR: &str = "TNO_TAILSCALED_BASELINE_ENV";
 /// The tailscale image the pods of [`BASELINE_TAILSCALED_VAR`]'s build name.
 pub const BASELINE_TAILSCALE_IMAGE: &str = "ghcr.io/tailscale/tailscale-baseline:bench";
 
@@ -415,15 +418,18 @@ fn builtin_images(binaries: &Binaries) -> Vec<LocalImage> {
     // A second tailscaled build (the startup benchmark's baseline): the pods' command
     // `/usr/local/bin/tailscaled` resolves in its directory first.
     if let Some(path) = std::env::var_os(BASELINE_TAILSCALED_VAR) {
-        images.push(
-            LocalImage::new(
-                "tailscale-baseline",
-                ImageMatcher::RepositorySuffix("tailscale/tailscale-baseline".into()),
-                [dir_of(Path::new(&path)), dir_of(&binaries.containerboot)].concat(),
-                &["containerboot"],
-            )
-            .with_env("TS_NO_LOGS_NO_SUPPORT", "true"),
-        );
+        let mut image = LocalImage::new(
+            "tailscale-baseline",
+            ImageMatcher::RepositorySuffix("tailscale/tailscale-baseline".into()),
+            [dir_of(Path::new(&path)), dir_of(&binaries.containerboot)].concat(),
+            &["containerboot"],
+        )
+        .with_env("TS_NO_LOGS_NO_SUPPORT", "true");
+        let extra = std::env::var(BASELINE_TAILSCALED_ENV_VAR).unwrap_or_default();
+        for (name, value) in extra.split_whitespace().filter_map(|kv| kv.split_once('=')) {
+            image = image.with_env(name, value);
+        }
+        images.push(image);
     }
     // A second agent build (the benchmarks' baseline), for images named
     // `tailnet-agent-baseline…`; listed first, the first matching image wins.
