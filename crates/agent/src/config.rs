@@ -2,6 +2,7 @@
 //! operator renders it; the agent still checks it, because a config that would bind one port
 //! twice or route one hostname two ways must fail loudly instead of half-working.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -70,7 +71,18 @@ fn parse(raw: &[u8]) -> Result<AgentConfig, ParseError> {
 
 /// Lower-cases and strips one trailing dot: SNI, Host and configured names compare this way.
 pub fn normalize_hostname(name: &str) -> String {
-    name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase()
+    normalized_hostname(name).into_owned()
+}
+
+/// [`normalize_hostname`] without a copy when `name` is already normalized (the request path:
+/// clients send lowercase names).
+pub fn normalized_hostname(name: &str) -> Cow<'_, str> {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(name.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(name)
+    }
 }
 
 /// Checks what the JSON schema cannot: unique names and ports, hostnames that route one way

@@ -8,7 +8,6 @@
 //! when the config has them, else in seconds). A WebSocket upgrade is tunnelled and then
 //! lives by its own lifecycle.
 
-use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -308,7 +307,8 @@ async fn serve_http<IO>(
                     inner: body,
                     _in_flight: in_flight,
                 };
-                Ok::<_, Infallible>(Response::from_parts(parts, body.boxed_unsync()))
+                // Not boxed again: the response body is boxed once, where it is made.
+                Ok::<_, Infallible>(Response::from_parts(parts, body))
             }
         })
     };
@@ -393,7 +393,10 @@ async fn proxy_request(
     request: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
-    let host_value = request_host(&request);
+    // The request's own Host value (a reference-counted clone, no copy), forwarded as Host and
+    // X-Forwarded-Host as it came.
+    let host_header = request_host(&request);
+    let host_value = host_header.as_ref().and_then(|value| value.to_str().ok());
     let mut exchange = Exchange::begin(started, connection, &request);
     if has_conflicting_host(request.headers()) {
         let mut answer =
@@ -403,10 +406,7 @@ async fn proxy_request(
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return answer;
     }
-    let choice = match site
-        .routes
-        .select(connection.sni.as_deref(), host_value.as_deref())
-    {
+    let choice = match site.routes.select(connection.sni.as_deref(), host_value) {
         RouteDecision::Route(choice) => choice,
         RouteDecision::Misdirected => {
             return exchange.local_answer(
@@ -422,16 +422,13 @@ async fn proxy_request(
         }
     };
     // The configured name (or wildcard) the Host matched: a bounded metrics label.
-    exchange.host = Cow::Owned(choice.hostname.to_string());
+    exchange.host = choice.hostname.clone();
     let Some(route) = site.served.get(choice.index) else {
         exchange.route = Some(Arc::from(choice.entry.route.name.as_str()));
         return exchange.local_answer(StatusCode::BAD_GATEWAY, "route has no backend\n");
     };
     exchange.route = Some(route.name.clone());
-    let host_name = host_value
-        .as_deref()
-        .and_then(host_without_port)
-        .unwrap_or_default();
+    let host_name = host_value.and_then(host_without_port).unwrap_or_default();
     let source = RequestSource {
         scheme: site.scheme(),
         host: &host_name,
@@ -439,9 +436,8 @@ async fn proxy_request(
     };
     match route_rules(route, &request, source, &context.metrics) {
         Routing::Forward(forward) => {
-            let original_host = host_value.unwrap_or_default();
             // Shared by Host and X-Forwarded-Host (a clone is a reference count).
-            let original_host = HeaderValue::from_str(&original_host).ok();
+            let original_host = host_header.clone();
             forward_request(
                 context,
                 connection,
@@ -666,7 +662,7 @@ async fn forward_request(
     let body = MeteredBody::new(
         body,
         deadline,
-        exchange.inbound.clone(),
+        (exchange.tallies.clone(), Direction::In),
         Some(upload.clone()),
     );
     let backend_request = Request::from_parts(parts, body.boxed_unsync());
@@ -732,8 +728,8 @@ async fn forward_request(
     }
     let mut exchange = exchange;
     exchange.status = parts.status;
-    let outbound = exchange.outbound.clone();
-    let body = MeteredBody::new(body, deadline, outbound, None).with_exchange(exchange);
+    let tallies = (exchange.tallies.clone(), Direction::Out);
+    let body = MeteredBody::new(body, deadline, tallies, None).with_exchange(exchange);
     Response::from_parts(parts, body.boxed_unsync())
 }
 
@@ -841,7 +837,7 @@ fn tunnel_upgrade(
         return exchange.local_answer(StatusCode::BAD_GATEWAY, "bad gateway\n");
     };
     let backend_upgrade = hyper::upgrade::on(&mut response);
-    let (inbound, outbound) = (exchange.inbound.clone(), exchange.outbound.clone());
+    let tallies = exchange.tallies.clone();
     let route = backend.name.clone();
     let admission = connection.admission.clone();
     context.tunnels.spawn(async move {
@@ -851,13 +847,13 @@ fn tunnel_upgrade(
                 let result = relay(
                     TokioIo::new(client),
                     TokioIo::new(backend),
-                    &inbound,
-                    &outbound,
+                    &tallies.inbound,
+                    &tallies.outbound,
                     HalfClose::Propagate,
                     None,
                 )
                 .await;
-                debug!(%route, bytes_in = inbound.total(), bytes_out = outbound.total(), ?result, "upgraded connection closed");
+                debug!(%route, bytes_in = tallies.inbound.total(), bytes_out = tallies.outbound.total(), ?result, "upgraded connection closed");
             }
             Err(error) => {
                 debug!(%route, error = %error_chain(&error), "upgrade did not complete");
@@ -869,7 +865,7 @@ fn tunnel_upgrade(
     let body = MeteredBody::new(
         http_body_util::Empty::<Bytes>::new(),
         None,
-        exchange.outbound.clone(),
+        (exchange.tallies.clone(), Direction::Out),
         None,
     )
     .with_exchange(exchange);
@@ -970,18 +966,12 @@ impl Body for InFlightBody {
 /// The Host the client asked for: the request target's authority when it has one
 /// (`:authority` on HTTP/2, absolute-form on HTTP/1.1, which RFC 9112 §3.2.2 puts before the
 /// Host header), else the Host header.
-fn request_host<B>(request: &Request<B>) -> Option<String> {
-    request
-        .uri()
-        .authority()
-        .map(|authority| authority.as_str().to_owned())
-        .or_else(|| {
-            request
-                .headers()
-                .get(header::HOST)
-                .and_then(|value| value.to_str().ok())
-                .map(str::to_owned)
-        })
+fn request_host<B>(request: &Request<B>) -> Option<HeaderValue> {
+    match request.uri().authority() {
+        // absolute-form (and HTTP/2's :authority): one copy
+        Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
+        None => request.headers().get(header::HOST).cloned(),
+    }
 }
 
 #[derive(Debug, Default)]
@@ -1014,6 +1004,13 @@ impl UploadProgress {
     }
 }
 
+/// The metrics label of a request no route matched: one shared string, not one per request.
+fn unknown_host() -> Arc<str> {
+    static UNKNOWN: std::sync::LazyLock<Arc<str>> =
+        std::sync::LazyLock::new(|| Arc::from("unknown"));
+    UNKNOWN.clone()
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("request timeout: the exchange took longer than the route allows")]
 pub struct ExchangeDeadline;
@@ -1025,13 +1022,13 @@ struct Exchange {
     metrics: Arc<ConnectionMetrics>,
     /// `None` until a route is selected (`-` in the metrics and the log).
     route: Option<Arc<str>>,
-    host: Cow<'static, str>,
+    host: Arc<str>,
     method: Method,
     path: String,
     status: StatusCode,
     client: Arc<str>,
-    inbound: Arc<Tally>,
-    outbound: Arc<Tally>,
+    /// Bytes of the request body and of the response body (one allocation for both).
+    tallies: Arc<Tallies>,
     message: String,
 }
 
@@ -1048,24 +1045,26 @@ impl Exchange {
             started,
             metrics: connection.metrics.clone(),
             route: None,
-            host: Cow::Borrowed("unknown"),
+            host: unknown_host(),
             method: request.method().clone(),
             path,
             status: StatusCode::OK,
             client: connection.client.clone(),
-            inbound: Arc::new(Tally::new(connection.metrics.bytes_in.clone())),
-            outbound: Arc::new(Tally::new(connection.metrics.bytes_out.clone())),
+            tallies: Arc::new(Tallies {
+                inbound: Tally::new(connection.metrics.bytes_in.clone()),
+                outbound: Tally::new(connection.metrics.bytes_out.clone()),
+            }),
             message: String::new(),
         }
     }
 
     fn local_answer(mut self, status: StatusCode, text: &'static str) -> Response<ProxyBody> {
         self.status = status;
-        let outbound = self.outbound.clone();
+        let tallies = (self.tallies.clone(), Direction::Out);
         let body = MeteredBody::new(
             Full::new(Bytes::from_static(text.as_bytes())),
             None,
-            outbound,
+            tallies,
             None,
         )
         .with_exchange(self);
@@ -1097,12 +1096,28 @@ impl Drop for Exchange {
             path = %self.path,
             status = self.status.as_u16(),
             client = %self.client,
-            bytes_in = self.inbound.total(),
-            bytes_out = self.outbound.total(),
+            bytes_in = self.tallies.inbound.total(),
+            bytes_out = self.tallies.outbound.total(),
             duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
             detail = %self.message,
             "request"
         );
+    }
+}
+
+/// The byte counts of one exchange, request body in, response body out.
+#[derive(Debug)]
+struct Tallies {
+    inbound: Tally,
+    outbound: Tally,
+}
+
+impl Tallies {
+    fn of(&self, direction: Direction) -> &Tally {
+        match direction {
+            Direction::In => &self.inbound,
+            Direction::Out => &self.outbound,
+        }
     }
 }
 
@@ -1113,7 +1128,8 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: B,
         deadline: Option<Pin<Box<Sleep>>>,
-        tally: Arc<Tally>,
+        tallies: Arc<Tallies>,
+        direction: Direction,
         upload: Option<Arc<UploadProgress>>,
         exchange: Option<Exchange>,
         failed: bool,
@@ -1124,7 +1140,7 @@ impl<B: Body> MeteredBody<B> {
     fn new(
         inner: B,
         deadline: Option<Instant>,
-        tally: Arc<Tally>,
+        (tallies, direction): (Arc<Tallies>, Direction),
         upload: Option<Arc<UploadProgress>>,
     ) -> Self {
         if let Some(upload) = upload.as_ref()
@@ -1136,7 +1152,8 @@ impl<B: Body> MeteredBody<B> {
         MeteredBody {
             inner,
             deadline: deadline.map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
-            tally,
+            tallies,
+            direction,
             upload,
             exchange: None,
             failed: false,
@@ -1180,7 +1197,7 @@ where
         match ready!(this.inner.poll_frame(cx)) {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
-                    this.tally.add(data.len());
+                    this.tallies.of(*this.direction).add(data.len());
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -1266,7 +1283,9 @@ mod tests {
         ];
         for (version, uri, host, expected) in cases {
             assert_eq!(
-                request_host(&request(version, uri, host)).as_deref(),
+                request_host(&request(version, uri, host))
+                    .as_ref()
+                    .and_then(|value| value.to_str().ok()),
                 expected,
                 "{uri} {host:?}"
             );

@@ -4,12 +4,13 @@
 //! longer wildcard a shorter one, and both beat `*`. Pure; the TLS resolver, the proxy and the
 //! passthrough listener share it.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use tailnet_api::agent_config::HttpRoute;
 
-use crate::config::normalize_hostname;
+use crate::config::{normalize_hostname, normalized_hostname};
 
 /// Hostname patterns to route indexes; each lookup also names the pattern that matched
 /// (a bounded metrics label, unlike the client's Host).
@@ -136,7 +137,7 @@ impl RouteTable {
     /// Index of the route serving `hostname`.
     pub fn index_of(&self, hostname: &str) -> Option<usize> {
         self.hostnames
-            .lookup(&normalize_hostname(hostname))
+            .lookup(&normalized_hostname(hostname))
             .map(|(index, _)| index)
     }
 
@@ -175,7 +176,7 @@ impl RouteTable {
 }
 
 /// `Host`/`:authority` without the port, normalized; `None` for an empty or malformed value.
-pub fn host_without_port(value: &str) -> Option<String> {
+pub fn host_without_port(value: &str) -> Option<Cow<'_, str>> {
     let value = value.trim();
     if value.is_empty() {
         return None;
@@ -192,7 +193,7 @@ pub fn host_without_port(value: &str) -> Option<String> {
         }
     };
     // "." and ":443"-style values normalise to nothing: no Host, not an unknown one.
-    let host = normalize_hostname(host);
+    let host = normalized_hostname(host);
     (!host.is_empty()).then_some(host)
 }
 
