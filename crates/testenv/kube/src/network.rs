@@ -130,26 +130,26 @@ pub async fn deploy_coredns(
     .await
 }
 
-/// Server-side applies arbitrary objects (resolved through discovery).
+/// How long [`apply_all`] waits for the apiserver to serve every kind it applies: a CRD
+/// created or another group deleted a moment ago leaves discovery in flux for a while
+/// (a group still listed under `/apis` answers 404 on its version).
+const DISCOVERY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Server-side applies arbitrary objects (resolved through discovery of only the API groups
+/// the objects name, retried until every kind resolves or [`DISCOVERY_DEADLINE`] passes).
 pub async fn apply_all(client: &kube::Client, objects: &[serde_json::Value]) -> Result<()> {
-    let discovery = Discovery::new(client.clone())
-        .run()
-        .await
-        .kube_context(|| "API discovery".into())?;
+    let gvks: Vec<kube::api::GroupVersionKind> = objects.iter().map(group_version_kind).collect();
+    let mut groups: Vec<&str> = gvks.iter().map(|gvk| gvk.group.as_str()).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    let discovery = discover_until_served(client, &groups, &gvks).await?;
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    for object in objects {
-        let api_version = object["apiVersion"].as_str().unwrap_or_default();
-        let kind = object["kind"].as_str().unwrap_or_default();
+    for (object, gvk) in objects.iter().zip(&gvks) {
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
-        let (group, version) = match api_version.split_once('/') {
-            Some((group, version)) => (group, version),
-            None => ("", api_version),
-        };
-        let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
         let (resource, capabilities): (ApiResource, _) =
-            discovery.resolve_gvk(&gvk).ok_or_else(|| Error::Setup {
+            discovery.resolve_gvk(gvk).ok_or_else(|| Error::Setup {
                 what: name.to_string(),
-                reason: format!("the apiserver does not serve {api_version} {kind}"),
+                reason: format!("the apiserver does not serve {gvk:?}"),
             })?;
         let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
             Some(namespace) if capabilities.scope == kube::discovery::Scope::Namespaced => {
@@ -159,9 +159,49 @@ pub async fn apply_all(client: &kube::Client, objects: &[serde_json::Value]) -> 
         };
         api.patch(name, &params, &Patch::Apply(object))
             .await
-            .kube_context(|| format!("applying {kind} {name}"))?;
+            .kube_context(|| format!("applying {} {name}", gvk.kind))?;
     }
     Ok(())
+}
+
+/// Discovery of `groups` once every one of `gvks` resolves, tried again every half second
+/// until [`DISCOVERY_DEADLINE`]; the error names what was still missing.
+async fn discover_until_served(
+    client: &kube::Client,
+    groups: &[&str],
+    gvks: &[kube::api::GroupVersionKind],
+) -> Result<Discovery> {
+    let started = tokio::time::Instant::now();
+    loop {
+        let problem = match Discovery::new(client.clone()).filter(groups).run().await {
+            Ok(discovery) => match gvks.iter().find(|gvk| discovery.resolve_gvk(gvk).is_none()) {
+                None => return Ok(discovery),
+                Some(gvk) => format!(
+                    "the apiserver does not serve {}/{} {}",
+                    gvk.group, gvk.version, gvk.kind
+                ),
+            },
+            Err(error) => format!("discovery failed: {error}"),
+        };
+        if started.elapsed() >= DISCOVERY_DEADLINE {
+            return Err(Error::Setup {
+                what: "API discovery".into(),
+                reason: format!("{problem} (after {DISCOVERY_DEADLINE:?})"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// An object's group, version and kind from its `apiVersion` and `kind` (empty when absent).
+fn group_version_kind(object: &serde_json::Value) -> kube::api::GroupVersionKind {
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let (group, version) = match api_version.split_once('/') {
+        Some((group, version)) => (group, version),
+        None => ("", api_version),
+    };
+    kube::api::GroupVersionKind::gvk(group, version, kind)
 }
 
 const COREFILE: &str = r#".:53 {
