@@ -68,18 +68,69 @@ async fn start_operator(env: &E2eEnv, namespace: &str, client: &kube::Client) ->
     apply_all(client, &[env.tailnet_object(TAILNET, "Apply")])
         .await
         .expect("Tailnet applied");
-    let binary = workspace_operator_binary().unwrap_or_else(|error| {
-        panic!("{error} (or run with TNO_GATEWAY_CONFORMANCE_OPERATOR=off)")
-    });
-    let mut operator = env
-        .start_operator(&binary, &OperatorArgs::new(namespace).to_args())
-        .await
-        .expect("operator started");
+    let mut operator = spawn_operator(env, namespace).await;
     operator
         .wait_ready(SETUP_DEADLINE)
         .await
         .unwrap_or_else(|error| panic!("operator ready: {error}\n{}", operator.log_tail(40)));
     operator
+}
+
+/// One operator process of the workspace's build for `namespace`.
+async fn spawn_operator(env: &E2eEnv, namespace: &str) -> OperatorProcess {
+    let binary = workspace_operator_binary().unwrap_or_else(|error| {
+        panic!("{error} (or run with TNO_GATEWAY_CONFORMANCE_OPERATOR=off)")
+    });
+    env.start_operator(&binary, &OperatorArgs::new(namespace).to_args())
+        .await
+        .expect("operator started")
+}
+
+/// How often the operator is checked while the suite runs.
+const OPERATOR_CHECK: Duration = Duration::from_secs(2);
+/// Restarts of an exited operator during one suite run before the test gives up.
+const OPERATOR_RESTARTS: usize = 3;
+
+/// Runs `suite` to its end while keeping the operator up the way its Deployment would: an
+/// operator that exits (it does so on purpose when it cannot renew its lease, e.g. an
+/// apiserver slowed by a loaded machine) is started again, at most [`OPERATOR_RESTARTS`]
+/// times; without that every later suite test would wait out its timeout against an
+/// operator that is gone. Returns the suite's result and the restarts done.
+async fn run_suite_supervised<F, T>(
+    suite: F,
+    env: &E2eEnv,
+    namespace: &str,
+    operator: &mut Option<OperatorProcess>,
+) -> (T, usize)
+where
+    F: std::future::Future<Output = T>,
+{
+    let mut restarts = 0;
+    tokio::pin!(suite);
+    loop {
+        tokio::select! {
+            result = &mut suite => return (result, restarts),
+            () = tokio::time::sleep(OPERATOR_CHECK), if operator.is_some() => {
+                let Some(current) = operator.as_mut() else { continue };
+                if current.is_running() {
+                    continue;
+                }
+                assert!(
+                    restarts < OPERATOR_RESTARTS,
+                    "the operator exited {} times during the suite:\n{}",
+                    restarts + 1,
+                    current.log_tail(40)
+                );
+                eprintln!(
+                    "==== the operator exited during the suite; starting it again (as its \
+                     Deployment would) ====\n{}",
+                    current.log_tail(15)
+                );
+                *current = spawn_operator(env, namespace).await;
+                restarts += 1;
+            }
+        }
+    }
 }
 
 /// The runner's harness check: marks the GatewayClass Accepted itself.
@@ -251,16 +302,22 @@ async fn run_conformance(config: RunnerConfig) -> String {
         config.run.args().join(" "),
         config.log.display()
     );
-    let (exit, took) = run_suite(
-        &node.netns,
-        &suite,
-        env.lab_kubeconfig(),
-        &config.run,
-        &config.log,
-        config.deadline,
+    let mut operator = operator;
+    let (suite_run, operator_restarts) = run_suite_supervised(
+        run_suite(
+            &node.netns,
+            &suite,
+            env.lab_kubeconfig(),
+            &config.run,
+            &config.log,
+            config.deadline,
+        ),
+        &env,
+        ops.name(),
+        &mut operator,
     )
-    .await
-    .expect("suite process");
+    .await;
+    let (exit, took) = suite_run.expect("suite process");
     let log = std::fs::read_to_string(&config.log).unwrap_or_default();
     let report = std::fs::read_to_string(&config.run.report)
         .ok()
@@ -268,7 +325,8 @@ async fn run_conformance(config: RunnerConfig) -> String {
     eprintln!(
         "==== Gateway API conformance ({exit:?}) ====\n{}\
          timings: environment {env_ready:.1?}, setup (namespace, {crds} CRDs, operator: {}, \
-         GatewayClass, client node) {:.1?}, suite {took:.1?}, total {:.1?}\n\
+         GatewayClass, client node) {:.1?}, suite {took:.1?}, total {:.1?}, operator \
+         restarts {operator_restarts}\n\
          report: {}\nlog: {}",
         summary(report.as_ref(), &log),
         operator.is_some(),
