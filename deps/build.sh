@@ -17,13 +17,13 @@
 #             crane actionlint        (the lab's OCI registry and image pushes; workflow lint)
 #             kube-router   (NetworkPolicy enforcer of the lab, network_policy_e2e)
 #             gateway-api   (the Standard-channel Gateway API CRDs, files only)
+#             tailscale-minimal (tailscaled with only the features an agent pod uses, from
+#                           the tailscale wrapper module: the tailnet-tailscaled image's program,
+#                           what the e2e agents run; TNO_BIN_TAILSCALED_MINIMAL)
 #   Not in `all` (built only when named):
 #             gateway-api-conformance (the upstream conformance suite as a program, our
 #                           wrapper deps/go/gateway-api-conformance, + its echo-basic backend;
 #                           gateway-api's version)
-#             tailscale-minimal (tailscaled with only the features an agent pod uses, from
-#                           the tailscale wrapper module: its size and memory beside the full
-#                           build, `tno-bench --baseline-tailscaled`; TNO_BIN_TAILSCALED_MINIMAL)
 # Layout:     ${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}/<component>-<version>/bin/<binary>
 #             .../cert-manager-<version>/crds/cert-manager.crds.yaml
 #             .../gateway-api-<version>/crds/*.yaml
@@ -37,9 +37,9 @@ set -euo pipefail
 
 DEPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE_ROOT=${TNO_DEPS_DIR:-$HOME/.cache/tailnet-operator/deps}
-COMPONENTS=(kubernetes etcd headscale tailscale coredns cert-manager cert-manager-controller helm prometheus caddy crane actionlint kube-router gateway-api)
+COMPONENTS=(kubernetes etcd headscale tailscale tailscale-minimal coredns cert-manager cert-manager-controller helm prometheus caddy crane actionlint kube-router gateway-api)
 # Built only when named (long cold builds that only some runs need); --print-env lists them too.
-OPTIONAL_COMPONENTS=(gateway-api-conformance tailscale-minimal)
+OPTIONAL_COMPONENTS=(gateway-api-conformance)
 
 log() { printf '[deps] %s\n' "$*" >&2; }
 die() { printf '[deps] ERROR: %s\n' "$*" >&2; exit 1; }

@@ -50,11 +50,14 @@ musl_target="$(uname -m)-unknown-linux-musl"
 rustup target list --installed | grep -qx "$musl_target" || rustup target add "$musl_target"
 # Only what the lab runs is built here; scripts/test.sh builds the test-only tools (caddy,
 # prometheus, actionlint).
-lab_components=(kubernetes etcd headscale tailscale coredns cert-manager cert-manager-controller helm crane kube-router)
+# tailscale-minimal is the agents' tailscaled (the tailnet-tailscaled image); the full tailscale
+# build runs the lab's laptop and subnet router.
+lab_components=(kubernetes etcd headscale tailscale tailscale-minimal coredns cert-manager cert-manager-controller helm crane kube-router)
 # One cargo build, one profile (`lab`: unoptimised, no debug info, not incremental) and one
 # target: the images' static binaries (the operator and the agent; releases use --profile
 # release), the lab's own runner and test servers (the runner finds them next to itself) and
-# xtask, which then assembles the images from those binaries. xtask is built for the musl target
+# xtask, which assembles the images from those binaries once the Go programs are built (the
+# tailnet-tailscaled image is deps' minimal tailscaled). xtask is built for the musl target
 # too so its dependencies (k8s-openapi, kube's derive) are compiled once, not again for the host.
 lab_binaries="$target_dir/lab-binaries"
 build_rust() {
@@ -62,8 +65,10 @@ build_rust() {
     -p tailnet-operator --bin tailnet-operator -p tailnet-agent --bin tailnet-agent \
     -p tno-testenv --bin tno-lab -p tno-testenv-kube --bin tno-test-servers -p xtask --bin xtask &&
     mkdir -p "$lab_binaries" &&
-    ln -sfn "$(cd "$target_dir/$musl_target/lab" && pwd)" "$lab_binaries/$musl_target" &&
-    "$target_dir/$musl_target/lab/xtask" images --out "$target_dir/lab-images" --binaries "$lab_binaries"
+    ln -sfn "$(cd "$target_dir/$musl_target/lab" && pwd)" "$lab_binaries/$musl_target"
+}
+assemble_images() {
+  "$target_dir/$musl_target/lab/xtask" images --out "$target_dir/lab-images" --binaries "$lab_binaries"
 }
 # The Go modules download while cargo compiles; then the Go programs compile, two at a time
 # (deps/build.sh, TNO_DEPS_JOBS), with the cores to themselves. Measured cold on 2 cores: builds
@@ -75,11 +80,14 @@ timed "Go modules (deps/build.sh --download; beside cargo)" \
   bash deps/build.sh --download "${lab_components[@]}" &
 downloads=$!
 rust_status=0 go_status=0
-timed "Rust binaries and images (cargo build --profile lab, xtask images)" build_rust || rust_status=$?
+timed "Rust binaries (cargo build --profile lab)" build_rust || rust_status=$?
 wait "$downloads" || go_status=$?
 if ((rust_status == 0 && go_status == 0)); then
   timed "third-party programs (deps/build.sh; cached in $deps_cache)" \
     bash deps/build.sh "${lab_components[@]}" || go_status=$?
+fi
+if ((rust_status == 0 && go_status == 0)); then
+  timed "images (xtask images)" assemble_images || rust_status=$?
 fi
 if ((rust_status != 0 || go_status != 0)); then
   echo "[lab] a build failed (Rust: exit $rust_status, Go programs: exit $go_status); see above" >&2

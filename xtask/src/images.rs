@@ -1,12 +1,20 @@
-//! `cargo xtask images`: the `tailnet-operator` and `tailnet-agent` OCI images, built without a
-//! container daemon and reproducibly.
+//! `cargo xtask images`: the `tailnet-operator`, `tailnet-agent` and `tailnet-tailscaled` OCI
+//! images, built without a container daemon and reproducibly.
 //!
-//! Each image is a static (musl) release binary on an empty base, in two layers:
+//! `tailnet-tailscaled` is the agent pods' `tailscaled`: tailscale's own program at the pinned
+//! version (`TAILSCALE_VERSION` of `deps/versions.env`), built by `deps/build.sh
+//! tailscale-minimal` from the Go module proxy (checksums verified against the Go checksum
+//! database) with only the features an agent pod uses (its `ts_omit_*` build tags), static
+//! (`CGO_ENABLED=0`, `-trimpath`). It is not built here: `--binaries <dir>` takes
+//! `<dir>/<rust-target>/tailscaled`, otherwise the host platform's comes from the deps cache
+//! (`TNO_BIN_TAILSCALED_MINIMAL`, as `deps/build.sh --print-env` prints it).
+//!
+//! Each image is a static binary on an empty base, in two layers:
 //!
 //! 1. base: `/etc/passwd` and `/etc/group` (`images/rootfs/etc/`: root and `nonroot` 65532),
 //!    the CA bundle at `/etc/ssl/certs/ca-certificates.crt` (the build machine's Debian
 //!    `ca-certificates`, or `--ca-bundle`), `/home/nonroot` (0700, 65532) and `/tmp` (1777);
-//! 2. the binary at `/usr/local/bin/<name>` (0755, root).
+//! 2. the program at `/usr/local/bin/<program>` (0755, root).
 //!
 //! No shell, no libc, no package manager: nothing but what the binary needs, so a
 //! read-only root file system works (the programs write only to mounted volumes). User
@@ -39,10 +47,46 @@ use tno_oci::Platform;
 use tno_oci::image::{PlatformImage, RunConfig};
 use tno_oci::layer::LayerSpec;
 
-/// (image name, Dockerfile under `images/`).
-pub const IMAGES: &[(&str, &str)] = &[
-    ("tailnet-operator", "operator.Dockerfile"),
-    ("tailnet-agent", "agent.Dockerfile"),
+/// One image: its name, its Dockerfile under `images/`, the program it runs
+/// (`/usr/local/bin/<program>`, the entrypoint) and the program's licence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageSpec {
+    pub name: &'static str,
+    pub dockerfile: &'static str,
+    pub program: &'static str,
+    pub licenses: &'static str,
+}
+
+impl ImageSpec {
+    /// Whether the program is a binary of this workspace (built by cargo) rather than
+    /// tailscale's `tailscaled` (built by `deps/build.sh`).
+    pub fn is_workspace_binary(&self) -> bool {
+        self.program != TAILSCALED
+    }
+}
+
+/// The agent pods' tailscaled (see the module documentation).
+pub const TAILSCALED: &str = "tailscaled";
+
+pub const IMAGES: &[ImageSpec] = &[
+    ImageSpec {
+        name: "tailnet-operator",
+        dockerfile: "operator.Dockerfile",
+        program: "tailnet-operator",
+        licenses: "Apache-2.0",
+    },
+    ImageSpec {
+        name: "tailnet-agent",
+        dockerfile: "agent.Dockerfile",
+        program: "tailnet-agent",
+        licenses: "Apache-2.0",
+    },
+    ImageSpec {
+        name: "tailnet-tailscaled",
+        dockerfile: "tailscaled.Dockerfile",
+        program: TAILSCALED,
+        licenses: "BSD-3-Clause",
+    },
 ];
 
 pub const USER: &str = "65532:65532";
@@ -64,6 +108,9 @@ pub struct Options {
     pub verify_reproducible: bool,
     /// Cargo profile the binaries are built with (`release`, or `lab` for the local lab).
     pub profile: String,
+    /// The tailscale version of `tailnet-tailscaled` (its `dev.tailnet-operator.tailscale.version`
+    /// label): `TAILSCALE_VERSION` of `deps/versions.env`.
+    pub tailscale_version: String,
 }
 
 impl Options {
@@ -78,6 +125,8 @@ impl Options {
             chart: false,
             verify_reproducible: false,
             profile: "release".into(),
+            tailscale_version: tno_deps::pinned_version(root, "tailscale-minimal")
+                .unwrap_or_else(|_| "unknown".into()),
         }
     }
 }
@@ -153,18 +202,18 @@ pub fn base_layer(root: &Path, ca_bundle: &Path) -> Result<LayerSpec, String> {
     Ok(layer)
 }
 
-/// The binary layer of image `name`.
-pub fn binary_layer(name: &str, binary: &Path) -> Result<LayerSpec, String> {
+/// The binary layer: `binary` as `/usr/local/bin/<program>`.
+pub fn binary_layer(program: &str, binary: &Path) -> Result<LayerSpec, String> {
     let mut layer = LayerSpec::new();
     layer
-        .host_file(&format!("usr/local/bin/{name}"), 0o755, binary)
+        .host_file(&format!("usr/local/bin/{program}"), 0o755, binary)
         .map_err(|e| e.to_string())?;
     Ok(layer)
 }
 
-pub fn run_config(name: &str, labels: BTreeMap<String, String>) -> RunConfig {
+pub fn run_config(program: &str, labels: BTreeMap<String, String>) -> RunConfig {
     RunConfig {
-        entrypoint: vec![format!("/usr/local/bin/{name}")],
+        entrypoint: vec![format!("/usr/local/bin/{program}")],
         cmd: Vec::new(),
         env: vec![PATH_ENV.to_string(), format!("SSL_CERT_FILE=/{CA_PATH}")],
         user: USER.to_string(),
@@ -182,7 +231,7 @@ pub struct BuiltImage {
     pub layout: PathBuf,
 }
 
-/// Assembles the images from built binaries (`binary(platform, name)`) into layouts under
+/// Assembles the images from built binaries (`binary(platform, program)`) into layouts under
 /// `out`.
 pub fn assemble(
     root: &Path,
@@ -197,7 +246,8 @@ pub fn assemble(
         .build(epoch)
         .map_err(|e| e.to_string())?;
     let mut built = Vec::new();
-    for (name, _) in IMAGES {
+    for spec in IMAGES {
+        let name = spec.name;
         let mut labels = BTreeMap::new();
         labels.insert(
             "org.opencontainers.image.source".to_string(),
@@ -221,12 +271,18 @@ pub fn assemble(
         );
         labels.insert(
             "org.opencontainers.image.licenses".to_string(),
-            "Apache-2.0".to_string(),
+            spec.licenses.to_string(),
         );
+        if !spec.is_workspace_binary() {
+            labels.insert(
+                "dev.tailnet-operator.tailscale.version".to_string(),
+                options.tailscale_version.clone(),
+            );
+        }
         let mut images = Vec::new();
         for platform in &options.platforms {
-            let path = binary(*platform, name);
-            let layer = binary_layer(name, &path)?
+            let path = binary(*platform, spec.program);
+            let layer = binary_layer(spec.program, &path)?
                 .build(epoch)
                 .map_err(|e| e.to_string())?;
             let image =
@@ -238,9 +294,9 @@ pub fn assemble(
                         "base: images/rootfs/etc/{passwd,group}, CA bundle, /home/nonroot, /tmp"
                             .to_string(),
                     ),
-                    (layer, format!("binary: /usr/local/bin/{name} (static, release)")),
+                    (layer, format!("binary: /usr/local/bin/{} (static, release)", spec.program)),
                 ],
-                    &run_config(name, labels.clone()),
+                    &run_config(spec.program, labels.clone()),
                     &created,
                     &labels,
                 )
@@ -343,6 +399,38 @@ fn cargo_build(
     Ok(target_dir.join(target).join(profile))
 }
 
+/// The `tailscaled` of each platform: `<--binaries>/<rust-target>/tailscaled` when that file
+/// exists, else for the host platform the deps cache's `tailscale-minimal` build.
+fn tailscaled_binaries(
+    root: &Path,
+    options: &Options,
+) -> Result<BTreeMap<&'static str, PathBuf>, String> {
+    let mut found = BTreeMap::new();
+    for platform in &options.platforms {
+        let given = options
+            .binaries
+            .as_ref()
+            .map(|dir| dir.join(platform.rust_target()).join(TAILSCALED))
+            .filter(|path| path.is_file());
+        let path = match given {
+            Some(path) => path,
+            None if Platform::host() == Some(*platform) => tno_deps::tailscaled_minimal(root)
+                .map_err(|missing| format!("{missing} (the tailnet-tailscaled image's program)"))?,
+            None => {
+                return Err(format!(
+                    "tailscaled for {} is built on that platform (`bash deps/build.sh \
+                     tailscale-minimal`) and passed with --binaries <dir> as \
+                     <dir>/{}/tailscaled",
+                    platform.name(),
+                    platform.rust_target()
+                ));
+            }
+        };
+        found.insert(platform.name(), path);
+    }
+    Ok(found)
+}
+
 /// `cargo xtask images`.
 pub fn images(root: &Path, options: &Options) -> Result<(), String> {
     let epoch = source_date_epoch(root)?;
@@ -358,7 +446,14 @@ pub fn images(root: &Path, options: &Options) -> Result<(), String> {
         };
         dirs.insert(platform.name(), dir);
     }
-    let binary = |platform: Platform, name: &str| dirs[platform.name()].join(name);
+    let tailscaled = tailscaled_binaries(root, options)?;
+    let binary = |platform: Platform, program: &str| {
+        if program == TAILSCALED {
+            tailscaled[platform.name()].clone()
+        } else {
+            dirs[platform.name()].join(program)
+        }
+    };
     let built = assemble(root, options, epoch, &revision, &binary, &options.out)?;
     if options.verify_reproducible {
         let again = options.out.join(".reproducibility-check");
@@ -560,6 +655,7 @@ fn package_chart(
     for (name, block) in [
         ("tailnet-operator", "image:"),
         ("tailnet-agent", "  image:"),
+        ("tailnet-tailscaled", "  tailscaleImage:"),
     ] {
         let (repository, digest) = pushed
             .get(name)
@@ -751,9 +847,9 @@ pub fn dockerfile_images(
     builder: Option<&str>,
 ) -> Result<(), String> {
     let builder = find_builder(builder)?;
-    for (name, dockerfile) in IMAGES {
-        let reference = format!("{}/{name}:{tag}", registry.trim_end_matches('/'));
-        let file = root.join("images").join(dockerfile);
+    for spec in IMAGES {
+        let reference = format!("{}/{}:{tag}", registry.trim_end_matches('/'), spec.name);
+        let file = root.join("images").join(spec.dockerfile);
         println!(
             "building {reference} from {} with {}",
             file.display(),
@@ -785,9 +881,9 @@ mod tests {
     }
 
     fn fake_binaries(dir: &Path) -> PathBuf {
-        for (name, _) in IMAGES {
-            let path = dir.join(name);
-            std::fs::write(&path, format!("#!fake {name}\n")).expect("write");
+        for spec in IMAGES {
+            let path = dir.join(spec.program);
+            std::fs::write(&path, format!("#!fake {}\n", spec.program)).expect("write");
         }
         dir.to_path_buf()
     }
@@ -849,6 +945,13 @@ mod tests {
         .expect("assemble");
         assert_eq!(a[0].digest, c[0].digest, "operator image unchanged");
         assert_ne!(a[1].digest, c[1].digest, "agent image changed");
+        assert_eq!(a[2].digest, c[2].digest, "tailscaled image unchanged");
+        assert_eq!(
+            a.iter()
+                .map(|image| image.name.as_str())
+                .collect::<Vec<_>>(),
+            ["tailnet-operator", "tailnet-agent", "tailnet-tailscaled"]
+        );
         // The layout reads back with every blob verified, two platforms in the index.
         let layout = tno_oci::layout::Layout::read(&a[1].layout).expect("layout");
         assert_eq!(layout.digest(), a[1].digest);
@@ -875,11 +978,12 @@ mod tests {
         let scratch = tempfile::tempdir().expect("tempdir");
         let bins = fake_binaries(scratch.path());
         let ca = root().join("images/rootfs/etc/group");
-        for (name, dockerfile) in IMAGES {
+        for spec in IMAGES {
+            let (name, dockerfile, program) = (spec.name, spec.dockerfile, spec.program);
             let dest = scratch.path().join(format!("rootfs-{name}"));
             let status = Command::new("sh")
                 .arg(root().join("images/rootfs.sh"))
-                .arg(bins.join(name))
+                .arg(bins.join(program))
                 .arg(&ca)
                 .arg(&dest)
                 .status()
@@ -891,7 +995,7 @@ mod tests {
             let mut expected = Vec::new();
             for layer in [
                 base_layer(&root(), &ca).expect("base"),
-                binary_layer(name, &bins.join(name)).expect("binary"),
+                binary_layer(program, &bins.join(program)).expect("binary"),
             ] {
                 let built = layer.build(0).expect("build");
                 let mut archive =
@@ -926,7 +1030,7 @@ mod tests {
                 final_stage.starts_with("scratch"),
                 "{dockerfile}: final stage not scratch"
             );
-            let config = run_config(name, BTreeMap::new());
+            let config = run_config(program, BTreeMap::new());
             assert!(final_stage.contains(&format!("USER {}", config.user)));
             assert!(final_stage.contains(&format!(
                 "ENTRYPOINT [\"{}\"]",
@@ -939,9 +1043,16 @@ mod tests {
                 );
             }
             assert!(final_stage.contains("COPY --from=build /rootfs/ /"));
-            assert!(text.contains(&format!(
-                "sh images/rootfs.sh target/release/{name} /etc/ssl/certs/ca-certificates.crt /rootfs"
-            )));
+            let rootfs_call = if spec.is_workspace_binary() {
+                format!(
+                    "sh images/rootfs.sh target/release/{program} /etc/ssl/certs/ca-certificates.crt /rootfs"
+                )
+            } else {
+                format!(
+                    "sh images/rootfs.sh /out/{program} /etc/ssl/certs/ca-certificates.crt /rootfs"
+                )
+            };
+            assert!(text.contains(&rootfs_call), "{dockerfile}: {rootfs_call}");
         }
     }
 
@@ -972,16 +1083,18 @@ mod tests {
             .expect("values");
         let filled = fill_image_values(&values, "image:", "r/op", "sha256:1").expect("operator");
         let filled = fill_image_values(&filled, "  image:", "r/agent", "sha256:2").expect("agent");
+        let filled = fill_image_values(&filled, "  tailscaleImage:", "r/tailscaled", "sha256:3")
+            .expect("tailscaled");
         let parsed: serde_json::Value = serde_yaml_norway(&filled);
         assert_eq!(parsed["image"]["repository"], "r/op");
         assert_eq!(parsed["image"]["digest"], "sha256:1");
         assert_eq!(parsed["agent"]["image"]["repository"], "r/agent");
         assert_eq!(parsed["agent"]["image"]["digest"], "sha256:2");
-        // the tailscale image is left alone
         assert_eq!(
             parsed["agent"]["tailscaleImage"]["repository"],
-            "ghcr.io/tailscale/tailscale"
+            "r/tailscaled"
         );
+        assert_eq!(parsed["agent"]["tailscaleImage"]["digest"], "sha256:3");
         assert!(fill_image_values(&values, "nothing:", "r", "d").is_err());
     }
 

@@ -32,7 +32,8 @@ enum Task {
         /// Components to build (default: all).
         components: Vec<String>,
     },
-    /// Build the OCI images of tailnet-operator and tailnet-agent without a container daemon
+    /// Build the OCI images of tailnet-operator, tailnet-agent and tailnet-tailscaled (the
+    /// agents' tailscaled, from `deps/build.sh tailscale-minimal`) without a container daemon
     /// (static release binaries on an empty base; reproducible), as OCI layouts under --out.
     Images {
         #[arg(long, default_value = concat!("v", env!("CARGO_PKG_VERSION")))]
@@ -43,7 +44,8 @@ enum Task {
         /// Output directory (default: target/images).
         #[arg(long)]
         out: Option<PathBuf>,
-        /// Use binaries from <dir>/<rust-target>/<name> instead of building them.
+        /// Use binaries from <dir>/<rust-target>/<name> instead of building them (tailscaled
+        /// too when there; else the host's from the deps cache).
         #[arg(long)]
         binaries: Option<PathBuf>,
         /// The CA bundle put at /etc/ssl/certs/ca-certificates.crt.
@@ -75,7 +77,8 @@ enum Task {
     },
     /// Package the Helm chart with the given images (by digest) filled into its values.
     PackageChart {
-        /// <name>=<repository>@sha256:<digest>, for tailnet-operator and tailnet-agent.
+        /// <name>=<repository>@sha256:<digest>, for tailnet-operator, tailnet-agent and
+        /// tailnet-tailscaled.
         #[arg(long = "image", required = true)]
         images: Vec<String>,
         /// Output directory (the package goes to <out>/chart/; default: target/images).

@@ -383,8 +383,10 @@ pub struct AgentOverrides {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
-    /// Image of the tailscale container. Default: the operator's `--tailscale-image`, else the
-    /// official `ghcr.io/tailscale/tailscale` image pinned by version and digest.
+    /// Image of the tailscale container (the pod runs its `/usr/local/bin/tailscaled`).
+    /// Default: the operator's `--tailscale-image` (chart value `agent.tailscaleImage`), else
+    /// `ghcr.io/tailnet-operator/tailnet-tailscaled:v<operator version>` (tailscaled with only
+    /// the features an agent uses); the official `ghcr.io/tailscale/tailscale` image works too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub tailscale_image: Option<String>,

@@ -92,6 +92,7 @@ pub fn version_key(component: &str) -> String {
     match component {
         "cert-manager-controller" => "CERT_MANAGER_VERSION".to_string(),
         "gateway-api-conformance" => "GATEWAY_API_VERSION".to_string(),
+        "tailscale-minimal" => "TAILSCALE_VERSION".to_string(),
         _ => format!("{}_VERSION", component.to_uppercase().replace('-', "_")),
     }
 }
@@ -152,6 +153,35 @@ pub fn helm(workspace: &Path) -> Result<PathBuf, NotFound> {
     find(workspace, "helm", "helm")
 }
 
+/// The variable `deps/build.sh --print-env` names the minimal tailscaled build with (the
+/// binary is called `tailscaled` like the full build's, so it has a variable of its own).
+pub const TAILSCALED_MINIMAL_VAR: &str = "TNO_BIN_TAILSCALED_MINIMAL";
+
+/// The agent pods' tailscaled (`deps/build.sh tailscale-minimal`, the `tailnet-tailscaled`
+/// image's program): `TNO_BIN_TAILSCALED_MINIMAL` if set, else the pinned build in the deps
+/// cache. Never a `tailscaled` on `PATH` (that one is a full build, or another version).
+/// The error names every place tried and how to build it.
+pub fn tailscaled_minimal(workspace: &Path) -> Result<PathBuf, String> {
+    let mut tried = Vec::new();
+    if let Some(path) = std::env::var_os(TAILSCALED_MINIMAL_VAR) {
+        let path = PathBuf::from(path);
+        if path.is_file() {
+            return Ok(path);
+        }
+        tried.push(format!("{TAILSCALED_MINIMAL_VAR}={}", path.display()));
+    }
+    match cached(workspace, "tailscale-minimal", "tailscaled") {
+        Ok(path) if path.is_file() => return Ok(path),
+        Ok(path) => tried.push(path.display().to_string()),
+        Err(reason) => tried.push(format!("the deps cache: {reason}")),
+    }
+    Err(format!(
+        "the minimal tailscaled not found (tried {}); build it with `bash deps/build.sh \
+         tailscale-minimal` or set {TAILSCALED_MINIMAL_VAR}",
+        tried.join(", ")
+    ))
+}
+
 /// [`find`] with its inputs given: the override, the cache path, `PATH`.
 fn find_with(
     override_path: Option<&OsStr>,
@@ -198,6 +228,7 @@ mod tests {
         );
         assert_eq!(version_key("cert-manager"), "CERT_MANAGER_VERSION");
         assert_eq!(version_key("kube-router"), "KUBE_ROUTER_VERSION");
+        assert_eq!(version_key("tailscale-minimal"), "TAILSCALE_VERSION");
     }
 
     #[test]

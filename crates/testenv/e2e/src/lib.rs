@@ -72,7 +72,8 @@ pub use error::{E2eError, Result};
 pub use extra_records::{EXTRA_RECORDS_KEY, ExtraRecordsProjection};
 pub use network_policy::{NetworkPolicyEnforcer, lab_cluster_cidrs};
 pub use operator::{
-    E2E_AGENT_IMAGE, E2E_TAILSCALE_IMAGE, OperatorArgs, OperatorProcess, workspace_operator_binary,
+    E2E_AGENT_IMAGE, E2E_TAILSCALE_IMAGE, OFFICIAL_TAILSCALE_IMAGE, OperatorArgs, OperatorProcess,
+    workspace_operator_binary,
 };
 pub use pods::{CLIENT_POD_DEADLINE, PodRun, tcp_check_pod, tls_check_pod};
 pub use prometheus::{ChartMonitoring, LabPrometheus, scrape_configs};

@@ -21,9 +21,14 @@ const TERMINATE_GRACE: Duration = Duration::from_secs(20);
 /// Agent image for e2e runs: the test kubelet maps any `*/tailnet-agent*` image to the
 /// workspace's freshly built `target/<profile>/tailnet-agent`.
 pub const E2E_AGENT_IMAGE: &str = "tno.local/tailnet-agent:workspace";
-/// Tailscale image for e2e runs: the test kubelet maps `*/tailscale/tailscale` (any tag) to
-/// the containerboot/tailscaled built from `deps/versions.env`.
-pub const E2E_TAILSCALE_IMAGE: &str = "ghcr.io/tailscale/tailscale:from-deps";
+/// Tailscale image of the agents in e2e runs (the operator's default image's repository): the
+/// test kubelet maps `*/tailnet-tailscaled` (any tag) to `deps/build.sh tailscale-minimal`'s
+/// tailscaled, the program that image ships.
+pub const E2E_TAILSCALE_IMAGE: &str = "ghcr.io/tailnet-operator/tailnet-tailscaled:from-deps";
+/// Tailscale's official image (containerboot as entrypoint, `tailscaled` and `tailscale`):
+/// the test kubelet maps `*/tailscale/tailscale` (any tag) to the full build of
+/// `deps/versions.env`'s version.
+pub const OFFICIAL_TAILSCALE_IMAGE: &str = "ghcr.io/tailscale/tailscale:from-deps";
 
 /// The usual flags of `tailnet-operator run` in e2e tests; [`OperatorArgs::to_args`] gives the
 /// argument list for [`E2eEnv::start_operator`] (which adds `--admin-address` itself).

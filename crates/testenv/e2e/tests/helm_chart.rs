@@ -185,11 +185,9 @@ fn chart_lints_and_renders_restricted_pinned_deployment() {
     ] {
         assert!(args.contains(&expected), "{expected} not in {args:?}");
     }
-    // The default tailscale image is pinned by version and digest.
+    // The default tailscale image is this release's tailnet-tailscaled.
     assert!(
-        args.iter().any(
-            |a| a.starts_with("--tailscale-image=ghcr.io/tailscale/tailscale:v1.102.5@sha256:")
-        ),
+        args.contains(&"--tailscale-image=ghcr.io/tailnet-operator/tailnet-tailscaled:v0.1.0"),
         "{args:?}"
     );
     for probe in ["livenessProbe", "readinessProbe"] {
@@ -1808,7 +1806,7 @@ fn check_deployment_extras(deployment: &Value) {
     let args = container["args"].to_string();
     for expected in [
         "--agent-image=agents.example.net/ghcr.io/tailnet-operator/tailnet-agent:v0.1.0",
-        "--tailscale-image=mirror.example.net/ghcr.io/tailscale/tailscale:",
+        "--tailscale-image=mirror.example.net/ghcr.io/tailnet-operator/tailnet-tailscaled:v0.1.0",
         "--apply-tailnet=/etc/tailnet-operator/tailnet/tailnet.yaml",
         "--agent-image-pull-policy=Always",
         "--tailscale-image-pull-policy=Never",

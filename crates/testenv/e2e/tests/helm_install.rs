@@ -2,8 +2,8 @@
 //! `target/images/`) are pushed by digest to the lab's OCI registry (`crane registry serve` on
 //! loopback), the chart is packaged and pushed there as an OCI artifact (`helm push`), and
 //! `helm install oci://…/tailnet-operator --version <chart version>` installs it with the images
-//! by digest. The test kubelet pulls the operator's image (and the agents', and the lab's build
-//! of the tailscale image from deps/) from the registry and runs each from its own root file
+//! by digest. The test kubelet pulls the operator's image (and the agents': tailnet-agent and
+//! tailnet-tailscaled) from the registry and runs each from its own root file
 //! system: two replicas, one leader. Through that install
 //! an egress carries bytes to the remote site and an ingress serves HTTPS to the laptop; then
 //! `helm upgrade` with a changed value rolls the operator pods while the agents keep their
@@ -161,7 +161,7 @@ async fn chart_installed_from_the_lab_registry_serves_egress_and_ingress_then_up
         .expect("registry");
     let chart_version = chart_version();
 
-    let pushed = push_images(&env, &registry).await;
+    let pushed = push_images(&registry).await;
     let mut helm = Helm(
         tno_testenv::product::Helm::new(env.kubeconfig(), &env.dir().join("helm-home"))
             .unwrap_or_else(|e| panic!("{e}")),
@@ -258,15 +258,10 @@ struct Served {
 }
 
 /// Pushes what CI built, by digest.
-async fn push_images(env: &E2eEnv, registry: &LabRegistry) -> Pushed {
-    let images = tno_testenv::product::push_product_images(
-        registry,
-        &root().join("target/images"),
-        env.kube().binaries(),
-        env.dir(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+async fn push_images(registry: &LabRegistry) -> Pushed {
+    let images = tno_testenv::product::push_product_images(registry, &root().join("target/images"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     for image in [&images.operator, &images.agent, &images.tailscale] {
         eprintln!("pushed {}@{}", image.repository, image.digest);
     }
@@ -304,7 +299,6 @@ fn install_release(helm: &mut Helm, r: &Release<'_>) {
         format!("agent.image.repository={agent_repo}"),
         format!("agent.image.digest={agent_digest}"),
         format!("agent.tailscaleImage.repository={tailscale_repo}"),
-        format!("agent.tailscaleImage.tag={}", tailscale_version()),
         format!("agent.tailscaleImage.digest={tailscale_digest}"),
     ];
     let mut install = vec![
@@ -545,7 +539,7 @@ async fn agents_run_the_pushed_images(
             statuses
                 .iter()
                 .any(|s| s.image_id == format!("{tailscale_repo}@{tailscale_digest}")),
-            "agent pod {:?} runs the lab's tailscale image: {statuses:?}",
+            "agent pod {:?} runs the pushed tailnet-tailscaled image: {statuses:?}",
             pod.metadata.name
         );
     }
@@ -713,10 +707,6 @@ async fn uninstall_leaves_the_resources(
     );
     // The data plane does not need the operator.
     egress_echo(ops, "client-3").await;
-}
-
-fn tailscale_version() -> String {
-    tno_testenv::product::tailscale_version().unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn chart_version() -> String {

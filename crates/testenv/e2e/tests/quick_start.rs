@@ -5,14 +5,13 @@
 //! `<!-- quick-start: settings -->` marks the one block a user adapts (`export NAME=…`),
 //! `<!-- quick-start: run -->` a shell block run as written (`bash -euo pipefail`, in order,
 //! in one directory, each with the settings first), `<!-- quick-start: file NAME -->` a block
-//! written to that file. Unmarked blocks (the tailscale mirror's `crane copy`, the `curl` from
-//! a laptop) are not run.
+//! written to that file. Unmarked blocks (the official tailscale image's values, the `curl`
+//! from a laptop) are not run.
 //!
 //! What the test provides, and only that:
 //! - the settings with the lab's values instead of the doc's (the same variables: checked):
 //!   the lab registry (`crane registry serve` on loopback) as `$REGISTRY`, Headscale's lab URL,
-//!   the lab CA of its certificate and the lab's base policy as the user's files, the lab's
-//!   build of the tailscale image (pushed by digest) as the mirror `$TAILSCALE_IMAGE`;
+//!   the lab CA of its certificate and the lab's base policy as the user's files;
 //! - on `PATH`: `kubectl` and `helm` from the deps cache, and `headscale`, a wrapper running
 //!   the lab's Headscale CLI with its config. helm is wrapped too: the lab registry speaks plain
 //!   HTTP (no TLS on loopback), so `helm install/upgrade oci://<lab registry>/…` get
@@ -85,19 +84,17 @@ impl Settings {
     }
 }
 
-const SETTINGS: [&str; 8] = [
+const SETTINGS: [&str; 6] = [
     "REGISTRY",
     "HEADSCALE_URL",
     "HEADSCALE_CA",
     "BASE_POLICY",
     "INGRESS_DOMAIN",
     "CLUSTER_ISSUER",
-    "TAILSCALE_IMAGE",
-    "TAILSCALE_DIGEST",
 ];
 
-/// Runs without the lab: the doc's settings are the ones this test provides, and its pinned
-/// tailscale digest is the chart's.
+/// Runs without the lab: the doc's settings are the ones this test provides, and the
+/// official tailscale image it offers as the alternative is the one of the pinned version.
 #[test]
 fn the_docs_settings_are_the_ones_the_test_provides() {
     let (_, settings) = doc_blocks();
@@ -107,16 +104,11 @@ fn the_docs_settings_are_the_ones_the_test_provides() {
         "{DOC}:{}: the settings block sets other variables than this test provides",
         settings.line
     );
-    let values = std::fs::read_to_string(root().join("charts/tailnet-operator/values.yaml"))
-        .expect("values.yaml");
-    let values: serde_json::Value = serde_yaml::from_str(&values).expect("values.yaml parses");
-    let pinned = values["agent"]["tailscaleImage"]["digest"]
-        .as_str()
-        .expect("agent.tailscaleImage.digest");
-    assert_eq!(
-        quick_start::settings_value(&settings.text, "TAILSCALE_DIGEST").as_deref(),
-        Some(pinned),
-        "{DOC}: TAILSCALE_DIGEST is the chart's agent.tailscaleImage.digest"
+    let version = tno_testenv::product::tailscale_version().expect("TAILSCALE_VERSION");
+    let doc = std::fs::read_to_string(root().join(DOC)).expect("the quick start");
+    assert!(
+        doc.contains(&format!("    tag: {version}\n")),
+        "{DOC}: the official tailscale image's values name the pinned version {version}"
     );
 }
 
@@ -148,7 +140,7 @@ async fn the_quick_start_runs_as_written_and_carries_egress_and_ingress_traffic(
     std::fs::create_dir_all(&work).expect("work dir");
     let work = work.canonicalize().expect("work dir");
 
-    let settings = lab_settings(&env, &registry, &work).await;
+    let settings = lab_settings(&env, &registry, &work);
     // What a cluster would have: cert-manager with the ClusterIssuer, Headscale reading the
     // operator's DNS records; and the user's app.
     let ca = LabCa::generate("quick start ClusterIssuer CA").expect("CA");
@@ -178,6 +170,7 @@ async fn the_quick_start_runs_as_written_and_carries_egress_and_ingress_traffic(
     }
 
     egress_carries_bytes(&env, &client).await;
+    agents_run_the_pushed_tailscaled(&client).await;
     ingress_answers_the_laptop(&env, &client, &ca_pem, settings.get("CLUSTER_ISSUER")).await;
     eprintln!("quick start: every block ran; egress and ingress carried traffic");
     let _ = std::fs::remove_dir_all(&work);
@@ -212,22 +205,13 @@ fn product_status(env: &E2eEnv) -> String {
     }
 }
 
-/// The lab's values of the settings; writes the user's files (Headscale's CA, the base policy)
-/// and pushes the lab's tailscale image (the "mirror").
-async fn lab_settings(env: &E2eEnv, registry: &LabRegistry, work: &Path) -> Settings {
+/// The lab's values of the settings; writes the user's files (Headscale's CA, the base policy).
+fn lab_settings(env: &E2eEnv, registry: &LabRegistry, work: &Path) -> Settings {
     let ca_file = work.join("headscale-ca.pem");
     std::fs::write(&ca_file, env.tailnet().headscale.ca_pem()).expect("CA file");
     let policy_file = work.join("policy/base.hujson");
     std::fs::create_dir_all(work.join("policy")).expect("policy dir");
     std::fs::write(&policy_file, env.base_policy().expect("base policy")).expect("policy");
-    let tailscale =
-        tno_testenv::product::push_lab_tailscale_image(env.kube().binaries(), registry, env.dir())
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-    eprintln!(
-        "the tailscale mirror: {}@{}",
-        tailscale.repository, tailscale.digest
-    );
     let path = |p: &Path| p.display().to_string();
     Settings(vec![
         ("REGISTRY", format!("{}/tailnet-operator", registry.host())),
@@ -236,8 +220,6 @@ async fn lab_settings(env: &E2eEnv, registry: &LabRegistry, work: &Path) -> Sett
         ("BASE_POLICY", path(&policy_file)),
         ("INGRESS_DOMAIN", INGRESS_DOMAIN.into()),
         ("CLUSTER_ISSUER", ISSUER.into()),
-        ("TAILSCALE_IMAGE", tailscale.repository),
-        ("TAILSCALE_DIGEST", tailscale.digest),
     ])
 }
 
@@ -372,6 +354,43 @@ async fn egress_carries_bytes(env: &E2eEnv, client: &kube::Client) {
         .expect("client pod");
     assert!(run.succeeded(), "echo through the egress failed:\n{run}");
     eprintln!("egress: a pod in {APP_NAMESPACE} got its bytes echoed by {target}");
+}
+
+/// Every agent pod's tailscale container runs the `tailnet-tailscaled` image step 3 pushed,
+/// by the digest `cargo xtask images` assembled (the chart's default, filled in on push).
+async fn agents_run_the_pushed_tailscaled(client: &kube::Client) {
+    let layout = root().join("target/images/tailnet-tailscaled");
+    let digest = tno_oci::layout::Layout::read(&layout)
+        .unwrap_or_else(|e| panic!("{}: {e}", layout.display()))
+        .digest()
+        .to_string();
+    let mut seen = Vec::new();
+    for namespace in [OPERATOR_NAMESPACE, APP_NAMESPACE] {
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+        for pod in pods.list(&ListParams::default()).await.expect("pods").items {
+            let containers = pod.spec.map(|spec| spec.containers).unwrap_or_default();
+            for container in containers.iter().filter(|c| c.name == "tailscale") {
+                let image = container.image.clone().unwrap_or_default();
+                assert!(
+                    image.contains("/tailnet-operator/tailnet-tailscaled:")
+                        && image.ends_with(&format!("@{digest}")),
+                    "{namespace}/{}: tailscale image {image}, expected the pushed \
+                     tailnet-tailscaled@{digest}",
+                    pod.metadata.name.clone().unwrap_or_default()
+                );
+                seen.push(image);
+            }
+        }
+    }
+    assert!(
+        seen.len() >= 2,
+        "the egress and the ingress agent have a tailscale container: {seen:?}"
+    );
+    eprintln!(
+        "agents: {} tailscale containers run {}",
+        seen.len(),
+        seen[0]
+    );
 }
 
 fn resource(kind: &str, group: &str, version: &str, plural: &str) -> ApiResource {

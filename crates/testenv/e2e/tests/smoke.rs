@@ -47,7 +47,7 @@ fn tailscale_pod(login_server: &str, hostname: &str) -> Pod {
             "terminationGracePeriodSeconds": 5,
             "containers": [{
                 "name": "tailscale",
-                "image": tno_testenv::E2E_TAILSCALE_IMAGE,
+                "image": tno_testenv::OFFICIAL_TAILSCALE_IMAGE,
                 "env": [
                     { "name": "TS_KUBE_SECRET", "value": "ts-state" },
                     { "name": "TS_USERSPACE", "value": "true" },

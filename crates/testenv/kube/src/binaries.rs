@@ -16,6 +16,9 @@ pub struct Binaries {
     pub containerboot: PathBuf,
     pub tailscaled: PathBuf,
     pub tailscale: PathBuf,
+    /// The agent pods' tailscaled (`deps/build.sh tailscale-minimal`: only the features an
+    /// agent uses), what the `tailnet-tailscaled` image ships.
+    pub tailscaled_minimal: PathBuf,
     /// kube-router, run only as the lab's NetworkPolicy enforcer (its firewall controller) by
     /// the tests that start one (`tno_testenv::E2eEnv::start_network_policy_enforcer`).
     pub kube_router: PathBuf,
@@ -96,6 +99,12 @@ impl Binaries {
             containerboot: binary("tailscale", "containerboot")?,
             tailscaled: binary("tailscale", "tailscaled")?,
             tailscale: binary("tailscale", "tailscale")?,
+            tailscaled_minimal: match std::env::var_os(tno_deps::TAILSCALED_MINIMAL_VAR) {
+                Some(path) => PathBuf::from(path),
+                None => component_dir("tailscale-minimal")?
+                    .join("bin")
+                    .join("tailscaled"),
+            },
             kube_router: binary("kube-router", "kube-router")?,
             cert_manager_crds: component_dir("cert-manager")?.join("crds"),
             crane: binary("crane", "crane")?,

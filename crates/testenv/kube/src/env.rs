@@ -385,6 +385,14 @@ fn builtin_images(binaries: &Binaries) -> Vec<LocalImage> {
             .collect::<Vec<_>>()
     };
     let mut images = vec![
+        // This release's agent tailscale image (`cargo xtask images`): the minimal build's
+        // tailscaled, which the agent pods run as `/usr/local/bin/tailscaled` (their command).
+        LocalImage::new(
+            "tailnet-tailscaled",
+            ImageMatcher::RepositorySuffix("tailnet-tailscaled".into()),
+            dir_of(&binaries.tailscaled_minimal),
+            &["tailscaled"],
+        ),
         LocalImage::new(
             "tailscale",
             ImageMatcher::RepositorySuffix("tailscale/tailscale".into()),

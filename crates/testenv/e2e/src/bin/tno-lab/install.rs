@@ -1,5 +1,5 @@
 //! The product installed the way users install it: the images (`cargo xtask images`, OCI
-//! layouts) and the lab's tailscale image pushed by digest to the lab registry, the chart pushed
+//! layouts: operator, agent, the agents' tailscaled) pushed by digest to the lab registry, the chart pushed
 //! there as an OCI artifact, then `helm install` from the registry with a values file; the
 //! operator runs as a pod from its image, its agents from theirs. `--dev` keeps the operator as
 //! a local process instead ([`DemoOperator::Process`]).
@@ -100,7 +100,7 @@ pub async fn install_chart(
     let registry = LabRegistry::start(&env.kube().binaries().crane, &registry_dir)
         .await
         .map_err(|e| e.to_string())?;
-    let images = push_product_images(&registry, images_dir, env.kube().binaries(), env.dir())
+    let images = push_product_images(&registry, images_dir)
         .await
         .map_err(|e| e.to_string())?;
     for image in [&images.operator, &images.agent, &images.tailscale] {
