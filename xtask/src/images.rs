@@ -108,9 +108,6 @@ pub struct Options {
     pub verify_reproducible: bool,
     /// Cargo profile the binaries are built with (`release`, or `lab` for the local lab).
     pub profile: String,
-    /// The tailscale version of `tailnet-tailscaled` (its `dev.tailnet-operator.tailscale.version`
-    /// label): `TAILSCALE_VERSION` of `deps/versions.env`.
-    pub tailscale_version: String,
 }
 
 impl Options {
@@ -125,8 +122,6 @@ impl Options {
             chart: false,
             verify_reproducible: false,
             profile: "release".into(),
-            tailscale_version: tno_deps::pinned_version(root, "tailscale-minimal")
-                .unwrap_or_else(|_| "unknown".into()),
         }
     }
 }
@@ -245,6 +240,8 @@ pub fn assemble(
     let base = base_layer(root, &options.ca_bundle)?
         .build(epoch)
         .map_err(|e| e.to_string())?;
+    // The `dev.tailnet-operator.tailscale.version` label of tailnet-tailscaled.
+    let tailscale_version = tno_deps::pinned_version(root, "tailscale-minimal")?;
     let mut built = Vec::new();
     for spec in IMAGES {
         let name = spec.name;
@@ -276,7 +273,7 @@ pub fn assemble(
         if !spec.is_workspace_binary() {
             labels.insert(
                 "dev.tailnet-operator.tailscale.version".to_string(),
-                options.tailscale_version.clone(),
+                tailscale_version.clone(),
             );
         }
         let mut images = Vec::new();
@@ -438,6 +435,8 @@ pub fn images(root: &Path, options: &Options) -> Result<(), String> {
     if !git(root, &["status", "--porcelain", "--untracked-files=no"])?.is_empty() {
         revision.push_str("-dirty");
     }
+    // Before the (long) cargo builds: a missing tailscaled fails at once.
+    let tailscaled = tailscaled_binaries(root, options)?;
     let mut dirs = BTreeMap::new();
     for platform in &options.platforms {
         let dir = match &options.binaries {
@@ -446,7 +445,6 @@ pub fn images(root: &Path, options: &Options) -> Result<(), String> {
         };
         dirs.insert(platform.name(), dir);
     }
-    let tailscaled = tailscaled_binaries(root, options)?;
     let binary = |platform: Platform, program: &str| {
         if program == TAILSCALED {
             tailscaled[platform.name()].clone()

@@ -157,29 +157,30 @@ pub fn helm(workspace: &Path) -> Result<PathBuf, NotFound> {
 /// binary is called `tailscaled` like the full build's, so it has a variable of its own).
 pub const TAILSCALED_MINIMAL_VAR: &str = "TNO_BIN_TAILSCALED_MINIMAL";
 
-/// The agent pods' tailscaled (`deps/build.sh tailscale-minimal`, the `tailnet-tailscaled`
-/// image's program): `TNO_BIN_TAILSCALED_MINIMAL` if set, else the pinned build in the deps
-/// cache. Never a `tailscaled` on `PATH` (that one is a full build, or another version).
-/// The error names every place tried and how to build it.
+/// Where the agent pods' tailscaled is (`deps/build.sh tailscale-minimal`, the
+/// `tailnet-tailscaled` image's program): `TNO_BIN_TAILSCALED_MINIMAL` if set, else the
+/// pinned build in the deps cache (not checked for existence). Never a `tailscaled` on `PATH`
+/// (that one is a full build, or another version).
+pub fn tailscaled_minimal_path(workspace: &Path) -> Result<PathBuf, String> {
+    match std::env::var_os(TAILSCALED_MINIMAL_VAR) {
+        Some(path) => Ok(PathBuf::from(path)),
+        None => cached(workspace, "tailscale-minimal", "tailscaled"),
+    }
+}
+
+/// [`tailscaled_minimal_path`] when that file exists; the error names the path and how to
+/// build it.
 pub fn tailscaled_minimal(workspace: &Path) -> Result<PathBuf, String> {
-    let mut tried = Vec::new();
-    if let Some(path) = std::env::var_os(TAILSCALED_MINIMAL_VAR) {
-        let path = PathBuf::from(path);
-        if path.is_file() {
-            return Ok(path);
-        }
-        tried.push(format!("{TAILSCALED_MINIMAL_VAR}={}", path.display()));
+    let path = tailscaled_minimal_path(workspace)?;
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "the minimal tailscaled not found at {}; build it with `bash deps/build.sh \
+             tailscale-minimal` or set {TAILSCALED_MINIMAL_VAR}",
+            path.display()
+        ))
     }
-    match cached(workspace, "tailscale-minimal", "tailscaled") {
-        Ok(path) if path.is_file() => return Ok(path),
-        Ok(path) => tried.push(path.display().to_string()),
-        Err(reason) => tried.push(format!("the deps cache: {reason}")),
-    }
-    Err(format!(
-        "the minimal tailscaled not found (tried {}); build it with `bash deps/build.sh \
-         tailscale-minimal` or set {TAILSCALED_MINIMAL_VAR}",
-        tried.join(", ")
-    ))
 }
 
 /// [`find`] with its inputs given: the override, the cache path, `PATH`.

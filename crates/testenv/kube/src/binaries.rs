@@ -99,12 +99,12 @@ impl Binaries {
             containerboot: binary("tailscale", "containerboot")?,
             tailscaled: binary("tailscale", "tailscaled")?,
             tailscale: binary("tailscale", "tailscale")?,
-            tailscaled_minimal: match std::env::var_os(tno_deps::TAILSCALED_MINIMAL_VAR) {
-                Some(path) => PathBuf::from(path),
-                None => component_dir("tailscale-minimal")?
-                    .join("bin")
-                    .join("tailscaled"),
-            },
+            tailscaled_minimal: tno_deps::tailscaled_minimal_path(&root).map_err(|hint| {
+                Error::MissingBinary {
+                    name: "tailscaled (tailscale-minimal)".into(),
+                    hint,
+                }
+            })?,
             kube_router: binary("kube-router", "kube-router")?,
             cert_manager_crds: component_dir("cert-manager")?.join("crds"),
             crane: binary("crane", "crane")?,
