@@ -12,7 +12,8 @@ use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use serde_json::{Value, json};
 use tno_netlab::Lab;
-use tno_testenv_kube::{KubeEnv, TestNamespace};
+use tno_testenv_kube::binaries::Binaries;
+use tno_testenv_kube::{KubeEnv, KubeEnvOptions, TestNamespace};
 use tno_testenv_tailnet::{Headscale, HeadscaleApi, Node, TailnetEnv};
 
 use crate::error::{E2eError, Result};
@@ -80,6 +81,14 @@ impl E2eEnv {
     /// the tailnet side, started on first use on a dedicated runtime thread (so it outlives
     /// every `#[tokio::test]` runtime) and torn down at process exit.
     pub async fn shared() -> std::result::Result<Arc<E2eEnv>, Arc<E2eError>> {
+        Self::shared_with(KubeEnvOptions::from_repository).await
+    }
+
+    /// [`E2eEnv::shared`] on a cluster started with the options `options` makes (see
+    /// [`tno_testenv_kube::shared_with`]: the first call in the process decides).
+    pub async fn shared_with(
+        options: fn(&Binaries) -> KubeEnvOptions,
+    ) -> std::result::Result<Arc<E2eEnv>, Arc<E2eError>> {
         type Ready = Option<std::result::Result<Arc<E2eEnv>, Arc<E2eError>>>;
         static SHARED: OnceLock<tokio::sync::watch::Receiver<Ready>> = OnceLock::new();
         let receiver = SHARED.get_or_init(|| {
@@ -102,7 +111,7 @@ impl E2eEnv {
                     };
                     runtime.block_on(async move {
                         let started = async {
-                            let kube = tno_testenv_kube::shared().await?;
+                            let kube = tno_testenv_kube::shared_with(options).await?;
                             E2eEnv::start(kube).await
                         }
                         .await;

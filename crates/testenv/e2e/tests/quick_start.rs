@@ -40,10 +40,11 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use serde_json::json;
 use tno_testenv::quick_start::{self, Block, Runner, shell_quote};
 use tno_testenv::{E2eEnv, LabCa, LabIssuer};
+use tno_testenv_kube::KubeEnvOptions;
 use tno_testenv_kube::network::apply_all;
 use tno_testenv_kube::oci_registry::LabRegistry;
 
@@ -128,7 +129,7 @@ async fn the_quick_start_runs_as_written_and_carries_egress_and_ingress_traffic(
         return;
     }
     let (blocks, _) = doc_blocks();
-    let env = E2eEnv::shared()
+    let env = E2eEnv::shared_with(KubeEnvOptions::without_our_crds)
         .await
         .unwrap_or_else(|e| panic!("e2e environment: {e}"));
     let registry = LabRegistry::start(&env.kube().binaries().crane, &env.dir().join("registry"))
@@ -287,14 +288,14 @@ fn block_env(env: &E2eEnv, registry: &LabRegistry, work: &Path) -> Vec<(String, 
     ]
 }
 
-/// A cluster as the user's: the lab installs our CRDs from deploy/crds when it starts, a
-/// user's cluster has none before `helm install` (which would refuse to adopt them), so they
-/// go first. Then the app namespace with "your app" (an HTTP echo as Service `frontend`, port
-/// 8080) and the ClusterIssuer object the settings name (the [`LabIssuer`] signs its
-/// Certificates).
+/// A cluster as the user's: cert-manager's CRDs, none of ours (the environment is started
+/// without them: `helm install` creates them and would refuse to adopt existing ones; deleting
+/// them here instead once left the apiserver half-way through for minutes). Then the app
+/// namespace with "your app" (an HTTP echo as Service `frontend`, port 8080) and the
+/// ClusterIssuer object the settings name (the [`LabIssuer`] signs its Certificates).
 async fn the_cluster_and_the_app(client: &kube::Client, issuer: &str) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    // Every CRD of deploy/crds (what the lab installed and the chart ships).
+    // Every CRD of deploy/crds (what the chart ships).
     let shipped = tno_testenv_kube::crds::yaml_files(
         &tno_testenv_kube::binaries::workspace_root().join("deploy/crds"),
     )
@@ -305,22 +306,16 @@ async fn the_cluster_and_the_app(client: &kube::Client, issuer: &str) {
         .filter_map(|crd| crd.metadata.name.clone())
         .collect();
     assert!(names.len() >= 4, "deploy/crds: {names:?}");
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    for &name in &names {
-        crds.delete(name, &DeleteParams::default())
+    for name in &names {
+        let existing = crds
+            .get_opt(name)
             .await
-            .unwrap_or_else(|e| panic!("deleting the lab's CRD {name}: {e}"));
+            .unwrap_or_else(|e| panic!("reading the CRD {name}: {e}"));
+        assert!(
+            existing.is_none(),
+            "the environment started without our CRDs, yet {name} exists"
+        );
     }
-    tno_testenv_kube::process::poll_until("the lab's CRDs to be gone", WAIT, || async {
-        for &name in &names {
-            if crds.get_opt(name).await.ok()?.is_some() {
-                return None;
-            }
-        }
-        Some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
     apply_all(
         client,
         &[

@@ -63,6 +63,15 @@ impl KubeEnvOptions {
         }
     }
 
+    /// A cluster as a user's before `helm install`: cert-manager's CRDs, none of ours (the
+    /// chart creates them; Helm refuses to adopt CRDs it did not create).
+    pub fn without_our_crds(binaries: &Binaries) -> Self {
+        Self {
+            crd_dirs: vec![binaries.cert_manager_crds.clone()],
+            ..Self::from_repository(binaries)
+        }
+    }
+
     /// The same, for a second cluster of the lab ([`ClusterNetwork::SECOND`]).
     pub fn second_cluster(binaries: &Binaries) -> Self {
         Self {
@@ -564,6 +573,15 @@ struct Shared {
 /// `#[tokio::test]` runtime. At process exit its netns, processes and (unless `TNO_KEEP_SCRATCH`
 /// is set) its scratch directory are removed; a killed run is cleaned up by the next one.
 pub async fn shared() -> std::result::Result<Arc<KubeEnv>, Arc<Error>> {
+    shared_with(KubeEnvOptions::from_repository).await
+}
+
+/// [`shared`], started with the options `options` makes (e.g.
+/// [`KubeEnvOptions::without_our_crds`]). The first call in the process starts the
+/// environment, so a test binary uses one kind of environment throughout.
+pub async fn shared_with(
+    options: fn(&Binaries) -> KubeEnvOptions,
+) -> std::result::Result<Arc<KubeEnv>, Arc<Error>> {
     static SHARED: OnceLock<Shared> = OnceLock::new();
     let shared = SHARED.get_or_init(|| {
         let (sender, ready) = tokio::sync::watch::channel(None);
@@ -588,7 +606,7 @@ pub async fn shared() -> std::result::Result<Arc<KubeEnv>, Arc<Error>> {
                 runtime.block_on(async move {
                     let started = async {
                         let binaries = Binaries::discover()?;
-                        let options = KubeEnvOptions::from_repository(&binaries);
+                        let options = options(&binaries);
                         KubeEnv::start(binaries, options).await
                     }
                     .await;

@@ -15,5 +15,5 @@ pub mod pki;
 pub mod process;
 pub mod registry_auth;
 
-pub use env::{KubeEnv, KubeEnvOptions, TestNamespace, shared};
+pub use env::{KubeEnv, KubeEnvOptions, TestNamespace, shared, shared_with};
 pub use error::{Error, Result, error_chain};
