@@ -24,6 +24,10 @@ const HANDSHAKE_CLIENTS: usize = 16;
 const AGENT_PORT: u16 = 8443;
 /// The baseline agent (`--baseline-agent`), when there is one.
 const BASELINE_PORT: u16 = 8446;
+/// The floor of the agent's HTTP stack (`--hyper-floor`), when measured.
+const FLOOR_PORT: u16 = 8447;
+/// Its column's name.
+const FLOOR: &str = "hyper-floor";
 
 struct Server {
     name: &'static str,
@@ -158,7 +162,13 @@ fn start_agent(
     )
 }
 
-fn start_servers(lab: &Lab, settings: &Settings, cert: &str, key: &str) -> Result<Vec<Server>> {
+fn start_servers(
+    lab: &Lab,
+    settings: &Settings,
+    bench_exe: &Path,
+    cert: &str,
+    key: &str,
+) -> Result<Vec<Server>> {
     let mut servers = Vec::new();
 
     servers.push(Server {
@@ -187,6 +197,30 @@ fn start_servers(lab: &Lab, settings: &Settings, cert: &str, key: &str) -> Resul
                 cert,
                 key,
             )?,
+        });
+    }
+
+    if settings.hyper_floor {
+        let floor = lab.spawn(
+            FLOOR,
+            bench_exe,
+            &[
+                "serve-proxy",
+                "--port",
+                &FLOOR_PORT.to_string(),
+                "--backend-port",
+                &BACKEND_PORT.to_string(),
+                "--cert",
+                cert,
+                "--key",
+                key,
+            ],
+            &[],
+        )?;
+        servers.push(Server {
+            name: FLOOR,
+            port: FLOOR_PORT,
+            process: floor,
         });
     }
 
@@ -269,7 +303,7 @@ pub fn run(settings: &Settings, bench_exe: &Path) -> Result<Vec<Table>> {
         &[],
     )?;
     wait_for_port(local(BACKEND_PORT), &mut backend)?;
-    let mut servers = start_servers(&lab, settings, &cert, &key)?;
+    let mut servers = start_servers(&lab, settings, bench_exe, &cert, &key)?;
     // Settle (Caddy and the agent load certificates lazily or on a timer).
     std::thread::sleep(Duration::from_secs(1));
     let idle: BTreeMap<&str, u64> = servers
@@ -390,10 +424,18 @@ fn throughput_table(
     values: &Values,
     errors: &BTreeMap<&'static str, u64>,
 ) -> Table {
-    let others: Vec<&str> = names.iter().copied().filter(|n| *n != "agent").collect();
+    // agent / every other server, and the stack's floor / nginx when both ran.
+    let mut pairs: Vec<(&str, &str)> = names
+        .iter()
+        .filter(|n| **n != "agent")
+        .map(|other| ("agent", *other))
+        .collect();
+    if names.contains(&FLOOR) && names.contains(&"nginx") {
+        pairs.push((FLOOR, "nginx"));
+    }
     let mut header = vec!["workload".to_owned()];
     header.extend(names.iter().map(|n| (*n).to_owned()));
-    header.extend(others.iter().map(|o| format!("agent / {o}")));
+    header.extend(pairs.iter().map(|(one, other)| format!("{one} / {other}")));
     let mut table = Table {
         title: if names.contains(&"baseline") {
             "Ingress HTTPS, loopback (agent vs its baseline build vs nginx vs Caddy)".into()
@@ -429,15 +471,15 @@ fn throughput_table(
                     .map_or("–".into(), |s| s.show(decimals)),
             );
         }
-        for &other in &others {
-            let (Some(agent), Some(theirs)) = (
-                values.get(&(metric.clone(), "agent")),
+        for &(one, other) in &pairs {
+            let (Some(ours), Some(theirs)) = (
+                values.get(&(metric.clone(), one)),
                 values.get(&(metric.clone(), other)),
             ) else {
                 cells.push("–".into());
                 continue;
             };
-            let ratios: Vec<f64> = agent.iter().zip(theirs).map(|(a, o)| a / o).collect();
+            let ratios: Vec<f64> = ours.iter().zip(theirs).map(|(a, o)| a / o).collect();
             cells.push(Spread::of(&ratios).map_or("–".into(), |s| format!("{}×", s.show(2))));
         }
         table.row(cells);
@@ -453,6 +495,13 @@ fn throughput_table(
             .collect::<Vec<_>>()
             .join(", ")
     ));
+    if settings.hyper_floor {
+        table.note(format!(
+            "{FLOOR}: the floor of the agent's HTTP stack, a bare reverse proxy of the same \
+             libraries and connection model (crates/bench/src/hyper_floor.rs): no routing, \
+             rules, identity, metrics, limits or timeouts."
+        ));
+    }
     if let Some(baseline) = &settings.baseline_agent {
         table.note(format!(
             "baseline: {} (another build of the agent, measured in the same run, \

@@ -19,6 +19,7 @@ pub mod control;
 pub mod egress;
 pub mod footprint;
 pub mod httpload;
+pub mod hyper_floor;
 pub mod ingress;
 pub mod lab;
 pub mod report;
@@ -47,6 +48,8 @@ pub struct Settings {
     /// Another agent build (e.g. of the previous commit), measured in the same run as an
     /// extra column of the data-plane benchmarks: before/after ratios from one run.
     pub baseline_agent: Option<PathBuf>,
+    /// Measure the floor of the agent's HTTP stack ([`hyper_floor`]) in the ingress table.
+    pub hyper_floor: bool,
     /// Caddy binary; its column is left out when `None`.
     pub caddy: Option<PathBuf>,
     /// tailnet-operator binary (control-plane benchmark).
@@ -76,6 +79,7 @@ impl Settings {
             http_connections: vec![1, 16, 128],
             agent,
             baseline_agent: None,
+            hyper_floor: false,
             caddy,
             operator: None,
             // 400 = the 200 + 200; `--scale-steps 10,100,400,1000` for the growth to
@@ -107,6 +111,7 @@ impl Settings {
             http_connections: vec![1, 4],
             agent,
             baseline_agent: None,
+            hyper_floor: false,
             caddy,
             operator: None,
             scale_steps: vec![4],

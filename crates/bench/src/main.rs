@@ -75,6 +75,10 @@ enum Command {
         /// `GOMEMLIMIT=200MiB`): Go runtime settings side by side with the same binary.
         #[arg(long, value_name = "KEY=VALUE", requires = "baseline_tailscaled", value_parser = parse_env_pair)]
         baseline_tailscaled_env: Vec<String>,
+        /// Also measure, in the ingress table, the floor of the agent's HTTP stack: a bare
+        /// reverse proxy of the same libraries and connection model (`serve-proxy`).
+        #[arg(long)]
+        hyper_floor: bool,
         /// Every workload once and briefly: checks that bytes and requests arrive.
         #[arg(long)]
         smoke: bool,
@@ -103,6 +107,17 @@ enum Command {
         #[arg(long)]
         localapi_socket: PathBuf,
     },
+    /// Internal: the ingress benchmark's floor of the agent's HTTP stack (`--hyper-floor`).
+    ServeProxy {
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        backend_port: u16,
+        #[arg(long)]
+        cert: PathBuf,
+        #[arg(long)]
+        key: PathBuf,
+    },
 }
 
 /// The other builds measured beside this one (`--baseline-*`).
@@ -111,6 +126,8 @@ struct Baselines {
     operator: Option<PathBuf>,
     tailscaled: Option<PathBuf>,
     tailscaled_env: Vec<String>,
+    /// The bare proxy of the agent's libraries beside it in the ingress table.
+    hyper_floor: bool,
 }
 
 /// `KEY=VALUE` with a non-empty key and no whitespace (the pairs travel space-separated).
@@ -142,6 +159,7 @@ fn run(
     };
     settings.operator = operator;
     settings.baseline_agent = baselines.agent.clone();
+    settings.hyper_floor = baselines.hyper_floor;
     if !scale_steps.is_empty() {
         settings.scale_steps = scale_steps;
     }
@@ -340,6 +358,7 @@ fn main() -> ExitCode {
             baseline_operator,
             baseline_tailscaled,
             baseline_tailscaled_env,
+            hyper_floor,
             smoke,
             only,
             repeat,
@@ -352,6 +371,7 @@ fn main() -> ExitCode {
                 operator: baseline_operator,
                 tailscaled: baseline_tailscaled,
                 tailscaled_env: baseline_tailscaled_env,
+                hyper_floor,
             },
             caddy,
             operator,
@@ -366,6 +386,12 @@ fn main() -> ExitCode {
             port,
             localapi_socket,
         } => tno_bench::httpload::serve(port, &localapi_socket),
+        Command::ServeProxy {
+            port,
+            backend_port,
+            cert,
+            key,
+        } => tno_bench::hyper_floor::serve(port, backend_port, &cert, &key),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -80,6 +80,8 @@ fn every_benchmark_runs_and_its_bytes_arrive() {
     }
     // The same build as its own baseline: the before/after column's code runs too.
     command.arg("--baseline-agent").arg(&agent);
+    // And the stack's floor, so its proxy stays a working one.
+    command.arg("--hyper-floor");
     let output = command
         .output()
         .unwrap_or_else(|e| panic!("tno-bench: {e}"));
@@ -90,10 +92,12 @@ fn every_benchmark_runs_and_its_bytes_arrive() {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(
-        tables.contains("agent / baseline"),
-        "no before/after column in:\n{tables}"
-    );
+    for column in ["agent / baseline", "hyper-floor / nginx"] {
+        assert!(
+            tables.contains(column),
+            "no column {column:?} in:\n{tables}"
+        );
+    }
     for title in [
         "Egress TCP forwarding",
         "Ingress HTTPS",
@@ -102,9 +106,9 @@ fn every_benchmark_runs_and_its_bytes_arrive() {
     ] {
         assert!(tables.contains(title), "no table {title:?} in:\n{tables}");
     }
-    // All four HTTPS servers answered every request (wrk counts failures).
+    // All five HTTPS servers answered every request (wrk counts failures).
     assert!(
-        tables.contains("agent 0, baseline 0, nginx 0, caddy 0"),
+        tables.contains("agent 0, baseline 0, hyper-floor 0, nginx 0, caddy 0"),
         "wrk saw failed requests:\n{tables}"
     );
 }
