@@ -11,7 +11,6 @@
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{Context, Result, bail};
@@ -67,14 +66,16 @@ pub fn serve(port: u16, backend_port: u16, cert: &Path, key: &Path) -> Result<()
             .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
     }
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))?;
-    let next = AtomicUsize::new(0);
+    // Round robin over the connection threads (accepting is this one thread's job).
+    let mut next = 0usize;
     loop {
         let (stream, peer) = listener.accept()?;
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
-        let Some(handle) = handles.get(next.fetch_add(1, Ordering::Relaxed) % handles.len()) else {
+        let Some(handle) = handles.get(next % handles.len()) else {
             bail!("no connection thread");
         };
+        next = next.wrapping_add(1);
         let acceptor = acceptor.clone();
         spawn_connection(handle, stream, peer, acceptor, backend);
     }
