@@ -14,7 +14,7 @@
 //! connection instead of opening one of its own that only one request would use.
 //!
 //! Bounded: at most [`MAX_DRIVEN`] backend connections per client connection (the current
-//! one and one that is finishing after its route changed or it was replaced); the channel
+//! one and one that is finishing after its route changed or it was replaced); the slot
 //! that hands a new connection to the driver holds one. A backend connection ends with its
 //! client connection. HTTP/2 clients (many requests at once) and WebSocket upgrades keep
 //! using the pooled client.
@@ -23,13 +23,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
+use std::task::Context;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use tokio::sync::mpsc;
 
 use crate::backend::BackendConnector;
 use crate::body::{BoxError, ProxyBody};
@@ -44,50 +43,73 @@ pub struct DedicatedBackend {
     /// The route (by its shared name) and the sender of the connection to its backend; taken
     /// out while a request is in flight, so a request that is dropped half-way (timeout,
     /// client gone) also drops its connection instead of leaving it in an unknown state.
-    current: Mutex<Option<(Arc<str>, SendRequest<ProxyBody>)>>,
-    driver: mpsc::Sender<BackendConnection>,
+    current: Mutex<Current>,
+    handoff: Arc<Handoff>,
     /// A request came before (the first one goes through the pool).
     seen_request: AtomicBool,
 }
 
-/// Polls the backend connections of one client connection; never finishes by itself (it is
-/// raced against the server connection and dropped with it).
+/// The route (by its shared name) of the current backend connection and, unless a request is
+/// in flight, its sender. The name stays while the sender is out, so giving the sender back
+/// costs no reference count of the shared name.
+#[derive(Default)]
+struct Current {
+    route: Option<Arc<str>>,
+    sender: Option<SendRequest<ProxyBody>>,
+}
+
+/// A new backend connection on its way to the driver. Only the client connection's own task
+/// hands one over (from a request it serves) and that task polls the driver right after the
+/// server connection, so the driver looks at the flag and needs no waker of its own.
+#[derive(Default)]
+struct Handoff {
+    waiting: AtomicBool,
+    connection: Mutex<Option<BackendConnection>>,
+}
+
+/// Polls the backend connections of one client connection; see [`Driver::poll_driven`].
 pub struct Driver {
-    incoming: mpsc::Receiver<BackendConnection>,
+    handoff: Arc<Handoff>,
     driven: Vec<BackendConnection>,
 }
 
 pub fn dedicated() -> (DedicatedBackend, Driver) {
-    let (sender, incoming) = mpsc::channel(1);
+    let handoff = Arc::new(Handoff::default());
     (
         DedicatedBackend {
-            current: Mutex::new(None),
-            driver: sender,
+            current: Mutex::new(Current::default()),
+            handoff: handoff.clone(),
             seen_request: AtomicBool::new(false),
         },
         Driver {
-            incoming,
+            handoff,
             driven: Vec::with_capacity(MAX_DRIVEN),
         },
     )
 }
 
-impl Future for Driver {
-    type Output = std::convert::Infallible;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        while let Poll::Ready(Some(connection)) = this.incoming.poll_recv(cx) {
-            if this.driven.len() >= MAX_DRIVEN {
+impl Driver {
+    /// Takes over a connection handed over since the last call and polls every backend
+    /// connection; a finished one is dropped. Never finishes by itself: the caller polls it
+    /// alongside the server connection, after it on every wake-up of the task.
+    pub fn poll_driven(&mut self, cx: &mut Context<'_>) {
+        if self.handoff.waiting.swap(false, Ordering::Acquire)
+            && let Some(connection) = self
+                .handoff
+                .connection
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+        {
+            if self.driven.len() >= MAX_DRIVEN {
                 // The oldest one's sender was replaced; it has nothing in flight that a
                 // request still waits for (HTTP/1.1: one request at a time).
-                drop(this.driven.remove(0));
+                drop(self.driven.remove(0));
             }
-            this.driven.push(connection);
+            self.driven.push(connection);
         }
-        this.driven
+        self.driven
             .retain_mut(|connection| connection.as_mut().poll(cx).is_pending());
-        Poll::Pending
     }
 }
 
@@ -99,19 +121,40 @@ impl DedicatedBackend {
 
     fn take(&self, route: &Arc<str>) -> Option<SendRequest<ProxyBody>> {
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        match current.take() {
-            Some((name, sender)) if Arc::ptr_eq(&name, route) && !sender.is_closed() => {
-                Some(sender)
-            }
-            // Another route's connection, or a closed one: dropping the sender lets its
-            // connection finish.
-            _ => None,
+        let sender = current.sender.take()?;
+        let same_route = current
+            .route
+            .as_ref()
+            .is_some_and(|name| Arc::ptr_eq(name, route));
+        // Another route's connection, or a closed one: dropping the sender lets its
+        // connection finish.
+        (same_route && !sender.is_closed()).then_some(sender)
+    }
+
+    /// To the driver; one still waiting there (not reached while requests are sequential)
+    /// runs as a task of its own instead.
+    fn hand_over(&self, connection: BackendConnection) {
+        let mut slot = self
+            .handoff
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(earlier) = slot.replace(connection) {
+            tokio::spawn(earlier);
         }
+        self.handoff.waiting.store(true, Ordering::Release);
     }
 
     fn put_back(&self, route: &Arc<str>, sender: SendRequest<ProxyBody>) {
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some((route.clone(), sender));
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if !current
+            .route
+            .as_ref()
+            .is_some_and(|name| Arc::ptr_eq(name, route))
+        {
+            current.route = Some(route.clone());
+        }
+        current.sender = Some(sender);
     }
 
     /// Sends `request` (origin-form URI, Host set) on this client connection's backend
@@ -147,14 +190,7 @@ impl DedicatedBackend {
                 tracing::debug!(%error, "backend connection ended with an error");
             }
         });
-        if let Err(
-            mpsc::error::TrySendError::Full(connection)
-            | mpsc::error::TrySendError::Closed(connection),
-        ) = self.driver.try_send(connection)
-        {
-            // Not reached while requests are sequential; still correct, just another task.
-            tokio::spawn(connection);
-        }
+        self.hand_over(connection);
         sender.ready().await?;
         let response = sender.send_request(request).await?;
         self.put_back(route, sender);

@@ -21,6 +21,7 @@ pub mod body;
 pub mod certificates;
 pub mod config;
 pub mod dedicated;
+pub mod drain;
 pub mod dial;
 pub mod headers;
 pub mod http_rules;

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
+use crate::drain::Drain;
 use crate::dial::{TailnetDialer, error_chain};
 use crate::limits::{self, Admission, Gate};
 use crate::metrics::{ActiveConnection, Direction, Metrics};
@@ -37,8 +38,8 @@ pub struct Shared {
     pub threads: Arc<ConnectionThreads>,
     /// All listeners' connections together (`limits.maxConnections`).
     pub agent_gate: Arc<Gate>,
-    /// Cancelled at shutdown: HTTP connections finish their requests and close.
-    pub draining: CancellationToken,
+    /// Started at shutdown: HTTP connections finish their requests and close.
+    pub draining: Drain,
     pub backend_connect_timeout: Duration,
     /// How long an egress connection whose client sent EOF stays open while the target sends
     /// nothing (see [`HalfClose::HoldUntilUpstreamCloses`]).
@@ -278,7 +279,7 @@ pub async fn run_http(
         |stream, peer, admission| {
             // The connection follows the listener's routes (see `LiveSite`).
             let site = site.clone();
-            let (context, draining) = (shared.proxy.clone(), shared.draining.clone());
+            let (context, draining) = (shared.proxy.clone(), shared.draining.watch());
             shared
                 .threads
                 .spawn(&shared.connections, stream, move |stream| {

@@ -29,12 +29,12 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::backend::connect_failure;
 use crate::dedicated::DedicatedBackend;
+use crate::drain::DrainWatch;
 use crate::dial::error_chain;
 use crate::headers::{
     ForwardedHeaders, PeerIdentity, has_conflicting_host, is_websocket_upgrade, remove_hop_by_hop,
@@ -89,6 +89,8 @@ struct ConnectionInfo {
     metrics: Arc<ConnectionMetrics>,
     /// HTTP/1.1 connections: their own backend connection, driven by this task.
     dedicated: Option<DedicatedBackend>,
+    /// Held here, not cloned per request (its socket path would be copied each time).
+    context: ProxyContext,
 }
 
 /// The metric handles of one connection, so a request costs no label allocation and no
@@ -161,14 +163,14 @@ impl ConnectionMetrics {
     }
 }
 
-/// Serves one accepted TCP connection until it ends, or until `shutdown` asks it to finish
+/// Serves one accepted TCP connection until it ends, or until `drain` asks it to finish
 /// its in-flight requests and close.
 pub async fn serve_connection(
     site: impl Into<LiveSite>,
     context: ProxyContext,
     tcp: TcpStream,
     peer: SocketAddr,
-    shutdown: CancellationToken,
+    drain: DrainWatch,
     admission: Admission,
 ) {
     let live = site.into();
@@ -197,7 +199,7 @@ pub async fn serve_connection(
             listener_port,
             admission,
         };
-        serve_http(live, context, TokioIo::new(tcp), start, shutdown).await;
+        serve_http(live, context, TokioIo::new(tcp), start, drain).await;
         return;
     };
     let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -221,7 +223,7 @@ pub async fn serve_connection(
         listener_port,
         admission,
     };
-    serve_http(live, context, TokioIo::new(tls), start, shutdown).await;
+    serve_http(live, context, TokioIo::new(tls), start, drain).await;
 }
 
 fn count_handshake_failure(context: &ProxyContext, listener: &str) {
@@ -246,7 +248,7 @@ async fn serve_http<IO>(
     context: ProxyContext,
     io: TokioIo<IO>,
     start: ConnectionStart,
-    shutdown: CancellationToken,
+    mut drain: DrainWatch,
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -290,17 +292,20 @@ async fn serve_http<IO>(
             .into(),
         metrics: Arc::new(ConnectionMetrics::new(&context.metrics, &listener)),
         dedicated,
+        context,
     });
-    let activity = Arc::new(Activity::new());
+    // Only HTTP/2 has an idle timeout of the agent's own (HTTP/1.1: hyper's header timeout).
+    let activity = http2.then(|| Arc::new(Activity::new()));
     let service = {
-        let (live, context, activity) = (live.clone(), context.clone(), activity.clone());
+        let activity = activity.clone();
         service_fn(move |request: Request<Incoming>| {
             // The listener's routes as they are now.
             let site = live.current();
-            let (context, connection) = (context.clone(), connection.clone());
-            let in_flight = InFlight::start(&activity);
+            let connection = connection.clone();
+            let in_flight = activity.as_ref().map(InFlight::start);
             async move {
-                let response = proxy_request(&site, &context, &connection, request).await;
+                let response =
+                    proxy_request(&site, &connection.context, &connection, request).await;
                 // The request counts as in flight until its response body is done.
                 let (parts, body) = response.into_parts();
                 let body = InFlightBody {
@@ -312,14 +317,14 @@ async fn serve_http<IO>(
             }
         })
     };
-    let result = if http2 {
+    let result = if let Some(activity) = activity {
         let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         builder.timer(TokioTimer::new());
         let connection = builder.serve_connection(io, service);
         tokio::pin!(connection);
         tokio::select! {
             result = connection.as_mut() => result,
-            () = shutdown.cancelled() => {
+            () = drain.draining() => {
                 connection.as_mut().graceful_shutdown();
                 connection.await
             }
@@ -340,27 +345,24 @@ async fn serve_http<IO>(
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ_TIMEOUT)
             .max_buf_size(HTTP1_MAX_HEAD_BYTES);
-        let connection = builder.serve_connection(io, service).with_upgrades();
-        tokio::pin!(connection);
-        // The backend connection of this client connection is polled here, in this task.
-        let driver = async move {
-            match driver {
-                Some(driver) => match driver.await {},
-                None => std::future::pending::<()>().await,
-            }
-        };
-        tokio::pin!(driver);
-        tokio::select! {
-            result = connection.as_mut() => result,
-            () = shutdown.cancelled() => {
+        let mut connection = std::pin::pin!(builder.serve_connection(io, service).with_upgrades());
+        let mut driver = driver;
+        let mut draining = false;
+        // One future, polled without a select: the drain check is one atomic load, and the
+        // backend connections are polled right after the server connection (a request it
+        // just handed over is written in the same wake-up).
+        std::future::poll_fn(|cx| {
+            if !draining && drain.poll_draining(cx).is_ready() {
+                draining = true;
                 connection.as_mut().graceful_shutdown();
-                tokio::select! {
-                    result = connection => result,
-                    () = driver.as_mut() => Ok(()),
-                }
             }
-            () = driver.as_mut() => Ok(()),
-        }
+            let result = connection.as_mut().poll(cx);
+            if let Some(driver) = driver.as_mut() {
+                driver.poll_driven(cx);
+            }
+            result
+        })
+        .await
     };
     if let Err(error) = result {
         debug!(%listener, %peer, error = %error_chain(&error), "HTTP connection ended with an error");
@@ -698,6 +700,8 @@ async fn forward_request(
         }
     };
     let answer = tokio::select! {
+        // In this order: no random start per request.
+        biased;
         answer = send => Some(answer),
         () = head_wait => None,
         () = exchange_deadline => None,
@@ -939,7 +943,7 @@ pin_project_lite::pin_project! {
     struct InFlightBody {
         #[pin]
         inner: ProxyBody,
-        _in_flight: InFlight,
+        _in_flight: Option<InFlight>,
     }
 }
 

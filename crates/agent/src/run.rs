@@ -23,6 +23,7 @@ use tracing::{error, info, warn};
 
 use crate::admin::{self, Admin};
 use crate::certificates::Certificates;
+use crate::drain::Drain;
 use crate::config::{self, ConfigError};
 use crate::dial::{TailnetDialer, error_chain};
 use crate::limits::Gate;
@@ -134,7 +135,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         connections: TaskTracker::new(),
         threads: Arc::new(ConnectionThreads::start(options.connection_threads)),
         agent_gate: Gate::new(config.limits.max_connections),
-        draining: CancellationToken::new(),
+        draining: Drain::new(),
         backend_connect_timeout: options.backend_connect_timeout,
         half_closed_idle: options.half_closed_idle,
     };
@@ -179,7 +180,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     );
     state.begin_shutdown();
     supervisor.stop_all().await;
-    shared.draining.cancel();
+    shared.draining.start();
     shared.connections.close();
     shared.proxy.tunnels.close();
     let drained = tokio::time::timeout(options.drain_timeout, async {

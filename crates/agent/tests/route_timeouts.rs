@@ -26,7 +26,7 @@ use tailnet_render::ingress::{self, IngressInputs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tailnet_agent::drain::Drain;
 use tokio_util::task::TaskTracker;
 
 fn example<T: serde::de::DeserializeOwned>(
@@ -188,9 +188,9 @@ async fn the_backend_request_timeout_fires_after_500ms_not_a_second() {
         .await
         .unwrap_or_else(|e| panic!("proxy bind: {e}"));
     let proxy = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    let shutdown = CancellationToken::new();
+    let drain = Drain::new();
     let serve = {
-        let shutdown = shutdown.clone();
+        let shutdown = drain.watch();
         tokio::spawn(async move {
             let (tcp, peer) = listener
                 .accept()
@@ -222,7 +222,7 @@ async fn the_backend_request_timeout_fires_after_500ms_not_a_second() {
         elapsed >= Duration::from_millis(500) && elapsed < Duration::from_millis(950),
         "504 after {elapsed:?}: expected about 500 ms (1 s would be the rounded-up seconds field)"
     );
-    shutdown.cancel();
+    drain.start();
     let _ = serve.await;
     let _ = std::fs::remove_dir_all(&dir);
 }
