@@ -660,22 +660,27 @@ async fn forward_request(
     parts.version = Version::HTTP_11;
 
     let deadline = runtime.request_timeout.map(|timeout| started + timeout);
-    let upload = Arc::new(UploadProgress::default());
-    let body = MeteredBody::new(
-        body,
-        deadline,
-        (exchange.tallies.clone(), Direction::In),
-        Some(upload.clone()),
-    );
-    let backend_request = Request::from_parts(parts, body.boxed_unsync());
+    // A request without a body (most of them) needs no upload bookkeeping: its body is a
+    // zero-sized empty one, boxed without an allocation.
+    let mut exchange = exchange;
+    let backend_body = if body.is_end_stream() {
+        empty_body()
+    } else {
+        let upload = Arc::new(Upload::new(connection.metrics.bytes_in.clone()));
+        exchange.upload = Some(upload.clone());
+        UploadBody::new(body, deadline, upload).boxed_unsync()
+    };
+    let backend_request = Request::from_parts(parts, backend_body);
 
     // The backend's time to answer starts when it has the whole request: while the client
     // is still uploading, no backend can be expected to send its head.
     let head_wait = {
-        let upload = upload.clone();
+        let upload = exchange.upload.clone();
         let timeout = runtime.backend_request_timeout;
         async move {
-            upload.wait_complete().await;
+            if let Some(upload) = upload {
+                upload.wait_complete().await;
+            }
             tokio::time::sleep(timeout).await;
         }
     };
@@ -709,9 +714,9 @@ async fn forward_request(
     let response = match answer {
         Some(Ok(response)) => response,
         Some(Err(error)) => {
-            return failed_exchange(exchange, &context.metrics, &backend, &upload, Some(error));
+            return failed_exchange(exchange, &context.metrics, &backend, Some(error));
         }
-        None => return failed_exchange(exchange, &context.metrics, &backend, &upload, None),
+        None => return failed_exchange(exchange, &context.metrics, &backend, None),
     };
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -730,10 +735,8 @@ async fn forward_request(
     if let Some(edits) = &rule.response_headers {
         edits.apply(&mut parts.headers);
     }
-    let mut exchange = exchange;
     exchange.status = parts.status;
-    let tallies = (exchange.tallies.clone(), Direction::Out);
-    let body = MeteredBody::new(body, deadline, tallies, None).with_exchange(exchange);
+    let body = AnswerBody::new(body, deadline, exchange);
     Response::from_parts(parts, body.boxed_unsync())
 }
 
@@ -795,12 +798,16 @@ fn failed_exchange(
     mut exchange: Exchange,
     metrics: &Metrics,
     backend: &RouteBackend,
-    upload: &UploadProgress,
     error: Option<BoxError>,
 ) -> Response<ProxyBody> {
+    // No upload: the request had no body, so it was complete from the start.
+    let (expired, complete) = exchange
+        .upload
+        .as_ref()
+        .map_or((false, true), |upload| (upload.expired(), upload.complete()));
     match error {
         Some(error) => {
-            if upload.expired() {
+            if expired {
                 exchange.message = "request timeout during upload".into();
                 exchange.local_answer(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
             } else {
@@ -811,7 +818,7 @@ fn failed_exchange(
             }
         }
         None => {
-            if upload.expired() || !upload.complete() {
+            if expired || !complete {
                 exchange.message = "request timeout during upload".into();
                 exchange.local_answer(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
             } else {
@@ -841,7 +848,10 @@ fn tunnel_upgrade(
         return exchange.local_answer(StatusCode::BAD_GATEWAY, "bad gateway\n");
     };
     let backend_upgrade = hyper::upgrade::on(&mut response);
-    let tallies = exchange.tallies.clone();
+    let tallies = Arc::new(Tallies {
+        inbound: Tally::new(connection.metrics.bytes_in.clone()),
+        outbound: Tally::new(connection.metrics.bytes_out.clone()),
+    });
     let route = backend.name.clone();
     let admission = connection.admission.clone();
     context.tunnels.spawn(async move {
@@ -866,13 +876,7 @@ fn tunnel_upgrade(
     });
     let (parts, _) = response.into_parts();
     exchange.status = parts.status;
-    let body = MeteredBody::new(
-        http_body_util::Empty::<Bytes>::new(),
-        None,
-        (exchange.tallies.clone(), Direction::Out),
-        None,
-    )
-    .with_exchange(exchange);
+    let body = AnswerBody::new(http_body_util::Empty::<Bytes>::new(), None, exchange);
     Response::from_parts(parts, body.boxed_unsync())
 }
 
@@ -978,14 +982,26 @@ fn request_host<B>(request: &Request<B>) -> Option<HeaderValue> {
     }
 }
 
-#[derive(Debug, Default)]
-struct UploadProgress {
+/// A request body's progress, shared by the body the backend reads and the exchange: its
+/// bytes, whether it is complete, whether it ran out of time.
+#[derive(Debug)]
+struct Upload {
+    bytes: Tally,
     complete: AtomicBool,
     expired: AtomicBool,
     completed: Notify,
 }
 
-impl UploadProgress {
+impl Upload {
+    fn new(bytes_in: Counter) -> Self {
+        Upload {
+            bytes: Tally::new(bytes_in),
+            complete: AtomicBool::new(false),
+            expired: AtomicBool::new(false),
+            completed: Notify::new(),
+        }
+    }
+
     fn complete(&self) -> bool {
         self.complete.load(Ordering::SeqCst)
     }
@@ -1006,6 +1022,13 @@ impl UploadProgress {
     fn expired(&self) -> bool {
         self.expired.load(Ordering::SeqCst)
     }
+}
+
+/// The body of a request without one: zero-sized, so boxing it allocates nothing.
+fn empty_body() -> ProxyBody {
+    http_body_util::Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 /// The metrics label of a request no route matched: one shared string, not one per request.
@@ -1031,8 +1054,10 @@ struct Exchange {
     path: String,
     status: StatusCode,
     client: Arc<str>,
-    /// Bytes of the request body and of the response body (one allocation for both).
-    tallies: Arc<Tallies>,
+    /// The request body's progress; `None`: the request had no body.
+    upload: Option<Arc<Upload>>,
+    /// Bytes of the response body so far (the live counter is the connection's).
+    bytes_out: u64,
     message: String,
 }
 
@@ -1054,24 +1079,15 @@ impl Exchange {
             path,
             status: StatusCode::OK,
             client: connection.client.clone(),
-            tallies: Arc::new(Tallies {
-                inbound: Tally::new(connection.metrics.bytes_in.clone()),
-                outbound: Tally::new(connection.metrics.bytes_out.clone()),
-            }),
+            upload: None,
+            bytes_out: 0,
             message: String::new(),
         }
     }
 
     fn local_answer(mut self, status: StatusCode, text: &'static str) -> Response<ProxyBody> {
         self.status = status;
-        let tallies = (self.tallies.clone(), Direction::Out);
-        let body = MeteredBody::new(
-            Full::new(Bytes::from_static(text.as_bytes())),
-            None,
-            tallies,
-            None,
-        )
-        .with_exchange(self);
+        let body = AnswerBody::new(Full::new(Bytes::from_static(text.as_bytes())), None, self);
         let mut response = Response::new(body.boxed_unsync());
         *response.status_mut() = status;
         response.headers_mut().insert(
@@ -1100,8 +1116,8 @@ impl Drop for Exchange {
             path = %self.path,
             status = self.status.as_u16(),
             client = %self.client,
-            bytes_in = self.tallies.inbound.total(),
-            bytes_out = self.tallies.outbound.total(),
+            bytes_in = self.upload.as_ref().map_or(0, |upload| upload.bytes.total()),
+            bytes_out = self.bytes_out,
             duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
             detail = %self.message,
             "request"
@@ -1109,68 +1125,38 @@ impl Drop for Exchange {
     }
 }
 
-/// The byte counts of one exchange, request body in, response body out.
+/// The byte counts of an upgraded (WebSocket) tunnel, client to backend and back.
 #[derive(Debug)]
 struct Tallies {
     inbound: Tally,
     outbound: Tally,
 }
 
-impl Tallies {
-    fn of(&self, direction: Direction) -> &Tally {
-        match direction {
-            Direction::In => &self.inbound,
-            Direction::Out => &self.outbound,
-        }
-    }
-}
 
 pin_project_lite::pin_project! {
-    /// Passes frames through unchanged while counting data bytes, enforcing the exchange
-    /// deadline, and reporting the exchange when it ends.
-    struct MeteredBody<B> {
+    /// A request body on its way to the backend: frames pass unchanged while their bytes are
+    /// counted, the exchange deadline is enforced, and the end marks the upload complete.
+    struct UploadBody<B> {
         #[pin]
         inner: B,
         deadline: Option<Pin<Box<Sleep>>>,
-        tallies: Arc<Tallies>,
-        direction: Direction,
-        upload: Option<Arc<UploadProgress>>,
-        exchange: Option<Exchange>,
+        upload: Arc<Upload>,
         failed: bool,
     }
 }
 
-impl<B: Body> MeteredBody<B> {
-    fn new(
-        inner: B,
-        deadline: Option<Instant>,
-        (tallies, direction): (Arc<Tallies>, Direction),
-        upload: Option<Arc<UploadProgress>>,
-    ) -> Self {
-        if let Some(upload) = upload.as_ref()
-            && inner.is_end_stream()
-        {
-            // hyper never polls a body that is known to be empty.
-            upload.mark_complete();
-        }
-        MeteredBody {
+impl<B: Body> UploadBody<B> {
+    fn new(inner: B, deadline: Option<Instant>, upload: Arc<Upload>) -> Self {
+        UploadBody {
             inner,
             deadline: deadline.map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
-            tallies,
-            direction,
             upload,
-            exchange: None,
             failed: false,
         }
     }
-
-    fn with_exchange(mut self, exchange: Exchange) -> Self {
-        self.exchange = Some(exchange);
-        self
-    }
 }
 
-impl<B> Body for MeteredBody<B>
+impl<B> Body for UploadBody<B>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -1186,13 +1172,80 @@ where
         if *this.failed {
             return Poll::Ready(None);
         }
-        if let Some(deadline) = this.deadline.as_mut()
-            && deadline.as_mut().poll(cx).is_ready()
-        {
+        if past_deadline(this.deadline, cx) {
             *this.failed = true;
-            if let Some(upload) = this.upload.as_ref() {
-                upload.expired.store(true, Ordering::SeqCst);
+            this.upload.expired.store(true, Ordering::SeqCst);
+            return Poll::Ready(Some(Err(Box::new(ExchangeDeadline))));
+        }
+        match ready!(this.inner.poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    this.upload.bytes.add(data.len());
+                }
+                Poll::Ready(Some(Ok(frame)))
             }
+            Some(Err(error)) => {
+                *this.failed = true;
+                Poll::Ready(Some(Err(error.into())))
+            }
+            None => {
+                this.upload.mark_complete();
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body on its way to the client: frames pass unchanged while their bytes are
+    /// counted, the exchange deadline is enforced, and the exchange is reported at the end
+    /// (or when the body is dropped).
+    struct AnswerBody<B> {
+        #[pin]
+        inner: B,
+        deadline: Option<Pin<Box<Sleep>>>,
+        exchange: Option<Exchange>,
+        failed: bool,
+    }
+}
+
+impl<B: Body> AnswerBody<B> {
+    fn new(inner: B, deadline: Option<Instant>, exchange: Exchange) -> Self {
+        AnswerBody {
+            inner,
+            deadline: deadline.map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
+            exchange: Some(exchange),
+            failed: false,
+        }
+    }
+}
+
+impl<B> Body for AnswerBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if *this.failed {
+            return Poll::Ready(None);
+        }
+        if past_deadline(this.deadline, cx) {
+            *this.failed = true;
             if let Some(exchange) = this.exchange.as_mut() {
                 exchange.message = "cut off at the request timeout".into();
             }
@@ -1200,8 +1253,10 @@ where
         }
         match ready!(this.inner.poll_frame(cx)) {
             Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    this.tallies.of(*this.direction).add(data.len());
+                if let (Some(data), Some(exchange)) = (frame.data_ref(), this.exchange.as_mut()) {
+                    let bytes = u64::try_from(data.len()).unwrap_or(u64::MAX);
+                    exchange.bytes_out = exchange.bytes_out.saturating_add(bytes);
+                    exchange.metrics.bytes_out.inc_by(bytes);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -1214,9 +1269,6 @@ where
                 Poll::Ready(Some(Err(error)))
             }
             None => {
-                if let Some(upload) = this.upload.as_ref() {
-                    upload.mark_complete();
-                }
                 // Report now rather than when hyper drops the body.
                 drop(this.exchange.take());
                 Poll::Ready(None)
@@ -1231,6 +1283,13 @@ where
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// Whether the exchange deadline (if any) has passed; registers the waker otherwise.
+fn past_deadline(deadline: &mut Option<Pin<Box<Sleep>>>, cx: &mut Context<'_>) -> bool {
+    deadline
+        .as_mut()
+        .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready())
 }
 
 #[cfg(test)]
