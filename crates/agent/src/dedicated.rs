@@ -181,6 +181,18 @@ impl DedicatedBackend {
                 },
             }
         }
+        // Boxed: connecting (TCP, TLS, the HTTP/1 handshake) is a large future that only a
+        // connection's first dedicated request needs; inline, every request's future would
+        // carry (and move) its size.
+        Box::pin(self.send_on_new_connection(route, connector, request)).await
+    }
+
+    async fn send_on_new_connection(
+        &self,
+        route: &Arc<str>,
+        connector: &BackendConnector,
+        request: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, BoxError> {
         let stream = connector.connect().await?;
         let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
             .handshake(TokioIo::new(stream))

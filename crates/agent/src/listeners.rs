@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use crate::drain::Drain;
 use crate::dial::{TailnetDialer, error_chain};
+use crate::drain::Drain;
 use crate::limits::{self, Admission, Gate};
 use crate::metrics::{ActiveConnection, Direction, Metrics};
 use crate::proxy::{HttpSite, ProxyContext, serve_connection};

@@ -34,8 +34,8 @@ use tracing::{debug, info, warn};
 
 use crate::backend::connect_failure;
 use crate::dedicated::DedicatedBackend;
-use crate::drain::DrainWatch;
 use crate::dial::error_chain;
+use crate::drain::DrainWatch;
 use crate::headers::{
     ForwardedHeaders, PeerIdentity, has_conflicting_host, is_websocket_upgrade, remove_hop_by_hop,
     strip_client_identity,
@@ -674,7 +674,7 @@ async fn forward_request(
 
     // The backend's time to answer starts when it has the whole request: while the client
     // is still uploading, no backend can be expected to send its head.
-    let head_wait = {
+    let head_wait = std::pin::pin!({
         let upload = exchange.upload.clone();
         let timeout = runtime.backend_request_timeout;
         async move {
@@ -683,14 +683,16 @@ async fn forward_request(
             }
             tokio::time::sleep(timeout).await;
         }
-    };
-    let exchange_deadline = async move {
+    });
+    let exchange_deadline = std::pin::pin!(async move {
         match deadline {
             Some(deadline) => tokio::time::sleep_until(deadline).await,
             None => std::future::pending().await,
         }
-    };
-    let send = async {
+    });
+    // Pinned where they are made: moved into the select, each would be stored twice in this
+    // function's future (which hyper moves for every request).
+    let send = std::pin::pin!(async {
         match dedicated {
             Some(dedicated) => {
                 dedicated
@@ -703,7 +705,7 @@ async fn forward_request(
                 .await
                 .map_err(BoxError::from),
         }
-    };
+    });
     let answer = tokio::select! {
         // In this order: no random start per request.
         biased;
@@ -801,10 +803,9 @@ fn failed_exchange(
     error: Option<BoxError>,
 ) -> Response<ProxyBody> {
     // No upload: the request had no body, so it was complete from the start.
-    let (expired, complete) = exchange
-        .upload
-        .as_ref()
-        .map_or((false, true), |upload| (upload.expired(), upload.complete()));
+    let (expired, complete) = exchange.upload.as_ref().map_or((false, true), |upload| {
+        (upload.expired(), upload.complete())
+    });
     match error {
         Some(error) => {
             if expired {
@@ -1131,7 +1132,6 @@ struct Tallies {
     inbound: Tally,
     outbound: Tally,
 }
-
 
 pin_project_lite::pin_project! {
     /// A request body on its way to the backend: frames pass unchanged while their bytes are

@@ -23,9 +23,9 @@ use tracing::{error, info, warn};
 
 use crate::admin::{self, Admin};
 use crate::certificates::Certificates;
-use crate::drain::Drain;
 use crate::config::{self, ConfigError};
 use crate::dial::{TailnetDialer, error_chain};
+use crate::drain::Drain;
 use crate::limits::Gate;
 use crate::listeners::{self, Shared, TcpForward};
 use crate::localapi::LocalApi;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Pki, parse_answer, tls_connect};
+use tailnet_agent::drain::Drain;
 use tailnet_agent::limits::{self, Gate};
 use tailnet_agent::localapi::LocalApi;
 use tailnet_agent::metrics::Metrics;
@@ -26,7 +27,6 @@ use tailnet_render::ingress::{self, IngressInputs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
-use tailnet_agent::drain::Drain;
 use tokio_util::task::TaskTracker;
 
 fn example<T: serde::de::DeserializeOwned>(
