@@ -134,7 +134,7 @@ fn https_reverse_proxy_end_to_end() {
         websocket_upgrade(&frontend).await;
         verified_backend_tls(&h2).await;
         metrics_and_readiness().await;
-        sigterm_drains_in_flight(&h2, pid).await;
+        sigterm_drains_in_flight(&h1, &h2, &frontend, pid).await;
     });
     let deadline = Instant::now() + Duration::from_secs(15);
     let status = loop {
@@ -473,15 +473,36 @@ async fn metrics_and_readiness() {
     assert_eq!(status, 200);
 }
 
-async fn sigterm_drains_in_flight(h2: &reqwest::Client, pid: i32) {
-    // SIGTERM while a request is in flight: it completes, new connections are refused.
-    let in_flight = tokio::spawn({
-        let h2 = h2.clone();
-        async move { h2.get("https://portal.test:8443/slow-head").send().await }
-    });
+async fn sigterm_drains_in_flight(
+    h1: &reqwest::Client,
+    h2: &reqwest::Client,
+    frontend: &Pki,
+    pid: i32,
+) {
+    // SIGTERM while requests are in flight (HTTP/2 and HTTP/1.1): they complete, an idle
+    // HTTP/1.1 keep-alive connection is closed at once, new connections are refused.
+    let slow = |client: &reqwest::Client| {
+        let client = client.clone();
+        tokio::spawn(async move { client.get("https://portal.test:8443/slow-head").send().await })
+    };
+    let (in_flight_h2, in_flight_h1) = (slow(h2), slow(h1));
+    let mut idle = tls_connect(https(), "portal.test", frontend.client_config(&[b"http/1.1"]))
+        .await
+        .unwrap_or_else(|e| panic!("idle connection: {e}"));
     tokio::time::sleep(Duration::from_millis(500)).await;
     // SAFETY: kill(2) on the agent's own pid.
     unsafe { libc::kill(pid, libc::SIGTERM) };
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(2), idle.read(&mut byte)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "the idle HTTP/1.1 connection stays open after SIGTERM: {closed:?}"
+    );
+    // Closed by the drain, not by the process ending: the slow answers (3 s) are still due.
+    assert!(
+        !in_flight_h1.is_finished() && !in_flight_h2.is_finished(),
+        "the in-flight requests ended before the idle connection was closed"
+    );
     eventually(
         Duration::from_secs(5),
         "listener closed after SIGTERM",
@@ -493,12 +514,14 @@ async fn sigterm_drains_in_flight(h2: &reqwest::Client, pid: i32) {
         },
     )
     .await;
-    let answer = in_flight
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("in-flight request cut by the shutdown: {e}"));
-    assert_eq!(answer.status(), 200);
-    assert_eq!(answer.text().await.unwrap_or_default(), "finally");
+    for (protocol, in_flight) in [("HTTP/2", in_flight_h2), ("HTTP/1.1", in_flight_h1)] {
+        let answer = in_flight
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{protocol} request cut by the shutdown: {e}"));
+        assert_eq!(answer.status(), 200, "{protocol}");
+        assert_eq!(answer.text().await.unwrap_or_default(), "finally", "{protocol}");
+    }
 }
 
 /// No certificate ⇒ the port is not even open (no plaintext, no HTTP answer); a certificate
