@@ -7,9 +7,10 @@
 #   scripts/bench-allocations.sh AGENT [SECONDS [CONNECTIONS [OUTDIR]]]
 #
 # AGENT: a glibc build (heaptrack preloads itself; the static musl image binary cannot be
-# profiled), e.g. `cargo build --profile profiling -p tailnet-agent -p tno-bench` and
-# target/profiling/tailnet-agent. The backend is `tno-bench serve-http` ($TNO_BENCH, default
-# target/profiling/tno-bench). The agent's own idle allocations (≈ 120/s: its status polls)
+# profiled) with the system allocator (heaptrack sees malloc only, not the agent's default
+# mimalloc), e.g. `cargo build --profile profiling -p tno-bench && cargo build --profile
+# profiling -p tailnet-agent --no-default-features` and target/profiling/tailnet-agent. The
+# backend is `tno-bench serve-http` ($TNO_BENCH, default target/profiling/tno-bench). The agent's own idle allocations (≈ 120/s: its status polls)
 # are counted too: < 0.3 % at 16 connections for 10 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."

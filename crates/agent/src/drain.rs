@@ -2,9 +2,10 @@
 //!
 //! A connection checks for this on every wake-up of its task. A shared `CancellationToken`
 //! costs a lock of the token's tree node and of its `Notify` per check, on a lock every
-//! connection of every connection thread shares; here each connection has a slot of its own
-//! (a flag and a waker), so a check is one atomic load and a waker comparison, and only
-//! opening and closing a connection touch the shared list.
+//! connection of every connection thread shares. Here a check is one load of a flag that is
+//! written once (at shutdown) and sits on a cache line of its own, so every core keeps it
+//! cached; each connection registers its waker once, and only opening and closing a
+//! connection touch the shared list.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,21 +22,21 @@ pub struct Drain {
 
 #[derive(Debug, Default)]
 struct Shared {
-    started: AtomicBool,
+    started: StartedFlag,
     next_key: AtomicU64,
-    watching: Mutex<HashMap<u64, Arc<Slot>>>,
+    watching: Mutex<HashMap<u64, Arc<AtomicWaker>>>,
 }
 
+/// Apart from the counter and the list (written at every connection's open and close), so
+/// reading it never misses the cache.
 #[derive(Debug, Default)]
-struct Slot {
-    draining: AtomicBool,
-    waker: AtomicWaker,
-}
+#[repr(align(128))]
+struct StartedFlag(AtomicBool);
 
 /// One connection's view of the signal; leaves the shared list when dropped.
 #[derive(Debug)]
 pub struct DrainWatch {
-    slot: Arc<Slot>,
+    waker: Arc<AtomicWaker>,
     key: u64,
     shared: Arc<Shared>,
     /// The waker is registered at the first poll only: a connection is polled by one task
@@ -50,41 +51,32 @@ impl Drain {
 
     /// Asks every connection, open now or accepted later, to finish.
     pub fn start(&self) {
-        self.shared.started.store(true, Ordering::SeqCst);
+        self.shared.started.0.store(true, Ordering::SeqCst);
         let watching = self
             .shared
             .watching
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        for slot in watching.values() {
-            slot.draining.store(true, Ordering::SeqCst);
-            slot.waker.wake();
+        for waker in watching.values() {
+            waker.wake();
         }
     }
 
     pub fn is_started(&self) -> bool {
-        self.shared.started.load(Ordering::SeqCst)
+        self.shared.started.0.load(Ordering::SeqCst)
     }
 
     /// A watch for one connection (already draining if [`Drain::start`] was called).
     pub fn watch(&self) -> DrainWatch {
-        let slot = Arc::new(Slot::default());
+        let waker = Arc::new(AtomicWaker::new());
         let key = self.shared.next_key.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut watching = self
-                .shared
-                .watching
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            watching.insert(key, slot.clone());
-            // Checked under the lock `start` takes: either `start` sees this slot, or this
-            // sees `started`.
-            if self.shared.started.load(Ordering::SeqCst) {
-                slot.draining.store(true, Ordering::SeqCst);
-            }
-        }
+        self.shared
+            .watching
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, waker.clone());
         DrainWatch {
-            slot,
+            waker,
             key,
             shared: self.shared.clone(),
             registered: false,
@@ -96,23 +88,24 @@ impl DrainWatch {
     /// Ready once the connection should finish. Registers `cx`'s waker at the first call
     /// only: every later call must come from the same task (the connection's own).
     pub fn poll_draining(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.slot.draining.load(Ordering::Acquire) {
+        if self.is_draining() {
             return Poll::Ready(());
         }
         if self.registered {
             return Poll::Pending;
         }
         self.registered = true;
-        self.slot.waker.register(cx.waker());
-        // `start` may have run between the load and the registration.
-        if self.slot.draining.load(Ordering::Acquire) {
+        self.waker.register(cx.waker());
+        // `start` may have set the flag and woken the list between the load and the
+        // registration: the flag is set before the wake, so this load sees it.
+        if self.is_draining() {
             return Poll::Ready(());
         }
         Poll::Pending
     }
 
     pub fn is_draining(&self) -> bool {
-        self.slot.draining.load(Ordering::Acquire)
+        self.shared.started.0.load(Ordering::SeqCst)
     }
 
     /// Resolves once the connection should finish (in the task that awaits it).

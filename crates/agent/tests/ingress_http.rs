@@ -483,12 +483,21 @@ async fn sigterm_drains_in_flight(
     // HTTP/1.1 keep-alive connection is closed at once, new connections are refused.
     let slow = |client: &reqwest::Client| {
         let client = client.clone();
-        tokio::spawn(async move { client.get("https://portal.test:8443/slow-head").send().await })
+        tokio::spawn(async move {
+            client
+                .get("https://portal.test:8443/slow-head")
+                .send()
+                .await
+        })
     };
     let (in_flight_h2, in_flight_h1) = (slow(h2), slow(h1));
-    let mut idle = tls_connect(https(), "portal.test", frontend.client_config(&[b"http/1.1"]))
-        .await
-        .unwrap_or_else(|e| panic!("idle connection: {e}"));
+    let mut idle = tls_connect(
+        https(),
+        "portal.test",
+        frontend.client_config(&[b"http/1.1"]),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("idle connection: {e}"));
     tokio::time::sleep(Duration::from_millis(500)).await;
     // SAFETY: kill(2) on the agent's own pid.
     unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -520,7 +529,11 @@ async fn sigterm_drains_in_flight(
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|e| panic!("{protocol} request cut by the shutdown: {e}"));
         assert_eq!(answer.status(), 200, "{protocol}");
-        assert_eq!(answer.text().await.unwrap_or_default(), "finally", "{protocol}");
+        assert_eq!(
+            answer.text().await.unwrap_or_default(),
+            "finally",
+            "{protocol}"
+        );
     }
 }
 
