@@ -10,8 +10,9 @@
 # profiled) with the system allocator (heaptrack sees malloc only, not the agent's default
 # mimalloc), e.g. `cargo build --profile profiling -p tno-bench && cargo build --profile
 # profiling -p tailnet-agent --no-default-features` and target/profiling/tailnet-agent. The
-# backend is `tno-bench serve-http` ($TNO_BENCH, default target/profiling/tno-bench). The agent's own idle allocations (≈ 120/s: its status polls)
-# are counted too: < 0.3 % at 16 connections for 10 s.
+# backend is `tno-bench serve-http` ($TNO_BENCH, default target/profiling/tno-bench). The
+# agent's own idle allocations (≈ 120/s: its status polls) are counted too: < 0.3 % at 16
+# connections for 10 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 agent=$(realpath "$1"); seconds=${2:-10}; connections=${3:-16}
