@@ -72,6 +72,11 @@ impl PeerIdentity {
 /// Removes hop-by-hop headers, including those the `Connection` header names. Returns
 /// whether the client asked for trailers (`TE: trailers`), which is end-to-end meaningful.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> bool {
+    // Most messages carry none: one pass over the names (a compare each) instead of a hashed
+    // lookup per hop-by-hop name.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return false;
+    }
     let wants_trailers = headers
         .get_all(header::TE)
         .iter()

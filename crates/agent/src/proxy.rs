@@ -303,7 +303,10 @@ async fn serve_http<IO>(
             let site = live.current();
             let connection = connection.clone();
             let in_flight = activity.as_ref().map(InFlight::start);
-            async move {
+            // Boxed: hyper moves the service's future into place for every request, and this
+            // one is a few KiB (routing, rules, the backend exchange); one allocation costs
+            // less than copying it.
+            Box::pin(async move {
                 let response =
                     proxy_request(&site, &connection.context, &connection, request).await;
                 // The request counts as in flight until its response body is done.
@@ -314,7 +317,7 @@ async fn serve_http<IO>(
                 };
                 // Not boxed again: the response body is boxed once, where it is made.
                 Ok::<_, Infallible>(Response::from_parts(parts, body))
-            }
+            })
         })
     };
     let result = if let Some(activity) = activity {
