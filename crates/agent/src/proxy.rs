@@ -427,7 +427,7 @@ async fn proxy_request(
         }
     };
     // The configured name (or wildcard) the Host matched: a bounded metrics label.
-    exchange.host = choice.hostname.clone();
+    exchange.host = Some(choice.hostname.clone());
     let Some(route) = site.served.get(choice.index) else {
         exchange.route = Some(Arc::from(choice.entry.route.name.as_str()));
         return exchange.local_answer(StatusCode::BAD_GATEWAY, "route has no backend\n");
@@ -517,7 +517,8 @@ enum Routing<'s> {
 struct Forward<'s> {
     rule: &'s CompiledRule,
     runtime: &'s RuleRuntime,
-    backend: Arc<RouteBackend>,
+    /// Borrowed from the site the request holds (no shared reference count per request).
+    backend: &'s RouteBackend,
     /// The path (without query) a URLRewrite made; `None`: the client's.
     rewritten_path: Option<String>,
 }
@@ -563,7 +564,7 @@ fn route_rules<'s>(
         };
     }
     let chosen = choose_backend(&rule.weights, |total| fastrand::u64(0..total)).and_then(|index| {
-        let backend = runtime.backends.get(index)?.clone()?;
+        let backend = runtime.backends.get(index)?.as_deref()?;
         Some((index, backend))
     });
     let Some((index, backend)) = chosen else {
@@ -719,16 +720,16 @@ async fn forward_request(
     let response = match answer {
         Some(Ok(response)) => response,
         Some(Err(error)) => {
-            return failed_exchange(exchange, &context.metrics, &backend, Some(error));
+            return failed_exchange(exchange, &context.metrics, backend, Some(error));
         }
-        None => return failed_exchange(exchange, &context.metrics, &backend, None),
+        None => return failed_exchange(exchange, &context.metrics, backend, None),
     };
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         return tunnel_upgrade(
             context,
             connection,
-            &backend,
+            backend,
             exchange,
             client_upgrade,
             response,
@@ -1036,11 +1037,8 @@ fn empty_body() -> ProxyBody {
 }
 
 /// The metrics label of a request no route matched: one shared string, not one per request.
-fn unknown_host() -> Arc<str> {
-    static UNKNOWN: std::sync::LazyLock<Arc<str>> =
-        std::sync::LazyLock::new(|| Arc::from("unknown"));
-    UNKNOWN.clone()
-}
+/// The host label of a request no route took.
+const UNKNOWN_HOST: &str = "unknown";
 
 #[derive(Debug, thiserror::Error)]
 #[error("request timeout: the exchange took longer than the route allows")]
@@ -1053,7 +1051,8 @@ struct Exchange {
     metrics: Arc<ConnectionMetrics>,
     /// `None` until a route is selected (`-` in the metrics and the log).
     route: Option<Arc<str>>,
-    host: Arc<str>,
+    /// The configured name the Host matched; `None` until then (`unknown`).
+    host: Option<Arc<str>>,
     method: Method,
     path: String,
     status: StatusCode,
@@ -1078,7 +1077,7 @@ impl Exchange {
             started,
             metrics: connection.metrics.clone(),
             route: None,
-            host: unknown_host(),
+            host: None,
             method: request.method().clone(),
             path,
             status: StatusCode::OK,
@@ -1106,16 +1105,13 @@ impl Drop for Exchange {
     fn drop(&mut self) {
         let duration = self.started.elapsed();
         let route = self.route.get_or_insert_with(|| Arc::from("-"));
-        self.metrics.observe(
-            route,
-            &self.host,
-            self.status.as_u16(),
-            duration.as_secs_f64(),
-        );
+        let host = self.host.as_deref().unwrap_or(UNKNOWN_HOST);
+        self.metrics
+            .observe(route, host, self.status.as_u16(), duration.as_secs_f64());
         info!(
             target: "access",
             route = %route,
-            host = %self.host,
+            host = %host,
             method = %self.method,
             path = %self.path,
             status = self.status.as_u16(),

@@ -75,20 +75,21 @@ pub struct RouteTable {
     hostnames: HostnameIndex,
 }
 
-/// The route a request goes to.
+/// The route a request goes to, borrowed from the table (no reference count touched per
+/// request: the table is shared by every connection thread).
 #[derive(Clone, Debug)]
-pub struct RouteChoice {
-    pub entry: Arc<RouteEntry>,
+pub struct RouteChoice<'t> {
+    pub entry: &'t RouteEntry,
     /// Its position in the listener's routes.
     pub index: usize,
     /// The configured hostname (or wildcard, or `*`) the Host matched.
-    pub hostname: Arc<str>,
+    pub hostname: &'t Arc<str>,
 }
 
 /// What a request's SNI and Host select.
 #[derive(Clone, Debug)]
-pub enum RouteDecision {
-    Route(RouteChoice),
+pub enum RouteDecision<'t> {
+    Route(RouteChoice<'t>),
     /// A TLS session opened for one route carries a Host that route does not serve
     /// (connection coalescing, or an unknown Host on a known SNI): 421.
     Misdirected,
@@ -148,7 +149,7 @@ impl RouteTable {
 
     /// SNI (if the client sent one) selects the route; the Host must be served by the same
     /// route. Without SNI the Host alone selects.
-    pub fn select(&self, sni: Option<&str>, host: Option<&str>) -> RouteDecision {
+    pub fn select(&self, sni: Option<&str>, host: Option<&str>) -> RouteDecision<'_> {
         let Some(host) = host.and_then(host_without_port) else {
             return RouteDecision::MissingHost;
         };
@@ -166,9 +167,9 @@ impl RouteTable {
         }
         match self.routes.get(index) {
             Some(entry) => RouteDecision::Route(RouteChoice {
-                entry: entry.clone(),
+                entry,
                 index,
-                hostname: hostname.clone(),
+                hostname,
             }),
             None => RouteDecision::Misdirected,
         }
@@ -328,7 +329,7 @@ mod tests {
             match table.select(None, Some(host)) {
                 RouteDecision::Route(choice) => {
                     assert_eq!(choice.entry.route.name, route, "{host}");
-                    assert_eq!(&*choice.hostname, pattern, "{host}");
+                    assert_eq!(&**choice.hostname, pattern, "{host}");
                     assert_eq!(table.routes()[choice.index].route.name, route);
                 }
                 other => panic!("{host}: {other:?}"),
