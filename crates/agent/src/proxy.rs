@@ -742,7 +742,7 @@ async fn forward_request(
         edits.apply(&mut parts.headers);
     }
     exchange.status = parts.status;
-    let body = AnswerBody::new(body, deadline, exchange);
+    let body = AnswerBody::new(body, deadline, Some(exchange));
     Response::from_parts(parts, body.boxed_unsync())
 }
 
@@ -881,7 +881,7 @@ fn tunnel_upgrade(
     });
     let (parts, _) = response.into_parts();
     exchange.status = parts.status;
-    let body = AnswerBody::new(http_body_util::Empty::<Bytes>::new(), None, exchange);
+    let body = AnswerBody::new(http_body_util::Empty::<Bytes>::new(), None, Some(exchange));
     Response::from_parts(parts, body.boxed_unsync())
 }
 
@@ -1090,7 +1090,11 @@ impl Exchange {
 
     fn local_answer(mut self, status: StatusCode, text: &'static str) -> Response<ProxyBody> {
         self.status = status;
-        let body = AnswerBody::new(Full::new(Bytes::from_static(text.as_bytes())), None, self);
+        let body = AnswerBody::new(
+            Full::new(Bytes::from_static(text.as_bytes())),
+            None,
+            Some(self),
+        );
         let mut response = Response::new(body.boxed_unsync());
         *response.status_mut() = status;
         response.headers_mut().insert(
@@ -1132,33 +1136,93 @@ struct Tallies {
     outbound: Tally,
 }
 
+/// What a [`MeteredBody`] reports to: the request's upload record or the exchange itself.
+trait Meter {
+    fn on_data(&mut self, bytes: usize);
+    fn on_failure(&mut self, error: &BoxError);
+    fn on_deadline(&mut self);
+    fn on_end(&mut self);
+}
+
+/// A request body on its way to the backend: its bytes, its end, and whether the exchange
+/// deadline cut it off.
+type UploadBody<B> = MeteredBody<B, Arc<Upload>>;
+
+/// A response body on its way to the client; the exchange is reported at its end (or when the
+/// body is dropped).
+type AnswerBody<B> = MeteredBody<B, Option<Exchange>>;
+
+impl Meter for Arc<Upload> {
+    fn on_data(&mut self, bytes: usize) {
+        self.bytes.add(bytes);
+    }
+
+    fn on_failure(&mut self, _error: &BoxError) {}
+
+    fn on_deadline(&mut self) {
+        self.expired.store(true, Ordering::SeqCst);
+    }
+
+    fn on_end(&mut self) {
+        self.mark_complete();
+    }
+}
+
+impl Meter for Option<Exchange> {
+    fn on_data(&mut self, bytes: usize) {
+        if let Some(exchange) = self.as_mut() {
+            let bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
+            exchange.bytes_out = exchange.bytes_out.saturating_add(bytes);
+            exchange.metrics.bytes_out.inc_by(bytes);
+        }
+    }
+
+    fn on_failure(&mut self, error: &BoxError) {
+        if let Some(exchange) = self.as_mut() {
+            exchange.message = format!("body aborted: {error}");
+        }
+    }
+
+    fn on_deadline(&mut self) {
+        if let Some(exchange) = self.as_mut() {
+            exchange.message = "cut off at the request timeout".into();
+        }
+    }
+
+    fn on_end(&mut self) {
+        // Report now rather than when hyper drops the body.
+        drop(self.take());
+    }
+}
+
 pin_project_lite::pin_project! {
-    /// A request body on its way to the backend: frames pass unchanged while their bytes are
-    /// counted, the exchange deadline is enforced, and the end marks the upload complete.
-    struct UploadBody<B> {
+    /// A body passing through the proxy: frames pass unchanged while the meter counts their
+    /// bytes, and the exchange deadline is enforced.
+    struct MeteredBody<B, M> {
         #[pin]
         inner: B,
         deadline: Option<Pin<Box<Sleep>>>,
-        upload: Arc<Upload>,
+        meter: M,
         failed: bool,
     }
 }
 
-impl<B: Body> UploadBody<B> {
-    fn new(inner: B, deadline: Option<Instant>, upload: Arc<Upload>) -> Self {
-        UploadBody {
+impl<B: Body, M: Meter> MeteredBody<B, M> {
+    fn new(inner: B, deadline: Option<Instant>, meter: M) -> Self {
+        MeteredBody {
             inner,
             deadline: deadline.map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
-            upload,
+            meter,
             failed: false,
         }
     }
 }
 
-impl<B> Body for UploadBody<B>
+impl<B, M> Body for MeteredBody<B, M>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
+    M: Meter,
 {
     type Data = Bytes;
     type Error = BoxError;
@@ -1173,103 +1237,24 @@ where
         }
         if past_deadline(this.deadline, cx) {
             *this.failed = true;
-            this.upload.expired.store(true, Ordering::SeqCst);
+            this.meter.on_deadline();
             return Poll::Ready(Some(Err(Box::new(ExchangeDeadline))));
         }
         match ready!(this.inner.poll_frame(cx)) {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
-                    this.upload.bytes.add(data.len());
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Some(Err(error)) => {
-                *this.failed = true;
-                Poll::Ready(Some(Err(error.into())))
-            }
-            None => {
-                this.upload.mark_complete();
-                Poll::Ready(None)
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.failed || self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A response body on its way to the client: frames pass unchanged while their bytes are
-    /// counted, the exchange deadline is enforced, and the exchange is reported at the end
-    /// (or when the body is dropped).
-    struct AnswerBody<B> {
-        #[pin]
-        inner: B,
-        deadline: Option<Pin<Box<Sleep>>>,
-        exchange: Option<Exchange>,
-        failed: bool,
-    }
-}
-
-impl<B: Body> AnswerBody<B> {
-    fn new(inner: B, deadline: Option<Instant>, exchange: Exchange) -> Self {
-        AnswerBody {
-            inner,
-            deadline: deadline.map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
-            exchange: Some(exchange),
-            failed: false,
-        }
-    }
-}
-
-impl<B> Body for AnswerBody<B>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
-        if *this.failed {
-            return Poll::Ready(None);
-        }
-        if past_deadline(this.deadline, cx) {
-            *this.failed = true;
-            if let Some(exchange) = this.exchange.as_mut() {
-                exchange.message = "cut off at the request timeout".into();
-            }
-            return Poll::Ready(Some(Err(Box::new(ExchangeDeadline))));
-        }
-        match ready!(this.inner.poll_frame(cx)) {
-            Some(Ok(frame)) => {
-                if let (Some(data), Some(exchange)) = (frame.data_ref(), this.exchange.as_mut()) {
-                    let bytes = u64::try_from(data.len()).unwrap_or(u64::MAX);
-                    exchange.bytes_out = exchange.bytes_out.saturating_add(bytes);
-                    exchange.metrics.bytes_out.inc_by(bytes);
+                    this.meter.on_data(data.len());
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Some(Err(error)) => {
                 *this.failed = true;
                 let error: BoxError = error.into();
-                if let Some(exchange) = this.exchange.as_mut() {
-                    exchange.message = format!("body aborted: {error}");
-                }
+                this.meter.on_failure(&error);
                 Poll::Ready(Some(Err(error)))
             }
             None => {
-                // Report now rather than when hyper drops the body.
-                drop(this.exchange.take());
+                this.meter.on_end();
                 Poll::Ready(None)
             }
         }
