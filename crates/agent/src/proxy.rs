@@ -616,19 +616,7 @@ async fn forward_request(
         original_host,
         websocket,
     );
-    // The rule's edits come after the agent's own: they cannot touch what the agent sets
-    // (the config validation refuses those names).
-    if let Some(edits) = &rule.request_headers {
-        edits.apply(&mut parts.headers);
-    }
-    if let Some(hostname) = rule
-        .rewrite
-        .as_ref()
-        .and_then(|rewrite| rewrite.hostname.as_deref())
-        && let Ok(hostname) = HeaderValue::from_str(hostname)
-    {
-        parts.headers.insert(header::HOST, hostname);
-    }
+    apply_rule_to_request_head(rule, &mut parts.headers);
     // From its second request on, an HTTP/1.1 client's request goes to its own backend
     // connection, which needs the origin form (the pooled client turns the absolute form into
     // it by itself).
@@ -639,23 +627,7 @@ async fn forward_request(
     let Some(authority) = backend.authority.clone() else {
         return exchange.local_answer(StatusCode::BAD_REQUEST, "bad request target\n");
     };
-    let path_and_query = match rewritten_path {
-        Some(path) => {
-            let target = match parts.uri.query() {
-                Some(query) => format!("{path}?{query}"),
-                None => path,
-            };
-            PathAndQuery::try_from(target).ok()
-        }
-        None => Some(
-            parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        ),
-    };
-    let Some(uri) = path_and_query
+    let Some(uri) = backend_target(&parts.uri, rewritten_path)
         .and_then(|target| backend_uri(&mut parts, authority, dedicated.is_some(), target))
     else {
         return exchange.local_answer(StatusCode::BAD_REQUEST, "bad request target\n");
@@ -744,6 +716,41 @@ async fn forward_request(
     exchange.status = parts.status;
     let body = AnswerBody::new(body, deadline, Some(exchange));
     Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// The rule's request header edits and hostname rewrite. They come after the agent's own
+/// edits and cannot touch what the agent sets (the config validation refuses those names).
+fn apply_rule_to_request_head(rule: &CompiledRule, headers: &mut http::HeaderMap) {
+    if let Some(edits) = &rule.request_headers {
+        edits.apply(headers);
+    }
+    if let Some(hostname) = rule
+        .rewrite
+        .as_ref()
+        .and_then(|rewrite| rewrite.hostname.as_deref())
+        && let Ok(hostname) = HeaderValue::from_str(hostname)
+    {
+        headers.insert(header::HOST, hostname);
+    }
+}
+
+/// The path and query the backend gets: a URLRewrite's path with the client's query, or the
+/// client's own (`/` when it sent none). `None`: the rewritten target is not a valid one.
+fn backend_target(uri: &Uri, rewritten_path: Option<String>) -> Option<PathAndQuery> {
+    match rewritten_path {
+        Some(path) => {
+            let target = match uri.query() {
+                Some(query) => format!("{path}?{query}"),
+                None => path,
+            };
+            PathAndQuery::try_from(target).ok()
+        }
+        None => Some(
+            uri.path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+        ),
+    }
 }
 
 /// The client's request head as the backend gets it: hop-by-hop headers, `Expect` and
