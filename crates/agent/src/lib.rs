@@ -12,7 +12,8 @@
 //! - Gateway API HTTP rules: matches, filters, weighted backends ([`http_rules`]);
 //! - ingress `tlsPassthrough`: routed by the ClientHello's SNI, relayed unopened
 //!   ([`passthrough`]);
-//! - connection threads: each connection runs on one single-threaded runtime ([`workers`]);
+//! - connection threads: each connection runs on one single-threaded runtime ([`workers`]),
+//!   each giving a burst's memory back when it is over ([`memory`]);
 //! - admin: `/metrics`, `/livez`, `/readyz`, `/status` on the pod IP ([`admin`]).
 
 pub mod admin;
@@ -29,6 +30,7 @@ pub mod limits;
 pub mod listeners;
 pub mod localapi;
 pub mod login;
+pub mod memory;
 pub mod metrics;
 pub mod passthrough;
 pub mod probe;

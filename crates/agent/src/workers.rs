@@ -97,6 +97,8 @@ fn start_thread(index: usize) -> io::Result<Handle> {
         .enable_all()
         .build()?;
     let handle = runtime.handle().clone();
+    // On this thread: the collection frees the heap of the thread that runs it.
+    handle.spawn(crate::memory::release_periodically());
     std::thread::Builder::new()
         .name(format!("connections-{index}"))
         .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
