@@ -263,7 +263,7 @@ fn run(
         }
     }
     if wanted(Benchmark::Startup) {
-        let builds = startup_builds(operator_binary()?, baselines)?;
+        let builds = startup_builds(&settings.agent, operator_binary()?, baselines)?;
         let repeat = repeat.unwrap_or(if smoke { 1 } else { 5 });
         for table in runtime.block_on(startup::run(&builds, repeat))? {
             println!("{}", table.markdown());
@@ -287,10 +287,23 @@ fn run(
     Ok(())
 }
 
-/// The startup benchmark's builds: the one measured, and the baseline when both its agent and
-/// operator are given (its agent runs from images named `tailnet-agent-baseline…`) and/or
-/// another tailscaled (its pods name the image `…/tailscale-baseline`).
-fn startup_builds(operator: PathBuf, baselines: Baselines) -> Result<Vec<startup::Build>> {
+/// The startup benchmark's builds: the one measured (its pods run `agent`), and the baseline
+/// when both its agent and operator are given (its agent runs from images named
+/// `tailnet-agent-baseline…`) and/or another tailscaled (its pods name the image
+/// `…/tailscale-baseline`).
+fn startup_builds(
+    agent: &Path,
+    operator: PathBuf,
+    baselines: Baselines,
+) -> Result<Vec<startup::Build>> {
+    // The test kubelet runs an image's program by its name (`tailnet-agent`) from the image's
+    // directory: each given file gets a directory where it has that name.
+    let this_agent = agent_as_image_program(agent, "this-build")?;
+    // SAFETY: set before the test environment (and the threads that read the environment)
+    // starts; the data-plane benchmarks do not read it.
+    unsafe {
+        std::env::set_var(tno_deps::override_var("tailnet-agent"), this_agent);
+    }
     let this_build = startup::Build {
         label: "this build".into(),
         operator,
@@ -299,8 +312,8 @@ fn startup_builds(operator: PathBuf, baselines: Baselines) -> Result<Vec<startup
     };
     let mut baseline = match (baselines.agent, baselines.operator) {
         (Some(agent), Some(operator)) => {
-            // SAFETY: set before the test environment (and the threads that read the
-            // environment) starts; the data-plane benchmarks do not read it.
+            let agent = agent_as_image_program(&agent, "baseline")?;
+            // SAFETY: as above.
             unsafe {
                 std::env::set_var(tno_testenv_kube::env::BASELINE_AGENT_VAR, agent);
             }
@@ -330,6 +343,21 @@ fn startup_builds(operator: PathBuf, baselines: Baselines) -> Result<Vec<startup
         build.tailscale_image = Some(tno_testenv_kube::env::BASELINE_TAILSCALE_IMAGE.into());
     }
     Ok(baseline.into_iter().chain([this_build]).collect())
+}
+
+/// `agent` under the name `tailnet-agent`, in a directory of its own (a symbolic link to the
+/// file, so any build's file name works: `agent-main-musl`, `target/…/tailnet-agent`).
+fn agent_as_image_program(agent: &Path, label: &str) -> Result<PathBuf> {
+    let agent = agent
+        .canonicalize()
+        .with_context(|| format!("agent binary {}", agent.display()))?;
+    let dir = std::env::temp_dir().join(format!("tno-bench-{}/{label}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let program = dir.join("tailnet-agent");
+    let _ = std::fs::remove_file(&program);
+    std::os::unix::fs::symlink(&agent, &program)
+        .with_context(|| format!("linking {} to {}", program.display(), agent.display()))?;
+    Ok(program)
 }
 
 /// The test environment's TCP forwarders (e.g. to Headscale) live in this process: at a few
