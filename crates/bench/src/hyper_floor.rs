@@ -38,7 +38,15 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 
 /// Serves HTTPS on 127.0.0.1:`port` with `cert`/`key` (PEM), forwarding every request to the
 /// HTTP/1.1 backend on 127.0.0.1:`backend_port`. Runs until killed.
-pub fn serve(port: u16, backend_port: u16, cert: &Path, key: &Path) -> Result<()> {
+///
+/// `raw_backend`: the backend exchange without hyper's client ([`crate::raw_backend`]).
+pub fn serve(
+    port: u16,
+    backend_port: u16,
+    cert: &Path,
+    key: &Path,
+    raw_backend: bool,
+) -> Result<()> {
     let chain = CertificateDer::pem_file_iter(cert)
         .with_context(|| format!("reading {}", cert.display()))?
         .collect::<Result<Vec<_>, _>>()
@@ -77,7 +85,11 @@ pub fn serve(port: u16, backend_port: u16, cert: &Path, key: &Path) -> Result<()
         };
         next = next.wrapping_add(1);
         let acceptor = acceptor.clone();
-        spawn_connection(handle, stream, peer, acceptor, backend);
+        if raw_backend {
+            spawn_raw_connection(handle, stream, peer, acceptor, backend);
+        } else {
+            spawn_connection(handle, stream, peer, acceptor, backend);
+        }
     }
 }
 
@@ -118,6 +130,43 @@ fn spawn_connection(
             _ = downstream.as_mut() => {}
             _ = upstream => { let _ = downstream.await; }
         }
+    });
+}
+
+/// As [`spawn_connection`], the backend exchange written by hand ([`crate::raw_backend`]):
+/// its connection is opened by the first request and waits in a slot between requests.
+fn spawn_raw_connection(
+    handle: &Handle,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    backend: SocketAddr,
+) {
+    handle.spawn(async move {
+        let Ok(tcp) = TcpStream::from_std(stream) else {
+            return;
+        };
+        let Ok(tls) = acceptor.accept(tcp).await else {
+            return;
+        };
+        let slot = crate::raw_backend::Slot::default();
+        let client_ip = HeaderValue::from_str(&peer.ip().to_string()).ok();
+        let service = service_fn(move |request| {
+            crate::raw_backend::forward(
+                slot.clone(),
+                backend,
+                client_ip.clone(),
+                [
+                    X_FORWARDED_FOR.clone(),
+                    X_FORWARDED_PROTO.clone(),
+                    X_FORWARDED_HOST.clone(),
+                ],
+                request,
+            )
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(tls), service)
+            .await;
     });
 }
 

@@ -22,6 +22,7 @@ pub mod httpload;
 pub mod hyper_floor;
 pub mod ingress;
 pub mod lab;
+pub mod raw_backend;
 pub mod report;
 pub mod startup;
 pub mod stats;

@@ -117,6 +117,10 @@ enum Command {
         cert: PathBuf,
         #[arg(long)]
         key: PathBuf,
+        /// The backend exchange written by hand instead of hyper's client (an experiment:
+        /// what leaving hyper's client would gain; src/raw_backend.rs).
+        #[arg(long)]
+        raw_backend: bool,
     },
 }
 
@@ -419,7 +423,8 @@ fn main() -> ExitCode {
             backend_port,
             cert,
             key,
-        } => tno_bench::hyper_floor::serve(port, backend_port, &cert, &key),
+            raw_backend,
+        } => tno_bench::hyper_floor::serve(port, backend_port, &cert, &key, raw_backend),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
