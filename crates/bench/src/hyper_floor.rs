@@ -28,6 +28,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 
 /// The backend's body, or none for the proxy's own 502.
 type Answer = Either<Incoming, Empty<Bytes>>;
@@ -85,11 +86,7 @@ pub fn serve(
         };
         next = next.wrapping_add(1);
         let acceptor = acceptor.clone();
-        if raw_backend {
-            spawn_raw_connection(handle, stream, peer, acceptor, backend);
-        } else {
-            spawn_connection(handle, stream, peer, acceptor, backend);
-        }
+        spawn_connection(handle, stream, peer, acceptor, backend, raw_backend);
     }
 }
 
@@ -99,6 +96,7 @@ fn spawn_connection(
     peer: SocketAddr,
     acceptor: TlsAcceptor,
     backend: SocketAddr,
+    raw_backend: bool,
 ) {
     handle.spawn(async move {
         let Ok(tcp) = TcpStream::from_std(stream) else {
@@ -107,67 +105,69 @@ fn spawn_connection(
         let Ok(tls) = acceptor.accept(tcp).await else {
             return;
         };
-        let Ok(upstream) = TcpStream::connect(backend).await else {
-            return;
-        };
-        let _ = upstream.set_nodelay(true);
-        let Ok((sender, upstream)) =
-            hyper::client::conn::http1::handshake::<_, Incoming>(TokioIo::new(upstream)).await
-        else {
-            return;
-        };
-        let sender = Arc::new(Mutex::new(Some(sender)));
         let client_ip = HeaderValue::from_str(&peer.ip().to_string()).ok();
-        let service =
-            service_fn(move |request| forward(sender.clone(), client_ip.clone(), request));
-        let downstream =
-            hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service);
-        // Both connections in this task: a request and its answer cross no task or thread.
-        // The client connection decides when it ends (its last answer may still be writing
-        // when the backend connection is done).
-        tokio::pin!(downstream);
-        tokio::select! {
-            _ = downstream.as_mut() => {}
-            _ = upstream => { let _ = downstream.await; }
+        if raw_backend {
+            serve_with_raw_backend(tls, client_ip, backend).await;
+        } else {
+            serve_with_hyper_client(tls, client_ip, backend).await;
         }
     });
 }
 
-/// As [`spawn_connection`], the backend exchange written by hand ([`crate::raw_backend`]):
-/// its connection is opened by the first request and waits in a slot between requests.
-fn spawn_raw_connection(
-    handle: &Handle,
-    stream: std::net::TcpStream,
-    peer: SocketAddr,
-    acceptor: TlsAcceptor,
+/// The client connection with its own backend connection through hyper's HTTP/1.1 client.
+async fn serve_with_hyper_client(
+    tls: TlsStream<TcpStream>,
+    client_ip: Option<HeaderValue>,
     backend: SocketAddr,
 ) {
-    handle.spawn(async move {
-        let Ok(tcp) = TcpStream::from_std(stream) else {
-            return;
-        };
-        let Ok(tls) = acceptor.accept(tcp).await else {
-            return;
-        };
-        let slot = crate::raw_backend::Slot::default();
-        let client_ip = HeaderValue::from_str(&peer.ip().to_string()).ok();
-        let service = service_fn(move |request| {
-            crate::raw_backend::forward(
-                slot.clone(),
-                backend,
-                client_ip.clone(),
-                [
-                    X_FORWARDED_FOR.clone(),
-                    X_FORWARDED_PROTO.clone(),
-                    X_FORWARDED_HOST.clone(),
-                ],
-                request,
-            )
-        });
-        let _ = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(tls), service)
-            .await;
+    let Ok(upstream) = TcpStream::connect(backend).await else {
+        return;
+    };
+    let _ = upstream.set_nodelay(true);
+    let Ok((sender, upstream)) =
+        hyper::client::conn::http1::handshake::<_, Incoming>(TokioIo::new(upstream)).await
+    else {
+        return;
+    };
+    let sender = Arc::new(Mutex::new(Some(sender)));
+    let service = service_fn(move |request| forward(sender.clone(), client_ip.clone(), request));
+    let downstream =
+        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service);
+    // Both connections in this task: a request and its answer cross no task or thread.
+    // The client connection decides when it ends (its last answer may still be writing
+    // when the backend connection is done).
+    tokio::pin!(downstream);
+    tokio::select! {
+        _ = downstream.as_mut() => {}
+        _ = upstream => { let _ = downstream.await; }
+    }
+}
+
+/// The client connection with the backend exchange written by hand
+/// ([`crate::raw_backend`]): the backend connection is opened by the first request and waits
+/// in a slot between requests.
+async fn serve_with_raw_backend(
+    tls: TlsStream<TcpStream>,
+    client_ip: Option<HeaderValue>,
+    backend: SocketAddr,
+) {
+    let slot = crate::raw_backend::Slot::default();
+    let service = service_fn(move |request| {
+        crate::raw_backend::forward(
+            slot.clone(),
+            backend,
+            client_ip.clone(),
+            [
+                X_FORWARDED_FOR.clone(),
+                X_FORWARDED_PROTO.clone(),
+                X_FORWARDED_HOST.clone(),
+            ],
+            request,
+        )
     });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(tls), service)
+        .await;
 }
 
 /// The request to the backend with the headers nginx's configuration sets (Host and
