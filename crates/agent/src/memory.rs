@@ -4,8 +4,8 @@
 //! returns them to the system only from that thread's own allocation calls (after a purge
 //! delay of 1 s). A connection thread that goes idle after a burst makes no more calls, so
 //! without help it would hold its peak for as long as it stays idle: measured, an ingress
-//! agent kept 21 MiB (13 MiB anonymous) after a 5-second load at 128 connections, against
-//! 9 MiB (1.2 MiB) before it. Each runtime thread therefore runs [`release_periodically`],
+//! agent kept 20.5 MiB (12.5 MiB anonymous) after a 5-second load at 128 connections,
+//! against 8.6 MiB (1.2 MiB) before it. Each runtime thread therefore runs [`release_periodically`],
 //! which collects its own heap every [`RELEASE_INTERVAL`]: the first collection after the
 //! burst frees the empty pages, the next one (after the purge delay) returns them.
 //!
@@ -14,12 +14,15 @@
 use std::time::Duration;
 
 /// How often each thread collects its heap. Two collections a purge delay apart return a
-/// burst's memory, so an idle agent is back near its start size about 5 s after a burst;
-/// under load the collections cost a few microseconds every interval.
+/// burst's memory (measured: 19.9 MiB at the end of a burst, 11.9 MiB 6 s later, 9.0 at the
+/// start); under load, one collection per thread per interval did not show in the ingress
+/// benchmark (docs/benchmarks.md#agent-pod-memory).
 pub const RELEASE_INTERVAL: Duration = Duration::from_secs(2);
 
-/// Collects the calling thread's heap every [`RELEASE_INTERVAL`], forever; spawn it on a
-/// current-thread runtime so it runs on that runtime's thread.
+/// Collects the heap of the thread it runs on every [`RELEASE_INTERVAL`], forever. On a
+/// current-thread runtime that is always the runtime's thread; on a multi-threaded one,
+/// whichever worker polls it (the purge of freed pages is shared by all threads, the
+/// freeing of a heap's empty pages is not).
 pub async fn release_periodically() {
     let mut ticks = tokio::time::interval(RELEASE_INTERVAL);
     // A thread that was busy past a tick collects once, not once per missed tick.

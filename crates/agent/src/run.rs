@@ -111,8 +111,8 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         background.clone(),
     ));
     info!(address = %admin_address, "admin listener up (/metrics, /livez, /readyz, /status)");
-    // The control tasks' threads give a burst's memory back too (the connection threads run
-    // their own collection: src/workers.rs).
+    // The control runtime's workers give freed memory back too, whichever runs this (the
+    // connection threads run a collection each: src/workers.rs).
     tokio::spawn(crate::memory::release_periodically());
     // Once before anything dials: egress is refused until tailscaled's version is known.
     let mut last_logged = None;
