@@ -33,9 +33,9 @@ use tokio_rustls::server::TlsStream;
 /// The backend's body, or none for the proxy's own 502.
 type Answer = Either<Incoming, Empty<Bytes>>;
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Serves HTTPS on 127.0.0.1:`port` with `cert`/`key` (PEM), forwarding every request to the
 /// HTTP/1.1 backend on 127.0.0.1:`backend_port`. Runs until killed.
@@ -153,17 +153,7 @@ async fn serve_with_raw_backend(
 ) {
     let slot = crate::raw_backend::Slot::default();
     let service = service_fn(move |request| {
-        crate::raw_backend::forward(
-            slot.clone(),
-            backend,
-            client_ip.clone(),
-            [
-                X_FORWARDED_FOR.clone(),
-                X_FORWARDED_PROTO.clone(),
-                X_FORWARDED_HOST.clone(),
-            ],
-            request,
-        )
+        crate::raw_backend::forward(slot.clone(), backend, client_ip.clone(), request)
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(tls), service)

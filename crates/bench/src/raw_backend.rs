@@ -24,6 +24,8 @@ use hyper::{Request, Response, StatusCode};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+use crate::hyper_floor::{X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+
 /// Bound of a response head.
 const MAX_HEAD: usize = 64 * 1024;
 const READ_CHUNK: usize = 64 * 1024;
@@ -36,6 +38,11 @@ pub struct Backend {
 
 /// Where the backend connection waits between requests (taken while one is in flight).
 pub type Slot = Arc<Mutex<Option<Backend>>>;
+
+/// Gives the connection back for the client connection's next request.
+fn put_back(slot: &Slot, backend: Backend) {
+    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(backend);
+}
 
 /// The answer's body: the bytes of the Content-Length, straight from the backend socket.
 pub struct RawBody {
@@ -79,7 +86,7 @@ impl Body for RawBody {
         if this.remaining == 0 {
             // Done: the connection goes back before the client has even seen the last frame.
             if let Some(backend) = this.backend.take() {
-                *this.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(backend);
+                put_back(&this.slot, backend);
             }
         }
         Poll::Ready(Some(Ok(Frame::data(data))))
@@ -111,7 +118,6 @@ pub async fn forward(
     slot: Slot,
     backend_address: SocketAddr,
     client_ip: Option<HeaderValue>,
-    forwarded: [HeaderName; 3],
     request: Request<Incoming>,
 ) -> Result<Response<RawBody>, Infallible> {
     let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -131,7 +137,7 @@ pub async fn forward(
     let Some(mut backend) = backend else {
         return Ok(bad_gateway(slot));
     };
-    match exchange(&mut backend, client_ip, forwarded, &request).await {
+    match exchange(&mut backend, client_ip, &request).await {
         Some((head, remaining)) => {
             let body = RawBody {
                 backend: Some(backend),
@@ -144,7 +150,7 @@ pub async fn forward(
             if remaining == 0 {
                 // Nothing to stream: the connection can go back now.
                 if let Some(backend) = response.body_mut().backend.take() {
-                    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(backend);
+                    put_back(&slot, backend);
                 }
             }
             Ok(response)
@@ -162,7 +168,6 @@ struct Head {
 async fn exchange(
     backend: &mut Backend,
     client_ip: Option<HeaderValue>,
-    [forwarded_for, forwarded_proto, forwarded_host]: [HeaderName; 3],
     request: &Request<Incoming>,
 ) -> Option<(Head, u64)> {
     if !hyper::body::Body::is_end_stream(request.body()) {
@@ -175,26 +180,24 @@ async fn exchange(
         .map_or("/", |path| path.as_str());
     write!(head, "{} {target} HTTP/1.1\r\n", request.method()).ok()?;
     let host = request.headers().get(HOST);
-    for (name, value) in request.headers() {
-        if name == CONNECTION {
-            continue;
-        }
+    let https = HeaderValue::from_static("https");
+    let forwarded = [
+        (&X_FORWARDED_FOR, client_ip.as_ref()),
+        (&X_FORWARDED_PROTO, Some(&https)),
+        (&X_FORWARDED_HOST, host),
+    ];
+    let own = request
+        .headers()
+        .iter()
+        .filter(|(name, _)| *name != CONNECTION);
+    let added = forwarded
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)));
+    for (name, value) in own.chain(added) {
         head.extend_from_slice(name.as_str().as_bytes());
         head.extend_from_slice(b": ");
         head.extend_from_slice(value.as_bytes());
         head.extend_from_slice(b"\r\n");
-    }
-    for (name, value) in [
-        (&forwarded_for, client_ip.as_ref()),
-        (&forwarded_proto, Some(&HeaderValue::from_static("https"))),
-        (&forwarded_host, host),
-    ] {
-        if let Some(value) = value {
-            head.extend_from_slice(name.as_str().as_bytes());
-            head.extend_from_slice(b": ");
-            head.extend_from_slice(value.as_bytes());
-            head.extend_from_slice(b"\r\n");
-        }
     }
     head.extend_from_slice(b"\r\n");
     backend.stream.write_all(&head).await.ok()?;
