@@ -33,7 +33,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::backend::connect_failure;
-use crate::dedicated::DedicatedBackend;
+use crate::dedicated::{DedicatedBackend, DedicatedBody};
 use crate::dial::error_chain;
 use crate::drain::DrainWatch;
 use crate::headers::{
@@ -87,7 +87,8 @@ struct ConnectionInfo {
     /// Who the access log names: the user's login, the node, or the client address.
     client: Arc<str>,
     metrics: Arc<ConnectionMetrics>,
-    /// HTTP/1.1 connections: their own backend connection, driven by this task.
+    /// HTTP/1.1 connections: their own backend connection (bodiless requests from the second
+    /// on), spoken to by the requests themselves.
     dedicated: Option<DedicatedBackend>,
     /// Held here, not cloned per request (its socket path would be copied each time).
     context: ProxyContext,
@@ -270,12 +271,7 @@ async fn serve_http<IO>(
     } else {
         whois(&context.localapi, peer).await
     };
-    let (dedicated, driver) = if http2 {
-        (None, None)
-    } else {
-        let (dedicated, driver) = crate::dedicated::dedicated();
-        (Some(dedicated), Some(driver))
-    };
+    let dedicated = (!http2).then(DedicatedBackend::default);
     let client_ip = identity
         .as_ref()
         .and_then(|identity| identity.tailnet_ip)
@@ -349,21 +345,14 @@ async fn serve_http<IO>(
             .header_read_timeout(HEADER_READ_TIMEOUT)
             .max_buf_size(HTTP1_MAX_HEAD_BYTES);
         let mut connection = std::pin::pin!(builder.serve_connection(io, service).with_upgrades());
-        let mut driver = driver;
         let mut draining = false;
-        // One future, polled without a select: the drain check is one atomic load, and the
-        // backend connections are polled right after the server connection (a request it
-        // just handed over is written in the same wake-up).
+        // One future, polled without a select: the drain check is one atomic load.
         std::future::poll_fn(|cx| {
             if !draining && drain.poll_draining(cx).is_ready() {
                 draining = true;
                 connection.as_mut().graceful_shutdown();
             }
-            let result = connection.as_mut().poll(cx);
-            if let Some(driver) = driver.as_mut() {
-                driver.poll_driven(cx);
-            }
-            result
+            connection.as_mut().poll(cx)
         })
         .await
     };
@@ -610,6 +599,14 @@ async fn forward_request(
         request.version() == Version::HTTP_11 && is_websocket_upgrade(request.headers());
     let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut request));
     let (mut parts, body) = request.into_parts();
+    // From its second request on, an HTTP/1.1 client's bodiless request goes to its own
+    // backend connection, which needs the origin form (the pooled client turns the absolute
+    // form into it by itself).
+    let bodiless = body.is_end_stream();
+    let dedicated = connection
+        .dedicated
+        .as_ref()
+        .filter(|dedicated| dedicated.claim() && bodiless && !websocket);
     rewrite_request_head(
         &mut parts.headers,
         &connection.forwarded,
@@ -617,13 +614,6 @@ async fn forward_request(
         websocket,
     );
     apply_rule_to_request_head(rule, &mut parts.headers);
-    // From its second request on, an HTTP/1.1 client's request goes to its own backend
-    // connection, which needs the origin form (the pooled client turns the absolute form into
-    // it by itself).
-    let dedicated = connection
-        .dedicated
-        .as_ref()
-        .filter(|dedicated| !websocket && dedicated.claim());
     let Some(authority) = backend.authority.clone() else {
         return exchange.local_answer(StatusCode::BAD_REQUEST, "bad request target\n");
     };
@@ -639,14 +629,13 @@ async fn forward_request(
     // A request without a body (most of them) needs no upload bookkeeping: its body is a
     // zero-sized empty one, boxed without an allocation.
     let mut exchange = exchange;
-    let backend_body = if body.is_end_stream() {
+    let backend_body = if bodiless {
         empty_body()
     } else {
         let upload = Arc::new(Upload::new(connection.metrics.bytes_in.clone()));
         exchange.upload = Some(upload.clone());
         UploadBody::new(body, deadline, upload).boxed_unsync()
     };
-    let backend_request = Request::from_parts(parts, backend_body);
 
     // The backend's time to answer starts when it has the whole request: while the client
     // is still uploading, no backend can be expected to send its head.
@@ -670,15 +659,15 @@ async fn forward_request(
     // function's future (which hyper moves for every request).
     let send = std::pin::pin!(async {
         match dedicated {
-            Some(dedicated) => {
-                dedicated
-                    .send(&backend.identity, &backend.connector, backend_request)
-                    .await
-            }
+            Some(dedicated) => dedicated
+                .send(&backend.identity, &backend.connector, &parts)
+                .await
+                .map(BackendResponse::Dedicated),
             None => backend
                 .client
-                .request(backend_request)
+                .request(Request::from_parts(parts, backend_body))
                 .await
+                .map(BackendResponse::Pooled)
                 .map_err(BoxError::from),
         }
     });
@@ -697,18 +686,30 @@ async fn forward_request(
         None => return failed_exchange(exchange, &context.metrics, backend, None),
     };
 
-    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-        return tunnel_upgrade(
-            context,
-            connection,
-            backend,
-            exchange,
-            client_upgrade,
-            response,
-        );
-    }
+    let response = match response {
+        BackendResponse::Pooled(response)
+            if response.status() == StatusCode::SWITCHING_PROTOCOLS =>
+        {
+            return tunnel_upgrade(
+                context,
+                connection,
+                backend,
+                exchange,
+                client_upgrade,
+                response,
+            );
+        }
+        BackendResponse::Pooled(response) => response.map(BackendBody::Pooled),
+        BackendResponse::Dedicated(response) => response.map(BackendBody::Dedicated),
+    };
 
     let (mut parts, body) = response.into_parts();
+    if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+        // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3): the body is framed by
+        // it, so a length beside it (a smuggling attempt or a broken backend) is not passed
+        // on, where the client would frame the answer by it.
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
     remove_hop_by_hop(&mut parts.headers);
     if let Some(edits) = &rule.response_headers {
         edits.apply(&mut parts.headers);
@@ -716,6 +717,49 @@ async fn forward_request(
     exchange.status = parts.status;
     let body = AnswerBody::new(body, deadline, Some(exchange));
     Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// The backend's answer: from the route's pooled client or the client connection's own
+/// backend connection.
+enum BackendResponse {
+    Pooled(Response<Incoming>),
+    Dedicated(Response<DedicatedBody>),
+}
+
+/// A backend response body of either kind.
+enum BackendBody {
+    Pooled(Incoming),
+    Dedicated(DedicatedBody),
+}
+
+impl Body for BackendBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        // Both are Unpin.
+        match self.get_mut() {
+            BackendBody::Pooled(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            BackendBody::Dedicated(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            BackendBody::Pooled(body) => body.is_end_stream(),
+            BackendBody::Dedicated(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            BackendBody::Pooled(body) => body.size_hint(),
+            BackendBody::Dedicated(body) => body.size_hint(),
+        }
+    }
 }
 
 /// The rule's request header edits and hostname rewrite. They come after the agent's own
