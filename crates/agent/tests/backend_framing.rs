@@ -365,6 +365,27 @@ async fn both_ways(pki: &Pki, log: &BackendLog, method: Method, case: &str) -> (
     (pooled, dedicated, follow_up_connection == case_connection)
 }
 
+/// What a case's answer is, for the printed table.
+fn script_summary(case: &str) -> &'static str {
+    match case {
+        "length" => "Content-Length",
+        "chunked" => "chunked, a chunk extension, whitespace after a size",
+        "trailers" => "chunked with a trailer field",
+        "close-delimited" => "no length: the body ends with the connection",
+        "head" => "HEAD answered with `Content-Length: 42` and no body",
+        "no-content" => "204",
+        "not-modified" => "304 with `Content-Length: 42`",
+        "early-hints" => "103 and 100 before the 200",
+        "http10" => "HTTP/1.0 without keep-alive",
+        "connection-close" => "`Connection: close`",
+        _ => "",
+    }
+}
+
+fn row(input: &str, expected: &str, observed: &str) {
+    println!("| {input} | {expected} | {observed} |");
+}
+
 fn expect(case: &str, seen: &Seen, status: u16, body: &[u8]) {
     // Not the whole answer in the message: some heads are hundreds of KiB.
     let head = format!("{} with {} header fields", seen.status, seen.headers.len());
@@ -398,16 +419,20 @@ fn every_response_framing_reaches_the_client_the_same_way_pooled_and_dedicated()
             ("connection-close", Method::GET, 200, b"ok", false),
         ];
         for (case, method, status, body, reusable) in cases {
-            let (pooled, dedicated, reused) = both_ways(&pki, &log, method, case).await;
+            let (pooled, dedicated, reused) = both_ways(&pki, &log, method.clone(), case).await;
             expect(case, &dedicated, status, body);
             assert_eq!(
                 dedicated, pooled,
                 "{case}: dedicated and pooled answers differ"
             );
             assert_eq!(reused, reusable, "{case}: backend connection reuse");
-            println!(
-                "| {case} | {status}, {} body bytes, reused {reused} | same as pooled |",
-                body.len()
+            row(
+                &format!("{method} `/case/{case}`: {}", script_summary(case)),
+                &format!(
+                    "{status}, body {:?}, backend connection reused: {reusable}",
+                    String::from_utf8_lossy(body)
+                ),
+                &format!("as expected, reused: {reused}; the same answer as the pooled path"),
             );
         }
         let (_, trailers, _) = both_ways(&pki, &log, Method::GET, "trailers").await;
@@ -447,6 +472,11 @@ fn broken_answers_fail_one_request_and_never_poison_the_next() {
             !reused,
             "a response with both framings must close its connection"
         );
+        row(
+            "`Content-Length: 100` + `Transfer-Encoding: chunked`, 2-byte chunked body",
+            "framed by the chunks, no Content-Length passed on, connection not reused",
+            "200, `ok`, chunked to the client, next request on a new connection (pooled path: the same since this change; before, it passed both on and the client waited for 100 bytes)",
+        );
         // More bytes than framed: the answer is the framed one, the rest is never read as the
         // next answer (the follow-up gets its own on a new connection).
         let (pooled, dedicated, reused) = both_ways(&pki, &log, Method::GET, "extra-bytes").await;
@@ -456,11 +486,17 @@ fn broken_answers_fail_one_request_and_never_poison_the_next() {
             !reused,
             "bytes beyond the framed body: the connection must not be reused"
         );
+        row(
+            "`Content-Length: 2` body followed by a forged second response",
+            "the framed answer; the rest never read as the next answer",
+            "200, `ok`; the next request got its own answer on a new connection",
+        );
         for case in ["conflicting-lengths", "oversized-head"] {
             let (pooled, dedicated, reused) = both_ways(&pki, &log, Method::GET, case).await;
             expect(case, &dedicated, 502, b"bad gateway\n");
             assert_eq!(dedicated.status, pooled.status, "{case}");
             assert!(!reused, "{case}");
+            row(case, "502, connection not reused", "502 (pooled path too)");
         }
         // A body cut short: the client must not take it for a complete answer (hyper's
         // server aborts the client connection, before or after the head).
@@ -472,6 +508,11 @@ fn broken_answers_fail_one_request_and_never_poison_the_next() {
             "a truncated body must fail at the client: {truncated:?}"
         );
         assert_eq!(log.for_target(0, "/case/truncated").len(), 1);
+        row(
+            "`Content-Length: 10`, 3 bytes, close",
+            "the client sees an error, not a complete answer",
+            "client connection aborted",
+        );
     });
 }
 
@@ -529,8 +570,15 @@ fn a_backend_connection_closed_while_idle_is_replaced_and_idempotent_requests_re
         let attempts = log.served().into_iter().skip(from).collect::<Vec<_>>();
         assert_eq!(attempts.len(), 1, "a POST is not sent twice: {attempts:?}");
         assert_eq!(attempts[0].method, "POST");
-        println!(
-            "| idle close, dropped GET, dropped POST | new connection, retried, 502 | as expected |"
+        row(
+            "backend closes its idle keep-alive connection before the next request",
+            "the agent notices and uses a new connection",
+            "200; the backend saw one request, on a new connection",
+        );
+        row(
+            "backend reads the next request and closes without answering: GET, then POST",
+            "GET retried once on a new connection; POST (not idempotent) not resent",
+            "GET 200 after 2 attempts on 2 connections; POST 502, seen once",
         );
     });
 }
