@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker, ready};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -146,16 +146,18 @@ impl DedicatedBackend {
 
     /// Sends the bodiless request `head` (origin-form URI, Host set) on this client
     /// connection's backend connection for `route`, opening one if there is none, and answers
-    /// with the response head and a body that streams from the connection.
+    /// with the response head and a body that streams from the connection. The request's
+    /// header map becomes the response's (hyper's server then reuses it for the client's next
+    /// request: a map with room for a request's fields, no allocation on either side).
     pub async fn send(
         &self,
         route: &Arc<str>,
         connector: &BackendConnector,
-        head: &Parts,
+        mut head: Parts,
     ) -> Result<Response<DedicatedBody>, BoxError> {
         if let Some(mut connection) = self.take(route) {
-            match connection.exchange(head).await {
-                Ok(answer) => return Ok(self.respond(route, connection, answer)),
+            match connection.exchange(&mut head).await {
+                Ok(answer) => return Ok(self.respond(route, connection, answer, head.headers)),
                 Err(error) if error.nothing_received() && head.method.is_idempotent() => {
                     tracing::debug!(%error, "idle backend connection was closed; retrying on a new one");
                 }
@@ -166,8 +168,8 @@ impl DedicatedBackend {
         // dedicated request needs; inline, every request's future would carry its size.
         Box::pin(async {
             let mut connection = Connection::new(connector.connect().await?);
-            let answer = connection.exchange(head).await?;
-            Ok(self.respond(route, connection, answer))
+            let answer = connection.exchange(&mut head).await?;
+            Ok(self.respond(route, connection, answer, head.headers))
         })
         .await
     }
@@ -177,10 +179,10 @@ impl DedicatedBackend {
         route: &Arc<str>,
         connection: Connection,
         answer: ResponseHead,
+        headers: HeaderMap,
     ) -> Response<DedicatedBody> {
         let ResponseHead {
             status,
-            headers,
             framing,
             reusable,
         } = answer;
@@ -219,8 +221,9 @@ impl Connection {
         poll_read_buf(Pin::new(&mut self.stream), &mut cx, &mut self.read).is_pending()
     }
 
-    /// Writes the request head and reads the final response head (interim ones skipped).
-    async fn exchange(&mut self, head: &Parts) -> Result<ResponseHead, ExchangeError> {
+    /// Writes the request head and reads the final response head (interim ones skipped),
+    /// whose fields replace the request's in `head.headers` once it is complete.
+    async fn exchange(&mut self, head: &mut Parts) -> Result<ResponseHead, ExchangeError> {
         write_request_head(&mut self.write, head);
         self.stream
             .write_all(&self.write)
@@ -232,7 +235,7 @@ impl Connection {
         let mut interim = 0;
         loop {
             if !self.read.is_empty() {
-                match framing::parse_head(&mut self.read, head_request)? {
+                match framing::parse_head(&mut self.read, head_request, &mut head.headers)? {
                     Parsed::Final(answer) => return Ok(answer),
                     Parsed::Interim => {
                         interim += 1;

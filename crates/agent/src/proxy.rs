@@ -660,7 +660,7 @@ async fn forward_request(
     let send = std::pin::pin!(async {
         match dedicated {
             Some(dedicated) => dedicated
-                .send(&backend.identity, &backend.connector, &parts)
+                .send(&backend.identity, &backend.connector, parts)
                 .await
                 .map(BackendResponse::Dedicated),
             None => backend

@@ -58,10 +58,10 @@ pub enum Framing {
     UntilClose,
 }
 
+/// A final response head; its header fields went into the map given to [`parse_head`].
 #[derive(Debug)]
 pub struct ResponseHead {
     pub status: StatusCode,
-    pub headers: HeaderMap,
     pub framing: Framing,
     /// The connection can carry the next request once the body is read.
     pub reusable: bool,
@@ -79,8 +79,14 @@ pub enum Parsed {
 }
 
 /// Parses the response head at the start of `buffer` and takes it out, for a request with
-/// method HEAD when `head_request`. The header values share the head's bytes (no copy).
-pub fn parse_head(buffer: &mut BytesMut, head_request: bool) -> Result<Parsed, FramingError> {
+/// method HEAD when `head_request`. A final head's fields replace what `headers` held (the
+/// caller hands in a map to reuse: the request's, whose capacity fits a head); their values
+/// share the head's bytes (no copy).
+pub fn parse_head(
+    buffer: &mut BytesMut,
+    head_request: bool,
+    headers: &mut HeaderMap,
+) -> Result<Parsed, FramingError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut fields);
     let length = match response.parse(buffer).map_err(FramingError::Head)? {
@@ -104,27 +110,31 @@ pub fn parse_head(buffer: &mut BytesMut, head_request: bool) -> Result<Parsed, F
         return Ok(Parsed::Interim);
     }
     let http10 = response.version == Some(0);
-    // Names now (most are standard ones, no allocation), values as ranges of the head.
+    // Where each name and value lies in the head: the head is split off the buffer (which
+    // httparse's fields borrow) before the values are made from its shared bytes.
     let start = buffer.as_ptr() as usize;
-    let mut names = Vec::with_capacity(response.headers.len());
-    for field in response.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| {
-            FramingError::HeaderField {
-                name: field.name.to_owned(),
-            }
-        })?;
-        let offset = field.value.as_ptr() as usize - start;
-        names.push((name, offset..offset + field.value.len()));
+    let mut spans = [FieldSpan::default(); MAX_HEADERS];
+    for (span, field) in spans.iter_mut().zip(response.headers.iter()) {
+        let name = field.name.as_ptr() as usize - start;
+        let value = field.value.as_ptr() as usize - start;
+        *span = FieldSpan {
+            name: (name, name + field.name.len()),
+            value: (value, value + field.value.len()),
+        };
     }
+    let count = response.headers.len();
     let head = buffer.split_to(length).freeze();
+    headers.clear();
     let mut fields_seen = FieldsSeen::default();
-    let mut headers = HeaderMap::with_capacity(names.len());
-    for (name, range) in names {
-        let value = HeaderValue::from_maybe_shared(head.slice(range)).map_err(|_| {
-            FramingError::HeaderField {
-                name: name.as_str().to_owned(),
-            }
-        })?;
+    for span in &spans[..count] {
+        let name_bytes = &head[span.name.0..span.name.1];
+        let field_error = || FramingError::HeaderField {
+            name: String::from_utf8_lossy(name_bytes).into_owned(),
+        };
+        // Standard names are constants, others one small allocation.
+        let name = HeaderName::from_bytes(name_bytes).map_err(|_| field_error())?;
+        let value = HeaderValue::from_maybe_shared(head.slice(span.value.0..span.value.1))
+            .map_err(|_| field_error())?;
         fields_seen.note(&name, &value)?;
         headers.append(name, value);
     }
@@ -144,10 +154,16 @@ pub fn parse_head(buffer: &mut BytesMut, head_request: bool) -> Result<Parsed, F
     let reusable = persistent && !conflicting && framing != Framing::UntilClose;
     Ok(Parsed::Final(ResponseHead {
         status,
-        headers,
         framing,
         reusable,
     }))
+}
+
+/// A header field's name and value as byte ranges (start, end) of the head.
+#[derive(Clone, Copy, Default)]
+struct FieldSpan {
+    name: (usize, usize),
+    value: (usize, usize),
 }
 
 /// What the framing decision needs from the header fields.

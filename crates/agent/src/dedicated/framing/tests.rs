@@ -1,20 +1,30 @@
 use super::*;
 
 fn parse(bytes: &[u8], head_request: bool) -> Result<Parsed, FramingError> {
-    parse_head(&mut BytesMut::from(bytes), head_request)
+    parse_head(
+        &mut BytesMut::from(bytes),
+        head_request,
+        &mut HeaderMap::new(),
+    )
 }
 
-/// The final head at the start of `text` and what is left after it.
-fn final_head(text: &str, head_request: bool) -> (ResponseHead, BytesMut) {
+/// The final head at the start of `text`, its fields, and what is left after it.
+fn final_head(text: &str, head_request: bool) -> (ResponseHead, HeaderMap, BytesMut) {
     let mut buffer = BytesMut::from(text.as_bytes());
-    match parse_head(&mut buffer, head_request) {
-        Ok(Parsed::Final(head)) => (head, buffer),
+    // A map that held a request's fields: they must all be replaced.
+    let mut headers = HeaderMap::new();
+    headers.insert("x-request-field", HeaderValue::from_static("stale"));
+    match parse_head(&mut buffer, head_request, &mut headers) {
+        Ok(Parsed::Final(head)) => {
+            assert!(headers.get("x-request-field").is_none(), "{headers:?}");
+            (head, headers, buffer)
+        }
         other => panic!("{text:?}: expected a final head, got {other:?}"),
     }
 }
 
 fn framing_of(text: &str) -> (Framing, bool) {
-    let (head, _) = final_head(text, false);
+    let (head, _, _) = final_head(text, false);
     (head.framing, head.reusable)
 }
 
@@ -50,7 +60,7 @@ fn decode_all(framing: Framing, wire: &[u8], step: usize) -> Result<Decoding, Fr
 
 #[test]
 fn content_length_frames_the_body_and_keeps_the_connection() {
-    let (head, rest) = final_head(
+    let (head, headers, rest) = final_head(
         "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nX-A: 2\r\n\r\nhello",
         false,
     );
@@ -58,8 +68,8 @@ fn content_length_frames_the_body_and_keeps_the_connection() {
     assert_eq!(head.framing, Framing::Length(5));
     assert!(head.reusable);
     assert_eq!(&rest[..], b"hello");
-    assert_eq!(head.headers.get_all("x-a").iter().count(), 2);
-    assert_eq!(head.headers["content-length"], "5");
+    assert_eq!(headers.get_all("x-a").iter().count(), 2);
+    assert_eq!(headers["content-length"], "5");
 }
 
 #[test]
@@ -68,7 +78,10 @@ fn a_head_split_anywhere_is_partial_until_complete() {
     for cut in 0..text.len() {
         let mut buffer = BytesMut::from(&text[..cut]);
         assert!(
-            matches!(parse_head(&mut buffer, false), Ok(Parsed::Partial)),
+            matches!(
+                parse_head(&mut buffer, false, &mut HeaderMap::new()),
+                Ok(Parsed::Partial)
+            ),
             "cut at {cut}"
         );
         // Nothing taken from an incomplete head.
@@ -79,11 +92,11 @@ fn a_head_split_anywhere_is_partial_until_complete() {
 
 #[test]
 fn bodiless_answers_have_no_body_whatever_their_length_says() {
-    let (head, _) = final_head("HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\n", true);
+    let (head, headers, _) = final_head("HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\n", true);
     assert_eq!(head.framing, Framing::Empty);
     assert!(head.reusable);
     // The length of the resource stays for the client.
-    assert_eq!(head.headers["content-length"], "42");
+    assert_eq!(headers["content-length"], "42");
     for status in [204, 304] {
         let (framing, reusable) = framing_of(&format!(
             "HTTP/1.1 {status} X\r\nContent-Length: 42\r\n\r\n"
@@ -110,13 +123,13 @@ fn transfer_encoding_decides_the_framing() {
     );
     // With a Content-Length too: chunked wins, the length is dropped, the connection is not
     // used again.
-    let (head, _) = final_head(
+    let (head, headers, _) = final_head(
         "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
         false,
     );
     assert_eq!(head.framing, Framing::Chunked);
     assert!(!head.reusable);
-    assert!(head.headers.get("content-length").is_none());
+    assert!(headers.get("content-length").is_none());
     assert_eq!(
         parse(
             b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
@@ -186,11 +199,11 @@ fn interim_answers_are_skipped_and_101_is_refused() {
         &b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nNEXT"[..],
     );
     assert!(matches!(
-        parse_head(&mut buffer, false),
+        parse_head(&mut buffer, false, &mut HeaderMap::new()),
         Ok(Parsed::Interim)
     ));
     assert!(matches!(
-        parse_head(&mut buffer, false),
+        parse_head(&mut buffer, false, &mut HeaderMap::new()),
         Ok(Parsed::Interim)
     ));
     assert_eq!(&buffer[..], b"NEXT");
