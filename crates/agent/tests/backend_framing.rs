@@ -239,25 +239,10 @@ async fn spawn_backend(log: BackendLog) {
 }
 
 fn start_agent() -> (Agent, Arc<Pki>) {
-    let (run, netns, dir) = Agent::netns("framing");
-    let pki = Pki::new("framing test CA");
-    let (cert, key) = pki.leaf(&[HOST]);
-    std::fs::write(dir.join("tls.crt"), cert).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(dir.join("tls.key"), key).unwrap_or_else(|e| panic!("{e}"));
-    let config = json!({
-        "localapiSocket": dir.join("no-tailscaled.sock"),
-        "adminPort": common::ADMIN_PORT,
-        "ingress": [{
-            "mode": "http",
-            "port": HTTPS_PORT,
-            "routes": [{"name": "framing", "hostnames": [HOST],
-                        "backend": {"host": "127.0.0.1", "port": BACKEND_PORT},
-                        "backendRequestTimeoutSeconds": 5}],
-        }],
-        "tls": {"certFile": dir.join("tls.crt"), "keyFile": dir.join("tls.key")},
-    });
-    let agent = Agent::start_in(run, netns, dir, &config, &[]);
-    (agent, Arc::new(pki))
+    let routes = json!([{"name": "framing", "hostnames": [HOST],
+                         "backend": {"host": "127.0.0.1", "port": BACKEND_PORT},
+                         "backendRequestTimeoutSeconds": 5}]);
+    Agent::start_https("framing", HTTPS_PORT, &[HOST], routes)
 }
 
 /// An HTTP/1.1 client connection (hyper's client) to the agent over TLS.

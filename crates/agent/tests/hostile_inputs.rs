@@ -128,28 +128,13 @@ impl Recorder {
 /// The agent with one `http` listener: `hostile.test` → recorder, `ws.test` → the shared
 /// WebSocket-capable test backend.
 fn start_agent(role: &str) -> (Agent, Arc<Pki>) {
-    let (run, netns, dir) = Agent::netns(role);
-    let pki = Pki::new("hostile test CA");
-    let (cert, key) = pki.leaf(&[HOST, WS_HOST]);
-    std::fs::write(dir.join("tls.crt"), cert).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(dir.join("tls.key"), key).unwrap_or_else(|e| panic!("{e}"));
-    let config = json!({
-        "localapiSocket": dir.join("no-tailscaled.sock"),
-        "adminPort": common::ADMIN_PORT,
-        "ingress": [{
-            "mode": "http",
-            "port": HTTPS_PORT,
-            "routes": [
-                {"name": "hostile", "hostnames": [HOST],
-                 "backend": {"host": "127.0.0.1", "port": RECORDER_PORT}},
-                {"name": "ws", "hostnames": [WS_HOST],
-                 "backend": {"host": "127.0.0.1", "port": WEBSOCKET_PORT}},
-            ],
-        }],
-        "tls": {"certFile": dir.join("tls.crt"), "keyFile": dir.join("tls.key")},
-    });
-    let agent = Agent::start_in(run, netns, dir, &config, &[]);
-    (agent, Arc::new(pki))
+    let routes = json!([
+        {"name": "hostile", "hostnames": [HOST],
+         "backend": {"host": "127.0.0.1", "port": RECORDER_PORT}},
+        {"name": "ws", "hostnames": [WS_HOST],
+         "backend": {"host": "127.0.0.1", "port": WEBSOCKET_PORT}},
+    ]);
+    Agent::start_https(role, HTTPS_PORT, &[HOST, WS_HOST], routes)
 }
 
 async fn wait_for_listener() {

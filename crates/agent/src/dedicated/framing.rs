@@ -301,15 +301,16 @@ impl BodyDecoder {
         loop {
             match self.state {
                 State::Done => return Ok(Decoded::End),
-                State::Length(remaining) => {
+                State::Length(remaining) | State::ChunkData(remaining) => {
                     let Some(data) = take_data(buffer, remaining) else {
                         return Ok(Decoded::NeedMore);
                     };
                     let left = remaining - data.len() as u64;
-                    self.state = if left == 0 {
-                        State::Done
-                    } else {
-                        State::Length(left)
+                    self.state = match (self.state, left) {
+                        (State::Length(_), 0) => State::Done,
+                        (State::Length(_), _) => State::Length(left),
+                        (_, 0) => State::ChunkDataEnd,
+                        _ => State::ChunkData(left),
                     };
                     return Ok(Decoded::Data(data));
                 }
@@ -328,18 +329,6 @@ impl BodyDecoder {
                     } else {
                         State::ChunkData(size)
                     };
-                }
-                State::ChunkData(remaining) => {
-                    let Some(data) = take_data(buffer, remaining) else {
-                        return Ok(Decoded::NeedMore);
-                    };
-                    let left = remaining - data.len() as u64;
-                    self.state = if left == 0 {
-                        State::ChunkDataEnd
-                    } else {
-                        State::ChunkData(left)
-                    };
-                    return Ok(Decoded::Data(data));
                 }
                 State::ChunkDataEnd => {
                     if buffer.len() < 2 {

@@ -82,6 +82,29 @@ impl Agent {
         agent
     }
 
+    /// The agent with one TLS `http` listener on 127.0.0.1:`port` serving `routes`, its
+    /// certificate for `hostnames` from a fresh CA (returned for the clients), no tailscaled.
+    pub fn start_https(
+        role: &str,
+        port: u16,
+        hostnames: &[&str],
+        routes: serde_json::Value,
+    ) -> (Agent, Arc<Pki>) {
+        let (run, netns, dir) = Agent::netns(role);
+        let pki = Pki::new(&format!("{role} test CA"));
+        let (cert, key) = pki.leaf(hostnames);
+        std::fs::write(dir.join("tls.crt"), cert).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.join("tls.key"), key).unwrap_or_else(|e| panic!("{e}"));
+        let config = serde_json::json!({
+            "localapiSocket": dir.join("no-tailscaled.sock"),
+            "adminPort": ADMIN_PORT,
+            "ingress": [{"mode": "http", "port": port, "routes": routes}],
+            "tls": {"certFile": dir.join("tls.crt"), "keyFile": dir.join("tls.key")},
+        });
+        let agent = Agent::start_in(run, netns, dir, &config, &[]);
+        (agent, Arc::new(pki))
+    }
+
     fn spawn(&mut self, extra_args: &[&str]) {
         self.spawn_with_pod_ip(&POD_IP.to_string(), extra_args);
     }
