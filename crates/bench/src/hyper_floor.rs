@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
-use http::header::{CONNECTION, HOST, HeaderName, HeaderValue};
+use http::header::{CONNECTION, HOST, HeaderValue};
 use http_body_util::{Either, Empty};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -30,12 +30,10 @@ use tokio::runtime::Handle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
+use crate::forwarding_headers::{X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+
 /// The backend's body, or none for the proxy's own 502.
 type Answer = Either<Incoming, Empty<Bytes>>;
-
-pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Serves HTTPS on 127.0.0.1:`port` with `cert`/`key` (PEM), forwarding every request to the
 /// HTTP/1.1 backend on 127.0.0.1:`backend_port`. Runs until killed.

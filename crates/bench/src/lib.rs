@@ -18,6 +18,7 @@
 pub mod control;
 pub mod egress;
 pub mod footprint;
+pub mod forwarding_headers;
 pub mod httpload;
 pub mod hyper_floor;
 pub mod ingress;

@@ -24,7 +24,7 @@ use hyper::{Request, Response, StatusCode};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::hyper_floor::{X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+use crate::forwarding_headers::{X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
 
 /// Bound of a response head.
 const MAX_HEAD: usize = 64 * 1024;

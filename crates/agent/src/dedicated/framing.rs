@@ -208,7 +208,7 @@ impl FieldsSeen {
         if name == header::CONTENT_LENGTH {
             // A list of identical values is one length (RFC 9110 §8.6); anything else is not.
             for item in value.as_bytes().split(|&byte| byte == b',') {
-                let length = parse_decimal(trim(item)).ok_or(FramingError::ContentLength)?;
+                let length = parse_decimal(item.trim_ascii()).ok_or(FramingError::ContentLength)?;
                 if self.content_length.is_some_and(|seen| seen != length) {
                     return Err(FramingError::ContentLength);
                 }
@@ -219,21 +219,21 @@ impl FieldsSeen {
             let last = value
                 .as_bytes()
                 .split(|&byte| byte == b',')
-                .map(trim)
+                .map(<[u8]>::trim_ascii)
                 .rfind(|coding| !coding.is_empty());
             self.chunked_last = last.is_some_and(|coding| coding.eq_ignore_ascii_case(b"chunked"));
         } else if name == header::CONNECTION {
-            for token in value.as_bytes().split(|&byte| byte == b',').map(trim) {
+            for token in value
+                .as_bytes()
+                .split(|&byte| byte == b',')
+                .map(<[u8]>::trim_ascii)
+            {
                 self.close |= token.eq_ignore_ascii_case(b"close");
                 self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
             }
         }
         Ok(())
     }
-}
-
-fn trim(bytes: &[u8]) -> &[u8] {
-    bytes.trim_ascii()
 }
 
 /// 1 to 19 decimal digits (fits u64), nothing else.
