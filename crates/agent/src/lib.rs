@@ -12,6 +12,8 @@
 //! - Gateway API HTTP rules: matches, filters, weighted backends ([`http_rules`]);
 //! - ingress `tlsPassthrough`: routed by the ClientHello's SNI, relayed unopened
 //!   ([`passthrough`]);
+//! - HTTP/1.1 header read timeout: one timer per connection, not per request
+//!   ([`header_timeout`]);
 //! - connection threads: each connection runs on one single-threaded runtime ([`workers`]),
 //!   each giving a burst's memory back when it is over ([`memory`]);
 //! - admin: `/metrics`, `/livez`, `/readyz`, `/status` on the pod IP ([`admin`]).
@@ -24,6 +26,7 @@ pub mod config;
 pub mod dedicated;
 pub mod dial;
 pub mod drain;
+pub mod header_timeout;
 pub mod headers;
 pub mod http_rules;
 pub mod limits;

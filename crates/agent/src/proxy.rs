@@ -36,6 +36,7 @@ use crate::backend::connect_failure;
 use crate::dedicated::{DedicatedBackend, DedicatedBody};
 use crate::dial::error_chain;
 use crate::drain::DrainWatch;
+use crate::header_timeout::{HeadTimer, HeadWaits, HeadWatch};
 use crate::headers::{
     ForwardedHeaders, PeerIdentity, has_conflicting_host, is_websocket_upgrade, remove_hop_by_hop,
     strip_client_identity,
@@ -292,9 +293,15 @@ async fn serve_http<IO>(
     });
     // Only HTTP/2 has an idle timeout of the agent's own (HTTP/1.1: hyper's header timeout).
     let activity = http2.then(|| Arc::new(Activity::new()));
+    // HTTP/1.1's header read timeout: waits counted by hyper's timer, ended by the service.
+    let head_waits = (!http2).then(|| Arc::new(HeadWaits::default()));
     let service = {
         let activity = activity.clone();
+        let head_waits = head_waits.clone();
         service_fn(move |request: Request<Incoming>| {
+            if let Some(head_waits) = &head_waits {
+                head_waits.head_arrived();
+            }
             // The listener's routes as they are now.
             let site = live.current();
             let connection = connection.clone();
@@ -339,12 +346,14 @@ async fn serve_http<IO>(
             }
         }
     } else {
+        let head_waits = head_waits.unwrap_or_default();
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
-            .timer(TokioTimer::new())
+            .timer(HeadTimer::new(head_waits.clone()))
             .header_read_timeout(HEADER_READ_TIMEOUT)
             .max_buf_size(HTTP1_MAX_HEAD_BYTES);
         let mut connection = std::pin::pin!(builder.serve_connection(io, service).with_upgrades());
+        let mut head_watch = HeadWatch::new(head_waits, HEADER_READ_TIMEOUT);
         let mut draining = false;
         // One future, polled without a select: the drain check is one atomic load.
         std::future::poll_fn(|cx| {
@@ -352,7 +361,10 @@ async fn serve_http<IO>(
                 draining = true;
                 connection.as_mut().graceful_shutdown();
             }
-            connection.as_mut().poll(cx)
+            head_watch
+                .poll_connection(cx, |cx| connection.as_mut().poll(cx))
+                // hyper did not close a connection whose head wait expired: dropped here.
+                .unwrap_or(Poll::Ready(Ok(())))
         })
         .await
     };

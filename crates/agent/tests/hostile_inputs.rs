@@ -34,6 +34,9 @@ const WS_HOST: &str = "ws.test";
 /// The agent's bounds (proxy.rs) plus scheduling slack; the tests assert closure, not speed.
 const TLS_HANDSHAKE_BOUND: Duration = Duration::from_secs(15 + 15);
 const HEADER_READ_BOUND: Duration = Duration::from_secs(30 + 15);
+/// The header read timeout is kept lazily (header_timeout.rs): never before 30 s (less the
+/// client's own measuring slack of a second).
+const HEADER_READ_FLOOR: Duration = Duration::from_secs(30 - 1);
 
 fn https() -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, HTTPS_PORT))
@@ -446,6 +449,10 @@ fn slowloris_and_idle_connections_are_closed() {
             Ending::StillOpen,
             "slowloris connection kept open"
         );
+        assert!(
+            trickle_after >= HEADER_READ_FLOOR,
+            "slowloris connection closed after {trickle_after:?}, before the header read timeout"
+        );
         let still_open = crowd_endings
             .iter()
             .filter(|e| **e == Ending::StillOpen)
@@ -471,6 +478,10 @@ fn slowloris_and_idle_connections_are_closed() {
         );
         assert_eq!(idle_status, 200);
         assert_ne!(idle_end, Ending::StillOpen, "idle keep-alive kept open");
+        assert!(
+            idle_after >= HEADER_READ_FLOOR,
+            "idle keep-alive closed after {idle_after:?}, before the header read timeout"
+        );
         let (h2_end, h2_after) = h2;
         row(
             "HTTP/2 connection idle after the preface",
