@@ -37,7 +37,9 @@ use tokio_util::io::poll_read_buf;
 
 use crate::backend::{BackendConnector, BackendStream};
 use crate::body::BoxError;
-use framing::{BodyDecoder, Decoded, FramingError, MAX_INTERIM_RESPONSES, Parsed, ResponseHead};
+use framing::{
+    BodyDecoder, Decoded, FieldSpans, FramingError, MAX_INTERIM_RESPONSES, Parsed, ResponseHead,
+};
 
 /// What one read asks the socket for at most; also what an idle connection keeps.
 const READ_CHUNK: usize = 16 * 1024;
@@ -80,6 +82,8 @@ struct Connection {
     read: BytesMut,
     /// The request head being written; kept for the next one.
     write: Vec<u8>,
+    /// Scratch space of the response head parser; kept for the next one.
+    spans: FieldSpans,
 }
 
 /// The idle backend connection and the route (by its shared name) it belongs to.
@@ -211,6 +215,7 @@ impl Connection {
             stream,
             read: BytesMut::with_capacity(READ_CHUNK),
             write: Vec::with_capacity(HEAD_CAPACITY),
+            spans: FieldSpans::default(),
         }
     }
 
@@ -235,7 +240,12 @@ impl Connection {
         let mut interim = 0;
         loop {
             if !self.read.is_empty() {
-                match framing::parse_head(&mut self.read, head_request, &mut head.headers)? {
+                match framing::parse_head(
+                    &mut self.read,
+                    head_request,
+                    &mut head.headers,
+                    &mut self.spans,
+                )? {
                     Parsed::Final(answer) => return Ok(answer),
                     Parsed::Interim => {
                         interim += 1;

@@ -5,6 +5,7 @@ fn parse(bytes: &[u8], head_request: bool) -> Result<Parsed, FramingError> {
         &mut BytesMut::from(bytes),
         head_request,
         &mut HeaderMap::new(),
+        &mut FieldSpans::default(),
     )
 }
 
@@ -14,7 +15,12 @@ fn final_head(text: &str, head_request: bool) -> (ResponseHead, HeaderMap, Bytes
     // A map that held a request's fields: they must all be replaced.
     let mut headers = HeaderMap::new();
     headers.insert("x-request-field", HeaderValue::from_static("stale"));
-    match parse_head(&mut buffer, head_request, &mut headers) {
+    match parse_head(
+        &mut buffer,
+        head_request,
+        &mut headers,
+        &mut FieldSpans::default(),
+    ) {
         Ok(Parsed::Final(head)) => {
             assert!(headers.get("x-request-field").is_none(), "{headers:?}");
             (head, headers, buffer)
@@ -79,7 +85,12 @@ fn a_head_split_anywhere_is_partial_until_complete() {
         let mut buffer = BytesMut::from(&text[..cut]);
         assert!(
             matches!(
-                parse_head(&mut buffer, false, &mut HeaderMap::new()),
+                parse_head(
+                    &mut buffer,
+                    false,
+                    &mut HeaderMap::new(),
+                    &mut FieldSpans::default()
+                ),
                 Ok(Parsed::Partial)
             ),
             "cut at {cut}"
@@ -199,11 +210,21 @@ fn interim_answers_are_skipped_and_101_is_refused() {
         &b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nNEXT"[..],
     );
     assert!(matches!(
-        parse_head(&mut buffer, false, &mut HeaderMap::new()),
+        parse_head(
+            &mut buffer,
+            false,
+            &mut HeaderMap::new(),
+            &mut FieldSpans::default()
+        ),
         Ok(Parsed::Interim)
     ));
     assert!(matches!(
-        parse_head(&mut buffer, false, &mut HeaderMap::new()),
+        parse_head(
+            &mut buffer,
+            false,
+            &mut HeaderMap::new(),
+            &mut FieldSpans::default()
+        ),
         Ok(Parsed::Interim)
     ));
     assert_eq!(&buffer[..], b"NEXT");
