@@ -160,7 +160,9 @@ impl RouteTable {
                 RouteDecision::UnknownHost
             };
         };
+        // The usual request names its connection's SNI again: no second lookup for it.
         if let Some(sni) = sni
+            && !same_name(sni, &host)
             && self.index_of(sni) != Some(index)
         {
             return RouteDecision::Misdirected;
@@ -174,6 +176,12 @@ impl RouteTable {
             None => RouteDecision::Misdirected,
         }
     }
+}
+
+/// Whether `sni` normalizes to the already normalized `host` (a shortcut; `false` may still
+/// name the same route).
+fn same_name(sni: &str, host: &str) -> bool {
+    sni.eq_ignore_ascii_case(host)
 }
 
 /// `Host`/`:authority` without the port, normalized; `None` for an empty or malformed value.
@@ -342,6 +350,19 @@ mod tests {
         );
         assert_eq!(
             chosen(table.select(Some("x.example.com"), Some("a.example.com"))),
+            "421"
+        );
+        // The SNI naming the Host again (any case) takes the shortcut, with the same answers.
+        assert_eq!(
+            chosen(table.select(Some("A.example.COM"), Some("a.example.com"))),
+            "exact"
+        );
+        assert_eq!(
+            chosen(table.select(Some("a.example.com."), Some("A.example.com"))),
+            "exact"
+        );
+        assert_eq!(
+            chosen(table.select(Some("a.example.com"), Some("b.example.com"))),
             "421"
         );
         let without_catch_all = RouteTable::new(&[route("wild", &["*.example.com"])]);
