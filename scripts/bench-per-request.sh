@@ -68,18 +68,19 @@ for variant in $variants; do
 done
 sleep 1
 ticks=$(getconf CLK_TCK)
+threads=$(( connections < 2 ? connections : 2 ))
 read -r -a order <<<"$variants"
 for round in $(seq "$rounds"); do
   # Each round starts with the next variant: none is always first or last.
   for index in "${!order[@]}"; do
     variant=${order[$(( (index + round - 1) % ${#order[@]} ))]}
     p=${pid[$variant]}; url=https://bench.test:${port[$variant]}/1k
-    wrk -t 2 -c "$connections" -d 1s "$url" >/dev/null  # warm-up: connections, pools, caches
+    wrk -t "$threads" -c "$connections" -d 1s "$url" >/dev/null  # warm-up: connections, pools, caches
     read -r user0 system0 < <(cut -d" " -f14,15 "/proc/$p/stat")
     perf stat -x, -e task-clock,context-switches,raw_syscalls:sys_enter -p "$p" \
       -o "stat-$variant-$round.txt" -- sleep "$seconds" &
     counting=$!
-    wrk -t 2 -c "$connections" -d "${seconds}s" "$url" >"wrk-$variant-$round.txt"
+    wrk -t "$threads" -c "$connections" -d "${seconds}s" "$url" >"wrk-$variant-$round.txt"
     wait "$counting"
     read -r user1 system1 < <(cut -d" " -f14,15 "/proc/$p/stat")
     requests=$(sed -n "s/^ *\([0-9]*\) requests in.*/\1/p" "wrk-$variant-$round.txt")
