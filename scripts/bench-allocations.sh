@@ -18,28 +18,19 @@ cd "$(dirname "$0")/.."
 agent=$(realpath "$1"); seconds=${2:-10}; connections=${3:-16}
 out=$(realpath -m "${4:-target/bench/allocations}")
 bench=$(realpath "${TNO_BENCH:-target/profiling/tno-bench}")
-for tool in heaptrack heaptrack_print wrk openssl; do
-  command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install $tool)" >&2; exit 1; }
-done
+. scripts/bench-common.sh
+bench_require heaptrack heaptrack_print:heaptrack wrk openssl
 rm -rf "$out"; mkdir -p "$out"; cd "$out"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout key.pem \
-  -out cert.pem -days 2 -subj /CN=bench.test -addext subjectAltName=DNS:bench.test 2>/dev/null
-cat >cfg.json <<CFG
-{"localapiSocket":"$out/localapi.sock","adminPort":9180,"ingress":[{"mode":"http","port":8443,"routes":[{"name":"bench","hostnames":["bench.test"],"backend":{"host":"127.0.0.1","port":18080}}]}],"tls":{"certFile":"$out/cert.pem","keyFile":"$out/key.pem"}}
-CFG
-echo "127.0.0.1 localhost bench.test" >hosts
+bench_listener_files "$out" agent:8443:9180
 ns=tno-allocations-$$
-ip netns add "$ns"
-trap 'ip netns del "$ns"' EXIT
-ip -n "$ns" link set lo up
-ip -n "$ns" addr add 10.250.0.2/32 dev lo  # the pod IP, as tno-bench's lab
+bench_namespace "$ns"
 export agent seconds connections bench ns
 ip netns exec "$ns" unshare --mount --propagation private bash -c '
 set -euo pipefail
 mount --bind hosts /etc/hosts
 "$bench" serve-http --port 18080 --localapi-socket "$PWD/localapi.sock" >backend.log 2>&1 &
 backend=$!
-RUST_LOG=warn heaptrack -o "$PWD/agent" "$agent" --config cfg.json --pod-ip 10.250.0.2 >agent.log 2>&1 &
+RUST_LOG=warn heaptrack -o "$PWD/agent" "$agent" --config agent.json --pod-ip 10.250.0.2 >agent.log 2>&1 &
 profiler=$!
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/8443) 2>/dev/null && break; sleep 0.1; done
 sleep 1

@@ -20,21 +20,12 @@ server=$1; connections=${2:-1}; seconds=${3:-10}
 out=$(realpath -m "${4:-target/bench/instructions}")
 bench=$(realpath "${TNO_BENCH:-target/release/tno-bench}")
 [ "$server" = floor ] || server=$(realpath "$server")
-for tool in valgrind callgrind_control wrk openssl; do
-  command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install ${tool%_control})" >&2; exit 1; }
-done
+. scripts/bench-common.sh
+bench_require valgrind callgrind_control:valgrind wrk openssl
 rm -rf "$out"; mkdir -p "$out"; cd "$out"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout key.pem \
-  -out cert.pem -days 2 -subj /CN=bench.test -addext subjectAltName=DNS:bench.test 2>/dev/null
-cat >cfg.json <<CFG
-{"localapiSocket":"$out/localapi.sock","adminPort":9180,"ingress":[{"mode":"http","port":8443,"routes":[{"name":"bench","hostnames":["bench.test"],"backend":{"host":"127.0.0.1","port":18080}}]}],"tls":{"certFile":"$out/cert.pem","keyFile":"$out/key.pem"}}
-CFG
-echo "127.0.0.1 localhost bench.test" >hosts
+bench_listener_files "$out" agent:8443:9180
 ns=tno-instructions-$$
-ip netns add "$ns"
-trap 'ip netns del "$ns"' EXIT
-ip -n "$ns" link set lo up
-ip -n "$ns" addr add 10.250.0.2/32 dev lo  # the pod IP, as tno-bench's lab
+bench_namespace "$ns"
 export server connections seconds bench
 ip netns exec "$ns" unshare --mount --propagation private bash -c '
 set -euo pipefail
@@ -47,7 +38,7 @@ if [ "$server" = floor ]; then
   "${count[@]}" "$bench" serve-proxy --port 8443 --backend-port 18080 --cert cert.pem \
     --key key.pem --raw-backend >server.log 2>&1 &
 else
-  RUST_LOG=warn "${count[@]}" "$server" --config cfg.json --pod-ip 10.250.0.2 >server.log 2>&1 &
+  RUST_LOG=warn "${count[@]}" "$server" --config agent.json --pod-ip 10.250.0.2 >server.log 2>&1 &
 fi
 counted=$!
 trap "kill $backend $counted 2>/dev/null || true" EXIT

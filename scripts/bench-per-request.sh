@@ -23,25 +23,13 @@ if [ $# -gt 0 ] && [ "$1" != "--" ]; then baseline=$(realpath "$1"); shift; fi
 connections=${1:-128}; seconds=${2:-8}; rounds=${3:-3}
 out=$(realpath -m "${TNO_BENCH_OUT:-target/bench/per-request}")
 bench=$(realpath "${TNO_BENCH:-target/profiling/tno-bench}")
-for tool in perf wrk openssl; do
-  command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install $tool)" >&2; exit 1; }
-done
+. scripts/bench-common.sh
+bench_require perf:linux-perf wrk openssl
 rm -rf "$out"; mkdir -p "$out"; cd "$out"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout key.pem \
-  -out cert.pem -days 2 -subj /CN=bench.test -addext subjectAltName=DNS:bench.test 2>/dev/null
 # Two agents: two listeners and admin ports, one backend.
-for variant in agent:8443:9180 baseline:8445:9181; do
-  IFS=: read -r name port admin <<<"$variant"
-  cat >"$name.json" <<CFG
-{"localapiSocket":"$out/localapi.sock","adminPort":$admin,"ingress":[{"mode":"http","port":$port,"routes":[{"name":"bench","hostnames":["bench.test"],"backend":{"host":"127.0.0.1","port":18080}}]}],"tls":{"certFile":"$out/cert.pem","keyFile":"$out/key.pem"}}
-CFG
-done
-echo "127.0.0.1 localhost bench.test" >hosts
+bench_listener_files "$out" agent:8443:9180 baseline:8445:9181
 ns=tno-per-request-$$
-ip netns add "$ns"
-trap 'ip netns del "$ns"' EXIT
-ip -n "$ns" link set lo up
-ip -n "$ns" addr add 10.250.0.2/32 dev lo  # the pod IP, as tno-bench's lab
+bench_namespace "$ns"
 export agent baseline connections seconds rounds bench
 ip netns exec "$ns" unshare --mount --propagation private bash -c '
 set -euo pipefail
